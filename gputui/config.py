@@ -1,0 +1,232 @@
+"""RunConfig: load a TOML preset, apply overrides, validate, serialise.
+
+Precedence is CLI > preset > defaults. Every problem is raised as :class:`ConfigError` whose
+message is one line naming the source (file or flag), the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from gputui.config_schema import (
+    DataSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
+    SECTIONS, StrategySection, TelemetrySection,
+)
+
+
+class ConfigError(ValueError):
+    """A bad preset, override or combination; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole resolved configuration of a run: one attribute per TOML table."""
+
+    run: RunSection = dataclasses.field(default_factory=RunSection)
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    data: DataSection = dataclasses.field(default_factory=DataSection)
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    devices: DevicesSection = dataclasses.field(default_factory=DevicesSection)
+    strategy: StrategySection = dataclasses.field(default_factory=StrategySection)
+    dist: DistSection = dataclasses.field(default_factory=DistSection)
+    telemetry: TelemetrySection = dataclasses.field(default_factory=TelemetrySection)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict, the shape of the TOML file."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        """The config as a TOML document that ``load_preset`` reads back unchanged."""
+        return tomli_w.dumps(self.to_dict())
+
+    def replace(self, **changes: dict[str, Any]) -> "RunConfig":
+        """A copy with some fields of some tables changed: ``cfg.replace(optim={"lr": 0.2})``."""
+        return from_dict(_merge(self.to_dict(), changes), source="replace", check=False)
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for table, values in changes.items():
+        out.setdefault(table, {}).update(values)
+    return out
+
+
+# ---------------------------------------------------------------- field checks
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               list: "a list"}
+
+
+def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
+    """Check one value against its field's type and rules; return it normalised."""
+    ftype = {"int": int, "float": float, "str": str, "bool": bool, "list": list}[str(f.type)]
+    ok = isinstance(value, ftype) and not (ftype is int and isinstance(value, bool))
+    if ftype is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(f"{source}: {key} must be {_TYPE_NAMES[ftype]}, got {value!r}; "
+                          f"fix the value (e.g. {key} = {_example(f)})")
+    meta = f.metadata
+    if "choices" in meta and value not in meta["choices"]:
+        choices = ", ".join(meta["choices"])
+        raise ConfigError(f"{source}: {key} must be one of {choices}; got {value!r}")
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{source}: {key} must be at least {meta['min']}, got {value!r}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{source}: {key} must be at most {meta['max']}, got {value!r}")
+    if "gt" in meta and value <= meta["gt"]:
+        raise ConfigError(f"{source}: {key} must be greater than {meta['gt']}, got {value!r}")
+    if ftype is list:
+        value = list(value)
+    return value
+
+
+def _example(f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return tomli_w.dumps({"x": default}).strip()[4:]
+
+
+def _suggest(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return f"known keys: {', '.join(known)}"
+
+
+def from_dict(data: dict[str, Any], source: str = "config", check: bool = True) -> RunConfig:
+    """Build a RunConfig from a TOML-shaped dict, refusing unknown tables and keys."""
+    tables: dict[str, Any] = {}
+    for table, values in data.items():
+        if table not in SECTIONS:
+            raise ConfigError(f"{source}: unknown table [{table}]; "
+                              f"{_suggest(table, list(SECTIONS))}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: '{table}' must be a table ([{table}]), got {values!r}")
+        cls = SECTIONS[table]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in values.items():
+            if key not in fields:
+                raise ConfigError(f"{source}: unknown key '{table}.{key}'; "
+                                  f"{_suggest(key, list(fields))}")
+            kwargs[key] = _coerce(source, f"{table}.{key}", value, fields[key])
+        tables[table] = cls(**kwargs)
+    cfg = RunConfig(**tables)
+    if check:
+        check_combinations(cfg, source)
+    return cfg
+
+
+def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
+                check: bool = True) -> RunConfig:
+    """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such preset file; give a path or a name from "
+                          f"`gputui presets`") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the preset ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
+    cfg = from_dict(data, source=str(path), check=False)
+    return apply_overrides(cfg, overrides, check=check, preset_source=str(path))
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse ``table.key=value`` (value as TOML, bare words as strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected table.key=value, e.g. --set optim.lr=0.2")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    if key.count(".") != 1:
+        raise ConfigError(f"--set {text}: the key must be table.key, e.g. optim.lr")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as synthetic or cpu*2
+    return key, value
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
+                    check: bool = True, preset_source: str = "config") -> RunConfig:
+    """Apply (source, "table.key", value) overrides in order, then run the combination checks."""
+    data = cfg.to_dict()
+    for source, key, value in overrides:
+        table, _, name = key.partition(".")
+        from_dict({table: {name: value}}, source=source, check=False)  # one-line errors
+        data[table][name] = value
+    cfg = from_dict(data, source=preset_source, check=False)
+    if check:
+        check_combinations(cfg, preset_source)
+    return cfg
+
+
+def check_combinations(cfg: RunConfig, source: str) -> None:
+    """Cross-field rules, all in one place; raises ConfigError on the first broken one."""
+    from gputui.devices import DeviceSpecError, resolve_devices
+    from gputui.training.strategies import registry
+
+    try:
+        devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
+    except DeviceSpecError as exc:
+        raise ConfigError(f"{source}: devices.spec: {exc}") from None
+    info = registry.get(cfg.strategy.name)
+    if info is None:
+        names = ", ".join(registry.names())
+        raise ConfigError(f"{source}: strategy.name must be one of {names}; "
+                          f"got {cfg.strategy.name!r}")
+    reason = info.why_not(cfg, devices)
+    if reason:
+        raise ConfigError(f"{source}: {reason}")
+    n = len(devices)
+    batch = effective_batch_size(cfg, n)
+    if batch < cfg.optim.micro_batches:
+        raise ConfigError(f"{source}: optim.batch_size ({batch}) is smaller than "
+                          f"optim.micro_batches ({cfg.optim.micro_batches}); lower micro_batches")
+    weights = cfg.strategy.split_weights
+    if weights:
+        if len(weights) != n:
+            raise ConfigError(f"{source}: strategy.split_weights has {len(weights)} entries for "
+                              f"{n} devices; give one weight per device")
+        if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0 for w in weights):
+            raise ConfigError(f"{source}: strategy.split_weights must be positive numbers, "
+                              f"got {weights!r}")
+    if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
+        raise ConfigError(f"{source}: run.precision = 'fp16' needs CUDA devices; "
+                          f"use 'bf16' on CPU")
+    if cfg.dist.node_rank >= cfg.dist.nnodes:
+        raise ConfigError(f"{source}: dist.node_rank ({cfg.dist.node_rank}) must be below "
+                          f"dist.nnodes ({cfg.dist.nnodes})")
+    if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
+        raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
+                          f"(--rdzv-endpoint)")
+    if cfg.data.name == "cifar10" and cfg.model.name == "lenet":
+        pass  # LeNet adapts its first layer and flatten size to 3x32x32 inputs
+
+
+def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
+    """The global batch size after ``optim.scale_with_devices``."""
+    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
+
+
+def effective_lr(cfg: RunConfig, n_devices: int) -> float:
+    """The learning rate after ``optim.scale_with_devices``."""
+    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)
+
+
+def field_help(table: str, key: str) -> str:
+    """The documentation of one field (for help text and the TUI)."""
+    for f in dataclasses.fields(SECTIONS[table]):
+        if f.name == key:
+            return f.metadata.get("help", "")
+    raise KeyError(f"{table}.{key}")

@@ -1,0 +1,177 @@
+"""The event schema shared by the training processes, the run record, the printer and the TUI.
+
+Every event is a small frozen dataclass. On disk each is one JSON line whose ``type`` field
+names the class (``Event.kind``); :func:`event_from_dict` turns a line back into the event.
+This module imports nothing heavy (no torch, no textual), so any process can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event; ``t`` is the wall-clock time (seconds since the epoch)."""
+
+    kind: ClassVar[str] = "event"
+    t: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the event's ``type`` first."""
+        out: dict[str, Any] = {"type": self.kind}
+        for f in dataclasses.fields(self):
+            out[f.name] = getattr(self, f.name)
+        return out
+
+    def to_json(self) -> str:
+        """One line of JSON (no newline)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    """The run began: its id, resolved config (as a plain dict) and the devices it uses."""
+
+    kind: ClassVar[str] = "run_started"
+    run_id: str
+    config: dict
+    devices: tuple  # tuple of dicts: {"name": "cpu:0", "kind": "cpu", "label": "..."}
+    strategy: str
+    world_size: int = 1
+    notes: tuple = ()  # plain-language remarks, e.g. "DataParallel has no CPU mode"
+
+
+@dataclass(frozen=True)
+class InitDone(Event):
+    """Set-up finished: time spent before the first step, apart from step time."""
+
+    kind: ClassVar[str] = "init_done"
+    seconds: float  # process start (torch import included) to ready to train
+    import_s: float = 0.0
+    data_s: float = 0.0
+    model_s: float = 0.0
+    train_samples: int = 0
+    test_samples: int = 0
+    steps_per_epoch: int = 0
+    params: int = 0
+
+
+@dataclass(frozen=True)
+class StepMetrics(Event):
+    """Training metrics at the log interval (the only place the loop syncs for ``.item()``)."""
+
+    kind: ClassVar[str] = "step"
+    epoch: int  # 1-based
+    step: int  # 1-based within the epoch
+    global_step: int
+    steps_per_epoch: int
+    loss: float  # mean loss over the steps since the previous StepMetrics
+    samples_per_s: float  # over the steps since the previous StepMetrics
+    step_time_s: float  # mean wall time of one step over that window
+    lr: float
+    comm_share: float | None = None  # share of step time spent communicating, when measured
+    per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+
+
+@dataclass(frozen=True)
+class EpochEnd(Event):
+    """An epoch finished: its time, mean train loss and test accuracy."""
+
+    kind: ClassVar[str] = "epoch_end"
+    epoch: int
+    epochs: int
+    seconds: float  # training time of the epoch (evaluation excluded)
+    train_loss: float
+    test_acc: float
+    samples_per_s: float
+    eval_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceSample(Event):
+    """One telemetry reading of one device; None means "not available"."""
+
+    kind: ClassVar[str] = "device_sample"
+    device: str  # "cuda:0" (CUDA numbering of the run) or "cpu:0" (a virtual device)
+    name: str = ""
+    util: float | None = None  # percent
+    mem_used: int | None = None  # bytes
+    mem_total: int | None = None  # bytes
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    torch_alloc: int | None = None  # bytes torch allocated on the device (reported by training)
+    torch_reserved: int | None = None
+    pid: int | None = None  # for CPU virtual devices: the rank's process
+    cpu_percent: float | None = None
+    rss: int | None = None
+
+
+@dataclass(frozen=True)
+class LogLine(Event):
+    """A line of the run's own output: info, warning or error."""
+
+    kind: ClassVar[str] = "log"
+    level: str  # "info" | "warning" | "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    """The run completed every epoch."""
+
+    kind: ClassVar[str] = "run_finished"
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunFailed(Event):
+    """The run ended with an error; ``reason`` is one line, ``detail`` may hold a traceback."""
+
+    kind: ClassVar[str] = "run_failed"
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RunStopped(Event):
+    """The run was stopped on request before it finished."""
+
+    kind: ClassVar[str] = "run_stopped"
+    reason: str = "stopped by user"
+
+
+TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})
+
+_REGISTRY: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (RunStarted, InitDone, StepMetrics, EpochEnd, DeviceSample, LogLine,
+                RunFinished, RunFailed, RunStopped)
+}
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Rebuild an event from its dict form; unknown fields are ignored (newer writers)."""
+    data = dict(data)
+    cls = _REGISTRY.get(data.pop("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown event type in {data!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
+    return cls(**kwargs)
+
+
+def is_terminal(event: Event) -> bool:
+    """True for the events that end a run (finished, failed, stopped)."""
+    return event.kind in TERMINAL_KINDS
