@@ -2,4 +2,6 @@
 
 from gputui.cli import main
 
-raise SystemExit(main())
+# The guard matters: spawned training processes re-import the main module as __mp_main__.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""The command line: ``gputui`` (the app), ``gputui run PRESET``, ``strategies``, ``runs``,
+``presets`` and ``devices``.
+
+Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback),
+130 interrupted. Nothing here imports torch; training runs in a spawned child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import Any
+
+from gputui import __version__
+from gputui.config import ConfigError, load_preset
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) instead of a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def fail(message: str) -> int:
+    """Print a one-line usage error and return exit status 2."""
+    print(f"gputui: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# ------------------------------------------------------------------ gputui run
+SHORT_FLAGS = {  # flag dest -> config key
+    "devices": "devices.spec", "strategy": "strategy.name", "epochs": "run.epochs",
+    "batch_size": "optim.batch_size", "lr": "optim.lr", "seed": "run.seed",
+    "nnodes": "dist.nnodes", "node_rank": "dist.node_rank", "rdzv_endpoint": "dist.rdzv_endpoint",
+}
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="train from a preset, headless",
+                       description="Train from a preset without the app: live progress on a "
+                                   "terminal, plain lines otherwise, a record under the runs "
+                                   "folder. Precedence: flags > --set > preset > defaults.")
+    p.add_argument("preset", help="a preset file, or a name from `gputui presets`")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override any preset key, e.g. --set optim.lr=0.2 (repeatable)")
+    p.add_argument("--devices", help="device choice: cpu, cpu*4, 0,2, all, 2, cuda:*")
+    p.add_argument("--strategy", help="single, scratch, ...; see `gputui strategies`")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch size")
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--nnodes", type=int, help="multi-node ddp/fsdp: number of machines")
+    p.add_argument("--node-rank", type=int, help="multi-node: this machine's rank")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: c10d rendezvous")
+    p.add_argument("--runs-dir", help="where run records go (default ./runs or $GPUTUI_RUNS_DIR)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary (or, with --dry-run, the config) as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_run)
+
+
+def resolve_config(args) -> Any:
+    """The preset, --set overrides and short flags, validated; raises ConfigError."""
+    from gputui.config import parse_assignment
+    from gputui.presets import resolve_preset
+    from gputui.training.datafiles import missing_data
+
+    path = resolve_preset(args.preset)
+    overrides = []
+    for text in args.sets:
+        key, value = parse_assignment(text)
+        overrides.append((f"--set {text}", key, value))
+    for dest, key in SHORT_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            overrides.append((f"--{dest.replace('_', '-')}", key, value))
+    cfg = load_preset(path, overrides)
+    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    if problem and not cfg.data.download:
+        raise ConfigError(f"{path}: data: {problem}")
+    return cfg
+
+
+def cmd_run(args) -> int:
+    """``gputui run PRESET``: train headless and print progress and a summary."""
+    try:
+        cfg = resolve_config(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    if args.dry_run:
+        print(json.dumps(cfg.to_dict(), indent=2) if args.json else cfg.to_toml(), end="")
+        return EXIT_OK
+    from gputui.printer import Printer
+    from gputui.training.launcher import launch
+    from gputui.training.runstore import read_summary
+
+    printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
+    # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        handle = launch(cfg, args.runs_dir)
+    except OSError as exc:
+        return fail(f"cannot create the run folder ({exc})")
+    interrupts = 0
+    while not handle.done:
+        try:
+            for ev in handle.poll(timeout=0.2):
+                printer.handle(ev)
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts == 1:
+                handle.stop()
+                printer.line("stopping at the next step (press Ctrl-C again to kill)")
+            else:
+                handle.kill("killed by user (second Ctrl-C)")
+    summary = read_summary(handle.run_dir)
+    summary["run_dir"] = str(handle.run_dir)
+    printer.summary(summary)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    if summary["status"] == "finished":
+        return EXIT_OK
+    if summary["status"] == "stopped" and interrupts:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+# ------------------------------------------------------------------ listings
+def cmd_strategies(args) -> int:
+    """``gputui strategies``: every strategy, its description, and whether it can run."""
+    from gputui.config import RunConfig, apply_overrides
+    from gputui.devices import DeviceSpecError, resolve_devices
+    from gputui.training.strategies import registry
+
+    try:
+        cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)],
+                              check=False)
+        devices = resolve_devices(args.devices)
+    except (ConfigError, DeviceSpecError) as exc:
+        return fail(f"--devices: {exc}")
+    rows = []
+    for info in registry.all_infos():
+        trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)], check=False)
+        reason = info.why_not(trial, devices)
+        rows.append({"name": info.name, "description": info.description,
+                     "multiprocess": info.multiprocess, "available": reason is None,
+                     "reason": reason or ""})
+    if args.json:
+        print(json.dumps({"devices": [d.name for d in devices], "strategies": rows}, indent=2))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"strategies on {', '.join(d.name for d in devices)}")
+    for col in ("name", "can run", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], "yes" if r["available"] else f"no: {r['reason']}",
+                      r["description"])
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_runs(args) -> int:
+    """``gputui runs``: the recorded runs, newest first."""
+    from gputui.training.runstore import list_runs
+
+    runs = list_runs(args.runs_dir)
+    if args.json:
+        print(json.dumps([dict(s, run_dir=str(p)) for p, s in runs], indent=2, sort_keys=True))
+        return EXIT_OK
+    if not runs:
+        print("no runs recorded yet (try: gputui run quickstart)")
+        return EXIT_OK
+    for path, s in runs:
+        acc = s.get("test_acc")
+        acc_text = f"test acc {acc:.4f}" if isinstance(acc, float) else "no epoch finished"
+        print(f"{path.name}  {s.get('status', '?'):8}  {s.get('strategy', '?'):14} "
+              f"{s.get('epochs_done', 0)}/{s.get('epochs') or '?'} epochs  {acc_text}")
+    return EXIT_OK
+
+
+def cmd_presets(args) -> int:
+    """``gputui presets``: the preset files found."""
+    from gputui.presets import list_presets
+
+    presets = list_presets()
+    if args.json:
+        print(json.dumps([{"name": p.stem, "path": str(p)} for p in presets], indent=2))
+        return EXIT_OK
+    for p in presets:
+        first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
+                      if ln.startswith("#")), "")
+        print(f"{p.stem:24} {first}")
+    return EXIT_OK
+
+
+def cmd_tui(args) -> int:
+    """``gputui``: the app."""
+    from gputui.tui.app import run_tui
+
+    return run_tui(preset=args.preset, runs_dir=args.runs_dir)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="gputui", description="A terminal experiment runner for multi-GPU "
+                    "training. With no command, opens the app.")
+    parser.add_argument("--version", action="version", version=f"gputui {__version__}")
+    parser.add_argument("--preset", help="open the app with this preset loaded")
+    parser.add_argument("--runs-dir", help="where run records go (default ./runs)")
+    parser.set_defaults(func=cmd_tui)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    _add_run(sub)
+    p = sub.add_parser("strategies", help="list the strategies and whether they can run")
+    p.add_argument("--devices", default="cpu*2", help="device choice to check against")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_strategies)
+    p = sub.add_parser("runs", help="list recorded runs")
+    p.add_argument("--runs-dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)
+    p = sub.add_parser("presets", help="list presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_presets)
+    try:
+        from gputui import cli_devices
+    except ImportError:
+        pass
+    else:
+        cli_devices.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gputui`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK

@@ -1,0 +1,155 @@
+"""The headless printer: live progress on a terminal, plain lines elsewhere, a summary table.
+
+It consumes the same events as the TUI and the run record. On a terminal it draws a rich
+progress bar (epoch, loss, samples/s) and prints log lines above it; otherwise it prints one
+plain line per event worth reading, so logs in CI stay greppable.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from gputui.events import DeviceSample, Event
+
+
+def _mib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def device_line(samples: dict[str, DeviceSample]) -> str:
+    """A compact one-line view of the latest sample of each device."""
+    parts = []
+    for name, s in sorted(samples.items()):
+        if s.util is not None:
+            text = f"{name} {s.util:.0f}% mem {_mib(s.mem_used)}/{_mib(s.mem_total)}"
+            if s.temp_c is not None:
+                text += f" {s.temp_c:.0f}C"
+            if s.power_w is not None:
+                text += f" {s.power_w:.0f}W"
+        elif s.cpu_percent is not None:
+            text = f"{name} cpu {s.cpu_percent:.0f}% rss {_mib(s.rss)}"
+        else:
+            continue
+        parts.append(text)
+    return " | ".join(parts)
+
+
+class Printer:
+    """Turns events into terminal output; ``close()`` prints the summary."""
+
+    def __init__(self, stream: TextIO | None = None, live: bool | None = None,
+                 quiet: bool = False):
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty() if live is None else live
+        self.quiet = quiet
+        self.console = Console(file=self.stream, highlight=False,
+                               force_terminal=self.live if live is not None else None)
+        self.samples: dict[str, DeviceSample] = {}
+        self.progress: Progress | None = None
+        self.task = None
+        self.epochs = 1
+
+    def line(self, text: str) -> None:
+        """One line above the progress bar (or a plain line)."""
+        if self.quiet:
+            return
+        if self.progress is not None:
+            self.progress.console.print(text, markup=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def handle(self, ev: Event) -> None:
+        """Print what one event means for the user."""
+        kind = ev.kind
+        if kind == "device_sample":
+            self.samples[ev.device] = ev
+        elif kind == "run_started":
+            devs = ", ".join(d["name"] for d in ev.devices)
+            self.epochs = ev.config.get("run", {}).get("epochs", 1)
+            self.line(f"run {ev.run_id}: strategy {ev.strategy} on {devs}")
+            for note in ev.notes:
+                self.line(f"note: {note}")
+        elif kind == "log":
+            self.line(f"{ev.level}: {ev.message}")
+        elif kind == "init_done":
+            self.line(f"init {ev.seconds:.2f} s (torch import {ev.import_s:.2f} s, data "
+                      f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s); {ev.train_samples:,} "
+                      f"training examples, {ev.steps_per_epoch} steps per epoch")
+            self._start_progress(ev.steps_per_epoch * self.epochs)
+        elif kind == "step":
+            self._step(ev)
+        elif kind == "epoch_end":
+            self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
+                      f"{ev.train_loss:.4f}, test acc {ev.test_acc:.4f}, "
+                      f"{ev.samples_per_s:,.0f} samples/s")
+        elif kind in ("run_finished", "run_stopped", "run_failed"):
+            self._stop_progress()
+            if kind == "run_failed":
+                self.line(f"run failed: {ev.reason}")
+            elif kind == "run_stopped":
+                self.line(f"run stopped: {ev.reason}")
+
+    def _step(self, ev) -> None:
+        comm = f", comm {ev.comm_share:.0%}" if ev.comm_share is not None else ""
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, completed=ev.global_step,
+                                 description=f"epoch {ev.epoch}/{self.epochs}",
+                                 info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s{comm}")
+            devs = device_line(self.samples)
+            if devs:
+                self.progress.update(self.task, devices=devs)
+            return
+        self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
+                  f"{ev.samples_per_s:,.0f} samples/s, step {ev.step_time_s * 1000:.1f} ms{comm}")
+        devs = device_line(self.samples)
+        if devs:
+            self.line(f"  devices: {devs}")
+
+    def _start_progress(self, total: int) -> None:
+        if not self.live or self.quiet:
+            return
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+            TimeRemainingColumn(), TextColumn("\n  {task.fields[devices]}"),
+            console=self.console, transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task("epoch 1", total=total, info="", devices="")
+
+    def _stop_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def summary(self, s: dict[str, Any]) -> None:
+        """The end-of-run table: time per epoch, samples/s, test accuracy, init time."""
+        self._stop_progress()
+        if self.quiet:
+            return
+        table = Table(title=f"run {s.get('run_id', '?')}: {s.get('status')}", show_header=True)
+        table.add_column("epoch", justify="right")
+        table.add_column("time (s)", justify="right")
+        table.add_column("samples/s", justify="right")
+        table.add_column("train loss", justify="right")
+        table.add_column("test acc", justify="right")
+        for e in s.get("per_epoch", []):
+            table.add_row(str(e["epoch"]), f"{e['seconds']:.2f}", f"{e['samples_per_s']:,.0f}",
+                          f"{e['train_loss']:.4f}", f"{e['test_acc']:.4f}")
+        if self.live:  # plain mode has already printed one line per epoch
+            self.console.print(table)
+        init = s.get("init_s")
+        parts = [f"status {s.get('status')}"]
+        if s.get("reason"):
+            parts.append(f"({s['reason']})")
+        if "time_per_epoch_s" in s:
+            parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
+            parts.append(f"{s['samples_per_s']:,.0f} samples/s")
+            parts.append(f"test acc {s['test_acc']:.4f}")
+        if init is not None:
+            parts.append(f"init {init:.2f} s")
+        self.line("summary: " + ", ".join(parts))

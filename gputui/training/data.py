@@ -1,0 +1,193 @@
+"""Datasets and batches: the embedded synthetic task and real sets read through torchvision.
+
+Small datasets are held as tensors (on the training device) and indexed per batch; large ones
+go through a DataLoader. Either way the batch order comes from one seeded permutation per
+epoch, so every strategy sees the same global batches as ``single`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from gputui.training import datafiles, synthetic
+
+SYNTHETIC_TRAIN, SYNTHETIC_TEST = 12_000, 2_000
+TENSOR_LIMIT_BYTES = 2 * 1024**3
+
+
+class DataError(RuntimeError):
+    """A dataset that cannot be read or fetched; the message is one line for the user."""
+
+
+@dataclass
+class Dataset:
+    """Train and test tensors (standardised with the training set's mean and std)."""
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int = 10
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.train_x.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.train_x.shape[-1])
+
+
+def load_dataset(name: str, root: str = "", download: bool = False, train_size: int = 0,
+                 test_size: int = 0, source: str = "standard") -> Dataset:
+    """Load (or generate) a dataset as float tensors [N, C, H, W] and int64 labels."""
+    if name == "synthetic":
+        train = synthetic.generate(train_size or SYNTHETIC_TRAIN, seed=0)
+        test = synthetic.generate(test_size or SYNTHETIC_TEST, seed=1)
+    else:
+        problem = datafiles.missing_data(name, root, source)
+        if problem and download:
+            _download(name, root)
+            problem = datafiles.missing_data(name, root, source)
+        if problem:
+            raise DataError(problem)
+        reader = _read_idx if name in datafiles.IDX_FOLDERS else _read_cifar
+        base = datafiles.data_root(root)
+        if source == "test-split":
+            x, y = reader(base, name, "test")
+            train, test = _carve(x, y, train_size, test_size)
+        else:
+            train = _cap(*reader(base, name, "train"), train_size)
+            test = _cap(*reader(base, name, "test"), test_size)
+    return _standardise(name, train, test)
+
+
+def _cap(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x[:n], y[:n]) if n else (x, y)
+
+
+def _carve(x: torch.Tensor, y: torch.Tensor, n_train: int, n_test: int):
+    """Split one set into disjoint train and held-out parts by a fixed permutation."""
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    n_train = n_train or int(0.8 * len(x))
+    n_test = n_test or len(x) - n_train
+    if n_train + n_test > len(x):
+        raise DataError(f"data.train_size + data.test_size ({n_train} + {n_test}) exceed the "
+                        f"{len(x)} examples of the test split; lower them")
+    tr, te = perm[:n_train], perm[n_train:n_train + n_test]
+    return (x[tr], y[tr]), (x[te], y[te])
+
+
+def _standardise(name: str, train, test) -> Dataset:
+    (tx, ty), (vx, vy) = train, test
+    dims = (0, 2, 3)
+    mean, std = tx.mean(dim=dims, keepdim=True), tx.std(dim=dims, keepdim=True).clamp_min(1e-6)
+    return Dataset(name, ((tx - mean) / std).contiguous(), ty.long(),
+                   ((vx - mean) / std).contiguous(), vy.long())
+
+
+def _read_idx(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    # torchvision's own IDX readers: the real parsing path, without its all-splits check.
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    raw = datafiles.idx_raw_folder(base, name)
+    images, labels = datafiles.IDX_FILES[split]
+    try:
+        x = read_image_file(str(raw / images))
+        y = read_label_file(str(raw / labels))
+    except (OSError, ValueError, AssertionError, RuntimeError) as exc:
+        raise DataError(f"{name}: cannot read {raw / images} ({exc}); replace the file") from None
+    return x.unsqueeze(1).float().div_(255.0), y
+
+
+def _read_cifar(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from torchvision.datasets import CIFAR10
+
+    try:
+        ds = CIFAR10(str(base), train=(split == "train"), download=False)
+    except RuntimeError as exc:
+        raise DataError(f"cifar10: {exc} (looked in {base})") from None
+    x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float().div_(255.0)
+    return x, torch.tensor(ds.targets)
+
+
+def _download(name: str, root: str) -> None:
+    from torchvision import datasets
+
+    cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST,
+           "cifar10": datasets.CIFAR10}[name]
+    base = str(datafiles.data_root(root))
+    try:
+        for train in (True, False):
+            cls(base, train=train, download=True)
+    except Exception as exc:  # noqa: BLE001 - any network/IO failure becomes one line
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{name}: download into {base} failed ({first}); put the files there "
+                        f"by hand (see `gputui run --help`)") from None
+
+
+# ------------------------------------------------------------------ batches
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The batch order of one epoch: a function of (seed, epoch, n) only."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+class TensorBatches:
+    """Global batches indexed out of tensors that live on ``device`` (no per-step loader)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+                 device: torch.device | str = "cpu"):
+        self.x, self.y = x.to(device), y.to(device)
+        self.device = torch.device(device)
+        self.batch_size, self.seed = batch_size, seed
+        self.steps_per_epoch = len(x) // batch_size  # the last partial batch is dropped
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        perm = epoch_permutation(len(self.x), self.seed, epoch).to(self.device)
+        b = self.batch_size
+        for i in range(self.steps_per_epoch):
+            idx = perm[i * b:(i + 1) * b]
+            yield self.x[idx], self.y[idx]
+
+
+class LoaderBatches:
+    """The same global batches through torch's DataLoader (for sets too large to hold)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+                 device: torch.device | str = "cpu", workers: int = 0):
+        self.dataset = torch.utils.data.TensorDataset(x, y)
+        self.device = torch.device(device)
+        self.batch_size, self.seed, self.workers = batch_size, seed, workers
+        self.steps_per_epoch = len(x) // batch_size
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = epoch_permutation(len(self.dataset), self.seed, epoch).tolist()
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_size=self.batch_size, sampler=order, drop_last=True,
+            num_workers=self.workers, pin_memory=self.device.type == "cuda")
+        for xb, yb in loader:
+            yield (xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True))
+
+
+def make_batches(ds: Dataset, batch_size: int, seed: int, device, loader: str = "auto",
+                 workers: int = 0):
+    """Pick tensors or a DataLoader ("auto": tensors below 2 GiB)."""
+    if batch_size > len(ds.train_x):
+        raise DataError(f"optim.batch_size ({batch_size}) is larger than the training set "
+                        f"({len(ds.train_x)} examples); lower it or raise data.train_size")
+    size = ds.train_x.element_size() * ds.train_x.nelement()
+    if loader == "tensors" or (loader == "auto" and size < TENSOR_LIMIT_BYTES):
+        return TensorBatches(ds.train_x, ds.train_y, batch_size, seed, device)
+    return LoaderBatches(ds.train_x, ds.train_y, batch_size, seed, device, workers)
+
+
+def eval_batches(ds: Dataset, batch_size: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The test set in order, in batches, moved to ``device``."""
+    for i in range(0, len(ds.test_x), batch_size):
+        yield (ds.test_x[i:i + batch_size].to(device, non_blocking=True),
+               ds.test_y[i:i + batch_size].to(device, non_blocking=True))

@@ -1,0 +1,236 @@
+"""Start a run in a spawned child process and receive its events without blocking.
+
+Shared by the headless CLI and the TUI. Importing this module does not import torch. The
+handle guarantees a record that ends with one terminal event: if the child dies without one
+(killed, crashed), the handle appends it, and rebuilds summary.json from the events.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from gputui.config import RunConfig
+from gputui.devices import Device, resolve_devices
+from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
+from gputui.training import runstore
+
+_LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
+
+
+class RunHandle:
+    """A running (or finished) run: poll its events, stop it, kill it, wait for it."""
+
+    def __init__(self, run_id: str, run_dir: Path, devices: list[Device], cfg: RunConfig):
+        self.run_id, self.run_dir, self.devices, self.cfg = run_id, run_dir, devices, cfg
+        self.processes: list = []  # mp.Process objects (the child; more for multi-process)
+        self._queue = None
+        self._stop_event = None
+        self._samples: collections.deque = collections.deque(maxlen=4096)
+        self._sampler = None
+        self._telemetry_log = None
+        self._done = False
+        self._status = "running"
+        self._kill_reason = ""
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ events
+    def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
+        """Events that arrived since the last call; waits at most ``timeout`` seconds."""
+        out: list[Event] = []
+        if self._done:
+            return out
+        try:
+            if timeout > 0:
+                out.append(self._queue.get(timeout=timeout))
+            while len(out) < max_events:
+                out.append(self._queue.get_nowait())
+        except (queue_mod.Empty, EOFError, OSError):
+            pass
+        while self._samples and len(out) < max_events:
+            out.append(self._samples.popleft())
+        if any(is_terminal(e) for e in out):
+            self._finish(next(e for e in out if is_terminal(e)).kind)
+        elif not self.alive:
+            out.extend(self._drain_after_exit())
+        return out
+
+    def _drain_after_exit(self) -> list[Event]:
+        out: list[Event] = []
+        try:
+            while True:
+                out.append(self._queue.get(timeout=0.2))
+        except (queue_mod.Empty, EOFError, OSError):
+            pass
+        terminal = next((e for e in out if is_terminal(e)), None)
+        if terminal is None:
+            terminal = self._record_missing_end()
+            out.append(terminal)
+        self._finish(terminal.kind)
+        return out
+
+    def _record_missing_end(self) -> Event:
+        """The child died without a terminal event: append one to its record."""
+        codes = [p.exitcode for p in self.processes]
+        if self._kill_reason:
+            ev: Event = RunStopped(reason=self._kill_reason)
+        else:
+            code = next((c for c in codes if c), codes[0] if codes else None)
+            if code is not None and code < 0:
+                try:
+                    how = f"was killed by {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"was killed by signal {-code}"
+            else:
+                how = f"exited with code {code}"
+            ev = RunFailed(reason=f"the training process {how} before the run ended")
+        log = runstore.EventLog(self.run_dir / "events.jsonl")
+        log.write(ev)
+        log.close()
+        runstore.write_summary(self.run_dir, runstore.summarize(runstore.read_events(self.run_dir)))
+        return ev
+
+    def _finish(self, kind: str) -> None:
+        self._done = True
+        self._status = {"run_finished": "finished", "run_failed": "failed",
+                        "run_stopped": "stopped"}[kind]
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+        if self._telemetry_log is not None:
+            self._telemetry_log.close()
+            self._telemetry_log = None
+        for p in self.processes:
+            p.join(timeout=5)
+        _LIVE.discard(self)
+
+    # ------------------------------------------------------------------ control
+    @property
+    def alive(self) -> bool:
+        """True while any training process of the run is running."""
+        return any(p.is_alive() for p in self.processes)
+
+    @property
+    def done(self) -> bool:
+        """A terminal event has been delivered by ``poll``."""
+        return self._done
+
+    @property
+    def status(self) -> str:
+        """"running", "finished", "failed" or "stopped"."""
+        return self._status
+
+    def pids(self) -> dict[str, int]:
+        """Device name to the pid of the process training on it."""
+        if not self.processes or self.processes[0].pid is None:
+            return {}
+        return {d.name: self.processes[0].pid for d in self.devices}
+
+    def stop(self) -> None:
+        """Ask the run to stop at its next step; the record ends "stopped"."""
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    def kill(self, reason: str = "killed by user") -> None:
+        """Kill the training processes (and their children) now."""
+        self._kill_reason = reason
+        for p in self.processes:
+            _kill_tree(p.pid)
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Poll until the run ends or ``timeout`` passes; returns the status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self.poll(timeout=0.2 if left is None else min(0.2, left))
+        return self._status
+
+    def _on_sample(self, sample: DeviceSample) -> None:
+        self._samples.append(sample)  # bounded: the oldest samples go first
+        log = self._telemetry_log
+        if log is not None:
+            try:
+                log.write(sample)
+            except (ValueError, OSError):
+                pass
+
+
+def _kill_tree(pid: int | None) -> None:
+    if not pid:
+        return
+    try:
+        import psutil
+
+        children = psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - the process may already be gone
+        children = []
+    for proc in [*children]:
+        try:
+            proc.kill()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
+           devices: list[Device] | None = None) -> RunHandle:
+    """Create the run folder, start the training process, return its handle at once."""
+    from gputui.training import worker
+
+    devices = devices or resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
+    run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
+    (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
+    handle = RunHandle(run_id, run_dir, devices, cfg)
+    ctx = mp.get_context("spawn")
+    handle._queue = ctx.Queue()
+    handle._stop_event = ctx.Event()
+    spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
+            "run_id": run_id, "run_dir": str(run_dir), "queue": handle._queue,
+            "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time()}
+    proc = ctx.Process(target=worker.child_main, args=(spec,), name=f"gputui-{run_id}")
+    proc.start()
+    handle.processes.append(proc)
+    _LIVE.add(handle)
+    _start_sampler(handle)
+    return handle
+
+
+def _start_sampler(handle: RunHandle) -> None:
+    tel = handle.cfg.telemetry
+    if not tel.enabled:
+        return
+    try:
+        from gputui.telemetry.sampler import Sampler
+    except ImportError:  # telemetry is optional for a run
+        return
+    handle._telemetry_log = runstore.EventLog(handle.run_dir / "telemetry.jsonl")
+    handle._sampler = Sampler(handle.devices, tel.interval_s, handle._on_sample, handle.pids)
+    handle._sampler.start()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Never orphan a run: on exit, stop live runs, then kill what does not stop."""
+    handles = list(_LIVE)
+    for h in handles:
+        h.stop()
+    deadline = time.monotonic() + 10
+    for h in handles:
+        while h.alive and time.monotonic() < deadline:
+            h.poll(timeout=0.2)
+        if h.alive:
+            h.kill("killed when gputui exited")
+            h.wait(timeout=5)

@@ -1,0 +1,134 @@
+"""The run record: ``runs/<run-id>/{config.toml, events.jsonl, telemetry.jsonl, summary.json}``.
+
+Events are appended one JSON line at a time and flushed as they happen, so a crash loses at
+most the step in flight. The summary is a pure function of the events (``summarize``), so it
+can always be rebuilt from a record whose writer died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from gputui.events import Event, event_from_dict
+
+ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
+
+
+def default_runs_dir() -> Path:
+    """``$GPUTUI_RUNS_DIR`` or ``./runs``."""
+    return Path(os.environ.get(ENV_RUNS_DIR) or "runs")
+
+
+def new_run_dir(runs_dir: str | Path | None, name: str) -> tuple[str, Path]:
+    """Create a fresh run folder; the id sorts by start time and names the run."""
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+    path = base / run_id
+    path.mkdir(parents=True, exist_ok=False)
+    return run_id, path
+
+
+class EventLog:
+    """Append-only JSON-lines writer, flushed per event."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, event: Event) -> None:
+        self._fh.write(event.to_json() + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+
+
+def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
+    """Every readable event of a record; a torn last line (a crash mid-write) is skipped."""
+    path = Path(run_dir) / name
+    out: list[Event] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            out.append(event_from_dict(json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def summarize(events: Iterable[Event]) -> dict[str, Any]:
+    """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
+    s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
+                         "per_epoch": []}
+    first_t = last_t = None
+    for ev in events:
+        first_t = ev.t if first_t is None else first_t
+        last_t = ev.t
+        kind = ev.kind
+        if kind == "run_started":
+            s.update(run_id=ev.run_id, strategy=ev.strategy, world_size=ev.world_size,
+                     devices=[d["name"] for d in ev.devices], notes=list(ev.notes),
+                     epochs=ev.config.get("run", {}).get("epochs"),
+                     model=ev.config.get("model", {}).get("name"),
+                     dataset=ev.config.get("data", {}).get("name"))
+        elif kind == "init_done":
+            s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples)
+        elif kind == "epoch_end":
+            s["per_epoch"].append({"epoch": ev.epoch, "seconds": ev.seconds,
+                                   "train_loss": ev.train_loss, "test_acc": ev.test_acc,
+                                   "samples_per_s": ev.samples_per_s})
+            s["epochs_done"] = ev.epoch
+        elif kind == "step":
+            s["last_loss"] = ev.loss
+        elif kind == "run_finished":
+            s["status"] = "finished"
+        elif kind == "run_failed":
+            s.update(status="failed", reason=ev.reason)
+        elif kind == "run_stopped":
+            s.update(status="stopped", reason=ev.reason)
+    epochs = s["per_epoch"]
+    if epochs:
+        s["time_per_epoch_s"] = sum(e["seconds"] for e in epochs) / len(epochs)
+        s["samples_per_s"] = sum(e["samples_per_s"] for e in epochs) / len(epochs)
+        s["test_acc"] = epochs[-1]["test_acc"]
+        s["best_test_acc"] = max(e["test_acc"] for e in epochs)
+        s["train_loss"] = epochs[-1]["train_loss"]
+    if first_t is not None:
+        s["total_s"] = last_t - first_t
+    return s
+
+
+def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
+    """Write summary.json atomically (a reader never sees half a file)."""
+    path = Path(run_dir) / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """summary.json, or a summary rebuilt from the events when it is missing or unreadable."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return summarize(read_events(run_dir))
+
+
+def list_runs(runs_dir: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every run folder under ``runs_dir`` with its summary, newest first."""
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
+    if not base.is_dir():
+        return []
+    dirs = sorted((p for p in base.iterdir() if (p / "events.jsonl").exists()), reverse=True)
+    return [(p, read_summary(p)) for p in dirs]

@@ -1,0 +1,181 @@
+"""The common interface of every strategy, and what single-device training already does.
+
+A strategy builds its model(s) on its devices, runs one optimizer step on a global batch
+(``train_step``), and counts correct test predictions (``evaluate``). Subclasses hold only
+what differs from single-device training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gputui.config import RunConfig, effective_batch_size, effective_lr
+from gputui.devices import Device
+from gputui.training.models import build_model
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Stopwatch:
+    """Time marks without sync points: perf_counter on CPU, CUDA events on GPU (read later,
+    at the log interval, where the loop synchronises anyway)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+
+class Strategy:
+    """Base class: configuration, model building, the optimizer and one micro-batched
+    forward/backward pass. ``meter`` is set by the loop on the steps it wants timed."""
+
+    name = "base"
+
+    def __init__(self, cfg: RunConfig, devices: list[Device], in_channels: int = 1,
+                 image_size: int = 28, num_classes: int = 10, rank: int = 0,
+                 world_size: int = 1):
+        self.cfg, self.devices = cfg, devices
+        self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+        self.rank, self.world_size = rank, world_size
+        n = max(len(devices), world_size)
+        self.batch_size = effective_batch_size(cfg, n)
+        self.lr = effective_lr(cfg, n)
+        self.meter = False
+        self.timing: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.scaler = None
+
+    # ---------------------------------------------------------------- building blocks
+    def build_model(self) -> nn.Sequential:
+        """The configured model on the CPU, initialised from ``run.seed``."""
+        m = self.cfg.model
+        return build_model(m.name, self.in_channels, self.image_size, self.num_classes,
+                           seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """Minibatch SGD with the configured lr, momentum and weight decay."""
+        o = self.cfg.optim
+        return torch.optim.SGD(params, lr=self.lr, momentum=o.momentum,
+                               weight_decay=o.weight_decay)
+
+    def make_scaler(self, device: torch.device) -> None:
+        """fp16 on CUDA needs a grad scaler; bf16 and fp32 do not."""
+        if self.cfg.run.precision == "fp16" and device.type == "cuda":
+            self.scaler = torch.amp.GradScaler("cuda")
+
+    def autocast(self, device: torch.device):
+        """Autocast for bf16/fp16, a no-op context for fp32."""
+        dtype = AMP_DTYPES.get(self.cfg.run.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=dtype)
+
+    def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         denom: int, device: torch.device, before_last=None) -> torch.Tensor:
+        """Forward and backward over ``optim.micro_batches`` slices of (x, y), with the loss
+        summed and divided by ``denom`` (the global batch) so gradients add up to the
+        full-batch mean. ``before_last`` is a context factory entered for all but the last
+        micro-batch (DDP's no_sync). Returns the detached loss contribution."""
+        k = min(self.cfg.optim.micro_batches, len(x))
+        total = torch.zeros((), device=device)
+        xs, ys = (x, ), (y, )
+        if k > 1:
+            xs, ys = torch.tensor_split(x, k), torch.tensor_split(y, k)
+        for i, (xm, ym) in enumerate(zip(xs, ys)):
+            ctx = before_last() if before_last is not None and i < k - 1 else contextlib.nullcontext()
+            with ctx:
+                with self.autocast(device):
+                    out = model(xm)
+                loss = F.cross_entropy(out.float(), ym, reduction="sum") / denom
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        return total
+
+    def optimizer_step(self, opt: torch.optim.Optimizer) -> None:
+        """One update (through the grad scaler when there is one)."""
+        if self.scaler is not None:
+            self.scaler.step(opt)
+        else:
+            opt.step()
+
+    # ---------------------------------------------------------------- the interface
+    def setup(self) -> None:
+        """Build models and optimizers on the devices."""
+        raise NotImplementedError
+
+    def data_device(self) -> torch.device:
+        """Where the dataset tensors should live (the first device by default)."""
+        return torch.device(self.devices[0].torch_device)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on a global batch; returns its mean loss, detached, unsynced."""
+        raise NotImplementedError
+
+    def eval_models(self) -> list[tuple[nn.Module, torch.device]]:
+        """(model, device) pairs the test batches are split over."""
+        raise NotImplementedError
+
+    def primary_model(self) -> nn.Module:
+        """The model whose parameters stand for the run (equivalence tests, checkpoints)."""
+        return self.eval_models()[0][0]
+
+    def set_train(self, mode: bool) -> None:
+        for model, _ in self.eval_models():
+            model.train(mode)
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions on a test batch, split across the models' devices."""
+        pairs = self.eval_models()
+        first = pairs[0][1]
+        correct = torch.zeros((), dtype=torch.long, device=first)
+        for (model, dev), xs, ys in zip(pairs, torch.tensor_split(x, len(pairs)),
+                                        torch.tensor_split(y, len(pairs))):
+            if len(xs) == 0:
+                continue
+            with self.autocast(dev):
+                pred = model(xs.to(dev, non_blocking=True)).argmax(dim=1)
+            correct += (pred == ys.to(dev, non_blocking=True)).sum().to(first)
+        return correct
+
+    def read_timing(self) -> dict:
+        """Seconds of the last metered step: {"step_s", "comm_s", "per_device": [...]}, read at
+        the log interval; {} when nothing was metered."""
+        return {}
+
+    def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
+        """Combine a metric over processes (identity for single-process strategies)."""
+        return value
+
+    def device_stats(self) -> list[dict]:
+        """Per-device figures for StepMetrics at the log interval (memory from torch)."""
+        out = []
+        for d in self.devices:
+            entry: dict[str, Any] = {"device": d.name}
+            if d.kind == "cuda":
+                entry["mem_alloc"] = torch.cuda.memory_allocated(d.index)
+                entry["mem_reserved"] = torch.cuda.memory_reserved(d.index)
+            out.append(entry)
+        return out
+
+    def close(self) -> None:
+        """Release resources (process groups, CUDA memory)."""

@@ -1,0 +1,127 @@
+"""``scratch``: data parallelism written out by hand, exactly as the material does it.
+
+A distinct copy of the parameters lives on every device; each global batch is split over the
+devices (evenly, or by ``split_weights``); every replica runs forward and backward on its
+shard with the loss summed and divided by the global batch size, so uneven shards still add
+up to the full-batch gradient; ``allreduce`` sums the gradients on the first device and
+copies the sum back to every other; then every replica takes the same SGD step.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from gputui.training.strategies.base import Stopwatch, Strategy
+
+
+class ReplicaMismatch(RuntimeError):
+    """check_replicas found a replica that no longer equals the first."""
+
+
+def split_sizes(total: int, n: int, weights: list[float] | None = None) -> list[int]:
+    """Shard sizes summing to ``total``: as even as possible, or proportional to ``weights``
+    (largest remainder), every shard at least one example."""
+    weights = list(weights) if weights else [1.0] * n
+    exact = [total * w / sum(weights) for w in weights]
+    sizes = [max(1, int(e)) for e in exact]
+    order = sorted(range(n), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    i = 0
+    while sum(sizes) < total:
+        sizes[order[i % n]] += 1
+        i += 1
+    while sum(sizes) > total:  # only when max(1, .) rounded a tiny share up
+        j = max(range(n), key=lambda k: sizes[k])
+        sizes[j] -= 1
+    return sizes
+
+
+def allreduce(data: list[torch.Tensor]) -> None:
+    """Sum the tensors into the first, then copy the sum back to the others (the material's)."""
+    for i in range(1, len(data)):
+        data[0].add_(data[i].to(data[0].device, non_blocking=True))
+    for i in range(1, len(data)):
+        data[i].copy_(data[0], non_blocking=True)
+
+
+class Scratch(Strategy):
+    """One replica and one optimizer per device; gradients all-reduced by hand."""
+
+    name = "scratch"
+
+    def setup(self) -> None:
+        self.torch_devices = [torch.device(d.torch_device) for d in self.devices]
+        master = self.build_model()
+        # deepcopy, not .to(): on one physical device .to() would return the same tensors, the
+        # replicas would alias, and the allreduce would add a gradient to itself.
+        self.replicas = [copy.deepcopy(master).to(dev) for dev in self.torch_devices]
+        self.params = [list(r.parameters()) for r in self.replicas]
+        self.opts = [self.make_optimizer(p) for p in self.params]
+        self.make_scaler(self.torch_devices[0])
+        self.watches = [Stopwatch(dev) for dev in self.torch_devices]
+        self.weights = self.cfg.strategy.split_weights or None
+        if all(d.kind == "cpu" for d in self.devices) and len(self.devices) > 1:
+            self.notes.append(f"{len(self.devices)} CPU virtual devices: distinct replicas "
+                              f"on the CPU, run one after another")
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        n, total = len(self.replicas), len(x)
+        sizes = split_sizes(total, n, self.weights)
+        xs, ys = torch.split(x, sizes), torch.split(y, sizes)
+        marks = []
+        loss = torch.zeros((), device=self.torch_devices[0])
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        for i, (model, dev) in enumerate(zip(self.replicas, self.torch_devices)):
+            begin = self.watches[i].mark() if self.meter else None
+            part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
+                                         ys[i].to(dev, non_blocking=True), total, dev)
+            loss += part.to(loss.device)
+            if begin is not None:
+                marks.append((begin, self.watches[i].mark()))
+        comm_begin = self.watches[0].mark() if self.meter else None
+        with torch.no_grad():
+            for grads in zip(*[[p.grad for p in params] for params in self.params]):
+                allreduce(list(grads))
+        comm_end = self.watches[0].mark() if self.meter else None
+        for opt in self.opts:
+            self.optimizer_step(opt)
+        if self.scaler is not None:
+            self.scaler.update()
+        if self.meter:
+            self.timing = {"marks": marks, "comm": (comm_begin, comm_end), "sizes": sizes,
+                           "end": self.watches[0].mark()}
+        if self.cfg.strategy.check_replicas:
+            self.check_replicas()
+        return loss
+
+    def read_timing(self) -> dict:
+        """Seconds of the metered step: per-device compute, the allreduce, the whole step."""
+        if not self.timing:
+            return {}
+        t = self.timing
+        per_device = []
+        for d, w, (a, b), size in zip(self.devices, self.watches, t["marks"], t["sizes"]):
+            per_device.append({"device": d.name, "samples": size, "compute_s": w.seconds(a, b)})
+        first = self.watches[0]
+        comm = first.seconds(*t["comm"])
+        step = first.seconds(t["marks"][0][0], t["end"])
+        return {"step_s": step, "comm_s": comm, "per_device": per_device}
+
+    @torch.no_grad()
+    def check_replicas(self) -> None:
+        """Raise ReplicaMismatch unless every replica equals the first, parameter by parameter."""
+        names = [name for name, _ in self.replicas[0].named_parameters()]
+        for r, params in enumerate(self.params[1:], start=1):
+            for name, p0, p in zip(names, self.params[0], params):
+                if not torch.equal(p0, p.to(p0.device)):
+                    diff = (p0 - p.to(p0.device)).abs().max().item()
+                    raise ReplicaMismatch(f"replica {r} differs from replica 0 in '{name}' "
+                                          f"(max |difference| {diff:.3g})")
+
+    def eval_models(self):
+        return list(zip(self.replicas, self.torch_devices))
+
+
+STRATEGY = Scratch

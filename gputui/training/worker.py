@@ -1,0 +1,141 @@
+"""The training process: entry point of the spawned child, and the in-process ``execute``.
+
+The child ignores SIGINT (Ctrl-C reaches the whole terminal process group; the parent turns
+it into a graceful stop), watches its parent so a dead UI never leaves it training, records
+every event as it happens and ends the record with exactly one terminal event.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui.config import from_dict
+from gputui.devices import Device
+from gputui.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
+                           RunStopped)
+from gputui.training.runstore import EventLog, summarize, write_summary
+
+
+class Recorder:
+    """Writes each event to events.jsonl (flushed) and hands it to ``forward`` (a queue)."""
+
+    def __init__(self, run_dir: Path, forward: Callable[[Event], None] | None = None):
+        self.run_dir = Path(run_dir)
+        self.log = EventLog(self.run_dir / "events.jsonl")
+        self.forward = forward
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.log.write(event)
+        self.events.append(event)
+        if self.forward is not None:
+            try:
+                self.forward(event)
+            except Exception:  # noqa: BLE001 - a gone listener must not stop the record
+                self.forward = None
+
+    def close(self) -> None:
+        write_summary(self.run_dir, summarize(self.events))
+        self.log.close()
+
+
+class StopFlag:
+    """Stop requests from the parent (an mp.Event) or from the parent's death."""
+
+    def __init__(self, event=None, parent_pid: int | None = None):
+        self.event, self.parent_pid = event, parent_pid
+        self.reason = "stopped by user"
+        self._local = threading.Event()
+        if parent_pid:
+            threading.Thread(target=self._watch_parent, daemon=True).start()
+
+    def _watch_parent(self) -> None:
+        while not self._local.wait(0.5):
+            if os.getppid() != self.parent_pid:
+                self.reason = "the gputui process that launched the run exited"
+                self._local.set()
+
+    def __call__(self) -> bool:
+        return self._local.is_set() or (self.event is not None and self.event.is_set())
+
+
+def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
+            should_stop: Callable[[], bool], t_launch: float) -> str:
+    """Train one run in this process; returns the terminal status. Never raises."""
+    cfg = from_dict(cfg_dict, source="run", check=False)
+    emit = recorder.emit
+    try:
+        from gputui.training.strategies import registry
+
+        info = registry.get(cfg.strategy.name)
+        emit(RunStarted(run_id=run_id, config=cfg_dict, devices=tuple(d.to_dict() for d in devices),
+                        strategy=cfg.strategy.name, world_size=1))
+        t0 = time.perf_counter()
+        import torch
+
+        from gputui.training import data as data_mod
+        from gputui.training.loop import train
+        from gputui.training.models import count_params
+
+        import_s = time.perf_counter() - t0
+        _set_threads(torch, cfg.run.threads, processes=1)
+        t1 = time.perf_counter()
+        ds = data_mod.load_dataset(cfg.data.name, cfg.data.root, cfg.data.download,
+                                   cfg.data.train_size, cfg.data.test_size, cfg.data.source)
+        t2 = time.perf_counter()
+        strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes)
+        strategy.setup()
+        batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
+                                        strategy.data_device(), cfg.data.loader, cfg.data.workers)
+        t3 = time.perf_counter()
+        for note in strategy.notes:
+            emit(LogLine(level="info", message=note))
+        emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
+                      model_s=t3 - t2, train_samples=len(ds.train_x),
+                      test_samples=len(ds.test_x), steps_per_epoch=batches.steps_per_epoch,
+                      params=count_params(strategy.primary_model())))
+        t_train = time.time()
+        status = train(cfg, strategy, batches, ds, emit, should_stop)
+        strategy.close()
+        if status == "stopped":
+            emit(RunStopped(reason=getattr(should_stop, "reason", "stopped by user")))
+        else:
+            emit(RunFinished(seconds=time.time() - t_train))
+        return status
+    except Exception as exc:  # noqa: BLE001 - every failure must end the record
+        emit(RunFailed(reason=_one_line(exc), detail=traceback.format_exc()))
+        return "failed"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch"}
+    return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
+def _set_threads(torch, threads: int, processes: int) -> None:
+    """Give each process its share of the cores unless run.threads says otherwise."""
+    if threads <= 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 1) // max(1, processes))
+    torch.set_num_threads(threads)
+
+
+def child_main(spec: dict[str, Any]) -> None:
+    """Entry point of the spawned training process (single-process strategies)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    queue = spec["queue"]
+    recorder = Recorder(Path(spec["run_dir"]), forward=queue.put)
+    stop = StopFlag(spec["stop_event"], spec["parent_pid"])
+    devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
+    try:
+        execute(spec["config"], devices, spec["run_id"], recorder, stop, spec["t_launch"])
+    finally:
+        recorder.close()
