@@ -7,6 +7,8 @@ will see them (CUDA_VISIBLE_DEVICES applied), mapped from NVML by UUID/PCI bus i
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
@@ -39,13 +41,57 @@ class Device:
 
 
 @dataclass(frozen=True)
-class GpuInfo:
-    """A GPU as discovery reports it, indexed by its CUDA ordinal."""
+class GpuProcess:
+    """A process NVML reports on a GPU."""
 
-    index: int
+    pid: int
+    used_mem: int | None = None  # bytes of GPU memory, None when NVML cannot tell
+    name: str = ""  # process name, "" when it cannot be read (e.g. another container)
+
+    def describe(self) -> str:
+        """Short form for tables and warnings: "pid 4242 python 1.2 GiB"."""
+        parts = [f"pid {self.pid}"] + ([self.name] if self.name else [])
+        if self.used_mem is not None:
+            parts.append(human_bytes(self.used_mem))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A GPU as discovery reports it, indexed by its CUDA ordinal; None = not available."""
+
+    index: int  # the CUDA ordinal the run will use (CUDA_VISIBLE_DEVICES applied)
     name: str
     uuid: str = ""
-    busy: bool = False  # another process holds memory on it
+    busy: bool = False  # another process runs on it
+    nvml_index: int | None = None  # NVML's (nvidia-smi's) index of the physical GPU
+    pci_bus_id: str = ""
+    mem_used: int | None = None  # bytes
+    mem_total: int | None = None  # bytes
+    util: float | None = None  # percent
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    mig: bool = False  # a MIG slice of a physical GPU
+
+    def to_dict(self) -> dict:
+        """Plain dict for `gputui devices --json`."""
+        out = dataclasses.asdict(self)
+        out["device"] = f"cuda:{self.index}"
+        return out
+
+
+def human_bytes(n: int | None) -> str:
+    """1536 -> "1.5 KiB"; None -> "n/a"."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 _CPU = re.compile(r"^cpu(?:\s*\*\s*(\d+))?$")
@@ -61,7 +107,12 @@ def cpu_devices(n: int) -> list[Device]:
 
 
 def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[Device]:
-    """Resolve ``spec`` against the machine's GPUs; raise DeviceSpecError when impossible."""
+    """Resolve ``spec`` against the machine's GPUs; raise DeviceSpecError when impossible.
+
+    Forms: "cpu" / "cpu*N" (CPU virtual devices), "all", "cuda:*" / "gpu:*" (every GPU), a
+    count "N" (the first N GPUs; a lone "0" means GPU 0), indices "0,2" or "cuda:0,cuda:2",
+    and "1," for the single GPU 1. ``gpus`` are indexed by CUDA ordinal.
+    """
     text = spec.strip()
     if not text:
         raise DeviceSpecError(f"the device choice is empty; use {SPEC_HELP}")
@@ -79,14 +130,16 @@ def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[
                                   f"use cpu or cpu*N")
         return [_gpu(g) for g in gpus]
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) == 1 and parts[0].isdigit():
+    # A lone number is a count ("2": the first two); "0" cannot be a count, so it is GPU 0.
+    if len(parts) == 1 and parts[0].isdigit() and int(parts[0]) > 0:
         count = int(parts[0])
-        if count < 1:
-            raise DeviceSpecError(f"'{spec}': a device count must be at least 1")
         if count > len(gpus):
-            have = f"only {len(gpus)}" if gpus else "none"
+            if gpus:
+                raise DeviceSpecError(f"'{spec}' asks for {count} GPUs but this machine has "
+                                      f"only {len(gpus)}; use a count up to {len(gpus)}, "
+                                      f"or 'all'")
             raise DeviceSpecError(f"'{spec}' asks for {count} GPUs but this machine has "
-                                  f"{have}{why}; use a smaller count or cpu*{count}")
+                                  f"none{why}; use cpu*{count}")
         return [_gpu(g) for g in gpus[:count]]
     indices: list[int] = []
     for part in parts:
@@ -97,8 +150,13 @@ def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[
             indices.append(int(part))
         elif part == "" and len(parts) == 2:
             continue  # "1," means GPU 1 (a lone "1" is a count)
+        elif _CPU.match(part.lower()):
+            raise DeviceSpecError(f"'{spec}' mixes CPU virtual devices and GPUs; "
+                                  f"choose either cpu*N or GPU indices")
         else:
             raise DeviceSpecError(f"'{spec}': cannot read '{part}'; use {SPEC_HELP}")
+    if not indices:
+        raise DeviceSpecError(f"'{spec}' names no device; use {SPEC_HELP}")
     if len(set(indices)) != len(indices):
         raise DeviceSpecError(f"'{spec}' names a GPU twice; list each index once")
     by_index = {g.index: g for g in gpus}
@@ -128,17 +186,57 @@ def requested_count(spec: str) -> int:
     if m:
         return int(m.group(1) or 1)
     if text.isdigit():
-        return int(text)
+        return max(1, int(text))  # "0" is GPU 0
     if text == "all" or _PATTERN.match(text):
         return 1
     return len([p for p in text.split(",") if p.strip()])
 
 
 def discover_gpus() -> tuple[list[GpuInfo], str]:
-    """The GPUs the run can use (CUDA ordinals) and, when there are none, the reason why."""
+    """The GPUs the run can use (CUDA ordinals) and, when there are none, the reason why.
+
+    The reason is a clause ("the NVIDIA driver is not loaded"); :func:`no_gpu_sentence`
+    turns it into the sentence shown to users. Never raises and never initialises CUDA.
+    """
     from gputui.telemetry import nvml
 
     return nvml.cuda_gpus()
+
+
+def no_gpu_sentence(reason: str) -> str:
+    """The one plain sentence explaining why no GPU is listed."""
+    why = reason or "no NVIDIA GPU was found"
+    return f"No GPU is listed because {why}; CPU virtual devices (cpu, cpu*N) are used instead."
+
+
+def busy_warnings(devices: list[Device], gpus: list[GpuInfo] | None = None,
+                  own_pids: set[int] | frozenset = frozenset(),
+                  cpu_cores: int | None = None) -> list[str]:
+    """Warning lines for the chosen devices: GPUs other processes are using, and CPU virtual
+    devices that outnumber the cores (they then take turns, which skews per-device timings).
+    ``own_pids`` are the run's own processes, not counted as "other"."""
+    lines: list[str] = []
+    cuda = [d for d in devices if d.kind == "cuda"]
+    if cuda:
+        if gpus is None:
+            gpus, _ = discover_gpus()
+        by_index = {g.index: g for g in gpus}
+        for dev in cuda:
+            gpu = by_index.get(dev.index)
+            others = [p for p in gpu.processes if p.pid not in own_pids] if gpu else []
+            if gpu is not None and (others or (gpu.busy and not gpu.processes)):
+                listed = ", ".join(p.describe() for p in others[:3])
+                more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+                who = f"{len(others)} other process(es): {listed}{more}" if others else \
+                    "another process"
+                lines.append(f"{dev.name} ({gpu.name}) is busy, used by {who}; training "
+                             f"will share its memory and compute")
+    n_cpu = sum(1 for d in devices if d.kind == "cpu")
+    cores = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
+    if n_cpu > cores:
+        lines.append(f"{n_cpu} CPU virtual devices share {cores} CPU core(s), so they take "
+                     f"turns; per-device speed will be lower than on separate devices")
+    return lines
 
 
 def resolve_devices(spec: str, fallback: str = "none",
