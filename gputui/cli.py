@@ -100,7 +100,11 @@ def cmd_run(args) -> int:
     from gputui.training.launcher import launch
     from gputui.training.runstore import read_summary
 
+    from gputui.devices import busy_warnings, resolve_devices
+
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
+    for warning in busy_warnings(resolve_devices(cfg.devices.spec, cfg.devices.fallback)):
+        printer.line(f"warning: {warning}")
     # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -232,12 +236,9 @@ def build_parser() -> Parser:
     p = sub.add_parser("presets", help="list presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
-    try:
-        from gputui import cli_devices
-    except ImportError:
-        pass
-    else:
-        cli_devices.register(sub)
+    from gputui import cli_devices
+
+    cli_devices.register(sub)
     return parser
 
 

@@ -90,6 +90,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s["epochs_done"] = ev.epoch
         elif kind == "step":
             s["last_loss"] = ev.loss
+        elif kind == "log" and ev.level in ("info", "warning"):
+            s.setdefault("notes", []).append(ev.message)
         elif kind == "run_finished":
             s["status"] = "finished"
         elif kind == "run_failed":

@@ -1,0 +1,53 @@
+"""Run a strategy in this process for a few steps and return its parameters (test helper)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from gputui.config import RunConfig, apply_overrides
+from gputui.devices import resolve_devices
+from gputui.training.data import TensorBatches, load_dataset
+from gputui.training.strategies import registry
+
+_DATA = {}
+
+
+def small_data(n: int = 320):
+    """A small synthetic set, generated once per process."""
+    if n not in _DATA:
+        _DATA[n] = load_dataset("synthetic", train_size=n, test_size=64)
+    return _DATA[n]
+
+
+def make_config(strategy: str, spec: str, model: str, batch: int, **extra) -> RunConfig:
+    changes = [("t", "strategy.name", strategy), ("t", "devices.spec", spec),
+               ("t", "model.name", model), ("t", "optim.batch_size", batch),
+               ("t", "model.init", "default"), ("t", "optim.lr", 0.1),
+               ("t", "optim.momentum", 0.5), ("t", "run.seed", 3)]
+    changes += [("t", k, v) for k, v in extra.items()]
+    return apply_overrides(RunConfig(), changes)
+
+
+def run_steps(cfg: RunConfig, steps: int = 5):
+    """Train ``steps`` steps; returns (strategy, list of per-step losses)."""
+    ds = small_data()
+    devices = resolve_devices(cfg.devices.spec)
+    strategy = registry.get(cfg.strategy.name).load()(cfg, devices, ds.in_channels,
+                                                      ds.image_size, ds.num_classes)
+    strategy.setup()
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
+    losses = [strategy.train_step(x, y).item()
+              for x, y in itertools.islice(batches.epoch(1), steps)]
+    return strategy, losses
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
+
+
+def assert_params_close(a: dict, b: dict, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")

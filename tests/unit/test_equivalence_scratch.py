@@ -1,0 +1,83 @@
+"""scratch (the from-scratch allreduce) against single: same global batch, same seed, same
+parameters after several steps, on 2 and 3 CPU virtual devices, even and uneven batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gputui.training.models import build_model
+from gputui.training.strategies.scratch import ReplicaMismatch, allreduce, split_sizes
+from strategy_harness import assert_params_close, make_config, params, run_steps
+
+STEPS = 5
+_single_cache: dict = {}
+
+
+def single_params(model: str, batch: int, **extra):
+    key = (model, batch, tuple(sorted(extra.items())))
+    if key not in _single_cache:
+        strategy, losses = run_steps(make_config("single", "cpu", model, batch, **extra), STEPS)
+        _single_cache[key] = (params(strategy.model), losses)
+    return _single_cache[key]
+
+
+@pytest.mark.parametrize("model", ["lenet", "mlp"])
+@pytest.mark.parametrize("spec", ["cpu*2", "cpu*3"])
+@pytest.mark.parametrize("batch", [32, 25])  # 25 splits 13/12 and 9/8/8
+def test_scratch_equals_single(model, spec, batch):
+    reference, ref_losses = single_params(model, batch)
+    strategy, losses = run_steps(make_config("scratch", spec, model, batch,
+                                             **{"strategy.check_replicas": True}), STEPS)
+    init = params(build_model(model, 1, 28, 10, seed=3, init="default"))
+    moved = max((reference[k] - init[k]).abs().max().item() for k in init)
+    assert moved > 1e-3  # training really changed the parameters, so equality means something
+    for replica in strategy.replicas:  # every replica, not only the first
+        assert_params_close(params(replica), reference)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
+def test_uneven_split_weights_still_give_the_full_batch_update():
+    reference, _ = single_params("lenet", 40)
+    strategy, _ = run_steps(make_config("scratch", "cpu*2", "lenet", 40,
+                                        **{"strategy.split_weights": [0.8, 0.2]}), STEPS)
+    assert split_sizes(40, 2, [0.8, 0.2]) == [32, 8]
+    assert_params_close(params(strategy.replicas[1]), reference)
+
+
+def test_accumulation_equals_one_big_batch():
+    reference, _ = single_params("mlp", 32)
+    for spec, strategy_name in (("cpu", "single"), ("cpu*2", "scratch")):
+        strategy, _ = run_steps(make_config(strategy_name, spec, "mlp", 32,
+                                            **{"optim.micro_batches": 4}), STEPS)
+        assert_params_close(params(strategy.primary_model()), reference)
+
+
+def test_replicas_are_distinct_tensors():
+    strategy, _ = run_steps(make_config("scratch", "cpu*3", "mlp", 30), 1)
+    ptrs = [{p.data_ptr() for p in r.parameters()} for r in strategy.replicas]
+    assert not (ptrs[0] & ptrs[1]) and not (ptrs[1] & ptrs[2])
+
+
+def test_check_replicas_catches_a_diverged_replica():
+    strategy, _ = run_steps(make_config("scratch", "cpu*2", "mlp", 32), 1)
+    with torch.no_grad():
+        next(strategy.replicas[1].parameters()).add_(1e-3)
+    with pytest.raises(ReplicaMismatch, match=r"^replica 1 differs from replica 0 in '0.1.weight'"):
+        strategy.check_replicas()
+
+
+def test_allreduce_sums_and_broadcasts():
+    data = [torch.full((3,), float(i + 1)) for i in range(3)]
+    allreduce(data)
+    for t in data:
+        assert torch.equal(t, torch.full((3,), 6.0))
+
+
+@pytest.mark.parametrize("total,n,weights,expected", [
+    (25, 2, None, [13, 12]), (25, 3, None, [9, 8, 8]), (10, 3, [1, 1, 8], [1, 1, 8]),
+    (100, 2, [0.8, 0.2], [80, 20]), (3, 3, [100, 1, 1], [1, 1, 1]), (7, 2, [1, 2], [2, 5]),
+])
+def test_split_sizes(total, n, weights, expected):
+    sizes = split_sizes(total, n, weights)
+    assert sizes == expected and sum(sizes) == total
