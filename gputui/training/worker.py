@@ -131,6 +131,10 @@ def _set_threads(torch, threads: int, processes: int) -> None:
 def child_main(spec: dict[str, Any]) -> None:
     """Entry point of the spawned training process (single-process strategies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # CUDA must number GPUs the way discovery (NVML, PCI order) did, before torch loads CUDA.
+    from gputui.telemetry.cuda_order import cuda_env
+
+    os.environ.update(cuda_env())
     queue = spec["queue"]
     recorder = Recorder(Path(spec["run_dir"]), forward=queue.put)
     stop = StopFlag(spec["stop_event"], spec["parent_pid"])
