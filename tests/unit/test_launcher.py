@@ -1,0 +1,69 @@
+"""The launcher that the CLI and the app share: kill, a failing run, imports kept light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from gputui.config import RunConfig, apply_overrides
+from gputui.events import InitDone, RunFailed, RunStarted
+from gputui.training.launcher import launch
+from gputui.training.runstore import read_events, read_summary
+
+pytestmark = pytest.mark.slow
+
+
+def _cfg(**changes) -> RunConfig:
+    base = {"strategy.name": "scratch", "devices.spec": "cpu*2", "data.train_size": 2048,
+            "data.test_size": 256, "run.epochs": 50, "run.log_every": 2, "model.init": "default"}
+    base.update(changes)
+    return apply_overrides(RunConfig(), [("test", k, v) for k, v in base.items()], check=False)
+
+
+def test_kill_ends_the_record_stopped_and_leaves_no_process(tmp_path):
+    handle = launch(_cfg(), tmp_path)
+    seen = []
+    deadline = time.monotonic() + 60
+    while not any(e.kind == "step" for e in seen) and time.monotonic() < deadline:
+        seen += handle.poll(timeout=0.2)
+    assert isinstance(seen[0], RunStarted) and any(isinstance(e, InitDone) for e in seen)
+    pid = handle.processes[0].pid
+    handle.kill()
+    assert handle.wait(timeout=30) == "stopped"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    events = read_events(handle.run_dir)
+    assert events[-1].kind == "run_stopped" and events[-1].reason == "killed by user"
+    assert read_summary(handle.run_dir)["status"] == "stopped"
+    samples = read_events(handle.run_dir, "telemetry.jsonl")
+    assert samples and {s.device for s in samples} >= {"cpu:0", "cpu:1"}
+
+
+def test_a_run_that_fails_in_the_child_says_why(tmp_path):
+    cfg = _cfg(**{"data.name": "mnist", "data.root": str(tmp_path / "nothing-here")})
+    handle = launch(cfg, tmp_path / "runs")
+    events = []
+    while not handle.done:
+        events += handle.poll(timeout=0.5)
+    assert handle.status == "failed"
+    (failed,) = [e for e in events if isinstance(e, RunFailed)]
+    assert failed.reason.startswith("mnist: missing train-images-idx3-ubyte.gz")
+    assert "Traceback" in failed.detail  # the detail keeps the traceback for a bug report
+    assert read_summary(handle.run_dir)["reason"] == failed.reason
+
+
+@pytest.mark.parametrize("modules,forbidden", [
+    ("gputui.cli gputui.config gputui.events gputui.devices gputui.printer gputui.presets "
+     "gputui.training.launcher gputui.training.runstore gputui.training.strategies.registry "
+     "gputui.telemetry.sampler gputui.cli_devices", ("torch", "textual")),
+    ("gputui.training.worker gputui.training.loop gputui.training.strategies.scratch",
+     ("textual",)),
+])
+def test_imports_stay_light(modules, forbidden):
+    code = (f"import importlib, sys\nfor m in {modules.split()!r}: importlib.import_module(m)\n"
+            f"bad = [m for m in {list(forbidden)!r} if m in sys.modules]\nprint(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
