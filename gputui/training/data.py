@@ -1,4 +1,4 @@
-"""Datasets and batches: the embedded synthetic task and real sets read through torchvision.
+"""Datasets and batches: the embedded synthetic task and real sets in torchvision's layout.
 
 Small datasets are held as tensors (on the training device) and indexed per batch; large ones
 go through a DataLoader. Either way the batch order comes from one seeded permutation per
@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import torch
 
-from gputui.training import datafiles, synthetic
+from gputui.training import datafiles, readers, synthetic
 
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 12_000, 2_000
 TENSOR_LIMIT_BYTES = 2 * 1024**3
@@ -91,36 +92,44 @@ def _standardise(name: str, train, test) -> Dataset:
 
 
 def _read_idx(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    # torchvision's own IDX readers: the real parsing path, without its all-splits check.
-    from torchvision.datasets.mnist import read_image_file, read_label_file
-
     raw = datafiles.idx_raw_folder(base, name)
     images, labels = datafiles.IDX_FILES[split]
     try:
-        x = read_image_file(str(raw / images))
-        y = read_label_file(str(raw / labels))
-    except (OSError, ValueError, AssertionError, RuntimeError) as exc:
-        raise DataError(f"{name}: cannot read {raw / images} ({exc}); replace the file") from None
-    return x.unsqueeze(1).float().div_(255.0), y
+        x, y = readers.read_idx_pair(raw / images, raw / labels)
+    except readers.FormatError as exc:
+        raise DataError(f"{name}: {exc}; replace the file") from None
+    except OSError as exc:
+        raise DataError(f"{name}: cannot read {raw / images} ({exc.strerror})") from None
+    return torch.from_numpy(x.copy()).unsqueeze(1).float().div_(255.0), torch.from_numpy(y)
 
 
 def _read_cifar(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from torchvision.datasets import CIFAR10
-
-    try:
-        ds = CIFAR10(str(base), train=(split == "train"), download=False)
-    except RuntimeError as exc:
-        raise DataError(f"cifar10: {exc} (looked in {base})") from None
-    x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float().div_(255.0)
-    return x, torch.tensor(ds.targets)
+    folder = base / datafiles.CIFAR_FOLDER
+    xs, ys = [], []
+    for fname in datafiles.CIFAR_FILES[split]:
+        try:
+            x, y = readers.read_cifar_batch(folder / fname)
+        except readers.FormatError as exc:
+            raise DataError(f"cifar10: {exc}; replace the file") from None
+        except OSError as exc:
+            raise DataError(f"cifar10: cannot read {folder / fname} ({exc.strerror})") from None
+        xs.append(x)
+        ys.append(y)
+    x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
+    return x, torch.from_numpy(np.concatenate(ys))
 
 
 def _download(name: str, root: str) -> None:
-    from torchvision import datasets
-
+    """Fetch a missing dataset with torchvision's downloader (only when data.download asks)."""
+    base = str(datafiles.data_root(root))
+    try:
+        from torchvision import datasets
+    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA torchvision beside a CPU-only torch
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{name}: data.download needs torchvision, which cannot be imported "
+                        f"here ({first}); put the files in {base} by hand") from None
     cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST,
            "cifar10": datasets.CIFAR10}[name]
-    base = str(datafiles.data_root(root))
     try:
         for train in (True, False):
             cls(base, train=train, download=True)

@@ -1,9 +1,11 @@
-"""Data: the synthetic task is deterministic and really needs a CNN; real sets load through
-torchvision's readers from a local folder, with one-line errors when files are missing."""
+"""Data: the synthetic task is deterministic and really needs a CNN; real sets load from a
+local folder in torchvision's layout through gputui's strict readers, with one-line errors
+when files are missing or damaged."""
 
 from __future__ import annotations
 
 import gzip
+import pickle
 import struct
 from pathlib import Path
 
@@ -71,7 +73,7 @@ def _write_idx(raw: Path, split: str, n: int, seed: int, packed: bool) -> tuple[
 
 
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion-mnist", "FashionMNIST")])
-def test_idx_files_load_through_torchvision(tmp_path, name, folder):
+def test_idx_files_load_from_the_torchvision_layout(tmp_path, name, folder):
     raw = tmp_path / folder / "raw"
     train_images, train_labels = _write_idx(raw, "train", 60, seed=1, packed=True)
     _, test_labels = _write_idx(raw, "test", 20, seed=2, packed=False)
@@ -84,6 +86,63 @@ def test_idx_files_load_through_torchvision(tmp_path, name, folder):
     corr = torch.corrcoef(torch.stack([raw_pixels.flatten(), ds.train_x.flatten()]))[0, 1]
     assert corr > 0.9999 and abs(ds.train_x.mean().item()) < 1e-4
     assert (raw / "train-images-idx3-ubyte").exists()  # the .gz was decompressed locally
+
+
+def test_a_damaged_idx_file_is_one_line_naming_it(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    _write_idx(raw, "test", 10, seed=1, packed=False)
+    path = raw / "t10k-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-5])  # a download cut short
+    with pytest.raises(DataError, match=rf"^mnist: {path}: IDX data is 7835 bytes, the header "
+                                        rf"\(10, 28, 28\) says 7840; the file is damaged; "
+                                        rf"replace the file$"):
+        load_dataset("mnist", root=str(tmp_path), source="test-split", train_size=5, test_size=5)
+    path.write_bytes(b"GIF89a" + bytes(100))
+    with pytest.raises(DataError, match=r"not an IDX file \(bad magic number\)"):
+        load_dataset("mnist", root=str(tmp_path), source="test-split", train_size=5, test_size=5)
+
+
+def _write_cifar(folder: Path, name: str, n: int, seed: int) -> tuple[np.ndarray, list[int]]:
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n).tolist()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "wb") as fh:  # the format of CIFAR-10's python batches
+        pickle.dump({"batch_label": name, "labels": labels, "data": data,
+                     "filenames": [f"{i}.png" for i in range(n)]}, fh, protocol=2)
+    return data, labels
+
+
+def test_cifar10_batches_load_in_channel_first_order(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    parts = [_write_cifar(folder, f"data_batch_{i}", 8, seed=i) for i in range(1, 6)]
+    test_data, test_labels = _write_cifar(folder, "test_batch", 6, seed=9)
+    ds = load_dataset("cifar10", root=str(tmp_path))
+    assert ds.train_x.shape == (40, 3, 32, 32) and ds.test_x.shape == (6, 3, 32, 32)
+    assert ds.train_y.tolist() == [label for _, labels in parts for label in labels]
+    assert ds.test_y.tolist() == test_labels and ds.in_channels == 3 and ds.image_size == 32
+    # row layout: 1024 red, then green, then blue values, each row-major 32x32
+    raw = torch.from_numpy(test_data.reshape(6, 3, 32, 32).astype(np.float32))
+    corr = torch.corrcoef(torch.stack([raw.flatten(), ds.test_x.flatten()]))[0, 1]
+    assert corr > 0.9999
+
+
+class _Boom:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_a_pickle_that_would_run_code_is_refused(tmp_path, capsys):
+    folder = tmp_path / "cifar-10-batches-py"
+    for i in range(1, 6):
+        _write_cifar(folder, f"data_batch_{i}", 4, seed=i)
+    _write_cifar(folder, "test_batch", 4, seed=9)
+    with open(folder / "data_batch_3", "wb") as fh:
+        pickle.dump({"data": _Boom(), "labels": [0]}, fh)
+    with pytest.raises(DataError, match=r"data_batch_3: not a CIFAR-10 python batch "
+                                        r"\(refusing builtins.print\); replace the file$"):
+        load_dataset("cifar10", root=str(tmp_path))
+    assert "must never run" not in capsys.readouterr().out
 
 
 def test_missing_files_give_one_line_naming_files_and_folder(tmp_path):
