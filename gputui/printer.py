@@ -10,9 +10,11 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from gputui.events import DeviceSample, Event
 
@@ -25,14 +27,18 @@ def device_line(samples: dict[str, DeviceSample]) -> str:
     """A compact one-line view of the latest sample of each device."""
     parts = []
     for name, s in sorted(samples.items()):
-        if s.util is not None:
+        if name == "cpu":  # the host line
+            if s.util is None:
+                continue
+            text = f"host {s.util:.0f}% ram {_mib(s.mem_used)}/{_mib(s.mem_total)}"
+        elif s.cpu_percent is not None:
+            text = f"{name} cpu {s.cpu_percent:.0f}% rss {_mib(s.rss)}"
+        elif s.util is not None:
             text = f"{name} {s.util:.0f}% mem {_mib(s.mem_used)}/{_mib(s.mem_total)}"
             if s.temp_c is not None:
                 text += f" {s.temp_c:.0f}C"
             if s.power_w is not None:
                 text += f" {s.power_w:.0f}W"
-        elif s.cpu_percent is not None:
-            text = f"{name} cpu {s.cpu_percent:.0f}% rss {_mib(s.rss)}"
         else:
             continue
         parts.append(text)
@@ -51,6 +57,8 @@ class Printer:
                                force_terminal=self.live if live is not None else None)
         self.samples: dict[str, DeviceSample] = {}
         self.progress: Progress | None = None
+        self.display: Live | None = None  # the progress bar with the device line under it
+        self.devices_text = Text(style="dim")
         self.task = None
         self.epochs = 1
 
@@ -58,8 +66,8 @@ class Printer:
         """One line above the progress bar (or a plain line)."""
         if self.quiet:
             return
-        if self.progress is not None:
-            self.progress.console.print(text, markup=False)
+        if self.display is not None:
+            self.display.console.print(text, markup=False)
         else:
             print(text, file=self.stream, flush=True)
 
@@ -95,14 +103,12 @@ class Printer:
                 self.line(f"run stopped: {ev.reason}")
 
     def _step(self, ev) -> None:
-        comm = f", comm {ev.comm_share:.0%}" if ev.comm_share is not None else ""
+        comm = f", comm {ev.comm_share:.1%}" if ev.comm_share is not None else ""
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
                                  info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s{comm}")
-            devs = device_line(self.samples)
-            if devs:
-                self.progress.update(self.task, devices=devs)
+            self.devices_text.plain = device_line(self.samples)
             return
         self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
                   f"{ev.samples_per_s:,.0f} samples/s, step {ev.step_time_s * 1000:.1f} ms{comm}")
@@ -114,16 +120,18 @@ class Printer:
         if not self.live or self.quiet:
             return
         self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), TextColumn("\n  {task.fields[devices]}"),
-            console=self.console, transient=True)
-        self.progress.start()
-        self.task = self.progress.add_task("epoch 1", total=total, info="", devices="")
+            TextColumn("{task.description}"), BarColumn(bar_width=30),
+            TextColumn("{task.completed}/{task.total} steps"), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console)
+        self.task = self.progress.add_task(f"epoch 1/{self.epochs}", total=total, info="")
+        self.display = Live(Group(self.progress, self.devices_text), console=self.console,
+                            transient=True, refresh_per_second=8)
+        self.display.start()
 
     def _stop_progress(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
+        if self.display is not None:
+            self.display.stop()
+            self.display = None
             self.progress = None
 
     def summary(self, s: dict[str, Any]) -> None:
