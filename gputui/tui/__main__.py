@@ -1,0 +1,7 @@
+"""``python -m gputui.tui [PRESET]``: the app without going through the CLI."""
+
+import sys
+
+from gputui.tui.app import run_tui
+
+raise SystemExit(run_tui(sys.argv[1] if len(sys.argv) > 1 else None))

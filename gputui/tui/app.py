@@ -1,0 +1,207 @@
+"""The Textual app: set up a run, launch it, watch it, stop it.
+
+``make_app`` builds the app for the CLI and for tests alike (tests hand it a scripted
+launcher and a fixed device inventory); ``run_tui`` is what ``gputui`` with no arguments runs.
+Nothing here imports torch: the launcher is imported when the first run starts, and training
+runs in its own processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from gputui.config import ConfigError, RunConfig, load_preset
+from gputui.tui.inventory import Inventory, discover_inventory
+from gputui.tui.messages import LaunchFailed, RunEndedNotice, RunLaunched
+from gputui.tui.screens.dialogs import ChoiceDialog
+from gputui.tui.screens.run import RunScreen
+from gputui.tui.screens.setup import SetupScreen
+
+Launcher = Callable[..., Any]
+STOP_GRACE_S = 20.0  # quitting: how long a graceful stop may take before the run is killed
+KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event before leaving
+
+
+class GpuTuiApp(App[int]):
+    """gputui's app: the set-up screen first; a run screen per run on top of it."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gputui"
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("f1", "show_help_panel", "Keys", show=False),
+    ]
+
+    def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,
+                 launcher: Launcher | None = None, *, inventory: Inventory | None = None,
+                 presets: list[Path] | None = None) -> None:
+        super().__init__()
+        self.preset_arg = preset
+        self.runs_dir = runs_dir
+        self._launcher = launcher
+        self.fixed_inventory = inventory
+        self.preset_list = presets
+        self.run_screen: RunScreen | None = None
+        self.launching = False
+        self.quit_after_run = False
+
+    # ------------------------------------------------------------------ start-up
+    def on_mount(self) -> None:
+        config, preset_path, error = self._initial_config()
+        setup = SetupScreen(
+            config, preset=preset_path, inventory=self.fixed_inventory or Inventory(),
+            discover=None if self.fixed_inventory else discover_inventory,
+            presets=self.preset_list)
+        self.push_screen(setup)
+        if error:
+            self.notify(error, title="Preset not loaded", severity="error", timeout=12)
+
+    def _initial_config(self) -> tuple[RunConfig, Path | None, str]:
+        """The preset given on the command line, or the defaults (with the reason)."""
+        if not self.preset_arg:
+            return RunConfig(), None, ""
+        try:
+            path = resolve_preset_path(self.preset_arg)
+            return load_preset(path, check=False), path, ""
+        except ConfigError as exc:
+            return RunConfig(), None, str(exc)
+
+    @property
+    def launcher(self) -> Launcher:
+        """The launcher (imported lazily: gputui.training.launcher.launch by default)."""
+        if self._launcher is None:
+            from gputui.training.launcher import launch
+
+            self._launcher = launch
+        return self._launcher
+
+    # ------------------------------------------------------------------ runs
+    @property
+    def run_active(self) -> bool:
+        """A run is launching or has not reached its terminal event."""
+        return self.launching or (self.run_screen is not None and not self.run_screen.ended)
+
+    def start_run(self, config: RunConfig) -> None:
+        """Launch a run off the UI thread; its screen opens when the handle is back."""
+        if self.run_active:
+            self.notify("A run is already active: stop it first", severity="warning")
+            return
+        self.launching = True
+        self.notify(f"Starting {config.strategy.name} on {config.devices.spec}…", timeout=3)
+        self._launch(config)
+
+    @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
+    def _launch(self, config: RunConfig) -> None:
+        try:
+            handle = self.launcher(config, self.runs_dir)
+        except Exception as exc:  # a refused config, a missing dataset, a spawn failure
+            self.post_message(LaunchFailed(str(exc) or type(exc).__name__))
+            return
+        self.post_message(RunLaunched(handle, config))
+
+    def on_run_launched(self, message: RunLaunched) -> None:
+        """Open the run screen, which starts pumping the run's events."""
+        self.launching = False
+        self.run_screen = RunScreen(message.handle, message.config)
+        self.push_screen(self.run_screen)
+
+    def on_launch_failed(self, message: LaunchFailed) -> None:
+        """The run could not start: the reason, in the app."""
+        self.launching = False
+        self.notify(message.error, title="Run not started", severity="error", timeout=15)
+
+    def on_run_ended_notice(self, message: RunEndedNotice) -> None:
+        """A run ended: leave now if the user asked to quit when it did."""
+        if self.quit_after_run:
+            self.exit(0)
+
+    # ------------------------------------------------------------------ quitting
+    async def action_quit(self) -> None:
+        """Quit; with a run active, ask first (stop and quit, kill and quit, or cancel)."""
+        if not self.run_active or self.run_screen is None:
+            self.exit(0)
+            return
+        screen = self.run_screen
+
+        def answer(choice: str | None) -> None:
+            if choice == "stop":
+                self.quit_after_run = True
+                screen.action_stop()
+                self.set_timer(STOP_GRACE_S, lambda: self._escalate(screen))
+            elif choice == "kill":
+                self.quit_after_run = True
+                screen.kill_now()
+                self.set_timer(KILL_GRACE_S, lambda: self.exit(0))
+
+        self.push_screen(ChoiceDialog(
+            "A run is active", "Quitting never leaves a run behind. Stop it cleanly and quit "
+            "when it has stopped (the record is kept), kill it and quit, or stay.",
+            [("stop", "Stop run, then quit", "warning"), ("kill", "Kill run and quit", "error"),
+             ("cancel", "Cancel", "default")], dialog_id="quit"), answer)
+
+    def _escalate(self, screen: RunScreen) -> None:
+        if not screen.ended:
+            screen.log_ui(f"the run did not stop within {STOP_GRACE_S:.0f} s: killing it")
+            screen.kill_now()
+            self.set_timer(KILL_GRACE_S, lambda: self.exit(0))
+
+    def kill_orphans(self) -> None:
+        """Last resort when the app goes away anyway: no training process outlives it."""
+        screen = self.run_screen
+        if screen is not None and screen.handle is not None and not screen.ended:
+            try:
+                screen.handle.kill()
+            except Exception:  # the app is exiting: nothing left to tell
+                pass
+
+    def on_unmount(self) -> None:
+        self.kill_orphans()
+
+    # ------------------------------------------------------------------ command palette
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The main actions of the current screen, then Textual's own commands."""
+        if isinstance(screen, SetupScreen):
+            yield SystemCommand("Start run", "Launch a run with this set-up (ctrl+r)",
+                                screen.action_start)
+            yield SystemCommand("Save as preset", "Write the form as a preset TOML file "
+                                "(ctrl+s)", screen.action_save_preset)
+            for path in screen.presets:
+                yield SystemCommand(f"Load preset: {path.stem}", str(path),
+                                    lambda p=path: screen.load_preset(p))
+        elif isinstance(screen, RunScreen):
+            yield SystemCommand("Stop run", "Stop at the next step, keep the record (s)",
+                                screen.action_stop)
+            yield SystemCommand("Kill run", "End the training processes now (k)",
+                                screen.action_kill)
+            yield SystemCommand("Back to set-up", "Leave the run screen (escape)",
+                                screen.action_back)
+        yield from super().get_system_commands(screen)
+
+
+def resolve_preset_path(name_or_path: str | Path) -> Path:
+    """A preset name or path -> its file, exactly as `gputui run` resolves it."""
+    from gputui.presets import resolve_preset
+
+    return Path(resolve_preset(str(name_or_path)))
+
+
+def make_app(preset: str | Path | None = None, runs_dir: str | Path | None = None,
+             launcher: Launcher | None = None, **kwargs: Any) -> GpuTuiApp:
+    """The app, as the CLI and the tests build it (kwargs: inventory=, presets=)."""
+    return GpuTuiApp(preset, runs_dir, launcher, **kwargs)
+
+
+def run_tui(preset: str | Path | None = None, runs_dir: str | Path | None = None) -> int:
+    """Run the app in this terminal; returns the exit code for the CLI."""
+    app = make_app(preset, runs_dir)
+    try:
+        result = app.run()
+    finally:
+        app.kill_orphans()
+    return int(result or 0)

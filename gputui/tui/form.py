@@ -1,0 +1,165 @@
+"""The set-up form's model: which fields it shows and how its text becomes a RunConfig.
+
+Every value goes through the config module exactly as a CLI ``--set table.key=value`` does
+(``parse_assignment`` then ``apply_overrides``), so the form shows the CLI's own one-line
+``ConfigError`` messages. Pure Python: no Textual, tested directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputui.config import ConfigError, RunConfig, apply_overrides, parse_assignment
+from gputui.config_schema import SECTIONS
+
+SOURCE = "form"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One form field: its config key, its label and the widget that edits it."""
+
+    key: str  # "table.key"
+    label: str
+    kind: str  # "input" | "select" | "switch"
+
+    @property
+    def table(self) -> str:
+        return self.key.split(".", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.split(".", 1)[1]
+
+    @property
+    def dom_id(self) -> str:
+        """A DOM id for the field's widget: 'f-optim-lr'."""
+        return "f-" + self.key.replace(".", "-").replace("_", "-")
+
+    def metadata(self) -> dict:
+        for f in dataclasses.fields(SECTIONS[self.table]):
+            if f.name == self.name:
+                return dict(f.metadata)
+        raise KeyError(self.key)
+
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self.metadata().get("choices", ()))
+
+    def help(self) -> str:
+        return self.metadata().get("help", "")
+
+
+FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("model.name", "Model", "select"),
+    FieldSpec("data.name", "Dataset", "select"),
+    FieldSpec("run.epochs", "Epochs", "input"),
+    FieldSpec("optim.batch_size", "Batch size", "input"),
+    FieldSpec("optim.lr", "Learning rate", "input"),
+    FieldSpec("optim.micro_batches", "Micro-batches", "input"),
+    FieldSpec("run.precision", "Precision", "select"),
+    FieldSpec("run.seed", "Seed", "input"),
+    FieldSpec("data.train_size", "Train size", "input"),
+    FieldSpec("run.log_every", "Log every", "input"),
+    FieldSpec("optim.scale_with_devices", "Scale batch & lr with devices", "switch"),
+)
+FIELD_BY_KEY = {f.key: f for f in FIELDS}
+
+
+def current_value(cfg: RunConfig, key: str) -> Any:
+    """The config's value for ``table.key``."""
+    table, name = key.split(".", 1)
+    return getattr(getattr(cfg, table), name)
+
+
+def value_text(value: Any) -> str:
+    """How a value appears in an input box (floats without a trailing '.0' noise)."""
+    if isinstance(value, float):
+        return repr(value) if value != int(value) or abs(value) >= 1e16 else f"{value:.1f}"
+    return str(value)
+
+
+def parse_field(key: str, raw: Any) -> Any:
+    """Text from an input becomes a value exactly as ``--set key=text`` would; others pass."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if not text:
+        raise ConfigError(f"{SOURCE}: {key} needs a value; e.g. {key} = "
+                          f"{value_text(current_value(RunConfig(), key))}")
+    return parse_assignment(f"{key}={text}")[1]
+
+
+def check_field(base: RunConfig, key: str, raw: Any) -> str | None:
+    """The one-line error for this field's value, or None when it is valid on its own."""
+    try:
+        apply_overrides(base, [(SOURCE, key, parse_field(key, raw))], check=False)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def parse_extra(text: str) -> list[tuple[str, str, Any]]:
+    """'data.test_size=500 optim.momentum=0.9' -> overrides, each sourced as the CLI does."""
+    try:
+        items = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"--set {text}: {exc}; check the quotes") from None
+    out = []
+    for item in items:
+        key, value = parse_assignment(item)
+        out.append((f"--set {item}", key, value))
+    return out
+
+
+@dataclass
+class FormResult:
+    """What the form's current text amounts to."""
+
+    config: RunConfig | None  # None when something is wrong
+    field_errors: dict[str, str] = field(default_factory=dict)  # key -> message
+    error: str = ""  # a cross-field or extra-override problem, one line
+
+    @property
+    def ok(self) -> bool:
+        return self.config is not None
+
+
+def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: str,
+          extra: str = "", check: bool = True) -> FormResult:
+    """Validate every field, then the whole config (the CLI's combination checks)."""
+    errors: dict[str, str] = {}
+    overrides: list[tuple[str, str, Any]] = []
+    for key, raw in values.items():
+        message = check_field(base, key, raw)
+        if message:
+            errors[key] = message
+        else:
+            overrides.append((SOURCE, key, parse_field(key, raw)))
+    try:
+        overrides += parse_extra(extra)
+    except ConfigError as exc:
+        return FormResult(None, errors, str(exc))
+    if errors:
+        return FormResult(None, errors)
+    overrides += [(SOURCE, "devices.spec", devices_spec), (SOURCE, "strategy.name", strategy)]
+    try:
+        cfg = apply_overrides(base, overrides, check=check, preset_source=SOURCE)
+    except ConfigError as exc:
+        return FormResult(None, errors, str(exc))
+    if check:
+        problem = data_problem(cfg)
+        if problem:
+            return FormResult(None, errors, f"{SOURCE}: data: {problem}")
+    return FormResult(cfg)
+
+
+def data_problem(cfg: RunConfig) -> str | None:
+    """Why the dataset cannot be read (the CLI's check before a run), or None."""
+    if cfg.data.download:
+        return None
+    from gputui.training.datafiles import missing_data
+
+    return missing_data(cfg.data.name, cfg.data.root, cfg.data.source)

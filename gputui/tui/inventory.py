@@ -1,0 +1,98 @@
+"""What the set-up screen's device table lists: GPUs (through NVML) and CPU virtual devices.
+
+Discovery goes through ``gputui.devices.discover_gpus`` (NVML only, never torch) and psutil,
+and is called from a thread worker. Tests and screenshots pass a fixed :class:`Inventory`
+instead, so nothing here varies between runs there. No Textual in this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from gputui.devices import Device, GpuInfo
+from gputui.tui.fmt import fmt_bytes
+
+MAX_CPU_DEVICES = 8
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """One row of the device table."""
+
+    kind: str  # "cuda" | "cpu"
+    index: int
+    label: str
+    memory: str = "n/a"
+    util: str = "n/a"
+    status: str = "free"
+    busy: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+    def device(self) -> Device:
+        return Device(self.kind, self.index, self.label)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The machine's GPUs, the host as CPU virtual devices see it, and why no GPU is listed."""
+
+    gpus: tuple[DeviceRow, ...] = ()
+    no_gpu_reason: str = ""
+    host_memory: str = "n/a"
+    host_util: str = "n/a"
+    cores: int = 1
+    gpu_infos: tuple[GpuInfo, ...] = field(default=(), compare=False)
+
+    def cpu_rows(self, n: int) -> list[DeviceRow]:
+        """N CPU virtual devices; they share the host's cores and memory."""
+        share = f"shares {self.cores} core{'s' if self.cores != 1 else ''}"
+        status = "free" if n <= self.cores else f"free · {share} (oversubscribed)"
+        return [DeviceRow("cpu", i, "CPU virtual device", self.host_memory, self.host_util,
+                          status) for i in range(n)]
+
+    def no_gpu_sentence(self) -> str:
+        """The one sentence shown when the table lists no GPU."""
+        if self.gpus:
+            return ""
+        why = self.no_gpu_reason or "no GPU was found"
+        return f"No GPU is listed because {why}; training runs on CPU virtual devices."
+
+
+def gpu_row(g: GpuInfo) -> DeviceRow:
+    """A table row from a discovered GPU (fields the discovery lacks show as n/a)."""
+    used, total = getattr(g, "mem_used", None), getattr(g, "mem_total", None)
+    memory = f"{fmt_bytes(used)} / {fmt_bytes(total)}" if total else "n/a"
+    util = getattr(g, "util", None)
+    procs = getattr(g, "processes", ()) or ()
+    if g.busy:
+        who = procs[0].describe() if procs and hasattr(procs[0], "describe") else "another process"
+        status = f"busy ({who})"
+    else:
+        status = "free"
+    return DeviceRow("cuda", g.index, g.name, memory,
+                     f"{util:.0f}%" if util is not None else "n/a", status, g.busy)
+
+
+def discover_inventory() -> Inventory:
+    """Ask NVML and psutil now (blocking: call from a thread worker)."""
+    from gputui.devices import discover_gpus
+
+    try:
+        gpus, reason = discover_gpus()
+    except Exception as exc:  # discovery must never take the app down
+        gpus, reason = [], f"GPU discovery failed ({type(exc).__name__}: {exc})"
+    memory, util = "n/a", "n/a"
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        memory = f"{fmt_bytes(vm.used)} / {fmt_bytes(vm.total)} host"
+        util = f"{psutil.cpu_percent(interval=None):.0f}% host"
+    except Exception:  # psutil missing or unreadable: the table says n/a
+        pass
+    return Inventory(tuple(gpu_row(g) for g in gpus), reason, memory, util,
+                     os.cpu_count() or 1, tuple(gpus))

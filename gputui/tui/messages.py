@@ -1,0 +1,113 @@
+"""Messages that thread workers post to the UI thread.
+
+Only frozen snapshots travel in them (events are frozen dataclasses, carried in tuples).
+The high-rate ones define ``can_replace`` so a stale message queued behind a newer one of the
+same kind is dropped rather than handled (Textual checks it against the next queued message).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from textual.message import Message
+
+from gputui.events import DeviceSample, Event
+
+
+class RunEventBatch(Message):
+    """Everything but device samples that one poll (or several, while the UI was busy) returned.
+
+    The pump sends the next batch only after ``ack`` is called, so at most one batch is ever
+    queued: a burst of thousands of events becomes a few large batches, not thousands of
+    messages.
+    """
+
+    def __init__(self, run_id: str, events: tuple[Event, ...], dropped_logs: int = 0,
+                 ack: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.events = events
+        self.dropped_logs = dropped_logs
+        self._ack = ack
+
+    def ack(self) -> None:
+        """Tell the pump this batch is handled and the next may come."""
+        if self._ack is not None:
+            self._ack()
+            self._ack = None
+
+
+class DeviceSamples(Message):
+    """The latest telemetry reading of every device seen so far (latest wins)."""
+
+    def __init__(self, run_id: str, samples: tuple[DeviceSample, ...],
+                 ack: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.samples = samples
+        self._ack = ack
+
+    def ack(self) -> None:
+        """Tell the pump these samples are shown."""
+        if self._ack is not None:
+            self._ack()
+            self._ack = None
+
+    def can_replace(self, message: Message) -> bool:
+        # The next queued DeviceSamples holds every device's latest reading: this one is stale.
+        return isinstance(message, DeviceSamples) and message.run_id == self.run_id
+
+
+class PumpFailed(Message):
+    """Polling the run raised: the run can no longer be watched (the error, one line)."""
+
+    def __init__(self, run_id: str, error: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.error = error
+
+
+class RunLaunched(Message):
+    """The launcher returned a handle: the run exists and its child process is starting."""
+
+    def __init__(self, handle: Any, config: Any) -> None:
+        super().__init__()
+        self.handle = handle
+        self.config = config
+
+
+class LaunchFailed(Message):
+    """The launcher refused or raised before the run existed (the error, one line)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class InventoryReady(Message):
+    """A fresh device inventory for the set-up table (rows and the no-GPU sentence)."""
+
+    def __init__(self, inventory: Any) -> None:
+        super().__init__()
+        self.inventory = inventory
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, InventoryReady)
+
+
+class SummaryRead(Message):
+    """The run record's summary, read after the run ended (None when it has none)."""
+
+    def __init__(self, run_id: str, summary: dict | None, error: str = "") -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.summary = summary
+        self.error = error
+
+
+class RunEndedNotice(Message):
+    """Posted to the app when a run screen sees its run's terminal event."""
+
+    def __init__(self, screen: Any) -> None:
+        super().__init__()
+        self.screen = screen

@@ -1,0 +1,1 @@
+"""The app's screens: set-up, run, and the modal dialogs."""

@@ -1,0 +1,108 @@
+"""Modal dialogs: a choice between a few buttons, and the file name for "save as preset"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+
+class ChoiceDialog(ModalScreen[str | None]):
+    """A question with buttons; dismisses with the pressed button's id (None on Escape)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, message: str,
+                 choices: list[tuple[str, str, str]], *, dialog_id: str = "choice") -> None:
+        super().__init__(id=f"{dialog_id}-dialog")
+        self.title_text = title
+        self.message = message
+        self.choices = choices  # (id, label, variant)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Static(self.message, classes="dialog-message")
+            with Horizontal(classes="dialog-buttons"):
+                for cid, label, variant in self.choices:
+                    yield Button(label, id=cid, variant=variant)
+
+    def on_mount(self) -> None:
+        self.query(Button).first().focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Answer with the button's id."""
+        event.stop()
+        self.dismiss(event.button.id)
+
+    def action_cancel(self) -> None:
+        """Escape: no answer."""
+        self.dismiss(None)
+
+
+class SavePresetDialog(ModalScreen[Path | None]):
+    """Asks where to write the preset; refuses a bad name inside the dialog."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, default: Path) -> None:
+        super().__init__(id="save-dialog")
+        self.default = default
+        self._confirm_overwrite: Path | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label("Save as preset", classes="dialog-title")
+            yield Static("A TOML file that `gputui run FILE` accepts. Enter saves.",
+                         classes="dialog-message")
+            yield Input(str(self.default), id="preset-path")
+            yield Static("", id="save-error", classes="field-error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save", id="save", variant="primary")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#preset-path", Input).focus()
+
+    def _error(self, text: str) -> None:
+        label = self.query_one("#save-error", Static)
+        label.update(text)
+        label.set_class(bool(text), "-shown")
+
+    def _submit(self) -> None:
+        raw = self.query_one("#preset-path", Input).value.strip()
+        if not raw:
+            self._error("give a file name, e.g. presets/mine.toml")
+            return
+        path = Path(raw).expanduser()
+        if path.suffix != ".toml":
+            path = path.with_suffix(path.suffix + ".toml") if path.suffix else path.with_suffix(".toml")
+        if not path.parent.exists():
+            self._error(f"the folder {path.parent} does not exist")
+            return
+        if path.exists() and self._confirm_overwrite != path:
+            self._confirm_overwrite = path
+            self._error(f"{path} exists: press Save again to overwrite it")
+            return
+        self.dismiss(path)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the path box saves."""
+        event.stop()
+        self._submit()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Save or Cancel."""
+        event.stop()
+        if event.button.id == "save":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        """Escape: do not save."""
+        self.dismiss(None)

@@ -1,0 +1,306 @@
+"""The run screen: live device panels, loss/accuracy/throughput plots, epochs, the log.
+
+A thread worker pumps the handle's events (see :mod:`gputui.tui.pump`); the handlers here
+only update widgets. The screen can also be fed directly (``apply_events``) by tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState, get_current_worker
+from textual.widgets import Footer, Header
+
+from gputui.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
+                           RunFinished, RunStarted, RunStopped, StepMetrics)
+from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
+                                 SummaryRead)
+from gputui.tui.pump import EventPump
+from gputui.tui.screens.dialogs import ChoiceDialog
+from gputui.tui.widgets.device_panel import DevicePanel, panel_id
+from gputui.tui.widgets.epoch_table import EpochTable
+from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, ThroughputPlot
+from gputui.tui.widgets.run_log import RunLog
+from gputui.tui.widgets.run_status import RunStatus
+
+ENDED = ("finished", "stopped", "failed")
+
+
+class RunScreen(Screen):
+    """Watches one run; Stop keeps its record, Kill ends it now, Escape goes back."""
+
+    BINDINGS = [
+        Binding("s", "stop", "Stop"),
+        Binding("k", "kill", "Kill"),
+        Binding("escape", "back", "Set-up"),
+        Binding("l", "focus_log", "Log"),
+    ]
+    state: reactive[str] = reactive("starting")
+
+    def __init__(self, handle: Any = None, config: Any = None, *, pump: bool = True) -> None:
+        super().__init__(id="run")
+        self.handle = handle
+        self.config = config
+        self.run_id = str(getattr(handle, "run_id", "") or "")
+        self.devices = list(getattr(handle, "devices", []) or [])
+        self.pump_enabled = pump and handle is not None
+        self.terminal: Event | None = None
+        self.events_handled = 0
+        self.batches_handled = 0
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield RunStatus(self.run_id)
+        with Horizontal(id="run-body"):
+            with VerticalScroll(id="device-panels"):
+                for d in self.devices:
+                    yield DevicePanel(d.name, getattr(d, "label", ""))
+            with Grid(id="charts"):
+                yield LossPlot()
+                yield AccuracyPlot()
+                yield ThroughputPlot()
+                yield EpochTable()
+        yield RunLog()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = f"run · {self.run_id}" if self.run_id else "run"
+        self.query_one("#device-panels").border_title = "Devices"
+        self.query_one(RunLog).border_title = "Log"
+        if self.pump_enabled:
+            self.pump_events()
+
+    # ------------------------------------------------------------------ the pump
+    @work(thread=True, exclusive=True, group="pump", exit_on_error=False)
+    def pump_events(self) -> None:
+        """Poll the run in a thread; post coalesced batches back to this screen."""
+        worker = get_current_worker()
+        EventPump(self.handle, self.post_message).run(lambda: worker.is_cancelled)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A worker that died is reported in the log, never as a crash."""
+        if event.state == WorkerState.ERROR:
+            self.log_ui(f"internal error in {event.worker.name}: {event.worker.error}", "error")
+
+    def on_run_event_batch(self, message: RunEventBatch) -> None:
+        """Everything but device samples, in order; acknowledged so the next may come."""
+        try:
+            if message.dropped_logs:
+                self.log_ui(f"{message.dropped_logs} log lines skipped in a burst "
+                            f"(the run folder's events.jsonl has them all)", "warning")
+            self.apply_events(message.events)
+            self.batches_handled += 1
+        finally:
+            message.ack()
+
+    def on_device_samples(self, message: DeviceSamples) -> None:
+        """The latest reading of every device."""
+        try:
+            for sample in message.samples:
+                self.show_sample(sample)
+        finally:
+            message.ack()
+
+    def on_pump_failed(self, message: PumpFailed) -> None:
+        """The handle broke: say so; the run's record may still be complete on disk."""
+        self.log_ui(f"lost contact with the run: {message.error}", "error")
+        self.notify(f"Lost contact with the run: {message.error}", severity="error")
+        if not self.ended:
+            self.state = "failed"
+
+    # ------------------------------------------------------------------ events -> widgets
+    def apply_events(self, events: tuple[Event, ...] | list[Event]) -> None:
+        """Show a batch of events; plots and the status line are redrawn once per batch."""
+        status = self.query_one(RunStatus)
+        loss, thr = self.query_one(LossPlot), self.query_one(ThroughputPlot)
+        log = self.query_one(RunLog)
+        for ev in events:
+            self.events_handled += 1
+            status.touch(ev.t)
+            if isinstance(ev, StepMetrics):
+                loss.add_point(ev.global_step, ev.loss)
+                thr.add_point(ev.global_step, ev.samples_per_s)
+                status.step_metrics(ev)
+                if self.state == "starting":
+                    self.state = "running"
+            elif isinstance(ev, DeviceSample):
+                self.show_sample(ev)
+            elif isinstance(ev, LogLine):
+                log.add(ev.level, ev.message, ev.t)
+            elif isinstance(ev, EpochEnd):
+                self.query_one(AccuracyPlot).add_point(ev.epoch, ev.test_acc * 100)
+                self.query_one(EpochTable).add_epoch(ev)
+                status.epoch_end(ev)
+                log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "
+                                f"{ev.train_loss:.4f}, test acc {ev.test_acc * 100:.2f}%", ev.t)
+            elif isinstance(ev, RunStarted):
+                self._started(ev, status, log)
+            elif isinstance(ev, InitDone):
+                status.init_done(ev)
+                log.add("info", f"ready in {ev.seconds:.1f} s (import {ev.import_s:.1f} s, "
+                                f"data {ev.data_s:.1f} s, model {ev.model_s:.1f} s) · "
+                                f"{ev.train_samples:,} train / {ev.test_samples:,} test samples"
+                                f" · {ev.params:,} parameters", ev.t)
+                if self.state == "starting":
+                    self.state = "running"
+            elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
+                self._ended(ev, log)
+        loss.redraw()
+        thr.redraw()
+        self.query_one(AccuracyPlot).redraw()
+        status.redraw(ended=self.ended)
+
+    def _started(self, ev: RunStarted, status: RunStatus, log: RunLog) -> None:
+        self.run_id = ev.run_id
+        self.sub_title = f"run · {ev.run_id}"
+        status.started(ev)
+        for d in ev.devices:
+            if isinstance(d, dict) and d.get("name"):
+                self._panel(d["name"], d.get("label", ""))
+        log.add("info", f"run {ev.run_id} started: strategy {ev.strategy}, "
+                        f"{len(ev.devices)} device(s), world size {ev.world_size}", ev.t)
+        for note in ev.notes:
+            log.add("warning", str(note), ev.t)
+
+    def _ended(self, ev: Event, log: RunLog) -> None:
+        self.terminal = ev
+        if isinstance(ev, RunFinished):
+            self.state = "finished"
+            log.add("info", f"run finished in {ev.seconds:.1f} s", ev.t)
+            self.notify("Run finished", timeout=5)
+        elif isinstance(ev, RunStopped):
+            self.state = "stopped"
+            log.add("warning", f"run stopped: {ev.reason}", ev.t)
+            self.notify(f"Run stopped ({ev.reason})", timeout=5)
+        else:
+            self.state = "failed"
+            log.add("error", f"run failed: {ev.reason}", ev.t)
+            if ev.detail:
+                log.add("error", ev.detail, ev.t)
+            self.notify(ev.reason, title="Run failed", severity="error", timeout=15)
+        self.read_summary()
+        self.app.post_message(RunEndedNotice(self))
+
+    def _panel(self, device: str, label: str = "") -> DevicePanel:
+        found = self.query(f"#{panel_id(device)}")
+        if found:
+            return found.first(DevicePanel)
+        panel = DevicePanel(device, label)
+        self.query_one("#device-panels").mount(panel)
+        return panel
+
+    def show_sample(self, sample: DeviceSample) -> None:
+        """Show one device reading (its panel appears on first sight)."""
+        panel = self._panel(sample.device, sample.name)
+        if panel.is_mounted and panel.children:
+            panel.update_sample(sample)
+        else:
+            self.call_after_refresh(panel.update_sample, sample)
+
+    def log_ui(self, message: str, level: str = "ui") -> None:
+        """A remark of the app's own in the log pane."""
+        self.query_one(RunLog).add(level, message)
+
+    # ------------------------------------------------------------------ the record
+    @work(thread=True, group="summary", exit_on_error=False)
+    def read_summary(self) -> None:
+        """Read the run record's summary off the UI thread."""
+        run_dir = getattr(self.handle, "run_dir", None)
+        if run_dir is None:
+            return
+        try:
+            from gputui.training.runstore import read_summary
+
+            summary = read_summary(run_dir)
+        except Exception as exc:  # no summary (yet) is shown, not raised
+            self.post_message(SummaryRead(self.run_id, None, f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(SummaryRead(self.run_id, summary))
+
+    def on_summary_read(self, message: SummaryRead) -> None:
+        """Show where the record is and what it says about the outcome."""
+        run_dir = getattr(self.handle, "run_dir", "")
+        status = (message.summary or {}).get("status") if message.summary else None
+        text = f"record {run_dir} · status {status or self.state}"
+        if message.error and not message.summary:
+            text += f" (no summary: {message.error})"
+        self.query_one(RunStatus).set_record(text)
+
+    # ------------------------------------------------------------------ state and actions
+    def watch_state(self, old: str, new: str) -> None:
+        self.remove_class(f"-{old}")
+        self.add_class(f"-{new}")
+        if self.is_mounted:
+            self.query_one(RunStatus).set_state(new)
+            self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("stop", "kill") and (self.ended or self.handle is None):
+            return None  # shown greyed out: nothing left to stop
+        return True
+
+    def action_stop(self) -> None:
+        """Graceful stop: the run ends at its next step and its record says 'stopped'."""
+        if self.ended or self.handle is None or self.state == "stopping":
+            return
+        self.state = "stopping"
+        self.log_ui("stop requested: the run stops at its next step and keeps its record")
+        self._control("stop")
+
+    def action_kill(self) -> None:
+        """Kill the training processes now (asks first)."""
+        if self.ended or self.handle is None:
+            return
+
+        def answer(choice: str | None) -> None:
+            if choice == "kill":
+                self.kill_now()
+
+        self.app.push_screen(ChoiceDialog(
+            "Kill the run?", "The training processes end at once; the record keeps what was "
+            "logged so far. Stop (s) ends it cleanly instead.",
+            [("kill", "Kill now", "error"), ("cancel", "Cancel", "default")],
+            dialog_id="kill"), answer)
+
+    def kill_now(self) -> None:
+        """Kill without asking (used by the quit dialog too)."""
+        if not self.ended and self.handle is not None:
+            self.log_ui("kill requested")
+            self.state = "stopping"
+            self._control("kill")
+
+    @work(thread=True, group="control", exit_on_error=False)
+    def _control(self, what: str) -> None:
+        """stop()/kill() may signal processes: never on the UI thread."""
+        getattr(self.handle, what)()
+
+    def action_focus_log(self) -> None:
+        self.query_one(RunLog).focus()
+
+    def action_back(self) -> None:
+        """Back to the set-up screen; an active run is never left behind unasked."""
+        if self.ended or self.handle is None:
+            self.app.pop_screen()
+            return
+
+        def answer(choice: str | None) -> None:
+            if choice == "stop":
+                self.action_stop()
+            elif choice == "kill":
+                self.kill_now()
+
+        self.app.push_screen(ChoiceDialog(
+            "The run is still active", "Leave it only once it has ended: stop it (the record "
+            "is kept), kill it, or stay and watch.",
+            [("stop", "Stop run", "warning"), ("kill", "Kill run", "error"),
+             ("stay", "Stay", "default")], dialog_id="leave"), answer)

@@ -1,0 +1,210 @@
+"""The set-up screen: devices, strategy, hyperparameters and presets, then Start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Static
+
+from gputui.config import ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset
+from gputui.tui.form import FIELD_BY_KEY, FormResult, build
+from gputui.tui.inventory import Inventory
+from gputui.tui.messages import InventoryReady
+from gputui.tui.screens.dialogs import SavePresetDialog
+from gputui.tui.widgets.device_picker import DevicePicker
+from gputui.tui.widgets.param_form import ParamForm
+from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
+from gputui.tui.widgets.strategy_picker import StrategyPicker
+
+if TYPE_CHECKING:
+    from gputui.tui.app import GpuTuiApp
+
+INVENTORY_EVERY_S = 3.0
+
+
+class SetupScreen(Screen):
+    """Everything a run needs, validated live; Ctrl+R starts it."""
+
+    BINDINGS = [
+        Binding("ctrl+r", "start", "Start run", priority=True),
+        Binding("ctrl+s", "save_preset", "Save preset", priority=True),
+        Binding("ctrl+o", "focus_widget('preset-list')", "Presets"),
+        Binding("f2", "focus_widget('device-table')", "Devices"),
+        Binding("f3", "focus_widget('strategy-list')", "Strategy"),
+        Binding("f4", "focus_widget('f-model-name')", "Form"),
+    ]
+
+    def __init__(self, config: RunConfig, *, preset: Path | None = None,
+                 inventory: Inventory | None = None,
+                 discover: Callable[[], Inventory] | None = None,
+                 presets: list[Path] | None = None) -> None:
+        super().__init__(id="setup")
+        self.base = config
+        self.preset = preset
+        self.inventory = inventory or Inventory()
+        self.discover = discover  # None: the inventory given is all there is (tests)
+        self.presets = presets if presets is not None else available_presets()
+        self.result: FormResult | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="setup-top"):
+            yield DevicePicker(self.inventory, self.base.devices.spec)
+            yield StrategyPicker(self.base.strategy.name)
+        with Horizontal(id="setup-bottom"):
+            yield ParamForm(self.base)
+            with Vertical(id="setup-side"):
+                panel = PresetPanel(self.presets)
+                panel.loaded = self.preset
+                yield panel
+                yield Static("", id="summary")
+                yield Button("Start run (ctrl+r)", id="start", variant="success")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = f"set-up · {self.preset.stem}" if self.preset else "set-up"
+        note = self.query_one(DevicePicker).spec_note
+        if note:
+            self.notify(note, severity="warning", timeout=8)
+        self.revalidate()
+        if self.discover is not None:
+            self.refresh_inventory()
+            self.set_interval(INVENTORY_EVERY_S, self.refresh_inventory)
+
+    # ------------------------------------------------------------------ inventory
+    @work(thread=True, exclusive=True, group="inventory", exit_on_error=False)
+    def refresh_inventory(self) -> None:
+        """Read NVML and psutil off the UI thread."""
+        if self.discover is not None:
+            self.post_message(InventoryReady(self.discover()))
+
+    def on_inventory_ready(self, message: InventoryReady) -> None:
+        """Fresh device readings for the table."""
+        self.inventory = message.inventory
+        self.query_one(DevicePicker).set_inventory(message.inventory)
+        self.revalidate()
+
+    # ------------------------------------------------------------------ validation
+    def revalidate(self) -> FormResult:
+        """Build the config from what the screen shows; update errors, strategies, summary."""
+        form = self.query_one(ParamForm)
+        picker = self.query_one(DevicePicker)
+        strategies = self.query_one(StrategyPicker)
+        values, extra = form.values(), form.extra()
+        loose = build(self.base, values, picker.spec, strategies.selected, extra, check=False)
+        strategies.refresh_for(loose.config or self.base, picker.devices())
+        result = build(self.base, values, picker.spec, strategies.selected, extra)
+        form.show_errors(result.field_errors, loose.error)
+        self.result = result
+        self._show_summary(result, len(picker.devices()))
+        return result
+
+    def _show_summary(self, result: FormResult, n: int) -> None:
+        summary = self.query_one("#summary", Static)
+        start = self.query_one("#start", Button)
+        if result.ok:
+            cfg = result.config
+            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {cfg.model.name} on "
+                    f"{cfg.data.name} · {cfg.run.epochs} epoch(s) · global batch "
+                    f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
+        elif result.field_errors:
+            first = next(iter(result.field_errors))
+            text = (f"✗ {len(result.field_errors)} field(s) to fix, first: "
+                    f"{FIELD_BY_KEY[first].label}")
+        else:
+            text = f"✗ {result.error}"
+        summary.update(text)
+        summary.set_class(not result.ok, "-invalid")
+        start.disabled = not result.ok
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    @on(Checkbox.Changed)
+    @on(DevicePicker.Changed)
+    @on(StrategyPicker.Changed)
+    def _changed(self) -> None:
+        if self.is_mounted:
+            self.revalidate()
+
+    # ------------------------------------------------------------------ actions
+    def action_focus_widget(self, widget_id: str) -> None:
+        """Move the focus to one part of the screen."""
+        self.query_one(f"#{widget_id}").focus()
+
+    def action_start(self) -> None:
+        """Start the run if the config is valid; otherwise say what is wrong."""
+        result = self.revalidate()
+        if not result.ok:
+            message = next(iter(result.field_errors.values()), "") or result.error
+            self.notify(message, title="Cannot start", severity="error", timeout=8)
+            return
+        self.app_.start_run(result.config)
+
+    @property
+    def app_(self) -> "GpuTuiApp":
+        return self.app  # type: ignore[return-value]
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """The Start button."""
+        if event.button.id == "start":
+            self.action_start()
+
+    def on_preset_panel_load(self, message: PresetPanel.Load) -> None:
+        """Load a preset into every part of the screen."""
+        self.load_preset(message.path)
+
+    def load_preset(self, path: Path) -> bool:
+        """Read a preset; a bad one is reported here and changes nothing."""
+        try:
+            cfg = load_preset(path, check=False)
+        except ConfigError as exc:
+            self.notify(str(exc), title="Cannot load preset", severity="error", timeout=10)
+            return False
+        self.base, self.preset = cfg, path
+        self.query_one(ParamForm).load(cfg)
+        note = self.query_one(DevicePicker).set_spec(cfg.devices.spec)
+        self.query_one(StrategyPicker).select(cfg.strategy.name)
+        self.query_one(PresetPanel).set_presets(self.presets, path)
+        self.sub_title = f"set-up · {path.stem}"
+        self.revalidate()
+        self.notify(f"Loaded preset {path.stem}" + (f" ({note})" if note else ""),
+                    severity="warning" if note else "information")
+        return True
+
+    def on_preset_panel_save_requested(self) -> None:
+        self.action_save_preset()
+
+    def action_save_preset(self) -> None:
+        """Ask for a file name and write the form as a preset."""
+        result = self.revalidate()
+        if not result.ok:
+            self.notify("Fix the form before saving it as a preset", severity="error")
+            return
+        cfg = result.config
+        folder = self.preset.parent if self.preset else Path.cwd()
+        default = folder / f"{cfg.run.name}.toml"
+        n = 2
+        while default.exists():
+            default, n = folder / f"{cfg.run.name}-{n}.toml", n + 1
+
+        def write(path: Path | None) -> None:
+            if path is None:
+                return
+            try:
+                path.write_text(cfg.to_toml(), encoding="utf-8")
+            except OSError as exc:
+                self.notify(f"Cannot write {path}: {exc.strerror}", severity="error")
+                return
+            if path not in self.presets and path.parent == folder:
+                self.presets = sorted([*self.presets, path])
+            self.preset = path
+            self.query_one(PresetPanel).set_presets(self.presets, path)
+            self.notify(f"Saved {path}; run it with `gputui run {path}`", timeout=8)
+
+        self.app.push_screen(SavePresetDialog(default), write)

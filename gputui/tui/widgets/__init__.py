@@ -1,0 +1,1 @@
+"""Widgets of the set-up and run screens."""

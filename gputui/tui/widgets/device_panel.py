@@ -1,0 +1,113 @@
+"""One panel per training device: utilization and memory bars, their history, temp and power."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Sparkline, Static
+
+from gputui.events import DeviceSample
+from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
+
+HISTORY = 120  # samples kept per device for the sparklines
+
+
+class Meter(Widget):
+    """A one-line bar: a label, a bar as wide as the widget allows, and a value text.
+
+    ``fraction`` None draws an empty track (a reading the device does not report). The
+    ``-high`` class is set above 90 % so the stylesheet can colour a saturated bar.
+    """
+
+    COMPONENT_CLASSES = {"meter--label", "meter--bar", "meter--track"}
+    fraction: reactive[float | None] = reactive(None)
+    value_text: reactive[str] = reactive("n/a")
+
+    def __init__(self, label: str, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.label = label
+
+    def watch_fraction(self, fraction: float | None) -> None:
+        self.set_class(fraction is not None and fraction >= 0.9, "-high")
+
+    def render(self) -> Text:
+        label = f"{self.label:<5}"
+        width = max(4, self.size.width - len(label) - len(self.value_text) - 2)
+        bar = bar_text(self.fraction, width)
+        style = "meter--bar" if self.fraction is not None else "meter--track"
+        return Text.assemble(
+            (label, self.get_component_rich_style("meter--label", partial=True)), " ",
+            (bar, self.get_component_rich_style(style, partial=True)), " ", self.value_text)
+
+
+class DevicePanel(Vertical):
+    """Live view of one device, fed by :meth:`update_sample`; keeps its own history."""
+
+    def __init__(self, device: str, label: str = "") -> None:
+        super().__init__(id=panel_id(device), classes="device-panel")
+        self.device = device
+        self.border_title = device
+        self.border_subtitle = label
+        self.util_history: deque[float] = deque(maxlen=HISTORY)
+        self.mem_history: deque[float] = deque(maxlen=HISTORY)
+        self.last: DeviceSample | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Meter("util", classes="util-meter")
+        yield Sparkline([], classes="util-spark")
+        yield Meter("mem", classes="mem-meter")
+        yield Sparkline([], classes="mem-spark")
+        yield Static("temp n/a · power n/a", classes="dev-extra")
+
+    def update_sample(self, s: DeviceSample) -> None:
+        """Show one reading: bars now, sparkline history, and what the device reports."""
+        self.last = s
+        if s.name and not self.border_subtitle:
+            self.border_subtitle = s.name
+        util = s.util if s.util is not None else s.cpu_percent
+        util_meter = self.query_one(".util-meter", Meter)
+        if s.util is None and s.cpu_percent is not None:
+            util_meter.label = "cpu"
+        if util is not None:
+            util_meter.fraction = min(util, 100.0) / 100.0
+            util_meter.value_text = f"{util:5.1f}%"
+            self.util_history.append(float(util))
+            self.query_one(".util-spark", Sparkline).data = list(self.util_history)
+        else:
+            util_meter.fraction, util_meter.value_text = None, "n/a"
+        util_meter.refresh()
+        self._show_memory(s)
+        extra = f"temp {fmt_opt(s.temp_c, '°C')} · power {fmt_opt(s.power_w, 'W')}"
+        if s.power_w is not None and s.power_limit_w:
+            extra += f" / {s.power_limit_w:.0f} W"
+        if s.pid is not None:
+            extra += f" · pid {s.pid}"
+        self.query_one(".dev-extra", Static).update(extra)
+
+    def _show_memory(self, s: DeviceSample) -> None:
+        meter = self.query_one(".mem-meter", Meter)
+        used = s.mem_used
+        if used is None:
+            used = s.torch_alloc if s.torch_alloc is not None else s.rss
+            if s.rss is not None and s.torch_alloc is None:
+                meter.label = "rss"
+        total = s.mem_total
+        if used is None:
+            meter.fraction, meter.value_text = None, "n/a"
+        else:
+            meter.fraction = (used / total) if total else None
+            meter.value_text = (f"{fmt_bytes(used)}/{fmt_bytes(total)}" if total
+                                else fmt_bytes(used))
+            self.mem_history.append(float(used))
+            self.query_one(".mem-spark", Sparkline).data = list(self.mem_history)
+        meter.refresh()
+
+
+def panel_id(device: str) -> str:
+    """DOM id of a device's panel: 'cuda:1' -> 'dev-cuda-1'."""
+    return "dev-" + device.replace(":", "-").replace(".", "-")

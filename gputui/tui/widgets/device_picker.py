@@ -1,0 +1,162 @@
+"""The set-up screen's device table: pick GPUs by row, or a number of CPU virtual devices."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Label, Select, Static
+
+from gputui.devices import Device, DeviceSpecError, parse_spec, requested_count, wants_gpus
+from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory
+
+COLUMNS = ("use", "device", "name", "memory", "util", "status")
+
+
+class DevicePicker(Vertical):
+    """Selectable device rows (Enter, Space or a click toggles a GPU) and a CPU count.
+
+    With no GPU selected the run uses the chosen number of CPU virtual devices, which is also
+    all there is on a machine without GPUs; the sentence under the table says why.
+    """
+
+    BINDINGS = [Binding("space", "toggle", "Toggle device")]
+
+    class Changed(Message):
+        """The device choice changed; ``spec`` is what ``devices.spec`` will say."""
+
+        def __init__(self, spec: str) -> None:
+            super().__init__()
+            self.spec = spec
+
+    def __init__(self, inventory: Inventory | None = None, spec: str = "cpu*2") -> None:
+        super().__init__(id="devices")
+        self.border_title = "Devices"
+        self.inventory = inventory or Inventory()
+        self.selected_gpus: set[int] = set()
+        self.cpu_count = 2
+        self._row_keys: tuple[str, ...] = ()
+        self.spec_note = self._apply_spec(spec)
+
+    def compose(self) -> ComposeResult:
+        yield DataTable(id="device-table", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="cpu-count-row"):
+            yield Label("CPU virtual devices ", id="cpu-count-label")
+            options = [(str(i), i) for i in range(1, max(MAX_CPU_DEVICES, self.cpu_count) + 1)]
+            yield Select(options, value=self.cpu_count, allow_blank=False, id="cpu-count",
+                         compact=True)
+        yield Static("", id="no-gpu-note")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#device-table", DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        self._fill()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def spec(self) -> str:
+        """The devices.spec for the current choice: 'cuda:1', '0,2', 'cpu' or 'cpu*4'."""
+        if self.selected_gpus:
+            idx = sorted(self.selected_gpus)
+            return f"cuda:{idx[0]}" if len(idx) == 1 else ",".join(map(str, idx))
+        return "cpu" if self.cpu_count == 1 else f"cpu*{self.cpu_count}"
+
+    def devices(self) -> list[Device]:
+        """The chosen devices, without asking the hardware again."""
+        if self.selected_gpus:
+            return [r.device() for r in self.inventory.gpus if r.index in self.selected_gpus]
+        return [r.device() for r in self.inventory.cpu_rows(self.cpu_count)]
+
+    def _apply_spec(self, spec: str) -> str:
+        """Select what ``spec`` names; returns a sentence when it had to fall back to CPU."""
+        self.selected_gpus = set()
+        if not wants_gpus(spec):
+            self.cpu_count = max(1, requested_count(spec))
+            return ""
+        try:
+            chosen = parse_spec(spec, list(self.inventory.gpu_infos), self.inventory.no_gpu_reason)
+        except DeviceSpecError as exc:
+            self.cpu_count = max(1, min(MAX_CPU_DEVICES, requested_count(spec)))
+            return f"{exc}; showing {self.cpu_count} CPU virtual device(s) instead"
+        self.selected_gpus = {d.index for d in chosen if d.kind == "cuda"}
+        if not self.selected_gpus:
+            self.cpu_count = len(chosen)
+        return ""
+
+    def set_spec(self, spec: str) -> str:
+        """Show a preset's device choice; returns a note when it cannot be met here."""
+        note = self._apply_spec(spec)
+        if self.is_mounted:
+            select = self.query_one("#cpu-count", Select)
+            with select.prevent(Select.Changed):
+                if self.cpu_count > MAX_CPU_DEVICES:
+                    select.set_options([(str(i), i) for i in range(1, self.cpu_count + 1)])
+                select.value = self.cpu_count
+            self._fill()
+        return note
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Show fresh readings; rows that vanished lose their selection."""
+        self.inventory = inventory
+        present = {r.index for r in inventory.gpus}
+        self.selected_gpus &= present
+        if self.is_mounted:
+            self._fill()
+
+    # ------------------------------------------------------------------ drawing
+    def _rows(self) -> list[tuple[DeviceRow, bool]]:
+        use_cpu = not self.selected_gpus
+        rows = [(r, r.index in self.selected_gpus) for r in self.inventory.gpus]
+        rows += [(r, use_cpu) for r in self.inventory.cpu_rows(self.cpu_count)]
+        return rows
+
+    def _fill(self) -> None:
+        table = self.query_one("#device-table", DataTable)
+        rows = self._rows()
+        keys = tuple(r.name for r, _ in rows)
+        if keys != self._row_keys:
+            cursor = table.cursor_row
+            table.clear()
+            for r, on in rows:
+                table.add_row(*self._cells(r, on), key=r.name)
+            table.move_cursor(row=min(cursor, len(rows) - 1))
+            self._row_keys = keys
+        else:
+            for r, on in rows:
+                for col, value in zip(COLUMNS, self._cells(r, on)):
+                    table.update_cell(r.name, col, value)
+        self.query_one("#no-gpu-note", Static).update(self.inventory.no_gpu_sentence())
+        self.set_class(not self.inventory.gpus, "-no-gpu")
+
+    @staticmethod
+    def _cells(r: DeviceRow, on: bool) -> tuple[str, ...]:
+        return ("✔" if on else "·", r.name, r.label, r.memory, r.util, r.status)
+
+    # ------------------------------------------------------------------ input
+    def action_toggle(self) -> None:
+        """Space toggles the row under the cursor, as Enter does."""
+        self.query_one("#device-table", DataTable).action_select_cursor()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter or a click on a row: toggle a GPU, or switch back to CPU devices."""
+        event.stop()
+        key = str(event.row_key.value)
+        kind, _, index = key.partition(":")
+        if kind == "cuda":
+            self.selected_gpus ^= {int(index)}
+        else:
+            self.selected_gpus = set()
+        self._fill()
+        self.post_message(self.Changed(self.spec))
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        """A new number of CPU virtual devices (it also switches from GPUs to CPU)."""
+        event.stop()
+        if isinstance(event.value, int) and (event.value != self.cpu_count
+                                             or self.selected_gpus):
+            self.cpu_count = event.value
+            self.selected_gpus = set()
+            self._fill()
+            self.post_message(self.Changed(self.spec))

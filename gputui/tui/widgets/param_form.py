@@ -1,0 +1,124 @@
+"""The hyperparameter form, validated as you type with the CLI's own messages."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.validation import ValidationResult, Validator
+from textual.widget import Widget
+from textual.widgets import Checkbox, Input, Label, Select, Static
+
+from gputui.config import RunConfig
+from gputui.tui.form import FIELDS, FieldSpec, check_field, current_value, value_text
+
+EXTRA_ID = "f-extra"
+
+
+class ConfigFieldValidator(Validator):
+    """Validates one field by applying it to the config as ``--set`` would."""
+
+    def __init__(self, key: str, base: Callable[[], RunConfig]) -> None:
+        super().__init__()
+        self.key = key
+        self.base = base
+
+    def validate(self, value: str) -> ValidationResult:
+        message = check_field(self.base(), self.key, value)
+        return self.failure(message, value) if message else self.success()
+
+
+class ParamForm(VerticalScroll):
+    """One row per field: label, editor, and the error under it when there is one."""
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(id="params")
+        self.border_title = "Hyperparameters"
+        self.base = config
+        self.shown: dict[str, str] = {}  # dom id -> the message under that field
+
+    def compose(self) -> ComposeResult:
+        for spec in FIELDS:
+            with Horizontal(classes="field-row"):
+                yield Label("" if spec.kind == "switch" else spec.label, classes="field-label")
+                yield self._editor(spec)
+            yield Static("", id=f"{spec.dom_id}-error", classes="field-error")
+        with Horizontal(classes="field-row"):
+            yield Label("More --set", classes="field-label")
+            yield Input(placeholder="table.key=value ...  e.g. data.test_size=500",
+                        id=EXTRA_ID, compact=True,
+                        tooltip="Any other setting, written as for `gputui run --set`.")
+        yield Static("", id=f"{EXTRA_ID}-error", classes="field-error")
+        yield Static("", id="field-help")
+
+    def _editor(self, spec: FieldSpec) -> Widget:
+        value = current_value(self.base, spec.key)
+        if spec.kind == "select":
+            return Select([(c, c) for c in spec.choices()], value=value, allow_blank=False,
+                          id=spec.dom_id, compact=True, tooltip=spec.help())
+        if spec.kind == "switch":
+            return Checkbox(spec.label, value=bool(value), id=spec.dom_id, compact=True,
+                            tooltip=spec.help())
+        return Input(value_text(value), id=spec.dom_id, compact=True, tooltip=spec.help(),
+                     validators=[ConfigFieldValidator(spec.key, lambda: self.base)],
+                     validate_on=["changed", "submitted"])
+
+    # ------------------------------------------------------------------ values
+    def values(self) -> dict[str, Any]:
+        """Raw values by config key: input text, a select's choice, a checkbox's bool."""
+        out: dict[str, Any] = {}
+        for spec in FIELDS:
+            widget = self.query_one(f"#{spec.dom_id}")
+            out[spec.key] = widget.value
+        return out
+
+    def extra(self) -> str:
+        return self.query_one(f"#{EXTRA_ID}", Input).value
+
+    def load(self, config: RunConfig) -> None:
+        """Show a config's values (after loading a preset)."""
+        self.base = config
+        for spec in FIELDS:
+            widget = self.query_one(f"#{spec.dom_id}")
+            value = current_value(config, spec.key)
+            if spec.kind == "input":
+                widget.value = value_text(value)
+            elif spec.kind == "switch":
+                widget.value = bool(value)
+            else:
+                widget.value = value
+        self.query_one(f"#{EXTRA_ID}", Input).value = ""
+
+    def show_errors(self, errors: dict[str, str], extra_error: str = "") -> None:
+        """Put each message under its field; clear the others."""
+        for spec in FIELDS:
+            self._show(spec.dom_id, errors.get(spec.key, ""))
+        self._show(EXTRA_ID, extra_error)
+
+    def _show(self, dom_id: str, message: str) -> None:
+        label = self.query_one(f"#{dom_id}-error", Static)
+        label.update(message)
+        self.shown[dom_id] = message
+        label.set_class(bool(message), "-shown")
+        self.query_one(f"#{dom_id}").set_class(bool(message), "-error")
+
+    def error_text(self, key: str) -> str:
+        """The message shown under a field (for tests)."""
+        dom_id = EXTRA_ID if key == "extra" else next(s for s in FIELDS if s.key == key).dom_id
+        return self.shown.get(dom_id, "")
+
+    @on(Input.Changed)
+    def _input_changed(self, event: Input.Changed) -> None:
+        if event.validation_result is not None and event.input.id != EXTRA_ID:
+            failures = event.validation_result.failure_descriptions
+            self._show(event.input.id or "", failures[0] if failures else "")
+
+    def on_descendant_focus(self, event) -> None:
+        """Show the focused field's documentation under the form."""
+        wid = getattr(event.widget, "id", "") or ""
+        spec = next((s for s in FIELDS if s.dom_id == wid), None)
+        text = spec.help() if spec else ("Any setting as table.key=value, separated by "
+                                        "spaces." if wid == EXTRA_ID else "")
+        self.query_one("#field-help", Static).update(text)

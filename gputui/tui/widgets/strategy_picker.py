@@ -1,0 +1,105 @@
+"""The strategy choice: every registered strategy with its description; those that cannot run
+on the chosen devices are disabled and say why (the registry's own ``why_not`` sentence)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from gputui.training.strategies import registry
+
+if TYPE_CHECKING:
+    from gputui.config import RunConfig
+    from gputui.devices import Device
+
+
+class StrategyPicker(Vertical):
+    """An option list of strategies plus a detail line for the highlighted one."""
+
+    class Changed(Message):
+        """The user picked a strategy."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def __init__(self, selected: str = "single") -> None:
+        super().__init__(id="strategies")
+        self.border_title = "Strategy"
+        self.selected = selected
+        self.reasons: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield OptionList(id="strategy-list")
+        yield Static("", id="strategy-detail")
+
+    def refresh_for(self, cfg: "RunConfig", devices: list["Device"]) -> None:
+        """Recompute which strategies can run with this config on these devices."""
+        reasons: dict[str, str] = {}
+        for info in registry.all_infos():
+            try:
+                why = info.why_not(cfg.replace(strategy={"name": info.name}), devices)
+            except Exception as exc:  # a strategy's check must not break the screen
+                why = f"cannot check this strategy ({type(exc).__name__}: {exc})"
+            if why:
+                reasons[info.name] = why
+        self.reasons = reasons
+        self._rebuild()
+
+    def select(self, name: str) -> None:
+        """Mark ``name`` as the chosen strategy (e.g. from a preset)."""
+        self.selected = name
+        self._rebuild()
+
+    def _prompt(self, name: str, description: str) -> Text:
+        mark = "●" if name == self.selected else "○"
+        text = Text.assemble((f"{mark} {name}", "bold"), "\n", (f"  {description}", "dim"))
+        if name in self.reasons:
+            text.append(f"\n  ✗ {self.reasons[name]}", style="italic")
+        return text
+
+    def _rebuild(self) -> None:
+        if not self.is_mounted:
+            return
+        ol = self.query_one("#strategy-list", OptionList)
+        highlighted = ol.highlighted
+        ol.clear_options()
+        infos = registry.all_infos()
+        known = {i.name for i in infos}
+        for info in infos:
+            ol.add_option(Option(self._prompt(info.name, info.description), id=info.name,
+                                 disabled=info.name in self.reasons))
+        if self.selected not in known:
+            ol.add_option(Option(Text(f"● {self.selected}\n  ✗ not a registered strategy"),
+                                 id=self.selected, disabled=True))
+        names = [i.name for i in infos]
+        if highlighted is None or highlighted >= len(names) or names[highlighted] in self.reasons:
+            enabled = [i for i, n in enumerate(names) if n not in self.reasons]
+            want = names.index(self.selected) if self.selected in names else None
+            highlighted = want if want in enabled else (enabled[0] if enabled else None)
+        ol.highlighted = highlighted
+        self._show_detail(self.selected)
+
+    def _show_detail(self, name: str | None) -> None:
+        detail = self.query_one("#strategy-detail", Static)
+        if name in self.reasons:
+            detail.update(Text(f"{name}: cannot run here: {self.reasons[name]}",
+                               style="bold"))
+            self.add_class("-blocked")
+        else:
+            detail.update(f"selected: {self.selected}")
+            self.remove_class("-blocked")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """Enter or a click picks the highlighted strategy."""
+        event.stop()
+        if event.option_id and event.option_id not in self.reasons:
+            self.selected = event.option_id
+            self._rebuild()
+            self.post_message(self.Changed(self.selected))

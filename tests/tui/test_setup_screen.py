@@ -1,0 +1,176 @@
+"""The set-up screen, driven with keys and clicks through Pilot."""
+
+from __future__ import annotations
+
+from scripted import ScriptedLauncher, fixed_inventory, wait_until
+
+from gputui.config import load_preset
+from gputui.tui.app import make_app
+from gputui.tui.screens.run import RunScreen
+from gputui.tui.screens.setup import SetupScreen
+from gputui.tui.widgets.device_picker import DevicePicker
+from gputui.tui.widgets.param_form import ParamForm
+from gputui.tui.widgets.strategy_picker import StrategyPicker
+from textual.widgets import DataTable, Input, OptionList, Select
+
+SIZE = (140, 44)
+
+
+def setup_of(app) -> SetupScreen:
+    assert isinstance(app.screen, SetupScreen)
+    return app.screen
+
+
+async def test_cpu_devices_listed_with_the_reason_there_is_no_gpu(inventory, presets):
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one("#device-table", DataTable)
+        assert [str(k.value) for k in table.rows] == ["cpu:0"]  # the defaults: devices.spec cpu
+        assert table.get_row("cpu:0")[0] == "✔"
+        note = str(app.screen.query_one("#no-gpu-note").render())
+        assert note.startswith("No GPU is listed because no NVIDIA driver could be loaded")
+        # Choose 3 CPU virtual devices with the keyboard.
+        app.screen.query_one("#cpu-count", Select).focus()
+        await pilot.press("enter", "down", "down", "enter")
+        await pilot.pause()
+        assert app.screen.query_one(DevicePicker).spec == "cpu*3"
+        assert [str(k.value) for k in table.rows] == ["cpu:0", "cpu:1", "cpu:2"]
+
+
+async def test_gpu_rows_toggle_and_build_an_index_spec(presets):
+    app = make_app(inventory=fixed_inventory(gpus=3), presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        picker = app.screen.query_one(DevicePicker)
+        table = app.screen.query_one("#device-table", DataTable)
+        table.focus()
+        await pilot.press("enter", "down", "down", "space")  # GPU 0 and GPU 2
+        await pilot.pause()
+        assert picker.spec == "0,2"
+        assert table.get_row("cuda:1")[0] == "·"
+        await pilot.press("up", "up", "enter")  # GPU 0 off again
+        assert picker.spec == "cuda:2"
+        assert not app.screen.query_one("#no-gpu-note").display
+
+
+async def test_strategies_disabled_with_the_reason(inventory, presets):
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        strategies = app.screen.query_one(StrategyPicker)
+        options = app.screen.query_one("#strategy-list", OptionList)
+        assert strategies.selected == "single" and not strategies.reasons  # 1 device: fine
+        assert not app.screen.query_one("#start").disabled
+        # Two devices: single cannot run there, and says why.
+        app.screen.query_one("#cpu-count", Select).value = 2
+        await pilot.pause()
+        assert "uses 1 device" in strategies.reasons["single"]
+        assert options.get_option("single").disabled
+        assert not options.get_option("scratch").disabled
+        assert "strategy 'single' uses 1 device" in str(app.screen.query_one("#summary").render())
+        assert app.screen.query_one("#start").disabled
+        # Pick scratch with the keyboard: the set-up becomes valid.
+        options.focus()
+        options.highlighted = 1
+        await pilot.press("enter")
+        await pilot.pause()
+        assert strategies.selected == "scratch"
+        assert setup_of(app).result.ok
+        assert not app.screen.query_one("#start").disabled
+
+
+async def test_fields_validated_as_you_type_with_cli_messages(inventory, presets):
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        form = app.screen.query_one(ParamForm)
+        await pilot.click("#f-optim-lr")
+        await pilot.press("ctrl+a", "ctrl+k", "minus", "1")
+        await pilot.pause()
+        assert form.error_text("optim.lr") == "form: optim.lr must be greater than 0.0, got -1.0"
+        assert app.screen.query_one("#start").disabled
+        await pilot.press("ctrl+a", "ctrl+k", *"0.05")
+        await pilot.pause()
+        assert form.error_text("optim.lr") == ""
+        assert setup_of(app).result.config.optim.lr == 0.05
+        # A cross-field problem lands in the summary line.
+        app.screen.query_one("#f-run-precision", Select).value = "fp16"
+        await pilot.pause()
+        summary = str(app.screen.query_one("#summary").render())
+        assert "needs CUDA devices" in summary
+        # Starting anyway is refused inside the app, not by a crash.
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+
+
+async def test_load_preset_from_the_list(inventory, presets):
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+o", "enter")
+        await pilot.pause()
+        screen = setup_of(app)
+        cfg = screen.result.config
+        expected = load_preset(presets[0])
+        assert cfg.to_dict() == expected.to_dict()
+        assert app.screen.query_one("#f-run-epochs", Input).value == "3"
+        assert app.screen.query_one(StrategyPicker).selected == "scratch"
+
+
+async def test_bad_preset_is_reported_in_the_app(tmp_path, inventory, presets):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optim]\nlr = -1\n")
+    app = make_app(preset=str(bad), inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+        messages = [n.message for n in app._notifications]
+        assert any("optim.lr must be greater than 0.0" in m for m in messages)
+
+
+async def test_save_as_preset_writes_a_file_gputui_run_accepts(tmp_path, inventory, presets):
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.click("#f-run-epochs")
+        await pilot.press("ctrl+a", "ctrl+k", "7")
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        path_input = app.screen.query_one("#preset-path", Input)
+        target = tmp_path / "mine.toml"
+        path_input.value = str(target)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert target.exists()
+        saved = load_preset(target)  # validated as `gputui run` would
+        assert saved.run.epochs == 7 and saved.strategy.name == "scratch"
+
+
+async def test_start_runs_the_launcher_and_opens_the_run_screen(inventory, presets):
+    launcher = ScriptedLauncher()
+    app = make_app(preset="quickstart", launcher=launcher, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.click("#start")
+        await wait_until(pilot, lambda: isinstance(app.screen, RunScreen), what="the run screen")
+        assert launcher.configs[0].strategy.name == "scratch"
+        assert launcher.configs[0].devices.spec == "cpu*2"
+        assert app.run_active
+        # Leaving the test quits the app: the active run must be ended, not orphaned.
+    handle = launcher.handles[0]
+    assert handle.kill_calls + handle.stop_calls >= 1
+
+
+async def test_launch_failure_is_shown_not_raised(inventory, presets):
+    launcher = ScriptedLauncher(error=RuntimeError("cannot spawn: out of file handles"))
+    app = make_app(preset="quickstart", launcher=launcher, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+        assert any("out of file handles" in n.message for n in app._notifications)
+        assert not app.run_active
