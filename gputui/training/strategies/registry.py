@@ -94,3 +94,19 @@ register(StrategyInfo(
     "scratch", "From-scratch allreduce: a parameter copy per device, each batch split, "
                "gradients summed on the first device and copied back.", "scratch",
     check=_scratch_check))
+register(StrategyInfo(
+    "dp", "torch.nn.DataParallel: one process scatters each batch over the GPUs and gathers "
+          "on the first (on CPU it runs without replication, and says so).", "data_parallel",
+    check=_no_split_weights("dp")))
+
+
+def _model_parallel_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
+    from gputui.training.strategies.mp_plan import registry_check  # torch-free
+
+    return registry_check(cfg, devices)
+
+
+register(StrategyInfo(
+    "model_parallel", "Consecutive layers on different devices, activations moved between "
+                      "them; pipeline_chunks > 1 pipelines each batch through the stages.",
+    "model_parallel", min_devices=2, check=_model_parallel_check))

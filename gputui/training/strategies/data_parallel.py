@@ -1,0 +1,98 @@
+"""``dp``: ``torch.nn.DataParallel``, one process, the batch scattered over the CUDA devices.
+
+Each step DataParallel replicates the model from the first device onto the others, scatters
+the batch, runs the replicas in threads and gathers the outputs on the first device, where the
+loss is taken; backward sums every replica's gradients into the first device's parameters.
+Only what differs from ``single`` lives here: the wrapper, and its honest report on CPU.
+
+DataParallel has no CPU mode. On CPU devices torch's DataParallel, finding no accelerator, just
+calls the module, so the run trains without replication on one CPU device, and says so.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch._utils import _get_available_device_type
+
+from gputui.training.strategies.base import Stopwatch, Strategy
+
+
+def scatter_sizes(total: int, n: int) -> list[int]:
+    """Examples per device as DataParallel's scatter cuts a batch (``Tensor.chunk``: chunks of
+    ceil(total/n), so a small batch can leave the last devices idle)."""
+    per = -(-total // n)
+    return [max(0, min(per, total - i * per)) for i in range(n)]
+
+
+class DataParallelStrategy(Strategy):
+    """The model on the first device, wrapped in ``nn.DataParallel`` over every chosen GPU."""
+
+    name = "dp"
+
+    def setup(self) -> None:
+        self.device = torch.device(self.devices[0].torch_device)
+        self.model = self.build_model().to(self.device)
+        self.cuda = self.devices[0].kind == "cuda"
+        if self.cuda:
+            ids = [d.index for d in self.devices]
+            self.wrapped: nn.Module = nn.DataParallel(self.model, device_ids=ids,
+                                                      output_device=ids[0])
+        elif _get_available_device_type() is None:
+            # The same call as on GPUs; with no accelerator DataParallel forwards to the module.
+            self.wrapped = nn.DataParallel(self.model)
+        else:
+            # CPU devices on a GPU machine: DataParallel would grab the GPUs, so skip it.
+            self.wrapped = self.model
+        self.opt = self.make_optimizer(self.model.parameters())
+        self.make_scaler(self.device)
+        self.watch = Stopwatch(self.device)
+        if not self.cuda:
+            idle = [d.name for d in self.devices[1:]]
+            self.notes.append(
+                f"DataParallel has no CPU mode: it ran without replication, the whole batch on "
+                f"one CPU device ({self.devices[0].name})"
+                + (f"; {', '.join(idle)} stayed idle" if idle else ""))
+        elif any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()):
+            self.notes.append("DataParallel: BatchNorm normalises each device's share of the "
+                              "batch, and keeps the first device's running statistics")
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        start = self.watch.mark() if self.meter else None
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
+        self.optimizer_step(self.opt)
+        if self.scaler is not None:
+            self.scaler.update()
+        if start is not None:
+            self.timing = {"start": start, "end": self.watch.mark(), "samples": len(x)}
+        return loss
+
+    def read_timing(self) -> dict:
+        """The metered step's seconds. On GPUs the replicas run in threads inside one call, so
+        only each device's share of the examples is known, not its own compute time."""
+        if not self.timing:
+            return {}
+        t = self.watch.seconds(self.timing["start"], self.timing["end"])
+        total = self.timing["samples"]
+        if not self.cuda:
+            rows = [{"device": self.devices[0].name, "samples": total, "compute_s": t}]
+            rows += [{"device": d.name, "samples": 0} for d in self.devices[1:]]
+            return {"step_s": t, "comm_s": None, "per_device": rows}
+        k = min(self.cfg.optim.micro_batches, total)
+        shares = [0] * len(self.devices)
+        for j in range(k):  # micro-batch sizes as tensor_split cuts them in forward_backward
+            part = total // k + (1 if j < total % k else 0)
+            for i, size in enumerate(scatter_sizes(part, len(self.devices))):
+                shares[i] += size
+        rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares)]
+        return {"step_s": t, "comm_s": None, "per_device": rows}
+
+    def eval_models(self):
+        return [(self.wrapped, self.device)]
+
+    def primary_model(self) -> nn.Module:
+        return self.model
+
+
+STRATEGY = DataParallelStrategy

@@ -1,0 +1,189 @@
+"""``model_parallel``: consecutive layers on different devices, optionally pipelined.
+
+The model's top-level blocks are cut into consecutive stages, one per device (balanced by
+parameter count, or at ``strategy.split_points``). Activations move to the next stage's device
+in forward and their gradients move back in backward. With ``strategy.pipeline_chunks = k``
+each (micro-)batch is cut into k chunks that flow through the stages GPipe-style: every
+forward on a fill/drain schedule (at tick t, stage s works on chunk t - s), then every
+backward on the mirrored schedule. On CUDA the host only queues work and the copies are
+non_blocking, so stage s computes chunk c while stage s+1 computes chunk c-1, as in PyTorch's
+model-parallel tutorial. On CPU virtual devices every stage is a distinct module on the CPU and
+the schedule simply runs in order.
+
+Each chunk's loss is summed and divided by the global batch, so the update equals the
+single-device one; BatchNorm is the exception, its batch statistics being per chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gputui.config import ConfigError
+from gputui.training.models import count_params
+from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.strategies.mp_plan import balance, check_split_points
+
+
+class ModelParallel(Strategy):
+    """One stage of consecutive layers per device; one optimizer over every stage."""
+
+    name = "model_parallel"
+
+    def setup(self) -> None:
+        self.torch_devices = [torch.device(d.torch_device) for d in self.devices]
+        n = len(self.devices)
+        # The stages share their layers with ``self.model``: its parameter names are exactly
+        # single's ("0.0.weight", ...), so it stands for the run in checkpoints and tests.
+        self.model = self.build_model()
+        layers = list(self.model.children())
+        counts = [count_params(layer) for layer in layers]
+        given = list(self.cfg.strategy.split_points)
+        points = given or balance(counts, n)
+        reason = check_split_points(points, len(layers), n, self.cfg.model.name)
+        if reason:
+            raise ConfigError(reason)
+        bounds = [0, *points, len(layers)]
+        self.stages = [nn.Sequential(*layers[a:b]).to(dev)
+                       for a, b, dev in zip(bounds, bounds[1:], self.torch_devices)]
+        self.opt = self.make_optimizer(self.model.parameters())
+        self.make_scaler(self.torch_devices[-1])
+        self.watches = [Stopwatch(dev) for dev in self.torch_devices]
+        self.chunks = self.cfg.strategy.pipeline_chunks
+        how = "at strategy.split_points" if given else "balanced by parameter count"
+        sizes = ", ".join(f"{d.name} layers {a}-{b - 1} ({sum(counts[a:b]):,} params)"
+                          for a, b, d in zip(bounds, bounds[1:], self.devices))
+        self.notes.append(f"model_parallel: {self.cfg.model.name} cut into {n} stages {how}, "
+                          f"split points {points}: {sizes}")
+        if all(d.kind == "cpu" for d in self.devices):
+            self.notes.append(f"{n} CPU virtual devices: each stage is a distinct module on the "
+                              f"CPU, run one after another (activation moves cost nothing)")
+        if self.chunks > 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                   for m in self.model.modules()):
+            self.notes.append(f"pipeline_chunks = {self.chunks}: BatchNorm computes its batch "
+                              f"statistics per chunk, so updates differ slightly from "
+                              f"single-device training")
+
+    # ---------------------------------------------------------------- the schedule
+    def _send(self, h: torch.Tensor, src: int, dst: int, comm: list | None) -> torch.Tensor:
+        """Move an activation (or a gradient) from stage ``src``'s device to stage ``dst``'s;
+        metered steps time the copy on the source device, where CUDA runs it."""
+        begin = self.watches[src].mark() if comm is not None else None
+        out = h.to(self.torch_devices[dst], non_blocking=True)
+        if comm is not None:
+            comm.append((src, begin, self.watches[src].mark()))
+        return out
+
+    def _forward(self, xs, meter: dict | None):
+        """Fill/drain forward of the chunks ``xs``; returns (stage inputs, stage outputs) per
+        chunk. While training, each stage input is a fresh leaf, so each stage's backward can
+        be run (and timed) on its own and the gradient sent back explicitly."""
+        n, c = len(self.stages), len(xs)
+        inputs = [[None] * n for _ in range(c)]
+        outputs = [[None] * n for _ in range(c)]
+        comm = meter["comm"] if meter else None
+        for t in range(c + n - 1):
+            # Downstream stages first: their inputs are ready, and on CUDA their kernels are
+            # queued before the upstream stage's next chunk, so the devices overlap.
+            for s in reversed(range(n)):
+                i = t - s
+                if not 0 <= i < c:
+                    continue
+                if s == 0:
+                    h = xs[i]
+                else:
+                    h = self._send(outputs[i][s - 1], s - 1, s, comm)
+                    if torch.is_grad_enabled():
+                        h = h.detach().requires_grad_()
+                inputs[i][s] = h
+                begin = self.watches[s].mark() if meter else None
+                with self.autocast(self.torch_devices[s]):
+                    outputs[i][s] = self.stages[s](h)
+                if meter:
+                    meter["compute"][s].append((begin, self.watches[s].mark()))
+        return inputs, outputs
+
+    def _backward(self, inputs, outputs, losses, meter: dict | None) -> None:
+        """The mirrored drain: at tick t, stage s runs the backward of chunk t - (n-1-s)."""
+        n, c = len(self.stages), len(losses)
+        comm = meter["comm"] if meter else None
+        for t in range(c + n - 1):
+            for s in range(n):
+                i = t - (n - 1 - s)
+                if not 0 <= i < c:
+                    continue
+                if s == n - 1:
+                    begin = self.watches[s].mark() if meter else None
+                    loss = losses[i]
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                else:
+                    grad = self._send(inputs[i][s + 1].grad, s + 1, s, comm)
+                    inputs[i][s + 1] = None  # free the activation and its gradient early
+                    begin = self.watches[s].mark() if meter else None
+                    outputs[i][s].backward(grad)
+                outputs[i][s] = None
+                if meter:
+                    meter["compute"][s].append((begin, self.watches[s].mark()))
+
+    def _pipeline(self, x, y, denom: int, meter: dict | None) -> torch.Tensor:
+        """Forward and backward of one micro-batch in ``pipeline_chunks`` chunks."""
+        c = min(self.chunks, len(x))
+        xs, ys = torch.tensor_split(x, c), torch.tensor_split(y, c)
+        inputs, outputs = self._forward(xs, meter)
+        losses = [F.cross_entropy(out[-1].float(), yc, reduction="sum") / denom
+                  for out, yc in zip(outputs, ys)]
+        self._backward(inputs, outputs, losses, meter)
+        return sum(loss.detach() for loss in losses)
+
+    # ---------------------------------------------------------------- the interface
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        meter = None
+        if self.meter:
+            meter = {"start": self.watches[0].mark(), "comm": [],
+                     "compute": [[] for _ in self.stages]}
+        self.opt.zero_grad(set_to_none=True)
+        y = y.to(self.torch_devices[-1], non_blocking=True)
+        k = min(self.cfg.optim.micro_batches, len(x))
+        loss = torch.zeros((), device=self.torch_devices[-1])
+        for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k)):
+            loss += self._pipeline(xm, ym, len(x), meter)
+        self.optimizer_step(self.opt)
+        if self.scaler is not None:
+            self.scaler.update()
+        if meter is not None:
+            meter["end"], meter["samples"] = self.watches[0].mark(), len(x)
+            self.timing = meter
+        return loss
+
+    def read_timing(self) -> dict:
+        """Seconds of the metered step: each stage's forward+backward compute, the activation
+        and gradient transfers between stages as comm, and the whole step."""
+        if not self.timing:
+            return {}
+        t = self.timing
+        per_device = []
+        for d, w, marks in zip(self.devices, self.watches, t["compute"]):
+            per_device.append({"device": d.name, "samples": t["samples"],
+                               "compute_s": sum(w.seconds(a, b) for a, b in marks)})
+        comm = sum(self.watches[src].seconds(a, b) for src, a, b in t["comm"])
+        return {"step_s": self.watches[0].seconds(t["start"], t["end"]), "comm_s": comm,
+                "per_device": per_device}
+
+    def eval_models(self):
+        """The whole model (its layers live on the stages' devices) for train/eval mode."""
+        return [(self.model, self.torch_devices[0])]
+
+    def primary_model(self) -> nn.Module:
+        return self.model
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions: the test batch flows through the stages (in pipeline chunks)."""
+        c = min(self.chunks, len(x))
+        _, outputs = self._forward(torch.tensor_split(x, c), None)
+        pred = torch.cat([out[-1].argmax(dim=1) for out in outputs])
+        return (pred == y.to(pred.device, non_blocking=True)).sum()
+
+
+STRATEGY = ModelParallel
