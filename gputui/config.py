@@ -73,6 +73,9 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     if not ok:
         raise ConfigError(f"{source}: {key} must be {_TYPE_NAMES[ftype]}, got {value!r}; "
                           f"fix the value (e.g. {key} = {_example(f)})")
+    if ftype is float and value != value:  # NaN passes every min/max comparison
+        raise ConfigError(f"{source}: {key} must be a number, got nan; fix the value "
+                          f"(e.g. {key} = {_example(f)})")
     meta = f.metadata
     if "choices" in meta and value not in meta["choices"]:
         choices = ", ".join(meta["choices"])
@@ -210,8 +213,18 @@ def check_combinations(cfg: RunConfig, source: str) -> None:
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
         raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
                           f"(--rdzv-endpoint)")
+    if _path_like(cfg.run.name):
+        raise ConfigError(f"{source}: run.name {cfg.run.name!r} looks like a path; use a plain "
+                          f"name of letters, digits, '-', '_' and '.' (e.g. 'lenet-2dev')")
     if cfg.data.name == "cifar10" and cfg.model.name == "lenet":
         pass  # LeNet adapts its first layer and flatten size to 3x32x32 inputs
+
+
+def _path_like(name: str) -> bool:
+    """A run name that could point outside the runs folder or hide itself: separators, a
+    leading dot or tilde, control characters."""
+    return any(c in name for c in "/\\:") or name.startswith((".", "~")) or \
+        any(ord(c) < 32 or ord(c) == 127 for c in name)
 
 
 def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:

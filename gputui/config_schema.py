@@ -38,13 +38,23 @@ class RunSection:
 
     name: str = opt("run", "Short name used in the run id and the run folder.")
     epochs: int = opt(2, "Number of passes over the training set.", min=1, max=100_000)
-    seed: int = opt(0, "Seed for parameter init and batch order (same seed, same run).", min=0)
+    seed: int = opt(0, "Seed for parameter init and batch order (same seed, same run).", min=0,
+                    max=2**32 - 1)
     log_every: int = opt(20, "Report step metrics every N optimizer steps (the only sync point).",
                          min=1)
     threads: int = opt(0, "torch intra-op threads per training process; 0 = the cores available "
                           "divided by the number of processes.", min=0, max=1024)
     precision: str = opt("fp32", "Numeric precision: fp32, bf16 autocast (CPU or CUDA) or fp16 "
                                  "autocast with a grad scaler (CUDA only).", choices=PRECISIONS)
+    on_divergence: str = opt("stop", "A NaN or infinite loss: 'stop' ends the run as failed "
+                                     "(\"diverged at step N\"); 'continue' warns once and "
+                                     "trains on.", choices=("stop", "continue"))
+    checkpoint: bool = opt(True, "Write checkpoint.pt in the run folder at each epoch end and on "
+                                 "a stop, so `gputui resume` can continue the run.")
+    checkpoint_every: int = opt(0, "Also checkpoint every N optimizer steps (0 = only at epoch "
+                                   "ends and on a stop).", min=0)
+    resume_from: str = opt("", "A run folder (or checkpoint file) to continue from; set by "
+                               "`gputui resume`, empty = start fresh.")
 
 
 @dataclass(frozen=True)

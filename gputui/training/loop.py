@@ -1,70 +1,145 @@
-"""The training loop shared by every strategy: epochs, steps, metrics, evaluation.
+"""The training loop shared by every strategy: epochs, steps, metrics, evaluation, checkpoints.
 
-The loop keeps the loss as a tensor and calls ``.item()`` only at the log interval and at the
-end of an epoch (SYNC POINTs, marked below), so steps in between queue work without waiting.
+The loop keeps each step's loss as a tensor and syncs only at the log interval and at the end
+of an epoch (SYNC POINTs, marked below), so steps in between queue work without waiting. The
+window's per-step losses are checked for NaN/inf there, so a diverged run is caught at its
+first bad step without a per-step sync. Checkpoints (``gputui.training.checkpoint``) are
+written at epoch ends, every ``run.checkpoint_every`` steps and on a stop; a run whose config
+has ``run.resume_from`` starts from that checkpoint, skipping the batches already consumed
+(the batch order is a function of (seed, epoch), so the rest of the epoch is the same).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from gputui.config import RunConfig
-from gputui.events import EpochEnd, Event, StepMetrics
+from gputui.events import EpochEnd, Event, LogLine, StepMetrics
+from gputui.training import checkpoint as ckpt
 from gputui.training.data import Dataset, eval_batches
+from gputui.training.guards import (OOM_ERRORS, Diverged, diverged_message, first_bad,
+                                    out_of_memory)
 from gputui.training.strategies.base import Strategy
 
 EVAL_BATCH = 1024
 
 
+class _Window:
+    """The steps since the last StepMetrics: their loss tensors and wall time."""
+
+    def __init__(self, first_step: int):
+        self.losses: list[torch.Tensor] = []
+        self.first_step = first_step  # 1-based step (within the epoch) of losses[0]
+        self.start = time.perf_counter()
+
+
 def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
-          emit: Callable[[Event], None], should_stop: Callable[[], bool]) -> str:
-    """Run every epoch; returns "finished" or "stopped" (checked before each step)."""
+          emit: Callable[[Event], None], should_stop: Callable[[], bool],
+          run_dir: str | Path | None = None) -> str:
+    """Run every epoch; returns "finished" or "stopped" (checked before each step). Raises
+    Diverged, OutOfMemory or CheckpointError with a one-line message. With ``run_dir``,
+    checkpoints go to ``run_dir/checkpoint.pt`` (written by rank 0)."""
     steps = batches.steps_per_epoch
-    log_every = cfg.run.log_every
-    batch = strategy.batch_size
-    lr = strategy.lr
-    global_step = 0
-    for epoch in range(1, cfg.run.epochs + 1):
+    log_every, every = cfg.run.log_every, cfg.run.checkpoint_every
+    saving = run_dir is not None and cfg.run.checkpoint
+    path = Path(run_dir) / ckpt.CHECKPOINT_NAME if run_dir is not None else None
+    warned = [False]
+
+    def save(position: ckpt.Position) -> None:
+        if saving:
+            ckpt.save(path, strategy, position, write=strategy.rank == 0)
+
+    first_epoch, skip, carried, global_step = 1, 0, 0.0, 0
+    if cfg.run.resume_from:
+        position = ckpt.restore(strategy, ckpt.load(cfg.run.resume_from))
+        first_epoch, skip, carried = position.next_start()
+        global_step = position.global_step
+        emit(LogLine(level="info", message=(
+            f"resumed from {cfg.run.resume_from}: epoch {position.epoch}, step {position.step} "
+            f"done (global step {global_step})")))
+
+    for epoch in range(first_epoch, cfg.run.epochs + 1):
+        done_before = skip if epoch == first_epoch else 0
+        epoch_sum = carried if epoch == first_epoch else 0.0
         strategy.set_train(True)
-        t_epoch = window_start = time.perf_counter()
-        epoch_loss = window_loss = None
-        window_steps = 0
-        for step, (x, y) in enumerate(batches.epoch(epoch), start=1):
+        t_epoch = time.perf_counter()
+        window = _Window(done_before + 1)
+        metered = False
+
+        def flush(step: int, timed: bool) -> None:
+            """Emit the window's StepMetrics and fold its losses into the epoch's."""
+            nonlocal window, epoch_sum
+            if not window.losses:
+                return
+            # SYNC POINT (log interval): one transfer for the whole window, reduced over ranks
+            # so every rank reaches the same divergence decision.
+            per_step = strategy.reduce_metric(torch.stack(window.losses)).double().cpu()
+            n = len(window.losses)
+            bad = first_bad(per_step)
+            if bad is not None:
+                _diverged(cfg, emit, warned, global_step - n + bad + 1, epoch,
+                          window.first_step + bad, per_step[bad].item())
+            epoch_sum += per_step.sum().item()
+            elapsed = max(time.perf_counter() - window.start, 1e-9)
+            timing = strategy.read_timing() if timed else {}
+            emit(StepMetrics(
+                epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
+                loss=per_step.sum().item() / n, samples_per_s=n * strategy.batch_size / elapsed,
+                step_time_s=elapsed / n, lr=strategy.lr,
+                comm_share=_comm_share(timing), per_device=_per_device(strategy, timing)))
+            window = _Window(step + 1)
+
+        step = done_before
+        for step, (x, y) in enumerate(itertools.islice(batches.epoch(epoch), done_before, None),
+                                      start=done_before + 1):
             if should_stop():
+                flush(step - 1, metered)
+                save(ckpt.Position(epoch, step - 1, global_step, epoch_sum))
                 return "stopped"
-            logged = step % log_every == 0 or step == steps
-            strategy.meter = logged
-            loss = strategy.train_step(x, y)
-            window_loss = loss if window_loss is None else window_loss + loss
-            epoch_loss = loss if epoch_loss is None else epoch_loss + loss
-            window_steps += 1
+            due = every > 0 and (global_step + 1) % every == 0
+            logged = step % log_every == 0 or step == steps or due
+            strategy.meter = metered = logged
+            try:
+                loss = strategy.train_step(x, y)
+            except OOM_ERRORS as exc:
+                raise out_of_memory(exc, strategy, x, y) from None
+            window.losses.append(loss)
             global_step += 1
             if logged:
-                value = strategy.reduce_metric(window_loss).item()  # SYNC POINT (log interval)
-                now = time.perf_counter()
-                elapsed = max(now - window_start, 1e-9)
-                timing = strategy.read_timing()
-                emit(StepMetrics(
-                    epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
-                    loss=value / window_steps, samples_per_s=window_steps * batch / elapsed,
-                    step_time_s=elapsed / window_steps, lr=lr,
-                    comm_share=_comm_share(timing), per_device=_per_device(strategy, timing)))
-                window_start, window_loss, window_steps = time.perf_counter(), None, 0
+                flush(step, True)
+            if due and step < steps:  # the epoch-end checkpoint covers the last step
+                save(ckpt.Position(epoch, step, global_step, epoch_sum))
         # The last step of an epoch is always logged, so the device queue is drained here.
         epoch_s = time.perf_counter() - t_epoch
-        train_loss = (strategy.reduce_metric(epoch_loss).item() / steps) if steps else float("nan")
+        train_loss = epoch_sum / steps if steps else float("nan")
         t_eval = time.perf_counter()
         acc = evaluate(strategy, ds)
         emit(EpochEnd(epoch=epoch, epochs=cfg.run.epochs, seconds=epoch_s,
                       train_loss=train_loss, test_acc=acc,
-                      samples_per_s=steps * batch / max(epoch_s, 1e-9),
+                      samples_per_s=(steps - done_before) * strategy.batch_size
+                      / max(epoch_s, 1e-9),
                       eval_s=time.perf_counter() - t_eval))
+        save(ckpt.Position(epoch, steps, global_step, epoch_sum, epoch_done=True))
         if should_stop():
             return "stopped" if epoch < cfg.run.epochs else "finished"
     return "finished"
+
+
+def _diverged(cfg: RunConfig, emit, warned: list, global_step: int, epoch: int, step: int,
+              value: float) -> None:
+    """Stop the run (raise Diverged), or warn once when run.on_divergence = "continue"."""
+    message = diverged_message(global_step, epoch, step, value)
+    if cfg.run.on_divergence != "continue":
+        raise Diverged(message)
+    if not warned[0]:
+        warned[0] = True
+        emit(LogLine(level="warning", message=f"{message.split(';')[0]}; continuing "
+                                              f"(run.on_divergence = \"continue\")"))
 
 
 def evaluate(strategy: Strategy, ds: Dataset) -> float:

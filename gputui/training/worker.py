@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,16 +49,17 @@ class Recorder:
 class StopFlag:
     """Stop requests from the parent (an mp.Event) or from the parent's death."""
 
-    def __init__(self, event=None, parent_pid: int | None = None):
-        self.event, self.parent_pid = event, parent_pid
+    def __init__(self, event=None, parent_pid: int | None = None, origin_pid: int | None = None):
+        self.event, self.parent_pid, self.origin_pid = event, parent_pid, origin_pid
         self.reason = "stopped by user"
         self._local = threading.Event()
         if parent_pid:
             threading.Thread(target=self._watch_parent, daemon=True).start()
 
     def _watch_parent(self) -> None:
+        # origin_pid: a rank's parent is the elastic agent; gputui is the agent's parent
         while not self._local.wait(0.5):
-            if os.getppid() != self.parent_pid:
+            if os.getppid() != self.parent_pid or (self.origin_pid and not _alive(self.origin_pid)):
                 self.reason = "the gputui process that launched the run exited"
                 self._local.set()
 
@@ -65,9 +67,47 @@ class StopFlag:
         return self._local.is_set() or (self.event is not None and self.event.is_set())
 
 
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in a multi-process run (ddp, fsdp), from torch elastic's env."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node: int = 0
+
+
+class _AgreedStop:
+    """A stop every rank agrees on: each check is a tiny collective (MAX of the flags), so all
+    ranks leave the loop at the same step and none waits forever in a collective."""
+
+    def __init__(self, flag: Callable[[], bool], strategy):
+        self.flag, self.strategy = flag, strategy
+        self.reason = "stopped on another rank"
+
+    def __call__(self) -> bool:
+        mine = bool(self.flag())
+        if mine:
+            self.reason = getattr(self.flag, "reason", "stopped by user")
+        return self.strategy.agree_stop(mine)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
-            should_stop: Callable[[], bool], t_launch: float) -> str:
-    """Train one run in this process; returns the terminal status. Never raises."""
+            should_stop: Callable[[], bool], t_launch: float,
+            rank: RankInfo | None = None) -> str:
+    """Train one run in this process; returns the terminal status. Never raises. ``rank``
+    is given in each process of a multi-process run."""
     cfg = from_dict(cfg_dict, source="run", check=False)
     emit = recorder.emit
     try:
@@ -75,7 +115,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
 
         info = registry.get(cfg.strategy.name)
         emit(RunStarted(run_id=run_id, config=cfg_dict, devices=tuple(d.to_dict() for d in devices),
-                        strategy=cfg.strategy.name, world_size=1))
+                        strategy=cfg.strategy.name, world_size=rank.world_size if rank else 1))
         t0 = time.perf_counter()
         import torch
 
@@ -84,13 +124,17 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         from gputui.training.models import count_params
 
         import_s = time.perf_counter() - t0
-        _set_threads(torch, cfg.run.threads, processes=1)
+        _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
         t1 = time.perf_counter()
         ds = data_mod.load_dataset(cfg.data.name, cfg.data.root, cfg.data.download,
                                    cfg.data.train_size, cfg.data.test_size, cfg.data.source)
         t2 = time.perf_counter()
-        strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes)
+        where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}
+        strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes,
+                               **where)
         strategy.setup()
+        if rank is not None:
+            should_stop = _AgreedStop(should_stop, strategy)
         batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
                                         strategy.data_device(), cfg.data.loader, cfg.data.workers)
         t3 = time.perf_counter()
@@ -101,7 +145,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
                       test_samples=len(ds.test_x), steps_per_epoch=batches.steps_per_epoch,
                       params=count_params(strategy.primary_model())))
         t_train = time.time()
-        status = train(cfg, strategy, batches, ds, emit, should_stop)
+        status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
         strategy.close()
         if status == "stopped":
             emit(RunStopped(reason=getattr(should_stop, "reason", "stopped by user")))
@@ -116,7 +160,8 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
-    known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch"}
+    known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
+                                   "OutOfMemory", "CheckpointError"}
     return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 

@@ -179,3 +179,35 @@ class Strategy:
 
     def close(self) -> None:
         """Release resources (process groups, CUDA memory)."""
+
+    # ---------------------------------------------------------------- checkpoints
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The strategy's optimizers, in a fixed order, for checkpoints. The default finds every
+        optimizer attribute (or list of them) of the strategy; override when that is wrong."""
+        found: list[torch.optim.Optimizer] = []
+        for value in vars(self).values():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            found += [o for o in items if isinstance(o, torch.optim.Optimizer)]
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything training needs to continue exactly: every model of ``eval_models()``
+        (replicas, stages), every optimizer and the grad scaler. Tensors and plain containers
+        only, so a checkpoint loads with ``weights_only=True``. Multi-process strategies call
+        this on every rank (a sharded one gathers here); rank 0 writes the file."""
+        return {"models": [m.state_dict() for m, _ in self.eval_models()],
+                "optimizers": [o.state_dict() for o in self.optimizers()],
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what ``state_dict`` returned into the set-up models and optimizers."""
+        models, opts = [m for m, _ in self.eval_models()], self.optimizers()
+        if len(state["models"]) != len(models) or len(state["optimizers"]) != len(opts):
+            raise ValueError(f"{len(state['models'])} model(s) and {len(state['optimizers'])} "
+                             f"optimizer(s) saved, {len(models)} and {len(opts)} here")
+        for model, saved in zip(models, state["models"]):
+            model.load_state_dict(saved)
+        for opt, saved in zip(opts, state["optimizers"]):
+            opt.load_state_dict(saved)
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
