@@ -22,8 +22,10 @@ from gputui.tui.messages import LaunchFailed, RunEndedNotice, RunLaunched
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.screens.run import RunScreen
 from gputui.tui.screens.setup import SetupScreen
+from gputui.tui.spawnsafe import private_terminal, ready_for_spawn
 
 Launcher = Callable[..., Any]
+CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by the app
 STOP_GRACE_S = 20.0  # quitting: how long a graceful stop may take before the run is killed
 KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event before leaving
 
@@ -73,6 +75,13 @@ class GpuTuiApp(App[int]):
             return RunConfig(), None, str(exc)
 
     @property
+    def runs_path(self) -> Path:
+        """Where run records go: --runs-dir, $GPUTUI_RUNS_DIR or ./runs."""
+        from gputui.training.runstore import default_runs_dir
+
+        return Path(self.runs_dir) if self.runs_dir else default_runs_dir()
+
+    @property
     def launcher(self) -> Launcher:
         """The launcher (imported lazily: gputui.training.launcher.launch by default)."""
         if self._launcher is None:
@@ -93,6 +102,7 @@ class GpuTuiApp(App[int]):
             self.notify("A run is already active: stop it first", severity="warning")
             return
         self.launching = True
+        ready_for_spawn(self.runs_path / CHILD_OUTPUT)
         self.notify(f"Starting {config.strategy.name} on {config.devices.spec}…", timeout=3)
         self._launch(config)
 
@@ -198,10 +208,15 @@ def make_app(preset: str | Path | None = None, runs_dir: str | Path | None = Non
 
 
 def run_tui(preset: str | Path | None = None, runs_dir: str | Path | None = None) -> int:
-    """Run the app in this terminal; returns the exit code for the CLI."""
+    """Run the app in this terminal; returns the exit code for the CLI.
+
+    Training processes inherit fds 1 and 2: their stray output goes to
+    ``<runs dir>/app-output.log`` instead of over the screen.
+    """
     app = make_app(preset, runs_dir)
-    try:
-        result = app.run()
-    finally:
-        app.kill_orphans()
+    with private_terminal():
+        try:
+            result = app.run()
+        finally:
+            app.kill_orphans()
     return int(result or 0)

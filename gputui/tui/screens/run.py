@@ -53,6 +53,7 @@ class RunScreen(Screen):
         self.terminal: Event | None = None
         self.events_handled = 0
         self.batches_handled = 0
+        self.display_errors: list[str] = []  # bugs caught while showing events (tests: empty)
 
     @property
     def ended(self) -> bool:
@@ -100,6 +101,8 @@ class RunScreen(Screen):
                             f"(the run folder's events.jsonl has them all)", "warning")
             self.apply_events(message.events)
             self.batches_handled += 1
+        except Exception as exc:  # noqa: BLE001 - a display bug must not end the app (or run)
+            self._display_error(exc)
         finally:
             message.ack()
 
@@ -108,8 +111,15 @@ class RunScreen(Screen):
         try:
             for sample in message.samples:
                 self.show_sample(sample)
+        except Exception as exc:  # noqa: BLE001
+            self._display_error(exc)
         finally:
             message.ack()
+
+    def _display_error(self, exc: Exception) -> None:
+        self.display_errors.append(f"{type(exc).__name__}: {exc}")
+        self.log_ui(f"internal error while showing the run: {type(exc).__name__}: {exc}",
+                    "error")
 
     def on_pump_failed(self, message: PumpFailed) -> None:
         """The handle broke: say so; the run's record may still be complete on disk."""
@@ -201,11 +211,7 @@ class RunScreen(Screen):
 
     def show_sample(self, sample: DeviceSample) -> None:
         """Show one device reading (its panel appears on first sight)."""
-        panel = self._panel(sample.device, sample.name)
-        if panel.is_mounted and panel.children:
-            panel.update_sample(sample)
-        else:
-            self.call_after_refresh(panel.update_sample, sample)
+        self._panel(sample.device, sample.name).update_sample(sample)
 
     def log_ui(self, message: str, level: str = "ui") -> None:
         """A remark of the app's own in the log pane."""

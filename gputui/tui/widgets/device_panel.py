@@ -64,9 +64,18 @@ class DevicePanel(Vertical):
         yield Sparkline([], classes="mem-spark")
         yield Static("temp n/a · power n/a", classes="dev-extra")
 
+    def on_mount(self) -> None:
+        if self.last is not None:  # a reading that arrived before the panel was composed
+            self._show(self.last)
+
     def update_sample(self, s: DeviceSample) -> None:
-        """Show one reading: bars now, sparkline history, and what the device reports."""
+        """Show one reading (held until the panel is composed, when it is brand new)."""
         self.last = s
+        if self.is_mounted and self.children:
+            self._show(s)
+
+    def _show(self, s: DeviceSample) -> None:
+        """Bars now, sparkline history, and what the device reports."""
         if s.name and not self.border_subtitle:
             self.border_subtitle = s.name
         util = s.util if s.util is not None else s.cpu_percent
