@@ -182,25 +182,6 @@ def cmd_strategies(args) -> int:
     return EXIT_OK
 
 
-def cmd_runs(args) -> int:
-    """``gputui runs``: the recorded runs, newest first."""
-    from gputui.training.runstore import list_runs
-
-    runs = list_runs(args.runs_dir)
-    if args.json:
-        print(json.dumps([dict(s, run_dir=str(p)) for p, s in runs], indent=2, sort_keys=True))
-        return EXIT_OK
-    if not runs:
-        print("no runs recorded yet (try: gputui run quickstart)")
-        return EXIT_OK
-    for path, s in runs:
-        acc = s.get("test_acc")
-        acc_text = f"test acc {acc:.4f}" if isinstance(acc, float) else "no epoch finished"
-        print(f"{path.name}  {s.get('status', '?'):8}  {s.get('strategy', '?'):14} "
-              f"{s.get('epochs_done', 0)}/{s.get('epochs') or '?'} epochs  {acc_text}")
-    return EXIT_OK
-
-
 def cmd_presets(args) -> int:
     """``gputui presets``: the preset files found."""
     from gputui.presets import list_presets
@@ -236,16 +217,15 @@ def build_parser() -> Parser:
     p.add_argument("--devices", default="cpu*2", help="device choice to check against")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_strategies)
-    p = sub.add_parser("runs", help="list recorded runs")
-    p.add_argument("--runs-dir")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_runs)
     p = sub.add_parser("presets", help="list presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
     from gputui import cli_devices
 
     cli_devices.register(sub)
+    from gputui import cli_compare  # runs, compare, sweep, bench-comm
+
+    cli_compare.register(sub)
     from gputui import cli_resume
 
     cli_resume.register(sub)

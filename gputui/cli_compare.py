@@ -1,0 +1,176 @@
+"""`gputui runs`, `gputui compare`, `gputui sweep` and `gputui bench-comm`.
+
+``register(subparsers)`` adds the four subcommands. Nothing here imports torch: sweeps start
+their runs through ``launcher.launch`` (spawned processes), the benchmark spawns its own.
+Bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from gputui import history
+from gputui.compare import TABLE_COLUMNS, fmt
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
+           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency"}
+
+
+def fail(message: str) -> int:
+    """One line on stderr, exit status 2."""
+    print(f"gputui: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("table", "csv", "md", "json"), default="table",
+                   help="table (terminal), csv, md (Markdown) or json")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the csv/md/json there")
+
+
+def register(sub) -> None:
+    """Add runs, compare, sweep and bench-comm to an argparse subparsers object."""
+    p = sub.add_parser("runs", help="list recorded runs (filters, --json)",
+                       description="Every recorded run, newest first: id, name, strategy, "
+                                   "devices, batch, lr, time per epoch, samples/s, final test "
+                                   "accuracy, status, date.")
+    p.add_argument("--runs-dir", help="where run records are (default ./runs or $GPUTUI_RUNS_DIR)")
+    p.add_argument("--strategy", help="only these strategies (comma list)")
+    p.add_argument("--status", help="only these statuses: finished, failed, stopped, running, "
+                                    "incomplete, unreadable (comma list)")
+    p.add_argument("--name", help="only runs whose name or id contains this")
+    p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
+    _add_output(p)
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("compare", help="compare runs: speedup, scaling efficiency, comm share",
+                       description="Compare recorded runs. Speedup is against the matching "
+                                   "one-device run (same model, data and precision; same batch "
+                                   "per device, else same global batch).")
+    p.add_argument("runs", nargs="*", help="run ids (or unique parts of them) or run folders")
+    p.add_argument("--sweep", metavar="SWEEP_ID", help="compare every run of this sweep")
+    p.add_argument("--runs-dir")
+    p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
+                                                  "(needs matplotlib: pip install 'gputui[plots]')")
+    p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
+    _add_output(p)
+    p.set_defaults(func=cmd_compare)
+
+    from gputui import cli_sweep, comm_bench
+
+    cli_sweep.register(sub)
+    comm_bench.register(sub)
+
+
+def _form(args) -> str:
+    return "json" if args.json else args.format
+
+
+def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, title: str,
+         json_data: Any = None) -> None:
+    """Print a table on the terminal, or write csv/md/json to stdout or ``output``."""
+    from gputui.export import render, to_json
+
+    if form == "table":
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title)
+        for c in columns:
+            table.add_column(HEADERS.get(c, c), justify="right" if c not in (
+                "id", "name", "strategy", "status", "date", "baseline") else "left")
+        for r in rows:
+            table.add_row(*(fmt(c, r.get(c)) for c in columns))
+        # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
+        Console(width=None if sys.stdout.isatty() else 240).print(table)
+        return
+    text = to_json(json_data) if form == "json" and json_data is not None else render(
+        rows, columns, form)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_runs(args) -> int:
+    """``gputui runs``: the run table, filtered."""
+    if args.last is not None and args.last < 1:
+        return fail(f"--last {args.last}: give a positive number of runs")
+    rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy, args.status,
+                               args.name, args.last)
+    form = _form(args)
+    if form == "table" and not rows:
+        print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not
+              args.status and not args.name else "no run matches the filters")
+        return EXIT_OK
+    plain = [r.to_dict() for r in rows]
+    emit(plain, history.COLUMNS, form, args.output, "runs", json_data=plain)
+    return EXIT_OK
+
+
+def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) -> list[Path]:
+    """Run folders from ids/paths and/or a sweep; LookupError (one line) when one is unknown."""
+    from gputui.sweep import load_manifest
+    from gputui.training.runstore import default_runs_dir
+
+    dirs = [history.find_run(ref, runs_dir) for ref in refs]
+    if sweep_id:
+        base = Path(runs_dir) if runs_dir else default_runs_dir()
+        manifest = load_manifest(base, sweep_id)
+        dirs += [base / p.run_id for p in manifest.points
+                 if p.run_id and (base / p.run_id / "events.jsonl").exists()]
+    return list(dict.fromkeys(dirs))
+
+
+def cmd_compare(args) -> int:
+    """``gputui compare RUN...``: the comparison table, exports and plots."""
+    from gputui.compare import as_plain, compare, summary_lines, table_rows
+    from gputui.export import ExportError
+
+    if not args.runs and not args.sweep:
+        return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
+    try:
+        dirs = resolve_runs(args.runs, args.sweep, args.runs_dir)
+    except LookupError as exc:
+        return fail(str(exc))
+    items = compare(dirs, args.runs_dir)
+    try:
+        write_extras(items, dirs, args.plots, args.tensorboard)
+    except ExportError as exc:
+        return fail(str(exc))
+    form = _form(args)
+    emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
+         json_data=as_plain(items))
+    if form == "table":
+        for line in summary_lines(items):
+            print(line)
+    return EXIT_OK
+
+
+def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:
+    """PNG plots and TensorBoard scalars, when asked; returns the paths written."""
+    from gputui.export import plot_curves, plot_speedup, to_tensorboard
+
+    out = []
+    if plots:
+        out.append(plot_curves(items, Path(plots) / "curves.png"))
+        out.append(plot_speedup(items, Path(plots) / "speedup.png"))
+    if tensorboard:
+        out += to_tensorboard(dirs, tensorboard)
+    for path in out:
+        print(f"wrote {path}", file=sys.stderr)
+    return out
+
+
+def install_sigterm() -> None:
+    """SIGTERM is handled like Ctrl-C: a graceful stop that keeps the records."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)

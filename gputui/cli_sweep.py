@@ -1,0 +1,168 @@
+"""`gputui sweep PRESET --devices 1,2 --strategies single,scratch,ddp [--scale-with-devices]`.
+
+Runs the grid one run after another with live progress, records every run, prints the
+scaling table. An interrupted sweep is resumed with ``--resume SWEEP_ID``, or automatically
+when the same sweep (same preset, overrides, devices, strategies) was left unfinished;
+``--fresh`` starts over instead. Exit: 0 every point finished or skipped, 1 a point failed,
+2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gputui.config import ConfigError, parse_assignment
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def register(sub) -> None:
+    """Add the `sweep` subcommand."""
+    p = sub.add_parser("sweep", help="run a preset over devices x strategies, print the "
+                                     "scaling table",
+                       description="Run a preset on every device count x strategy, one run "
+                                   "after another. Points that cannot run here are skipped "
+                                   "with the reason. Interrupted sweeps resume.")
+    p.add_argument("preset", nargs="?", help="a preset file or name (optional with --resume)")
+    p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (CPU presets use "
+                                                    "cpu*N), or cpu,cpu*2")
+    p.add_argument("--strategies", default="single,scratch",
+                   help="comma list, e.g. single,scratch,dp,ddp,model_parallel")
+    p.add_argument("--scale-with-devices", action="store_true",
+                   help="batch and lr times the device count (256/0.1 on one, 512/0.2 on two)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override a preset key for every run (repeatable)")
+    p.add_argument("--epochs", type=int, help="epochs of every run")
+    p.add_argument("--runs-dir", help="where run records go (default ./runs or $GPUTUI_RUNS_DIR)")
+    p.add_argument("--resume", metavar="SWEEP_ID", help="continue this sweep")
+    p.add_argument("--fresh", action="store_true", help="never resume automatically")
+    p.add_argument("--export", metavar="DIR", help="also write scaling.csv/.md/.json (and PNG "
+                                                    "plots when matplotlib is installed) there")
+    p.add_argument("--json", action="store_true", help="print the final table as JSON")
+    p.set_defaults(func=cmd_sweep)
+
+
+def _overrides(sets: list[str], epochs: int | None) -> list:
+    out = []
+    for text in sets:
+        key, value = parse_assignment(text)
+        out.append((f"--set {text}", key, value))
+    if epochs is not None:
+        out.append(("--epochs", "run.epochs", epochs))
+    return out
+
+
+def build(args, runs_dir: Path):
+    """The Sweep to run (new, resumed by id, or resumed automatically) and a note for the user;
+    raises ConfigError or LookupError with a one-line message."""
+    from gputui.presets import resolve_preset
+    from gputui.sweep import Sweep, list_manifests, load_manifest, parse_devices
+
+    if args.resume:
+        m = load_manifest(runs_dir, args.resume)
+        if args.preset and resolve_preset(args.preset).resolve() != Path(m.preset).resolve():
+            raise ConfigError(f"--resume {args.resume}: that sweep ran {m.preset}, not "
+                              f"{args.preset}; drop the preset argument")
+        return Sweep(m, runs_dir, _overrides(m.sets, None)), f"resuming sweep {m.sweep_id}"
+    if not args.preset:
+        raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
+    path = str(resolve_preset(args.preset).resolve())
+    devices = parse_devices(args.devices)
+    strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",") if s.strip()))
+    if not strategies:
+        raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
+    sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
+    overrides = _overrides(sets, None)
+    load_preset_checked(path, overrides)
+    sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,
+                      overrides)
+    if not args.fresh:
+        for old in list_manifests(runs_dir):
+            if old.state != "finished" and old.params() == sweep.manifest.params():
+                done = sum(p.status == "finished" for p in old.points)
+                return (Sweep(old, runs_dir, overrides),
+                        f"resuming unfinished sweep {old.sweep_id} ({done} of "
+                        f"{len(old.points)} points done; --fresh starts over)")
+    return sweep, f"sweep {sweep.manifest.sweep_id}"
+
+
+def load_preset_checked(path: str, overrides: list) -> None:
+    """Bad preset files or --set values fail before anything starts (one line)."""
+    from gputui.config import load_preset
+    from gputui.training.datafiles import missing_data
+
+    cfg = load_preset(path, overrides, check=False)
+    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    if problem and not cfg.data.download:
+        raise ConfigError(f"{path}: data: {problem}")
+
+
+def cmd_sweep(args) -> int:
+    """``gputui sweep``: run the grid, then print the scaling table."""
+    from gputui.cli_compare import emit, install_sigterm
+    from gputui.compare import TABLE_COLUMNS, as_plain, compare, table_rows
+    from gputui.sweep_progress import SweepProgress
+    from gputui.training.runstore import default_runs_dir
+
+    runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
+    try:
+        sweep, note = build(args, runs_dir)
+    except (ConfigError, LookupError) as exc:
+        return fail(str(exc))
+    out = sys.stderr if args.json else sys.stdout
+    m = sweep.manifest
+    install_sigterm()
+    progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
+    with progress:
+        progress.line(f"{note}: {len(m.points)} points ({', '.join(p.key for p in m.points)}); "
+                      f"manifest {sweep.save()}")
+        try:
+            state = sweep.run(progress.on_point, progress.on_event)
+        except KeyboardInterrupt:  # Ctrl-C between two runs
+            sweep.request_stop()
+            m.state = "interrupted"
+            sweep.save()
+            state = "interrupted"
+    if state == "interrupted":
+        print(f"sweep interrupted; resume with: gputui sweep --resume {m.sweep_id}", file=out)
+    for p in m.points:
+        if p.status == "skipped":
+            print(f"skipped {p.key}: {p.reason}", file=out)
+    items = compare(sweep.run_dirs(), runs_dir)
+    if args.export:
+        _export(items, sweep.run_dirs(), Path(args.export), out)
+    emit(table_rows(items), TABLE_COLUMNS, "json" if args.json else "table", None,
+         f"sweep {m.sweep_id}", json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
+    if state == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
+
+
+def _manifest_dict(m) -> dict:
+    from dataclasses import asdict
+
+    return asdict(m)
+
+
+def _export(items, dirs, folder: Path, out) -> None:
+    from gputui.compare import TABLE_COLUMNS, as_plain, table_rows
+    from gputui.export import ExportError, plot_curves, plot_speedup, render, to_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = table_rows(items)
+    (folder / "scaling.csv").write_text(render(rows, TABLE_COLUMNS, "csv"), encoding="utf-8")
+    (folder / "scaling.md").write_text(render(rows, TABLE_COLUMNS, "md"), encoding="utf-8")
+    (folder / "scaling.json").write_text(to_json(as_plain(items)), encoding="utf-8")
+    try:
+        plot_curves(items, folder / "curves.png")
+        plot_speedup(items, folder / "speedup.png")
+    except ExportError as exc:
+        print(f"no plots: {exc}", file=out)
+    print(f"exported to {folder}", file=out)
+
+
+def fail(message: str) -> int:
+    """One line on stderr, exit status 2."""
+    print(f"gputui: error: {message}", file=sys.stderr)
+    return EXIT_USAGE

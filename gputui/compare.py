@@ -1,0 +1,166 @@
+"""Comparison of recorded runs: speed, speedup, scaling efficiency, communication, accuracy.
+
+Speedup is measured against the *matching one-device run*: a finished run on one device with
+the same model, dataset, training-set size and precision, and
+
+1. preferably the same batch per device (the material's weak scaling: 256 on one device
+   against 512 on two, with ``--scale-with-devices``), else
+2. the same global batch (strong scaling: 256 on one device against 256 split over two).
+
+Among several matches: a run among the compared ones (e.g. the same sweep) first, then a
+``single`` run over other one-device strategies, then the newest. Speedup is samples/s over
+the baseline's samples/s (an epoch is the same data for both, so it is also the ratio of
+epoch times); scaling efficiency is speedup / devices. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputui.history import RunRow, load_rows, row_for
+from gputui.training import runstore
+
+TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
+                 "speedup", "efficiency", "comm_share", "init_s", "test_acc", "status",
+                 "baseline")
+
+
+@dataclass
+class CompareRow:
+    """One run in a comparison: its row, the derived figures and its curves."""
+
+    row: RunRow
+    speedup: float | None = None
+    efficiency: float | None = None
+    comm_share: float | None = None  # mean StepMetrics.comm_share (None: not measured)
+    baseline: str = ""  # id of the matching one-device run
+    baseline_kind: str = ""  # "same batch per device" | "same global batch"
+    loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
+    acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
+
+    def flat(self) -> dict[str, Any]:
+        """Row and figures as one flat JSON-ready dict (curves left out)."""
+        out = self.row.to_dict()
+        out.update(speedup=self.speedup, efficiency=self.efficiency, comm_share=self.comm_share,
+                   baseline=self.baseline, baseline_kind=self.baseline_kind)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, curves included (the JSON export)."""
+        return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
+                    acc_curve=[list(p) for p in self.acc_curve])
+
+
+def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
+    """(loss curve, accuracy curve, mean comm share) from a record's readable events."""
+    loss, acc, shares = [], [], []
+    for ev in runstore.read_events(run_dir):
+        if ev.kind == "step":
+            loss.append((ev.epoch - 1 + ev.step / max(ev.steps_per_epoch, 1), ev.loss))
+            if ev.comm_share is not None:
+                shares.append(ev.comm_share)
+        elif ev.kind == "epoch_end":
+            acc.append((ev.epoch, ev.test_acc))
+    return loss, acc, (sum(shares) / len(shares) if shares else None)
+
+
+def match_key(row: RunRow) -> tuple:
+    """What must be equal for two runs to be compared for speed."""
+    return (row.model, row.dataset, row.train_size, row.precision)
+
+
+def find_baseline(row: RunRow, candidates: list[RunRow],
+                  compared: set[str] = frozenset()) -> tuple[RunRow | None, str]:
+    """The matching one-device run of ``row`` (see the module docstring) and the match kind."""
+    if not row.devices or not row.batch:
+        return None, ""
+    per_device = row.batch / row.devices
+    ranked = []
+    for c in candidates:
+        if (c.devices != 1 or c.status != "finished" or not c.samples_per_s
+                or match_key(c) != match_key(row)):
+            continue
+        if c.batch == per_device:
+            kind = 0
+        elif c.batch == row.batch:
+            kind = 1
+        else:
+            continue
+        ranked.append(((kind, c.id not in compared, c.strategy != "single",
+                        -_id_order(c)), c, kind))
+    if not ranked:
+        return None, ""
+    _, best, kind = min(ranked, key=lambda t: t[0])
+    return best, ("same batch per device", "same global batch")[kind]
+
+
+def _id_order(row: RunRow) -> float:
+    digits = "".join(ch for ch in row.id[:15] if ch.isdigit())
+    return float(digits or 0)
+
+
+def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
+    """Compare these runs; baselines are looked for among them and every run under runs_dir."""
+    rows = [row_for(p) for p in run_dirs]
+    compared = {r.id for r in rows}
+    others = [r for r in load_rows(runs_dir) if r.id not in compared]
+    pool = rows + others
+    out = []
+    for row in rows:
+        loss, acc, share = read_curves(row.run_dir)
+        item = CompareRow(row=row, comm_share=share, loss_curve=loss, acc_curve=acc)
+        base, kind = find_baseline(row, pool, compared)
+        if base is not None and row.samples_per_s:
+            item.speedup = row.samples_per_s / base.samples_per_s
+            item.efficiency = item.speedup / row.devices
+            item.baseline, item.baseline_kind = base.id, kind
+        out.append(item)
+    return out
+
+
+def table_rows(items: list[CompareRow]) -> list[dict[str, Any]]:
+    """The comparison as plain dicts with the table's columns, in order."""
+    return [{k: item.flat()[k] for k in TABLE_COLUMNS} for item in items]
+
+
+def fmt(key: str, value: Any) -> str:
+    """A cell as text for terminal and Markdown tables."""
+    if value is None or value == "":
+        return "-"
+    if key in ("comm_share", "efficiency"):
+        return f"{value:.1%}"
+    if key == "speedup":
+        return f"{value:.2f}x"
+    if key in ("time_per_epoch_s", "init_s"):
+        return f"{value:.2f} s"
+    if key == "samples_per_s":
+        return f"{value:,.0f}"
+    if key == "test_acc":
+        return f"{value:.4f}"
+    if key == "lr":
+        return f"{value:g}"
+    return str(value)
+
+
+def summary_lines(items: list[CompareRow]) -> list[str]:
+    """Plain sentences under the table: what each baseline was, and what is missing."""
+    lines = []
+    for it in items:
+        r = it.row
+        if it.baseline:
+            lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind})")
+        elif r.status != "finished" or not r.samples_per_s:
+            lines.append(f"{r.id}: no speed figures ({r.status}"
+                         f"{': ' + r.reason if r.reason else ''})")
+        else:
+            lines.append(f"{r.id}: no matching finished one-device run, so no speedup "
+                         f"(run the same preset with --devices 1)")
+    return lines
+
+
+def as_plain(items: list[CompareRow]) -> list[dict[str, Any]]:
+    """Every figure of every compared run, curves included."""
+    return [it.to_dict() for it in items]
+

@@ -1,0 +1,240 @@
+"""Sweeps: a preset run over a grid of device counts x strategies, one run after another.
+
+Each point is checked before it starts (the strategy registry's ``why_not`` and the config's
+cross-field rules); a point that cannot run here is recorded as skipped with the reason. Every
+run goes through ``launcher.launch`` (a spawned process, so this module never imports torch)
+and leaves its normal record under the runs folder. The sweep's manifest,
+``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of state, so an
+interrupted sweep resumes where it stopped: finished points are never run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui.config import ConfigError, RunConfig, check_combinations, load_preset
+from gputui.training import runstore
+
+DONE = ("finished", "skipped")  # states a resumed sweep does not redo (skipped is re-checked)
+
+
+@dataclass
+class Point:
+    """One cell of the grid and what became of it."""
+
+    strategy: str
+    devices: str  # the device choice as given ("2", "cpu*2")
+    spec: str  # the devices.spec the run uses
+    status: str = "pending"  # pending | running | finished | failed | stopped | skipped
+    run_id: str = ""
+    reason: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.strategy}@{self.devices}"
+
+
+@dataclass
+class Manifest:
+    """The sweep's own record: its parameters and the state of every point."""
+
+    sweep_id: str
+    preset: str  # the preset file's path
+    sets: list = field(default_factory=list)  # the --set assignments, as typed
+    devices: list = field(default_factory=list)
+    strategies: list = field(default_factory=list)
+    scale_with_devices: bool = False
+    state: str = "running"  # running | interrupted | finished
+    created: float = field(default_factory=time.time)
+    points: list = field(default_factory=list)  # list[Point]
+
+    def params(self) -> dict[str, Any]:
+        """What makes two sweeps the same experiment (for automatic resume)."""
+        return {"preset": self.preset, "sets": list(self.sets), "devices": list(self.devices),
+                "strategies": list(self.strategies), "scale": self.scale_with_devices}
+
+    def save(self, runs_dir: Path) -> Path:
+        """Write the manifest atomically (a reader never sees half a file)."""
+        path = manifest_path(runs_dir, self.sweep_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = asdict(self)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        points = [Point(**p) for p in data.pop("points", [])]
+        return cls(**data, points=points)
+
+
+def manifest_path(runs_dir: Path, sweep_id: str) -> Path:
+    """Where a sweep's manifest lives."""
+    return Path(runs_dir) / "sweeps" / f"{sweep_id}.json"
+
+
+def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
+    """A saved manifest; LookupError (one line) when missing or unreadable."""
+    path = manifest_path(runs_dir, sweep_id)
+    try:
+        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        known = ", ".join(m.sweep_id for m in list_manifests(runs_dir)) or "none"
+        raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps; known: {known}") \
+            from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise LookupError(f"sweep manifest {path} is unreadable ({exc}); start a new sweep") \
+            from None
+
+
+def list_manifests(runs_dir: Path) -> list[Manifest]:
+    """Every readable sweep manifest, newest first."""
+    folder = Path(runs_dir) / "sweeps"
+    out = []
+    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
+        try:
+            out.append(Manifest.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def parse_devices(text: str) -> list[str]:
+    """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    for item in items:
+        ok = item.isdigit() and int(item) > 0 or item == "cpu" or (
+            item.startswith("cpu*") and item[4:].isdigit() and int(item[4:]) > 0)
+        if not ok:
+            raise ConfigError(f"--devices {text}: '{item}' is not a device count; give counts "
+                              f"like 1,2 (or cpu,cpu*2)")
+    if not items:
+        raise ConfigError("--devices: give at least one device count, e.g. --devices 1,2")
+    return list(dict.fromkeys(items))
+
+
+def spec_for(item: str, preset_spec: str) -> str:
+    """The devices.spec of a grid point: counts stay on CPU when the preset is on CPU."""
+    if not item.isdigit():
+        return item
+    if preset_spec.strip().startswith("cpu"):
+        return "cpu" if item == "1" else f"cpu*{item}"
+    return item  # N GPUs (the preset's devices.fallback decides what happens without them)
+
+
+class Sweep:
+    """Plans and runs the grid; ``request_stop()`` (any thread) ends it after a graceful stop."""
+
+    def __init__(self, manifest: Manifest, runs_dir: Path, overrides: list[tuple[str, str, Any]]):
+        self.manifest, self.runs_dir, self.overrides = manifest, Path(runs_dir), overrides
+        self.stop_requested = False
+        self.base = load_preset(manifest.preset, overrides, check=False)
+        if not manifest.points:
+            manifest.points = [Point(s, d, spec_for(d, self.base.devices.spec))
+                               for d in manifest.devices for s in manifest.strategies]
+
+    @classmethod
+    def new(cls, preset: str, sets: list[str], devices: list[str], strategies: list[str],
+            scale: bool, runs_dir: Path, overrides: list) -> "Sweep":
+        """A fresh sweep (not saved until ``run``)."""
+        name = load_preset(preset, overrides, check=False).run.name
+        sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:30]}-{secrets.token_hex(2)}"
+        manifest = Manifest(sweep_id, str(preset), list(sets), list(devices), list(strategies),
+                            scale)
+        return cls(manifest, runs_dir, overrides)
+
+    def config_for(self, point: Point) -> RunConfig:
+        """The point's config: the preset, the --set overrides, its strategy and devices."""
+        changes = [("sweep", "strategy.name", point.strategy), ("sweep", "devices.spec", point.spec)]
+        if self.manifest.scale_with_devices:
+            changes.append(("--scale-with-devices", "optim.scale_with_devices", True))
+        return load_preset(self.manifest.preset, [*self.overrides, *changes], check=False)
+
+    def why_not(self, point: Point, cfg: RunConfig) -> str | None:
+        """None when the point can run here, else the reason (one line)."""
+        from gputui.devices import DeviceSpecError, resolve_devices
+        from gputui.training.strategies import registry
+
+        info = registry.get(point.strategy)
+        if info is None:
+            return (f"strategy '{point.strategy}' is not available in this build "
+                    f"(known: {', '.join(registry.names())})")
+        try:
+            devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
+        except DeviceSpecError as exc:
+            return str(exc)
+        reason = info.why_not(cfg, devices)
+        if reason:
+            return reason
+        try:
+            check_combinations(cfg, "sweep")
+        except ConfigError as exc:
+            return str(exc).removeprefix("sweep: ")
+        return None
+
+    def request_stop(self) -> None:
+        """Stop the running point gracefully and run no further point."""
+        self.stop_requested = True
+
+    def save(self) -> Path:
+        return self.manifest.save(self.runs_dir)
+
+    def run(self, on_point: Callable[[Point], None] = lambda p: None,
+            on_event: Callable[[Point, Any], None] = lambda p, e: None) -> str:
+        """Run every point not done yet; returns "finished" or "interrupted". Ctrl-C
+        (KeyboardInterrupt) stops the current run gracefully, a second one kills it."""
+        from gputui.training.launcher import launch
+
+        m = self.manifest
+        m.state = "running"
+        self.save()
+        for point in m.points:
+            if point.status == "finished" or self.stop_requested:
+                continue
+            cfg = self.config_for(point)
+            reason = self.why_not(point, cfg)
+            if reason:
+                point.status, point.reason, point.run_id = "skipped", reason, ""
+                self.save()
+                on_point(point)
+                continue
+            handle = launch(cfg, self.runs_dir)
+            point.status, point.run_id, point.reason = "running", handle.run_id, ""
+            self.save()
+            on_point(point)
+            self._follow(handle, point, on_event)
+            summary = runstore.read_summary(handle.run_dir)
+            point.status = handle.status if handle.done else "stopped"
+            point.reason = str(summary.get("reason") or "")
+            self.save()
+            on_point(point)
+        m.state = "interrupted" if self.stop_requested else "finished"
+        self.save()
+        return "interrupted" if self.stop_requested else "finished"
+
+    def _follow(self, handle, point: Point, on_event) -> None:
+        interrupts, asked = 0, False
+        while not handle.done:
+            try:
+                if self.stop_requested and not asked:
+                    handle.stop()
+                    asked = True
+                for ev in handle.poll(timeout=0.2):
+                    on_event(point, ev)
+            except KeyboardInterrupt:
+                interrupts += 1
+                self.stop_requested = True
+                if interrupts > 1:
+                    handle.kill("killed by user (second Ctrl-C)")
+
+    def run_dirs(self) -> list[Path]:
+        """The record folders of the points that ran (in grid order)."""
+        return [self.runs_dir / p.run_id for p in self.manifest.points
+                if p.run_id and (self.runs_dir / p.run_id / "events.jsonl").exists()]
