@@ -1,0 +1,66 @@
+"""Write run records in the real on-disk format (EventLog, summarize) for history/compare tests.
+
+The figures are chosen by the test, so speedup and matching rules can be checked exactly;
+real training runs are covered by test_sweep.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from gputui.config import RunConfig
+from gputui.events import EpochEnd, InitDone, RunFailed, RunFinished, RunStarted, StepMetrics
+from gputui.training import runstore
+
+
+def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
+                 batch: int = 256, lr: float = 0.1, sps: float = 1000.0, acc: float = 0.9,
+                 epochs: int = 2, scale: bool = False, comm: float | None = None,
+                 model: str = "lenet", status: str = "finished", train_size: int = 1000,
+                 name: str = "exp", summary: bool = True) -> Path:
+    """A complete record: config.toml, events.jsonl and (optionally) summary.json."""
+    cfg = RunConfig().replace(run={"name": name, "epochs": epochs},
+                              optim={"batch_size": batch, "lr": lr, "scale_with_devices": scale},
+                              strategy={"name": strategy}, model={"name": model},
+                              data={"train_size": train_size},
+                              devices={"spec": "cpu" if n == 1 else f"cpu*{n}"})
+    run_dir = runs / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
+    devices = tuple({"name": f"cpu:{i}", "kind": "cpu", "index": i, "label": ""}
+                    for i in range(n))
+    events = [RunStarted(run_id=run_id, config=cfg.to_dict(), devices=devices,
+                         strategy=strategy, world_size=1, t=1.0),
+              InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0)]
+    eff_batch = batch * (n if scale else 1)
+    steps = max(1, train_size // eff_batch)
+    for e in range(1, epochs + 1):
+        events.append(StepMetrics(epoch=e, step=steps, global_step=e * steps,
+                                  steps_per_epoch=steps, loss=2.0 / e, samples_per_s=sps,
+                                  step_time_s=eff_batch / sps, lr=lr, comm_share=comm,
+                                  t=2.0 + e))
+        events.append(EpochEnd(epoch=e, epochs=epochs, seconds=train_size / sps,
+                               train_loss=2.0 / e, test_acc=acc, samples_per_s=sps, t=2.1 + e))
+    events.append(RunFinished(seconds=3.0, t=10.0) if status == "finished"
+                  else RunFailed(reason="boom", t=10.0))
+    log = runstore.EventLog(run_dir / "events.jsonl")
+    for ev in events:
+        log.write(ev)
+    log.close()
+    if summary:
+        runstore.write_summary(run_dir, runstore.summarize(events))
+    return run_dir
+
+
+def truncate_record(run_dir: Path, keep_lines: int, torn: str = '{"type":"step","ep',
+                    age_s: float = 3600.0) -> None:
+    """Cut events.jsonl after ``keep_lines`` lines, add a torn line, drop summary.json, and
+    date the file ``age_s`` seconds back (a writer that died that long ago)."""
+    path = run_dir / "events.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()[:keep_lines]
+    path.write_text("\n".join(lines) + "\n" + torn, encoding="utf-8")
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    then = time.time() - age_s
+    os.utime(path, (then, then))

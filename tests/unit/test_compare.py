@@ -1,0 +1,153 @@
+"""Comparison on recorded runs (speedup, matching baseline, damaged records) and every export
+parsed back (CSV, JSON, Markdown, PNG, TensorBoard's message)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+
+import pytest
+
+from gputui import cli, export
+from gputui.compare import TABLE_COLUMNS, compare, table_rows
+from run_records import truncate_record, write_record
+
+
+@pytest.fixture
+def runs(tmp_path):
+    base = tmp_path / "runs"
+    write_record(base, "20260101-100000-exp-b256", "single", 1, batch=256, sps=1000)
+    write_record(base, "20260101-100100-exp-b128", "single", 1, batch=128, sps=800)
+    write_record(base, "20260101-100200-exp-s256", "scratch", 1, batch=256, sps=900)
+    write_record(base, "20260101-100300-exp-weak", "scratch", 2, batch=256, scale=True,
+                 sps=1800, comm=0.25)
+    write_record(base, "20260101-100400-exp-strong", "scratch", 2, batch=256, sps=1200,
+                 comm=0.1)
+    write_record(base, "20260101-100500-exp-mlp", "scratch", 2, batch=256, model="mlp",
+                 sps=5000)
+    torn = write_record(base, "20260101-100600-exp-torn", "scratch", 2, batch=256, sps=1700,
+                        epochs=3)
+    truncate_record(torn, keep_lines=4)  # one epoch survived, then a torn line
+    cut = write_record(base, "20260101-100700-exp-cut", "scratch", 2, batch=256)
+    truncate_record(cut, keep_lines=1)  # nothing but RunStarted
+    return base
+
+
+def by_id(items):
+    return {it.row.id.rsplit("-", 1)[1]: it for it in items}
+
+
+def test_speedup_against_the_matching_one_device_run(runs):
+    items = by_id(compare(sorted(p for p in runs.iterdir()), runs))
+    weak = items["weak"]  # 512 over two devices: 256 per device, as the 256 single run
+    assert weak.baseline.endswith("b256") and weak.baseline_kind == "same batch per device"
+    assert weak.speedup == pytest.approx(1.8) and weak.efficiency == pytest.approx(0.9)
+    assert weak.comm_share == pytest.approx(0.25)
+    strong = items["strong"]  # 256 over two: 128 per device, as the 128 single run
+    assert strong.baseline.endswith("b128") and strong.speedup == pytest.approx(1.5)
+    assert items["b256"].speedup == pytest.approx(1.0) and items["b256"].baseline.endswith("b256")
+    # a one-device scratch run is measured against single, not against itself
+    assert items["s256"].baseline.endswith("b256") and items["s256"].speedup == pytest.approx(0.9)
+    assert items["mlp"].speedup is None and items["mlp"].baseline == ""  # no mlp baseline
+
+
+def test_global_batch_match_when_no_per_device_match(tmp_path):
+    base = tmp_path / "runs"
+    write_record(base, "20260101-100000-exp-b256", "single", 1, batch=256, sps=1000)
+    run = write_record(base, "20260101-100400-exp-strong", "scratch", 2, batch=256, sps=1200)
+    (item,) = compare([run], base)
+    assert item.baseline_kind == "same global batch" and item.speedup == pytest.approx(1.2)
+    assert item.efficiency == pytest.approx(0.6)
+
+
+def test_truncated_records_compare_without_breaking(runs):
+    items = by_id(compare([runs / "20260101-100600-exp-torn", runs / "20260101-100700-exp-cut",
+                           runs / "20260101-100300-exp-weak"], runs))
+    torn = items["torn"]
+    assert torn.row.status == "incomplete" and torn.row.epochs_done == 1
+    assert torn.speedup == pytest.approx(1700 / 800) and len(torn.acc_curve) == 1  # vs b128
+    cut = items["cut"]
+    assert cut.speedup is None and cut.row.samples_per_s is None and cut.loss_curve == []
+    assert items["weak"].speedup == pytest.approx(1.8)
+
+
+def test_curves_for_overlay(runs):
+    (item,) = compare([runs / "20260101-100300-exp-weak"], runs)
+    assert [e for e, _ in item.acc_curve] == [1, 2]
+    assert item.loss_curve == [(1.0, 2.0), (2.0, 1.0)]  # epoch progress, loss
+
+
+@pytest.fixture
+def items(runs):
+    return compare(sorted(p for p in runs.iterdir()), runs)
+
+
+def test_csv_parses_back(items):
+    text = export.render(table_rows(items), TABLE_COLUMNS, "csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == len(items) and list(rows[0]) == list(TABLE_COLUMNS)
+    weak = next(r for r in rows if r["id"].endswith("weak"))
+    assert float(weak["speedup"]) == pytest.approx(1.8) and weak["devices"] == "2"
+    assert next(r for r in rows if r["id"].endswith("cut"))["speedup"] == ""
+
+
+def test_json_parses_back(items):
+    data = json.loads(export.to_json([it.to_dict() for it in items]))
+    weak = next(d for d in data if d["id"].endswith("weak"))
+    assert weak["speedup"] == pytest.approx(1.8) and weak["acc_curve"] == [[1, 0.9], [2, 0.9]]
+
+
+def test_markdown_table_shape(items):
+    text = export.render(table_rows(items), TABLE_COLUMNS, "md")
+    lines = text.splitlines()
+    assert len(lines) == len(items) + 2
+    assert all(ln.startswith("|") and ln.endswith("|") for ln in lines)
+    assert {ln.count("|") for ln in lines} == {len(TABLE_COLUMNS) + 1}
+    assert set(lines[1]) <= set("|-:")
+    assert "1.80x" in text and "90.0%" in text
+
+
+def test_png_plots(items, tmp_path):
+    if importlib.util.find_spec("matplotlib") is None:
+        with pytest.raises(export.ExportError, match="pip install 'gputui\\[plots\\]'"):
+            export.plot_curves(items, tmp_path / "c.png")
+        pytest.skip("matplotlib is not installed: checked the one-line message instead")
+    for path in (export.plot_curves(items, tmp_path / "c.png"),
+                 export.plot_speedup(items, tmp_path / "s.png")):
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_tensorboard_export_or_its_message(runs, tmp_path):
+    dirs = [runs / "20260101-100300-exp-weak"]
+    has_tb = any(importlib.util.find_spec(m) for m in ("tensorboardX", "tensorboard"))
+    if not has_tb:
+        with pytest.raises(export.ExportError, match="pip install tensorboard"):
+            export.to_tensorboard(dirs, tmp_path / "tb")
+        return
+    (out,) = export.to_tensorboard(dirs, tmp_path / "tb")
+    assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
+
+
+def test_cli_compare_formats(runs, tmp_path, capsys):
+    out = tmp_path / "cmp.csv"
+    assert cli.main(["compare", "weak", "b256", "--runs-dir", str(runs), "--format", "csv",
+                     "-o", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["id"][-4:] for r in rows] == ["weak", "b256"]
+    assert cli.main(["compare", "weak", "--runs-dir", str(runs), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["speedup"] == pytest.approx(1.8)
+    assert cli.main(["compare", "weak", "strong", "--runs-dir", str(runs)]) == 0
+    text = capsys.readouterr().out
+    assert "1.80x" in text and "1.50x" in text and "(same batch per device)" in text
+
+
+def test_cli_compare_bad_input(runs, capsys):
+    assert cli.main(["compare", "nosuchrun", "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run 'nosuchrun'" in err
+    assert cli.main(["compare", "--runs-dir", str(runs)]) == 2
+    assert cli.main(["compare", "--sweep", "nope", "--runs-dir", str(runs)]) == 2
+    assert "no sweep 'nope'" in capsys.readouterr().err
