@@ -30,7 +30,7 @@ class RunLog(RichLog):
             line = Text.assemble((stamp if i == 0 else " " * len(stamp), "dim"), " ",
                                  (tag if i == 0 else " " * len(tag), style), " ", (part, style))
             self.write(line)
-            self.plain.append(f"{tag.strip()} {part}")
+            self.plain.append(f"{level} {part}")
         self.lines_written += 1
         if len(self.plain) > self.max_lines:
             del self.plain[: len(self.plain) - self.max_lines]

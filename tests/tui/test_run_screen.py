@@ -1,0 +1,206 @@
+"""The run screen fed a scripted event stream: every panel shows what the events say."""
+
+from __future__ import annotations
+
+from scripted import GIB, T0, FakeHandle, ScriptedLauncher, fixed_inventory, run_events, wait_until
+
+from gputui.events import DeviceSample, StepMetrics
+from gputui.tui.app import make_app
+from gputui.tui.screens.dialogs import ChoiceDialog
+from gputui.tui.screens.run import RunScreen
+from gputui.tui.screens.setup import SetupScreen
+from gputui.tui.widgets.device_panel import DevicePanel, Meter
+from gputui.tui.widgets.epoch_table import EpochTable
+from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, ThroughputPlot
+from gputui.tui.widgets.run_log import RunLog
+from textual.widgets import Sparkline
+
+SIZE = (140, 44)
+
+
+def text(screen, selector: str) -> str:
+    return str(screen.query_one(selector).render())
+
+
+async def open_run(pilot, app) -> RunScreen:
+    """Start the set-up as loaded and wait for the run screen."""
+    await pilot.pause()
+    await pilot.press("ctrl+r")
+    await wait_until(pilot, lambda: isinstance(app.screen, RunScreen), what="the run screen")
+    return app.screen
+
+
+def scripted_app(events, presets, **handle_kw):
+    launcher = ScriptedLauncher(lambda cfg: FakeHandle(list(events), **handle_kw))
+    app = make_app(preset="quickstart", launcher=launcher, inventory=fixed_inventory(),
+                   presets=presets)
+    return app, launcher
+
+
+async def test_a_finished_run_fills_every_panel(presets):
+    gpu = DeviceSample(device="cuda:0", name="NVIDIA A100", util=97.0, mem_used=30 * GIB,
+                       mem_total=40 * GIB, temp_c=64.0, power_w=210.0, power_limit_w=400.0,
+                       t=T0 + 3)
+    events = run_events(epochs=3, steps_per_epoch=20, log_every=5)
+    events.insert(5, gpu)
+    app, _ = scripted_app(events, presets, chunk=4)  # a few events per poll, as in a real run
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        assert screen.state == "finished" and not screen.display_errors
+        steps = [e for e in events if isinstance(e, StepMetrics)]
+        # Loss and samples/s: one point per logged step, the latest value exact.
+        loss, thr = screen.query_one(LossPlot), screen.query_one(ThroughputPlot)
+        assert [p[0] for p in loss.points] == [e.global_step for e in steps]
+        assert loss.last_y == steps[-1].loss and thr.last_y == steps[-1].samples_per_s
+        assert screen.query_one(AccuracyPlot).points == [(1.0, 60.0), (2.0, 70.0),
+                                                          (3.0, 80.0)]
+        # Epochs: time beside test accuracy.
+        table = screen.query_one(EpochTable)
+        assert table.row_count == 3
+        assert list(table.get_row("2")) == ["2/3", "2.0 s", "0.4 s", "0.5000", "70.00%", "6,000"]
+        # Status strip: progress, ETA, init time, throughput.
+        assert text(screen, "#epoch-label") == "epoch 3/3  step 20/20"
+        assert text(screen, "#eta-label") == "ETA 0:00"
+        meta = text(screen, "#status-meta")
+        assert meta.startswith("init 2.5 s · samples/s 5,600 · step 60")
+        assert "finished" in text(screen, "#state-badge")
+        # CPU virtual devices: a panel each, bars from the rank's CPU % and RSS, a history.
+        cpu1 = screen.query_one("#dev-cpu-1", DevicePanel)
+        last1 = [e for e in events if isinstance(e, DeviceSample) and e.device == "cpu:1"]
+        assert cpu1.query_one(".util-meter", Meter).value_text == f"{last1[-1].cpu_percent:5.1f}%"
+        assert cpu1.query_one(".mem-meter", Meter).value_text == "1.0 GiB/8.0 GiB"
+        history = cpu1.query_one(".util-spark", Sparkline).data
+        assert 1 < len(history) <= len(last1)  # samples are coalesced, the latest always kept
+        assert history[-1] == last1[-1].cpu_percent
+        assert "temp n/a · power n/a · pid 4243" == text(cpu1, ".dev-extra")
+        # A GPU reading: utilization, memory, temperature and power with its limit.
+        gpu_panel = screen.query_one("#dev-cuda-0", DevicePanel)
+        assert gpu_panel.query_one(".util-meter", Meter).fraction == 0.97
+        assert gpu_panel.query_one(".mem-meter", Meter).value_text == "30.0 GiB/40.0 GiB"
+        assert text(gpu_panel, ".dev-extra") == "temp 64 °C · power 210 W / 400 W"
+        # The log: the run's notes, its own lines and warnings, the epochs and the end.
+        log = screen.query_one(RunLog).plain
+        assert "warning CPU virtual devices share 2 cores" in log
+        assert "info torch 2.14.1, 2 threads" in log
+        assert "warning DataParallel has no CPU mode" in log
+        assert any(line.startswith("info epoch 3/3: 2.0 s, train loss 0.3333, test acc 80.00%")
+                   for line in log)
+        assert log[-1] == f"info run finished in {events[-1].seconds:.1f} s"
+
+
+async def test_a_failed_run_says_why_in_the_app(presets):
+    app, _ = scripted_app(run_events(epochs=1, end="failed"), presets)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended)
+        await pilot.pause()
+        assert screen.state == "failed"
+        assert "failed" in text(screen, "#state-badge")
+        reason = "dataset 'mnist' not found in /nowhere; set data.root"
+        assert f"error run failed: {reason}" in screen.query_one(RunLog).plain
+        assert any(reason in n.message for n in app._notifications)
+        # Escape goes back once the run has ended; the app still works.
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+
+
+async def test_stop_is_graceful_and_kill_asks_first(presets):
+    app, launcher = scripted_app(run_events(epochs=1), presets, hold_terminal=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.events_handled >= 9)
+        assert screen.state == "running"
+        # Kill asks first; cancelling leaves the run alone.
+        await pilot.press("k")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen and launcher.handles[0].kill_calls == 0
+        # Leaving asks too; "Stay" keeps watching.
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+        await pilot.click("#stay")
+        await pilot.pause()
+        assert app.screen is screen
+        # Stop: the handle is asked once, the screen shows "stopped" when the run says so.
+        await pilot.press("s")
+        await wait_until(pilot, lambda: screen.ended, what="the stopped run")
+        assert launcher.handles[0].stop_calls == 1 and screen.state == "stopped"
+        assert "run stopped: stopped by user" in "\n".join(screen.query_one(RunLog).plain)
+        assert screen.check_action("stop", ()) is None  # greyed out in the footer now
+
+
+async def test_kill_from_the_dialog(presets):
+    app, launcher = scripted_app(run_events(epochs=1), presets, hold_terminal=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await pilot.press("k")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+        await pilot.press("enter")  # "Kill now" has the focus
+        await wait_until(pilot, lambda: screen.ended, what="the killed run")
+        assert launcher.handles[0].kill_calls == 1
+        assert screen.state == "failed"
+
+
+async def test_quitting_with_an_active_run_stops_it_first(presets):
+    app, launcher = scripted_app(run_events(epochs=1), presets, hold_terminal=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+        assert app.is_running  # asked, not gone
+        await pilot.click("#stop")
+        await wait_until(pilot, lambda: not app.is_running, what="the app to exit")
+    handle = launcher.handles[0]
+    assert handle.stop_calls == 1 and handle.kill_calls == 0
+    assert screen.state == "stopped"
+
+
+class Burst(FakeHandle):
+    """Delivers ``n`` steps and samples in every poll, as fast as the pump asks."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__([])
+        self.n, self.sent, self.next_step = n, 0, 1
+
+    def poll(self, timeout=0.0, max_events=10_000):
+        if self._stopping:
+            self._done = True
+            out, self._events = self._events, []
+            return out
+        out = []
+        for _ in range(self.n // 2):
+            i = self.next_step
+            self.next_step += 1
+            out.append(StepMetrics(epoch=1, step=i, global_step=i, steps_per_epoch=10**9,
+                                   loss=1.0 / i, samples_per_s=float(i), step_time_s=0.001,
+                                   lr=0.1, t=T0 + i * 1e-3))
+            out.append(DeviceSample(device=f"cpu:{i % 2}", cpu_percent=float(i % 100),
+                                    t=T0 + i * 1e-3))
+        self.sent += len(out)
+        return out
+
+
+async def test_a_burst_of_events_never_queues_without_bound(presets):
+    """Thousands of events per poll: the UI takes them in a few batches and stays responsive."""
+    handle = Burst(10_000)
+    launcher = ScriptedLauncher(lambda cfg: handle)
+    app = make_app(preset="quickstart", launcher=launcher, inventory=fixed_inventory(),
+                   presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: handle.sent >= 100_000, timeout=60,
+                         what="100,000 events")
+        # Keys are still handled while the burst goes on.
+        await pilot.press("l")
+        await pilot.pause()
+        assert screen.query_one(RunLog).has_focus
+        assert screen._message_queue.qsize() < 10  # nothing piles up in the queue
+        assert screen.batches_handled < handle.sent / 1000  # coalesced into large batches
+        assert screen.query_one(LossPlot).points[-1][0] > 25_000
+        assert not screen.display_errors
+        await pilot.press("s")
+        await wait_until(pilot, lambda: screen.ended, timeout=30)
