@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from gputui.config import RunConfig
@@ -24,6 +25,16 @@ from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_termina
 from gputui.training import runstore
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """Sent on the queue by each rank of a multi-process run as it starts: which process
+    trains on which device (for the sampler's CPU % and RSS). Not an event, not recorded."""
+
+    device: str
+    pid: int
+    rank: int
 
 
 class RunHandle:
@@ -41,6 +52,8 @@ class RunHandle:
         self._status = "running"
         self._kill_reason = ""
         self._lock = threading.Lock()
+        self._rank_pids: dict[str, int] = {}
+        self.multiprocess = False  # ddp/fsdp: processes[0] is the elastic agent
 
     # ------------------------------------------------------------------ events
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
@@ -55,6 +68,7 @@ class RunHandle:
                 out.append(self._queue.get_nowait())
         except (queue_mod.Empty, EOFError, OSError):
             pass
+        out = self._take_rank_pids(out)
         while self._samples and len(out) < max_events:
             out.append(self._samples.popleft())
         if any(is_terminal(e) for e in out):
@@ -63,6 +77,13 @@ class RunHandle:
             out.extend(self._drain_after_exit())
         return out
 
+    def _take_rank_pids(self, items: list) -> list[Event]:
+        """Keep the ranks' RankProcess notes for ``pids()``; return the events."""
+        for item in items:
+            if isinstance(item, RankProcess):
+                self._rank_pids[item.device] = item.pid
+        return [e for e in items if not isinstance(e, RankProcess)]
+
     def _drain_after_exit(self) -> list[Event]:
         out: list[Event] = []
         try:
@@ -70,6 +91,7 @@ class RunHandle:
                 out.append(self._queue.get(timeout=0.2))
         except (queue_mod.Empty, EOFError, OSError):
             pass
+        out = self._take_rank_pids(out)
         terminal = next((e for e in out if is_terminal(e)), None)
         if terminal is None:
             terminal = self._record_missing_end()
@@ -129,8 +151,11 @@ class RunHandle:
         return self._status
 
     def pids(self) -> dict[str, int]:
-        """Device name to the pid of the process training on it."""
-        if not self.processes or self.processes[0].pid is None:
+        """Device name to the pid of the process training on it (each rank's own pid in a
+        multi-process run, once the rank has started)."""
+        if self._rank_pids:
+            return dict(self._rank_pids)
+        if not self.processes or self.processes[0].pid is None or self.multiprocess:
             return {}
         return {d.name: self.processes[0].pid for d in self.devices}
 
@@ -188,7 +213,8 @@ def _kill_tree(pid: int | None) -> None:
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
            devices: list[Device] | None = None) -> RunHandle:
     """Create the run folder, start the training process, return its handle at once."""
-    from gputui.training import worker
+    from gputui.training import agent, worker
+    from gputui.training.strategies import registry
 
     devices = devices or resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
@@ -200,7 +226,11 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
             "run_id": run_id, "run_dir": str(run_dir), "queue": handle._queue,
             "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time()}
-    proc = ctx.Process(target=worker.child_main, args=(spec,), name=f"gputui-{run_id}")
+    info = registry.get(cfg.strategy.name)
+    handle.multiprocess = bool(info and info.multiprocess)
+    # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
+    target = agent.agent_main if handle.multiprocess else worker.child_main
+    proc = ctx.Process(target=target, args=(spec,), name=f"gputui-{run_id}")
     proc.start()
     handle.processes.append(proc)
     _LIVE.add(handle)

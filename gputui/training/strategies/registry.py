@@ -36,6 +36,9 @@ class StrategyInfo:
         if self.max_devices is not None and n > self.max_devices:
             return (f"strategy '{self.name}' uses {self.max_devices} device, devices.spec "
                     f"'{cfg.devices.spec}' gives {n}; use --devices cpu or another strategy")
+        if cfg.dist.nnodes > 1 and not self.multiprocess:
+            return (f"dist.nnodes = {cfg.dist.nnodes} needs a multi-process strategy (ddp or "
+                    f"fsdp), not '{self.name}'")
         return self.check(cfg, devices) if self.check else None
 
     def load(self) -> type:
@@ -110,3 +113,32 @@ register(StrategyInfo(
     "model_parallel", "Consecutive layers on different devices, activations moved between "
                       "them; pipeline_chunks > 1 pipelines each batch through the stages.",
     "model_parallel", min_devices=2, check=_model_parallel_check))
+
+
+def _distributed_check(name: str) -> Callable:
+    def check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
+        from gputui.config import effective_batch_size
+
+        kinds = {d.kind for d in devices}
+        if len(kinds) > 1:
+            return f"strategy '{name}' needs devices of one kind (all CUDA or all CPU)"
+        if cfg.strategy.backend == "nccl" and kinds != {"cuda"}:
+            return (f"strategy.backend = 'nccl' needs CUDA devices, devices.spec "
+                    f"'{cfg.devices.spec}' gives CPU ones; use 'gloo' or 'auto'")
+        ranks = len(devices) * cfg.dist.nnodes
+        batch = effective_batch_size(cfg, ranks)
+        if batch < ranks * cfg.optim.micro_batches:
+            return (f"optim.batch_size ({batch}) must give every one of the {ranks} ranks at "
+                    f"least one example per micro-batch; raise the batch size")
+        return None
+    return check
+
+
+register(StrategyInfo(
+    "ddp", "DistributedDataParallel: one process per device (torch elastic launcher, also "
+           "across machines), gradients all-reduced during backward.", "ddp",
+    multiprocess=True, check=_distributed_check("ddp")))
+register(StrategyInfo(
+    "fsdp", "Fully sharded data parallel (fully_shard): like ddp, but parameters, gradients and "
+            "optimizer state are sharded over the ranks.", "fsdp",
+    multiprocess=True, check=_distributed_check("fsdp")))

@@ -1,0 +1,221 @@
+"""The agent of a multi-process run (ddp, fsdp): torch's elastic launcher, one rank per device.
+
+``launcher.launch`` spawns one child, as for every run; for a multi-process strategy that
+child runs :func:`agent_main`, which calls ``torch.distributed.launcher.api.elastic_launch``
+(the engine behind ``torchrun``) with :func:`gputui.training.ranks.rank_main` as the
+entrypoint: one process per local device, a c10d rendezvous (a free local port, or
+``dist.rdzv_endpoint`` for several nodes), no restarts. When a rank dies or fails, the elastic
+agent tears down the others; this agent then ends the record with one RunFailed that names the
+root cause ("rank 1 (pid N) was killed by SIGKILL").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
+from gputui.training import runstore
+
+SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
+FAILURES_DIR = "rank-failures"  # each failing rank writes <rank>.json here (reason, detail)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (the rendezvous binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_config(spec: dict[str, Any]):
+    """The elastic LaunchConfig of this node: nproc = local devices, min = max = nnodes."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
+    dist = spec["config"]["dist"]
+    nnodes = dist["nnodes"]
+    endpoint = dist["rdzv_endpoint"] or f"127.0.0.1:{free_port()}"
+    # rank output (warnings, tracebacks) goes to files in the record, not over the progress
+    logs = Path(spec["run_dir"]) / "ranks"
+    return LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=len(spec["devices"]),
+        run_id=dist["rdzv_id"] if nnodes > 1 else spec["run_id"],
+        rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        # The first node hosts the rendezvous store; on one node, this node always does.
+        rdzv_configs={"is_host": dist["node_rank"] == 0},
+        max_restarts=0, start_method="spawn", monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
+        # SIGINT is left out: Ctrl-C reaches the whole process group, and the parent turns it
+        # into a graceful stop that the ranks agree on; the agent must not kill them for it.
+        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+
+
+def agent_main(spec: dict[str, Any]) -> None:
+    """Entry point of the spawned child for ddp/fsdp: run the elastic launch, end the record."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from gputui.telemetry.cuda_order import cuda_env
+
+    os.environ.update(cuda_env())
+    run_dir = Path(spec["run_dir"])
+    queue = spec["queue"]
+    _log_to_file(run_dir / "ranks" / "agent.log")
+    _Watchdog(spec).start()
+    end = None
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import elastic_launch
+
+        from gputui.training.ranks import rank_main
+
+        config = launch_config(spec)
+        dist = spec["config"]["dist"]
+        if dist["nnodes"] > 1:
+            _append(run_dir, queue, LogLine(
+                level="info", message=f"waiting for {dist['nnodes']} nodes at "
+                f"{config.rdzv_endpoint} (rendezvous id '{config.run_id}')"))
+        try:
+            elastic_launch(config, rank_main)(spec)
+        except ChildFailedError as exc:
+            end = failure_event(exc.failures, run_dir)
+    except Exception as exc:  # noqa: BLE001 - a rendezvous that fails, a bad endpoint, ...
+        first = (str(exc).strip().splitlines() or [""])[0]
+        end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
+                        detail=_traceback())
+    if not _has_terminal(run_dir):
+        _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
+    quick_exit(queue, 0)
+
+
+def _log_to_file(path: Path) -> None:
+    """The elastic agent logs (and warns) on stderr; keep that in the record, not over the
+    parent's progress display."""
+    path.parent.mkdir(exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def quick_exit(queue, code: int) -> None:
+    """Flush the queue to the parent and leave without tearing torch's modules down one by
+    one: the interpreter's finalisation with torch loaded takes seconds on a busy machine,
+    and the parent waits for this process before it reports the run's end."""
+    import sys
+
+    try:
+        queue.close()
+        queue.join_thread()  # every event put so far is in the pipe
+    except (OSError, ValueError, AssertionError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def failure_event(failures: dict, run_dir: Path) -> RunFailed:
+    """One RunFailed naming the root cause among the failed ranks.
+
+    A rank that raised writes its reason to ``rank-failures/<rank>.json``; a rank killed by a
+    signal leaves only its exit code. A rank whose own error is a broken connection was most
+    likely a victim of another's death, so real errors and kills are preferred as the cause,
+    then the earliest."""
+    causes = []
+    for rank, f in sorted(failures.items()):
+        info = _read_failure(run_dir, rank)
+        if info:
+            reason, detail, comm = f"rank {rank}: {info['reason']}", info["detail"], info["comm"]
+            t = info["t"]
+        else:
+            if f.exitcode < 0:
+                how = f"was killed by {f.signal_name()}"
+            else:
+                how = f"exited with code {f.exitcode}"
+            reason, detail, t = f"rank {rank} (pid {f.pid}) {how}", "", f.timestamp
+            # SIGTERM is how the elastic agent tears the other ranks down after a failure
+            comm = f.exitcode == -signal.SIGTERM
+        causes.append((comm, t, rank, reason, detail))
+    if not causes:
+        return RunFailed(reason="a rank failed without saying why")
+    comm, _, _, reason, detail = min(causes)
+    if len(causes) > 1:
+        others = "; ".join(c[3] for c in sorted(causes) if c[3] != reason)
+        detail = f"{detail}\nother ranks: {others}".strip()
+    return RunFailed(reason=reason, detail=detail)
+
+
+def _read_failure(run_dir: Path, rank: int) -> dict | None:
+    try:
+        return json.loads((run_dir / FAILURES_DIR / f"{rank}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _has_terminal(run_dir: Path) -> bool:
+    return any(is_terminal(e) for e in runstore.read_events(run_dir))
+
+
+def _append(run_dir: Path, queue, event) -> None:
+    """Add one event to the record (and its summary) and to the parent's queue."""
+    log = runstore.EventLog(run_dir / "events.jsonl")
+    log.write(event)
+    log.close()
+    if is_terminal(event):
+        runstore.write_summary(run_dir, runstore.summarize(runstore.read_events(run_dir)))
+    try:
+        queue.put(event)
+    except (OSError, ValueError):  # the parent is gone; the record still has it
+        pass
+
+
+def _traceback() -> str:
+    import traceback
+
+    return traceback.format_exc()
+
+
+class _Watchdog(threading.Thread):
+    """While no rank has started (e.g. waiting for other nodes at the rendezvous), a stop
+    request or the death of gputui ends the run here; once ranks run, they handle both."""
+
+    def __init__(self, spec: dict[str, Any]):
+        super().__init__(daemon=True)
+        self.spec = spec
+        self.run_dir = Path(spec["run_dir"])
+
+    def run(self) -> None:
+        parent, stop = self.spec["parent_pid"], self.spec["stop_event"]
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                reason = "the gputui process that launched the run exited"
+            elif stop.is_set():
+                reason = "stopped by user before the ranks started"
+            else:
+                continue
+            if any(e.kind == "run_started" for e in runstore.read_events(self.run_dir)):
+                return  # the ranks are training: they agree on a step and stop there
+            _append(self.run_dir, self.spec["queue"], RunStopped(reason=reason))
+            _kill_children()
+            os._exit(0)
+
+
+def _kill_children() -> None:
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass

@@ -1,0 +1,111 @@
+"""One rank of a multi-process run (ddp, fsdp): the function torch's elastic agent starts.
+
+Every rank runs the ordinary ``worker.execute`` path with its place in the job
+(:class:`~gputui.training.worker.RankInfo`). Local rank 0 of each node records (events.jsonl
+and the parent's queue); the other ranks emit nothing, their figures reach the record through
+the strategy's gather at the log interval. A rank that fails does not write RunFailed itself:
+it writes its reason to ``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent
+tears the job down and the gputui agent names the root cause once (``agent.failure_event``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from gputui.devices import Device
+from gputui.events import Event
+from gputui.training.agent import quick_exit
+from gputui.training.launcher import RankProcess
+from gputui.training.worker import Recorder, RankInfo, StopFlag, execute
+
+# Text of errors that come from a broken connection to another rank: their rank is more
+# likely a victim of a failure elsewhere than its cause.
+COMM_MARKERS = ("DistBackendError", "DistNetworkError", "DistStoreError", "Connection closed",
+                "Connection reset", "Broken pipe", "gloo", "NCCL", "timed out", "Timeout")
+
+
+class RankFailed(RuntimeError):
+    """This rank's run failed; the reason is in rank-failures/<rank>.json."""
+
+
+class _RankEmit:
+    """What execute's ``emit`` does on a rank: record on local rank 0, hold back RunFailed."""
+
+    def __init__(self, recorder: Recorder | None, run_dir: Path):
+        self.recorder, self.run_dir = recorder, run_dir
+        self.failed: Event | None = None
+
+    def emit(self, event: Event) -> None:
+        if event.kind == "run_failed":
+            self.failed = event
+        elif self.recorder is not None:
+            self.recorder.emit(event)
+
+
+def rank_info_from_env() -> RankInfo:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK as the elastic agent sets them."""
+    env = os.environ
+    return RankInfo(rank=int(env["RANK"]), local_rank=int(env["LOCAL_RANK"]),
+                    world_size=int(env["WORLD_SIZE"]),
+                    local_world_size=int(env["LOCAL_WORLD_SIZE"]),
+                    node=int(env.get("GROUP_RANK", "0")))
+
+
+def rank_main(spec: dict[str, Any]) -> str:
+    """Train this rank's share; returns the status (the elastic agent collects it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is a graceful stop, see agent.py
+    info = rank_info_from_env()
+    run_dir = Path(spec["run_dir"])
+    devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
+    queue = spec["queue"]
+    try:  # the sampler reads CPU% and RSS of this rank's device from this pid
+        queue.put(RankProcess(devices[info.local_rank].name, os.getpid(), info.rank))
+    except (OSError, ValueError):
+        pass
+    recorder = Recorder(run_dir, forward=queue.put) if info.local_rank == 0 else None
+    sink = _RankEmit(recorder, run_dir)
+    stop = StopFlag(spec["stop_event"], parent_pid=os.getppid(), origin_pid=spec["parent_pid"])
+    try:
+        status = execute(spec["config"], devices, spec["run_id"], sink, stop, spec["t_launch"],
+                         rank=info)
+    finally:
+        _destroy_group()
+        if recorder is not None:
+            recorder.close()
+    if sink.failed is not None:
+        write_failure(run_dir, info.rank, sink.failed.reason, sink.failed.detail)
+        raise RankFailed(f"rank {info.rank}: {sink.failed.reason}")
+    # Success: the return value still has to reach the agent (torch's wrapper puts it after
+    # this function returns), so the quick exit waits for the interpreter's exit hooks.
+    atexit.register(quick_exit, queue, 0)
+    return status
+
+
+def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> None:
+    """Leave this rank's failure for the agent (atomic: the agent may read at any moment)."""
+    folder = run_dir / "rank-failures"
+    folder.mkdir(exist_ok=True)
+    comm = any(m in reason for m in COMM_MARKERS)
+    path = folder / f"{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "reason": reason,
+                               "detail": detail, "comm": comm, "t": time.time()}),
+                   encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _destroy_group() -> None:
+    """destroy_process_group in ``finally`` (the strategy's close() also does it on success)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the group may be broken after a peer died
+        pass

@@ -1,0 +1,210 @@
+"""``ddp``: DistributedDataParallel, one process per device, launched by torch's elastic agent.
+
+Each rank (see ``gputui.training.ranks``) walks the same global batches ``single`` sees and
+takes its shard (even, or by ``split_weights``). Its loss is summed and divided by the global
+batch over the world size, so DDP's gradient averaging yields exactly the full-batch gradient,
+even for uneven shards. With micro-batches, DDP's gradient sync runs on the last one only
+(``no_sync``). NCCL on CUDA, gloo on CPU; every collective has ``strategy.timeout_s``. Small
+control messages (the agreed stop, the per-rank figures) go over gloo on the CPU even for an
+NCCL job, so they never wait on the GPU stream.
+
+Metrics are combined as means over ranks: each rank reports its share scaled to the whole
+(share x world size), so ``reduce_metric`` (sum / world size) gives the global figure.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.strategies.scratch import split_sizes
+
+# the per-rank figures gathered at the log interval, in this order (float64)
+_FIELDS = ("rank", "node", "cuda", "index", "samples", "compute_s", "step_s", "mem_alloc",
+           "mem_reserved", "rss", "pid")
+
+
+def backend_for(requested: str, device_kind: str) -> str:
+    """The process-group backend: "auto" is nccl on CUDA devices, gloo on CPU ones."""
+    if requested != "auto":
+        return requested
+    return "nccl" if device_kind == "cuda" else "gloo"
+
+
+class DDPStrategy(Strategy):
+    """The model wrapped in DistributedDataParallel on this rank's device."""
+
+    name = "ddp"
+
+    # ---------------------------------------------------------------- set-up
+    def setup(self) -> None:
+        n_local = len(self.devices)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank % n_local))
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", n_local))
+        dev = self.devices[self.local_rank]
+        self.device = torch.device(dev.torch_device)
+        self.cuda = dev.kind == "cuda"
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        self.backend = backend_for(self.cfg.strategy.backend, dev.kind)
+        timeout = timedelta(seconds=self.cfg.strategy.timeout_s)
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:  # a test may have set the group up already
+            dist.init_process_group(self.backend, timeout=timeout)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.node = self.rank // self.local_world
+        # control messages over gloo on the CPU; for a gloo job that is the default group
+        self.control = (dist.new_group(backend="gloo", timeout=timeout)
+                        if self.backend != "gloo" else None)
+        self.model = self.wrap(self.build_model().to(self.device))
+        self.opt = self.make_optimizer(self.model.parameters())
+        self.make_scaler(self.device)
+        self.watch = Stopwatch(self.device)
+        weights = self.cfg.strategy.split_weights
+        # split_weights name the local devices; every node has the same layout
+        self.weights = [weights[r % n_local] for r in range(self.world_size)] if weights else None
+        self._rss = None
+        if not self.cuda and self.rank == 0:
+            self.notes.append(f"{self.world_size} {self.backend} ranks on the CPU, "
+                              f"{torch.get_num_threads()} thread(s) each")
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """DDP around the model (buckets overlap the all-reduce with backward)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.cuda else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def no_sync(self):
+        """Context for every micro-batch but the last: accumulate without all-reducing."""
+        return self.model.no_sync()
+
+    def local_module(self) -> nn.Module:
+        """The plain module this rank evaluates with (DDP's wrapped module)."""
+        return self.model.module
+
+    def data_device(self) -> torch.device:
+        return self.device
+
+    # ---------------------------------------------------------------- training
+    def shard(self, x: torch.Tensor, y: torch.Tensor):
+        """This rank's slice of the global batch."""
+        sizes = split_sizes(len(x), self.world_size, self.weights)
+        lo = sum(sizes[:self.rank])
+        return x[lo:lo + sizes[self.rank]], y[lo:lo + sizes[self.rank]]
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        start = self.watch.mark() if self.meter else None
+        total = len(x)
+        xs, ys = self.shard(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        # / (total / world): DDP divides the summed gradients by the world size again
+        loss = self.forward_backward(self.model, xs, ys, total / self.world_size, self.device,
+                                     before_last=self.no_sync)
+        backward_end = self.watch.mark() if start is not None else None
+        self.optimizer_step(self.opt)
+        if self.scaler is not None:
+            self.scaler.update()
+        if start is not None:
+            self.timing = {"start": start, "backward_end": backward_end,
+                           "end": self.watch.mark(), "samples": len(xs)}
+        return loss
+
+    def agree_stop(self, mine: bool) -> bool:
+        """True when any rank wants to stop (one MAX all-reduce of a flag per step)."""
+        flag = torch.tensor([1.0 if mine else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(flag.item())
+
+    def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
+        """Mean over ranks of each rank's whole-scaled share: the global figure."""
+        out = value.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out / self.world_size
+
+    # ---------------------------------------------------------------- evaluation
+    def eval_models(self):
+        return [(self.local_module(), self.device)]
+
+    def set_train(self, mode: bool) -> None:
+        self.model.train(mode)
+        if not mode:
+            self.sync_buffers()
+
+    def sync_buffers(self) -> None:
+        """Before evaluating, every rank takes rank 0's buffers (BatchNorm statistics)."""
+        for buf in self.local_module().buffers():
+            dist.broadcast(buf, src=0)
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions on this rank's slice of the test batch, times the world size
+        (``reduce_metric`` averages), so the mean over ranks is the batch's count."""
+        xs = torch.tensor_split(x, self.world_size)[self.rank]
+        ys = torch.tensor_split(y, self.world_size)[self.rank]
+        if len(xs) == 0:
+            return torch.zeros((), dtype=torch.long, device=self.device)
+        with self.autocast(self.device):
+            pred = self.eval_module()(xs).argmax(dim=1)
+        return (pred == ys).sum() * self.world_size
+
+    def eval_module(self) -> nn.Module:
+        return self.local_module()
+
+    # ---------------------------------------------------------------- figures
+    def read_timing(self) -> dict:
+        """Every rank's figures of the metered step, gathered (a collective, on every rank)."""
+        t = self.timing
+        step = self.watch.seconds(t["start"], t["end"]) if t else 0.0
+        compute = self.watch.seconds(t["start"], t["backward_end"]) if t else 0.0
+        alloc = reserved = -1.0
+        if self.cuda:
+            alloc = float(torch.cuda.memory_allocated(self.device))
+            reserved = float(torch.cuda.memory_reserved(self.device))
+        dev = self.devices[self.local_rank]
+        mine = torch.tensor([self.rank, self.node, float(self.cuda), dev.index,
+                             t.get("samples", 0) if t else 0, compute, step, alloc, reserved,
+                             self._read_rss(), os.getpid()], dtype=torch.float64)
+        rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(rows, mine, group=self.control)
+        per_device = [self._row(dict(zip(_FIELDS, r.tolist()))) for r in rows]
+        return {"step_s": step, "comm_s": None, "per_device": per_device}
+
+    def _row(self, f: dict) -> dict:
+        name = f"{'cuda' if f['cuda'] else 'cpu'}:{int(f['index'])}"
+        if int(f["node"]) != self.node:  # another machine's device: say which
+            name = f"{name}@node{int(f['node'])}"
+        row = {"device": name, "rank": int(f["rank"]), "pid": int(f["pid"]),
+               "samples": int(f["samples"]), "compute_s": f["compute_s"],
+               "step_time_s": f["step_s"]}
+        if f["mem_alloc"] >= 0:
+            row.update(mem_alloc=int(f["mem_alloc"]), mem_reserved=int(f["mem_reserved"]))
+        if f["rss"] >= 0:
+            row["rss"] = int(f["rss"])
+        return row
+
+    def _read_rss(self) -> float:
+        try:
+            import psutil
+
+            self._rss = self._rss or psutil.Process()
+            return float(self._rss.memory_info().rss)
+        except Exception:  # noqa: BLE001 - a figure, not a reason to fail
+            return -1.0
+
+    def device_stats(self) -> list[dict]:
+        return []  # the gathered rows carry memory; querying other GPUs would touch them
+
+    def close(self) -> None:
+        """Barrier, then destroy the process group (ranks.py does it again in ``finally``)."""
+        if self._owns_group and dist.is_initialized():
+            dist.barrier(group=self.control)
+            dist.destroy_process_group()
+
+
+STRATEGY = DDPStrategy
