@@ -1,0 +1,40 @@
+"""The app starts without torch, and bad input reaches the user inside the app."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gputui.tui.app import make_app
+from gputui.tui.screens.setup import SetupScreen
+
+
+def test_importing_and_building_the_app_does_not_import_torch():
+    code = ("import sys\n"
+            "from gputui.tui.app import make_app\n"
+            "from gputui.cli import build_parser\n"
+            "app = make_app()\n"
+            "import gputui.training.launcher, gputui.training.strategies.registry\n"
+            "bad = sorted(m for m in ('torch', 'torchvision', 'numpy') if m in sys.modules)\n"
+            "print(','.join(bad) or 'clean')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "clean"
+
+
+async def test_a_missing_dataset_is_refused_in_the_app(tmp_path, inventory, presets):
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets,
+                   launcher=lambda *a: (_ for _ in ()).throw(AssertionError("launched")))
+    async with app.run_test(size=(140, 44), notifications=True) as pilot:
+        await pilot.pause()
+        await pilot.click("#f-extra")
+        await pilot.press(*f"data.name=mnist data.root={tmp_path}")
+        await pilot.pause()
+        summary = str(app.screen.query_one("#summary").render())
+        assert "mnist: missing train-images-idx3-ubyte.gz" in summary
+        assert app.screen.query_one("#start").disabled
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+        assert any("mnist: missing" in n.message for n in app._notifications)
