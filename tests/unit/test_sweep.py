@@ -1,0 +1,187 @@
+"""A real sweep on CPU (single, scratch and ddp over 1 and 2 devices) through `gputui sweep`,
+its table, exports and manifest; resume after a real Ctrl-C and after a saved manifest."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gputui.sweep import Manifest, Point, load_manifest
+from gputui.training.strategies import registry
+
+GPUTUI = [sys.executable, "-m", "gputui"]
+pytestmark = pytest.mark.slow
+
+TINY = """
+[run]
+name = "tiny"
+epochs = 1
+log_every = 2
+[model]
+name = "lenet"
+init = "default"
+[data]
+name = "synthetic"
+train_size = 1024
+test_size = 256
+[optim]
+batch_size = 128
+lr = 0.1
+[devices]
+spec = "cpu"
+[telemetry]
+enabled = false
+"""
+
+
+def gputui(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*GPUTUI, *args], capture_output=True, text=True, timeout=400, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("preset") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny, tmp_path_factory):
+    """One real sweep shared by the tests: 1 and 2 CPU devices x single, scratch, ddp."""
+    runs = tmp_path_factory.mktemp("runs")
+    out = tmp_path_factory.mktemp("export")
+    proc = gputui("sweep", str(tiny), "--devices", "1,2", "--strategies", "single,scratch,ddp",
+                  "--runs-dir", str(runs), "--json", "--export", str(out))
+    return proc, runs, out
+
+
+def test_sweep_runs_the_grid_and_prints_the_table(sweep):
+    proc, runs, _ = sweep
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    points = {p["strategy"] + "@" + p["devices"]: p for p in data["sweep"]["points"]}
+    assert list(points) == ["single@1", "scratch@1", "ddp@1", "single@2", "scratch@2", "ddp@2"]
+    assert points["single@2"]["status"] == "skipped" and "uses 1 device" in points["single@2"]["reason"]
+    for key in ("single@1", "scratch@1", "scratch@2"):
+        assert points[key]["status"] == "finished"
+    if registry.get("ddp") is None:  # not built yet: listed as skipped, with the reason
+        assert points["ddp@2"]["status"] == "skipped" and "'ddp'" in points["ddp@2"]["reason"]
+    else:
+        assert points["ddp@2"]["status"] == "finished", points["ddp@2"]
+    rows = {(r["strategy"], r["devices"]): r for r in data["runs"]}
+    single, scratch2 = rows[("single", 1)], rows[("scratch", 2)]
+    for r in rows.values():  # plausible numbers from real runs
+        assert r["status"] == "finished" and r["samples_per_s"] > 0 and r["batch"] == 128
+        assert 0 < r["time_per_epoch_s"] < 120 and 0.0 <= r["test_acc"] <= 1.0
+        assert r["init_s"] > 0 and r["baseline"] == single["id"]
+        assert r["speedup"] == pytest.approx(r["samples_per_s"] / single["samples_per_s"])
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["devices"])
+        assert len(r["loss_curve"]) == 4 and len(r["acc_curve"]) == 1  # 8 steps, logged every 2
+    assert single["speedup"] == pytest.approx(1.0) and single["comm_share"] is None
+    assert scratch2["baseline_kind"] == "same global batch"  # 128 over 2 vs 128 on one
+    assert 0.0 <= scratch2["comm_share"] <= 1.0
+    assert "skipped single@2" in proc.stderr and "[1/6] single on cpu: finished" in proc.stderr
+
+
+def test_every_point_is_recorded_with_a_manifest(sweep):
+    proc, runs, _ = sweep
+    data = json.loads(proc.stdout)
+    manifest = load_manifest(runs, data["sweep"]["sweep_id"])
+    assert manifest.state == "finished"
+    ran = [p.run_id for p in manifest.points if p.status == "finished"]
+    assert all((runs / rid / "summary.json").exists() for rid in ran)
+    listed = json.loads(gputui("runs", "--runs-dir", str(runs), "--json").stdout)
+    assert {r["id"] for r in listed} == set(ran)
+
+
+def test_sweep_exports_parse_back(sweep):
+    proc, _, out = sweep
+    n = len(json.loads(proc.stdout)["runs"])
+    rows = list(csv.DictReader((out / "scaling.csv").open()))
+    assert len(rows) == n and float(rows[0]["speedup"]) == pytest.approx(1.0)
+    assert len(json.loads((out / "scaling.json").read_text())) == n
+    md = (out / "scaling.md").read_text().splitlines()
+    assert len(md) == n + 2 and len({ln.count("|") for ln in md}) == 1
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed, so no PNG was written")
+    for name in ("curves.png", "speedup.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _manifest_file(runs: Path) -> Path | None:
+    files = list((runs / "sweeps").glob("*.json")) if (runs / "sweeps").is_dir() else []
+    return files[0] if files else None
+
+
+def test_ctrl_c_then_resume_does_not_redo_finished_points(tiny, tmp_path):
+    runs = tmp_path / "runs"
+    args = ["sweep", str(tiny), "--devices", "1", "--strategies", "single,scratch",
+            "--runs-dir", str(runs)]
+    proc = subprocess.Popen([*GPUTUI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:  # interrupt while the second point runs
+        path = _manifest_file(runs)
+        points = json.loads(path.read_text())["points"] if path else []
+        if len(points) == 2 and points[1]["status"] == "running":
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    sweep_id = _manifest_file(runs).stem
+    assert f"gputui sweep --resume {sweep_id}" in out
+    first = load_manifest(runs, sweep_id)
+    assert first.state == "interrupted"
+    assert [p.status for p in first.points] == ["finished", "stopped"]
+    # the same command again resumes automatically and runs only the unfinished point
+    again = gputui(*args)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming unfinished sweep {sweep_id} (1 of 2 points done" in again.stdout
+    second = load_manifest(runs, sweep_id)
+    assert second.state == "finished" and [p.status for p in second.points] == ["finished"] * 2
+    assert second.points[0].run_id == first.points[0].run_id  # not run again
+    assert second.points[1].run_id != first.points[1].run_id
+    stopped = json.loads((runs / first.points[1].run_id / "summary.json").read_text())
+    assert stopped["status"] == "stopped"  # the interrupted run kept its record
+    assert len([p for p in runs.iterdir() if (p / "events.jsonl").exists()]) == 3
+
+
+def test_resume_by_id_skips_finished_points(sweep, tiny, tmp_path):
+    _, old_runs, _ = sweep
+    data_runs = tmp_path / "runs"
+    done = next(p for p in load_manifest(old_runs, _manifest_file(old_runs).stem).points
+                if p.key == "single@1")
+    shutil.copytree(old_runs / done.run_id, data_runs / done.run_id)
+    m = Manifest("20260101-000000-tiny-abcd", str(tiny), [], ["1", "2"], ["single"],
+                 state="interrupted",
+                 points=[Point("single", "1", "cpu", "finished", done.run_id),
+                         Point("single", "2", "cpu*2")])
+    m.save(data_runs)
+    proc = gputui("sweep", "--resume", m.sweep_id, "--runs-dir", str(data_runs))
+    assert proc.returncode == 0, proc.stderr
+    after = load_manifest(data_runs, m.sweep_id)
+    assert [p.status for p in after.points] == ["finished", "skipped"]
+    assert after.points[0].run_id == done.run_id
+    assert [p.name for p in data_runs.iterdir() if p.name != "sweeps"] == [done.run_id]
+    assert done.run_id in proc.stdout  # the table still shows the earlier run
+
+
+def test_sweep_bad_input_exits_2(tiny, tmp_path):
+    for args, needle in ((["--devices", "1,x"], "'x' is not a device count"),
+                         (["--set", "optim.lr=-1"], "optim.lr must be greater than 0.0"),
+                         (["--strategies", ","], "at least one strategy")):
+        proc = gputui("sweep", str(tiny), "--runs-dir", str(tmp_path), *args)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    proc = gputui("sweep", "--resume", "nope", "--runs-dir", str(tmp_path))
+    assert proc.returncode == 2 and "no sweep 'nope'" in proc.stderr
