@@ -138,6 +138,9 @@ def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
                           f"`gputui presets`") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the preset ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: is not UTF-8 text, so not a TOML preset; give a .toml "
+                          f"file") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

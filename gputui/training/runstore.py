@@ -122,9 +122,16 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """summary.json, or a summary rebuilt from the events when it is missing or unreadable."""
     path = Path(run_dir) / "summary.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            return data
     except (OSError, ValueError):
+        pass
+    try:
         return summarize(read_events(run_dir))
+    except Exception as exc:  # noqa: BLE001 - events of the right type but the wrong shapes
+        return {"status": "unreadable", "epochs_done": 0, "epochs": None, "per_epoch": [],
+                "reason": f"the record cannot be summarised ({type(exc).__name__}: {exc})"}
 
 
 def list_runs(runs_dir: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
