@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -117,3 +119,14 @@ def test_cli_runs_bad_input_one_line(runs, capsys):
 def test_cli_runs_empty(tmp_path, capsys):
     assert cli.main(["runs", "--runs-dir", str(tmp_path / "none")]) == 0
     assert "no runs recorded yet" in capsys.readouterr().out
+
+
+def test_cli_modules_do_not_import_torch():
+    code = ("import sys, gputui.cli as c; c.build_parser(); "
+            "import gputui.history, gputui.compare, gputui.export, gputui.sweep, "
+            "gputui.sweep_progress, gputui.cli_sweep, gputui.comm_bench; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,92 @@
+"""`gputui bench-comm` on two CPU ranks (gloo) and the scratch allreduce, for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from gputui.comm_bench import bandwidths, parse_size
+
+GPUTUI = [sys.executable, "-m", "gputui"]
+
+
+def gputui(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*GPUTUI, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return gputui("bench-comm", "--devices", "cpu*2", "--sizes", "4K,256K", "--iters", "3",
+                  "--warmup", "1", "--json")
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_report_a_bandwidth(bench):
+    assert bench.returncode == 0, bench.stderr
+    data = json.loads(bench.stdout)
+    assert data["n"] == 2 and data["backend"] == "gloo" and data["devices"] == ["cpu:0", "cpu:1"]
+    for impl in ("scratch", "torch"):
+        rows = data[impl]
+        assert [r["size"] for r in rows] == [4096, 262144]
+        for r in rows:
+            assert r["count"] == r["size"] // 4 and r["seconds"] > 0
+            assert r["algbw_gbps"] == pytest.approx(r["size"] / r["seconds"] / 1e9)
+            assert r["algbw_gbps"] > 0
+            assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
+            assert r["time_us"] == pytest.approx(r["seconds"] * 1e6)
+
+
+@pytest.mark.slow
+def test_no_process_outlives_the_benchmark(bench):
+    leftovers = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:  # gone while we looked
+            continue
+        if "gputui" in cmd or "multiprocessing" in cmd:
+            leftovers.append(cmd)
+    assert leftovers == []
+
+
+def test_busbw_formula():
+    for n in (2, 4, 8):
+        algbw, busbw = bandwidths(1_000_000, 0.001, n)
+        assert algbw == pytest.approx(1.0) and busbw == pytest.approx(2 * (n - 1) / n)
+
+
+def test_parse_size():
+    assert [parse_size(s) for s in ("512", "4K", "4kb", "1M", "2G")] == \
+        [512, 4096, 4096, 2**20, 2 * 2**30]
+    with pytest.raises(ValueError, match="'4X' is not a size"):
+        parse_size("4X")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sizes", "4Q"], "--sizes: '4Q' is not a size"),
+    (["--devices", "cpu"], "needs at least 2 devices"),
+    (["--devices", "cpu*x"], "--devices"),
+    (["--impl", "mpi"], "--impl: 'mpi' is not known"),
+    (["--iters", "0"], "--iters must be at least 1"),
+])
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    from gputui import cli
+
+    assert cli.main(["bench-comm", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_table_layout(capsys):
+    from gputui.comm_bench import print_table, with_bandwidths
+
+    rows = with_bandwidths([{"size": 4096, "count": 1024, "seconds": 1e-5}], 2)
+    print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": rows})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# torch.distributed all_reduce (gloo")
+    assert out[1].split()[1:] == ["size", "count", "type", "time", "algbw", "busbw"]
+    assert out[3].split() == ["4096", "1024", "float", "10.0", "0.410", "0.410"]
