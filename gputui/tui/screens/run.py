@@ -236,10 +236,12 @@ class RunScreen(Screen):
     def on_summary_read(self, message: SummaryRead) -> None:
         """Show where the record is and what it says about the outcome."""
         run_dir = getattr(self.handle, "run_dir", "")
-        status = (message.summary or {}).get("status") if message.summary else None
-        text = f"record {run_dir} · status {status or self.state}"
-        if message.error and not message.summary:
-            text += f" (no summary: {message.error})"
+        summary = message.summary or {}
+        if summary.get("run_id"):
+            text = f"record {run_dir} · status {summary.get('status', '?')}"
+        else:
+            why = message.error or "no events on disk"
+            text = f"record {run_dir} · no summary ({why}) · status {self.state}"
         self.query_one(RunStatus).set_record(text)
 
     # ------------------------------------------------------------------ state and actions
