@@ -83,10 +83,11 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
 
         table = Table(title=title)
         for c in columns:
-            table.add_column(HEADERS.get(c, c), justify="right" if c not in (
-                "id", "name", "strategy", "status", "date", "baseline") else "left")
+            left = c in ("id", "name", "strategy", "status", "date", "baseline")
+            table.add_column(HEADERS.get(c, c), no_wrap=c in ("id", "date"),
+                             justify="left" if left else "right")
         for r in rows:
-            table.add_row(*(fmt(c, r.get(c)) for c in columns))
+            table.add_row(*(_cell(c, r.get(c)) for c in columns))
         # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
         Console(width=None if sys.stdout.isatty() else 240).print(table)
         return
@@ -96,6 +97,12 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
         Path(output).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
+
+
+def _cell(key: str, value: Any) -> str:
+    if key == "baseline" and value:  # the full id is in the id column; its suffix finds it
+        return "…" + str(value).rsplit("-", 1)[-1]
+    return fmt(key, value)
 
 
 def cmd_runs(args) -> int:

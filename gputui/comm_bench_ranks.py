@@ -136,6 +136,7 @@ def driver(spec: dict[str, Any], queue) -> None:
         if "torch" in spec["impls"]:
             out["torch"] = bench_dist(kind, indices, sizes, iters, warmup, spec["backend"])
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
-        out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        lines = str(exc).strip().splitlines()
+        out["error"] = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
         out["detail"] = traceback.format_exc()
     queue.put(out)

@@ -152,7 +152,8 @@ class Sweep:
 
     def config_for(self, point: Point) -> RunConfig:
         """The point's config: the preset, the --set overrides, its strategy and devices."""
-        changes = [("sweep", "strategy.name", point.strategy), ("sweep", "devices.spec", point.spec)]
+        changes = [("sweep", "strategy.name", point.strategy),
+                   ("sweep", "devices.spec", point.spec)]
         if self.manifest.scale_with_devices:
             changes.append(("--scale-with-devices", "optim.scale_with_devices", True))
         return load_preset(self.manifest.preset, [*self.overrides, *changes], check=False)
@@ -205,7 +206,13 @@ class Sweep:
                 self.save()
                 on_point(point)
                 continue
-            handle = launch(cfg, self.runs_dir)
+            try:
+                handle = launch(cfg, self.runs_dir)
+            except (OSError, ValueError) as exc:  # e.g. the runs folder is not writable
+                point.status, point.reason = "failed", f"could not start: {exc}"
+                self.save()
+                on_point(point)
+                continue
             point.status, point.run_id, point.reason = "running", handle.run_id, ""
             self.save()
             on_point(point)
