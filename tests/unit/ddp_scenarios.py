@@ -1,0 +1,91 @@
+"""Run ddp/fsdp scenarios on 2 real gloo ranks in ONE elastic launch, save what they trained.
+
+    python tests/unit/ddp_scenarios.py OUT.pt
+
+Used by test_equivalence_ddp.py (one launch instead of one per scenario: each launch costs
+a torch import per process). Every rank builds the strategy exactly as a run does (registry,
+config, rank and world size), walks the same global batches ``single`` sees in
+strategy_harness, and returns its parameters (gathered to full tensors for fsdp), the
+per-step losses reduced over ranks, and the test accuracy through the loop's evaluate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+
+STEPS = 5
+
+# name -> (strategy, model, batch, config overrides, epochs of STEPS steps)
+SCENARIOS = {
+    "ddp_even": ("ddp", "lenet", 32, {}, 1),
+    "ddp_odd": ("ddp", "mlp", 25, {}, 1),  # 13 / 12 examples
+    "ddp_uneven": ("ddp", "lenet", 40, {"strategy.split_weights": [0.8, 0.2]}, 1),
+    "ddp_micro": ("ddp", "mlp", 32, {"optim.micro_batches": 4}, 1),
+    "fsdp": ("fsdp", "lenet", 32, {}, 1),
+    "fsdp_micro": ("fsdp", "mlp", 32, {"optim.micro_batches": 2}, 1),
+    "ddp_bf16": ("ddp", "mlp", 64, {"run.precision": "bf16"}, 6),
+}
+
+
+def run_scenario(name: str) -> dict:
+    """Train one scenario on this rank; returns params, losses and accuracy."""
+    import torch.distributed as dist
+
+    from gputui.devices import resolve_devices
+    from gputui.training.data import TensorBatches
+    from gputui.training.loop import evaluate
+    from gputui.training.strategies import registry
+    from strategy_harness import make_config, params, small_data
+
+    strategy_name, model, batch, extra, epochs = SCENARIOS[name]
+    cfg = make_config(strategy_name, "cpu*2", model, batch, **extra)
+    ds = small_data()
+    strategy = registry.get(strategy_name).load()(
+        cfg, resolve_devices("cpu*2"), ds.in_channels, ds.image_size, ds.num_classes,
+        rank=dist.get_rank(), world_size=dist.get_world_size())
+    strategy.setup()
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
+    losses = []
+    for epoch in range(1, epochs + 1):
+        for x, y in itertools.islice(batches.epoch(epoch), STEPS):
+            losses.append(strategy.train_step(x, y))
+    losses = strategy.reduce_metric(torch.stack(losses)).tolist()
+    model_ = strategy.full_model() if strategy_name == "fsdp" else strategy.local_module()
+    acc = evaluate(strategy, ds)
+    return {"params": params(model_), "losses": losses, "acc": acc,
+            "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0])}
+
+
+def rank_fn() -> dict:
+    """Every scenario on this rank, in one process group."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        return {name: run_scenario(name) for name in SCENARIOS}
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(out: str) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from gputui.training.agent import free_port
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="scenarios",
+                          rdzv_configs={"is_host": True}, max_restarts=0,
+                          start_method="spawn", monitor_interval=0.1)
+    results = elastic_launch(config, rank_fn)()
+    torch.save(results, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,70 @@
+"""ddp and fsdp on 2 real gloo ranks against single: same global batches, same seed, same
+parameters after several steps (fp32), even, odd and uneven shards, with accumulation; and a
+bf16 ddp run that trains. All scenarios share one elastic launch (ddp_scenarios.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_scenarios import SCENARIOS, STEPS
+from gputui.training.loop import evaluate
+from gputui.training.models import build_model
+from strategy_harness import assert_params_close, make_config, params, run_steps, small_data
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """{rank: {scenario: {"params", "losses", "acc", "batch_size"}}} from one 2-rank launch."""
+    out = tmp_path_factory.mktemp("ddp") / "scenarios.pt"
+    proc = subprocess.run([sys.executable, str(HERE / "ddp_scenarios.py"), str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def single_reference(model: str, batch: int):
+    """The single-device run of the same global batches: params, losses, test accuracy."""
+    strategy, losses = run_steps(make_config("single", "cpu", model, batch), STEPS)
+    return params(strategy.model), losses, evaluate(strategy, small_data())
+
+
+@pytest.mark.parametrize("name", ["ddp_even", "ddp_odd", "ddp_uneven", "ddp_micro", "fsdp",
+                                  "fsdp_micro"])
+def test_equals_single(ranks, name):
+    _, model, batch, _, _ = SCENARIOS[name]
+    reference, ref_losses, ref_acc = single_reference(model, batch)
+    init = params(build_model(model, 1, 28, 10, seed=3, init="default"))
+    assert max((reference[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
+    for rank in (0, 1):  # every rank holds the same full-batch update
+        got = ranks[rank][name]
+        assert got["batch_size"] == batch  # the global batch, not a per-rank one
+        assert_params_close(got["params"], reference)
+        assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
+        assert got["acc"] == ref_acc  # evaluation split over the ranks and all-reduced
+
+
+def test_each_rank_takes_its_shard(ranks):
+    assert [ranks[r]["ddp_uneven"]["shard"] for r in (0, 1)] == [32, 8]  # split_weights 0.8/0.2
+    assert [ranks[r]["ddp_odd"]["shard"] for r in (0, 1)] == [13, 12]
+
+
+def test_ranks_hold_identical_replicas(ranks):
+    for name in ("ddp_even", "ddp_uneven"):
+        a, b = ranks[0][name]["params"], ranks[1][name]["params"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_ddp_trains(ranks):
+    losses = ranks[0]["ddp_bf16"]["losses"]
+    assert len(losses) == 6 * STEPS and all(l == l for l in losses)  # no NaN
+    first, last = sum(losses[:STEPS]) / STEPS, sum(losses[-STEPS:]) / STEPS
+    assert last < first - 0.05, (first, last)
+    assert ranks[0]["ddp_bf16"]["acc"] > 0.25  # chance is 0.1
