@@ -24,6 +24,14 @@ from gputui.config_schema import (
 class ConfigError(ValueError):
     """A bad preset, override or combination; the message is one line for the user."""
 
+    def __init__(self, message: object = ""):
+        # Messages echo the user's keys and values: escape control characters, so a key holding
+        # a newline still gives one line.
+        super().__init__(str(message).translate(_ESCAPES))
+
+
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in [*range(32), 127]}
+
 
 @dataclass(frozen=True)
 class RunConfig:

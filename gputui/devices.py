@@ -131,7 +131,7 @@ def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[
         return [_gpu(g) for g in gpus]
     parts = [p.strip() for p in text.split(",")]
     # A lone number is a count ("2": the first two); "0" cannot be a count, so it is GPU 0.
-    if len(parts) == 1 and parts[0].isdigit() and int(parts[0]) > 0:
+    if len(parts) == 1 and parts[0].isdecimal() and int(parts[0]) > 0:
         count = int(parts[0])
         if count > len(gpus):
             if gpus:
@@ -146,7 +146,7 @@ def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[
         one = _CUDA_ONE.match(part)
         if one:
             indices.append(int(one.group(1)))
-        elif part.isdigit():
+        elif part.isdecimal():
             indices.append(int(part))
         elif part == "" and len(parts) == 2:
             continue  # "1," means GPU 1 (a lone "1" is a count)
@@ -185,7 +185,7 @@ def requested_count(spec: str) -> int:
     m = _CPU.match(text)
     if m:
         return int(m.group(1) or 1)
-    if text.isdigit():
+    if text.isdecimal():
         return max(1, int(text))  # "0" is GPU 0
     if text == "all" or _PATTERN.match(text):
         return 1
