@@ -38,6 +38,7 @@ class GpuTuiApp(App[int]):
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "show_help_panel", "Keys", show=False),
+        Binding("f6", "open_history", "History"),
     ]
 
     def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,
@@ -173,6 +174,13 @@ class GpuTuiApp(App[int]):
     def on_unmount(self) -> None:
         self.kill_orphans()
 
+    def action_open_history(self) -> None:
+        """The run history (F6): past runs with their plots, and comparisons."""
+        from gputui.tui.screens.history import HistoryScreen
+
+        if not isinstance(self.screen, HistoryScreen):
+            self.push_screen(HistoryScreen(self.runs_path))
+
     # ------------------------------------------------------------------ command palette
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The main actions of the current screen, then Textual's own commands."""
@@ -191,6 +199,8 @@ class GpuTuiApp(App[int]):
                                 screen.action_kill)
             yield SystemCommand("Back to set-up", "Leave the run screen (escape)",
                                 screen.action_back)
+        yield SystemCommand("Run history", "Past runs, their plots, comparisons (f6)",
+                            self.action_open_history)
         yield from super().get_system_commands(screen)
 
 

@@ -1,0 +1,103 @@
+"""The compare view: the comparison table of one or more recorded runs, their loss and
+accuracy curves overlaid, and how each speedup was measured.
+
+One run is "a past run with its plots"; several are a comparison. The records are read in a
+thread worker; the handler fills the table and the plots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from gputui.compare import TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines
+from gputui.tui.widgets.overlay_plot import OverlayPlot
+
+HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
+           "test_acc": "test acc", "comm_share": "comm", "init_s": "init"}
+
+
+class CompareLoaded(Message):
+    """The comparison, computed off the UI thread."""
+
+    def __init__(self, items: tuple[CompareRow, ...], error: str = "") -> None:
+        super().__init__()
+        self.items, self.error = items, error
+
+
+def label(item: CompareRow) -> str:
+    """A short legend entry: strategy, devices and the id's suffix."""
+    r = item.row
+    return f"{r.strategy or '?'} x{r.devices or '?'} {r.id.rsplit('-', 1)[-1]}"
+
+
+class CompareScreen(Screen):
+    """Runs side by side; escape goes back to the history."""
+
+    # The app's stylesheet belongs to the app; these few rules travel with the screen.
+    DEFAULT_CSS = """
+    #compare-table { height: auto; max-height: 14; }
+    #compare-plots { height: 1fr; min-height: 12; }
+    #compare-plots OverlayPlot { width: 1fr; }
+    #compare-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
+    """
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
+
+    def __init__(self, run_dirs: list[Path], runs_dir: str | Path, title: str = "") -> None:
+        super().__init__(classes="compare-screen")
+        self.run_dirs = [Path(p) for p in run_dirs]
+        self.runs_dir = Path(runs_dir)
+        self.title_text = title or "comparison"
+        self.items: tuple[CompareRow, ...] = ()
+        self.loaded = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="compare-plots"):
+            yield OverlayPlot("Training loss", "epoch", id="compare-loss")
+            yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))
+        yield Static("reading the records…", id="compare-notes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.title_text
+        table = self.query_one(DataTable)
+        for key in TABLE_COLUMNS:
+            table.add_column(HEADERS.get(key, key), key=key)
+        self.load()
+
+    @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
+    def load(self) -> None:
+        """Read the records and compute the comparison off the UI thread."""
+        try:
+            self.post_message(CompareLoaded(tuple(compare(self.run_dirs, self.runs_dir))))
+        except OSError as exc:
+            self.post_message(CompareLoaded((), f"cannot read the records: {exc}"))
+
+    def on_compare_loaded(self, message: CompareLoaded) -> None:
+        """Fill the table, the overlaid curves and the notes."""
+        self.items = message.items
+        table = self.query_one(DataTable)
+        table.clear()
+        for it in message.items:
+            flat = it.flat()
+            table.add_row(*(fmt(k, flat.get(k)) for k in TABLE_COLUMNS), key=it.row.id)
+        self.query_one("#compare-loss", OverlayPlot).set_series(
+            {label(it): it.loss_curve for it in message.items})
+        self.query_one("#compare-acc", OverlayPlot).set_series(
+            {label(it): [(e, 100 * a) for e, a in it.acc_curve] for it in message.items})
+        notes = [message.error] if message.error else summary_lines(list(message.items))
+        self.query_one("#compare-notes", Static).update("\n".join(notes))
+        self.loaded = True
+
+    def action_reload(self) -> None:
+        """Read the records again (a run may have finished meanwhile)."""
+        self.load()

@@ -1,0 +1,92 @@
+"""The history screen and the compare view, driven through Pilot over recorded runs
+(written in the real record format, one of them truncated)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from scripted import wait_until
+from textual.widgets import DataTable, Static
+
+from gputui.tui.app import make_app
+from gputui.tui.screens.compare import CompareScreen
+from gputui.tui.screens.history import HistoryScreen
+from gputui.tui.widgets.overlay_plot import OverlayPlot
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+
+from run_records import truncate_record, write_record  # noqa: E402
+
+SIZE = (160, 44)
+
+
+def make_runs(base: Path) -> Path:
+    write_record(base, "20260101-100000-exp-base", "single", 1, batch=256, sps=1000, acc=0.91)
+    write_record(base, "20260101-110000-exp-two2", "scratch", 2, batch=256, scale=True,
+                 sps=1800, acc=0.9, comm=0.2)
+    torn = write_record(base, "20260101-120000-exp-torn", "scratch", 2, sps=1500, epochs=3)
+    truncate_record(torn, keep_lines=4)
+    return base
+
+
+async def open_history(pilot, app) -> HistoryScreen:
+    await pilot.press("f6")
+    await wait_until(pilot, lambda: isinstance(app.screen, HistoryScreen) and app.screen.loaded,
+                     what="the history table")
+    return app.screen
+
+
+async def test_history_lists_runs_and_opens_one_with_plots(tmp_path, inventory, presets):
+    runs = make_runs(tmp_path / "runs")
+    app = make_app(runs_dir=runs, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, app)
+        table = screen.query_one(DataTable)
+        assert [str(k.value) for k in table.rows] == [
+            "20260101-120000-exp-torn", "20260101-110000-exp-two2", "20260101-100000-exp-base"]
+        first = table.get_row("20260101-110000-exp-two2")
+        assert "scratch" in first and "512" in first and "1,800" in first and "finished" in first
+        assert "incomplete" in table.get_row("20260101-120000-exp-torn")
+        table.focus()
+        await pilot.press("down", "enter")  # the 2-device run
+        await wait_until(pilot, lambda: isinstance(app.screen, CompareScreen) and
+                         app.screen.loaded, what="the run view")
+        view = app.screen
+        (item,) = view.items
+        assert item.row.id == "20260101-110000-exp-two2" and item.speedup == 1.8
+        loss = view.query_one("#compare-loss", OverlayPlot)
+        assert list(loss.series.values()) == [[(1.0, 2.0), (2.0, 1.0)]]
+        row = view.query_one(DataTable).get_row("20260101-110000-exp-two2")
+        assert "1.80x" in row and "90.0%" in row
+        notes = str(view.query_one("#compare-notes", Static).render())
+        assert "baseline 20260101-100000-exp-base (same batch per device)" in notes
+        await pilot.press("escape")
+        assert isinstance(app.screen, HistoryScreen)
+
+
+async def test_mark_runs_and_compare_them(tmp_path, inventory, presets):
+    runs = make_runs(tmp_path / "runs")
+    app = make_app(runs_dir=runs, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, app)
+        screen.query_one(DataTable).focus()
+        await pilot.press("space", "down", "down", "space", "c")
+        assert screen.marked == ["20260101-120000-exp-torn", "20260101-100000-exp-base"]
+        await wait_until(pilot, lambda: isinstance(app.screen, CompareScreen) and
+                         app.screen.loaded, what="the comparison")
+        view = app.screen
+        assert [it.row.id for it in view.items] == screen.marked
+        acc = view.query_one("#compare-acc", OverlayPlot)
+        assert sorted(len(v) for v in acc.series.values()) == [1, 2]  # torn run: one epoch
+        assert len(view.query_one(DataTable).rows) == 2
+
+
+async def test_empty_history_says_so(tmp_path, inventory, presets):
+    app = make_app(runs_dir=tmp_path / "none", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, app)
+        assert "No runs recorded" in str(screen.query_one("#history-note", Static).render())
+        await pilot.press("c", "enter")  # nothing to open: no crash, no new screen
+        await pilot.pause()
+        assert app.screen is screen
