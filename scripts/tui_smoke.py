@@ -94,7 +94,9 @@ def main() -> int:
     runs = work / "runs"
     preset = work / "smoke.toml"
     preset.write_text(PRESET)
-    cmd = (f"cd {shlex.quote(str(ROOT))} && GPUTUI_RUNS_DIR={shlex.quote(str(runs))} "
+    # COLUMNS/LINES (set by some parents, e.g. pytest) would override the real pane size.
+    cmd = (f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES "
+           f"GPUTUI_RUNS_DIR={shlex.quote(str(runs))} "
            f"{shlex.quote(sys.executable)} -m gputui --preset {shlex.quote(str(preset))}")
     tmux("new-session", "-d", "-s", SESSION, "-x", "140", "-y", "44", cmd)
     try:
