@@ -150,6 +150,18 @@ class Sweep:
                             scale)
         return cls(manifest, runs_dir, overrides)
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, devices: list[str], strategies: list[str],
+                    scale: bool, runs_dir: Path) -> "Sweep":
+        """A fresh sweep of a config that has no preset file (the app's form): the config is
+        written beside the manifest, as ``<sweep id>.toml``, so the sweep can resume."""
+        sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.name[:30]}-{secrets.token_hex(2)}"
+        path = Path(runs_dir) / "sweeps" / f"{sweep_id}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cfg.to_toml(), encoding="utf-8")
+        manifest = Manifest(sweep_id, str(path), [], list(devices), list(strategies), scale)
+        return cls(manifest, runs_dir, [])
+
     def config_for(self, point: Point) -> RunConfig:
         """The point's config: the preset, the --set overrides, its strategy and devices."""
         changes = [("sweep", "strategy.name", point.strategy),

@@ -39,6 +39,7 @@ class GpuTuiApp(App[int]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "show_help_panel", "Keys", show=False),
         Binding("f6", "open_history", "History"),
+        Binding("f7", "open_sweep", "Sweep"),
     ]
 
     def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,
@@ -181,6 +182,19 @@ class GpuTuiApp(App[int]):
         if not isinstance(self.screen, HistoryScreen):
             self.push_screen(HistoryScreen(self.runs_path))
 
+    def action_open_sweep(self) -> None:
+        """A sweep (F7) of the set-up's config over device counts x strategies."""
+        from gputui.training.strategies import registry
+        from gputui.tui.screens.sweep import SweepScreen
+
+        if self.run_active or isinstance(self.screen, SweepScreen):
+            return
+        setup = next((s for s in self.screen_stack if isinstance(s, SetupScreen)), None)
+        config = RunConfig()
+        if setup is not None:
+            config = setup.revalidate().config or setup.base
+        self.push_screen(SweepScreen(config, self.runs_path, registry.names()))
+
     # ------------------------------------------------------------------ command palette
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The main actions of the current screen, then Textual's own commands."""
@@ -201,6 +215,8 @@ class GpuTuiApp(App[int]):
                                 screen.action_back)
         yield SystemCommand("Run history", "Past runs, their plots, comparisons (f6)",
                             self.action_open_history)
+        yield SystemCommand("Sweep", "The set-up over device counts x strategies (f7)",
+                            self.action_open_sweep)
         yield from super().get_system_commands(screen)
 
 

@@ -90,3 +90,53 @@ async def test_empty_history_says_so(tmp_path, inventory, presets):
         await pilot.press("c", "enter")  # nothing to open: no crash, no new screen
         await pilot.pause()
         assert app.screen is screen
+
+
+TINY = """
+[run]
+name = "tiny"
+epochs = 1
+log_every = 2
+[model]
+name = "lenet"
+init = "default"
+[data]
+name = "synthetic"
+train_size = 512
+test_size = 128
+[optim]
+batch_size = 128
+[devices]
+spec = "cpu"
+[telemetry]
+enabled = false
+"""
+
+
+async def test_the_app_runs_a_sweep_and_compares_it(tmp_path, inventory):
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(TINY)
+    runs = tmp_path / "runs"
+    app = make_app(preset=preset, runs_dir=runs, inventory=inventory, presets=[preset])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f7")
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#sweep-devices").value = "1"
+        screen.query_one("#sweep-strategies").value = "single,nosuch"
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: screen.state in ("finished", "failed", "interrupted"),
+                         timeout=180, what="the sweep to end")
+        assert screen.state == "finished"
+        table = screen.query_one(DataTable)
+        assert table.get_row("single@1")[2] == "finished"
+        assert table.get_row("nosuch@1")[2] == "skipped"
+        assert "'nosuch' is not available" in table.get_row("nosuch@1")[4]
+        manifest = screen.sweep.manifest
+        assert (runs / "sweeps" / f"{manifest.sweep_id}.json").exists()
+        await pilot.press("ctrl+e")
+        await wait_until(pilot, lambda: isinstance(app.screen, CompareScreen) and
+                         app.screen.loaded, what="the sweep's comparison")
+        (item,) = app.screen.items
+        assert item.row.status == "finished" and item.speedup == 1.0

@@ -1,0 +1,208 @@
+"""The sweep screen: the set-up's config over device counts x strategies, one run after
+another, with the state of every point, then the scaling comparison.
+
+The sweep runs in a thread worker (:class:`gputui.sweep.Sweep`, the engine behind
+`gputui sweep`, so the same manifest and resume rules apply); it talks back only through
+messages. Leaving the app stops the sweep: no run is started after the screen goes away.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Static
+
+from gputui.config import ConfigError, RunConfig
+from gputui.sweep import Point, Sweep, parse_devices
+
+
+class PointChanged(Message):
+    """A point started, ended or was skipped (a copy: the worker keeps mutating its own)."""
+
+    def __init__(self, point: Point) -> None:
+        super().__init__()
+        self.point = Point(**vars(point))
+
+
+class PointProgress(Message):
+    """One line about the run in flight; a newer one replaces a queued older one."""
+
+    def __init__(self, key: str, text: str) -> None:
+        super().__init__()
+        self.key, self.text = key, text
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PointProgress) and message.key == self.key
+
+
+class SweepEnded(Message):
+    """The sweep finished or was stopped (or could not run: ``error``)."""
+
+    def __init__(self, state: str, error: str = "") -> None:
+        super().__init__()
+        self.state, self.error = state, error
+
+
+class SweepScreen(Screen):
+    """Start, watch and stop a sweep; then compare its runs."""
+
+    DEFAULT_CSS = """
+    #sweep-form { height: 3; }
+    #sweep-form Label { padding: 1 1 0 1; }
+    #sweep-devices { width: 14; }
+    #sweep-strategies { width: 1fr; }
+    #sweep-points { height: 1fr; }
+    #sweep-status { height: auto; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("ctrl+r", "start", "Start sweep", priority=True),
+        Binding("ctrl+t", "stop", "Stop sweep", priority=True),
+        Binding("ctrl+e", "compare", "Compare results", priority=True),
+        Binding("escape", "back", "Back"),
+    ]
+
+    def __init__(self, config: RunConfig, runs_dir: str | Path, strategies: list[str]) -> None:
+        super().__init__(id="sweep")
+        self.config, self.runs_dir = config, Path(runs_dir)
+        self.default_strategies = strategies
+        self.sweep: Sweep | None = None
+        self.running = False
+        self.state = "idle"  # idle | running | finished | interrupted | failed
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="sweep-form"):
+            yield Label("devices")
+            yield Input("1,2", id="sweep-devices")
+            yield Label("strategies")
+            yield Input(",".join(self.default_strategies), id="sweep-strategies")
+            yield Checkbox("scale batch/lr with devices", id="sweep-scale")
+            yield Button("Start", id="sweep-start", variant="primary")
+            yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
+        yield DataTable(id="sweep-points", cursor_type="row")
+        yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
+                     f"{self.config.data.name}, {self.config.run.epochs} epoch(s). "
+                     f"ctrl+r starts.", id="sweep-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "sweep"
+        table = self.query_one(DataTable)
+        for label, key in (("point", "point"), ("devices", "spec"), ("status", "status"),
+                           ("run", "run"), ("detail", "detail")):
+            table.add_column(label, key=key)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Start and Stop buttons."""
+        if event.button.id == "sweep-start":
+            self.action_start()
+        elif event.button.id == "sweep-stop":
+            self.action_stop()
+
+    def action_start(self) -> None:
+        """Plan the grid from the form and run it in a worker."""
+        if self.running:
+            return
+        strategies = [s.strip() for s in self.query_one("#sweep-strategies", Input).value
+                      .split(",") if s.strip()]
+        try:
+            devices = parse_devices(self.query_one("#sweep-devices", Input).value)
+            if not strategies:
+                raise ConfigError("strategies: give at least one, e.g. single,scratch")
+            self.sweep = Sweep.from_config(self.config, devices, strategies,
+                                           self.query_one("#sweep-scale", Checkbox).value,
+                                           self.runs_dir)
+        except (ConfigError, OSError) as exc:
+            self.notify(str(exc), title="Cannot start the sweep", severity="error")
+            return
+        table = self.query_one(DataTable)
+        table.clear()
+        for p in self.sweep.manifest.points:
+            table.add_row(p.key, p.spec, p.status, "", "", key=p.key)
+        from gputui.tui.spawnsafe import ready_for_spawn
+
+        ready_for_spawn(self.runs_dir / "app-output.log")
+        self._set_running(True)
+        self.query_one("#sweep-status", Static).update(
+            f"sweep {self.sweep.manifest.sweep_id}: running (ctrl+t stops after a clean stop "
+            f"of the current run)")
+        self.run_sweep(self.sweep)
+
+    def _set_running(self, running: bool) -> None:
+        self.running = running
+        self.state = "running" if running else self.state
+        self.query_one("#sweep-start", Button).disabled = running
+        self.query_one("#sweep-stop", Button).disabled = not running
+
+    @work(thread=True, exclusive=True, group="sweep", exit_on_error=False)
+    def run_sweep(self, sweep: Sweep) -> None:
+        """The whole grid, off the UI thread."""
+        def on_event(point: Point, ev) -> None:
+            if ev.kind == "step":
+                self.post_message(PointProgress(point.key, f"epoch {ev.epoch} step {ev.step}/"
+                                                f"{ev.steps_per_epoch} loss {ev.loss:.4f}"))
+            elif ev.kind == "epoch_end":
+                self.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
+                                                f"acc {ev.test_acc:.4f}"))
+        try:
+            state = sweep.run(lambda p: self.post_message(PointChanged(p)), on_event)
+        except Exception as exc:  # noqa: BLE001 - shown in the app, never a crash
+            self.post_message(SweepEnded("failed", f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(SweepEnded(state))
+
+    def on_point_changed(self, message: PointChanged) -> None:
+        """Show a point's new state."""
+        p = message.point
+        table = self.query_one(DataTable)
+        table.update_cell(p.key, "status", p.status)
+        table.update_cell(p.key, "run", p.run_id.rsplit("-", 1)[-1] if p.run_id else "")
+        table.update_cell(p.key, "detail", p.reason)
+
+    def on_point_progress(self, message: PointProgress) -> None:
+        """The run in flight's latest figures."""
+        self.query_one(DataTable).update_cell(message.key, "detail", message.text)
+
+    def on_sweep_ended(self, message: SweepEnded) -> None:
+        """Say how the sweep ended; ctrl+e compares its runs."""
+        self.state = message.state
+        self._set_running(False)
+        text = {"finished": "finished", "interrupted": "stopped (resume it with "
+                f"gputui sweep --resume {self.sweep.manifest.sweep_id})",
+                "failed": f"failed: {message.error}"}.get(message.state, message.state)
+        self.query_one("#sweep-status", Static).update(f"sweep {text}. ctrl+e compares the "
+                                                       f"runs.")
+
+    def action_stop(self) -> None:
+        """Stop the current run cleanly and start no other."""
+        if self.running and self.sweep is not None:
+            self.sweep.request_stop()
+            self.query_one("#sweep-status", Static).update("stopping after the current run "
+                                                           "stops…")
+
+    def action_compare(self) -> None:
+        """The comparison of the sweep's runs (speedup against devices)."""
+        if self.sweep is None or not self.sweep.run_dirs():
+            self.notify("No run of this sweep has a record yet", severity="warning")
+            return
+        from gputui.tui.screens.compare import CompareScreen
+
+        self.app.push_screen(CompareScreen(self.sweep.run_dirs(), self.runs_dir,
+                                           title=f"sweep {self.sweep.manifest.sweep_id}"))
+
+    def action_back(self) -> None:
+        """Back to the set-up (not while a sweep runs)."""
+        if self.running:
+            self.notify("A sweep is running: stop it first (ctrl+t)", severity="warning")
+            return
+        self.app.pop_screen()
+
+    def on_unmount(self) -> None:
+        if self.sweep is not None:
+            self.sweep.request_stop()  # the app is going away: start no further run
