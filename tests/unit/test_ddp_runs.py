@@ -1,0 +1,138 @@
+"""ddp as users run it, in real processes: `gputui run --strategy ddp` end to end, two "nodes"
+on localhost training as one job, a rank killed mid-run, a stop the ranks agree on."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from gputui.config import RunConfig, apply_overrides
+from gputui.training.agent import free_port
+from gputui.training.launcher import launch
+from gputui.training.runstore import read_events, read_summary
+
+GPUTUI = [sys.executable, "-m", "gputui"]
+SMALL = ["--set", "data.train_size=2048", "--set", "data.test_size=512", "--epochs", "1"]
+pytestmark = pytest.mark.slow
+
+
+def _steps(run_dir) -> list:
+    return [e for e in read_events(run_dir) if e.kind == "step"]
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    proc = subprocess.run([*GPUTUI, "run", "quickstart", "--strategy", "ddp", *SMALL,
+                           "--set", "run.log_every=4", "--runs-dir", str(runs), "--json"],
+                          capture_output=True, text=True, timeout=240)
+    return proc
+
+
+def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
+    assert cli_run.returncode == 0, cli_run.stderr
+    summary = json.loads(cli_run.stdout)
+    assert summary["status"] == "finished" and summary["strategy"] == "ddp"
+    assert summary["world_size"] == 2 and summary["devices"] == ["cpu:0", "cpu:1"]
+    run_dir = summary["run_dir"]
+    steps = _steps(run_dir)
+    assert [s.step for s in steps] == [4, 8]
+    rows = steps[-1].per_device
+    assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"] and [r["rank"] for r in rows] == [0, 1]
+    assert all(r["samples"] == 128 and r["step_time_s"] > 0 and r["samples_per_s"] > 0
+               and r["rss"] > 10 * 2**20 for r in rows)
+    pids = {r["device"]: r["pid"] for r in rows}
+    assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+    # the sampler read each rank's own process (RunHandle.pids from the ranks)
+    samples = read_events(run_dir, "telemetry.jsonl")
+    sampled = {(s.device, s.pid) for s in samples if s.pid}
+    assert {("cpu:0", pids["cpu:0"]), ("cpu:1", pids["cpu:1"])} <= sampled
+    assert "2 gloo ranks on the CPU, 1 thread(s) each" in cli_run.stderr
+    assert "Traceback" not in cli_run.stderr  # rank and agent logs stay in the record
+    assert (summary and os.path.isdir(os.path.join(run_dir, "ranks")))
+
+
+def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen(
+        [*GPUTUI, "run", "quickstart", "--strategy", "ddp", "--devices", "cpu", *SMALL,
+         "--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", endpoint,
+         "--set", "run.threads=1", "--set", "telemetry.enabled=false",
+         "--runs-dir", str(tmp_path / f"node{r}"), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    summaries = []
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert f"waiting for 2 nodes at {endpoint}" in err
+        summaries.append(json.loads(out))
+    assert [s["world_size"] for s in summaries] == [2, 2]
+    assert [s["devices"] for s in summaries] == [["cpu:0"], ["cpu:0"]]
+    losses = [[e.loss for e in _steps(s["run_dir"])] for s in summaries]
+    assert len(losses[0]) == 1 and losses[0] == losses[1]  # one job: the same reduced loss
+    assert summaries[0]["test_acc"] == summaries[1]["test_acc"]
+    rows = _steps(summaries[0]["run_dir"])[-1].per_device
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    assert sum("@node" in r["device"] for r in rows) == 1  # the other machine's rank, named
+
+
+def _ddp_config(**changes) -> RunConfig:
+    base = {"strategy.name": "ddp", "devices.spec": "cpu*2", "data.train_size": 2048,
+            "data.test_size": 256, "run.epochs": 50, "run.log_every": 2,
+            "model.init": "default", "telemetry.enabled": False, "run.checkpoint": False}
+    base.update(changes)
+    return apply_overrides(RunConfig(), [("test", k, v) for k, v in base.items()])
+
+
+def _until_step(handle, timeout=120) -> list:
+    seen, deadline = [], time.monotonic() + timeout
+    while not any(e.kind == "step" for e in seen) and time.monotonic() < deadline:
+        seen += handle.poll(timeout=0.2)
+    assert any(e.kind == "step" for e in seen), seen
+    return seen
+
+
+def _gone(pids) -> bool:
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+               for p in pids)
+
+
+def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_path):
+    handle = launch(_ddp_config(), tmp_path)
+    _until_step(handle)
+    agent = handle.processes[0].pid
+    tree = [agent] + [p.pid for p in psutil.Process(agent).children(recursive=True)]
+    victim = handle.pids()["cpu:1"]
+    assert victim in tree and handle.pids()["cpu:0"] in tree
+    os.kill(victim, signal.SIGKILL)
+    assert handle.wait(timeout=60) == "failed"
+    events = read_events(handle.run_dir)
+    assert events[-1].kind == "run_failed"
+    assert re.fullmatch(rf"rank 1 \(pid {victim}\) was killed by SIGKILL", events[-1].reason)
+    assert read_summary(handle.run_dir)["reason"] == events[-1].reason
+    deadline = time.monotonic() + 15
+    while not _gone(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(tree), [p for p in tree if psutil.pid_exists(p)]
+
+
+def test_a_stop_is_agreed_by_every_rank(tmp_path):
+    handle = launch(_ddp_config(), tmp_path)
+    _until_step(handle)
+    ranks = list(handle.pids().values())
+    handle.stop()
+    assert handle.wait(timeout=60) == "stopped"
+    events = read_events(handle.run_dir)
+    assert events[-1].kind == "run_stopped" and events[-1].reason == "stopped by user"
+    assert not any(e.kind == "run_failed" for e in events)
+    handle.processes[0].join(timeout=10)
+    assert handle.processes[0].exitcode == 0
+    assert _gone(ranks)
