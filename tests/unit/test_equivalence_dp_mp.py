@@ -14,11 +14,11 @@ import itertools
 import pytest
 import torch
 
+from gputui.devices import resolve_devices
 from gputui.training.data import TensorBatches
 from gputui.training.loop import evaluate
 from gputui.training.models import build_model
 from gputui.training.strategies import registry
-from gputui.devices import resolve_devices
 from strategy_harness import (assert_params_close, make_config, params, run_steps,
                               small_data)
 
