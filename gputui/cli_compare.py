@@ -109,8 +109,11 @@ def cmd_runs(args) -> int:
     """``gputui runs``: the run table, filtered."""
     if args.last is not None and args.last < 1:
         return fail(f"--last {args.last}: give a positive number of runs")
-    rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy, args.status,
-                               args.name, args.last)
+    try:
+        rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy,
+                                   args.status, args.name, args.last)
+    except OSError as exc:
+        return fail(f"cannot read the runs folder: {exc}")
     form = _form(args)
     if form == "table" and not rows:
         print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not

@@ -146,6 +146,13 @@ def _fail(message: str) -> int:
 
 def _child(spec: dict[str, Any], queue) -> None:
     """Spawned entry point; torch is imported here, never in the CLI process."""
+    import os
+
+    from gputui.telemetry.cuda_order import cuda_env
+
+    # GPUs numbered as discovery numbers them (PCI order), before torch loads CUDA; the
+    # ranks inherit this environment.
+    os.environ.update(cuda_env())
     from gputui import comm_bench_ranks
 
     comm_bench_ranks.driver(spec, queue)
