@@ -120,6 +120,7 @@ def plot_speedup(items: list[CompareRow], path: str | Path) -> Path:
     for name, pts in sorted(by_strategy.items()):
         pts.sort()
         ax.plot([n for n, _ in pts], [s for _, s in pts], marker="o", label=name)
+    ax.set_xticks(sorted({1, top} | {n for pts in by_strategy.values() for n, _ in pts}))
     ax.set(xlabel="devices", ylabel="speedup (samples/s vs one device)",
            title="speedup against devices")
     ax.grid(alpha=0.3)
