@@ -128,7 +128,21 @@ def test_tensorboard_export_or_its_message(runs, tmp_path):
             export.to_tensorboard(dirs, tmp_path / "tb")
         return
     (out,) = export.to_tensorboard(dirs, tmp_path / "tb")
-    assert any(p.name.startswith("events.out.tfevents") for p in out.iterdir())
+    (path,) = [p for p in out.iterdir() if p.name.startswith("events.out.tfevents")]
+    if importlib.util.find_spec("tensorboardX") is None:
+        return
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars, data = {}, path.read_bytes()
+    while data:  # TFRecord: u64 length, u32 crc, payload, u32 crc
+        n = int.from_bytes(data[:8], "little")
+        ev = Event.FromString(data[12:12 + n])
+        for v in ev.summary.value:
+            scalars.setdefault(v.tag, []).append((ev.step, round(v.simple_value, 4)))
+        data = data[12 + n + 4:]
+    assert scalars["train/loss"] == [(1, 2.0), (2, 1.0)]  # one step per epoch (batch 512)
+    assert scalars["test/accuracy"] == [(1, 0.9), (2, 0.9)]
+    assert [s for _, s in scalars["epoch/samples_per_s"]] == [1800.0, 1800.0]
 
 
 def test_cli_compare_formats(runs, tmp_path, capsys):
