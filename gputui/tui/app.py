@@ -38,8 +38,8 @@ class GpuTuiApp(App[int]):
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "show_help_panel", "Keys", show=False),
-        Binding("f6", "open_history", "History"),
-        Binding("f7", "open_sweep", "Sweep"),
+        Binding("f6", "open_history", "History", show=False),
+        Binding("f7", "open_sweep", "Sweep", show=False),
     ]
 
     def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,
