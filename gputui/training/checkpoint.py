@@ -53,6 +53,23 @@ def checkpoint_path(where: str | Path) -> Path:
     return p / CHECKPOINT_NAME if p.is_dir() else p
 
 
+def unsupported(strategy: Strategy) -> str | None:
+    """Why this strategy cannot be checkpointed, or None. Sharded parameters (DTensors, as
+    FSDP2 makes) need the strategy's own state_dict hooks: the default ones would save one
+    rank's shards only."""
+    if type(strategy).state_dict is not Strategy.state_dict:
+        return None
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed tensors cannot have made one
+        return None
+    for model, _ in strategy.eval_models():
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            return (f"strategy '{strategy.name}' shards its parameters and has no checkpoint "
+                    f"hooks yet, so it cannot be checkpointed or resumed")
+    return None
+
+
 def rng_state() -> dict[str, Any]:
     """The random states training may draw from, as tensors and plain values."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}

@@ -49,6 +49,12 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
     saving = run_dir is not None and cfg.run.checkpoint
     path = Path(run_dir) / ckpt.CHECKPOINT_NAME if run_dir is not None else None
     warned = [False]
+    cannot = ckpt.unsupported(strategy)
+    if cannot and cfg.run.resume_from:
+        raise ckpt.CheckpointError(cannot)
+    if cannot and saving:
+        saving = False
+        emit(LogLine(level="warning", message=f"{cannot}; no checkpoint is written"))
 
     def save(position: ckpt.Position) -> None:
         if saving:

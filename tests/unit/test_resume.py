@@ -217,3 +217,39 @@ def test_gputui_resume_end_to_end(tmp_path):
     assert again.returncode == 2
     assert again.stderr == (f"gputui: error: {second.name} already finished its {target} "
                             f"epochs; pass --epochs N with N > {target} to train it further\n")
+
+
+def test_sharded_parameters_without_hooks_are_refused_not_half_saved(tmp_path):
+    """DTensor parameters with the base hooks would save one rank's shards: refused clearly."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        cfg = make_config("single", "cpu", "mlp", 32, **{"run.epochs": 1})
+        strategy, *_ = run_loop(cfg, None, stop_after=0)
+        assert ckpt.unsupported(strategy) is None
+        mesh = init_device_mesh("cpu", (1,))
+        layer = strategy.model[-1]
+        layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.data, mesh, [Shard(0)]))
+        assert "shards its parameters and has no checkpoint hooks" in ckpt.unsupported(strategy)
+        ds, events = small_data(), []
+        batches = TensorBatches(ds.train_x, ds.train_y, 32, 0)
+        assert train(cfg, strategy, batches, ds, events.append, lambda: True,
+                     run_dir=tmp_path) == "stopped"
+        assert [e.level for e in events] == ["warning"]
+        assert events[0].message.endswith("cannot be checkpointed or resumed; no checkpoint is "
+                                          "written")
+        assert list(tmp_path.iterdir()) == []
+        with pytest.raises(ckpt.CheckpointError, match="cannot be checkpointed or resumed"):
+            train(cfg.replace(run={"resume_from": str(tmp_path)}), strategy, batches, ds,
+                  events.append, lambda: True)
+    finally:
+        dist.destroy_process_group()
