@@ -51,6 +51,7 @@ class SetupScreen(Screen):
         self.discover = discover  # None: the inventory given is all there is (tests)
         self.presets = presets if presets is not None else available_presets()
         self.result: FormResult | None = None
+        self._revalidate_due = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -93,6 +94,7 @@ class SetupScreen(Screen):
     # ------------------------------------------------------------------ validation
     def revalidate(self) -> FormResult:
         """Build the config from what the screen shows; update errors, strategies, summary."""
+        self._revalidate_due = False
         form = self.query_one(ParamForm)
         picker = self.query_one(DevicePicker)
         strategies = self.query_one(StrategyPicker)
@@ -129,8 +131,10 @@ class SetupScreen(Screen):
     @on(DevicePicker.Changed)
     @on(StrategyPicker.Changed)
     def _changed(self) -> None:
-        if self.is_mounted:
-            self.revalidate()
+        # Many change events come at once (mounting, loading a preset): validate once for all.
+        if self.is_mounted and not self._revalidate_due:
+            self._revalidate_due = True
+            self.call_later(self.revalidate)
 
     # ------------------------------------------------------------------ actions
     def action_focus_widget(self, widget_id: str) -> None:

@@ -34,6 +34,7 @@ class StrategyPicker(Vertical):
         self.border_title = "Strategy"
         self.selected = selected
         self.reasons: dict[str, str] = {}
+        self._built = False  # the options reflect self.reasons and self.selected
 
     def compose(self) -> ComposeResult:
         yield OptionList(id="strategy-list")
@@ -49,8 +50,9 @@ class StrategyPicker(Vertical):
                 why = f"cannot check this strategy ({type(exc).__name__}: {exc})"
             if why:
                 reasons[info.name] = why
-        self.reasons = reasons
-        self._rebuild()
+        if reasons != self.reasons or not self._built:
+            self.reasons = reasons
+            self._rebuild()
 
     def select(self, name: str) -> None:
         """Mark ``name`` as the chosen strategy (e.g. from a preset)."""
@@ -67,6 +69,7 @@ class StrategyPicker(Vertical):
     def _rebuild(self) -> None:
         if not self.is_mounted:
             return
+        self._built = True
         ol = self.query_one("#strategy-list", OptionList)
         highlighted = ol.highlighted
         ol.clear_options()
