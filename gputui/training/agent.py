@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
-from gputui.training import runstore
+from gputui.training import runstore, shared_data
 
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
 FAILURES_DIR = "rank-failures"  # each failing rank writes <rank>.json here (reason, detail)
@@ -70,11 +70,17 @@ def agent_main(spec: dict[str, Any]) -> None:
     _log_to_file(run_dir / "ranks" / "agent.log")
     _Watchdog(spec).start()
     end = None
+    data_file = shared_data.path_for(spec["run_id"])
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         from gputui.training.ranks import rank_main
+
+        # the dataset loads here while the ranks start, once per node (see shared_data);
+        # after the imports above, so the thread never imports torch alongside this one
+        shared_data.start_prefetch(spec["config"]["data"], data_file)
+        spec = dict(spec, data_file=str(data_file))
 
         config = launch_config(spec)
         dist = spec["config"]["dist"]
@@ -90,6 +96,7 @@ def agent_main(spec: dict[str, Any]) -> None:
         first = (str(exc).strip().splitlines() or [""])[0]
         end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
                         detail=_traceback())
+    shared_data.remove(data_file)
     if not _has_terminal(run_dir):
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
     quick_exit(queue, 0)
@@ -208,6 +215,7 @@ class _Watchdog(threading.Thread):
                 return  # the ranks are training: they agree on a step and stop there
             _append(self.run_dir, self.spec["queue"], RunStopped(reason=reason))
             _kill_children()
+            shared_data.remove(shared_data.path_for(self.spec["run_id"]))
             os._exit(0)
 
 

@@ -132,6 +132,10 @@ class RunHandle:
             self._telemetry_log = None
         for p in self.processes:
             p.join(timeout=5)
+        if self.multiprocess:  # the node's dataset copy, left behind when the agent was killed
+            from gputui.training import shared_data
+
+            shared_data.remove(shared_data.path_for(self.run_id))
         _LIVE.discard(self)
 
     # ------------------------------------------------------------------ control

@@ -20,6 +20,7 @@ from typing import Any
 
 from gputui.devices import Device
 from gputui.events import Event
+from gputui.training import shared_data
 from gputui.training.agent import quick_exit
 from gputui.training.launcher import RankProcess
 from gputui.training.worker import Recorder, RankInfo, StopFlag, execute
@@ -72,8 +73,9 @@ def rank_main(spec: dict[str, Any]) -> str:
     sink = _RankEmit(recorder, run_dir)
     stop = StopFlag(spec["stop_event"], parent_pid=os.getppid(), origin_pid=spec["parent_pid"])
     try:
+        load = shared_data.loader(Path(spec["data_file"])) if spec.get("data_file") else None
         status = execute(spec["config"], devices, spec["run_id"], sink, stop, spec["t_launch"],
-                         rank=info)
+                         rank=info, load_data=load)
     finally:
         _destroy_group()
         if recorder is not None:

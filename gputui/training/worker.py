@@ -105,9 +105,10 @@ def _alive(pid: int) -> bool:
 
 def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
             should_stop: Callable[[], bool], t_launch: float,
-            rank: RankInfo | None = None) -> str:
+            rank: RankInfo | None = None, load_data: Callable | None = None) -> str:
     """Train one run in this process; returns the terminal status. Never raises. ``rank``
-    is given in each process of a multi-process run."""
+    is given in each process of a multi-process run; ``load_data`` replaces
+    ``data.load_dataset`` (the ranks map the copy their agent loaded)."""
     cfg = from_dict(cfg_dict, source="run", check=False)
     emit = recorder.emit
     try:
@@ -126,7 +127,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         import_s = time.perf_counter() - t0
         _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
         t1 = time.perf_counter()
-        ds = data_mod.load_dataset(cfg.data.name, cfg.data.root, cfg.data.download,
+        ds = (load_data or data_mod.load_dataset)(cfg.data.name, cfg.data.root, cfg.data.download,
                                    cfg.data.train_size, cfg.data.test_size, cfg.data.source)
         t2 = time.perf_counter()
         where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}

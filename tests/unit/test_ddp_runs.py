@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from gputui.config import RunConfig, apply_overrides
+from gputui.training import shared_data
 from gputui.training.agent import free_port
 from gputui.training.launcher import launch
 from gputui.training.runstore import read_events, read_summary
@@ -57,7 +58,8 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     assert {("cpu:0", pids["cpu:0"]), ("cpu:1", pids["cpu:1"])} <= sampled
     assert "2 gloo ranks on the CPU, 1 thread(s) each" in cli_run.stderr
     assert "Traceback" not in cli_run.stderr  # rank and agent logs stay in the record
-    assert (summary and os.path.isdir(os.path.join(run_dir, "ranks")))
+    assert os.path.isdir(os.path.join(run_dir, "ranks"))
+    assert not shared_data.path_for(summary["run_id"]).exists()  # the node's dataset copy
 
 
 def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
@@ -122,6 +124,7 @@ def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_p
     while not _gone(tree) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _gone(tree), [p for p in tree if psutil.pid_exists(p)]
+    assert not shared_data.path_for(handle.run_id).exists()
 
 
 def test_a_stop_is_agreed_by_every_rank(tmp_path):

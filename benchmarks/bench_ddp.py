@@ -1,0 +1,146 @@
+"""gputui's `ddp` (2 CPU ranks, 1 thread each) against `single` (2 threads), and ddp's start-up.
+
+    .venv/bin/python benchmarks/bench_ddp.py [--rounds 2] [--epochs 3] [--batch-size 256]
+
+Throughput: LeNet on the synthetic set (12,000 examples), the same config for both; `single`
+runs in this process (the loop, as a run does), `ddp` as users run it (launcher -> elastic
+agent -> 2 ranks). Each round trains ``--epochs`` epochs; the first is warm-up and not
+counted; samples/s is training time only (evaluation excluded). Rounds alternate
+(single, ddp, single, ddp ...); medians and the ratio ddp / single are printed (target 1.05).
+
+Start-up: launch to the first step of ddp (InitDone: process start, torch import, rendezvous,
+process group, data and model), against a bare 2-rank elastic launch whose ranks import torch,
+join a gloo group and all-reduce once, measured here the same way (target: under 4 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+
+from gputui.config import RunConfig, apply_overrides
+
+
+def config(strategy: str, spec: str, threads: int, epochs: int, batch: int) -> RunConfig:
+    return apply_overrides(RunConfig(), [("bench", k, v) for k, v in {
+        "strategy.name": strategy, "devices.spec": spec, "run.threads": threads,
+        "run.epochs": epochs, "optim.batch_size": batch, "model.init": "default",
+        "optim.momentum": 0.9, "run.log_every": 20, "data.train_size": 12_000,
+        "data.test_size": 2_000, "run.checkpoint": False, "telemetry.enabled": False}.items()])
+
+
+def steady(ends: list) -> float:
+    """samples/s over the epochs after the first."""
+    rest = ends[1:]
+    return sum(e.samples_per_s * e.seconds for e in rest) / sum(e.seconds for e in rest)
+
+
+def single_round(cfg: RunConfig) -> float:
+    """`single` through the loop in this process (its threads set by the config)."""
+    import torch
+
+    from gputui.devices import cpu_devices
+    from gputui.training.data import TensorBatches, load_dataset
+    from gputui.training.loop import train
+    from gputui.training.strategies.single import Single
+
+    torch.set_num_threads(cfg.run.threads)
+    ds = load_dataset("synthetic", train_size=cfg.data.train_size, test_size=cfg.data.test_size)
+    strategy = Single(cfg, cpu_devices(1), ds.in_channels, ds.image_size, ds.num_classes)
+    strategy.setup()
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
+    ends: list = []
+    train(cfg, strategy, batches, ds, lambda ev: ends.append(ev) if ev.kind == "epoch_end"
+          else None, lambda: False)
+    return steady(ends)
+
+
+def ddp_round(cfg: RunConfig) -> tuple[float, float]:
+    """(steady samples/s, seconds from launch to the first step) of a real ddp run."""
+    from gputui.training.launcher import launch
+
+    handle = launch(cfg, "/tmp/gputui-bench-runs")
+    ends, init_s = [], None
+    while not handle.done:
+        for ev in handle.poll(timeout=0.2):
+            if ev.kind == "init_done":
+                init_s = ev.seconds
+            elif ev.kind == "epoch_end":
+                ends.append(ev)
+            elif ev.kind == "run_failed":
+                raise SystemExit(f"ddp run failed: {ev.reason}")
+    return steady(ends), init_s
+
+
+def _bare_rank(t0: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    ready = time.time() - t0
+    dist.destroy_process_group()
+    return ready
+
+
+def _bare_agent(t0: float, out) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from gputui.training.agent import free_port
+
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                       rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="bare",
+                       rdzv_configs={"is_host": True}, max_restarts=0, start_method="spawn",
+                       monitor_interval=0.1)
+    out.put(max(elastic_launch(cfg, _bare_rank)(t0).values()))
+
+
+def bare_launch() -> float:
+    """Seconds from starting a process to 2 elastic ranks that have all-reduced once."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    t0 = time.time()
+    proc = ctx.Process(target=_bare_agent, args=(t0, out))
+    proc.start()
+    value = out.get(timeout=120)
+    proc.join()
+    return value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    single_cfg = config("single", "cpu", 2, args.epochs, args.batch_size)
+    ddp_cfg = config("ddp", "cpu*2", 1, args.epochs, args.batch_size)
+    res: dict[str, list[float]] = {"single": [], "ddp": [], "ddp_start": [], "bare_start": []}
+    for r in range(args.rounds):
+        res["single"].append(single_round(single_cfg))
+        sps, start = ddp_round(ddp_cfg)
+        res["ddp"].append(sps)
+        res["ddp_start"].append(start)
+        res["bare_start"].append(bare_launch())
+        print(f"round {r + 1}: single {res['single'][-1]:8,.0f} samples/s   ddp "
+              f"{sps:8,.0f} samples/s   ddp launch->first step {start:.2f} s   bare elastic "
+              f"launch {res['bare_start'][-1]:.2f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    ratio = med["ddp"] / med["single"]
+    print(f"median: ddp (2 ranks x 1 thread) {med['ddp']:,.0f} samples/s, single (2 threads) "
+          f"{med['single']:,.0f} samples/s, ratio {ratio:.3f} (target >= 1.05; LeNet, batch "
+          f"{args.batch_size})")
+    print(f"median: ddp launch to first step {med['ddp_start']:.2f} s (target < 4 s), bare "
+          f"2-rank elastic launch {med['bare_start']:.2f} s, ratio "
+          f"{med['ddp_start'] / med['bare_start']:.2f}")
+    if args.json:
+        print(json.dumps(dict(med, ratio=ratio)))
+
+
+if __name__ == "__main__":
+    main()
