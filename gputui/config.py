@@ -224,6 +224,11 @@ def check_combinations(cfg: RunConfig, source: str) -> None:
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
         raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
                           f"(--rdzv-endpoint)")
+    resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
+    if resume is not None and not (resume / "checkpoint.pt" if resume.is_dir()
+                                   else resume).is_file():
+        raise ConfigError(f"{source}: run.resume_from: no checkpoint at {resume}; give a run "
+                          f"folder holding checkpoint.pt (see `gputui resume`)")
     if _path_like(cfg.run.name):
         raise ConfigError(f"{source}: run.name {cfg.run.name!r} looks like a path; use a plain "
                           f"name of letters, digits, '-', '_' and '.' (e.g. 'lenet-2dev')")
