@@ -127,8 +127,9 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         import_s = time.perf_counter() - t0
         _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
         t1 = time.perf_counter()
-        ds = (load_data or data_mod.load_dataset)(cfg.data.name, cfg.data.root, cfg.data.download,
-                                   cfg.data.train_size, cfg.data.test_size, cfg.data.source)
+        load = load_data or data_mod.load_dataset
+        ds = load(cfg.data.name, cfg.data.root, cfg.data.download, cfg.data.train_size,
+                  cfg.data.test_size, cfg.data.source)
         t2 = time.perf_counter()
         where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}
         strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes,

@@ -125,6 +125,10 @@ def _distributed_check(name: str) -> Callable:
         if cfg.strategy.backend == "nccl" and kinds != {"cuda"}:
             return (f"strategy.backend = 'nccl' needs CUDA devices, devices.spec "
                     f"'{cfg.devices.spec}' gives CPU ones; use 'gloo' or 'auto'")
+        host, _, port = cfg.dist.rdzv_endpoint.rpartition(":")
+        if cfg.dist.rdzv_endpoint and not (host and port.isdigit() and 0 < int(port) < 65536):
+            return (f"dist.rdzv_endpoint must be HOST:PORT, e.g. 10.0.0.1:29400; "
+                    f"got {cfg.dist.rdzv_endpoint!r}")
         ranks = len(devices) * cfg.dist.nnodes
         batch = effective_batch_size(cfg, ranks)
         if batch < ranks * cfg.optim.micro_batches:
