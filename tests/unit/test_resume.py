@@ -74,6 +74,7 @@ def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(scratch_refe
     saved = ckpt.load(tmp_path / "a")
     # 10 steps per epoch; the stop check also runs once after each epoch
     assert (saved["position"]["epoch"], saved["position"]["step"]) == (2, 3)
+    assert len(saved["state"]["models"]) == 1  # the replicas are equal: one copy is saved
     (tmp_path / "b").mkdir()
     resumed, status, events = run_loop(cfg.replace(run={"resume_from": str(tmp_path / "a")}),
                                        tmp_path / "b")

@@ -123,5 +123,22 @@ class Scratch(Strategy):
     def eval_models(self):
         return list(zip(self.replicas, self.torch_devices))
 
+    def state_dict(self) -> dict:
+        """The first replica and its optimizer only: every replica is the same (the equivalence
+        tests and check_replicas hold them to it), so a checkpoint need not hold N copies."""
+        return {"models": [self.replicas[0].state_dict()],
+                "optimizers": [self.opts[0].state_dict()],
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load the saved replica into every replica (and its optimizer state into every
+        optimizer, each its own copy: on one device ``.to()`` would share the momentum buffers
+        and every replica's step would update them)."""
+        for model, opt in zip(self.replicas, self.opts):
+            model.load_state_dict(state["models"][0])
+            opt.load_state_dict(copy.deepcopy(state["optimizers"][0]))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
 
 STRATEGY = Scratch
