@@ -25,11 +25,12 @@ from gputui.tui.pump import EventPump
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
 from gputui.tui.widgets.epoch_table import EpochTable
-from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, ThroughputPlot
+from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, MetricPlot, ThroughputPlot
 from gputui.tui.widgets.run_log import RunLog
 from gputui.tui.widgets.run_status import RunStatus
 
 ENDED = ("finished", "stopped", "failed")
+PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
 
 class RunScreen(Screen):
@@ -78,6 +79,7 @@ class RunScreen(Screen):
         self.sub_title = f"run · {self.run_id}" if self.run_id else "run"
         self.query_one("#device-panels").border_title = "Devices"
         self.query_one(RunLog).border_title = "Log"
+        self.set_interval(PLOT_EVERY_S, self.redraw_plots)
         if self.pump_enabled:
             self.pump_events()
 
@@ -130,7 +132,8 @@ class RunScreen(Screen):
 
     # ------------------------------------------------------------------ events -> widgets
     def apply_events(self, events: tuple[Event, ...] | list[Event]) -> None:
-        """Show a batch of events; plots and the status line are redrawn once per batch."""
+        """Show a batch of events: the status line is redrawn once per batch, the plots at
+        most every PLOT_EVERY_S (rebuilding a plot is the costliest thing the screen does)."""
         status = self.query_one(RunStatus)
         loss, thr = self.query_one(LossPlot), self.query_one(ThroughputPlot)
         log = self.query_one(RunLog)
@@ -165,10 +168,14 @@ class RunScreen(Screen):
                     self.state = "running"
             elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
                 self._ended(ev, log)
-        loss.redraw()
-        thr.redraw()
-        self.query_one(AccuracyPlot).redraw()
+        if self.ended:
+            self.redraw_plots()
         status.redraw(ended=self.ended)
+
+    def redraw_plots(self) -> None:
+        """Rebuild the plots whose data changed since their last drawing."""
+        for plot in self.query(MetricPlot):
+            plot.redraw()
 
     def _started(self, ev: RunStarted, status: RunStatus, log: RunLog) -> None:
         self.run_id = ev.run_id
