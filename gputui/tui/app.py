@@ -9,7 +9,7 @@ runs in its own processes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -20,9 +20,11 @@ from gputui.config import ConfigError, RunConfig, load_preset
 from gputui.tui.inventory import Inventory, discover_inventory
 from gputui.tui.messages import LaunchFailed, RunEndedNotice, RunLaunched
 from gputui.tui.screens.dialogs import ChoiceDialog
-from gputui.tui.screens.run import RunScreen
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.spawnsafe import private_terminal, ready_for_spawn
+
+if TYPE_CHECKING:  # the run screen (and plotext) load with the first run: a faster start
+    from gputui.tui.screens.run import RunScreen
 
 Launcher = Callable[..., Any]
 CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by the app
@@ -119,6 +121,8 @@ class GpuTuiApp(App[int]):
 
     def on_run_launched(self, message: RunLaunched) -> None:
         """Open the run screen, which starts pumping the run's events."""
+        from gputui.tui.screens.run import RunScreen
+
         self.launching = False
         self.run_screen = RunScreen(message.handle, message.config)
         self.push_screen(self.run_screen)
@@ -198,6 +202,8 @@ class GpuTuiApp(App[int]):
     # ------------------------------------------------------------------ command palette
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The main actions of the current screen, then Textual's own commands."""
+        from gputui.tui.screens.run import RunScreen
+
         if isinstance(screen, SetupScreen):
             yield SystemCommand("Start run", "Launch a run with this set-up (ctrl+r)",
                                 screen.action_start)

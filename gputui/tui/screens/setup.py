@@ -75,7 +75,8 @@ class SetupScreen(Screen):
             self.notify(note, severity="warning", timeout=8)
         self.revalidate()
         if self.discover is not None:
-            self.refresh_inventory()
+            # After the first paint: the discovery thread's imports would hold the GIL.
+            self.call_after_refresh(self.refresh_inventory)
             self.set_interval(INVENTORY_EVERY_S, self.refresh_inventory)
 
     # ------------------------------------------------------------------ inventory
