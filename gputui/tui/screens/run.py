@@ -111,8 +111,11 @@ class RunScreen(Screen):
     def on_device_samples(self, message: DeviceSamples) -> None:
         """The latest reading of every device."""
         try:
+            status = self.query_one(RunStatus)
             for sample in message.samples:
                 self.show_sample(sample)
+                status.touch(sample.t)  # "elapsed" moves on during a long init too
+            status.redraw(ended=self.ended)
         except Exception as exc:  # noqa: BLE001
             self._display_error(exc)
         finally:

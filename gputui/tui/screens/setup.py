@@ -82,8 +82,8 @@ class SetupScreen(Screen):
     # ------------------------------------------------------------------ inventory
     @work(thread=True, exclusive=True, group="inventory", exit_on_error=False)
     def refresh_inventory(self) -> None:
-        """Read NVML and psutil off the UI thread."""
-        if self.discover is not None:
+        """Read NVML and psutil off the UI thread (not while another screen is on top)."""
+        if self.discover is not None and self.is_current:
             self.post_message(InventoryReady(self.discover()))
 
     def on_inventory_ready(self, message: InventoryReady) -> None:
