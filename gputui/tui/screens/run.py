@@ -22,7 +22,7 @@ from gputui.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, Run
 from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
                                  SummaryRead)
 from gputui.tui.pump import EventPump
-from gputui.tui.screens.dialogs import ChoiceDialog
+from gputui.tui.screens.run_controls import RunControls
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
 from gputui.tui.widgets.epoch_table import EpochTable
 from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, MetricPlot, ThroughputPlot
@@ -33,7 +33,7 @@ ENDED = ("finished", "stopped", "failed")
 PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
 
-class RunScreen(Screen):
+class RunScreen(RunControls, Screen):
     """Watches one run; Stop keeps its record, Kill ends it now, Escape goes back."""
 
     BINDINGS = [
@@ -261,64 +261,3 @@ class RunScreen(Screen):
         if self.is_mounted:
             self.query_one(RunStatus).set_state(new)
             self.refresh_bindings()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("stop", "kill") and (self.ended or self.handle is None):
-            return None  # shown greyed out: nothing left to stop
-        return True
-
-    def action_stop(self) -> None:
-        """Graceful stop: the run ends at its next step and its record says 'stopped'."""
-        if self.ended or self.handle is None or self.state == "stopping":
-            return
-        self.state = "stopping"
-        self.log_ui("stop requested: the run stops at its next step and keeps its record")
-        self._control("stop")
-
-    def action_kill(self) -> None:
-        """Kill the training processes now (asks first)."""
-        if self.ended or self.handle is None:
-            return
-
-        def answer(choice: str | None) -> None:
-            if choice == "kill":
-                self.kill_now()
-
-        self.app.push_screen(ChoiceDialog(
-            "Kill the run?", "The training processes end at once; the record keeps what was "
-            "logged so far. Stop (s) ends it cleanly instead.",
-            [("kill", "Kill now", "error"), ("cancel", "Cancel", "default")],
-            dialog_id="kill"), answer)
-
-    def kill_now(self) -> None:
-        """Kill without asking (used by the quit dialog too)."""
-        if not self.ended and self.handle is not None:
-            self.log_ui("kill requested")
-            self.state = "stopping"
-            self._control("kill")
-
-    @work(thread=True, group="control", exit_on_error=False)
-    def _control(self, what: str) -> None:
-        """stop()/kill() may signal processes: never on the UI thread."""
-        getattr(self.handle, what)()
-
-    def action_focus_log(self) -> None:
-        self.query_one(RunLog).focus()
-
-    def action_back(self) -> None:
-        """Back to the set-up screen; an active run is never left behind unasked."""
-        if self.ended or self.handle is None:
-            self.app.pop_screen()
-            return
-
-        def answer(choice: str | None) -> None:
-            if choice == "stop":
-                self.action_stop()
-            elif choice == "kill":
-                self.kill_now()
-
-        self.app.push_screen(ChoiceDialog(
-            "The run is still active", "Leave it only once it has ended: stop it (the record "
-            "is kept), kill it, or stay and watch.",
-            [("stop", "Stop run", "warning"), ("kill", "Kill run", "error"),
-             ("stay", "Stay", "default")], dialog_id="leave"), answer)
