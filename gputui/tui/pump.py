@@ -67,27 +67,21 @@ class EventPump:
                     self._dropped_logs += 1
                     continue
                 self._logs += 1
-            elif isinstance(ev, StepMetrics):
-                self._steps += 1
-                if self._steps > self.max_steps:
-                    self._thin_steps()
             if is_terminal(ev):
                 self.terminal_seen = True
             self.pending.append(ev)
+            if isinstance(ev, StepMetrics):
+                self._steps += 1
+                if self._steps > self.max_steps:
+                    self._thin_steps()
 
     def _thin_steps(self) -> None:
-        # Keep every other step metric (and always the latest): the loss curve keeps its
-        # shape at half the resolution, and the latest values stay exact.
-        out: list[Event] = []
-        seen = 0
-        for ev in self.pending:
-            if isinstance(ev, StepMetrics):
-                seen += 1
-                if seen % 2:
-                    continue
-            out.append(ev)
-        self.pending = out
-        self._steps = sum(isinstance(ev, StepMetrics) for ev in out)
+        # Drop every other step metric counting back from the latest, which always stays: the
+        # loss curve keeps its shape at half the resolution, and the latest values are exact.
+        steps = [i for i, ev in enumerate(self.pending) if isinstance(ev, StepMetrics)]
+        drop = set(steps[-2::-2])
+        self.pending = [ev for i, ev in enumerate(self.pending) if i not in drop]
+        self._steps = len(steps) - len(drop)
 
     # ------------------------------------------------------------------ posting
     def flush(self) -> bool:
