@@ -14,6 +14,7 @@ from gputui.devices import Device, GpuInfo
 from gputui.tui.fmt import fmt_bytes
 
 MAX_CPU_DEVICES = 8
+_PRIMED: list[bool] = []  # psutil's CPU % has a baseline (one flag, set by the first reading)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,10 @@ def discover_inventory() -> Inventory:
 
         vm = psutil.virtual_memory()
         memory = f"{fmt_bytes(vm.used)} / {fmt_bytes(vm.total)} host"
-        util = f"{psutil.cpu_percent(interval=None):.0f}% host"
+        # The first non-blocking reading is meaningless (0.0): measure 0.2 s once instead.
+        first = not _PRIMED
+        _PRIMED.append(True)
+        util = f"{psutil.cpu_percent(interval=0.2 if first else None):.0f}% host"
     except Exception:  # psutil missing or unreadable: the table says n/a
         pass
     return Inventory(tuple(gpu_row(g) for g in gpus), reason, memory, util,
