@@ -190,6 +190,13 @@ def check_combinations(cfg: RunConfig, source: str) -> None:
     from gputui.devices import DeviceSpecError, resolve_devices
     from gputui.training.strategies import registry
 
+    # the [dist] table's own rules first: they hold whatever the strategy
+    if cfg.dist.node_rank >= cfg.dist.nnodes:
+        raise ConfigError(f"{source}: dist.node_rank ({cfg.dist.node_rank}) must be below "
+                          f"dist.nnodes ({cfg.dist.nnodes})")
+    if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
+        raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
+                          f"(--rdzv-endpoint)")
     try:
         devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
     except DeviceSpecError as exc:
@@ -218,12 +225,6 @@ def check_combinations(cfg: RunConfig, source: str) -> None:
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
         raise ConfigError(f"{source}: run.precision = 'fp16' needs CUDA devices; "
                           f"use 'bf16' on CPU")
-    if cfg.dist.node_rank >= cfg.dist.nnodes:
-        raise ConfigError(f"{source}: dist.node_rank ({cfg.dist.node_rank}) must be below "
-                          f"dist.nnodes ({cfg.dist.nnodes})")
-    if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
-        raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
-                          f"(--rdzv-endpoint)")
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
     if resume is not None and not (resume / "checkpoint.pt" if resume.is_dir()
                                    else resume).is_file():
