@@ -174,3 +174,18 @@ async def test_launch_failure_is_shown_not_raised(inventory, presets):
         assert isinstance(app.screen, SetupScreen)
         assert any("out of file handles" in n.message for n in app._notifications)
         assert not app.run_active
+
+
+async def test_the_mouse_works_too(presets):
+    app = make_app(inventory=fixed_inventory(gpus=2), presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        picker = app.screen.query_one(DevicePicker)
+        await pilot.click("#device-table", offset=(8, 2))  # the row of GPU 1 (0 is the header)
+        await pilot.pause()
+        assert picker.spec == "cuda:1"
+        await pilot.click("#device-table", offset=(8, 2))  # again: off, back to CPU
+        await pilot.pause()
+        assert picker.spec == "cpu"
+        await pilot.click("#f-run-epochs")
+        assert app.screen.focused is app.screen.query_one("#f-run-epochs")

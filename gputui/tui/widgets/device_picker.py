@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.events import Click
 from textual.message import Message
 from textual.widgets import DataTable, Label, Select, Static
 
@@ -12,6 +13,17 @@ from gputui.devices import Device, DeviceSpecError, parse_spec, requested_count,
 from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory
 
 COLUMNS = ("use", "device", "name", "memory", "util", "status")
+
+
+class DeviceTable(DataTable):
+    """A DataTable where one click toggles a row (DataTable's own first click only moves the
+    cursor there, and a second click selects)."""
+
+    def on_click(self, event: Click) -> None:
+        row = event.style.meta.get("row", -1)
+        if isinstance(row, int) and row >= 0 and row != self.cursor_row:
+            # DataTable's handler (after this one) moves the cursor; select once it has.
+            self.call_later(self.action_select_cursor)
 
 
 class DevicePicker(Vertical):
@@ -40,7 +52,7 @@ class DevicePicker(Vertical):
         self.spec_note = self._apply_spec(spec)
 
     def compose(self) -> ComposeResult:
-        yield DataTable(id="device-table", cursor_type="row", zebra_stripes=True)
+        yield DeviceTable(id="device-table", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="cpu-count-row"):
             yield Label("CPU virtual devices ", id="cpu-count-label")
             options = [(str(i), i) for i in range(1, max(MAX_CPU_DEVICES, self.cpu_count) + 1)]
