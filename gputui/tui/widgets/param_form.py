@@ -44,13 +44,11 @@ class ParamForm(VerticalScroll):
             with Horizontal(classes="field-row"):
                 yield Label("" if spec.kind == "switch" else spec.label, classes="field-label")
                 yield self._editor(spec)
-            yield Static("", id=f"{spec.dom_id}-error", classes="field-error")
         with Horizontal(classes="field-row"):
             yield Label("More --set", classes="field-label")
             yield Input(placeholder="table.key=value ...  e.g. data.test_size=500",
                         id=EXTRA_ID, compact=True,
                         tooltip="Any other setting, written as for `gputui run --set`.")
-        yield Static("", id=f"{EXTRA_ID}-error", classes="field-error")
         yield Static("", id="field-help")
 
     def _editor(self, spec: FieldSpec) -> Widget:
@@ -98,11 +96,21 @@ class ParamForm(VerticalScroll):
         self._show(EXTRA_ID, extra_error)
 
     def _show(self, dom_id: str, message: str) -> None:
-        label = self.query_one(f"#{dom_id}-error", Static)
-        label.update(message)
+        # The line under a field is mounted the first time it has something to say: a dozen
+        # empty widgets fewer to style before the first paint.
+        if self.shown.get(dom_id, "") == message:
+            return
         self.shown[dom_id] = message
-        label.set_class(bool(message), "-shown")
-        self.query_one(f"#{dom_id}").set_class(bool(message), "-error")
+        editor = self.query_one(f"#{dom_id}")
+        editor.set_class(bool(message), "-error")
+        found = self.query(f"#{dom_id}-error")
+        if found:
+            label = found.first(Static)
+            label.update(message)
+            label.set_class(bool(message), "-shown")
+        elif message:
+            self.mount(Static(message, id=f"{dom_id}-error", classes="field-error -shown"),
+                       after=editor.parent)
 
     def error_text(self, key: str) -> str:
         """The message shown under a field (for tests)."""
