@@ -31,6 +31,9 @@ COMM_MARKERS = ("DistBackendError", "DistNetworkError", "DistStoreError", "Conne
                 "Connection reset", "Broken pipe", "gloo", "NCCL", "timed out", "Timeout")
 
 
+COMM_GRACE_S = 3.0
+
+
 class RankFailed(RuntimeError):
     """This rank's run failed; the reason is in rank-failures/<rank>.json."""
 
@@ -81,7 +84,10 @@ def rank_main(spec: dict[str, Any]) -> str:
         if recorder is not None:
             recorder.close()
     if sink.failed is not None:
-        write_failure(run_dir, info.rank, sink.failed.reason, sink.failed.detail)
+        if write_failure(run_dir, info.rank, sink.failed.reason, sink.failed.detail):
+            # A broken connection: most likely a peer died. Torch's agent reports the first
+            # rank it sees exit, so give it time to see that peer (the root cause) first.
+            time.sleep(COMM_GRACE_S)
         raise RankFailed(f"rank {info.rank}: {sink.failed.reason}")
     # Success: the return value still has to reach the agent (torch's wrapper puts it after
     # this function returns), so the quick exit waits for the interpreter's exit hooks.
@@ -89,8 +95,9 @@ def rank_main(spec: dict[str, Any]) -> str:
     return status
 
 
-def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> None:
-    """Leave this rank's failure for the agent (atomic: the agent may read at any moment)."""
+def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> bool:
+    """Leave this rank's failure for the agent (atomic: the agent may read at any moment);
+    True when it looks like a broken connection to another rank."""
     folder = run_dir / "rank-failures"
     folder.mkdir(exist_ok=True)
     comm = any(m in reason for m in COMM_MARKERS)
@@ -100,6 +107,7 @@ def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> None:
                                "detail": detail, "comm": comm, "t": time.time()}),
                    encoding="utf-8")
     os.replace(tmp, path)
+    return comm
 
 
 def _destroy_group() -> None:

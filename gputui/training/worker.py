@@ -87,10 +87,11 @@ class _AgreedStop:
         self.reason = "stopped on another rank"
 
     def __call__(self) -> bool:
-        mine = bool(self.flag())
-        if mine:
+        agreed = self.strategy.agree_stop(bool(self.flag()))
+        # asked after the collective: a stop request set in between is this rank's own too
+        if agreed and self.flag():
             self.reason = getattr(self.flag, "reason", "stopped by user")
-        return self.strategy.agree_stop(mine)
+        return agreed
 
 
 def _alive(pid: int) -> bool:

@@ -33,7 +33,8 @@ def _steps(run_dir) -> list:
 def cli_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     proc = subprocess.run([*GPUTUI, "run", "quickstart", "--strategy", "ddp", *SMALL,
-                           "--set", "run.log_every=4", "--runs-dir", str(runs), "--json"],
+                           "--set", "run.log_every=4", "--set", "telemetry.interval_s=0.25",
+                           "--runs-dir", str(runs), "--json"],
                           capture_output=True, text=True, timeout=240)
     return proc
 
