@@ -28,10 +28,12 @@ class FieldSpec:
 
     @property
     def table(self) -> str:
+        """The TOML table: 'optim' for optim.lr."""
         return self.key.split(".", 1)[0]
 
     @property
     def name(self) -> str:
+        """The key within the table: 'lr' for optim.lr."""
         return self.key.split(".", 1)[1]
 
     @property
@@ -40,15 +42,18 @@ class FieldSpec:
         return "f-" + self.key.replace(".", "-").replace("_", "-")
 
     def metadata(self) -> dict:
+        """The config field's metadata (help, choices, bounds)."""
         for f in dataclasses.fields(SECTIONS[self.table]):
             if f.name == self.name:
                 return dict(f.metadata)
         raise KeyError(self.key)
 
     def choices(self) -> tuple[str, ...]:
+        """The allowed values of a select field."""
         return tuple(self.metadata().get("choices", ()))
 
     def help(self) -> str:
+        """The field's documentation, from the config schema."""
         return self.metadata().get("help", "")
 
 
@@ -124,6 +129,7 @@ class FormResult:
 
     @property
     def ok(self) -> bool:
+        """True when the form amounts to a valid config."""
         return self.config is not None
 
 

@@ -31,9 +31,11 @@ class DeviceRow:
 
     @property
     def name(self) -> str:
+        """'cuda:1' or 'cpu:0'."""
         return f"{self.kind}:{self.index}"
 
     def device(self) -> Device:
+        """The row as a training Device."""
         return Device(self.kind, self.index, self.label)
 
 

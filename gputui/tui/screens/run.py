@@ -58,6 +58,7 @@ class RunScreen(RunControls, Screen):
 
     @property
     def ended(self) -> bool:
+        """The run reached its terminal event (finished, stopped or failed)."""
         return self.state in ENDED
 
     def compose(self) -> ComposeResult:

@@ -73,6 +73,7 @@ class ParamForm(VerticalScroll):
         return out
 
     def extra(self) -> str:
+        """The 'More --set' text: overrides as table.key=value, space separated."""
         return self.query_one(f"#{EXTRA_ID}", Input).value
 
     def load(self, config: RunConfig) -> None:

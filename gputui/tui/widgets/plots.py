@@ -45,6 +45,7 @@ class MetricPlot(PlotextPlot):
 
     @property
     def last_y(self) -> float | None:
+        """The latest value plotted, or None."""
         return self.points[-1][1] if self.points else None
 
     def on_mount(self) -> None:

@@ -56,6 +56,7 @@ class RunStatus(Vertical):
         self.query_one("#state-badge", Label).update(STATE_TEXT.get(state, state))
 
     def started(self, ev: RunStarted) -> None:
+        """The run began: its id, epochs and devices."""
         self.t0 = self.t_last = ev.t
         self.run_id = ev.run_id
         cfg = ev.config if isinstance(ev.config, dict) else {}
@@ -66,11 +67,13 @@ class RunStatus(Vertical):
         self.query_one("#status-headline", Static).update(self.headline)
 
     def init_done(self, ev: InitDone) -> None:
+        """Set-up finished: init time and steps per epoch."""
         self.init_s = ev.seconds
         if ev.steps_per_epoch:
             self.steps_per_epoch = ev.steps_per_epoch
 
     def step_metrics(self, ev: StepMetrics) -> None:
+        """Progress and throughput at a logged step."""
         self.epoch, self.step, self.global_step = ev.epoch, ev.step, ev.global_step
         self.steps_per_epoch = ev.steps_per_epoch or self.steps_per_epoch
         self.samples_per_s = ev.samples_per_s
@@ -80,6 +83,7 @@ class RunStatus(Vertical):
         self.t_last = ev.t
 
     def epoch_end(self, ev: EpochEnd) -> None:
+        """An epoch finished (its evaluation time feeds the ETA)."""
         self.epochs = ev.epochs or self.epochs
         self.finished_epochs = ev.epoch
         self.epoch = ev.epoch
@@ -94,10 +98,12 @@ class RunStatus(Vertical):
         self.t_last = max(self.t_last or t, t)
 
     def set_record(self, text: str) -> None:
+        """Show where the run record is and what it says."""
         self.query_one("#record-line", Static).update(text)
 
     # ------------------------------------------------------------------ showing
     def eta(self, ended: bool = False) -> float | None:
+        """Seconds left: remaining steps at the recent step time, plus evaluations."""
         if ended:
             return 0.0
         total = self.steps_per_epoch * self.epochs
