@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui import history
-from gputui.compare import TABLE_COLUMNS, fmt
+# history and compare are imported by the commands that use them: building the parser must
+# stay cheap, since `gputui` (the app) builds it before its first paint.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
@@ -100,6 +100,8 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
 
 
 def _cell(key: str, value: Any) -> str:
+    from gputui.compare import fmt
+
     if key == "baseline" and value:  # the full id is in the id column; its suffix finds it
         return "…" + str(value).rsplit("-", 1)[-1]
     return fmt(key, value)
@@ -107,6 +109,8 @@ def _cell(key: str, value: Any) -> str:
 
 def cmd_runs(args) -> int:
     """``gputui runs``: the run table, filtered."""
+    from gputui import history
+
     if args.last is not None and args.last < 1:
         return fail(f"--last {args.last}: give a positive number of runs")
     try:
@@ -126,6 +130,7 @@ def cmd_runs(args) -> int:
 
 def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) -> list[Path]:
     """Run folders from ids/paths and/or a sweep; LookupError (one line) when one is unknown."""
+    from gputui import history
     from gputui.sweep import load_manifest
     from gputui.training.runstore import default_runs_dir
 
@@ -140,7 +145,7 @@ def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) ->
 
 def cmd_compare(args) -> int:
     """``gputui compare RUN...``: the comparison table, exports and plots."""
-    from gputui.compare import as_plain, compare, summary_lines, table_rows
+    from gputui.compare import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
     from gputui.export import ExportError
 
     if not args.runs and not args.sweep:
