@@ -132,6 +132,9 @@ class RunHandle:
             self._telemetry_log = None
         for p in self.processes:
             p.join(timeout=5)
+            if p.is_alive():  # the run has ended; a process stuck on its way out must go
+                _kill_tree(p.pid)
+                p.join(timeout=5)
         if self.multiprocess:  # the node's dataset copy, left behind when the agent was killed
             from gputui.training import shared_data
 

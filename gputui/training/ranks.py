@@ -116,6 +116,8 @@ def _destroy_group() -> None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            from gputui.training.strategies.ddp import destroy_group
+
+            destroy_group()
     except Exception:  # noqa: BLE001 - the group may be broken after a peer died
         pass

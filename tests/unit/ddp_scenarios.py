@@ -70,8 +70,10 @@ def rank_fn() -> dict:
     try:
         return {name: run_scenario(name) for name in SCENARIOS}
     finally:
+        from gputui.training.strategies.ddp import destroy_group
+
         dist.barrier()
-        dist.destroy_process_group()
+        destroy_group()
 
 
 def main(out: str) -> None:

@@ -204,7 +204,17 @@ class DDPStrategy(Strategy):
         """Barrier, then destroy the process group (ranks.py does it again in ``finally``)."""
         if self._owns_group and dist.is_initialized():
             dist.barrier(group=self.control)
-            dist.destroy_process_group()
+            destroy_group()
+
+
+def destroy_group() -> None:
+    """destroy_process_group, without the deadlock it can hit on gloo: its destructor joins
+    gloo's worker threads while holding the GIL, and a worker that is still releasing a
+    finished collective's tensors needs the GIL for that. Sleeping first hands it over."""
+    import time
+
+    time.sleep(0.1)
+    dist.destroy_process_group()
 
 
 STRATEGY = DDPStrategy
