@@ -8,6 +8,9 @@ agent -> 2 ranks). Each round trains ``--epochs`` epochs; the first is warm-up a
 counted; samples/s is training time only (evaluation excluded). Rounds alternate
 (single, ddp, single, ddp ...); medians and the ratio ddp / single are printed (target 1.05).
 
+Reference: a hand-written DDP loop (same data, model, optimizer, 2 ranks x 1 thread) through
+the same elastic launcher, so the overhead of gputui's ddp shows apart from the machine's.
+
 Start-up: launch to the first step of ddp (InitDone: process start, torch import, rendezvous,
 process group, data and model), against a bare 2-rank elastic launch whose ranks import torch,
 join a gloo group and all-reduce once, measured here the same way (target: under 4 s).
@@ -75,6 +78,41 @@ def ddp_round(cfg: RunConfig) -> tuple[float, float]:
     return steady(ends), init_s
 
 
+def _plain_rank(epochs: int, batch: int) -> float:
+    """A hand-written DDP loop (the reference): same data, model, optimizer, 1 thread."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn import functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gputui.training.data import TensorBatches, load_dataset
+    from gputui.training.models import build_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ds = load_dataset("synthetic", train_size=12_000, test_size=2_000)
+    model = DistributedDataParallel(build_model("lenet", 1, 28, 10, seed=0, init="default"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = TensorBatches(ds.train_x, ds.train_y, batch, 0)
+    per = batch // world
+    seconds = samples = 0.0
+    for epoch in range(1, epochs + 1):
+        start = time.perf_counter()
+        for x, y in batches.epoch(epoch):
+            xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+            opt.zero_grad(set_to_none=True)
+            (F.cross_entropy(model(xs), ys, reduction="sum") / per).backward()
+            opt.step()
+        if epoch > 1:
+            seconds += time.perf_counter() - start
+            samples += batches.steps_per_epoch * batch
+    dist.barrier()
+    time.sleep(0.1)  # see strategies.ddp.destroy_group
+    dist.destroy_process_group()
+    return samples / seconds
+
+
 def _bare_rank(t0: float) -> float:
     import torch
     import torch.distributed as dist
@@ -87,28 +125,33 @@ def _bare_rank(t0: float) -> float:
     return ready
 
 
-def _bare_agent(t0: float, out) -> None:
+def _agent(fn, args: tuple, out) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from gputui.training.agent import free_port
 
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
-                       rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="bare",
+                       rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="bench",
                        rdzv_configs={"is_host": True}, max_restarts=0, start_method="spawn",
                        monitor_interval=0.1)
-    out.put(max(elastic_launch(cfg, _bare_rank)(t0).values()))
+    results = elastic_launch(cfg, fn)(*args)
+    out.put(results[0] if fn is _plain_rank else max(results.values()))
+
+
+def elastic(fn, *args) -> float:
+    """Run ``fn`` on 2 elastic ranks from a fresh process; rank 0's (or the slowest) value."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_agent, args=(fn, args, out))
+    proc.start()
+    value = out.get(timeout=600)
+    proc.join()
+    return value
 
 
 def bare_launch() -> float:
     """Seconds from starting a process to 2 elastic ranks that have all-reduced once."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    t0 = time.time()
-    proc = ctx.Process(target=_bare_agent, args=(t0, out))
-    proc.start()
-    value = out.get(timeout=120)
-    proc.join()
-    return value
+    return elastic(_bare_rank, time.time())
 
 
 def main() -> None:
@@ -120,21 +163,26 @@ def main() -> None:
     args = ap.parse_args()
     single_cfg = config("single", "cpu", 2, args.epochs, args.batch_size)
     ddp_cfg = config("ddp", "cpu*2", 1, args.epochs, args.batch_size)
-    res: dict[str, list[float]] = {"single": [], "ddp": [], "ddp_start": [], "bare_start": []}
+    res: dict[str, list[float]] = {"single": [], "ddp": [], "plain_ddp": [], "ddp_start": [],
+                                   "bare_start": []}
     for r in range(args.rounds):
         res["single"].append(single_round(single_cfg))
         sps, start = ddp_round(ddp_cfg)
         res["ddp"].append(sps)
         res["ddp_start"].append(start)
+        res["plain_ddp"].append(elastic(_plain_rank, args.epochs, args.batch_size))
         res["bare_start"].append(bare_launch())
-        print(f"round {r + 1}: single {res['single'][-1]:8,.0f} samples/s   ddp "
-              f"{sps:8,.0f} samples/s   ddp launch->first step {start:.2f} s   bare elastic "
-              f"launch {res['bare_start'][-1]:.2f} s", flush=True)
+        print(f"round {r + 1}: single {res['single'][-1]:7,.0f}  ddp {sps:7,.0f}  plain DDP "
+              f"loop {res['plain_ddp'][-1]:7,.0f} samples/s   ddp launch->first step "
+              f"{start:.2f} s, bare elastic launch {res['bare_start'][-1]:.2f} s", flush=True)
     med = {k: statistics.median(v) for k, v in res.items()}
     ratio = med["ddp"] / med["single"]
     print(f"median: ddp (2 ranks x 1 thread) {med['ddp']:,.0f} samples/s, single (2 threads) "
           f"{med['single']:,.0f} samples/s, ratio {ratio:.3f} (target >= 1.05; LeNet, batch "
           f"{args.batch_size})")
+    print(f"median: hand-written DDP loop {med['plain_ddp']:,.0f} samples/s, ratio to single "
+          f"{med['plain_ddp'] / med['single']:.3f}; gputui ddp / hand-written "
+          f"{med['ddp'] / med['plain_ddp']:.3f}")
     print(f"median: ddp launch to first step {med['ddp_start']:.2f} s (target < 4 s), bare "
           f"2-rank elastic launch {med['bare_start']:.2f} s, ratio "
           f"{med['ddp_start'] / med['bare_start']:.2f}")

@@ -15,6 +15,7 @@ Metrics are combined as means over ranks: each rank reports its share scaled to 
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -24,6 +25,8 @@ from torch import nn
 from gputui.training.strategies.base import Stopwatch, Strategy
 from gputui.training.strategies.scratch import split_sizes
 
+STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
+STOP_CHECK_MAX = 50  # ... but at least every 50 steps
 # the per-rank figures gathered at the log interval, in this order (float64)
 _FIELDS = ("rank", "node", "cuda", "index", "samples", "compute_s", "step_s", "mem_alloc",
            "mem_reserved", "rss", "pid")
@@ -69,6 +72,8 @@ class DDPStrategy(Strategy):
         # split_weights name the local devices; every node has the same layout
         self.weights = [weights[r % n_local] for r in range(self.world_size)] if weights else None
         self._rss = None
+        self._stop_countdown = self._stop_every = 1  # see agree_stop
+        self._stop_t = time.perf_counter()
         if not self.cuda and self.rank == 0:
             self.notes.append(f"{self.world_size} {self.backend} ranks on the CPU, "
                               f"{torch.get_num_threads()} thread(s) each")
@@ -116,10 +121,22 @@ class DDPStrategy(Strategy):
         return loss
 
     def agree_stop(self, mine: bool) -> bool:
-        """True when any rank wants to stop (one MAX all-reduce of a flag per step)."""
-        flag = torch.tensor([1.0 if mine else 0.0])
+        """True when any rank wants to stop. The ranks agree with a small MAX all-reduce, not
+        at every step (that sync point costs a few % of throughput on fast steps) but every
+        k-th check, k agreed in the same all-reduce (the smallest of the ranks' proposals)
+        so that a check happens about every STOP_CHECK_S: every rank makes the same checks,
+        so all stop at the same step. A stop asked between checks waits for the next one."""
+        self._stop_countdown -= 1
+        if self._stop_countdown > 0:
+            return False
+        now = time.perf_counter()
+        step_s = (now - self._stop_t) / max(1, self._stop_every)
+        self._stop_t = now
+        proposal = max(1, min(STOP_CHECK_MAX, int(STOP_CHECK_S / max(step_s, 1e-6))))
+        flag = torch.tensor([1.0 if mine else 0.0, -float(proposal)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
-        return bool(flag.item())
+        self._stop_every = self._stop_countdown = int(-flag[1].item())
+        return bool(flag[0].item())
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Mean over ranks of each rank's whole-scaled share: the global figure."""
