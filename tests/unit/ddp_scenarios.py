@@ -26,6 +26,7 @@ SCENARIOS = {
     "ddp_micro": ("ddp", "mlp", 32, {"optim.micro_batches": 4}, 1),
     "fsdp": ("fsdp", "lenet", 32, {}, 1),
     "fsdp_micro": ("fsdp", "mlp", 32, {"optim.micro_batches": 2}, 1),
+    "ddp_scaled": ("ddp", "lenet", 16, {"optim.scale_with_devices": True}, 1),  # 32 / 0.2
     "ddp_bf16": ("ddp", "mlp", 64, {"run.precision": "bf16"}, 6),
 }
 

@@ -51,6 +51,15 @@ def test_equals_single(ranks, name):
         assert got["acc"] == ref_acc  # evaluation split over the ranks and all-reduced
 
 
+def test_scale_with_devices_multiplies_batch_and_lr_by_the_world_size(ranks):
+    strategy, losses = run_steps(make_config("single", "cpu", "lenet", 32, **{"optim.lr": 0.2}),
+                                 STEPS)
+    got = ranks[0]["ddp_scaled"]
+    assert got["batch_size"] == 32  # 16 per device x 2 ranks, lr 0.1 x 2
+    assert_params_close(got["params"], params(strategy.model))
+    assert got["losses"] == pytest.approx(losses, rel=1e-5)
+
+
 def test_each_rank_takes_its_shard(ranks):
     assert [ranks[r]["ddp_uneven"]["shard"] for r in (0, 1)] == [32, 8]  # split_weights 0.8/0.2
     assert [ranks[r]["ddp_odd"]["shard"] for r in (0, 1)] == [13, 12]
