@@ -79,11 +79,12 @@ class DDPStrategy(Strategy):
                               f"{torch.get_num_threads()} thread(s) each")
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """DDP around the model (buckets overlap the all-reduce with backward)."""
+        """DDP around the model (buckets overlap the all-reduce with backward; gradients are
+        views into the buckets, which saves a copy of every gradient per step)."""
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.cuda else None
-        return DistributedDataParallel(model, device_ids=ids)
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
     def no_sync(self):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
