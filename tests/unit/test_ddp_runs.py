@@ -140,3 +140,20 @@ def test_a_stop_is_agreed_by_every_rank(tmp_path):
     handle.processes[0].join(timeout=10)
     assert handle.processes[0].exitcode == 0
     assert _gone(ranks)
+
+
+def test_a_stop_while_waiting_for_other_nodes_ends_the_run(tmp_path):
+    cfg = _ddp_config(**{"devices.spec": "cpu", "dist.nnodes": 2,
+                         "dist.rdzv_endpoint": f"127.0.0.1:{free_port()}"})
+    handle = launch(cfg, tmp_path)
+    seen, deadline = [], time.monotonic() + 60
+    while not any(e.kind == "log" for e in seen) and time.monotonic() < deadline:
+        seen += handle.poll(timeout=0.2)
+    assert seen[0].message.startswith("waiting for 2 nodes at 127.0.0.1:")
+    tree = [handle.processes[0].pid] + [
+        p.pid for p in psutil.Process(handle.processes[0].pid).children(recursive=True)]
+    handle.stop()
+    assert handle.wait(timeout=30) == "stopped"
+    assert read_events(handle.run_dir)[-1].reason == "stopped by user before the ranks started"
+    time.sleep(1)
+    assert _gone(tree)
