@@ -43,7 +43,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
           run_dir: str | Path | None = None) -> str:
     """Run every epoch; returns "finished" or "stopped" (checked before each step). Raises
     Diverged, OutOfMemory or CheckpointError with a one-line message. With ``run_dir``,
-    checkpoints go to ``run_dir/checkpoint.pt`` (written by rank 0)."""
+    checkpoints go to ``run_dir/checkpoint.pt`` (written by each node's local rank 0)."""
     steps = batches.steps_per_epoch
     log_every, every = cfg.run.log_every, cfg.run.checkpoint_every
     saving = run_dir is not None and cfg.run.checkpoint
@@ -58,7 +58,8 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
 
     def save(position: ckpt.Position) -> None:
         if saving:
-            ckpt.save(path, strategy, position, write=strategy.rank == 0)
+            # every node keeps its own record, so each node's first rank writes its checkpoint
+            ckpt.save(path, strategy, position, write=getattr(strategy, "local_rank", 0) == 0)
 
     first_epoch, skip, carried, global_step = 1, 0, 0.0, 0
     if cfg.run.resume_from:
