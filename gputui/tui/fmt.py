@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import math
 
+from gputui.devices import human_bytes
 
-def fmt_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB'; None -> 'n/a'."""
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop always returns
+# one formatter for bytes everywhere (the CLI's device table uses the same)
+fmt_bytes = human_bytes
 
 
 def fmt_duration(seconds: float | None) -> str:

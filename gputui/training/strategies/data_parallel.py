@@ -3,7 +3,8 @@
 Each step DataParallel replicates the model from the first device onto the others, scatters
 the batch, runs the replicas in threads and gathers the outputs on the first device, where the
 loss is taken; backward sums every replica's gradients into the first device's parameters.
-Only what differs from ``single`` lives here: the wrapper, and its honest report on CPU.
+Only what differs from ``single`` lives here (its step runs through ``self.wrapped``): the
+wrapper, and its honest report on CPU.
 
 DataParallel has no CPU mode. On CPU devices torch's DataParallel, finding no accelerator, just
 calls the module, so the run trains without replication on one CPU device, and says so.
@@ -15,7 +16,8 @@ import torch
 from torch import nn
 from torch._utils import _get_available_device_type
 
-from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.strategies.base import Stopwatch
+from gputui.training.strategies.single import Single
 
 
 def scatter_sizes(total: int, n: int) -> list[int]:
@@ -25,7 +27,7 @@ def scatter_sizes(total: int, n: int) -> list[int]:
     return [max(0, min(per, total - i * per)) for i in range(n)]
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(Single):
     """The model on the first device, wrapped in ``nn.DataParallel`` over every chosen GPU."""
 
     name = "dp"
@@ -56,17 +58,6 @@ class DataParallelStrategy(Strategy):
         elif any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()):
             self.notes.append("DataParallel: BatchNorm normalises each device's share of the "
                               "batch, and keeps the first device's running statistics")
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        start = self.watch.mark() if self.meter else None
-        self.opt.zero_grad(set_to_none=True)
-        loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
-        self.optimizer_step(self.opt)
-        if self.scaler is not None:
-            self.scaler.update()
-        if start is not None:
-            self.timing = {"start": start, "end": self.watch.mark(), "samples": len(x)}
-        return loss
 
     def read_timing(self) -> dict:
         """The metered step's seconds. On GPUs the replicas run in threads inside one call, so

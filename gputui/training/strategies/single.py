@@ -15,6 +15,7 @@ class Single(Strategy):
     def setup(self) -> None:
         self.device = torch.device(self.devices[0].torch_device)
         self.model = self.build_model().to(self.device)
+        self.wrapped: torch.nn.Module = self.model  # what a step calls (dp wraps the model)
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
         self.watch = Stopwatch(self.device)
@@ -22,7 +23,7 @@ class Single(Strategy):
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         start = self.watch.mark() if self.meter else None
         self.opt.zero_grad(set_to_none=True)
-        loss = self.forward_backward(self.model, x, y, len(x), self.device)
+        loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
         self.optimizer_step(self.opt)
         if self.scaler is not None:
             self.scaler.update()
