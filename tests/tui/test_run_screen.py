@@ -6,6 +6,7 @@ from scripted import GIB, T0, FakeHandle, ScriptedLauncher, fixed_inventory, run
 
 from gputui.events import DeviceSample, StepMetrics
 from gputui.tui.app import make_app
+from gputui.tui.messages import DeviceSamples, RunEventBatch
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.screens.run import RunScreen
 from gputui.tui.screens.setup import SetupScreen
@@ -198,7 +199,13 @@ async def test_a_burst_of_events_never_queues_without_bound(presets):
         await pilot.press("l")
         await pilot.pause()
         assert screen.query_one(RunLog).has_focus
-        assert screen._message_queue.qsize() < 10  # nothing piles up in the queue
+        # Nothing piles up: the pump keeps one event batch in flight and one samples message
+        # (a lost one is re-posted after a grace period). Textual's own messages (timers,
+        # repaints) also sit in this queue and grow with machine load, so they are not counted.
+        # (test_pump.py proves the one-batch-in-flight rule deterministically.)
+        from_pump = [m for m in list(screen._message_queue.values)
+                     if isinstance(m, (RunEventBatch, DeviceSamples))]
+        assert len(from_pump) <= 3, from_pump
         assert screen.batches_handled < handle.sent / 1000  # coalesced into large batches
         assert screen.query_one(LossPlot).points[-1][0] > 25_000
         assert not screen.display_errors
