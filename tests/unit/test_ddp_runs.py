@@ -47,6 +47,8 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     run_dir = summary["run_dir"]
     steps = _steps(run_dir)
     assert [s.step for s in steps] == [4, 8]
+    # the gradient sync, timed by DDP's comm hook on the metered steps: a real share of the step
+    assert all(s.comm_share is not None and 0 < s.comm_share < 1 for s in steps), steps
     rows = steps[-1].per_device
     assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"] and [r["rank"] for r in rows] == [0, 1]
     assert all(r["samples"] == 128 and r["step_time_s"] > 0 and r["samples_per_s"] > 0

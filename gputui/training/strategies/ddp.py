@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.strategies.comm_timer import CommTimer
 from gputui.training.strategies.scratch import split_sizes
 
 STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
@@ -64,10 +65,11 @@ class DDPStrategy(Strategy):
         # control messages over gloo on the CPU; for a gloo job that is the default group
         self.control = (dist.new_group(backend="gloo", timeout=timeout)
                         if self.backend != "gloo" else None)
+        self.watch = Stopwatch(self.device)
+        self.comm: CommTimer | None = None  # set by wrap() for DDP (fsdp has no comm hook)
         self.model = self.wrap(self.build_model().to(self.device))
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
-        self.watch = Stopwatch(self.device)
         weights = self.cfg.strategy.split_weights
         # split_weights name the local devices; every node has the same layout
         self.weights = [weights[r % n_local] for r in range(self.world_size)] if weights else None
@@ -84,7 +86,10 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.cuda else None
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        self.comm = CommTimer(self.watch)  # times the gradient sync on metered steps
+        ddp.register_comm_hook(None, self.comm.hook)
+        return ddp
 
     def no_sync(self):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
@@ -109,6 +114,8 @@ class DDPStrategy(Strategy):
         total = len(x)
         xs, ys = self.shard(x, y)
         self.opt.zero_grad(set_to_none=True)
+        if self.comm is not None:
+            self.comm.start_step(start is not None)
         # / (total / world): DDP divides the summed gradients by the world size again
         loss = self.forward_backward(self.model, xs, ys, total / self.world_size, self.device,
                                      before_last=self.no_sync)
@@ -191,7 +198,8 @@ class DDPStrategy(Strategy):
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.control)
         per_device = [self._row(dict(zip(_FIELDS, r.tolist()))) for r in rows]
-        return {"step_s": step, "comm_s": None, "per_device": per_device}
+        comm = self.comm.seconds(t["start"]) if t and self.comm is not None else None
+        return {"step_s": step, "comm_s": comm, "per_device": per_device}
 
     def _row(self, f: dict) -> dict:
         name = f"{'cuda' if f['cuda'] else 'cpu'}:{int(f['index'])}"
