@@ -8,6 +8,7 @@ every event as it happens and ends the record with exactly one terminal event.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -160,7 +161,16 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         return "failed"
 
 
+# gloo's and NCCL's words for a collective that waited past its timeout
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms|collective operation timeout", re.I)
+
+
 def _one_line(exc: BaseException) -> str:
+    timeout = _COLLECTIVE_TIMEOUT.search(str(exc))
+    if timeout:
+        after = f" after {int(timeout.group(1)) / 1000:g} s" if timeout.group(1) else ""
+        return (f"a collective timed out{after} (strategy.timeout_s): another rank stopped "
+                f"responding; raise strategy.timeout_s if the ranks are only slow")
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",

@@ -130,6 +130,36 @@ def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_p
     assert not shared_data.path_for(handle.run_id).exists()
 
 
+def test_a_hung_rank_cannot_hang_the_run(tmp_path):
+    """Rank 1 frozen (SIGSTOP) mid-run: rank 0 waits in a collective until strategy.timeout_s,
+    then the run fails with a clear reason and every process, the frozen one too, is gone."""
+    handle = launch(_ddp_config(**{"strategy.timeout_s": 4.0}), tmp_path)
+    _until_step(handle)
+    agent = handle.processes[0].pid
+    tree = [agent] + [p.pid for p in psutil.Process(agent).children(recursive=True)]
+    frozen = handle.pids()["cpu:1"]
+    os.kill(frozen, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        assert handle.wait(timeout=90) == "failed"
+    finally:
+        if psutil.pid_exists(frozen):
+            os.kill(frozen, signal.SIGKILL)  # never leave a stopped process behind a failure
+    waited = time.monotonic() - started
+    events = read_events(handle.run_dir)
+    assert events[-1].kind == "run_failed"
+    assert re.fullmatch(r"rank \d: a collective timed out after 4 s \(strategy.timeout_s\): "
+                        r"another rank stopped responding; raise strategy.timeout_s if the "
+                        r"ranks are only slow", events[-1].reason), events[-1].reason
+    # 4 s of timeout, then torch elastic gives the ranks up to 30 s to exit on SIGTERM, which a
+    # frozen process cannot do (a rank merely stuck in a collective exits at once)
+    assert waited < 60, f"the run took {waited:.0f} s to end after a rank hung (timeout 4 s)"
+    deadline = time.monotonic() + 15
+    while not _gone(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(tree), [p for p in tree if psutil.pid_exists(p)]
+
+
 def test_a_stop_is_agreed_by_every_rank(tmp_path):
     handle = launch(_ddp_config(), tmp_path)
     _until_step(handle)
