@@ -72,6 +72,12 @@ def build(args, runs_dir: Path):
     strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",") if s.strip()))
     if not strategies:
         raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
+    from gputui.training.strategies import registry
+
+    unknown = [s for s in strategies if registry.get(s) is None]
+    if unknown:  # a typo is bad input; a known strategy that cannot run here is a skipped point
+        raise ConfigError(f"--strategies: unknown strategy {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(registry.names())}")
     sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
     overrides = _overrides(sets, None)
     load_preset_checked(path, overrides)

@@ -180,7 +180,9 @@ def test_resume_by_id_skips_finished_points(sweep, tiny, tmp_path):
 def test_sweep_bad_input_exits_2(tiny, tmp_path):
     for args, needle in ((["--devices", "1,x"], "'x' is not a device count"),
                          (["--set", "optim.lr=-1"], "optim.lr must be greater than 0.0"),
-                         (["--strategies", ","], "at least one strategy")):
+                         (["--strategies", ","], "at least one strategy"),
+                         (["--strategies", "single,sclatch"],
+                          "--strategies: unknown strategy 'sclatch'; known: single, scratch")):
         proc = gputui("sweep", str(tiny), "--runs-dir", str(tmp_path), *args)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
