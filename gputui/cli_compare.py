@@ -16,15 +16,10 @@ from typing import Any
 # history and compare are imported by the commands that use them: building the parser must
 # stay cheap, since `gputui` (the app) builds it before its first paint.
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from gputui.cli import EXIT_OK, fail
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
            "comm_share": "comm", "init_s": "init", "efficiency": "efficiency"}
 
-
-def fail(message: str) -> int:
-    """One line on stderr, exit status 2."""
-    print(f"gputui: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gputui.config import ConfigError, parse_assignment
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 
 
 def register(sub) -> None:
@@ -167,8 +167,3 @@ def _export(items, dirs, folder: Path, out) -> None:
         print(f"no plots: {exc}", file=out)
     print(f"exported to {folder}", file=out)
 
-
-def fail(message: str) -> int:
-    """One line on stderr, exit status 2."""
-    print(f"gputui: error: {message}", file=sys.stderr)
-    return EXIT_USAGE

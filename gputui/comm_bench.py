@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3,
          "GB": 1024**3}
 DEFAULT_SIZES = "4K,64K,1M,4M"
@@ -92,18 +92,18 @@ def cmd_bench_comm(args) -> int:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
         devices = resolve_devices(args.devices)
     except (ValueError, DeviceSpecError) as exc:
-        return _fail(str(exc) if str(exc).startswith("--") else f"--devices: {exc}")
+        return fail(str(exc) if str(exc).startswith("--") else f"--devices: {exc}")
     impls = [i.strip() for i in args.impl.split(",") if i.strip()]
     bad = [i for i in impls if i not in ("scratch", "torch")]
     if bad or not impls:
-        return _fail(f"--impl: '{','.join(bad) or args.impl}' is not known; use scratch, torch "
+        return fail(f"--impl: '{','.join(bad) or args.impl}' is not known; use scratch, torch "
                      f"or scratch,torch")
     if not sizes:
-        return _fail("--sizes: give at least one size, e.g. 4K,1M")
+        return fail("--sizes: give at least one size, e.g. 4K,1M")
     if args.iters < 1 or args.warmup < 0:
-        return _fail("--iters must be at least 1 and --warmup at least 0")
+        return fail("--iters must be at least 1 and --warmup at least 0")
     if len(devices) < 2:
-        return _fail(f"--devices {args.devices}: allreduce needs at least 2 devices; "
+        return fail(f"--devices {args.devices}: allreduce needs at least 2 devices; "
                      f"e.g. --devices cpu*2")
     try:
         result = run_bench(devices, sizes, args.iters, args.warmup, impls, args.backend,
@@ -136,11 +136,6 @@ def print_table(result: dict[str, Any]) -> None:
             print(f" {r['size']:>12} {r['count']:>12} {'float':>7} {r['time_us']:>10.1f} "
                   f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f}")
         print()
-
-
-def _fail(message: str) -> int:
-    print(f"gputui: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 
