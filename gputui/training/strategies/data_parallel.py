@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch._utils import _get_available_device_type
 
-from gputui.training.strategies.base import Stopwatch
 from gputui.training.strategies.single import Single
 
 
@@ -33,22 +32,16 @@ class DataParallelStrategy(Single):
     name = "dp"
 
     def setup(self) -> None:
-        self.device = torch.device(self.devices[0].torch_device)
-        self.model = self.build_model().to(self.device)
+        super().setup()  # the model, optimizer and scaler on the first device, as single has
         self.cuda = self.devices[0].kind == "cuda"
         if self.cuda:
             ids = [d.index for d in self.devices]
-            self.wrapped: nn.Module = nn.DataParallel(self.model, device_ids=ids,
-                                                      output_device=ids[0])
+            self.wrapped = nn.DataParallel(self.model, device_ids=ids, output_device=ids[0])
         elif _get_available_device_type() is None:
             # The same call as on GPUs; with no accelerator DataParallel forwards to the module.
             self.wrapped = nn.DataParallel(self.model)
-        else:
-            # CPU devices on a GPU machine: DataParallel would grab the GPUs, so skip it.
-            self.wrapped = self.model
-        self.opt = self.make_optimizer(self.model.parameters())
-        self.make_scaler(self.device)
-        self.watch = Stopwatch(self.device)
+        # else: CPU devices on a GPU machine; DataParallel would grab the GPUs, so the step
+        # runs through the plain model (single's default)
         if not self.cuda:
             idle = [d.name for d in self.devices[1:]]
             self.notes.append(
