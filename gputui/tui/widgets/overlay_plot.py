@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual_plotext import PlotextPlot
 
 from gputui.tui.fmt import thin
+from gputui.tui.widgets.plots import draw_empty
 
 
 class OverlayPlot(PlotextPlot):
@@ -47,9 +48,5 @@ class OverlayPlot(PlotextPlot):
         if drawn and self.ylim:
             plt.ylim(*self.ylim)
         if not drawn:
-            plt.text("no data recorded", 0.5, 0.5, alignment="center")
-            plt.xlim(0, 1)
-            plt.ylim(0, 1)
-            plt.xticks([])
-            plt.yticks([])
+            draw_empty(plt, "no data recorded")
         self.refresh()

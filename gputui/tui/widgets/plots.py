@@ -13,6 +13,15 @@ from gputui.tui.fmt import thin
 MAX_POINTS = 20_000  # history kept; what is drawn is thinned to the plot's width
 
 
+
+def draw_empty(plt, message: str) -> None:
+    """An empty plot that says why, in place of axes with nothing on them."""
+    plt.text(message, 0.5, 0.5, alignment="center")
+    plt.xlim(0, 1)
+    plt.ylim(0, 1)
+    plt.xticks([])
+    plt.yticks([])
+
 class MetricPlot(PlotextPlot):
     """A line plot of (x, y) points with a title, axis labels and an empty-state message."""
 
@@ -81,11 +90,7 @@ class MetricPlot(PlotextPlot):
             if self.ylim:
                 plt.ylim(*self.ylim)
         else:
-            plt.text("waiting for data", 0.5, 0.5, alignment="center")
-            plt.xlim(0, 1)
-            plt.ylim(0, 1)
-            plt.xticks([])
-            plt.yticks([])
+            draw_empty(plt, "waiting for data")
         self.refresh()
 
 
