@@ -91,12 +91,13 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             if bad is not None:
                 _diverged(cfg, emit, warned, global_step - n + bad + 1, epoch,
                           window.first_step + bad, per_step[bad].item())
-            epoch_sum += per_step.sum().item()
+            window_sum = per_step.sum().item()
+            epoch_sum += window_sum
             elapsed = max(time.perf_counter() - window.start, 1e-9)
             timing = strategy.read_timing() if timed else {}
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
-                loss=per_step.sum().item() / n, samples_per_s=n * strategy.batch_size / elapsed,
+                loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
                 step_time_s=elapsed / n, lr=strategy.lr,
                 comm_share=_comm_share(timing), per_device=_per_device(strategy, timing)))
             window = _Window(step + 1)
