@@ -1,6 +1,10 @@
 """gputui's `ddp` (2 CPU ranks, 1 thread each) against `single` (2 threads), and ddp's start-up.
 
-    .venv/bin/python benchmarks/bench_ddp.py [--rounds 2] [--epochs 3] [--batch-size 256]
+    .venv/bin/python benchmarks/bench_ddp.py [--device cpu|cuda] [--rounds 2] [--epochs 3]
+        [--batch-size 256]
+
+``--device cuda``: one rank per visible GPU (nccl) against `single` on the first GPU; the
+"2 ranks" below are then that many GPU ranks.
 
 Throughput: LeNet on the synthetic set (12,000 examples), the same config for both; `single`
 runs in this process (the loop, as a run does), `ddp` as users run it (launcher -> elastic
@@ -8,8 +12,8 @@ agent -> 2 ranks). Each round trains ``--epochs`` epochs; the first is warm-up a
 counted; samples/s is training time only (evaluation excluded). Rounds alternate
 (single, ddp, single, ddp ...); medians and the ratio ddp / single are printed (target 1.05).
 
-Reference: a hand-written DDP loop (same data, model, optimizer, 2 ranks x 1 thread) through
-the same elastic launcher, so the overhead of gputui's ddp shows apart from the machine's.
+Reference: a hand-written DDP loop (benchmarks/plain.py: its own model and batching, the same
+data, seed and batch order; 2 ranks x 1 thread) through the same elastic launcher, so the overhead of gputui's ddp shows apart from the machine's.
 Ceiling: the same two ranks with no communication at all (each trains its shard alone), the
 most two 1-thread processes can do on this machine; where intra-op threads already scale well
 (2 threads ~ 2x 1 thread), that ceiling, not DDP, limits the ratio.
@@ -44,20 +48,20 @@ def steady(ends: list) -> float:
     return sum(e.samples_per_s * e.seconds for e in rest) / sum(e.seconds for e in rest)
 
 
-def single_round(cfg: RunConfig) -> float:
+def single_round(cfg: RunConfig, device: str = "cpu") -> float:
     """`single` through the loop in this process (its threads set by the config)."""
     import torch
 
-    from gputui.devices import cpu_devices
-    from gputui.training.data import TensorBatches, load_dataset
+    from gputui.devices import Device
+    from gputui.training.data import load_dataset, make_batches
     from gputui.training.loop import train
     from gputui.training.strategies.single import Single
 
     torch.set_num_threads(cfg.run.threads)
     ds = load_dataset("synthetic", train_size=cfg.data.train_size, test_size=cfg.data.test_size)
-    strategy = Single(cfg, cpu_devices(1), ds.in_channels, ds.image_size, ds.num_classes)
+    strategy = Single(cfg, [Device(device, 0)], ds.in_channels, ds.image_size, ds.num_classes)
     strategy.setup()
-    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
+    batches = make_batches(ds, strategy.batch_size, cfg.run.seed, strategy.data_device())
     ends: list = []
     train(cfg, strategy, batches, ds, lambda ev: ends.append(ev) if ev.kind == "epoch_end"
           else None, lambda: False)
@@ -81,47 +85,45 @@ def ddp_round(cfg: RunConfig) -> tuple[float, float]:
     return steady(ends), init_s
 
 
-def _plain_rank(epochs: int, batch: int, sync: bool = True) -> float:
-    """A hand-written DDP loop (the reference): same data, model, optimizer, 1 thread. With
-    ``sync=False`` the ranks never communicate: the machine's ceiling for two ranks."""
+def _plain_rank(epochs: int, batch: int, sync: bool = True, device: str = "cpu") -> float:
+    """A hand-written DDP loop (the reference, benchmarks/plain.py): same data, seed and batch
+    order, 1 thread. With ``sync=False`` the ranks never communicate: the machine's ceiling."""
+    import os
+    import sys
+    from pathlib import Path
+
     import torch
     import torch.distributed as dist
-    from torch.nn import functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from gputui.training.data import TensorBatches, load_dataset
-    from gputui.training.models import build_model
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plain
+
+    from gputui.training.data import load_dataset
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    cuda = device == "cuda"
+    dev = torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = load_dataset("synthetic", train_size=12_000, test_size=2_000)
-    model = build_model("lenet", 1, 28, 10, seed=0, init="default")
+    wrap = None
     if sync:
-        model = DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    batches = TensorBatches(ds.train_x, ds.train_y, batch, 0)
-    per = batch // world
-    seconds = samples = 0.0
-    for epoch in range(1, epochs + 1):
-        start = time.perf_counter()
-        for x, y in batches.epoch(epoch):
-            xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
-            opt.zero_grad(set_to_none=True)
-            (F.cross_entropy(model(xs), ys, reduction="sum") / per).backward()
-            opt.step()
-        if epoch > 1:
-            seconds += time.perf_counter() - start
-            samples += batches.steps_per_epoch * batch
+        def wrap(m):
+            return DistributedDataParallel(m, device_ids=[dev.index] if cuda else None)
+    sps, _ = plain.train(ds.train_x, ds.train_y, dev, batch, epochs, lr=0.1, momentum=0.9,
+                         shard=(rank, world), wrap=wrap)
     dist.barrier()
     time.sleep(0.1)  # see strategies.ddp.destroy_group
     dist.destroy_process_group()
-    return samples / seconds
+    return sps
 
 
-def _ceiling_rank(epochs: int, batch: int) -> float:
+def _ceiling_rank(epochs: int, batch: int, device: str = "cpu") -> float:
     """Each rank trains its shard with no gradient sync at all (not a correct job: a bound)."""
-    return _plain_rank(epochs, batch, sync=False)
+    return _plain_rank(epochs, batch, sync=False, device=device)
 
 
 def _bare_rank(t0: float) -> float:
@@ -136,12 +138,12 @@ def _bare_rank(t0: float) -> float:
     return ready
 
 
-def _agent(fn, args: tuple, out) -> None:
+def _agent(fn, args: tuple, out, nproc: int = 2) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from gputui.training.agent import free_port
 
-    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="c10d",
                        rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="bench",
                        rdzv_configs={"is_host": True}, max_restarts=0, start_method="spawn",
                        monitor_interval=0.1)
@@ -154,11 +156,12 @@ def _agent(fn, args: tuple, out) -> None:
         out.put(max(results.values()))
 
 
-def elastic(fn, *args) -> float:
-    """Run ``fn`` on 2 elastic ranks from a fresh process; rank 0's (or the slowest) value."""
+def elastic(fn, *args, nproc: int = 2) -> float:
+    """Run ``fn`` on ``nproc`` elastic ranks from a fresh process; rank 0's (or the slowest)
+    value."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_agent, args=(fn, args, out))
+    proc = ctx.Process(target=_agent, args=(fn, args, out, nproc))
     proc.start()
     value = out.get(timeout=600)
     proc.join()
@@ -172,23 +175,35 @@ def bare_launch() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    single_cfg = config("single", "cpu", 2, args.epochs, args.batch_size)
-    ddp_cfg = config("ddp", "cpu*2", 1, args.epochs, args.batch_size)
+    nproc = 2
+    if args.device == "cuda":
+        import torch
+
+        nproc = torch.cuda.device_count()
+        if nproc == 0:
+            raise SystemExit("--device cuda: torch sees no CUDA device here")
+    spec = "cpu*2" if args.device == "cpu" else ",".join(str(i) for i in range(nproc))
+    single_cfg = config("single", "cpu" if args.device == "cpu" else "0", 2, args.epochs,
+                        args.batch_size)
+    ddp_cfg = config("ddp", spec, 1, args.epochs, args.batch_size)
     res: dict[str, list[float]] = {"single": [], "ddp": [], "plain_ddp": [], "ddp_start": [],
                                    "bare_start": [], "ceiling": []}
     for r in range(args.rounds):
-        res["single"].append(single_round(single_cfg))
+        res["single"].append(single_round(single_cfg, args.device))
         sps, start = ddp_round(ddp_cfg)
         res["ddp"].append(sps)
         res["ddp_start"].append(start)
-        res["plain_ddp"].append(elastic(_plain_rank, args.epochs, args.batch_size))
+        res["plain_ddp"].append(elastic(_plain_rank, args.epochs, args.batch_size, True,
+                                        args.device, nproc=nproc))
         res["bare_start"].append(bare_launch())
-        res["ceiling"].append(elastic(_ceiling_rank, args.epochs, args.batch_size))
+        res["ceiling"].append(elastic(_ceiling_rank, args.epochs, args.batch_size, args.device,
+                                      nproc=nproc))
         print(f"round {r + 1}: single {res['single'][-1]:7,.0f}  ddp {sps:7,.0f}  plain DDP "
               f"loop {res['plain_ddp'][-1]:7,.0f} samples/s   ddp launch->first step "
               f"{start:.2f} s, bare elastic launch {res['bare_start'][-1]:.2f} s, 2 ranks "

@@ -17,6 +17,7 @@ from gputui.training import datafiles, readers, synthetic
 
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 12_000, 2_000
 TENSOR_LIMIT_BYTES = 2 * 1024**3
+SHUFFLE_COPY_LIMIT = 1024**3  # TensorBatches: above this, gather per batch (no second copy)
 
 
 class DataError(RuntimeError):
@@ -147,7 +148,12 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 class TensorBatches:
-    """Global batches indexed out of tensors that live on ``device`` (no per-step loader)."""
+    """Global batches out of tensors that live on ``device`` (no per-step loader).
+
+    Each epoch gathers the whole set into its shuffled order once (two gathers per epoch into
+    buffers reused from epoch to epoch), and the batches are views of that copy: a step pays
+    no slicing of the permutation and no gathers. A set larger than ``SHUFFLE_COPY_LIMIT``
+    is gathered per batch instead, so its memory is not doubled."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
                  device: torch.device | str = "cpu"):
@@ -155,13 +161,26 @@ class TensorBatches:
         self.device = torch.device(device)
         self.batch_size, self.seed = batch_size, seed
         self.steps_per_epoch = len(x) // batch_size  # the last partial batch is dropped
+        n = self.steps_per_epoch * batch_size
+        self.copy = self.x.element_size() * self.x[:n].nelement() <= SHUFFLE_COPY_LIMIT
+        self._bufs: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's batches from step ``start`` (0-based) on; the order is a function of
+        (seed, epoch) only, so a resumed epoch continues with the same batches."""
+        b, steps = self.batch_size, self.steps_per_epoch
         perm = epoch_permutation(len(self.x), self.seed, epoch).to(self.device)
-        b = self.batch_size
-        for i in range(self.steps_per_epoch):
-            idx = perm[i * b:(i + 1) * b]
-            yield self.x[idx], self.y[idx]
+        perm = perm[start * b:steps * b]
+        if not self.copy:
+            return ((self.x[idx], self.y[idx]) for idx in perm.split(b))
+        n = len(perm)
+        if self._bufs is None:
+            self._bufs = (self.x.new_empty((steps * b, *self.x.shape[1:])),
+                          self.y.new_empty((steps * b, )))
+        bx, by = self._bufs[0][:n], self._bufs[1][:n]
+        torch.index_select(self.x, 0, perm, out=bx)
+        torch.index_select(self.y, 0, perm, out=by)
+        return zip(bx.split(b), by.split(b))
 
 
 class LoaderBatches:
@@ -174,8 +193,9 @@ class LoaderBatches:
         self.batch_size, self.seed, self.workers = batch_size, seed, workers
         self.steps_per_epoch = len(x) // batch_size
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = epoch_permutation(len(self.dataset), self.seed, epoch).tolist()
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        b = self.batch_size
+        order = epoch_permutation(len(self.dataset), self.seed, epoch)[start * b:].tolist()
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=self.batch_size, sampler=order, drop_last=True,
             num_workers=self.workers, pin_memory=self.device.type == "cuda")

@@ -44,6 +44,15 @@ class Stopwatch:
         return end - start
 
 
+def flat_layers(module: nn.Module) -> list[nn.Module]:
+    """The layers of a plain Sequential, with nested plain Sequentials opened (subclasses,
+    which may have their own forward, are kept whole)."""
+    out: list[nn.Module] = []
+    for child in module.children():
+        out += flat_layers(child) if type(child) is nn.Sequential else [child]
+    return out
+
+
 class Strategy:
     """Base class: configuration, model building, the optimizer and one micro-batched
     forward/backward pass. ``meter`` is set by the loop on the steps it wants timed."""
@@ -63,6 +72,9 @@ class Strategy:
         self.timing: dict[str, Any] = {}
         self.notes: list[str] = []
         self.scaler = None
+        # decided once, not per step
+        self.micro = cfg.optim.micro_batches
+        self.amp_dtype = AMP_DTYPES.get(cfg.run.precision)
 
     # ---------------------------------------------------------------- building blocks
     def build_model(self) -> nn.Sequential:
@@ -70,6 +82,15 @@ class Strategy:
         m = self.cfg.model
         return build_model(m.name, self.in_channels, self.image_size, self.num_classes,
                            seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+
+    def lean(self, model: nn.Module) -> nn.Module:
+        """What a step calls: a Sequential of nested plain Sequentials flattened into one that
+        shares their layers (one call per layer, none per nesting level); anything else as is.
+        Parameter names, checkpoints and the optimizer stay on ``model`` itself."""
+        if type(model) is not nn.Sequential:
+            return model
+        leaves = flat_layers(model)
+        return nn.Sequential(*leaves) if len(leaves) != len(model) else model
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         """Minibatch SGD with the configured lr, momentum and weight decay."""
@@ -90,25 +111,38 @@ class Strategy:
         return torch.autocast(device_type=device.type, dtype=dtype)
 
     def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                         denom: int, device: torch.device, before_last=None) -> torch.Tensor:
-        """Forward and backward over ``optim.micro_batches`` slices of (x, y), with the loss
-        summed and divided by ``denom`` (the global batch) so gradients add up to the
-        full-batch mean. ``before_last`` is a context factory entered for all but the last
-        micro-batch (DDP's no_sync). Returns the detached loss contribution."""
-        k = min(self.cfg.optim.micro_batches, len(x))
-        total = torch.zeros((), device=device)
-        xs, ys = (x, ), (y, )
-        if k > 1:
-            xs, ys = torch.tensor_split(x, k), torch.tensor_split(y, k)
-        for i, (xm, ym) in enumerate(zip(xs, ys)):
+                         denom: float, device: torch.device, before_last=None) -> torch.Tensor:
+        """Forward and backward of (x, y) with the loss scaled to ``len(x) / denom`` of the
+        mean (``denom``: the global batch), so gradients add up to the full-batch mean; over
+        ``optim.micro_batches`` slices when there are several. ``before_last`` is a context
+        factory entered for all but the last micro-batch (DDP's no_sync). Returns the
+        detached loss contribution. One micro-batch (the usual case) costs what a
+        hand-written step does: forward, mean cross-entropy, backward."""
+        if self.micro == 1:
+            return self._pass(model, x, y, len(x) / denom, device)
+        k = min(self.micro, len(x))
+        total = None
+        for i, (xm, ym) in enumerate(zip(torch.tensor_split(x, k), torch.tensor_split(y, k))):
             ctx = before_last() if before_last is not None and i < k - 1 else contextlib.nullcontext()
             with ctx:
-                with self.autocast(device):
-                    out = model(xm)
-                loss = F.cross_entropy(out.float(), ym, reduction="sum") / denom
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += loss.detach()
+                part = self._pass(model, xm, ym, len(xm) / denom, device)
+            total = part if total is None else total + part
         return total
+
+    def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, share: float,
+              device: torch.device) -> torch.Tensor:
+        """One forward/backward: mean loss times ``share`` (skipped when it is 1)."""
+        if self.amp_dtype is None:
+            out = model(x)
+        else:
+            with torch.autocast(device_type=device.type, dtype=self.amp_dtype):
+                out = model(x)
+            out = out.float()
+        loss = F.cross_entropy(out, y)
+        if share != 1.0:
+            loss = loss * share
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return loss.detach()
 
     def optimizer_step(self, opt: torch.optim.Optimizer) -> None:
         """One update (through the grad scaler when there is one)."""

@@ -67,12 +67,14 @@ class DDPStrategy(Strategy):
                         if self.backend != "gloo" else None)
         self.watch = Stopwatch(self.device)
         self.comm: CommTimer | None = None  # set by wrap() for DDP (fsdp has no comm hook)
-        self.model = self.wrap(self.build_model().to(self.device))
+        self.module = self.build_model().to(self.device)  # parameter names, eval, checkpoints
+        self.model = self.wrap(self.module)
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
         weights = self.cfg.strategy.split_weights
         # split_weights name the local devices; every node has the same layout
         self.weights = [weights[r % n_local] for r in range(self.world_size)] if weights else None
+        self._shard: dict[int, tuple[int, int]] = {}  # batch size -> (start, size), once
         self._rss = None
         self._stop_countdown = self._stop_every = 1  # see agree_stop
         self._stop_t = time.perf_counter()
@@ -86,7 +88,9 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.cuda else None
-        ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        # DDP runs the flattened model (same parameters); local_module() is the model itself
+        ddp = DistributedDataParallel(self.lean(model), device_ids=ids,
+                                      gradient_as_bucket_view=True)
         self.comm = CommTimer(self.watch)  # times the gradient sync on metered steps
         ddp.register_comm_hook(None, self.comm.hook)
         return ddp
@@ -96,8 +100,8 @@ class DDPStrategy(Strategy):
         return self.model.no_sync()
 
     def local_module(self) -> nn.Module:
-        """The plain module this rank evaluates with (DDP's wrapped module)."""
-        return self.model.module
+        """The plain module this rank evaluates with (the model DDP runs flattened)."""
+        return self.module
 
     def data_device(self) -> torch.device:
         return self.device
@@ -105,9 +109,12 @@ class DDPStrategy(Strategy):
     # ---------------------------------------------------------------- training
     def shard(self, x: torch.Tensor, y: torch.Tensor):
         """This rank's slice of the global batch."""
-        sizes = split_sizes(len(x), self.world_size, self.weights)
-        lo = sum(sizes[:self.rank])
-        return x[lo:lo + sizes[self.rank]], y[lo:lo + sizes[self.rank]]
+        cut = self._shard.get(len(x))
+        if cut is None:
+            sizes = split_sizes(len(x), self.world_size, self.weights)
+            cut = self._shard[len(x)] = (sum(sizes[:self.rank]), sizes[self.rank])
+        lo, n = cut
+        return x[lo:lo + n], y[lo:lo + n]
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         start = self.watch.mark() if self.meter else None
@@ -158,6 +165,7 @@ class DDPStrategy(Strategy):
 
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
+        self.module.train(mode)  # the nested containers DDP's flattened model skips
         if not mode:
             self.sync_buffers()
 

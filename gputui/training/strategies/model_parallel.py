@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from gputui.config import ConfigError
 from gputui.training.models import count_params
-from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.strategies.base import Stopwatch, Strategy, flat_layers
 from gputui.training.strategies.mp_plan import balance, check_split_points
 
 
@@ -45,7 +45,8 @@ class ModelParallel(Strategy):
         if reason:
             raise ConfigError(reason)
         bounds = [0, *points, len(layers)]
-        self.stages = [nn.Sequential(*layers[a:b]).to(dev)
+        # each stage runs its blocks' layers flattened (one call per layer)
+        self.stages = [nn.Sequential(*flat_layers(nn.Sequential(*layers[a:b]))).to(dev)
                        for a, b, dev in zip(bounds, bounds[1:], self.torch_devices)]
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.torch_devices[-1])
@@ -129,12 +130,16 @@ class ModelParallel(Strategy):
     def _pipeline(self, x, y, denom: int, meter: dict | None) -> torch.Tensor:
         """Forward and backward of one micro-batch in ``pipeline_chunks`` chunks."""
         c = min(self.chunks, len(x))
-        xs, ys = torch.tensor_split(x, c), torch.tensor_split(y, c)
+        xs, ys = ((x, ), (y, )) if c == 1 else (torch.tensor_split(x, c), torch.tensor_split(y, c))
         inputs, outputs = self._forward(xs, meter)
-        losses = [F.cross_entropy(out[-1].float(), yc, reduction="sum") / denom
-                  for out, yc in zip(outputs, ys)]
+        losses = []
+        for out, yc in zip(outputs, ys):
+            loss = F.cross_entropy(out[-1] if self.amp_dtype is None else out[-1].float(), yc)
+            losses.append(loss if len(yc) == denom else loss * (len(yc) / denom))
         self._backward(inputs, outputs, losses, meter)
-        return sum(loss.detach() for loss in losses)
+        if c == 1:
+            return losses[0].detach()
+        return torch.stack([loss.detach() for loss in losses]).sum()
 
     # ---------------------------------------------------------------- the interface
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -144,10 +149,13 @@ class ModelParallel(Strategy):
                      "compute": [[] for _ in self.stages]}
         self.opt.zero_grad(set_to_none=True)
         y = y.to(self.torch_devices[-1], non_blocking=True)
-        k = min(self.cfg.optim.micro_batches, len(x))
-        loss = torch.zeros((), device=self.torch_devices[-1])
-        for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k)):
-            loss += self._pipeline(xm, ym, len(x), meter)
+        if self.micro == 1:
+            loss = self._pipeline(x, y, len(x), meter)
+        else:
+            k = min(self.micro, len(x))
+            parts = [self._pipeline(xm, ym, len(x), meter)
+                     for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k))]
+            loss = torch.stack(parts).sum()
         self.optimizer_step(self.opt)
         if self.scaler is not None:
             self.scaler.update()

@@ -56,28 +56,32 @@ class Scratch(Strategy):
         # deepcopy, not .to(): on one physical device .to() would return the same tensors, the
         # replicas would alias, and the allreduce would add a gradient to itself.
         self.replicas = [copy.deepcopy(master).to(dev) for dev in self.torch_devices]
+        self.steppers = [self.lean(r) for r in self.replicas]  # what a step calls
         self.params = [list(r.parameters()) for r in self.replicas]
         self.opts = [self.make_optimizer(p) for p in self.params]
         self.make_scaler(self.torch_devices[0])
         self.watches = [Stopwatch(dev) for dev in self.torch_devices]
         self.weights = self.cfg.strategy.split_weights or None
+        self._sizes: dict[int, list[int]] = {}  # batch size -> shard sizes, computed once
         if all(d.kind == "cpu" for d in self.devices) and len(self.devices) > 1:
             self.notes.append(f"{len(self.devices)} CPU virtual devices: distinct replicas "
                               f"on the CPU, run one after another")
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        n, total = len(self.replicas), len(x)
-        sizes = split_sizes(total, n, self.weights)
+        total = len(x)
+        sizes = self._sizes.get(total)
+        if sizes is None:
+            sizes = self._sizes[total] = split_sizes(total, len(self.replicas), self.weights)
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
         marks = []
-        loss = torch.zeros((), device=self.torch_devices[0])
+        loss = None
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
-        for i, (model, dev) in enumerate(zip(self.replicas, self.torch_devices)):
+        for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices)):
             begin = self.watches[i].mark() if self.meter else None
             part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
                                          ys[i].to(dev, non_blocking=True), total, dev)
-            loss += part.to(loss.device)
+            loss = part if loss is None else loss + part.to(loss.device)
             if begin is not None:
                 marks.append((begin, self.watches[i].mark()))
         comm_begin = self.watches[0].mark() if self.meter else None

@@ -15,7 +15,8 @@ class Single(Strategy):
     def setup(self) -> None:
         self.device = torch.device(self.devices[0].torch_device)
         self.model = self.build_model().to(self.device)
-        self.wrapped: torch.nn.Module = self.model  # what a step calls (dp wraps the model)
+        # what a step calls: the flattened model (dp wraps the model instead)
+        self.wrapped: torch.nn.Module = self.lean(self.model)
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
         self.watch = Stopwatch(self.device)
