@@ -16,6 +16,7 @@ from typing import Any
 MODELS = ("lenet", "resnet18", "mlp")
 DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
 PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 
 
 def default_data_root() -> str:
@@ -55,6 +56,16 @@ class RunSection:
                                    "ends and on a stop).", min=0)
     resume_from: str = opt("", "A run folder (or checkpoint file) to continue from; set by "
                                "`gputui resume`, empty = start fresh.")
+    compile: str = opt("off", "torch.compile the model a step runs: off, default, "
+                              "reduce-overhead (CUDA graphs) or max-autotune. Compiling happens "
+                              "before the first step and is reported apart (compile_s).",
+                       choices=COMPILE_MODES)
+    compile_fallback: str = opt("eager", "When compiling fails: 'eager' says so in one line "
+                                         "and trains uncompiled; 'fail' stops the run.",
+                                choices=("eager", "fail"))
+    channels_last: bool = opt(False, "Keep conv weights and images in channels_last memory "
+                                     "format (faster convolutions on recent GPUs; no effect on "
+                                     "mlp).")
 
 
 @dataclass(frozen=True)

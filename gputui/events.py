@@ -61,6 +61,7 @@ class InitDone(Event):
     import_s: float = 0.0
     data_s: float = 0.0
     model_s: float = 0.0
+    compile_s: float = 0.0  # torch.compile's warm-up (run.compile), apart from model_s
     train_samples: int = 0
     test_samples: int = 0
     steps_per_epoch: int = 0

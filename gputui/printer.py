@@ -85,8 +85,10 @@ class Printer:
         elif kind == "log":
             self.line(f"{ev.level}: {ev.message}")
         elif kind == "init_done":
+            compiled = f", compile {ev.compile_s:.2f} s" if ev.compile_s else ""
             self.line(f"init {ev.seconds:.2f} s (torch import {ev.import_s:.2f} s, data "
-                      f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s); {ev.train_samples:,} "
+                      f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s{compiled}); "
+                      f"{ev.train_samples:,} "
                       f"training examples, {ev.steps_per_epoch} steps per epoch")
             self._start_progress(ev.steps_per_epoch * self.epochs)
         elif kind == "step":

@@ -156,9 +156,12 @@ class TensorBatches:
     is gathered per batch instead, so its memory is not doubled."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", channels_last: bool = False):
         self.x, self.y = x.to(device), y.to(device)
         self.device = torch.device(device)
+        # run.channels_last: each epoch's copy (or each batch) in channels_last, once
+        self.format = (torch.channels_last if channels_last and x.dim() == 4
+                       else torch.contiguous_format)
         self.batch_size, self.seed = batch_size, seed
         self.steps_per_epoch = len(x) // batch_size  # the last partial batch is dropped
         n = self.steps_per_epoch * batch_size
@@ -172,7 +175,8 @@ class TensorBatches:
         perm = epoch_permutation(len(self.x), self.seed, epoch).to(self.device)
         perm = perm[start * b:steps * b]
         if not self.copy:
-            return ((self.x[idx], self.y[idx]) for idx in perm.split(b))
+            return ((self.x[idx].contiguous(memory_format=self.format), self.y[idx])
+                    for idx in perm.split(b))
         n = len(perm)
         if self._bufs is None:
             self._bufs = (self.x.new_empty((steps * b, *self.x.shape[1:])),
@@ -180,15 +184,18 @@ class TensorBatches:
         bx, by = self._bufs[0][:n], self._bufs[1][:n]
         torch.index_select(self.x, 0, perm, out=bx)
         torch.index_select(self.y, 0, perm, out=by)
-        return zip(bx.split(b), by.split(b))
+        return zip(bx.contiguous(memory_format=self.format).split(b), by.split(b))
 
 
 class LoaderBatches:
     """The same global batches through torch's DataLoader (for sets too large to hold)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
-                 device: torch.device | str = "cpu", workers: int = 0):
+                 device: torch.device | str = "cpu", workers: int = 0,
+                 channels_last: bool = False):
         self.dataset = torch.utils.data.TensorDataset(x, y)
+        self.format = (torch.channels_last if channels_last and x.dim() == 4
+                       else torch.contiguous_format)
         self.device = torch.device(device)
         self.batch_size, self.seed, self.workers = batch_size, seed, workers
         self.steps_per_epoch = len(x) // batch_size
@@ -200,19 +207,22 @@ class LoaderBatches:
             self.dataset, batch_size=self.batch_size, sampler=order, drop_last=True,
             num_workers=self.workers, pin_memory=self.device.type == "cuda")
         for xb, yb in loader:
-            yield (xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True))
+            yield (xb.to(self.device, non_blocking=True).contiguous(memory_format=self.format),
+                   yb.to(self.device, non_blocking=True))
 
 
 def make_batches(ds: Dataset, batch_size: int, seed: int, device, loader: str = "auto",
-                 workers: int = 0):
-    """Pick tensors or a DataLoader ("auto": tensors below 2 GiB)."""
+                 workers: int = 0, channels_last: bool = False):
+    """Pick tensors or a DataLoader ("auto": tensors below 2 GiB); ``channels_last`` gives
+    image batches in that memory format (run.channels_last)."""
     if batch_size > len(ds.train_x):
         raise DataError(f"optim.batch_size ({batch_size}) is larger than the training set "
                         f"({len(ds.train_x)} examples); lower it or raise data.train_size")
     size = ds.train_x.element_size() * ds.train_x.nelement()
     if loader == "tensors" or (loader == "auto" and size < TENSOR_LIMIT_BYTES):
-        return TensorBatches(ds.train_x, ds.train_y, batch_size, seed, device)
-    return LoaderBatches(ds.train_x, ds.train_y, batch_size, seed, device, workers)
+        return TensorBatches(ds.train_x, ds.train_y, batch_size, seed, device, channels_last)
+    return LoaderBatches(ds.train_x, ds.train_y, batch_size, seed, device, workers,
+                         channels_last)
 
 
 def eval_batches(ds: Dataset, batch_size: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

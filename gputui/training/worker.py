@@ -140,12 +140,16 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         if rank is not None:
             should_stop = _AgreedStop(should_stop, strategy)
         batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
-                                        strategy.data_device(), cfg.data.loader, cfg.data.workers)
+                                        strategy.data_device(), cfg.data.loader, cfg.data.workers,
+                                        cfg.run.channels_last)
         t3 = time.perf_counter()
+        from gputui.training.strategies import fastpath
+
+        compile_s = fastpath.prepare(strategy, ds, emit)  # before the first step, timed apart
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
-                      model_s=t3 - t2, train_samples=len(ds.train_x),
+                      model_s=t3 - t2, compile_s=compile_s, train_samples=len(ds.train_x),
                       test_samples=len(ds.test_x), steps_per_epoch=batches.steps_per_epoch,
                       params=count_params(strategy.primary_model())))
         t_train = time.time()
@@ -174,7 +178,7 @@ def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
-                                   "OutOfMemory", "CheckpointError"}
+                                   "OutOfMemory", "CheckpointError", "CompileError"}
     return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 

@@ -28,6 +28,7 @@ SCENARIOS = {
     "fsdp_micro": ("fsdp", "mlp", 32, {"optim.micro_batches": 2}, 1),
     "ddp_scaled": ("ddp", "lenet", 16, {"optim.scale_with_devices": True}, 1),  # 32 / 0.2
     "ddp_bf16": ("ddp", "mlp", 64, {"run.precision": "bf16"}, 6),
+    "ddp_compiled": ("ddp", "mlp", 32, {"run.compile": "default"}, 1),
 }
 
 
@@ -38,7 +39,7 @@ def run_scenario(name: str) -> dict:
     from gputui.devices import resolve_devices
     from gputui.training.data import TensorBatches
     from gputui.training.loop import evaluate
-    from gputui.training.strategies import registry
+    from gputui.training.strategies import fastpath, registry
     from strategy_harness import make_config, params, small_data
 
     strategy_name, model, batch, extra, epochs = SCENARIOS[name]
@@ -48,6 +49,7 @@ def run_scenario(name: str) -> dict:
         cfg, resolve_devices("cpu*2"), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
     strategy.setup()
+    fastpath.prepare(strategy, ds, lambda event: None)  # compiles before the first step
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
     losses = []
     for epoch in range(1, epochs + 1):

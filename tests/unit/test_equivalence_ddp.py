@@ -37,7 +37,7 @@ def single_reference(model: str, batch: int):
 
 
 @pytest.mark.parametrize("name", ["ddp_even", "ddp_odd", "ddp_uneven", "ddp_micro", "fsdp",
-                                  "fsdp_micro"])
+                                  "fsdp_micro", "ddp_compiled"])
 def test_equals_single(ranks, name):
     _, model, batch, _, _ = SCENARIOS[name]
     reference, ref_losses, ref_acc = single_reference(model, batch)

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from gputui.config import RunConfig, effective_batch_size, effective_lr
 from gputui.devices import Device
 from gputui.training.models import build_model
+from gputui.training.strategies import fastpath
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,13 +76,26 @@ class Strategy:
         # decided once, not per step
         self.micro = cfg.optim.micro_batches
         self.amp_dtype = AMP_DTYPES.get(cfg.run.precision)
+        # CUDA graphs (compile "reduce-overhead") reuse their output memory: each step says
+        # where it begins, so the previous step's outputs are not taken for live ones.
+        self.graph_steps = cfg.run.compile == "reduce-overhead"
 
     # ---------------------------------------------------------------- building blocks
     def build_model(self) -> nn.Sequential:
         """The configured model on the CPU, initialised from ``run.seed``."""
         m = self.cfg.model
-        return build_model(m.name, self.in_channels, self.image_size, self.num_classes,
-                           seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+        model = build_model(m.name, self.in_channels, self.image_size, self.num_classes,
+                            seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+        return fastpath.to_channels_last(model) if self.cfg.run.channels_last else model
+
+    def fast(self, module: nn.Module) -> nn.Module:
+        """The module a step calls, through torch.compile when run.compile asks for it (see
+        ``fastpath``); the eager module itself otherwise."""
+        return fastpath.compile_module(module, self.cfg.run.compile)
+
+    def compiles(self) -> bool:
+        """Whether run.compile applies to this strategy (dp says no, and why)."""
+        return True
 
     def lean(self, model: nn.Module) -> nn.Module:
         """What a step calls: a Sequential of nested plain Sequentials flattened into one that
@@ -118,6 +132,8 @@ class Strategy:
         factory entered for all but the last micro-batch (DDP's no_sync). Returns the
         detached loss contribution. One micro-batch (the usual case) costs what a
         hand-written step does: forward, mean cross-entropy, backward."""
+        if self.graph_steps:
+            torch.compiler.cudagraph_mark_step_begin()
         if self.micro == 1:
             return self._pass(model, x, y, len(x) / denom, device)
         k = min(self.micro, len(x))

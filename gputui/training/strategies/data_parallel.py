@@ -33,6 +33,7 @@ class DataParallelStrategy(Single):
 
     def setup(self) -> None:
         super().setup()  # the model, optimizer and scaler on the first device, as single has
+        self.wrapped = self.lean(self.model)  # eager: see compiles()
         self.cuda = self.devices[0].kind == "cuda"
         if self.cuda:
             ids = [d.index for d in self.devices]
@@ -51,6 +52,14 @@ class DataParallelStrategy(Single):
         elif any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()):
             self.notes.append("DataParallel: BatchNorm normalises each device's share of the "
                               "batch, and keeps the first device's running statistics")
+
+    def compiles(self) -> bool:
+        """DataParallel replicates its module on every step, which torch.compile does not
+        trace: a dp run trains eager (and says so)."""
+        if self.cfg.run.compile != "off":
+            self.notes.append("run.compile does not apply to dp: DataParallel replicates the "
+                              "model every step, which torch.compile does not trace; eager")
+        return False
 
     def read_timing(self) -> dict:
         """The metered step's seconds. On GPUs the replicas run in threads inside one call, so

@@ -88,8 +88,9 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.cuda else None
-        # DDP runs the flattened model (same parameters); local_module() is the model itself
-        ddp = DistributedDataParallel(self.lean(model), device_ids=ids,
+        # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
+        # breaks its graph at DDP's own forward) model; local_module() is the model itself
+        ddp = DistributedDataParallel(self.fast(self.lean(model)), device_ids=ids,
                                       gradient_as_bucket_view=True)
         self.comm = CommTimer(self.watch)  # times the gradient sync on metered steps
         ddp.register_comm_hook(None, self.comm.hook)

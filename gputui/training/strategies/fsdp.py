@@ -35,6 +35,15 @@ class FSDPStrategy(DDPStrategy):
         self.notes.append("parameters, gradients and optimizer state sharded over the ranks")
         return model
 
+    def compiles(self) -> bool:
+        """Not here: torch.compile around fully_shard's model (whole, or layer by layer before
+        sharding) traced no graph on torch 2.13 with gloo, the sharding hooks breaking it, so
+        an fsdp run says so and trains eager."""
+        if self.cfg.run.compile != "off" and self.rank == 0:
+            self.notes.append("run.compile does not apply to fsdp here: fully_shard's hooks "
+                              "break torch.compile's graph; eager")
+        return False
+
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate unsharded gradients without reduce-scattering (FSDP2's no_sync)."""

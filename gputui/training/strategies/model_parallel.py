@@ -48,6 +48,7 @@ class ModelParallel(Strategy):
         # each stage runs its blocks' layers flattened (one call per layer)
         self.stages = [nn.Sequential(*flat_layers(nn.Sequential(*layers[a:b]))).to(dev)
                        for a, b, dev in zip(bounds, bounds[1:], self.torch_devices)]
+        self.runners = [self.fast(stage) for stage in self.stages]  # what a training step calls
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.torch_devices[-1])
         self.watches = [Stopwatch(dev) for dev in self.torch_devices]
@@ -76,11 +77,12 @@ class ModelParallel(Strategy):
             comm.append((src, begin, self.watches[src].mark()))
         return out
 
-    def _forward(self, xs, meter: dict | None):
+    def _forward(self, xs, meter: dict | None, stages: list | None = None):
         """Fill/drain forward of the chunks ``xs``; returns (stage inputs, stage outputs) per
         chunk. While training, each stage input is a fresh leaf, so each stage's backward can
         be run (and timed) on its own and the gradient sent back explicitly."""
         n, c = len(self.stages), len(xs)
+        stages = stages or self.runners
         inputs = [[None] * n for _ in range(c)]
         outputs = [[None] * n for _ in range(c)]
         comm = meter["comm"] if meter else None
@@ -100,7 +102,7 @@ class ModelParallel(Strategy):
                 inputs[i][s] = h
                 begin = self.watches[s].mark() if meter else None
                 with self.autocast(self.torch_devices[s]):
-                    outputs[i][s] = self.stages[s](h)
+                    outputs[i][s] = stages[s](h)
                 if meter:
                     meter["compute"][s].append((begin, self.watches[s].mark()))
         return inputs, outputs
@@ -189,7 +191,7 @@ class ModelParallel(Strategy):
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Correct predictions: the test batch flows through the stages (in pipeline chunks)."""
         c = min(self.chunks, len(x))
-        _, outputs = self._forward(torch.tensor_split(x, c), None)
+        _, outputs = self._forward(torch.tensor_split(x, c), None, self.stages)  # eager
         pred = torch.cat([out[-1].argmax(dim=1) for out in outputs])
         return (pred == y.to(pred.device, non_blocking=True)).sum()
 

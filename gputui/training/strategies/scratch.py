@@ -56,7 +56,7 @@ class Scratch(Strategy):
         # deepcopy, not .to(): on one physical device .to() would return the same tensors, the
         # replicas would alias, and the allreduce would add a gradient to itself.
         self.replicas = [copy.deepcopy(master).to(dev) for dev in self.torch_devices]
-        self.steppers = [self.lean(r) for r in self.replicas]  # what a step calls
+        self.steppers = [self.fast(self.lean(r)) for r in self.replicas]  # what a step calls
         self.params = [list(r.parameters()) for r in self.replicas]
         self.opts = [self.make_optimizer(p) for p in self.params]
         self.make_scaler(self.torch_devices[0])

@@ -16,7 +16,7 @@ class Single(Strategy):
         self.device = torch.device(self.devices[0].torch_device)
         self.model = self.build_model().to(self.device)
         # what a step calls: the flattened model (dp wraps the model instead)
-        self.wrapped: torch.nn.Module = self.lean(self.model)
+        self.wrapped: torch.nn.Module = self.fast(self.lean(self.model))
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
         self.watch = Stopwatch(self.device)
