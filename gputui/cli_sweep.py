@@ -1,4 +1,5 @@
-"""`gputui sweep PRESET --devices 1,2 --strategies single,scratch,ddp [--scale-with-devices]`.
+"""`gputui sweep PRESET --devices 1,2 --strategies single,scratch,ddp [--scale-with-devices]
+[--precisions fp32,bf16] [--compile off,default] [--channels-last off,on]`.
 
 Runs the grid one run after another with live progress, records every run, prints the
 scaling table. An interrupted sweep is resumed with ``--resume SWEEP_ID``, or automatically
@@ -31,6 +32,10 @@ def register(sub) -> None:
                    help="comma list, e.g. single,scratch,dp,ddp,model_parallel")
     p.add_argument("--scale-with-devices", action="store_true",
                    help="batch and lr times the device count (256/0.1 on one, 512/0.2 on two)")
+    p.add_argument("--precisions", metavar="LIST", help="also sweep run.precision, e.g. "
+                                                         "fp32,bf16")
+    p.add_argument("--compile", metavar="LIST", help="also sweep run.compile, e.g. off,default")
+    p.add_argument("--channels-last", metavar="LIST", help="also sweep run.channels_last: off,on")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
                    help="override a preset key for every run (repeatable)")
     p.add_argument("--epochs", type=int, help="epochs of every run")
@@ -57,7 +62,7 @@ def build(args, runs_dir: Path):
     """The Sweep to run (new, resumed by id, or resumed automatically) and a note for the user;
     raises ConfigError or LookupError with a one-line message."""
     from gputui.presets import resolve_preset
-    from gputui.sweep import Sweep, list_manifests, load_manifest, parse_devices
+    from gputui.sweep import Sweep, list_manifests, load_manifest, parse_axis, parse_devices
 
     if args.resume:
         m = load_manifest(runs_dir, args.resume)
@@ -69,6 +74,10 @@ def build(args, runs_dir: Path):
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
     path = str(resolve_preset(args.preset).resolve())
     devices = parse_devices(args.devices)
+    axes = {key: parse_axis(option, key, text) for option, key, text in (
+        ("--precisions", "run.precision", args.precisions),
+        ("--compile", "run.compile", args.compile),
+        ("--channels-last", "run.channels_last", args.channels_last)) if text is not None}
     strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",") if s.strip()))
     if not strategies:
         raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
@@ -82,7 +91,7 @@ def build(args, runs_dir: Path):
     overrides = _overrides(sets, None)
     load_preset_checked(path, overrides)
     sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,
-                      overrides)
+                      overrides, axes)
     if not args.fresh:
         for old in list_manifests(runs_dir):
             if old.state != "finished" and old.params() == sweep.manifest.params():
@@ -107,7 +116,8 @@ def load_preset_checked(path: str, overrides: list) -> None:
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
     from gputui.cli_compare import emit, install_sigterm
-    from gputui.compare import TABLE_COLUMNS, as_plain, compare, table_rows
+    from gputui.compare import TABLE_COLUMNS
+    from gputui.compare import SWEEP_COLUMNS, as_plain, compare, table_rows
     from gputui.sweep_progress import SweepProgress
     from gputui.training.runstore import default_runs_dir
 
@@ -138,7 +148,8 @@ def cmd_sweep(args) -> int:
     items = compare(sweep.run_dirs(), runs_dir)
     if args.export:
         _export(items, sweep.run_dirs(), Path(args.export), out)
-    emit(table_rows(items), TABLE_COLUMNS, "json" if args.json else "table", None,
+    columns = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
+    emit(table_rows(items, columns), columns, "json" if args.json else "table", None,
          f"sweep {m.sweep_id}", json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
     if state == "interrupted":
         return EXIT_INTERRUPTED

@@ -7,7 +7,8 @@ the same model, dataset, training-set size and precision, and
    against 512 on two, with ``--scale-with-devices``), else
 2. the same global batch (strong scaling: 256 on one device against 256 split over two).
 
-Among several matches: a run among the compared ones (e.g. the same sweep) first, then a
+Among several matches: an eager run (no run.compile, no channels_last, so a compiled run's
+speedup includes what compiling bought), then a run among the compared ones (e.g. the same sweep) first, then a
 ``single`` run over other one-device strategies, then the newest. Speedup is samples/s over
 the baseline's samples/s (an epoch is the same data for both, so it is also the ratio of
 epoch times); scaling efficiency is speedup / devices. Torch-free.
@@ -25,6 +26,8 @@ from gputui.training import runstore
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "efficiency", "comm_share", "init_s", "test_acc", "status",
                  "baseline")
+# a sweep's table also names each run's fast path (precision, compile, channels_last)
+SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
 
 
 @dataclass
@@ -88,7 +91,8 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
             kind = 1
         else:
             continue
-        ranked.append(((kind, c.id not in compared, c.strategy != "single",
+        plain = c.fast in ("", c.precision)  # eager, default memory format: preferred
+        ranked.append(((kind, not plain, c.id not in compared, c.strategy != "single",
                         -_id_order(c)), c, kind))
     if not ranked:
         return None, ""
@@ -120,9 +124,9 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
     return out
 
 
-def table_rows(items: list[CompareRow]) -> list[dict[str, Any]]:
+def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str, Any]]:
     """The comparison as plain dicts with the table's columns, in order."""
-    return [{k: item.flat()[k] for k in TABLE_COLUMNS} for item in items]
+    return [{k: item.flat()[k] for k in columns} for item in items]
 
 
 def fmt(key: str, value: Any) -> str:

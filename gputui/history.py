@@ -49,6 +49,7 @@ class RunRow:
     dataset: str = ""
     train_size: int | None = None
     precision: str = ""
+    fast: str = ""  # the fast path it ran: precision, then compile mode and channels_last if set
     reason: str = ""
     run_dir: str = ""
 
@@ -129,7 +130,18 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.dataset = str(s.get("dataset") or data.get("name", ""))
     row.train_size = data.get("train_size")
     row.precision = str(run.get("precision", "fp32"))
+    row.fast = fast_path_label(run)
     return row
+
+
+def fast_path_label(run: dict) -> str:
+    """"bf16 compile=default channels_last": what a run's [run] table chose for speed."""
+    parts = [str(run.get("precision", "fp32"))]
+    if run.get("compile", "off") != "off":
+        parts.append(f"compile={run['compile']}")
+    if run.get("channels_last"):
+        parts.append("channels_last")
+    return " ".join(parts)
 
 
 def load_rows(runs_dir: str | Path | None = None) -> list[RunRow]:

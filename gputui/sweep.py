@@ -1,5 +1,8 @@
 """Sweeps: a preset run over a grid of device counts x strategies, one run after another.
 
+Fast-path axes multiply the grid: run.precision, run.compile and run.channels_last can each
+take several values (``AXES``), so one sweep shows what each buys on the user's hardware.
+
 Each point is checked before it starts (the strategy registry's ``why_not`` and the config's
 cross-field rules); a point that cannot run here is recorded as skipped with the reason. Every
 run goes through ``launcher.launch`` (a spawned process, so this module never imports torch)
@@ -21,6 +24,9 @@ from typing import Any, Callable
 from gputui.config import ConfigError, RunConfig, check_combinations, load_preset
 from gputui.training import runstore
 
+# fast-path axes: the config key a sweep varies, and how a point's key names it
+AXES = {"run.precision": "precision", "run.compile": "compile",
+        "run.channels_last": "channels_last"}
 DONE = ("finished", "skipped")  # states a resumed sweep does not redo (skipped is re-checked)
 
 
@@ -34,10 +40,12 @@ class Point:
     status: str = "pending"  # pending | running | finished | failed | stopped | skipped
     run_id: str = ""
     reason: str = ""
+    settings: dict = field(default_factory=dict)  # fast-path axis values, e.g. run.compile
 
     @property
     def key(self) -> str:
-        return f"{self.strategy}@{self.devices}"
+        extra = "".join(f" {AXES[k]}={v}" for k, v in self.settings.items())
+        return f"{self.strategy}@{self.devices}{extra}"
 
 
 @dataclass
@@ -53,11 +61,13 @@ class Manifest:
     state: str = "running"  # running | interrupted | finished
     created: float = field(default_factory=time.time)
     points: list = field(default_factory=list)  # list[Point]
+    axes: dict = field(default_factory=dict)  # config key -> values swept (see AXES)
 
     def params(self) -> dict[str, Any]:
         """What makes two sweeps the same experiment (for automatic resume)."""
         return {"preset": self.preset, "sets": list(self.sets), "devices": list(self.devices),
-                "strategies": list(self.strategies), "scale": self.scale_with_devices}
+                "strategies": list(self.strategies), "scale": self.scale_with_devices,
+                "axes": dict(self.axes)}
 
     def save(self, runs_dir: Path) -> Path:
         """Write the manifest atomically (a reader never sees half a file)."""
@@ -120,6 +130,35 @@ def parse_devices(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def axis_grid(axes: dict) -> list[list[tuple[str, Any]]]:
+    """Every combination of the fast-path axes' values, as (key, value) lists ([[]]: none)."""
+    grid: list[list[tuple[str, Any]]] = [[]]
+    for key, values in axes.items():
+        grid = [[*combo, (key, v)] for combo in grid for v in values]
+    return grid
+
+
+def parse_axis(option: str, key: str, text: str) -> list:
+    """The values of one fast-path axis as typed (``--compile off,default``), checked against
+    the config field's choices; ConfigError (one line) otherwise."""
+    from gputui.config_schema import COMPILE_MODES, PRECISIONS
+
+    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if key == "run.channels_last":
+        words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
+        bad = [t for t in items if t.lower() not in words]
+        choices, values = "off, on", [words.get(t.lower()) for t in items]
+    else:
+        allowed = PRECISIONS if key == "run.precision" else COMPILE_MODES
+        bad = [t for t in items if t not in allowed]
+        choices, values = ", ".join(allowed), items
+    if bad or not items:
+        raise ConfigError(f"{option} {text}: {', '.join(map(repr, bad)) or 'nothing'} is not "
+                          f"one of {choices}; give a comma list, e.g. {option} "
+                          f"{choices.replace(' ', '')}")
+    return list(dict.fromkeys(values))
+
+
 def spec_for(item: str, preset_spec: str) -> str:
     """The devices.spec of a grid point: counts stay on CPU when the preset is on CPU."""
     if not item.isdigit():
@@ -137,17 +176,18 @@ class Sweep:
         self.stop_requested = False
         self.base = load_preset(manifest.preset, overrides, check=False)
         if not manifest.points:
-            manifest.points = [Point(s, d, spec_for(d, self.base.devices.spec))
-                               for d in manifest.devices for s in manifest.strategies]
+            manifest.points = [Point(s, d, spec_for(d, self.base.devices.spec), settings=dict(a))
+                               for d in manifest.devices for s in manifest.strategies
+                               for a in axis_grid(manifest.axes)]
 
     @classmethod
     def new(cls, preset: str, sets: list[str], devices: list[str], strategies: list[str],
-            scale: bool, runs_dir: Path, overrides: list) -> "Sweep":
+            scale: bool, runs_dir: Path, overrides: list, axes: dict | None = None) -> "Sweep":
         """A fresh sweep (not saved until ``run``)."""
         name = load_preset(preset, overrides, check=False).run.name
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:30]}-{secrets.token_hex(2)}"
         manifest = Manifest(sweep_id, str(preset), list(sets), list(devices), list(strategies),
-                            scale)
+                            scale, axes=dict(axes or {}))
         return cls(manifest, runs_dir, overrides)
 
     @classmethod
@@ -168,6 +208,7 @@ class Sweep:
                    ("sweep", "devices.spec", point.spec)]
         if self.manifest.scale_with_devices:
             changes.append(("--scale-with-devices", "optim.scale_with_devices", True))
+        changes += [("sweep", key, value) for key, value in point.settings.items()]
         return load_preset(self.manifest.preset, [*self.overrides, *changes], check=False)
 
     def why_not(self, point: Point, cfg: RunConfig) -> str | None:

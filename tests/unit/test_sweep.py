@@ -188,3 +188,34 @@ def test_sweep_bad_input_exits_2(tiny, tmp_path):
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     proc = gputui("sweep", "--resume", "nope", "--runs-dir", str(tmp_path))
     assert proc.returncode == 2 and "no sweep 'nope'" in proc.stderr
+
+
+def test_fast_path_axes_multiply_the_grid_and_show_in_the_table(tiny, tmp_path):
+    runs = tmp_path / "runs"
+    proc = gputui("sweep", str(tiny), "--devices", "1", "--strategies", "single",
+                  "--precisions", "fp32,bf16", "--channels-last", "off,on", "--runs-dir",
+                  str(runs), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [p["settings"] for p in data["sweep"]["points"]] == [
+        {"run.precision": "fp32", "run.channels_last": False},
+        {"run.precision": "fp32", "run.channels_last": True},
+        {"run.precision": "bf16", "run.channels_last": False},
+        {"run.precision": "bf16", "run.channels_last": True}]
+    assert all(p["status"] == "finished" for p in data["sweep"]["points"])
+    fast = {r["fast"]: r for r in data["runs"]}  # each run's config says what it ran
+    assert set(fast) == {"fp32", "fp32 channels_last", "bf16", "bf16 channels_last"}
+    # a channels_last run is measured against the eager, default-format run of its precision
+    assert fast["fp32 channels_last"]["baseline"] == fast["fp32"]["id"]
+    assert fast["bf16 channels_last"]["baseline"] == fast["bf16"]["id"]
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("--compile", "off,fast", "--compile off,fast: 'fast' is not one of off, default, "
+                              "reduce-overhead, max-autotune"),
+    ("--precisions", "fp64", "--precisions fp64: 'fp64' is not one of fp32, bf16, fp16"),
+    ("--channels-last", "maybe", "--channels-last maybe: 'maybe' is not one of off, on")])
+def test_a_bad_fast_path_axis_is_one_line_and_exit_2(tiny, tmp_path, option, value, expected):
+    proc = gputui("sweep", str(tiny), option, value, "--runs-dir", str(tmp_path))
+    assert proc.returncode == 2 and expected in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
