@@ -220,26 +220,32 @@ def _kill_tree(pid: int | None) -> None:
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
            devices: list[Device] | None = None) -> RunHandle:
     """Create the run folder, start the training process, return its handle at once."""
-    from gputui.training import agent, worker
+    from gputui.training import agent, warm, worker
     from gputui.training.strategies import registry
 
     devices = devices or resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
     (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     handle = RunHandle(run_id, run_dir, devices, cfg)
-    ctx = mp.get_context("spawn")
-    handle._queue = ctx.Queue()
-    handle._stop_event = ctx.Event()
-    spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
-            "run_id": run_id, "run_dir": str(run_dir), "queue": handle._queue,
-            "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time()}
     info = registry.get(cfg.strategy.name)
     handle.multiprocess = bool(info and info.multiprocess)
-    # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
-    target = agent.agent_main if handle.multiprocess else worker.child_main
-    proc = ctx.Process(target=target, args=(spec,), name=f"gputui-{run_id}")
-    proc.start()
-    handle.processes.append(proc)
+    spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
+            "run_id": run_id, "run_dir": str(run_dir), "parent_pid": os.getpid(),
+            "t_launch": time.time()}
+    # a warm start (see warm.py): a prepared worker with torch loaded runs single-process runs
+    ready = None if handle.multiprocess else warm.take()
+    if ready is not None:
+        handle._queue, handle._stop_event = ready.queue, ready.stop_event
+        handle.processes.append(ready.run(spec))
+    else:
+        ctx = mp.get_context("spawn")
+        handle._queue = spec["queue"] = ctx.Queue()
+        handle._stop_event = spec["stop_event"] = ctx.Event()
+        # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
+        target = agent.agent_main if handle.multiprocess else worker.child_main
+        proc = ctx.Process(target=target, args=(spec,), name=f"gputui-{run_id}")
+        proc.start()
+        handle.processes.append(proc)
     _LIVE.add(handle)
     _start_sampler(handle)
     return handle

@@ -1,0 +1,235 @@
+"""A warm start: a training process with torch imported before the user presses Start.
+
+The app prepares one while the user is on its set-up screen, and a sweep keeps one between its
+points: ``prepare()`` spawns a process that imports torch and gputui's training code (and, on
+GPUs, creates the CUDA context and loads cuBLAS/cuDNN on the chosen devices), then waits for
+a run. ``launch`` (launcher.py) hands a single-process run to an idle warm worker when there is
+one (``take``), so the run starts without the interpreter's start and torch's import. After
+the run the worker puts back the state a run can change (the RNGs as a fresh process has them,
+torch.compile's caches, threads, CUDA memory) and waits for the next; a run in a reused worker
+trains exactly as a cold one (tests/unit/test_warm.py). ddp and fsdp start cold: their ranks
+are fresh processes started by torch's elastic agent.
+
+The parent side of this module is torch-free. The run's handle sees the worker through a
+:class:`RunProxy`, a process-like view that is "alive" while the run is in the worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_POOL: list["WarmWorker"] = []
+_LOCK = threading.Lock()
+
+
+class WarmWorker:
+    """One spawned, torch-loaded process that runs single-process runs one after another."""
+
+    def __init__(self, cuda: tuple[int, ...] = ()):
+        ctx = mp.get_context("spawn")
+        self.queue = ctx.Queue()  # the runs' events (the handle polls it)
+        self.stop_event = ctx.Event()
+        self.jobs = ctx.Queue()
+        self.ready = ctx.Event()  # torch imported (and CUDA ready)
+        self.idle = ctx.Event()  # no run in the worker
+        self.idle.set()
+        self.process = ctx.Process(target=warm_main, name="gputui-warm", args=({
+            "queue": self.queue, "stop_event": self.stop_event, "jobs": self.jobs,
+            "ready": self.ready, "idle": self.idle, "parent_pid": os.getpid(),
+            "cuda": list(cuda)}, ))
+        self.process.start()
+        self.cuda = tuple(cuda)
+
+    @property
+    def usable(self) -> bool:
+        """Alive and waiting for a run."""
+        return self.process.is_alive() and self.idle.is_set()
+
+    def run(self, spec: dict[str, Any]) -> "RunProxy":
+        """Hand a run to the worker; ``spec`` as launcher.launch builds it, minus the queue and
+        stop event (the worker's own are used: the handle must take them from here)."""
+        self.stop_event.clear()  # before the job is sent, so a stop asked at once is kept
+        self.idle.clear()
+        job = {k: v for k, v in spec.items() if k not in ("queue", "stop_event")}
+        self.jobs.put(job)
+        return RunProxy(self)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not."""
+        if self.process.is_alive():
+            try:
+                self.jobs.put(None)
+            except (OSError, ValueError):
+                pass
+            self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+
+
+class RunProxy:
+    """What a RunHandle sees of a run in a warm worker: alive until the worker is idle again
+    (the record closed), the worker's pid and exit code (it only exits if killed)."""
+
+    def __init__(self, worker: WarmWorker):
+        self.worker = worker
+
+    @property
+    def pid(self) -> int | None:
+        return self.worker.process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.worker.process.exitcode
+
+    def is_alive(self) -> bool:
+        return self.worker.process.is_alive() and not self.worker.idle.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            self.worker.idle.wait(0.1 if left is None else min(0.1, left))
+
+
+def prepare(cuda: tuple[int, ...] = ()) -> WarmWorker:
+    """Have one warm worker ready (start it unless one is alive); returns it. ``cuda``: the
+    GPU indices whose CUDA context the worker creates ahead of a run."""
+    with _LOCK:
+        for w in list(_POOL):
+            if not w.process.is_alive():
+                _POOL.remove(w)
+        for w in _POOL:
+            if w.cuda == tuple(cuda):
+                return w
+        worker = WarmWorker(tuple(cuda))
+        _POOL.append(worker)
+        return worker
+
+
+def take() -> WarmWorker | None:
+    """An idle warm worker for the next run, or None (then the run starts cold)."""
+    with _LOCK:
+        return next((w for w in _POOL if w.usable), None)
+
+
+@atexit.register
+def close_all() -> None:
+    """No warm worker outlives gputui."""
+    with _LOCK:
+        workers, _POOL[:] = list(_POOL), []
+    for w in workers:
+        w.close()
+
+
+# ---------------------------------------------------------------------- the worker's side
+
+def warm_main(spec: dict[str, Any]) -> None:
+    """Entry point of the warm worker: load torch, then run the jobs it is given."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to turn into a stop
+    from gputui.telemetry.cuda_order import cuda_env
+
+    os.environ.update(cuda_env())
+    fresh = _load(spec["cuda"])
+    spec["ready"].set()
+    current: dict[str, Any] = {}
+    threading.Thread(target=_watch_parent, args=(spec["parent_pid"], spec["idle"], current),
+                     daemon=True).start()
+    while True:
+        job = spec["jobs"].get()
+        if job is None:
+            return
+        try:
+            _run(job, spec, current)
+        finally:
+            _reset(fresh)
+            spec["idle"].set()
+
+
+def _load(cuda: list[int]) -> dict[str, Any]:
+    """Import what a run imports; set up CUDA on ``cuda``; return the fresh process's RNG
+    states (a run in this worker starts from them, as a cold one does)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from gputui.training import data, loop, models, worker  # noqa: F401 - loaded for the run
+    from gputui.training.strategies import fastpath, registry  # noqa: F401
+
+    fresh = {"torch": torch.get_rng_state(), "random": random.getstate(),
+             "numpy": np.random.get_state(), "threads": torch.get_num_threads()}
+    if cuda and torch.cuda.is_available():
+        for index in cuda:
+            if index < torch.cuda.device_count():
+                _warm_cuda(torch, torch.device("cuda", index))
+        fresh["cuda"] = torch.cuda.get_rng_state_all()
+    return fresh
+
+
+def _warm_cuda(torch, device) -> None:
+    """Create the CUDA context and load cuBLAS and cuDNN on ``device``: most of a cold run's
+    model set-up on a GPU is these first-use costs, not the model."""
+    x = torch.ones(8, 1, 8, 8, device=device)
+    w = torch.ones(4, 1, 3, 3, device=device)
+    torch.nn.functional.conv2d(x, w).sum().item()  # cuDNN
+    (x.view(8, 64) @ x.view(8, 64).T).sum().item()  # cuBLAS
+
+
+def _run(job: dict[str, Any], spec: dict[str, Any], current: dict[str, Any]) -> None:
+    from gputui.devices import Device
+    from gputui.training.worker import Recorder, StopFlag, execute
+
+    recorder = Recorder(Path(job["run_dir"]), forward=spec["queue"].put)
+    stop = StopFlag(spec["stop_event"])
+    current["stop"] = stop
+    devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in job["devices"]]
+    try:
+        execute(job["config"], devices, job["run_id"], recorder, stop, job["t_launch"])
+    finally:
+        current.pop("stop", None)
+        recorder.close()
+
+
+def _reset(fresh: dict[str, Any]) -> None:
+    """Put back what a run can change in the process, so the next run starts as a cold one."""
+    import gc
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(fresh["torch"])
+    random.setstate(fresh["random"])
+    np.random.set_state(fresh["numpy"])
+    torch.set_num_threads(fresh["threads"])
+    if "torch._dynamo" in __import__("sys").modules:
+        torch._dynamo.reset()  # compiled graphs and their guards belong to the last run
+    gc.collect()
+    if torch.cuda.is_initialized():
+        if "cuda" in fresh:
+            torch.cuda.set_rng_state_all(fresh["cuda"])
+        torch.cuda.empty_cache()
+
+
+def _watch_parent(parent_pid: int, idle, current: dict[str, Any]) -> None:
+    """The parent gone: stop the run in flight gracefully (its record ends), or exit if idle."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() == parent_pid:
+            continue
+        stop = current.get("stop")
+        if stop is not None:
+            stop.reason = "the gputui process that launched the run exited"
+            stop._local.set()
+        if idle.is_set():
+            os._exit(0)

@@ -1,0 +1,76 @@
+"""The warm start: a prepared worker runs single-process runs without a new interpreter, one
+after another, and a run in a reused worker trains exactly as a cold one (no state leaks)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from gputui.config import RunConfig, apply_overrides
+from gputui.training import warm
+from gputui.training.launcher import launch
+from gputui.training.runstore import read_events
+
+pytestmark = pytest.mark.slow
+
+
+def config(**extra) -> RunConfig:
+    base = {"run.epochs": 1, "run.log_every": 4, "model.init": "default", "optim.momentum": 0.9,
+            "data.train_size": 512, "data.test_size": 64, "optim.batch_size": 64,
+            "telemetry.enabled": False, "run.threads": 1}
+    base.update(extra)
+    return apply_overrides(RunConfig(), [("t", k, v) for k, v in base.items()])
+
+
+def run(cfg: RunConfig, runs) -> tuple[dict, int, list]:
+    """(final parameters, the pid that trained, events) of one real run."""
+    handle = launch(cfg, runs)
+    pid = handle.processes[0].pid
+    assert handle.wait(timeout=240) == "finished", read_events(handle.run_dir)[-1]
+    state = torch.load(handle.run_dir / "checkpoint.pt", weights_only=True)
+    return state["state"]["models"][0], pid, read_events(handle.run_dir)
+
+
+def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
+    warm.close_all()
+    cold, cold_pid, _ = run(config(), tmp_path)  # no warm worker: a fresh process
+    worker = warm.prepare()
+    try:
+        assert worker.ready.wait(120)  # torch loaded before the run is asked for
+        # a run that changes what a process keeps: other seed, threads, precision, dropout-
+        # free but RNG-consuming init ("normal"), a different model
+        _, first_pid, _ = run(config(**{"run.seed": 7, "run.threads": 2, "model.name": "mlp",
+                                        "run.precision": "bf16", "model.init": "normal"}),
+                              tmp_path)
+        again, pid, events = run(config(), tmp_path)
+        assert first_pid == pid == worker.process.pid != cold_pid  # reused, not re-spawned
+        assert worker.process.is_alive() and worker.idle.is_set()  # waiting for the next run
+        assert cold.keys() == again.keys()
+        for name in cold:
+            assert torch.equal(cold[name], again[name]), name  # bit for bit
+        init = next(e for e in events if e.kind == "init_done")
+        assert init.import_s < 0.5  # torch was already imported
+    finally:
+        warm.close_all()
+    assert not worker.process.is_alive()
+
+
+def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path):
+    warm.close_all()
+    worker = warm.prepare()
+    try:
+        assert worker.ready.wait(120)
+        handle = launch(config(**{"run.epochs": 50}), tmp_path)
+        while not any(e.kind == "step" for e in read_events(handle.run_dir)):
+            handle.poll(timeout=0.2)
+        handle.kill()
+        assert handle.wait(timeout=60) == "stopped"
+        assert not worker.process.is_alive() and warm.take() is None
+        cold = launch(config(), tmp_path)  # the next run starts cold
+        assert cold.processes[0].pid != worker.process.pid
+        assert cold.wait(timeout=240) == "finished"
+    finally:
+        warm.close_all()
+    assert os.path.exists(handle.run_dir / "summary.json")
