@@ -259,6 +259,7 @@ class Sweep:
                 self.save()
                 on_point(point)
                 continue
+            self._warm(point)
             try:
                 handle = launch(cfg, self.runs_dir)
             except (OSError, ValueError) as exc:  # e.g. the runs folder is not writable
@@ -278,6 +279,16 @@ class Sweep:
         m.state = "interrupted" if self.stop_requested else "finished"
         self.save()
         return "interrupted" if self.stop_requested else "finished"
+
+    def _warm(self, point: Point) -> None:
+        """Single-process points run in one warm worker, reused from point to point (torch is
+        imported once per sweep, not per point); ddp/fsdp ranks always start fresh."""
+        from gputui.training import warm
+        from gputui.training.strategies import registry
+
+        info = registry.get(point.strategy)
+        if info is not None and not info.multiprocess:
+            warm.prepare(cuda=warm.cuda_indices(point.spec))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False

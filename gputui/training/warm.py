@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import signal
 import threading
@@ -116,19 +117,36 @@ def prepare(cuda: tuple[int, ...] = ()) -> WarmWorker:
         return worker
 
 
+def cuda_indices(spec: str) -> tuple[int, ...]:
+    """The GPU indices a devices.spec names (empty for CPU specs or when it cannot be read)."""
+    if spec.strip().startswith("cpu"):
+        return ()
+    try:
+        from gputui.devices import resolve_devices
+
+        return tuple(d.index for d in resolve_devices(spec) if d.kind == "cuda")
+    except Exception:  # noqa: BLE001 - a warm start is an optimisation, never an error
+        return ()
+
+
 def take() -> WarmWorker | None:
     """An idle warm worker for the next run, or None (then the run starts cold)."""
     with _LOCK:
         return next((w for w in _POOL if w.usable), None)
 
 
-@atexit.register
 def close_all() -> None:
     """No warm worker outlives gputui."""
     with _LOCK:
         workers, _POOL[:] = list(_POOL), []
     for w in workers:
         w.close()
+
+
+atexit.register(close_all)
+# multiprocessing's own exit handler joins every live child (a waiting worker would never
+# end) and may run before the atexit hook above; its finalizers run first.
+mp_util.Finalize(None, close_all, exitpriority=100)
 
 
 # ---------------------------------------------------------------------- the worker's side

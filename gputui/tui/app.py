@@ -67,6 +67,22 @@ class GpuTuiApp(App[int]):
         self.push_screen(setup)
         if error:
             self.notify(error, title="Preset not loaded", severity="error", timeout=12)
+        self.prepare_warm_start(config)
+
+    def prepare_warm_start(self, config: RunConfig) -> None:
+        """While the user is on the set-up screen, a training process loads torch (and, on
+        GPUs, their CUDA context), so Start skips that (gputui.training.warm). Only with the
+        real launcher: a test's scripted launcher has no use for one."""
+        if self._launcher is not None:
+            return
+        ready_for_spawn(self.runs_path / CHILD_OUTPUT)
+        self._spawn_warm(config)
+
+    @work(thread=True, exclusive=True, group="warm", exit_on_error=False)
+    def _spawn_warm(self, config: RunConfig) -> None:
+        from gputui.training import warm
+
+        warm.prepare(cuda=warm.cuda_indices(config.devices.spec))
 
     def _initial_config(self) -> tuple[RunConfig, Path | None, str]:
         """The preset given on the command line, or the defaults (with the reason)."""
@@ -133,9 +149,12 @@ class GpuTuiApp(App[int]):
         self.notify(message.error, title="Run not started", severity="error", timeout=15)
 
     def on_run_ended_notice(self, message: RunEndedNotice) -> None:
-        """A run ended: leave now if the user asked to quit when it did."""
+        """A run ended: leave now if the user asked to quit when it did; else have a warm
+        worker ready for the next run (the last one's, or a new one if it was killed)."""
         if self.quit_after_run:
             self.exit(0)
+        elif self.run_screen is not None:
+            self.prepare_warm_start(self.run_screen.config)
 
     # ------------------------------------------------------------------ quitting
     async def action_quit(self) -> None:

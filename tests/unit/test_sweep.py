@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gputui.sweep import Manifest, Point, load_manifest
+from gputui.training.runstore import read_events
 from gputui.training.strategies import registry
 
 GPUTUI = [sys.executable, "-m", "gputui"]
@@ -208,6 +209,10 @@ def test_fast_path_axes_multiply_the_grid_and_show_in_the_table(tiny, tmp_path):
     # a channels_last run is measured against the eager, default-format run of its precision
     assert fast["fp32 channels_last"]["baseline"] == fast["fp32"]["id"]
     assert fast["bf16 channels_last"]["baseline"] == fast["bf16"]["id"]
+    # the points ran in one warm worker: only the first paid for torch's import
+    imports = [next(e for e in read_events(runs / p["run_id"]) if e.kind == "init_done").import_s
+               for p in data["sweep"]["points"]]
+    assert all(s < 0.2 for s in imports[1:]), imports
 
 
 @pytest.mark.parametrize("option,value,expected", [
