@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputui.config import RunConfig
-from gputui.devices import Device, resolve_devices
+from gputui.devices import Device, resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
 from gputui.training import runstore
 
@@ -54,6 +54,7 @@ class RunHandle:
         self._lock = threading.Lock()
         self._rank_pids: dict[str, int] = {}
         self.multiprocess = False  # ddp/fsdp: processes[0] is the elastic agent
+        self.device_note = ""  # what the devices' fallback ran on instead, or ""
 
     # ------------------------------------------------------------------ events
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
@@ -218,12 +219,16 @@ def _kill_tree(pid: int | None) -> None:
 
 
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
-           devices: list[Device] | None = None) -> RunHandle:
-    """Create the run folder, start the training process, return its handle at once."""
+           devices: list[Device] | None = None, device_note: str = "") -> RunHandle:
+    """Create the run folder, start the training process, return its handle at once.
+
+    ``devices`` as resolved by the caller (with ``device_note``, the fallback's one line, when
+    it replaced the spec's GPUs); resolved here when not given. The note goes in the record."""
     from gputui.training import agent, worker
     from gputui.training.strategies import registry
 
-    devices = devices or resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
+    if not devices:
+        devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
     (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     handle = RunHandle(run_id, run_dir, devices, cfg)
@@ -232,7 +237,9 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     handle._stop_event = ctx.Event()
     spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
             "run_id": run_id, "run_dir": str(run_dir), "queue": handle._queue,
-            "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time()}
+            "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time(),
+            "notes": [device_note] if device_note else []}
+    handle.device_note = device_note
     info = registry.get(cfg.strategy.name)
     handle.multiprocess = bool(info and info.multiprocess)
     # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
