@@ -142,7 +142,23 @@ def agent_main(spec: dict[str, Any]) -> None:
     shared_data.remove(data_file)
     if not _has_terminal(run_dir):
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
+    stop_helpers()
     quick_exit(queue, 0)
+
+
+def stop_helpers() -> None:
+    """End the fork server and the resource tracker this process started, and wait for them:
+    orphaned, they would end by themselves only a moment after this process, outliving the
+    run. (multiprocessing's own stop methods are private: whatever is left is killed.)"""
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner in (getattr(forkserver, "_forkserver", None),
+                  getattr(resource_tracker, "_resource_tracker", None)):
+        try:
+            owner._stop()
+        except Exception:  # noqa: BLE001 - not running, or a Python without _stop
+            pass
+    _kill_children()
 
 
 def _start_fork_server() -> None:
@@ -273,15 +289,19 @@ class _Watchdog(threading.Thread):
                 return  # the ranks are training: they agree on a step and stop there
             _append(self.run_dir, self.spec["queue"], RunStopped(reason=reason))
             _kill_children()
+            stop_helpers()
             shared_data.remove(shared_data.path_for(self.spec["run_id"]))
             os._exit(0)
 
 
 def _kill_children() -> None:
+    """Kill every process below this one and wait for them (bounded)."""
     try:
         import psutil
 
-        for child in psutil.Process().children(recursive=True):
+        children = psutil.Process().children(recursive=True)
+        for child in children:
             child.kill()
+        psutil.wait_procs(children, timeout=5)
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
