@@ -212,7 +212,8 @@ def _run(job: dict[str, Any], spec: dict[str, Any], current: dict[str, Any]) -> 
     current["stop"] = stop
     devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in job["devices"]]
     try:
-        execute(job["config"], devices, job["run_id"], recorder, stop, job["t_launch"])
+        execute(job["config"], devices, job["run_id"], recorder, stop, job["t_launch"],
+                notes=job.get("notes", ()))
     finally:
         current.pop("stop", None)
         recorder.close()
