@@ -47,8 +47,10 @@ class GpuTuiApp(App[int]):
     def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,
                  launcher: Launcher | None = None, *, inventory: Inventory | None = None,
                  presets: list[Path] | None = None,
-                 discover: Callable[[], Inventory] | None = None) -> None:
+                 discover: Callable[[], Inventory] | None = None,
+                 warm_start: bool = False) -> None:
         super().__init__()
+        self.warm_start = warm_start  # run_tui turns it on; a test asks for it explicitly
         self.preset_arg = preset
         self.runs_dir = runs_dir
         self._launcher = launcher
@@ -78,7 +80,7 @@ class GpuTuiApp(App[int]):
         """While the user is on the set-up screen, a training process loads torch (and, on
         GPUs, their CUDA context), so Start skips that (gputui.training.warm). Only with the
         real launcher: a test's scripted launcher has no use for one."""
-        if self._launcher is not None:
+        if self._launcher is not None or not self.warm_start:
             return
         ready_for_spawn(self.runs_path / CHILD_OUTPUT)
         self._spawn_warm(config)
@@ -269,7 +271,7 @@ def run_tui(preset: str | Path | None = None, runs_dir: str | Path | None = None
     Training processes inherit fds 1 and 2: their stray output goes to
     ``<runs dir>/app-output.log`` instead of over the screen.
     """
-    app = make_app(preset, runs_dir)
+    app = make_app(preset, runs_dir, warm_start=True)
     with private_terminal():
         try:
             result = app.run()
