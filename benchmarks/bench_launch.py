@@ -19,6 +19,7 @@ import statistics
 import time
 
 from gputui.config import apply_overrides, load_preset
+from gputui.presets import resolve_preset
 from gputui.training import warm
 from gputui.training.launcher import launch
 
@@ -54,7 +55,7 @@ def main() -> None:
     changes = {"run.log_every": 1, "run.checkpoint": False, "telemetry.enabled": False}
     if args.device == "cuda":  # the preset's strategy on one GPU
         changes.update({"devices.spec": "0", "strategy.name": "single"})
-    cfg = apply_overrides(load_preset(args.preset), [("bench", k, v)
+    cfg = apply_overrides(load_preset(resolve_preset(args.preset)), [("bench", k, v)
                                                      for k, v in changes.items()])
     cuda = warm.cuda_indices(cfg.devices.spec)
     res: dict[str, list[dict]] = {"cold": [], "warm": []}

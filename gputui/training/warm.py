@@ -180,6 +180,9 @@ def _load(cuda: list[int]) -> dict[str, Any]:
 
     import numpy as np
     import torch
+    # The first optimizer a process builds imports torch._dynamo (torch.optim's __init__ is
+    # wrapped by torch._disable_dynamo): 1.1-1.4 s of a cold run's "model" time on the CPU here.
+    import torch._dynamo  # noqa: F401
 
     from gputui.training import data, loop, models, worker  # noqa: F401 - loaded for the run
     from gputui.training.strategies import fastpath, registry  # noqa: F401
