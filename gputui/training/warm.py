@@ -229,13 +229,13 @@ def _reset(fresh: dict[str, Any]) -> None:
 
     import numpy as np
     import torch
+    import torch._dynamo
 
     torch.set_rng_state(fresh["torch"])
     random.setstate(fresh["random"])
     np.random.set_state(fresh["numpy"])
     torch.set_num_threads(fresh["threads"])
-    if "torch._dynamo" in __import__("sys").modules:
-        torch._dynamo.reset()  # compiled graphs and their guards belong to the last run
+    torch._dynamo.reset()  # compiled graphs and their guards belong to the last run
     gc.collect()
     if torch.cuda.is_initialized():
         if "cuda" in fresh:
