@@ -1,15 +1,15 @@
 """The command line: ``gputui`` (the app), ``gputui run PRESET``, ``strategies``, ``runs``,
 ``presets`` and ``devices``.
 
-Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback),
-130 interrupted. Nothing here imports torch; training runs in a spawned child process.
+Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
+the signal's number when a signal stopped the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+Nothing here imports torch; training runs in a spawned child process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from typing import Any
 
@@ -112,38 +112,40 @@ def cmd_run(args) -> int:
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
     for warning in busy_warnings(devices):
         printer.line(f"warning: {warning}")
-    # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
+    # stop outlasting run.stop_grace_s, kills (see gputui.training.signals)
+    from gputui.training.signals import Supervisor
+
+    sup = Supervisor(cfg.run.stop_grace_s).install()
     try:
         handle = launch(cfg, args.runs_dir)
     except OSError as exc:
         return fail(f"cannot create the run folder ({exc})")
-    interrupts = 0
     while not handle.done:
-        try:
-            for ev in handle.poll(timeout=0.2):
-                printer.handle(ev)
-        except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts == 1:
-                handle.stop()
-                printer.line("stopping at the next step (press Ctrl-C again to kill)")
-            else:
-                handle.kill("killed by user (second Ctrl-C)")
+        for ev in handle.poll(timeout=0.2):
+            _print(printer.handle, ev)
+        sup.check(handle, lambda text: _print(printer.line, text))
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)
-    printer.summary(summary)
+    _print(printer.summary, summary)
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        _print(print, json.dumps(summary, indent=2, sort_keys=True))
     if summary["status"] == "finished":
         return EXIT_OK
-    if summary["status"] == "stopped" and interrupts:
-        return EXIT_INTERRUPTED
+    if summary["status"] == "stopped" and sup.first:
+        return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+def _print(write, item) -> None:
+    """Progress output that cannot end the run: a terminal that hung up (EIO until SIGHUP
+    arrives) or a closed pipe loses the output, never the record."""
+    from gputui.training.signals import detach_output
+
+    try:
+        write(item)
+    except OSError:
+        detach_output()
 
 
 # ------------------------------------------------------------------ listings

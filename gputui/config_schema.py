@@ -53,6 +53,8 @@ class RunSection:
                                  "a stop, so `gputui resume` can continue the run.")
     checkpoint_every: int = opt(0, "Also checkpoint every N optimizer steps (0 = only at epoch "
                                    "ends and on a stop).", min=0)
+    stop_grace_s: float = opt(30.0, "Seconds a graceful stop (Ctrl-C, SIGTERM, SIGHUP) may take "
+                                    "before gputui kills the run instead.", gt=0.0, max=86_400.0)
     resume_from: str = opt("", "A run folder (or checkpoint file) to continue from; set by "
                                "`gputui resume`, empty = start fresh.")
 

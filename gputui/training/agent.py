@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
-from gputui.training import runstore, shared_data
+from gputui.training import runstore, shared_data, signals
 
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
@@ -68,7 +68,11 @@ def launch_config(spec: dict[str, Any]):
 
 def agent_main(spec: dict[str, Any]) -> None:
     """Entry point of the spawned child for ddp/fsdp: run the elastic launch, end the record."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # First, before any thread or process starts (they inherit the blocked signals): a stop
+    # signal (SIGINT, SIGTERM, SIGHUP) is the graceful stop that the ranks agree on, never
+    # torch's handler that raises in this thread and tears the ranks down (see signals.py).
+    signals.watch(lambda signum, sender: ask_stop(spec, signals.stop_reason(signum)))
+    spec = dict(spec, agent_pid=os.getpid())  # a rank takes SIGTERM from here as the teardown
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
@@ -107,7 +111,20 @@ def agent_main(spec: dict[str, Any]) -> None:
     shared_data.remove(data_file)
     if not _has_terminal(run_dir):
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
+    # the ranks are gone; the fork server would take seconds to tear torch down on its own,
+    # outliving the command that started the run
+    _kill_children()
     quick_exit(queue, 0)
+
+
+def ask_stop(spec: dict[str, Any], reason: str) -> None:
+    """Ask every rank to stop at the next agreed step (the parent's stop, with its reason)."""
+    from gputui.training.launcher import REASON_BYTES
+
+    box, event = spec.get("stop_reason"), spec["stop_event"]
+    if box is not None and not event.is_set():
+        box.value = reason.encode("utf-8")[:REASON_BYTES - 1]
+    event.set()
 
 
 def _start_fork_server() -> None:
@@ -231,7 +248,10 @@ class _Watchdog(threading.Thread):
             if os.getppid() != parent:
                 reason = "the gputui process that launched the run exited"
             elif stop.is_set():
-                reason = "stopped by user before the ranks started"
+                from gputui.training.worker import read_reason
+
+                asked = read_reason(self.spec.get("stop_reason")) or "stopped by user"
+                reason = f"{asked} before the ranks started"
             else:
                 continue
             if any(e.kind == "run_started" for e in runstore.read_events(self.run_dir)):

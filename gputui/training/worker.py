@@ -1,7 +1,7 @@
 """The training process: entry point of the spawned child, and the in-process ``execute``.
 
-The child ignores SIGINT (Ctrl-C reaches the whole terminal process group; the parent turns
-it into a graceful stop), watches its parent so a dead UI never leaves it training, records
+A stop signal (SIGINT, SIGTERM, SIGHUP: see ``signals``) stops the child at its next step
+with a checkpoint; it watches its parent so a dead UI never leaves it training, records
 every event as it happens and ends the record with exactly one terminal event.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 import time
 import traceback
@@ -48,24 +47,58 @@ class Recorder:
 
 
 class StopFlag:
-    """Stop requests from the parent (an mp.Event) or from the parent's death."""
+    """Stop requests: from the parent (an mp.Event, with the reason in a shared buffer), from a
+    signal this process received (``request``) or from the parent's death."""
 
-    def __init__(self, event=None, parent_pid: int | None = None, origin_pid: int | None = None):
+    def __init__(self, event=None, parent_pid: int | None = None, origin_pid: int | None = None,
+                 reason_box=None, signals: bool = False):
         self.event, self.parent_pid, self.origin_pid = event, parent_pid, origin_pid
-        self.reason = "stopped by user"
+        self.reason_box = reason_box
+        self._reason = ""
         self._local = threading.Event()
+        if signals:  # before any thread starts: threads inherit the blocked signals
+            from gputui.training import signals as signals_mod
+
+            signals_mod.watch(self.on_signal)
         if parent_pid:
             threading.Thread(target=self._watch_parent, daemon=True).start()
+
+    def request(self, reason: str) -> None:
+        """Stop at the next step; the first reason given is the one recorded."""
+        if not self._local.is_set():
+            self._reason = reason
+            self._local.set()
+
+    def on_signal(self, signum: int, sender: int) -> None:
+        """A stop signal reached this process (see ``signals.watch``)."""
+        from gputui.training.signals import stop_reason
+
+        self.request(stop_reason(signum))
+
+    @property
+    def reason(self) -> str:
+        if self._reason:
+            return self._reason
+        return read_reason(self.reason_box) or "stopped by user"
 
     def _watch_parent(self) -> None:
         # origin_pid: a rank's parent is the elastic agent; gputui is the agent's parent
         while not self._local.wait(0.5):
             if os.getppid() != self.parent_pid or (self.origin_pid and not _alive(self.origin_pid)):
-                self.reason = "the gputui process that launched the run exited"
-                self._local.set()
+                self.request("the gputui process that launched the run exited")
 
     def __call__(self) -> bool:
         return self._local.is_set() or (self.event is not None and self.event.is_set())
+
+
+def read_reason(box) -> str:
+    """The stop reason the parent left in the shared buffer (empty when none)."""
+    if box is None:
+        return ""
+    try:
+        return box.value.decode("utf-8", "replace")
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 @dataclass(frozen=True)
@@ -188,14 +221,14 @@ def _set_threads(torch, threads: int, processes: int) -> None:
 
 def child_main(spec: dict[str, Any]) -> None:
     """Entry point of the spawned training process (single-process strategies)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # CUDA must number GPUs the way discovery (NVML, PCI order) did, before torch loads CUDA.
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
     queue = spec["queue"]
+    stop = StopFlag(spec["stop_event"], spec["parent_pid"], reason_box=spec.get("stop_reason"),
+                    signals=True)
     recorder = Recorder(Path(spec["run_dir"]), forward=queue.put)
-    stop = StopFlag(spec["stop_event"], spec["parent_pid"])
     devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
     try:
         execute(spec["config"], devices, spec["run_id"], recorder, stop, spec["t_launch"])

@@ -67,8 +67,9 @@ class SweepScreen(Screen):
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, config: RunConfig, runs_dir: str | Path, strategies: list[str]) -> None:
-        super().__init__(id="sweep")
+    def __init__(self, config: RunConfig, runs_dir: str | Path, strategies: list[str], *,
+                 screen_id: str = "sweep") -> None:
+        super().__init__(id=screen_id)
         self.config, self.runs_dir = config, Path(runs_dir)
         self.default_strategies = strategies
         self.sweep: Sweep | None = None
@@ -108,6 +109,10 @@ class SweepScreen(Screen):
     def action_start(self) -> None:
         """Plan the grid from the form and run it in a worker."""
         if self.running:
+            return
+        if getattr(self.app, "run_active", False):
+            self.notify("A run is active: start the sweep when it has ended (or stop it)",
+                        title="Cannot start the sweep", severity="warning")
             return
         strategies = [s.strip() for s in self.query_one("#sweep-strategies", Input).value
                       .split(",") if s.strip()]
