@@ -61,6 +61,13 @@ class GpuTuiApp(SignalExit, App[int]):
         self.quit_code = 0
         self.crash_log: Path | None = None
 
+    def notify(self, message: str, *, title: str = "", severity: Any = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications show their text as it is: a value or a message with square brackets
+        (a TOML table name, a path) is never read as markup."""
+        super().notify(message, title=title, severity=severity, timeout=timeout,
+                       markup=markup)
+
     # ------------------------------------------------------------------ start-up
     def on_mount(self) -> None:
         self.install_stop_signals()
@@ -140,7 +147,7 @@ class GpuTuiApp(SignalExit, App[int]):
     def on_run_ended_notice(self, message: RunEndedNotice) -> None:
         """A run ended: leave now if the user asked to quit when it did."""
         if self.quit_after_run:
-            self.exit(self.quit_code)
+            self.exit(self.quit_code, return_code=self.quit_code)
 
     # ------------------------------------------------------------------ quitting
     async def action_quit(self) -> None:

@@ -13,7 +13,9 @@ as the reason, and :func:`crash_line` gives the one line the CLI prints before e
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -42,15 +44,16 @@ class SignalExit:
         """First signal: stop the run (or leave at once without one); then: kill it."""
         from gputui.training.signals import describe, stop_reason
 
-        if signum == __import__("signal").SIGHUP:
-            detach_terminal()
+        if signum == signal.SIGHUP:
+            self._hang_up()
+            return
         first = self.stop_signal is None
         if first:
             self.stop_signal = signum
         code = 128 + self.stop_signal
         screen = getattr(self, "run_screen", None)
         if not self.run_active or screen is None or screen.handle is None:  # type: ignore[attr-defined]
-            self.exit(code)  # type: ignore[attr-defined]
+            self.exit(code, return_code=code)  # type: ignore[attr-defined]
             return
         self.quit_after_run, self.quit_code = True, code  # type: ignore[attr-defined]
         if first:
@@ -63,24 +66,43 @@ class SignalExit:
         else:
             self._kill_after_signal(screen, f"a second signal ({describe(signum)})")
 
+    def _hang_up(self) -> None:
+        """The terminal is gone: nothing can be drawn, and Textual's own teardown would wait
+        on it. Stop the run gracefully (kill it after its grace period) in a thread, then
+        leave at once with 128 + SIGHUP."""
+        detach_terminal()
+        self.stop_signal = self.stop_signal or signal.SIGHUP
+        handle = self.stop_orphans()  # type: ignore[attr-defined]
+        reason = self.exit_reason()  # type: ignore[attr-defined]
+
+        def leave() -> None:
+            if handle is not None:
+                cfg = getattr(handle, "cfg", None)
+                stop_then_kill(handle, reason, cfg.run.stop_grace_s if cfg is not None else 30.0)
+            os._exit(128 + signal.SIGHUP)
+
+        threading.Thread(target=leave, name="gputui-hangup", daemon=True).start()
+
     def _kill_after_signal(self, screen: Any, why: str) -> None:
         if screen.ended:
             return
         screen.log_ui(f"{why}: killing the run")
         screen.kill_now(f"killed: {why}")
-        self.set_timer(KILL_WAIT_S, lambda: self.exit(self.quit_code))  # type: ignore[attr-defined]
+        code = self.quit_code  # type: ignore[attr-defined]
+        self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))  # type: ignore[attr-defined]
 
 
 def detach_terminal() -> None:
     """The terminal hung up: point every descriptor the app draws on at /dev/null."""
-    fds = {1, 2}
-    for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+    fds = {0, 1, 2}
+    for stream in (sys.__stdin__, sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
         try:
             fds.add(stream.fileno())
         except (AttributeError, OSError, ValueError):
             continue
+    fds = {fd for fd in fds if fd >= 0 and _is_tty(fd)}  # not the children's output log
     try:
-        null = os.open(os.devnull, os.O_WRONLY)
+        null = os.open(os.devnull, os.O_RDWR)
     except OSError:
         return
     for fd in fds:
@@ -90,6 +112,13 @@ def detach_terminal() -> None:
             except OSError:
                 pass
     os.close(null)
+
+
+def _is_tty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def stop_then_kill(handle: Any, reason: str, grace_s: float) -> None:

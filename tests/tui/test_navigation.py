@@ -99,3 +99,37 @@ async def test_f7_during_a_run_opens_the_sweep_and_says_why_it_cannot_start(tmp_
         assert not app.screen.running and len(launcher.handles) == 1
         notes = [n.message for n in app._notifications]
         assert any("A run is active" in m for m in notes), notes
+
+
+async def _type_into(pilot, app, dom_id: str, text: str) -> None:
+    app.screen.query_one(f"#{dom_id}").focus()
+    await pilot.press("ctrl+a", "ctrl+k", *text)
+    await pilot.pause(0.3)
+
+
+async def test_square_brackets_typed_into_the_form_are_text_not_markup(presets):
+    from textual.widgets import Static
+
+    from gputui.tui.widgets.param_form import ParamForm
+
+    app = make_app(preset="quickstart", launcher=ScriptedLauncher(),
+                   inventory=fixed_inventory(), presets=presets)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await pilot.pause()
+        form = app.screen.query_one(ParamForm)
+        await _type_into(pilot, app, "f-run-epochs", "[/]")
+        assert app.is_running and app.return_code is None
+        assert "[/]" in form.error_text("run.epochs")
+        await _type_into(pilot, app, "f-run-epochs", "2")
+        await _type_into(pilot, app, "f-extra", "[/x].a=1")
+        await pilot.press("ctrl+r")  # the --set text is read when the run starts
+        await pilot.pause(0.3)
+        assert app.is_running and app.return_code is None
+        shown = [str(s.render()) for s in app.screen.query(Static)]
+        messages = [n.message for n in app._notifications] + shown
+        assert any("[/x]" in m for m in messages) or "[/x]" in form.error_text("extra"), messages
+        await _type_into(pilot, app, "f-extra", "foo.bar=1")
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.3)
+        notes = [n.message for n in app._notifications] + [form.error_text("extra")]
+        assert any("[foo]" in m for m in notes), notes  # the message keeps its brackets

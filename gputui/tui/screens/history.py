@@ -59,7 +59,7 @@ class HistoryScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note")
+        yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note", markup=False)
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 

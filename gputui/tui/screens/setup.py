@@ -64,7 +64,7 @@ class SetupScreen(Screen):
                 panel = PresetPanel(self.presets)
                 panel.loaded = self.preset
                 yield panel
-                yield Static("", id="summary")
+                yield Static("", id="summary", markup=False)
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
         yield Footer()
 
