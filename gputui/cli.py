@@ -211,7 +211,9 @@ def build_parser() -> Parser:
                     "training. With no command, opens the app.")
     parser.add_argument("--version", action="version", version=f"gputui {__version__}")
     parser.add_argument("--preset", help="open the app with this preset loaded")
-    parser.add_argument("--runs-dir", help="where run records go (default ./runs)")
+    parser.add_argument("--runs-dir", dest="global_runs_dir", metavar="RUNS_DIR",
+                        help="where run records go, for the app and every command "
+                             "(default ./runs or $GPUTUI_RUNS_DIR)")
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     _add_run(sub)
@@ -237,6 +239,9 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gputui`` console script."""
     args = build_parser().parse_args(argv)
+    # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
+    if getattr(args, "runs_dir", None) is None:
+        args.runs_dir = args.global_runs_dir
     try:
         return args.func(args)
     except KeyboardInterrupt:

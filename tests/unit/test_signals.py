@@ -119,3 +119,20 @@ def test_sigterm_to_the_training_process_alone_stops_it_gracefully(tmp_path):
         assert (run_dir / "checkpoint.pt").is_file()
         assert proc.returncode == 1  # gputui itself was not signalled: the run did not finish
     assert left_behind(tag) == []
+
+
+def test_the_global_runs_dir_holds_for_every_command(tmp_path):
+    """`gputui --runs-dir X run ...` writes to X and `gputui --runs-dir X runs` lists X (the
+    command's own default used to override the global flag)."""
+    runs = tmp_path / "elsewhere"
+    env = {k: v for k, v in os.environ.items() if k != "GPUTUI_RUNS_DIR"}
+    done = subprocess.run([*GPUTUI, "--runs-dir", str(runs), "run", "quickstart", "--strategy",
+                           "single", "--devices", "cpu", "--epochs", "1", "--quiet", *SMALL],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    assert not (tmp_path / "runs").exists()
+    listed = subprocess.run([*GPUTUI, "--runs-dir", str(runs), "runs", "--json"],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert run_dir.name in listed.stdout
