@@ -83,7 +83,8 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
-    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
+                                                          cfg.data.source)
     if problem and not cfg.data.download:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
