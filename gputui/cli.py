@@ -96,8 +96,15 @@ def cmd_run(args) -> int:
         cfg = resolve_config(args)
     except ConfigError as exc:
         return fail(str(exc))
-    if args.dry_run:
-        print(json.dumps(cfg.to_dict(), indent=2) if args.json else cfg.to_toml(), end="")
+    from gputui.usercode import code_line
+
+    code = code_line(cfg)
+    if args.dry_run:  # shows the code a preset names; imports and runs none of it
+        if args.json:
+            print(json.dumps(cfg.to_dict(), indent=2), end="")
+        else:
+            print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
+            print(cfg.to_toml(), end="")
         return EXIT_OK
     from gputui.printer import Printer
     from gputui.training.launcher import launch
@@ -113,6 +120,8 @@ def cmd_run(args) -> int:
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
     for warning in busy_warnings(devices):
         printer.line(f"warning: {warning}")
+    if code:
+        printer.line(code)
     # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -187,14 +196,19 @@ def cmd_presets(args) -> int:
     """``gputui presets``: the preset files found."""
     from gputui.presets import list_presets
 
+    from gputui.presets import names_code
+
     presets = list_presets()
     if args.json:
-        print(json.dumps([{"name": p.stem, "path": str(p)} for p in presets], indent=2))
+        print(json.dumps([{"name": p.stem, "path": str(p), "runs_code": names_code(p)}
+                          for p in presets], indent=2))
         return EXIT_OK
     for p in presets:
         first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
                       if ln.startswith("#")), "")
-        print(f"{p.stem:24} {first}")
+        code = names_code(p)
+        mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
+        print(f"{p.stem:24} {first}{mark}")
     return EXIT_OK
 
 

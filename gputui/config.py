@@ -162,8 +162,32 @@ def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
-    cfg = from_dict(data, source=str(path), check=False)
+    cfg = anchor_code_paths(from_dict(data, source=str(path), check=False), path.parent)
     return apply_overrides(cfg, overrides, check=check, preset_source=str(path))
+
+
+def anchor_code_paths(cfg: RunConfig, folder: Path) -> RunConfig:
+    """A preset's relative factory file (or image folder) is found beside the preset: it is
+    made absolute when it exists there, so the run (and its record, and a resume) finds it from
+    any folder. Paths not found there stay relative to the folder gputui runs in."""
+    from gputui.usercode import CODE_KEYS, parse
+
+    changes: dict[str, dict[str, str]] = {}
+    for key in CODE_KEYS:
+        table, name = key.split(".")
+        spec = getattr(getattr(cfg, table), name)
+        try:
+            f = parse(spec) if spec else None
+        except ValueError:
+            continue  # the checks say what is wrong with it
+        if f is None or f.kind not in ("file", "imagefolder") or Path(f.target).is_absolute():
+            continue
+        there = folder / Path(f.target).expanduser()
+        if there.exists():
+            tail = f":{f.function}" if f.kind == "file" else ""
+            head = "imagefolder:" if f.kind == "imagefolder" else ""
+            changes.setdefault(table, {})[name] = f"{head}{there.resolve()}{tail}"
+    return cfg.replace(**changes) if changes else cfg
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

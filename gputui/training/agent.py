@@ -109,7 +109,7 @@ def agent_main(spec: dict[str, Any]) -> None:
         except ChildFailedError as exc:
             end = failure_event(exc.failures, run_dir)
     except _Refused as exc:
-        end = RunFailed(reason=str(exc))
+        end = RunFailed(reason=str(exc), detail=exc.detail)
     except Exception as exc:  # noqa: BLE001 - a rendezvous that fails, a bad endpoint, ...
         first = (str(exc).strip().splitlines() or [""])[0]
         end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
@@ -123,11 +123,16 @@ def agent_main(spec: dict[str, Any]) -> None:
 class _Refused(Exception):
     """The user's code failed its check before the launch; the message is one line."""
 
+    def __init__(self, problem: tuple[str, str]):
+        super().__init__(problem[0])
+        self.detail = problem[1]
 
-def check_user_code(config: dict, data_file: Path) -> str | None:
+
+def check_user_code(config: dict, data_file: Path) -> tuple[str, str] | None:
     """Load the data and build the model the config's factories name (on the CPU, as every
     rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
-    model; None when all is well, else one line naming the factory and the cause."""
+    model; None when all is well, else (one line naming the factory and the cause, the
+    traceback)."""
     from gputui.config import from_dict
     from gputui.training.data import load_from_config
     from gputui.training.userfactory import cause
@@ -147,7 +152,7 @@ def check_user_code(config: dict, data_file: Path) -> str | None:
                 wrap_targets(model, list(cfg.strategy.fsdp_wrap))
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
         known = type(exc).__name__ in ("UserCodeError", "DataError", "ConfigError")
-        return str(exc) if known else cause(exc)
+        return (str(exc) if known else cause(exc)), _traceback()
     return None
 
 

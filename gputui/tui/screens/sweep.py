@@ -20,6 +20,7 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, 
 
 from gputui.config import ConfigError, RunConfig
 from gputui.sweep import Point, Sweep, parse_devices
+from gputui.usercode import code_line, data_label, model_label
 
 
 class PointChanged(Message):
@@ -86,8 +87,10 @@ class SweepScreen(Screen):
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield DataTable(id="sweep-points", cursor_type="row")
-        yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
-                     f"{self.config.data.name}, {self.config.run.epochs} epoch(s). "
+        d = self.config.to_dict()
+        code = code_line(d)
+        yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
+                     f"{self.config.run.epochs} epoch(s){' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
