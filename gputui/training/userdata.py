@@ -89,6 +89,9 @@ def _unpack(spec: str, got: Any):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise UserCodeError(f"data.factory '{spec}' returned a {type(got).__name__}; return "
                             f"(train, test), each (images, labels) tensors or a torch Dataset")
+    if all(isinstance(p, torch.Tensor) for p in got):
+        raise UserCodeError(f"data.factory '{spec}' returned one (images, labels) pair; return "
+                            f"(train, test), each an (images, labels) pair")
     parts = [_as_tensors(spec, part, which) for part, which in zip(got, ("train", "test"))]
     if all(p is not None for p in parts):
         return parts[0], parts[1], classes

@@ -52,10 +52,10 @@ def import_function(key: str, spec: str) -> Callable:
             module = importlib.import_module(f.target)
     except Exception as exc:  # noqa: BLE001 - any import failure is one line for the user
         raise UserCodeError(f"{key} '{spec}' cannot be imported: {cause(exc)}") from exc
-    fn = getattr(module, f.function, None)
-    if fn is None:
+    if not hasattr(module, f.function):
         raise UserCodeError(f"{key} '{spec}': {f.target} has no '{f.function}'; name a "
                             f"function it defines")
+    fn = getattr(module, f.function)
     if not callable(fn):
         raise UserCodeError(f"{key} '{spec}': '{f.function}' is a {type(fn).__name__}, not a "
                             f"function")
