@@ -26,14 +26,19 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # The mesh names the ranks' device type: without one, fully_shard takes a CUDA mesh
+        # whenever CUDA is available, so CPU ranks on a GPU machine would put their shards on
+        # the GPU and hang gloo's collectives.
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
         self._plain = copy.deepcopy(model)  # a full, unsharded copy for eval and checkpoints
         names = list(self.cfg.strategy.fsdp_wrap)
         targets = wrap_targets(model, names)
         for layer in targets:
-            fully_shard(layer)  # one all-gather per layer: memory stays one layer wide
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)  # one all-gather per layer: one layer wide
+        fully_shard(model, mesh=mesh)
         which = f"the {', '.join(names)} modules" if names else "each top-level block"
         self.notes.append(f"parameters, gradients and optimizer state sharded over the ranks: "
                           f"{len(targets)} fully_shard unit(s), {which}, and the whole model")
