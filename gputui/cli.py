@@ -83,7 +83,8 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
-    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
+                                                          cfg.data.source)
     if problem and not cfg.data.download:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
@@ -95,30 +96,39 @@ def cmd_run(args) -> int:
         cfg = resolve_config(args)
     except ConfigError as exc:
         return fail(str(exc))
-    if args.dry_run:
-        print(json.dumps(cfg.to_dict(), indent=2) if args.json else cfg.to_toml(), end="")
+    from gputui.usercode import code_line
+
+    code = code_line(cfg)
+    if args.dry_run:  # shows the code a preset names; imports and runs none of it
+        if args.json:
+            print(json.dumps(cfg.to_dict(), indent=2), end="")
+        else:
+            print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
+            print(cfg.to_toml(), end="")
         return EXIT_OK
     from gputui.printer import Printer
     from gputui.training.launcher import launch
     from gputui.training.runstore import read_summary
 
-    from gputui.devices import busy_warnings, resolve_devices
+    from gputui.devices import busy_warnings, resolve_with_note
 
-    devices = resolve_devices(cfg.devices.spec, cfg.devices.fallback)
+    devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     taken = busy_warnings([d for d in devices if d.kind == "cuda"]) if args.exclusive else []
     if taken:  # NVML sees another process on a chosen GPU
         return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
                     f"(see `gputui devices`) or drop --exclusive")
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
-    for warning in busy_warnings(devices):
+    for warning in ([device_note] if device_note else []) + busy_warnings(devices):
         printer.line(f"warning: {warning}")
+    if code:
+        printer.line(code)
     # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
     # stop outlasting run.stop_grace_s, kills (see gputui.training.signals)
     from gputui.training.signals import Supervisor
 
     sup = Supervisor(cfg.run.stop_grace_s).install()
     try:
-        handle = launch(cfg, args.runs_dir)
+        handle = launch(cfg, args.runs_dir, devices, device_note)
     except OSError as exc:
         return fail(f"cannot create the run folder ({exc})")
     while not handle.done:
@@ -188,14 +198,19 @@ def cmd_presets(args) -> int:
     """``gputui presets``: the preset files found."""
     from gputui.presets import list_presets
 
+    from gputui.presets import names_code
+
     presets = list_presets()
     if args.json:
-        print(json.dumps([{"name": p.stem, "path": str(p)} for p in presets], indent=2))
+        print(json.dumps([{"name": p.stem, "path": str(p), "runs_code": names_code(p)}
+                          for p in presets], indent=2))
         return EXIT_OK
     for p in presets:
         first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
                       if ln.startswith("#")), "")
-        print(f"{p.stem:24} {first}")
+        code = names_code(p)
+        mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
+        print(f"{p.stem:24} {first}{mark}")
     return EXIT_OK
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
 from gputui.training import runstore, shared_data, signals
+from gputui.usercode import code_named
 
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
@@ -41,17 +42,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(spec: dict[str, Any]):
-    """The elastic LaunchConfig of this node: nproc = local devices, min = max = nnodes."""
+def launch_config(spec: dict[str, Any], config_class=None):
+    """The elastic LaunchConfig of this node: nproc = local devices, min = max = nnodes.
+
+    ``config_class`` is torch's ``LaunchConfig`` (a test passes an older signature). Arguments
+    that only newer torch has are passed when its LaunchConfig accepts them (see
+    :func:`launcher_options`), never blindly."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
+    config_class = config_class or LaunchConfig
     dist = spec["config"]["dist"]
     nnodes = dist["nnodes"]
     endpoint = dist["rdzv_endpoint"] or f"127.0.0.1:{free_port()}"
     # rank output (warnings, tracebacks) goes to files in the record, not over the progress
     logs = Path(spec["run_dir"]) / "ranks"
-    return LaunchConfig(
+    return config_class(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=len(spec["devices"]),
         run_id=dist["rdzv_id"] if nnodes > 1 else spec["run_id"],
         rdzv_backend="c10d", rdzv_endpoint=endpoint,
@@ -59,11 +65,39 @@ def launch_config(spec: dict[str, Any]):
         rdzv_configs={"is_host": dist["node_rank"] == 0},
         max_restarts=0, start_method="forkserver", monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
-        # SIGINT is left out: Ctrl-C reaches the whole process group, and the parent turns it
-        # into a graceful stop that the ranks agree on; the agent must not kill them for it.
-        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        **launcher_options(config_class),
     )
+
+
+# Launcher arguments that only newer torch accepts, with what gputui wants of them:
+# signals_to_handle (torch 2.9+): SIGINT is left out, because Ctrl-C reaches the whole process
+#   group and the parent turns it into a graceful stop that the ranks agree on; the agent must
+#   not kill them for it. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the surviving
+#   ranks after a failure (older torch waits its fixed 30 s, which only a rank that ignores
+#   SIGTERM ever uses).
+OPTIONAL_LAUNCH_ARGS = {"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
+                        "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
+
+
+def launcher_options(config_class) -> dict[str, Any]:
+    """The optional arguments this torch's LaunchConfig accepts."""
+    import inspect
+
+    try:
+        accepted = inspect.signature(config_class).parameters
+    except (TypeError, ValueError):  # no signature to read: pass nothing optional
+        return {}
+    return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
+
+
+def ctrl_c_reaches_agent(config_class=None) -> bool:
+    """True when this torch's agent would turn a Ctrl-C into a kill of the ranks: its
+    LaunchConfig has no ``signals_to_handle`` (torch before 2.9), so it handles SIGINT itself.
+    The agent then leaves the terminal's process group (see :func:`agent_main`), and Ctrl-C
+    reaches only gputui, which asks the ranks for the agreed stop."""
+    if config_class is None:
+        from torch.distributed.launcher.api import LaunchConfig as config_class
+    return "signals_to_handle" not in launcher_options(config_class)
 
 
 def agent_main(spec: dict[str, Any]) -> None:
@@ -89,10 +123,17 @@ def agent_main(spec: dict[str, Any]) -> None:
 
         from gputui.training.ranks import rank_main
 
-        # the dataset loads here while the ranks start, once per node (see shared_data);
-        # after the imports above, so the thread never imports torch alongside this one
-        shared_data.start_prefetch(spec["config"]["data"], data_file)
         spec = dict(spec, data_file=str(data_file))
+        if code_named(spec["config"]):
+            # the user's code builds the data and the model here, once, before any rank
+            # starts: a factory that fails ends the run with one line naming it
+            problem = check_user_code(spec["config"], data_file)
+            if problem:
+                raise _Refused(problem)
+        else:
+            # the dataset loads here while the ranks start, once per node (see shared_data);
+            # after the imports above, so the thread never imports torch alongside this one
+            shared_data.start_prefetch(spec["config"]["data"], data_file)
 
         config = launch_config(spec)
         dist = spec["config"]["dist"]
@@ -104,6 +145,8 @@ def agent_main(spec: dict[str, Any]) -> None:
             elastic_launch(config, rank_main)(spec)
         except ChildFailedError as exc:
             end = failure_event(exc.failures, run_dir)
+    except _Refused as exc:
+        end = RunFailed(reason=str(exc), detail=exc.detail)
     except Exception as exc:  # noqa: BLE001 - a rendezvous that fails, a bad endpoint, ...
         first = (str(exc).strip().splitlines() or [""])[0]
         end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
@@ -111,9 +154,7 @@ def agent_main(spec: dict[str, Any]) -> None:
     shared_data.remove(data_file)
     if not _has_terminal(run_dir):
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
-    # the ranks are gone; the fork server would take seconds to tear torch down on its own,
-    # outliving the command that started the run
-    _kill_children()
+    stop_helpers()
     quick_exit(queue, 0)
 
 
@@ -125,6 +166,57 @@ def ask_stop(spec: dict[str, Any], reason: str) -> None:
     if box is not None and not event.is_set():
         box.value = reason.encode("utf-8")[:REASON_BYTES - 1]
     event.set()
+
+
+class _Refused(Exception):
+    """The user's code failed its check before the launch; the message is one line."""
+
+    def __init__(self, problem: tuple[str, str]):
+        super().__init__(problem[0])
+        self.detail = problem[1]
+
+
+def check_user_code(config: dict, data_file: Path) -> tuple[str, str] | None:
+    """Load the data and build the model the config's factories name (on the CPU, as every
+    rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
+    model; None when all is well, else (one line naming the factory and the cause, the
+    traceback)."""
+    from gputui.config import from_dict
+    from gputui.training.data import load_from_config
+    from gputui.training.userfactory import cause
+
+    cfg = from_dict(config, source="run", check=False)
+    try:
+        ds = load_from_config(cfg.data)
+        shared_data.publish(ds, data_file)
+        if cfg.model.factory:
+            from gputui.training.userfactory import build_model
+
+            model = build_model(cfg.model, ds.in_channels, ds.height, ds.image_size,
+                                ds.num_classes, seed=cfg.run.seed)
+            if cfg.strategy.name == "fsdp":
+                from gputui.training.strategies.fsdp import wrap_targets
+
+                wrap_targets(model, list(cfg.strategy.fsdp_wrap))
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        known = type(exc).__name__ in ("UserCodeError", "DataError", "ConfigError")
+        return (str(exc) if known else cause(exc)), _traceback()
+    return None
+
+
+def stop_helpers() -> None:
+    """End the fork server and the resource tracker this process started, and wait for them:
+    orphaned, they would end by themselves only a moment after this process, outliving the
+    run. (multiprocessing's own stop methods are private: whatever is left is killed.)"""
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner in (getattr(forkserver, "_forkserver", None),
+                  getattr(resource_tracker, "_resource_tracker", None)):
+        try:
+            owner._stop()
+        except Exception:  # noqa: BLE001 - not running, or a Python without _stop
+            pass
+    _kill_children()
 
 
 def _start_fork_server() -> None:
@@ -258,15 +350,19 @@ class _Watchdog(threading.Thread):
                 return  # the ranks are training: they agree on a step and stop there
             _append(self.run_dir, self.spec["queue"], RunStopped(reason=reason))
             _kill_children()
+            stop_helpers()
             shared_data.remove(shared_data.path_for(self.spec["run_id"]))
             os._exit(0)
 
 
 def _kill_children() -> None:
+    """Kill every process below this one and wait for them (bounded)."""
     try:
         import psutil
 
-        for child in psutil.Process().children(recursive=True):
+        children = psutil.Process().children(recursive=True)
+        for child in children:
             child.kill()
+        psutil.wait_procs(children, timeout=5)
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass

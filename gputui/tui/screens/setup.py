@@ -21,6 +21,7 @@ from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
 from gputui.tui.widgets.strategy_picker import StrategyPicker
+from gputui.usercode import code_line, data_label, model_label
 
 if TYPE_CHECKING:
     from gputui.tui.app import GpuTuiApp
@@ -56,7 +57,8 @@ class SetupScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="setup-top"):
-            yield DevicePicker(self.inventory, self.base.devices.spec)
+            yield DevicePicker(self.inventory, self.base.devices.spec,
+                               self.base.devices.fallback)
             yield StrategyPicker(self.base.strategy.name)
         with Horizontal(id="setup-bottom"):
             yield ParamForm(self.base)
@@ -64,6 +66,7 @@ class SetupScreen(Screen):
                 panel = PresetPanel(self.presets)
                 panel.loaded = self.preset
                 yield panel
+                yield Static("", id="code-marker", classes="-none")
                 yield Static("", id="summary", markup=False)
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
         yield Footer()
@@ -89,7 +92,9 @@ class SetupScreen(Screen):
     def on_inventory_ready(self, message: InventoryReady) -> None:
         """Fresh device readings for the table."""
         self.inventory = message.inventory
-        self.query_one(DevicePicker).set_inventory(message.inventory)
+        note = self.query_one(DevicePicker).set_inventory(message.inventory)
+        if note:
+            self.notify(note, severity="warning", timeout=8)
         self.revalidate()
 
     # ------------------------------------------------------------------ validation
@@ -100,6 +105,11 @@ class SetupScreen(Screen):
         picker = self.query_one(DevicePicker)
         strategies = self.query_one(StrategyPicker)
         values, extra = form.values(), form.extra()
+        if picker.waiting:  # nothing to check against until the GPUs are known
+            self.result = FormResult(None, {}, f"waiting for GPU discovery to apply devices.spec "
+                                               f"'{picker.spec}'")
+            self._show_summary(self.result, 0)
+            return self.result
         loose = build(self.base, values, picker.spec, strategies.selected, extra, check=False)
         strategies.refresh_for(loose.config or self.base, picker.devices())
         result = build(self.base, values, picker.spec, strategies.selected, extra)
@@ -111,10 +121,16 @@ class SetupScreen(Screen):
     def _show_summary(self, result: FormResult, n: int) -> None:
         summary = self.query_one("#summary", Static)
         start = self.query_one("#start", Button)
+        # A preset that names code says so before Start (the code runs only in the run).
+        code = code_line(result.config or self.base)
+        marker = self.query_one("#code-marker", Static)
+        marker.update(f"⚠ {code}" if code else "")
+        marker.set_class(not code, "-none")
         if result.ok:
             cfg = result.config
-            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {cfg.model.name} on "
-                    f"{cfg.data.name} · {cfg.run.epochs} epoch(s) · global batch "
+            d = cfg.to_dict()
+            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
+                    f"{data_label(d)} · {cfg.run.epochs} epoch(s) · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
         elif result.field_errors:
             first = next(iter(result.field_errors))
@@ -173,7 +189,7 @@ class SetupScreen(Screen):
             return False
         self.base, self.preset = cfg, path
         self.query_one(ParamForm).load(cfg)
-        note = self.query_one(DevicePicker).set_spec(cfg.devices.spec)
+        note = self.query_one(DevicePicker).set_spec(cfg.devices.spec, cfg.devices.fallback)
         self.query_one(StrategyPicker).select(cfg.strategy.name)
         self.query_one(PresetPanel).set_presets(self.presets, path)
         self.sub_title = f"set-up · {path.stem}"

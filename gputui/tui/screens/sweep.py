@@ -18,8 +18,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Static
 
+from gputui.devices import wants_gpus
 from gputui.config import ConfigError, RunConfig
 from gputui.sweep import Point, Sweep, parse_devices
+from gputui.usercode import code_line, data_label, model_label
 
 
 class PointChanged(Message):
@@ -87,8 +89,10 @@ class SweepScreen(Screen):
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield DataTable(id="sweep-points", cursor_type="row")
-        yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
-                     f"{self.config.data.name}, {self.config.run.epochs} epoch(s). "
+        d = self.config.to_dict()
+        code = code_line(d)
+        yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
+                     f"{self.config.run.epochs} epoch(s){' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
@@ -120,9 +124,11 @@ class SweepScreen(Screen):
             devices = parse_devices(self.query_one("#sweep-devices", Input).value)
             if not strategies:
                 raise ConfigError("strategies: give at least one, e.g. single,scratch")
+            # the counts are of the kind the set-up chose: GPUs when it chose GPUs
+            kind = "gpu" if wants_gpus(self.config.devices.spec) else "cpu"
             self.sweep = Sweep.from_config(self.config, devices, strategies,
                                            self.query_one("#sweep-scale", Checkbox).value,
-                                           self.runs_dir)
+                                           self.runs_dir, kind)
         except (ConfigError, OSError) as exc:
             self.notify(str(exc), title="Cannot start the sweep", severity="error")
             return
@@ -135,7 +141,8 @@ class SweepScreen(Screen):
         ready_for_spawn(self.runs_dir / "app-output.log")
         self._set_running(True)
         self.query_one("#sweep-status", Static).update(
-            f"sweep {self.sweep.manifest.sweep_id}: running (ctrl+t stops after a clean stop "
+            f"sweep {self.sweep.manifest.sweep_id} over {self.sweep.manifest.kind_words()}: "
+            f"running (ctrl+t stops after a clean stop "
             f"of the current run)")
         self.run_sweep(self.sweep)
 
