@@ -70,11 +70,12 @@ def launch_config(spec: dict[str, Any], config_class=None):
 
 
 # Launcher arguments that only newer torch accepts, with what gputui wants of them:
-# signals_to_handle (torch 2.9+): SIGINT is left out, because Ctrl-C reaches the whole process
-#   group and the parent turns it into a graceful stop that the ranks agree on; the agent must
-#   not kill them for it. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the surviving
-#   ranks after a failure (older torch waits its fixed 30 s, which only a rank that ignores
-#   SIGTERM ever uses).
+# signals_to_handle (torch 2.9+): SIGINT left out. The agent and its ranks block the stop
+#   signals and take them in a thread (training/signals.py), so torch's own handlers never run
+#   and a stop stays graceful with or without this argument; it is passed where it exists so
+#   the agent's set-up matches. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the
+#   surviving ranks after a failure (older torch waits its fixed 30 s, which only a rank that
+#   ignores SIGTERM ever uses).
 OPTIONAL_LAUNCH_ARGS = {"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
                         "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
 
@@ -88,16 +89,6 @@ def launcher_options(config_class) -> dict[str, Any]:
     except (TypeError, ValueError):  # no signature to read: pass nothing optional
         return {}
     return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
-
-
-def ctrl_c_reaches_agent(config_class=None) -> bool:
-    """True when this torch's agent would turn a Ctrl-C into a kill of the ranks: its
-    LaunchConfig has no ``signals_to_handle`` (torch before 2.9), so it handles SIGINT itself.
-    The agent then leaves the terminal's process group (see :func:`agent_main`), and Ctrl-C
-    reaches only gputui, which asks the ranks for the agreed stop."""
-    if config_class is None:
-        from torch.distributed.launcher.api import LaunchConfig as config_class
-    return "signals_to_handle" not in launcher_options(config_class)
 
 
 def agent_main(spec: dict[str, Any]) -> None:
