@@ -1,15 +1,15 @@
 """The command line: ``gputui`` (the app), ``gputui run PRESET``, ``strategies``, ``runs``,
 ``presets`` and ``devices``.
 
-Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback),
-130 interrupted. Nothing here imports torch; training runs in a spawned child process.
+Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
+the signal's number when a signal stopped the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+Nothing here imports torch; training runs in a spawned child process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from typing import Any
 
@@ -83,7 +83,8 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
-    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
+                                                          cfg.data.source)
     if problem and not cfg.data.download:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
@@ -95,8 +96,15 @@ def cmd_run(args) -> int:
         cfg = resolve_config(args)
     except ConfigError as exc:
         return fail(str(exc))
-    if args.dry_run:
-        print(json.dumps(cfg.to_dict(), indent=2) if args.json else cfg.to_toml(), end="")
+    from gputui.usercode import code_line
+
+    code = code_line(cfg)
+    if args.dry_run:  # shows the code a preset names; imports and runs none of it
+        if args.json:
+            print(json.dumps(cfg.to_dict(), indent=2), end="")
+        else:
+            print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
+            print(cfg.to_toml(), end="")
         return EXIT_OK
     from gputui.printer import Printer
     from gputui.training.launcher import launch
@@ -112,38 +120,42 @@ def cmd_run(args) -> int:
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
     for warning in ([device_note] if device_note else []) + busy_warnings(devices):
         printer.line(f"warning: {warning}")
-    # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    if code:
+        printer.line(code)
+    # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
+    # stop outlasting run.stop_grace_s, kills (see gputui.training.signals)
+    from gputui.training.signals import Supervisor
+
+    sup = Supervisor(cfg.run.stop_grace_s).install()
     try:
         handle = launch(cfg, args.runs_dir, devices, device_note)
     except OSError as exc:
         return fail(f"cannot create the run folder ({exc})")
-    interrupts = 0
     while not handle.done:
-        try:
-            for ev in handle.poll(timeout=0.2):
-                printer.handle(ev)
-        except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts == 1:
-                handle.stop()
-                printer.line("stopping at the next step (press Ctrl-C again to kill)")
-            else:
-                handle.kill("killed by user (second Ctrl-C)")
+        for ev in handle.poll(timeout=0.2):
+            _print(printer.handle, ev)
+        sup.check(handle, lambda text: _print(printer.line, text))
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)
-    printer.summary(summary)
+    _print(printer.summary, summary)
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        _print(print, json.dumps(summary, indent=2, sort_keys=True))
     if summary["status"] == "finished":
         return EXIT_OK
-    if summary["status"] == "stopped" and interrupts:
-        return EXIT_INTERRUPTED
+    if summary["status"] == "stopped" and sup.first:
+        return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+def _print(write, item) -> None:
+    """Progress output that cannot end the run: a terminal that hung up (EIO until SIGHUP
+    arrives) or a closed pipe loses the output, never the record."""
+    from gputui.training.signals import detach_output
+
+    try:
+        write(item)
+    except OSError:
+        detach_output()
 
 
 # ------------------------------------------------------------------ listings
@@ -186,14 +198,19 @@ def cmd_presets(args) -> int:
     """``gputui presets``: the preset files found."""
     from gputui.presets import list_presets
 
+    from gputui.presets import names_code
+
     presets = list_presets()
     if args.json:
-        print(json.dumps([{"name": p.stem, "path": str(p)} for p in presets], indent=2))
+        print(json.dumps([{"name": p.stem, "path": str(p), "runs_code": names_code(p)}
+                          for p in presets], indent=2))
         return EXIT_OK
     for p in presets:
         first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
                       if ln.startswith("#")), "")
-        print(f"{p.stem:24} {first}")
+        code = names_code(p)
+        mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
+        print(f"{p.stem:24} {first}{mark}")
     return EXIT_OK
 
 
@@ -209,7 +226,9 @@ def build_parser() -> Parser:
                     "training. With no command, opens the app.")
     parser.add_argument("--version", action="version", version=f"gputui {__version__}")
     parser.add_argument("--preset", help="open the app with this preset loaded")
-    parser.add_argument("--runs-dir", help="where run records go (default ./runs)")
+    parser.add_argument("--runs-dir", dest="global_runs_dir", metavar="RUNS_DIR",
+                        help="where run records go, for the app and every command "
+                             "(default ./runs or $GPUTUI_RUNS_DIR)")
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     _add_run(sub)
@@ -235,6 +254,9 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gputui`` console script."""
     args = build_parser().parse_args(argv)
+    # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
+    if getattr(args, "runs_dir", None) is None:
+        args.runs_dir = args.global_runs_dir
     try:
         return args.func(args)
     except KeyboardInterrupt:

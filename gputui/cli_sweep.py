@@ -114,7 +114,8 @@ def load_preset_checked(path: str, overrides: list):
     from gputui.training.datafiles import missing_data
 
     cfg = load_preset(path, overrides, check=False)
-    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
+                                                          cfg.data.source)
     if problem and not cfg.data.download:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg

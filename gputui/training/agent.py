@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
-from gputui.training import runstore, shared_data
+from gputui.training import runstore, shared_data, signals
+from gputui.usercode import code_named
 
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
@@ -69,11 +70,12 @@ def launch_config(spec: dict[str, Any], config_class=None):
 
 
 # Launcher arguments that only newer torch accepts, with what gputui wants of them:
-# signals_to_handle (torch 2.9+): SIGINT is left out, because Ctrl-C reaches the whole process
-#   group and the parent turns it into a graceful stop that the ranks agree on; the agent must
-#   not kill them for it. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the surviving
-#   ranks after a failure (older torch waits its fixed 30 s, which only a rank that ignores
-#   SIGTERM ever uses).
+# signals_to_handle (torch 2.9+): SIGINT left out. The agent and its ranks block the stop
+#   signals and take them in a thread (training/signals.py), so torch's own handlers never run
+#   and a stop stays graceful with or without this argument; it is passed where it exists so
+#   the agent's set-up matches. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the
+#   surviving ranks after a failure (older torch waits its fixed 30 s, which only a rank that
+#   ignores SIGTERM ever uses).
 OPTIONAL_LAUNCH_ARGS = {"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
                         "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
 
@@ -89,21 +91,13 @@ def launcher_options(config_class) -> dict[str, Any]:
     return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
 
 
-def ctrl_c_reaches_agent(config_class=None) -> bool:
-    """True when this torch's agent would turn a Ctrl-C into a kill of the ranks: its
-    LaunchConfig has no ``signals_to_handle`` (torch before 2.9), so it handles SIGINT itself.
-    The agent then leaves the terminal's process group (see :func:`agent_main`), and Ctrl-C
-    reaches only gputui, which asks the ranks for the agreed stop."""
-    if config_class is None:
-        from torch.distributed.launcher.api import LaunchConfig as config_class
-    return "signals_to_handle" not in launcher_options(config_class)
-
-
 def agent_main(spec: dict[str, Any]) -> None:
     """Entry point of the spawned child for ddp/fsdp: run the elastic launch, end the record."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if ctrl_c_reaches_agent():
-        os.setpgrp()  # older torch: out of the terminal's group, so Ctrl-C stays graceful
+    # First, before any thread or process starts (they inherit the blocked signals): a stop
+    # signal (SIGINT, SIGTERM, SIGHUP) is the graceful stop that the ranks agree on, never
+    # torch's handler that raises in this thread and tears the ranks down (see signals.py).
+    signals.watch(lambda signum, sender: ask_stop(spec, signals.stop_reason(signum)))
+    spec = dict(spec, agent_pid=os.getpid())  # a rank takes SIGTERM from here as the teardown
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
@@ -120,10 +114,17 @@ def agent_main(spec: dict[str, Any]) -> None:
 
         from gputui.training.ranks import rank_main
 
-        # the dataset loads here while the ranks start, once per node (see shared_data);
-        # after the imports above, so the thread never imports torch alongside this one
-        shared_data.start_prefetch(spec["config"]["data"], data_file)
         spec = dict(spec, data_file=str(data_file))
+        if code_named(spec["config"]):
+            # the user's code builds the data and the model here, once, before any rank
+            # starts: a factory that fails ends the run with one line naming it
+            problem = check_user_code(spec["config"], data_file)
+            if problem:
+                raise _Refused(problem)
+        else:
+            # the dataset loads here while the ranks start, once per node (see shared_data);
+            # after the imports above, so the thread never imports torch alongside this one
+            shared_data.start_prefetch(spec["config"]["data"], data_file)
 
         config = launch_config(spec)
         dist = spec["config"]["dist"]
@@ -135,6 +136,8 @@ def agent_main(spec: dict[str, Any]) -> None:
             elastic_launch(config, rank_main)(spec)
         except ChildFailedError as exc:
             end = failure_event(exc.failures, run_dir)
+    except _Refused as exc:
+        end = RunFailed(reason=str(exc), detail=exc.detail)
     except Exception as exc:  # noqa: BLE001 - a rendezvous that fails, a bad endpoint, ...
         first = (str(exc).strip().splitlines() or [""])[0]
         end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
@@ -144,6 +147,52 @@ def agent_main(spec: dict[str, Any]) -> None:
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
     stop_helpers()
     quick_exit(queue, 0)
+
+
+def ask_stop(spec: dict[str, Any], reason: str) -> None:
+    """Ask every rank to stop at the next agreed step (the parent's stop, with its reason)."""
+    from gputui.training.launcher import REASON_BYTES
+
+    box, event = spec.get("stop_reason"), spec["stop_event"]
+    if box is not None and not event.is_set():
+        box.value = reason.encode("utf-8")[:REASON_BYTES - 1]
+    event.set()
+
+
+class _Refused(Exception):
+    """The user's code failed its check before the launch; the message is one line."""
+
+    def __init__(self, problem: tuple[str, str]):
+        super().__init__(problem[0])
+        self.detail = problem[1]
+
+
+def check_user_code(config: dict, data_file: Path) -> tuple[str, str] | None:
+    """Load the data and build the model the config's factories name (on the CPU, as every
+    rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
+    model; None when all is well, else (one line naming the factory and the cause, the
+    traceback)."""
+    from gputui.config import from_dict
+    from gputui.training.data import load_from_config
+    from gputui.training.userfactory import cause
+
+    cfg = from_dict(config, source="run", check=False)
+    try:
+        ds = load_from_config(cfg.data)
+        shared_data.publish(ds, data_file)
+        if cfg.model.factory:
+            from gputui.training.userfactory import build_model
+
+            model = build_model(cfg.model, ds.in_channels, ds.height, ds.image_size,
+                                ds.num_classes, seed=cfg.run.seed)
+            if cfg.strategy.name == "fsdp":
+                from gputui.training.strategies.fsdp import wrap_targets
+
+                wrap_targets(model, list(cfg.strategy.fsdp_wrap))
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        known = type(exc).__name__ in ("UserCodeError", "DataError", "ConfigError")
+        return (str(exc) if known else cause(exc)), _traceback()
+    return None
 
 
 def stop_helpers() -> None:
@@ -282,7 +331,10 @@ class _Watchdog(threading.Thread):
             if os.getppid() != parent:
                 reason = "the gputui process that launched the run exited"
             elif stop.is_set():
-                reason = "stopped by user before the ranks started"
+                from gputui.training.worker import read_reason
+
+                asked = read_reason(self.spec.get("stop_reason")) or "stopped by user"
+                reason = f"{asked} before the ranks started"
             else:
                 continue
             if any(e.kind == "run_started" for e in runstore.read_events(self.run_dir)):

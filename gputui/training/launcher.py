@@ -27,6 +27,7 @@ from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_termina
 from gputui.training import runstore
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
+REASON_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class RunHandle:
         self.processes: list = []  # mp.Process objects (the child; more for multi-process)
         self._queue = None
         self._stop_event = None
+        self._stop_reason = None  # a shared buffer: the reason of a stop asked by the parent
         self._samples: collections.deque = collections.deque(maxlen=4096)
         self._sampler = None
         self._telemetry_log = None
@@ -211,10 +213,15 @@ class RunHandle:
             return {}
         return {d.name: self.processes[0].pid for d in self.devices}
 
-    def stop(self) -> None:
-        """Ask the run to stop at its next step; the record ends "stopped"."""
-        if self._stop_event is not None:
-            self._stop_event.set()
+    def stop(self, reason: str = "stopped by user") -> None:
+        """Ask the run to stop at its next step; the record ends "stopped" with ``reason``
+        (the first reason asked is kept)."""
+        if self._stop_event is None:
+            return
+        box = self._stop_reason
+        if box is not None and not self._stop_event.is_set():
+            box.value = reason.encode("utf-8")[:REASON_BYTES - 1]
+        self._stop_event.set()
 
     def kill(self, reason: str = "killed by user") -> None:
         """Kill the training processes (and their children) now."""
@@ -310,6 +317,7 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
         ctx = mp.get_context("spawn")
         handle._queue = spec["queue"] = ctx.Queue()
         handle._stop_event = spec["stop_event"] = ctx.Event()
+        handle._stop_reason = spec["stop_reason"] = ctx.Array("c", REASON_BYTES)
         # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
         target = agent.agent_main if handle.multiprocess else worker.child_main
         proc = ctx.Process(target=target, args=(spec,), name=f"gputui-{run_id}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from gputui.devices import Device
 from gputui.events import Event
-from gputui.training import shared_data
+from gputui.training import shared_data, signals
 from gputui.training.agent import quick_exit
 from gputui.training.launcher import RankProcess
 from gputui.training.worker import Recorder, RankInfo, StopFlag, execute
@@ -52,6 +52,21 @@ class _RankEmit:
             self.recorder.emit(event)
 
 
+class _RankStop(StopFlag):
+    """A rank's stop flag: a stop signal stops the rank at the agreed step, except SIGTERM from
+    the elastic agent, which is torch tearing the job down after a failure: that ends the rank
+    now, as torch expects."""
+
+    def __init__(self, agent_pid: int | None, **kwargs):
+        self.agent_pid = agent_pid
+        super().__init__(**kwargs)
+
+    def on_signal(self, signum: int, sender: int) -> None:
+        if self.agent_pid and sender == self.agent_pid and signum == signal.SIGTERM:
+            signals.die_by(signum)
+        super().on_signal(signum, sender)
+
+
 def rank_info_from_env() -> RankInfo:
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK as the elastic agent sets them."""
     env = os.environ
@@ -63,7 +78,10 @@ def rank_info_from_env() -> RankInfo:
 
 def rank_main(spec: dict[str, Any]) -> str:
     """Train this rank's share; returns the status (the elastic agent collects it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is a graceful stop, see agent.py
+    # first: the stop signals are watched before any thread starts (see signals.watch)
+    stop = _RankStop(spec.get("agent_pid"), event=spec["stop_event"], parent_pid=os.getppid(),
+                     origin_pid=spec["parent_pid"], reason_box=spec.get("stop_reason"),
+                     signals=True)
     info = rank_info_from_env()
     run_dir = Path(spec["run_dir"])
     devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
@@ -74,7 +92,6 @@ def rank_main(spec: dict[str, Any]) -> str:
         pass
     recorder = Recorder(run_dir, forward=queue.put) if info.local_rank == 0 else None
     sink = _RankEmit(recorder, run_dir)
-    stop = StopFlag(spec["stop_event"], parent_pid=os.getppid(), origin_pid=spec["parent_pid"])
     try:
         load = shared_data.loader(Path(spec["data_file"])) if spec.get("data_file") else None
         status = execute(spec["config"], devices, spec["run_id"], sink, stop, spec["t_launch"],

@@ -1,7 +1,7 @@
 """The training process: entry point of the spawned child, and the in-process ``execute``.
 
-The child ignores SIGINT (Ctrl-C reaches the whole terminal process group; the parent turns
-it into a graceful stop), watches its parent so a dead UI never leaves it training, records
+A stop signal (SIGINT, SIGTERM, SIGHUP: see ``signals``) stops the child at its next step
+with a checkpoint; it watches its parent so a dead UI never leaves it training, records
 every event as it happens and ends the record with exactly one terminal event.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 import time
 import traceback
@@ -22,6 +21,7 @@ from gputui.devices import Device
 from gputui.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
                            RunStopped)
 from gputui.training.runstore import EventLog, summarize, write_summary
+from gputui.usercode import code_named
 
 
 class Recorder:
@@ -48,24 +48,58 @@ class Recorder:
 
 
 class StopFlag:
-    """Stop requests from the parent (an mp.Event) or from the parent's death."""
+    """Stop requests: from the parent (an mp.Event, with the reason in a shared buffer), from a
+    signal this process received (``request``) or from the parent's death."""
 
-    def __init__(self, event=None, parent_pid: int | None = None, origin_pid: int | None = None):
+    def __init__(self, event=None, parent_pid: int | None = None, origin_pid: int | None = None,
+                 reason_box=None, signals: bool = False):
         self.event, self.parent_pid, self.origin_pid = event, parent_pid, origin_pid
-        self.reason = "stopped by user"
+        self.reason_box = reason_box
+        self._reason = ""
         self._local = threading.Event()
+        if signals:  # before any thread starts: threads inherit the blocked signals
+            from gputui.training import signals as signals_mod
+
+            signals_mod.watch(self.on_signal)
         if parent_pid:
             threading.Thread(target=self._watch_parent, daemon=True).start()
+
+    def request(self, reason: str) -> None:
+        """Stop at the next step; the first reason given is the one recorded."""
+        if not self._local.is_set():
+            self._reason = reason
+            self._local.set()
+
+    def on_signal(self, signum: int, sender: int) -> None:
+        """A stop signal reached this process (see ``signals.watch``)."""
+        from gputui.training.signals import stop_reason
+
+        self.request(stop_reason(signum))
+
+    @property
+    def reason(self) -> str:
+        if self._reason:
+            return self._reason
+        return read_reason(self.reason_box) or "stopped by user"
 
     def _watch_parent(self) -> None:
         # origin_pid: a rank's parent is the elastic agent; gputui is the agent's parent
         while not self._local.wait(0.5):
             if os.getppid() != self.parent_pid or (self.origin_pid and not _alive(self.origin_pid)):
-                self.reason = "the gputui process that launched the run exited"
-                self._local.set()
+                self.request("the gputui process that launched the run exited")
 
     def __call__(self) -> bool:
         return self._local.is_set() or (self.event is not None and self.event.is_set())
+
+
+def read_reason(box) -> str:
+    """The stop reason the parent left in the shared buffer (empty when none)."""
+    if box is None:
+        return ""
+    try:
+        return box.value.decode("utf-8", "replace")
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 @dataclass(frozen=True)
@@ -111,18 +145,31 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
             notes: list[str] | tuple = ()) -> str:
     """Train one run in this process; returns the terminal status. Never raises. ``rank``
     is given in each process of a multi-process run; ``load_data`` replaces
-    ``data.load_dataset`` (the ranks map the copy their agent loaded). ``notes`` are the
+    ``data.load_from_config`` (the ranks map the copy their agent loaded). ``notes`` are the
     launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
     cfg = from_dict(cfg_dict, source="run", check=False)
     emit = recorder.emit
+    started = False
     try:
         from gputui.training.strategies import registry
 
         info = registry.get(cfg.strategy.name)
-        emit(RunStarted(run_id=run_id, config=cfg_dict, devices=tuple(d.to_dict() for d in devices),
-                        strategy=cfg.strategy.name, world_size=rank.world_size if rank else 1))
-        for note in notes:
-            emit(LogLine(level="warning", message=note))
+
+        def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                emit(RunStarted(run_id=run_id, config=cfg_dict,
+                                devices=tuple(d.to_dict() for d in devices),
+                                strategy=cfg.strategy.name,
+                                world_size=rank.world_size if rank else 1))
+                for note in notes:
+                    emit(LogLine(level="warning", message=note))
+
+        # A preset naming the user's code starts only once that code has built the data and
+        # the model: a factory that fails ends the record with one line and no run_started.
+        if not code_named(cfg):
+            start()
         t0 = time.perf_counter()
         import torch
 
@@ -133,14 +180,13 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         import_s = time.perf_counter() - t0
         _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
         t1 = time.perf_counter()
-        load = load_data or data_mod.load_dataset
-        ds = load(cfg.data.name, cfg.data.root, cfg.data.download, cfg.data.train_size,
-                  cfg.data.test_size, cfg.data.source)
+        ds = (load_data or data_mod.load_from_config)(cfg.data)
         t2 = time.perf_counter()
         where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}
         strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes,
-                               **where)
+                               height=ds.height, **where)
         strategy.setup()
+        start()
         if rank is not None:
             should_stop = _AgreedStop(should_stop, strategy)
         batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
@@ -153,8 +199,8 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
-                      model_s=t3 - t2, compile_s=compile_s, train_samples=len(ds.train_x),
-                      test_samples=len(ds.test_x), steps_per_epoch=batches.steps_per_epoch,
+                      model_s=t3 - t2, compile_s=compile_s, train_samples=ds.n_train,
+                      test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
                       params=count_params(strategy.primary_model())))
         t_train = time.time()
         status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
@@ -182,7 +228,8 @@ def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
-                                   "OutOfMemory", "CheckpointError", "CompileError"}
+                                   "OutOfMemory", "CheckpointError", "UserCodeError",
+                                   "CompileError"}
     return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
@@ -196,14 +243,14 @@ def _set_threads(torch, threads: int, processes: int) -> None:
 
 def child_main(spec: dict[str, Any]) -> None:
     """Entry point of the spawned training process (single-process strategies)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # CUDA must number GPUs the way discovery (NVML, PCI order) did, before torch loads CUDA.
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
     queue = spec["queue"]
+    stop = StopFlag(spec["stop_event"], spec["parent_pid"], reason_box=spec.get("stop_reason"),
+                    signals=True)
     recorder = Recorder(Path(spec["run_dir"]), forward=queue.put)
-    stop = StopFlag(spec["stop_event"], spec["parent_pid"])
     devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
     try:
         execute(spec["config"], devices, spec["run_id"], recorder, stop, spec["t_launch"],

@@ -18,6 +18,7 @@ from textual.screen import Screen
 
 from gputui.config import ConfigError, RunConfig, load_preset
 from gputui.tui.inventory import Inventory, discover_inventory
+from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
 from gputui.tui.messages import LaunchFailed, RunEndedNotice, RunLaunched
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.screens.setup import SetupScreen
@@ -28,11 +29,12 @@ if TYPE_CHECKING:  # the run screen (and plotext) load with the first run: a fas
 
 Launcher = Callable[..., Any]
 CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by the app
+CRASH_LOG = "app-crash.log"  # the traceback of a crash (the terminal gets one line)
 STOP_GRACE_S = 20.0  # quitting: how long a graceful stop may take before the run is killed
 KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event before leaving
 
 
-class GpuTuiApp(App[int]):
+class GpuTuiApp(SignalExit, App[int]):
     """gputui's app: the set-up screen first; a run screen per run on top of it."""
 
     CSS_PATH = "app.tcss"
@@ -62,9 +64,19 @@ class GpuTuiApp(App[int]):
         self.run_screen: RunScreen | None = None
         self.launching = False
         self.quit_after_run = False
+        self.quit_code = 0
+        self.crash_log: Path | None = None
+
+    def notify(self, message: str, *, title: str = "", severity: Any = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications show their text as it is: a value or a message with square brackets
+        (a TOML table name, a path) is never read as markup."""
+        super().notify(message, title=title, severity=severity, timeout=timeout,
+                       markup=markup)
 
     # ------------------------------------------------------------------ start-up
     def on_mount(self) -> None:
+        self.install_stop_signals()
         config, preset_path, error = self._initial_config()
         setup = SetupScreen(
             config, preset=preset_path,
@@ -159,7 +171,7 @@ class GpuTuiApp(App[int]):
         """A run ended: leave now if the user asked to quit when it did; else have a warm
         worker ready for the next run (the last one's, or a new one if it was killed)."""
         if self.quit_after_run:
-            self.exit(0)
+            self.exit(self.quit_code, return_code=self.quit_code)
         elif self.run_screen is not None:
             self.prepare_warm_start(self.run_screen.config)
 
@@ -193,37 +205,100 @@ class GpuTuiApp(App[int]):
             screen.kill_now()
             self.set_timer(KILL_GRACE_S, lambda: self.exit(0))
 
-    def kill_orphans(self) -> None:
-        """Last resort when the app goes away anyway: no training process outlives it."""
+    def exit_reason(self) -> str:
+        """Why the app is going away with a run active: the record's stop reason."""
+        if self._exception is not None:
+            return f"stopped: {crash_line(self._exception).removeprefix('gputui: error: ')}"
+        if self.stop_signal is not None:
+            from gputui.training.signals import stop_reason
+
+            return stop_reason(self.stop_signal)
+        return "stopped: the app exited"
+
+    def stop_orphans(self) -> Any:
+        """The app goes away anyway: ask the active run to stop (no training process outlives
+        the app); returns its handle, for ``run_tui`` to wait for (or None)."""
         screen = self.run_screen
-        if screen is not None and screen.handle is not None and not screen.ended:
-            try:
-                screen.handle.kill()
-            except Exception:  # the app is exiting: nothing left to tell
-                pass
+        if screen is None or screen.handle is None or screen.ended:
+            return None
+        try:
+            screen.handle.stop(self.exit_reason())
+        except Exception:  # the app is exiting: nothing left to tell
+            pass
+        return screen.handle
 
     def on_unmount(self) -> None:
-        self.kill_orphans()
+        self.stop_orphans()
+
+    def _print_error_renderables(self) -> None:
+        """A crash: the traceback goes to runs/app-crash.log, the terminal gets one line
+        (printed by ``run_tui``)."""
+        if not self._exit_renderables:
+            return
+        from rich.console import Console
+
+        try:
+            self.runs_path.mkdir(parents=True, exist_ok=True)
+            path = self.runs_path / CRASH_LOG
+            with open(path, "a", encoding="utf-8") as fh:
+                console = Console(file=fh, width=120, color_system=None)
+                for renderable in self._exit_renderables:
+                    console.print(renderable)
+            self.crash_log = path
+        except OSError:
+            super()._print_error_renderables()
+        self._exit_renderables.clear()
 
     def action_open_history(self) -> None:
         """The run history (F6): past runs with their plots, and comparisons."""
         from gputui.tui.screens.history import HistoryScreen
 
-        if not isinstance(self.screen, HistoryScreen):
-            self.push_screen(HistoryScreen(self.runs_path))
+        self._go_to(HistoryScreen, lambda sid: HistoryScreen(self.runs_path, screen_id=sid))
 
     def action_open_sweep(self) -> None:
-        """A sweep (F7) of the set-up's config over device counts x strategies."""
+        """A sweep (F7) of the set-up's config over device counts x strategies (it starts
+        only when no run is active)."""
         from gputui.training.strategies import registry
         from gputui.tui.screens.sweep import SweepScreen
 
-        if self.run_active or isinstance(self.screen, SweepScreen):
-            return
         setup = next((s for s in self.screen_stack if isinstance(s, SetupScreen)), None)
         config = RunConfig()
         if setup is not None:
             config = setup.revalidate().config or setup.base
-        self.push_screen(SweepScreen(config, self.runs_path, registry.names()))
+        self._go_to(SweepScreen, lambda sid: SweepScreen(config, self.runs_path,
+                                                         registry.names(), screen_id=sid))
+
+    def _go_to(self, cls: type, make: Callable[[str], Screen]) -> None:
+        """Bring a screen of ``cls`` to the top from anywhere: back to the one in the stack
+        when only screens that can close safely lie above it, else a new one on top (with
+        an id of its own: two screens never share one)."""
+        stack = self.screen_stack
+        if isinstance(self.screen, cls):
+            return
+        found = [i for i, s in enumerate(stack) if isinstance(s, cls)]
+        if found and all(self._closable(s) for s in stack[found[-1] + 1:]):
+            for _ in stack[found[-1] + 1:]:
+                self.pop_screen()
+            return
+        sid = cls.__name__.removesuffix("Screen").lower()
+        taken = {s.id for s in stack}
+        n = 1
+        while (sid if n == 1 else f"{sid}-{n}") in taken:
+            n += 1
+        self.push_screen(make(sid if n == 1 else f"{sid}-{n}"))
+
+    @staticmethod
+    def _closable(screen: Screen) -> bool:
+        """A screen that can be closed to go back: nothing runs or waits in it."""
+        from gputui.tui.screens.compare import CompareScreen
+        from gputui.tui.screens.history import HistoryScreen
+        from gputui.tui.screens.sweep import SweepScreen
+
+        if isinstance(screen, SweepScreen):
+            return not screen.running
+        if type(screen).__name__ == "RunScreen":
+            return bool(getattr(screen, "ended", False))
+        return isinstance(screen, (HistoryScreen, CompareScreen))
 
     # ------------------------------------------------------------------ command palette
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -271,10 +346,20 @@ def run_tui(preset: str | Path | None = None, runs_dir: str | Path | None = None
     Training processes inherit fds 1 and 2: their stray output goes to
     ``<runs dir>/app-output.log`` instead of over the screen.
     """
+    import sys
+
     app = make_app(preset, runs_dir, warm_start=True)
     with private_terminal():
         try:
-            result = app.run()
+            app.run()
         finally:
-            app.kill_orphans()
-    return int(result or 0)
+            handle = app.stop_orphans()
+            if handle is not None:
+                cfg = getattr(handle, "cfg", None)
+                stop_then_kill(handle, app.exit_reason(),
+                               cfg.run.stop_grace_s if cfg is not None else STOP_GRACE_S)
+    if app._exception is not None or app.return_code == 1:
+        where = f" (the traceback is in {app.crash_log})" if app.crash_log else ""
+        print(f"{crash_line(app._exception)}{where}", file=sys.stderr)
+        return 1
+    return int(app.return_code or 0)

@@ -168,4 +168,6 @@ def data_problem(cfg: RunConfig) -> str | None:
         return None
     from gputui.training.datafiles import missing_data
 
+    if cfg.data.factory:  # the user's data: their code reads it in the training process
+        return None
     return missing_data(cfg.data.name, cfg.data.root, cfg.data.source)

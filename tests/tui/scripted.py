@@ -107,18 +107,19 @@ class FakeHandle:
 
     _stopping = False
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stopped by user") -> None:
         self.stop_calls += 1
+        self.stop_reason = reason
         with self._lock:
             self._stopping = True
             self._events = [e for e in self._events if not is_terminal(e)]
-            self._events.append(RunStopped(t=T0 + 100))
+            self._events.append(RunStopped(reason=reason, t=T0 + 100))
 
-    def kill(self) -> None:
+    def kill(self, reason: str = "killed by user") -> None:
         self.kill_calls += 1
         with self._lock:
             self._stopping = True
-            self._events = [RunFailed(reason="killed by user", t=T0 + 100)]
+            self._events = [RunFailed(reason=reason, t=T0 + 100)]
 
     @property
     def done(self) -> bool:

@@ -131,7 +131,8 @@ def test_ctrl_c_stops_at_next_step_and_marks_the_record_stopped(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     events = read_events(run_dir)
-    assert events[-1].kind == "run_stopped" and events[-1].reason == "stopped by user"
+    assert events[-1].kind == "run_stopped"
+    assert events[-1].reason == "stopped by SIGINT (Ctrl-C)"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
     assert not any(t.is_running() and t.status() != psutil.STATUS_ZOMBIE for t in trainers)
 

@@ -64,7 +64,7 @@ class CompareScreen(Screen):
         with Horizontal(id="compare-plots"):
             yield OverlayPlot("Training loss", "epoch", id="compare-loss")
             yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))
-        yield Static("reading the records…", id="compare-notes")
+        yield Static("reading the records…", id="compare-notes", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:

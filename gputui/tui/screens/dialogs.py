@@ -26,7 +26,7 @@ class ChoiceDialog(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
-            yield Static(self.message, classes="dialog-message")
+            yield Static(self.message, classes="dialog-message", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 for cid, label, variant in self.choices:
                     yield Button(label, id=cid, variant=variant)
@@ -60,7 +60,7 @@ class SavePresetDialog(ModalScreen[Path | None]):
             yield Static("A TOML file that `gputui run FILE` accepts. Enter saves.",
                          classes="dialog-message")
             yield Input(str(self.default), id="preset-path")
-            yield Static("", id="save-error", classes="field-error")
+            yield Static("", id="save-error", classes="field-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", id="save", variant="primary")
                 yield Button("Cancel", id="cancel")

@@ -50,8 +50,8 @@ class HistoryScreen(Screen):
         Binding("escape", "app.pop_screen", "Back"),
     ]
 
-    def __init__(self, runs_dir: str | Path) -> None:
-        super().__init__(id="history")
+    def __init__(self, runs_dir: str | Path, *, screen_id: str = "history") -> None:
+        super().__init__(id=screen_id)
         self.runs_dir = Path(runs_dir)
         self.rows: dict[str, RunRow] = {}
         self.marked: list[str] = []
@@ -59,7 +59,7 @@ class HistoryScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note")
+        yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note", markup=False)
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 

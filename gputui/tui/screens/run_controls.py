@@ -39,17 +39,24 @@ class RunControls:
             [("kill", "Kill now", "error"), ("cancel", "Cancel", "default")],
             dialog_id="kill"), answer)
 
-    def kill_now(self) -> None:
+    def kill_now(self, reason: str = "killed by user") -> None:
         """Kill without asking (used by the quit dialog too)."""
         if not self.ended and self.handle is not None:
             self.log_ui("kill requested")
             self.state = "stopping"
-            self._control("kill")
+            self._control("kill", reason)
+
+    def stop_with(self, reason: str) -> None:
+        """A graceful stop whose record names ``reason`` (a signal the app received)."""
+        if self.ended or self.handle is None:
+            return
+        self.state = "stopping"
+        self._control("stop", reason)
 
     @work(thread=True, group="control", exit_on_error=False)
-    def _control(self, what: str) -> None:
+    def _control(self, what: str, *args: str) -> None:
         """stop()/kill() may signal processes: never on the UI thread."""
-        getattr(self.handle, what)()
+        getattr(self.handle, what)(*args)
 
     def action_focus_log(self) -> None:
         self.query_one(RunLog).focus()

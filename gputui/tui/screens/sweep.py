@@ -21,6 +21,7 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, 
 from gputui.devices import wants_gpus
 from gputui.config import ConfigError, RunConfig
 from gputui.sweep import Point, Sweep, parse_devices
+from gputui.usercode import code_line, data_label, model_label
 
 
 class PointChanged(Message):
@@ -68,8 +69,9 @@ class SweepScreen(Screen):
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, config: RunConfig, runs_dir: str | Path, strategies: list[str]) -> None:
-        super().__init__(id="sweep")
+    def __init__(self, config: RunConfig, runs_dir: str | Path, strategies: list[str], *,
+                 screen_id: str = "sweep") -> None:
+        super().__init__(id=screen_id)
         self.config, self.runs_dir = config, Path(runs_dir)
         self.default_strategies = strategies
         self.sweep: Sweep | None = None
@@ -87,8 +89,10 @@ class SweepScreen(Screen):
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield DataTable(id="sweep-points", cursor_type="row")
-        yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
-                     f"{self.config.data.name}, {self.config.run.epochs} epoch(s). "
+        d = self.config.to_dict()
+        code = code_line(d)
+        yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
+                     f"{self.config.run.epochs} epoch(s){' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
@@ -109,6 +113,10 @@ class SweepScreen(Screen):
     def action_start(self) -> None:
         """Plan the grid from the form and run it in a worker."""
         if self.running:
+            return
+        if getattr(self.app, "run_active", False):
+            self.notify("A run is active: start the sweep when it has ended (or stop it)",
+                        title="Cannot start the sweep", severity="warning")
             return
         strategies = [s.strip() for s in self.query_one("#sweep-strategies", Input).value
                       .split(",") if s.strip()]

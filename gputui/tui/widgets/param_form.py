@@ -49,7 +49,7 @@ class ParamForm(VerticalScroll):
             yield Input(placeholder="table.key=value ...  e.g. data.test_size=500",
                         id=EXTRA_ID, compact=True,
                         tooltip="Any other setting, written as for `gputui run --set`.")
-        yield Static("", id="field-help")
+        yield Static("", id="field-help", markup=False)
 
     def _editor(self, spec: FieldSpec) -> Widget:
         value = current_value(self.base, spec.key)
@@ -110,7 +110,8 @@ class ParamForm(VerticalScroll):
             label.update(message)
             label.set_class(bool(message), "-shown")
         elif message:
-            self.mount(Static(message, id=f"{dom_id}-error", classes="field-error -shown"),
+            self.mount(Static(message, id=f"{dom_id}-error", classes="field-error -shown",
+                              markup=False),
                        after=editor.parent)
 
     def error_text(self, key: str) -> str:

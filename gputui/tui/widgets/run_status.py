@@ -48,7 +48,7 @@ class RunStatus(Vertical):
             yield ProgressBar(total=None, show_eta=False, id="epoch-progress")
             yield Label("ETA --:--", id="eta-label")
         yield Static("init n/a · samples/s n/a · elapsed --:--", id="status-meta")
-        yield Static("", id="record-line")
+        yield Static("", id="record-line", markup=False)
 
     # ------------------------------------------------------------------ feeding
     def set_state(self, state: str) -> None:

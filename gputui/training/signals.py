@@ -1,0 +1,139 @@
+"""The signals that end a run: SIGINT (Ctrl-C), SIGTERM (timeout, systemd, docker stop, a
+SLURM preemption) and SIGHUP (a closed terminal, an SSH drop, ``tmux kill-session``).
+
+Each of them, reaching gputui and its training processes (a terminal signals the whole process
+group; systemd and SLURM signal every process of the job), becomes the graceful stop: the
+ranks agree on a step, a checkpoint is written and the record ends ``run_stopped`` naming the
+signal. The parent turns a second signal, or a stop that outlasts ``run.stop_grace_s``, into
+the kill, and the record still ends.
+
+Training processes (:func:`watch`) block the three signals and take them in a thread with
+``sigwaitinfo``: nothing can interrupt a step or a checkpoint half-way (torch's elastic agent
+installs handlers that raise in its main thread; blocked signals never reach them), and the
+sender is known, so a rank can tell torch's own teardown (SIGTERM from its agent) from a stop.
+The parent (:class:`Supervisor`) notes the signals in a handler and acts in its poll loop.
+Torch-free: the CLI and the app use it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Callable
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_WORDS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)"}
+
+
+def describe(signum: int) -> str:
+    """The signal's name, with what usually sends it where that helps."""
+    sig = signal.Signals(signum)
+    return _WORDS.get(sig, sig.name)
+
+
+def stop_reason(signum: int) -> str:
+    """The reason a stop by this signal leaves in the record."""
+    return f"stopped by {describe(signum)}"
+
+
+def detach_output() -> None:
+    """The terminal is gone: send stdout and stderr to /dev/null so writing never fails
+    (a write to a hung-up terminal raises EIO)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def watch(on_signal: Callable[[int, int], None]) -> None:
+    """Training-process side: block the stop signals in this process and call
+    ``on_signal(signum, sender_pid)`` for each from a daemon thread (sender 0: the kernel, e.g.
+    a terminal's Ctrl-C or hang-up). Call from the main thread before any other thread starts
+    (threads inherit the mask; so do processes started later, which then hold the signals
+    pending until they watch them too)."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:  # an ignored signal is never queued
+            signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def loop() -> None:
+        while True:
+            info = signal.sigwaitinfo(STOP_SIGNALS)
+            if info.si_signo == signal.SIGHUP:
+                detach_output()
+            try:
+                on_signal(info.si_signo, info.si_pid)
+            except Exception:  # noqa: BLE001 - the next signal must still be taken
+                pass
+
+    threading.Thread(target=loop, name="gputui-signals", daemon=True).start()
+
+
+def die_by(signum: int) -> None:
+    """End this process as the signal's default action would (from any thread): what a rank
+    does with torch's own teardown, so the agent sees the exit code it expects."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+    time.sleep(5)
+    os._exit(128 + signum)
+
+
+class Supervisor:
+    """Parent side (a headless command): note the stop signals, and turn them into the run's
+    graceful stop, then the kill (a second signal, or the stop outlasting ``grace_s``)."""
+
+    def __init__(self, grace_s: float = 30.0):
+        self.grace_s = grace_s
+        self.received: list[int] = []
+        self._acted = 0
+        self._stop_asked_at: float | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "Supervisor":
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received.append(signum)
+        if signum == signal.SIGHUP:
+            detach_output()
+
+    @property
+    def first(self) -> int | None:
+        """The first stop signal received, if any."""
+        return self.received[0] if self.received else None
+
+    def check(self, handle, say: Callable[[str], None]) -> None:
+        """Act on the signals received since the last call (from the poll loop)."""
+        while self._acted < len(self.received):
+            signum = self.received[self._acted]
+            self._acted += 1
+            if self._acted == 1:
+                handle.stop(stop_reason(signum))
+                self._stop_asked_at = time.monotonic()
+                say(f"{describe(signum)}: stopping at the next step "
+                    f"(a second signal kills the run)")
+            elif self._acted == 2:
+                handle.kill(f"killed by a second signal ({describe(signum)})")
+                say("killing the run")
+        asked = self._stop_asked_at
+        if asked is not None and self._acted < 2 and time.monotonic() - asked > self.grace_s:
+            self._acted = 2
+            handle.kill(f"killed: the stop asked by {describe(self.received[0])} did not end "
+                        f"within {self.grace_s:g} s (run.stop_grace_s)")
+            say(f"the run did not stop within {self.grace_s:g} s: killing it")
+
+    def exit_code(self) -> int | None:
+        """128 + the first signal's number (130 for Ctrl-C), or None when none came."""
+        return 128 + self.first if self.first else None

@@ -1,0 +1,147 @@
+"""How the app ends when it is not asked to quit: a stop signal, or a crash.
+
+A stop signal (SIGINT, SIGTERM, SIGHUP: see ``gputui.training.signals``) stops the active run
+gracefully, with the signal named in its record, and the app leaves when the run has ended
+(exit status 128 + the signal's number); a second signal, or a stop that outlasts
+``run.stop_grace_s``, kills the run. SIGHUP means the terminal is gone: the app's output goes
+to /dev/null from then on, so drawing can never fail on a hung-up terminal.
+
+A crash (an exception Textual could not handle) stops the run gracefully too, with the crash
+as the reason, and :func:`crash_line` gives the one line the CLI prints before exiting 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+KILL_WAIT_S = 5.0
+
+
+class SignalExit:
+    """Mixed into the app: the stop signals as a graceful stop and exit."""
+
+    stop_signal: int | None = None
+
+    def install_stop_signals(self) -> None:
+        """Take SIGINT, SIGTERM and SIGHUP in the app's event loop (main thread only)."""
+        import asyncio
+
+        from gputui.training.signals import STOP_SIGNALS
+
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, self.on_stop_signal, sig)
+            except (ValueError, RuntimeError, NotImplementedError):
+                return  # not the main thread (a test's app): the signals stay as they were
+
+    def on_stop_signal(self, signum: int) -> None:
+        """First signal: stop the run (or leave at once without one); then: kill it."""
+        from gputui.training.signals import describe, stop_reason
+
+        if signum == signal.SIGHUP:
+            self._hang_up()
+            return
+        first = self.stop_signal is None
+        if first:
+            self.stop_signal = signum
+        code = 128 + self.stop_signal
+        screen = getattr(self, "run_screen", None)
+        if not self.run_active or screen is None or screen.handle is None:  # type: ignore[attr-defined]
+            self.exit(code, return_code=code)  # type: ignore[attr-defined]
+            return
+        self.quit_after_run, self.quit_code = True, code  # type: ignore[attr-defined]
+        if first:
+            screen.log_ui(f"{describe(signum)}: stopping the run, then quitting")
+            screen.stop_with(stop_reason(signum))
+            grace = getattr(getattr(screen.config, "run", None), "stop_grace_s", 30.0)
+            self.set_timer(grace, lambda: self._kill_after_signal(screen, f"the stop asked by "  # type: ignore[attr-defined]
+                                                          f"{describe(signum)} did not end "
+                                                          f"within {grace:g} s"))
+        else:
+            self._kill_after_signal(screen, f"a second signal ({describe(signum)})")
+
+    def _hang_up(self) -> None:
+        """The terminal is gone: nothing can be drawn, and Textual's own teardown would wait
+        on it. Stop the run gracefully (kill it after its grace period) in a thread, then
+        leave at once with 128 + SIGHUP."""
+        detach_terminal()
+        self.stop_signal = self.stop_signal or signal.SIGHUP
+        handle = self.stop_orphans()  # type: ignore[attr-defined]
+        reason = self.exit_reason()  # type: ignore[attr-defined]
+
+        def leave() -> None:
+            if handle is not None:
+                cfg = getattr(handle, "cfg", None)
+                stop_then_kill(handle, reason, cfg.run.stop_grace_s if cfg is not None else 30.0)
+            os._exit(128 + signal.SIGHUP)
+
+        threading.Thread(target=leave, name="gputui-hangup", daemon=True).start()
+
+    def _kill_after_signal(self, screen: Any, why: str) -> None:
+        if screen.ended:
+            return
+        screen.log_ui(f"{why}: killing the run")
+        screen.kill_now(f"killed: {why}")
+        code = self.quit_code  # type: ignore[attr-defined]
+        self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))  # type: ignore[attr-defined]
+
+
+def detach_terminal() -> None:
+    """The terminal hung up: point every descriptor the app draws on at /dev/null."""
+    fds = {0, 1, 2}
+    for stream in (sys.__stdin__, sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+        try:
+            fds.add(stream.fileno())
+        except (AttributeError, OSError, ValueError):
+            continue
+    fds = {fd for fd in fds if fd >= 0 and _is_tty(fd)}  # not the children's output log
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    for fd in fds:
+        if fd >= 0:
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+    os.close(null)
+
+
+def _is_tty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def stop_then_kill(handle: Any, reason: str, grace_s: float) -> None:
+    """The app is going away with a run active: stop it gracefully with ``reason``, kill it
+    if it has not ended within ``grace_s``; its record ends either way."""
+    try:
+        handle.stop(reason)
+        deadline = time.monotonic() + grace_s
+        while not handle.done and time.monotonic() < deadline:
+            handle.poll(timeout=0.2)
+        if not handle.done:
+            handle.kill(f"killed: {reason}, and the stop did not end within {grace_s:g} s")
+            handle.wait(timeout=KILL_WAIT_S)
+    except Exception:  # noqa: BLE001 - the app is exiting: nothing left to tell
+        try:
+            handle.kill(reason)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def crash_line(exc: BaseException | None) -> str:
+    """The one line a crash leaves on stderr."""
+    if exc is None:
+        return "gputui: error: the app ended with an internal error"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"gputui: error: the app crashed: {type(exc).__name__}: {first}".rstrip(": ")
