@@ -312,6 +312,7 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     ready = None if handle.multiprocess else warm.take()
     if ready is not None:
         handle._queue, handle._stop_event = ready.queue, ready.stop_event
+        handle._stop_reason = ready.stop_reason
         handle.processes.append(ready.run(spec))
     else:
         ctx = mp.get_context("spawn")

@@ -20,13 +20,14 @@ import atexit
 import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 _POOL: list["WarmWorker"] = []
+from gputui.training import signals
+
 _LOCK = threading.Lock()
 
 
@@ -41,10 +42,13 @@ class WarmWorker:
         self.ready = ctx.Event()  # torch imported (and CUDA ready)
         self.idle = ctx.Event()  # no run in the worker
         self.idle.set()
+        from gputui.training.launcher import REASON_BYTES
+
+        self.stop_reason = ctx.Array("c", REASON_BYTES)  # why the parent asked for the stop
         self.process = ctx.Process(target=warm_main, name="gputui-warm", args=({
             "queue": self.queue, "stop_event": self.stop_event, "jobs": self.jobs,
             "ready": self.ready, "idle": self.idle, "parent_pid": os.getpid(),
-            "cuda": list(cuda)}, ))
+            "cuda": list(cuda), "stop_reason": self.stop_reason}, ))
         self.process.start()
         self.cuda = tuple(cuda)
 
@@ -57,8 +61,9 @@ class WarmWorker:
         """Hand a run to the worker; ``spec`` as launcher.launch builds it, minus the queue and
         stop event (the worker's own are used: the handle must take them from here)."""
         self.stop_event.clear()  # before the job is sent, so a stop asked at once is kept
+        self.stop_reason.value = b""
         self.idle.clear()
-        job = {k: v for k, v in spec.items() if k not in ("queue", "stop_event")}
+        job = {k: v for k, v in spec.items() if k not in ("queue", "stop_event", "stop_reason")}
         self.jobs.put(job)
         return RunProxy(self)
 
@@ -153,13 +158,15 @@ mp_util.Finalize(None, close_all, exitpriority=100)
 
 def warm_main(spec: dict[str, Any]) -> None:
     """Entry point of the warm worker: load torch, then run the jobs it is given."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to turn into a stop
+    # The stop signals, as in every training process (signals.py): the run in flight stops
+    # gracefully with the signal named; an idle worker simply ends. First, before any thread.
+    current: dict[str, Any] = {}
+    signals.watch(lambda signum, sender: _on_signal(current, spec["idle"], signum, sender))
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
     fresh = _load(spec["cuda"])
     spec["ready"].set()
-    current: dict[str, Any] = {}
     threading.Thread(target=_watch_parent, args=(spec["parent_pid"], spec["idle"], current),
                      daemon=True).start()
     while True:
@@ -171,6 +178,14 @@ def warm_main(spec: dict[str, Any]) -> None:
         finally:
             _reset(fresh)
             spec["idle"].set()
+
+
+def _on_signal(current: dict[str, Any], idle, signum: int, sender: int) -> None:
+    stop = current.get("stop")
+    if stop is not None:
+        stop.on_signal(signum, sender)
+    elif idle.is_set():
+        os._exit(0)
 
 
 def _load(cuda: list[int]) -> dict[str, Any]:
@@ -211,7 +226,7 @@ def _run(job: dict[str, Any], spec: dict[str, Any], current: dict[str, Any]) -> 
     from gputui.training.worker import Recorder, StopFlag, execute
 
     recorder = Recorder(Path(job["run_dir"]), forward=spec["queue"].put)
-    stop = StopFlag(spec["stop_event"])
+    stop = StopFlag(spec["stop_event"], reason_box=spec["stop_reason"])
     current["stop"] = stop
     devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in job["devices"]]
     try:
@@ -251,7 +266,6 @@ def _watch_parent(parent_pid: int, idle, current: dict[str, Any]) -> None:
             continue
         stop = current.get("stop")
         if stop is not None:
-            stop.reason = "the gputui process that launched the run exited"
-            stop._local.set()
+            stop.request("the gputui process that launched the run exited")
         if idle.is_set():
             os._exit(0)

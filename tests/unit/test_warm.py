@@ -74,3 +74,35 @@ def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path
     finally:
         warm.close_all()
     assert os.path.exists(handle.run_dir / "summary.json")
+
+
+@pytest.mark.parametrize("how", ["parent", "signal"])
+def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, how):
+    """A warm run stops as a cold one does: asked by the parent with a reason, or by a stop
+    signal reaching the worker (a terminal's hang-up, a scheduler's SIGTERM)."""
+    import signal as signal_mod
+
+    warm.close_all()
+    worker = warm.prepare()
+    try:
+        assert worker.ready.wait(120)
+        handle = launch(config(**{"run.epochs": 50}), tmp_path)
+        assert handle.processes[0].pid == worker.process.pid
+        while not any(e.kind == "step" for e in read_events(handle.run_dir)):
+            handle.poll(timeout=0.2)
+        if how == "parent":
+            handle.stop("stopped by SIGTERM")  # what the CLI passes on from its own signal
+        else:
+            os.kill(worker.process.pid, signal_mod.SIGHUP)
+        assert handle.wait(timeout=60) == "stopped"
+        last = read_events(handle.run_dir)[-1]
+        assert last.reason == {"parent": "stopped by SIGTERM",
+                               "signal": "stopped by SIGHUP (the terminal closed)"}[how]
+        assert (handle.run_dir / "checkpoint.pt").is_file()
+        assert worker.process.is_alive()  # a graceful stop keeps the worker for the next run
+        again = launch(config(), tmp_path)
+        assert again.processes[0].pid == worker.process.pid
+        assert again.wait(timeout=240) == "finished"
+        assert read_events(again.run_dir)[-1].kind == "run_finished"  # no stale stop reason
+    finally:
+        warm.close_all()
