@@ -71,7 +71,7 @@ def resolve_config(args) -> Any:
     """The preset, --set overrides and short flags, validated; raises ConfigError."""
     from gputui.config import parse_assignment
     from gputui.presets import resolve_preset
-    from gputui.training.datafiles import missing_data
+    from gputui.training.datafiles import data_problem
 
     path = resolve_preset(args.preset)
     overrides = []
@@ -83,8 +83,8 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
-    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
-    if problem and not cfg.data.download:
+    problem = data_problem(cfg)
+    if problem:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
 

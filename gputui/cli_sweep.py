@@ -96,11 +96,11 @@ def build(args, runs_dir: Path):
 def load_preset_checked(path: str, overrides: list) -> None:
     """Bad preset files or --set values fail before anything starts (one line)."""
     from gputui.config import load_preset
-    from gputui.training.datafiles import missing_data
+    from gputui.training.datafiles import data_problem
 
     cfg = load_preset(path, overrides, check=False)
-    problem = missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
-    if problem and not cfg.data.download:
+    problem = data_problem(cfg)
+    if problem:
         raise ConfigError(f"{path}: data: {problem}")
 
 

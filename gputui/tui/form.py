@@ -163,9 +163,7 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
 
 
 def data_problem(cfg: RunConfig) -> str | None:
-    """Why the dataset cannot be read (the CLI's check before a run), or None."""
-    if cfg.data.download:
-        return None
-    from gputui.training.datafiles import missing_data
+    """Why the dataset cannot be had as configured (the CLI's check before a run), or None."""
+    from gputui.training.datafiles import data_problem as problem
 
-    return missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    return problem(cfg)
