@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gputui.config import ConfigError, parse_assignment
+from gputui.events import plural
 
 from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 
@@ -89,7 +90,7 @@ def build(args, runs_dir: Path):
                 done = sum(p.status == "finished" for p in old.points)
                 return (Sweep(old, runs_dir, overrides),
                         f"resuming unfinished sweep {old.sweep_id} ({done} of "
-                        f"{len(old.points)} points done; --fresh starts over)")
+                        f"{plural(len(old.points), 'point')} done; --fresh starts over)")
     return sweep, f"sweep {sweep.manifest.sweep_id}"
 
 
@@ -121,7 +122,8 @@ def cmd_sweep(args) -> int:
     install_sigterm()
     progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
     with progress:
-        progress.line(f"{note}: {len(m.points)} points ({', '.join(p.key for p in m.points)}); "
+        keys = ", ".join(p.key for p in m.points)
+        progress.line(f"{note}: {plural(len(m.points), 'point')} ({keys}); "
                       f"manifest {sweep.save()}")
         try:
             state = sweep.run(progress.on_point, progress.on_event)

@@ -18,7 +18,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
 from gputui.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
-                           RunFinished, RunStarted, RunStopped, StepMetrics)
+                           RunFinished, RunStarted, RunStopped, StepMetrics, acc_text)
 from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
                                  SummaryRead)
 from gputui.tui.pump import EventPump
@@ -159,7 +159,7 @@ class RunScreen(RunControls, Screen):
                 self.query_one(EpochTable).add_epoch(ev)
                 status.epoch_end(ev)
                 log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "
-                                f"{ev.train_loss:.4f}, test acc {ev.test_acc * 100:.2f}%", ev.t)
+                                f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}", ev.t)
             elif isinstance(ev, RunStarted):
                 self._started(ev, status, log)
             elif isinstance(ev, InitDone):

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Static
 
 from gputui.config import ConfigError, RunConfig
+from gputui.events import acc_text
 from gputui.sweep import Point, Sweep, parse_devices
 
 
@@ -149,7 +150,7 @@ class SweepScreen(Screen):
                                                 f"{ev.steps_per_epoch} loss {ev.loss:.4f}"))
             elif ev.kind == "epoch_end":
                 self.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
-                                                f"acc {ev.test_acc:.4f}"))
+                                                f"test acc {acc_text(ev.test_acc)}"))
         try:
             state = sweep.run(lambda p: self.post_message(PointChanged(p)), on_event)
         except Exception as exc:  # noqa: BLE001 - shown in the app, never a crash
