@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
         print(json.dumps(summary, indent=2, sort_keys=True))
     if summary["status"] == "finished":
         return EXIT_OK
-    if summary["status"] == "stopped" and interrupts:
+    if summary["status"] in ("stopped", "killed") and interrupts:
         return EXIT_INTERRUPTED
     return EXIT_FAILED
 

@@ -37,8 +37,8 @@ def register(sub) -> None:
                                    "accuracy, status, date.")
     p.add_argument("--runs-dir", help="where run records are (default ./runs or $GPUTUI_RUNS_DIR)")
     p.add_argument("--strategy", help="only these strategies (comma list)")
-    p.add_argument("--status", help="only these statuses: finished, failed, stopped, running, "
-                                    "incomplete, unreadable (comma list)")
+    p.add_argument("--status", help="only these statuses: finished, failed, stopped, killed, "
+                                    "running, incomplete, unreadable (comma list)")
     p.add_argument("--name", help="only runs whose name or id contains this")
     p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
     _add_output(p)

@@ -161,6 +161,9 @@ class RunStopped(Event):
 
     kind: ClassVar[str] = "run_stopped"
     reason: str = "stopped by user"
+    # True when the processes were killed (no graceful stop, nothing kept after the last
+    # checkpoint): the record's status is then "killed", not "stopped".
+    killed: bool = False
 
 
 TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})

@@ -221,7 +221,7 @@ def test_a_second_ctrl_c_kills_and_the_record_still_ends(tmp_path):
     assert "stopping at the next step" in out
     last = read_events(run_dir)[-1]
     assert last.kind == "run_stopped" and last.reason == "killed by user (second Ctrl-C)"
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+    assert last.killed and json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
     assert "Traceback" not in out + err
     assert _left_behind(tag) == []
 

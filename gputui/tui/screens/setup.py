@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Static
 
 from gputui.config import ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset
+from gputui.events import plural
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build
 from gputui.tui.inventory import Inventory
 from gputui.tui.messages import InventoryReady
@@ -114,11 +115,11 @@ class SetupScreen(Screen):
         if result.ok:
             cfg = result.config
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {cfg.model.name} on "
-                    f"{cfg.data.name} · {cfg.run.epochs} epoch(s) · global batch "
+                    f"{cfg.data.name} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
         elif result.field_errors:
             first = next(iter(result.field_errors))
-            text = (f"✗ {len(result.field_errors)} field(s) to fix, first: "
+            text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
                     f"{FIELD_BY_KEY[first].label}")
         else:
             text = f"✗ {result.error}"

@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Static
 
 from gputui.config import ConfigError, RunConfig
-from gputui.events import acc_text
+from gputui.events import acc_text, plural
 from gputui.sweep import Point, Sweep, parse_devices
 
 
@@ -88,7 +88,7 @@ class SweepScreen(Screen):
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield DataTable(id="sweep-points", cursor_type="row")
         yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
-                     f"{self.config.data.name}, {self.config.run.epochs} epoch(s). "
+                     f"{self.config.data.name}, {plural(self.config.run.epochs, 'epoch')}. "
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
