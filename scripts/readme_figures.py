@@ -10,7 +10,7 @@ machines better than absolute figures do.
     .venv/bin/python scripts/readme_figures.py [--repeats 3] [--only quickstart,single,...]
         [--lock /tmp/gputui-cpu.lock]
 
-``--lock FILE`` runs each measurement under ``flock FILE`` (a machine shared with others:
+``--lock FILE`` holds ``flock FILE`` around each measurement (a machine shared with others:
 each measurement runs alone, others may run between two of them). The whole set takes about
 five minutes a repeat on 2 cores.
 """
@@ -18,6 +18,8 @@ five minutes a repeat on 2 cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -116,12 +118,14 @@ def run_once(name: str, lock: str | None) -> tuple[dict, float]:
         argv = [PY, "-m", "gputui", *argv[1:]]
     elif argv[0] == ".venv/bin/python":
         argv = [PY, *argv[1:]]
-    if lock:
-        argv = ["flock", lock, *argv]
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                          env=dict(os.environ, GPUTUI_RUNS_DIR=str(ROOT / "runs" / "figures")))
-    wall = time.monotonic() - t0
+    with contextlib.ExitStack() as stack:
+        if lock:  # held around the measurement only: the wait for it is not timed
+            fh = stack.enter_context(open(lock, "a"))
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                              env=dict(os.environ, GPUTUI_RUNS_DIR=str(ROOT / "runs" / "figures")))
+        wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{readme_cmd} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return parse(proc.stdout), wall
@@ -194,7 +198,8 @@ def main() -> int:
                   flush=True)
         what, command, _, _ = BENCHMARKS[name]
         table.append(f"| {what} | `{command}` | {rows(name, runs, walls)[0]} |")
-    print(f"Measured on: {header}; {args.repeats} runs of each, "
+    runs = "1 run" if args.repeats == 1 else f"{args.repeats} runs"
+    print(f"Measured on: {header}; {runs} of each, "
           f"{time.strftime('%Y-%m-%d')}, by `.venv/bin/python scripts/readme_figures.py`.\n")
     print("\n".join(table))
     return 0
