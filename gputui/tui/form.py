@@ -85,7 +85,9 @@ def empty_meaning(key: str) -> str:
     """What an empty box means for fields whose default is 'nothing' (shown as the box's
     placeholder): 'all' for a train size of 0, the cache folder for an empty data root."""
     if key == "data.train_size":
-        return "all (synthetic: 12000)"
+        from gputui.training.datafiles import SYNTHETIC_SIZES
+
+        return f"all (synthetic: {SYNTHETIC_SIZES['train']})"
     if key == "data.root":
         from pathlib import Path
 
