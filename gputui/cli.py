@@ -120,20 +120,20 @@ def cmd_run(args) -> int:
     from gputui.training.launcher import launch
     from gputui.training.runstore import read_summary
 
-    from gputui.devices import busy_warnings, resolve_devices
+    from gputui.devices import busy_warnings, resolve_with_note
 
-    devices = resolve_devices(cfg.devices.spec, cfg.devices.fallback)
+    devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     taken = busy_warnings([d for d in devices if d.kind == "cuda"]) if args.exclusive else []
     if taken:  # NVML sees another process on a chosen GPU
         return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
                     f"(see `gputui devices`) or drop --exclusive")
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
-    for warning in busy_warnings(devices):
+    for warning in ([device_note] if device_note else []) + busy_warnings(devices):
         printer.line(f"warning: {warning}")
     # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        handle = launch(cfg, args.runs_dir)
+        handle = launch(cfg, args.runs_dir, devices, device_note)
     except OSError as exc:
         return fail(f"cannot create the run folder ({exc})")
     interrupts = 0

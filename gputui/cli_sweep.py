@@ -26,8 +26,11 @@ def register(sub) -> None:
                                    "after another. Points that cannot run here are skipped "
                                    "with the reason. Interrupted sweeps resume.")
     p.add_argument("preset", nargs="?", help="a preset file or name (optional with --resume)")
-    p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (CPU presets use "
-                                                    "cpu*N), or cpu,cpu*2")
+    p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (of the kind "
+                                                    "--kind says), or cpu,cpu*2")
+    p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="what the counts are: gpu (GPUs), cpu (CPU virtual devices), or auto: "
+                        "GPUs when the preset names GPUs and this machine has some (default)")
     p.add_argument("--strategies", default="single,scratch",
                    help="comma list, e.g. single,scratch,dp,ddp,model_parallel")
     p.add_argument("--scale-with-devices", action="store_true",
@@ -58,14 +61,15 @@ def build(args, runs_dir: Path):
     """The Sweep to run (new, resumed by id, or resumed automatically) and a note for the user;
     raises ConfigError or LookupError with a one-line message."""
     from gputui.presets import resolve_preset
-    from gputui.sweep import Sweep, list_manifests, load_manifest, parse_devices
+    from gputui.sweep import Sweep, list_manifests, load_manifest, parse_devices, resolve_kind
 
     if args.resume:
         m = load_manifest(runs_dir, args.resume)
         if args.preset and resolve_preset(args.preset).resolve() != Path(m.preset).resolve():
             raise ConfigError(f"--resume {args.resume}: that sweep ran {m.preset}, not "
                               f"{args.preset}; drop the preset argument")
-        return Sweep(m, runs_dir, _overrides(m.sets, None)), f"resuming sweep {m.sweep_id}"
+        return Sweep(m, runs_dir, _overrides(m.sets, None)), (f"resuming sweep {m.sweep_id} "
+                                                             f"over {m.kind_words()}")
     if not args.preset:
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
     path = str(resolve_preset(args.preset).resolve())
@@ -81,20 +85,22 @@ def build(args, runs_dir: Path):
                           f"known: {', '.join(registry.names())}")
     sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
     overrides = _overrides(sets, None)
-    load_preset_checked(path, overrides)
+    base = load_preset_checked(path, overrides)
+    kind, kind_note = resolve_kind(args.kind, base.devices.spec)
     sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,
-                      overrides)
+                      overrides, kind)
     if not args.fresh:
         for old in list_manifests(runs_dir):
             if old.state != "finished" and old.params() == sweep.manifest.params():
                 done = sum(p.status == "finished" for p in old.points)
                 return (Sweep(old, runs_dir, overrides),
                         f"resuming unfinished sweep {old.sweep_id} ({done} of "
-                        f"{plural(len(old.points), 'point')} done; --fresh starts over)")
-    return sweep, f"sweep {sweep.manifest.sweep_id}"
+                        f"{plural(len(old.points), 'point')} done; --fresh starts over); "
+                        f"{kind_note}")
+    return sweep, f"sweep {sweep.manifest.sweep_id}; {kind_note}"
 
 
-def load_preset_checked(path: str, overrides: list) -> None:
+def load_preset_checked(path: str, overrides: list):
     """Bad preset files or --set values fail before anything starts (one line)."""
     from gputui.config import load_preset
     from gputui.training.datafiles import data_problem
@@ -103,6 +109,7 @@ def load_preset_checked(path: str, overrides: list) -> None:
     problem = data_problem(cfg)
     if problem:
         raise ConfigError(f"{path}: data: {problem}")
+    return cfg
 
 
 def cmd_sweep(args) -> int:
@@ -141,7 +148,7 @@ def cmd_sweep(args) -> int:
     if args.export:
         _export(items, sweep.run_dirs(), Path(args.export), out)
     emit(table_rows(items), TABLE_COLUMNS, "json" if args.json else "table", None,
-         f"sweep {m.sweep_id}", json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
+         f"sweep {m.sweep_id} over {m.kind_words()}", json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
     if state == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK

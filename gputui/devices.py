@@ -242,12 +242,36 @@ def busy_warnings(devices: list[Device], gpus: list[GpuInfo] | None = None,
 def resolve_devices(spec: str, fallback: str = "none",
                     gpus: list[GpuInfo] | None = None, reason: str = "") -> list[Device]:
     """Parse ``spec``; with fallback 'cpu', GPUs that are missing become CPU virtual devices."""
+    return resolve_with_note(spec, fallback, gpus, reason)[0]
+
+
+def resolve_with_note(spec: str, fallback: str = "none", gpus: list[GpuInfo] | None = None,
+                      reason: str = "") -> tuple[list[Device], str]:
+    """The devices ``spec`` gives here, and a one-line note when ``fallback`` replaced them.
+
+    With fallback 'cpu', a spec naming GPUs that are not all there (none at all, fewer than
+    asked, an index that does not exist) runs on as many CPU virtual devices as it asked
+    for, and the note says so. A spec that is wrong on any machine ("0,0", "cpu,1") is
+    refused whatever the fallback."""
     if gpus is None and wants_gpus(spec):
         gpus, reason = discover_gpus()
     gpus = gpus or []
     try:
-        return parse_spec(spec, gpus, reason)
+        return parse_spec(spec, gpus, reason), ""
     except DeviceSpecError:
-        if fallback == "cpu" and wants_gpus(spec) and not gpus:
-            return cpu_devices(max(1, requested_count(spec)))
-        raise
+        if fallback != "cpu" or not wants_gpus(spec) or not _valid_anywhere(spec):
+            raise
+    n = max(1, requested_count(spec))
+    have = f"this machine has {len(gpus)} GPU(s)" if gpus else \
+        f"no GPU is available ({reason or 'no NVIDIA GPU was found'})"
+    return cpu_devices(n), (f"devices.spec '{spec.strip()}' cannot be met ({have}); running on "
+                            f"{n} CPU virtual device(s) instead, as devices.fallback = 'cpu' says")
+
+
+def _valid_anywhere(spec: str) -> bool:
+    """True when ``spec`` is well formed, i.e. some machine (one with 64 GPUs) could meet it."""
+    try:
+        parse_spec(spec, [GpuInfo(i, "") for i in range(64)])
+    except DeviceSpecError:
+        return False
+    return True

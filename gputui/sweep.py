@@ -50,6 +50,7 @@ class Manifest:
     devices: list = field(default_factory=list)
     strategies: list = field(default_factory=list)
     scale_with_devices: bool = False
+    kind: str = "cpu"  # what the counts are: "gpu" (GPUs) or "cpu" (CPU virtual devices)
     state: str = "running"  # running | interrupted | finished
     created: float = field(default_factory=time.time)
     points: list = field(default_factory=list)  # list[Point]
@@ -57,7 +58,12 @@ class Manifest:
     def params(self) -> dict[str, Any]:
         """What makes two sweeps the same experiment (for automatic resume)."""
         return {"preset": self.preset, "sets": list(self.sets), "devices": list(self.devices),
-                "strategies": list(self.strategies), "scale": self.scale_with_devices}
+                "strategies": list(self.strategies), "scale": self.scale_with_devices,
+                "kind": self.kind}
+
+    def kind_words(self) -> str:
+        """The kind of device the counts are, for titles: "GPUs" or "CPU virtual devices"."""
+        return KIND_WORDS[self.kind]
 
     def save(self, runs_dir: Path) -> Path:
         """Write the manifest atomically (a reader never sees half a file)."""
@@ -120,13 +126,45 @@ def parse_devices(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def spec_for(item: str, preset_spec: str) -> str:
-    """The devices.spec of a grid point: counts stay on CPU when the preset is on CPU."""
+KINDS = ("auto", "gpu", "cpu")
+KIND_WORDS = {"gpu": "GPUs", "cpu": "CPU virtual devices"}
+
+
+def resolve_kind(kind: str, preset_spec: str, gpus: list | None = None,
+                 no_gpu_reason: str = "") -> tuple[str, str]:
+    """What a sweep's device counts mean, "gpu" or "cpu", and a line for the user.
+
+    "auto" is GPUs when the preset names GPUs and this machine has some, else CPU virtual
+    devices; the line then says how to scale over the GPUs that are there. "gpu" on a machine
+    without one is refused (ConfigError, one line)."""
+    from gputui.devices import discover_gpus, wants_gpus
+
+    if kind not in KINDS:
+        raise ConfigError(f"--kind {kind}: must be one of {', '.join(KINDS)}")
+    if gpus is None:
+        gpus, no_gpu_reason = discover_gpus()
+    have = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    if kind == "gpu":
+        if not gpus:
+            raise ConfigError(f"--kind gpu: no GPU is available "
+                              f"({no_gpu_reason or 'no NVIDIA GPU was found'}); use --kind cpu")
+        return "gpu", f"scaling over GPUs (this machine has {have})"
+    if kind == "cpu" or not gpus:
+        return "cpu", "scaling over CPU virtual devices" + (
+            f"; this machine has {have}: --kind gpu scales over them" if gpus else "")
+    if wants_gpus(preset_spec):
+        return "gpu", f"scaling over GPUs, as the preset names GPUs (this machine has {have})"
+    return "cpu", (f"scaling over CPU virtual devices, as the preset names CPU devices; this "
+                   f"machine has {have}: --kind gpu scales over them")
+
+
+def spec_for(item: str, kind: str) -> str:
+    """The devices.spec of a grid point: a count of GPUs or of CPU virtual devices."""
     if not item.isdigit():
         return item
-    if preset_spec.strip().startswith("cpu"):
+    if kind == "cpu":
         return "cpu" if item == "1" else f"cpu*{item}"
-    return item  # N GPUs (the preset's devices.fallback decides what happens without them)
+    return item  # the first N GPUs
 
 
 class Sweep:
@@ -137,35 +175,38 @@ class Sweep:
         self.stop_requested = False
         self.base = load_preset(manifest.preset, overrides, check=False)
         if not manifest.points:
-            manifest.points = [Point(s, d, spec_for(d, self.base.devices.spec))
+            manifest.points = [Point(s, d, spec_for(d, manifest.kind))
                                for d in manifest.devices for s in manifest.strategies]
 
     @classmethod
     def new(cls, preset: str, sets: list[str], devices: list[str], strategies: list[str],
-            scale: bool, runs_dir: Path, overrides: list) -> "Sweep":
-        """A fresh sweep (not saved until ``run``)."""
+            scale: bool, runs_dir: Path, overrides: list, kind: str = "cpu") -> "Sweep":
+        """A fresh sweep (not saved until ``run``); ``kind`` as :func:`resolve_kind` gave."""
         name = load_preset(preset, overrides, check=False).run.name
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:30]}-{secrets.token_hex(2)}"
         manifest = Manifest(sweep_id, str(preset), list(sets), list(devices), list(strategies),
-                            scale)
+                            scale, kind)
         return cls(manifest, runs_dir, overrides)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, devices: list[str], strategies: list[str],
-                    scale: bool, runs_dir: Path) -> "Sweep":
+                    scale: bool, runs_dir: Path, kind: str = "cpu") -> "Sweep":
         """A fresh sweep of a config that has no preset file (the app's form): the config is
         written beside the manifest, as ``<sweep id>.toml``, so the sweep can resume."""
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.name[:30]}-{secrets.token_hex(2)}"
         path = Path(runs_dir) / "sweeps" / f"{sweep_id}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(cfg.to_toml(), encoding="utf-8")
-        manifest = Manifest(sweep_id, str(path), [], list(devices), list(strategies), scale)
+        manifest = Manifest(sweep_id, str(path), [], list(devices), list(strategies), scale,
+                            kind)
         return cls(manifest, runs_dir, [])
 
     def config_for(self, point: Point) -> RunConfig:
         """The point's config: the preset, the --set overrides, its strategy and devices."""
         changes = [("sweep", "strategy.name", point.strategy),
                    ("sweep", "devices.spec", point.spec)]
+        if self.manifest.kind == "gpu":  # a GPU point never runs quietly on the CPU instead
+            changes.append(("sweep", "devices.fallback", "none"))
         if self.manifest.scale_with_devices:
             changes.append(("--scale-with-devices", "optim.scale_with_devices", True))
         return load_preset(self.manifest.preset, [*self.overrides, *changes], check=False)

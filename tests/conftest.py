@@ -29,3 +29,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """``fake_gpus(n)``: this process sees n GPUs through a fake pynvml (0 = a machine without
+    a GPU: the driver is not loaded), whatever the machine really has; the real NVML comes
+    back afterwards. CUDA_VISIBLE_DEVICES is cleared so the fake's order is the CUDA order."""
+    from gputui.telemetry import nvml
+    from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def install(n: int, name: str = "NVIDIA H100 80GB HBM3"):
+        if n == 0:
+            mod = FakeNvml([], init_error=FakeNvml.NVMLError_DriverNotLoaded)
+        else:
+            mod = FakeNvml([FakeGpu(name, f"GPU-{i:04d}-fake", f"00000000:{16 + i:02X}:00.0",
+                                    mem_total=80 * 1024**3) for i in range(n)])
+        nvml.use_module(mod)
+        return mod
+
+    yield install
+    nvml.use_module(None)

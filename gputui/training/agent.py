@@ -41,17 +41,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(spec: dict[str, Any]):
-    """The elastic LaunchConfig of this node: nproc = local devices, min = max = nnodes."""
+def launch_config(spec: dict[str, Any], config_class=None):
+    """The elastic LaunchConfig of this node: nproc = local devices, min = max = nnodes.
+
+    ``config_class`` is torch's ``LaunchConfig`` (a test passes an older signature). Arguments
+    that only newer torch has are passed when its LaunchConfig accepts them (see
+    :func:`launcher_options`), never blindly."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
+    config_class = config_class or LaunchConfig
     dist = spec["config"]["dist"]
     nnodes = dist["nnodes"]
     endpoint = dist["rdzv_endpoint"] or f"127.0.0.1:{free_port()}"
     # rank output (warnings, tracebacks) goes to files in the record, not over the progress
     logs = Path(spec["run_dir"]) / "ranks"
-    return LaunchConfig(
+    return config_class(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=len(spec["devices"]),
         run_id=dist["rdzv_id"] if nnodes > 1 else spec["run_id"],
         rdzv_backend="c10d", rdzv_endpoint=endpoint,
@@ -59,16 +64,46 @@ def launch_config(spec: dict[str, Any]):
         rdzv_configs={"is_host": dist["node_rank"] == 0},
         max_restarts=0, start_method="forkserver", monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
-        # SIGINT is left out: Ctrl-C reaches the whole process group, and the parent turns it
-        # into a graceful stop that the ranks agree on; the agent must not kill them for it.
-        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        **launcher_options(config_class),
     )
+
+
+# Launcher arguments that only newer torch accepts, with what gputui wants of them:
+# signals_to_handle (torch 2.9+): SIGINT is left out, because Ctrl-C reaches the whole process
+#   group and the parent turns it into a graceful stop that the ranks agree on; the agent must
+#   not kill them for it. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the surviving
+#   ranks after a failure (older torch waits its fixed 30 s, which only a rank that ignores
+#   SIGTERM ever uses).
+OPTIONAL_LAUNCH_ARGS = {"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
+                        "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
+
+
+def launcher_options(config_class) -> dict[str, Any]:
+    """The optional arguments this torch's LaunchConfig accepts."""
+    import inspect
+
+    try:
+        accepted = inspect.signature(config_class).parameters
+    except (TypeError, ValueError):  # no signature to read: pass nothing optional
+        return {}
+    return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
+
+
+def ctrl_c_reaches_agent(config_class=None) -> bool:
+    """True when this torch's agent would turn a Ctrl-C into a kill of the ranks: its
+    LaunchConfig has no ``signals_to_handle`` (torch before 2.9), so it handles SIGINT itself.
+    The agent then leaves the terminal's process group (see :func:`agent_main`), and Ctrl-C
+    reaches only gputui, which asks the ranks for the agreed stop."""
+    if config_class is None:
+        from torch.distributed.launcher.api import LaunchConfig as config_class
+    return "signals_to_handle" not in launcher_options(config_class)
 
 
 def agent_main(spec: dict[str, Any]) -> None:
     """Entry point of the spawned child for ddp/fsdp: run the elastic launch, end the record."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if ctrl_c_reaches_agent():
+        os.setpgrp()  # older torch: out of the terminal's group, so Ctrl-C stays graceful
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
@@ -107,7 +142,23 @@ def agent_main(spec: dict[str, Any]) -> None:
     shared_data.remove(data_file)
     if not _has_terminal(run_dir):
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
+    stop_helpers()
     quick_exit(queue, 0)
+
+
+def stop_helpers() -> None:
+    """End the fork server and the resource tracker this process started, and wait for them:
+    orphaned, they would end by themselves only a moment after this process, outliving the
+    run. (multiprocessing's own stop methods are private: whatever is left is killed.)"""
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner in (getattr(forkserver, "_forkserver", None),
+                  getattr(resource_tracker, "_resource_tracker", None)):
+        try:
+            owner._stop()
+        except Exception:  # noqa: BLE001 - not running, or a Python without _stop
+            pass
+    _kill_children()
 
 
 def _start_fork_server() -> None:
@@ -238,15 +289,19 @@ class _Watchdog(threading.Thread):
                 return  # the ranks are training: they agree on a step and stop there
             _append(self.run_dir, self.spec["queue"], RunStopped(reason=reason))
             _kill_children()
+            stop_helpers()
             shared_data.remove(shared_data.path_for(self.spec["run_id"]))
             os._exit(0)
 
 
 def _kill_children() -> None:
+    """Kill every process below this one and wait for them (bounded)."""
     try:
         import psutil
 
-        for child in psutil.Process().children(recursive=True):
+        children = psutil.Process().children(recursive=True)
+        for child in children:
             child.kill()
+        psutil.wait_procs(children, timeout=5)
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass

@@ -13,14 +13,16 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gputui.config import RunConfig
-from gputui.devices import Device, resolve_devices
+from gputui.devices import Device, resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
 from gputui.training import runstore
 
@@ -54,6 +56,9 @@ class RunHandle:
         self._lock = threading.Lock()
         self._rank_pids: dict[str, int] = {}
         self.multiprocess = False  # ddp/fsdp: processes[0] is the elastic agent
+        self.device_note = ""  # what the devices' fallback ran on instead, or ""
+        self._tree: dict[int, Any] = {}  # every process seen below the child (psutil objects)
+        self._tree_t = 0.0
 
     # ------------------------------------------------------------------ events
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
@@ -69,6 +74,7 @@ class RunHandle:
         except (queue_mod.Empty, EOFError, OSError):
             pass
         out = self._take_rank_pids(out)
+        self._watch_tree()
         while self._samples and len(out) < max_events:
             out.append(self._samples.popleft())
         if any(is_terminal(e) for e in out):
@@ -120,6 +126,44 @@ class RunHandle:
         runstore.write_summary(self.run_dir, runstore.summarize(runstore.read_events(self.run_dir)))
         return ev
 
+    def _watch_tree(self, every_s: float = 0.25) -> None:
+        """Remember the processes below the child (fork server, resource tracker, ranks), so
+        that none outlives the run even when the child dies without ending them."""
+        now = time.monotonic()
+        if now - self._tree_t < every_s:
+            return
+        self._tree_t = now
+        try:
+            import psutil
+
+            for p in self.processes:
+                if p.pid is not None and p.is_alive():
+                    for c in psutil.Process(p.pid).children(recursive=True):
+                        self._tree.setdefault(c.pid, c)
+        except Exception:  # noqa: BLE001 - a process may end while it is read
+            pass
+
+    def _end_tree(self) -> None:
+        """Wait for (then kill) every process seen below the child; the ones this process
+        adopted as a subreaper are reaped, so not even a zombie is left."""
+        procs = list(self._tree.values())
+        if not procs:
+            return
+        import psutil
+
+        _, alive = psutil.wait_procs(procs, timeout=2)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=3)
+        for proc in procs:
+            try:
+                os.waitpid(proc.pid, os.WNOHANG)
+            except (ChildProcessError, OSError):
+                pass
+
     def _finish(self, terminal: Event) -> None:
         self._done = True
         self._status = {"run_finished": "finished", "run_failed": "failed",
@@ -137,6 +181,7 @@ class RunHandle:
             if p.is_alive():  # the run has ended; a process stuck on its way out must go
                 _kill_tree(p.pid)
                 p.join(timeout=5)
+        self._end_tree()
         if self.multiprocess:  # the node's dataset copy, left behind when the agent was killed
             from gputui.training import shared_data
 
@@ -199,6 +244,24 @@ class RunHandle:
                 pass
 
 
+def _adopt_orphans() -> None:
+    """Make this process the subreaper of what it starts (Linux): a process orphaned by the
+    death of its parent (a rank's fork server after the agent died) is re-parented here, not
+    to init, so the handle can wait for it and reap it."""
+    if _ADOPTING or not sys.platform.startswith("linux"):
+        return
+    _ADOPTING.append(True)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+_ADOPTING: list[bool] = []
+
+
 def _kill_tree(pid: int | None) -> None:
     if not pid:
         return
@@ -220,21 +283,28 @@ def _kill_tree(pid: int | None) -> None:
 
 
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
-           devices: list[Device] | None = None) -> RunHandle:
-    """Create the run folder, start the training process, return its handle at once."""
+           devices: list[Device] | None = None, device_note: str = "") -> RunHandle:
+    """Create the run folder, start the training process, return its handle at once.
+
+    ``devices`` as resolved by the caller (with ``device_note``, the fallback's one line, when
+    it replaced the spec's GPUs); resolved here when not given. The note goes in the record."""
     from gputui.training import agent, worker
     from gputui.training.strategies import registry
 
-    devices = devices or resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
+    if not devices:
+        devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
     (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     handle = RunHandle(run_id, run_dir, devices, cfg)
+    _adopt_orphans()
     ctx = mp.get_context("spawn")
     handle._queue = ctx.Queue()
     handle._stop_event = ctx.Event()
     spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
             "run_id": run_id, "run_dir": str(run_dir), "queue": handle._queue,
-            "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time()}
+            "stop_event": handle._stop_event, "parent_pid": os.getpid(), "t_launch": time.time(),
+            "notes": [device_note] if device_note else []}
+    handle.device_note = device_note
     info = registry.get(cfg.strategy.name)
     handle.multiprocess = bool(info and info.multiprocess)
     # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device

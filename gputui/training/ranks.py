@@ -78,7 +78,7 @@ def rank_main(spec: dict[str, Any]) -> str:
     try:
         load = shared_data.loader(Path(spec["data_file"])) if spec.get("data_file") else None
         status = execute(spec["config"], devices, spec["run_id"], sink, stop, spec["t_launch"],
-                         rank=info, load_data=load)
+                         rank=info, load_data=load, notes=spec.get("notes", ()))
     finally:
         _destroy_group()
         if recorder is not None:

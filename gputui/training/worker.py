@@ -107,10 +107,12 @@ def _alive(pid: int) -> bool:
 
 def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
             should_stop: Callable[[], bool], t_launch: float,
-            rank: RankInfo | None = None, load_data: Callable | None = None) -> str:
+            rank: RankInfo | None = None, load_data: Callable | None = None,
+            notes: list[str] | tuple = ()) -> str:
     """Train one run in this process; returns the terminal status. Never raises. ``rank``
     is given in each process of a multi-process run; ``load_data`` replaces
-    ``data.load_dataset`` (the ranks map the copy their agent loaded)."""
+    ``data.load_dataset`` (the ranks map the copy their agent loaded). ``notes`` are the
+    launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
     cfg = from_dict(cfg_dict, source="run", check=False)
     emit = recorder.emit
     try:
@@ -119,6 +121,8 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         info = registry.get(cfg.strategy.name)
         emit(RunStarted(run_id=run_id, config=cfg_dict, devices=tuple(d.to_dict() for d in devices),
                         strategy=cfg.strategy.name, world_size=rank.world_size if rank else 1))
+        for note in notes:
+            emit(LogLine(level="warning", message=note))
         t0 = time.perf_counter()
         import torch
 
@@ -198,6 +202,7 @@ def child_main(spec: dict[str, Any]) -> None:
     stop = StopFlag(spec["stop_event"], spec["parent_pid"])
     devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
     try:
-        execute(spec["config"], devices, spec["run_id"], recorder, stop, spec["t_launch"])
+        execute(spec["config"], devices, spec["run_id"], recorder, stop, spec["t_launch"],
+                notes=spec.get("notes", ()))
     finally:
         recorder.close()

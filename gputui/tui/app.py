@@ -46,12 +46,16 @@ class GpuTuiApp(App[int]):
 
     def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,
                  launcher: Launcher | None = None, *, inventory: Inventory | None = None,
-                 presets: list[Path] | None = None) -> None:
+                 presets: list[Path] | None = None,
+                 discover: Callable[[], Inventory] | None = None) -> None:
         super().__init__()
         self.preset_arg = preset
         self.runs_dir = runs_dir
         self._launcher = launcher
         self.fixed_inventory = inventory
+        # how the set-up screen reads the machine's devices (a test may pass its own);
+        # none with a fixed inventory, which is then all there is
+        self.discover = discover or (None if inventory else discover_inventory)
         self.preset_list = presets
         self.run_screen: RunScreen | None = None
         self.launching = False
@@ -61,8 +65,9 @@ class GpuTuiApp(App[int]):
     def on_mount(self) -> None:
         config, preset_path, error = self._initial_config()
         setup = SetupScreen(
-            config, preset=preset_path, inventory=self.fixed_inventory or Inventory(),
-            discover=None if self.fixed_inventory else discover_inventory,
+            config, preset=preset_path,
+            inventory=self.fixed_inventory or Inventory(discovered=self.discover is None),
+            discover=self.discover,
             presets=self.preset_list)
         self.push_screen(setup)
         if error:
@@ -235,7 +240,7 @@ def resolve_preset_path(name_or_path: str | Path) -> Path:
 
 def make_app(preset: str | Path | None = None, runs_dir: str | Path | None = None,
              launcher: Launcher | None = None, **kwargs: Any) -> GpuTuiApp:
-    """The app, as the CLI and the tests build it (kwargs: inventory=, presets=)."""
+    """The app, as the CLI and the tests build it (kwargs: inventory=, presets=, discover=)."""
     return GpuTuiApp(preset, runs_dir, launcher, **kwargs)
 
 

@@ -49,6 +49,9 @@ class Inventory:
     host_util: str = "n/a"
     cores: int = 1
     gpu_infos: tuple[GpuInfo, ...] = field(default=(), compare=False)
+    # False until discovery has answered: the app's first paint comes before it, and a preset's
+    # GPUs must wait for it rather than fall back to CPU devices
+    discovered: bool = True
 
     def cpu_rows(self, n: int) -> list[DeviceRow]:
         """N CPU virtual devices; they share the host's cores and memory."""
@@ -59,10 +62,17 @@ class Inventory:
 
     def no_gpu_sentence(self) -> str:
         """The one sentence shown when the table lists no GPU."""
+        if not self.discovered:
+            return "Looking for GPUs (NVML)…"
         if self.gpus:
             return ""
         why = self.no_gpu_reason or "no GPU was found"
         return f"No GPU is listed because {why}; training runs on CPU virtual devices."
+
+
+def gpu_indices(inventory: Inventory) -> tuple[int, ...]:
+    """The CUDA ordinals the inventory lists (what a change of GPUs is judged by)."""
+    return tuple(r.index for r in inventory.gpus)
 
 
 def gpu_row(g: GpuInfo) -> DeviceRow:

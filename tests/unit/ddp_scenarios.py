@@ -1,6 +1,9 @@
 """Run ddp/fsdp scenarios on 2 real gloo ranks in ONE elastic launch, save what they trained.
 
-    python tests/unit/ddp_scenarios.py OUT.pt
+    python tests/unit/ddp_scenarios.py OUT.pt [SPEC]
+
+SPEC is the devices: "cpu*2" (the default: gloo ranks on the CPU) or "0,1" (one rank per GPU,
+NCCL; the GPU suite's proof of the CUDA paths).
 
 Used by test_equivalence_ddp.py (one launch instead of one per scenario: each launch costs
 a torch import per process). Every rank builds the strategy exactly as a run does (registry,
@@ -31,8 +34,8 @@ SCENARIOS = {
 }
 
 
-def run_scenario(name: str) -> dict:
-    """Train one scenario on this rank; returns params, losses and accuracy."""
+def run_scenario(name: str, spec: str = "cpu*2") -> dict:
+    """Train one scenario on this rank; returns params, losses and accuracy (on the CPU)."""
     import torch.distributed as dist
 
     from gputui.devices import resolve_devices
@@ -42,13 +45,14 @@ def run_scenario(name: str) -> dict:
     from strategy_harness import make_config, params, small_data
 
     strategy_name, model, batch, extra, epochs = SCENARIOS[name]
-    cfg = make_config(strategy_name, "cpu*2", model, batch, **extra)
+    cfg = make_config(strategy_name, spec, model, batch, **extra)
     ds = small_data()
     strategy = registry.get(strategy_name).load()(
-        cfg, resolve_devices("cpu*2"), ds.in_channels, ds.image_size, ds.num_classes,
+        cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
     strategy.setup()
-    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
+                            strategy.data_device())
     losses = []
     for epoch in range(1, epochs + 1):
         for x, y in itertools.islice(batches.epoch(epoch), STEPS):
@@ -60,16 +64,21 @@ def run_scenario(name: str) -> dict:
             "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0])}
 
 
-def rank_fn() -> dict:
+def rank_fn(spec: str = "cpu*2") -> dict:
     """Every scenario on this rank, in one process group."""
+    import os
     from datetime import timedelta
 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    gpus = not spec.startswith("cpu")
+    if gpus:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group("nccl" if gpus else "gloo", timeout=timedelta(seconds=60))
     try:
-        return {name: run_scenario(name) for name in SCENARIOS}
+        return {name: run_scenario(name, spec) for name in SCENARIOS}
     finally:
         from gputui.training.strategies.ddp import destroy_group
 
@@ -77,7 +86,7 @@ def rank_fn() -> dict:
         destroy_group()
 
 
-def main(out: str) -> None:
+def main(out: str, spec: str = "cpu*2") -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from gputui.training.agent import free_port
@@ -86,9 +95,9 @@ def main(out: str) -> None:
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="scenarios",
                           rdzv_configs={"is_host": True}, max_restarts=0,
                           start_method="spawn", monitor_interval=0.1)
-    results = elastic_launch(config, rank_fn)()
+    results = elastic_launch(config, rank_fn)(spec)
     torch.save(results, out)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

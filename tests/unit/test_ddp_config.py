@@ -85,3 +85,46 @@ def test_launch_config_per_node(tmp_path):
     one = launch_config(dict(spec, config=_cfg(**{"strategy.name": "ddp"}).to_dict()))
     assert one.rdzv_endpoint.startswith("127.0.0.1:") and one.rdzv_configs["is_host"] is True
     assert one.run_id == "r"  # a fresh rendezvous per run on one node
+
+
+def _older_launch_config(*drop: str):
+    """torch's LaunchConfig as an older torch declares it: the same dataclass without the
+    fields ``drop`` names (2.11 has no shutdown_timeout; before 2.9 no signals_to_handle)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(LaunchConfig) if f.name not in drop]
+    return dataclasses.make_dataclass("LaunchConfig", fields)
+
+
+@pytest.mark.parametrize("drop,passed", [
+    ((), {"signals_to_handle", "shutdown_timeout"}),  # as far as the installed torch has them
+    (("shutdown_timeout",), {"signals_to_handle"}),  # torch 2.9 to 2.11
+    (("shutdown_timeout", "signals_to_handle"), set()),  # before 2.9
+])
+def test_newer_launcher_arguments_only_where_torch_has_them(tmp_path, drop, passed):
+    from gputui.training.agent import OPTIONAL_LAUNCH_ARGS, ctrl_c_reaches_agent, launch_config
+
+    older = _older_launch_config(*drop)
+    passed = passed & {f for f in OPTIONAL_LAUNCH_ARGS if f in older.__dataclass_fields__}
+    spec = {"config": _cfg(**{"strategy.name": "ddp"}).to_dict(), "devices": [{}, {}],
+            "run_id": "r", "run_dir": str(tmp_path)}
+    lc = launch_config(spec, config_class=older)  # an unknown keyword would raise TypeError
+    assert lc.nproc_per_node == 2
+    for name in OPTIONAL_LAUNCH_ARGS:
+        assert hasattr(lc, name) == (name in passed)
+    # Without signals_to_handle the agent would handle SIGINT: it must leave the terminal's
+    # process group so that Ctrl-C stays the ranks' agreed stop.
+    assert ctrl_c_reaches_agent(older) == ("signals_to_handle" not in passed)
+
+
+def test_the_installed_torch_is_read_not_assumed():
+    import inspect
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from gputui.training.agent import OPTIONAL_LAUNCH_ARGS, launcher_options
+
+    accepted = set(inspect.signature(LaunchConfig).parameters)
+    assert set(launcher_options(LaunchConfig)) == set(OPTIONAL_LAUNCH_ARGS) & accepted

@@ -59,7 +59,9 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     samples = read_events(run_dir, "telemetry.jsonl")
     sampled = {(s.device, s.pid) for s in samples if s.pid}
     assert {("cpu:0", pids["cpu:0"]), ("cpu:1", pids["cpu:1"])} <= sampled
-    assert "2 gloo ranks on the CPU, 1 thread(s) each" in cli_run.stderr
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // 2)  # each rank its share of this machine's cores
+    assert f"2 gloo ranks on the CPU, {threads} thread(s) each" in cli_run.stderr
     assert "Traceback" not in cli_run.stderr  # rank and agent logs stay in the record
     assert os.path.isdir(os.path.join(run_dir, "ranks"))
     assert not shared_data.path_for(summary["run_id"]).exists()  # the node's dataset copy
@@ -106,8 +108,8 @@ def _until_step(handle, timeout=120) -> list:
 
 
 def _gone(pids) -> bool:
-    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
-               for p in pids)
+    """No process of ``pids`` exists, not even as a zombie."""
+    return not any(psutil.pid_exists(p) for p in pids)
 
 
 def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_path):
@@ -123,10 +125,8 @@ def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_p
     assert events[-1].kind == "run_failed"
     assert re.fullmatch(rf"rank 1 \(pid {victim}\) was killed by SIGKILL", events[-1].reason)
     assert read_summary(handle.run_dir)["reason"] == events[-1].reason
-    deadline = time.monotonic() + 15
-    while not _gone(tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _gone(tree), [p for p in tree if psutil.pid_exists(p)]
+    # gone when the run is over, not a moment later: fork server, resource tracker, ranks
+    assert _gone(tree), [psutil.Process(p) for p in tree if psutil.pid_exists(p)]
     assert not shared_data.path_for(handle.run_id).exists()
 
 

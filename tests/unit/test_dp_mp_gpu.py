@@ -48,6 +48,7 @@ def _exact_float32():
 
 
 @pytest.mark.parametrize("name,extra", [
+    ("scratch", {}), ("scratch", {"strategy.split_weights": [0.75, 0.25]}),
     ("dp", {}), ("dp", {"optim.micro_batches": 2}),
     ("model_parallel", {}), ("model_parallel", {"strategy.pipeline_chunks": 4}),
 ])
@@ -66,3 +67,25 @@ def test_two_gpus_equal_one(name, extra):
     else:
         assert isinstance(strategy.wrapped, torch.nn.DataParallel)
         assert strategy.wrapped.device_ids == [0, 1] and not strategy.notes
+
+
+def test_ddp_and_fsdp_over_nccl_on_two_gpus_equal_single(tmp_path):
+    """The CPU suite's ddp/fsdp scenarios, one NCCL rank per GPU, against single on the CPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ddp_scenarios import SCENARIOS
+    from strategy_harness import run_steps
+
+    out = tmp_path / "scenarios.pt"
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("ddp_scenarios.py")),
+                           str(out), "0,1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = torch.load(out, weights_only=False)
+    for name in ("ddp_even", "ddp_odd", "ddp_uneven", "ddp_micro", "fsdp", "fsdp_micro"):
+        _, model, batch, _, _ = SCENARIOS[name]
+        reference, _ = run_steps(make_config("single", "cpu", model, batch), STEPS)
+        for rank in (0, 1):
+            assert_params_close(ranks[rank][name]["params"], params(reference.model),
+                                rtol=1e-4, atol=1e-5)

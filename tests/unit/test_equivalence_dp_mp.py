@@ -88,7 +88,12 @@ def test_stages_cover_every_layer_once_as_distinct_modules():
 @pytest.mark.parametrize("spec,extra", [("cpu*2", {}), ("cpu*3", {"optim.micro_batches": 4})])
 def test_dp_equals_single(model, spec, extra):
     strategy, losses = run_steps(make_config("dp", spec, model, 32, **extra), STEPS)
-    assert isinstance(strategy.wrapped, torch.nn.DataParallel)  # the real wrapper, CPU mode
+    from gputui.training.strategies.data_parallel import accelerator_present
+
+    if accelerator_present():  # CPU devices on a GPU machine: DataParallel would take the GPUs
+        assert strategy.wrapped is strategy.model
+    else:
+        assert isinstance(strategy.wrapped, torch.nn.DataParallel)  # the real one, CPU mode
     assert strategy.notes[0].startswith("DataParallel has no CPU mode: it ran without "
                                         "replication, the whole batch on one CPU device (cpu:0)")
     assert_equals_single(strategy, losses, model, 32)

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -193,17 +194,20 @@ def test_no_probe_across_processes():
 
 # ------------------------------------------------------------------ a second Ctrl-C
 def test_a_second_ctrl_c_kills_and_the_record_still_ends(tmp_path):
+    import psutil
+
     runs = tmp_path / "runs"
     env, tag = _tagged_env()
-    # resnet18 steps take about a second here, so the stop after the first Ctrl-C is still
-    # waiting for its step when the second one arrives.
+    env["PYTHONUNBUFFERED"] = "1"  # the CLI's "stopping ..." line is read as it is printed
     proc = subprocess.Popen(
         [*GPUTUI, "run", "quickstart", "--devices", "cpu", "--strategy", "single",
          "--batch-size", "16", "--epochs", "5", "--runs-dir", str(runs), "--set",
-         "model.name=resnet18", "--set", "data.train_size=160", "--set", "data.test_size=16",
+         "data.train_size=160", "--set", "data.test_size=16",
          "--set", "run.log_every=1", "--set", "telemetry.enabled=false"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env=env)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     deadline = time.monotonic() + 120
     run_dir = None
     while time.monotonic() < deadline and run_dir is None:
@@ -213,12 +217,21 @@ def test_a_second_ctrl_c_kills_and_the_record_still_ends(tmp_path):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     assert run_dir is not None, "the run never reached its first step"
+    # Freeze the training process, so the graceful stop cannot finish before the second
+    # Ctrl-C however fast this machine steps (a real signal, as a debugger or load would).
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        if "resource_tracker" not in " ".join(child.cmdline()):  # the training process
+            child.suspend()
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not any("stopping at the next step" in line for line in lines):
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    out = "".join(lines)
     assert proc.returncode == 130, err
-    assert "stopping at the next step" in out
     last = read_events(run_dir)[-1]
     assert last.kind == "run_stopped" and last.reason == "killed by user (second Ctrl-C)"
     assert last.killed and json.loads((run_dir / "summary.json").read_text())["status"] == "killed"

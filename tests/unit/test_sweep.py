@@ -188,3 +188,48 @@ def test_sweep_bad_input_exits_2(tiny, tmp_path):
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     proc = gputui("sweep", "--resume", "nope", "--runs-dir", str(tmp_path))
     assert proc.returncode == 2 and "no sweep 'nope'" in proc.stderr
+
+
+# ---------------------------------------------------------------- the kind of device swept
+@pytest.mark.parametrize("asked,preset_spec,n_gpus,kind,says", [
+    ("auto", "2", 1, "gpu", "scaling over GPUs, as the preset names GPUs"),
+    ("auto", "cpu*2", 1, "cpu", "this machine has 1 GPU: --kind gpu scales over them"),
+    ("auto", "2", 0, "cpu", "scaling over CPU virtual devices"),
+    ("gpu", "cpu*2", 2, "gpu", "scaling over GPUs (this machine has 2 GPUs)"),
+    ("cpu", "0", 8, "cpu", "--kind gpu scales over them"),
+])
+def test_the_kind_of_device_a_sweep_scales_over(fake_gpus, asked, preset_spec, n_gpus, kind,
+                                                says):
+    from gputui.sweep import resolve_kind
+
+    fake_gpus(n_gpus)
+    got, line = resolve_kind(asked, preset_spec)
+    assert got == kind and says in line
+
+
+def test_gpu_points_never_fall_back_to_the_cpu(fake_gpus, tmp_path):
+    from gputui.sweep import Sweep
+
+    fake_gpus(1)
+    preset = tmp_path / "p.toml"
+    preset.write_text('[devices]\nspec = "1"\nfallback = "cpu"\n', encoding="utf-8")
+    sweep = Sweep.new(str(preset), [], ["1", "2"], ["scratch"], False, tmp_path, [], "gpu")
+    one, two = sweep.manifest.points
+    assert (one.spec, two.spec) == ("1", "2")
+    assert sweep.why_not(one, sweep.config_for(one)) is None
+    # two GPUs asked of a one-GPU machine: skipped with the reason, not run on cpu*2
+    assert "asks for 2 GPUs but this machine has only 1" in sweep.why_not(
+        two, sweep.config_for(two))
+    cpu = Sweep.new(str(preset), [], ["1", "2"], ["scratch"], False, tmp_path, [], "cpu")
+    assert [p.spec for p in cpu.manifest.points] == ["cpu", "cpu*2"]
+
+
+def test_kind_gpu_without_a_gpu_is_refused_in_one_line(tmp_path):
+    import os
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU visible, whatever the machine has
+    proc = subprocess.run([*GPUTUI, "sweep", "quickstart", "--kind", "gpu", "--runs-dir",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gputui: error: --kind gpu: no GPU is available (")
+    assert proc.stderr.strip().endswith("use --kind cpu") and proc.stderr.count("\n") == 1

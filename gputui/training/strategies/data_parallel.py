@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch._utils import _get_available_device_type
 
 from gputui.training.strategies.single import Single
 
@@ -24,6 +23,16 @@ def scatter_sizes(total: int, n: int) -> list[int]:
     ceil(total/n), so a small batch can leave the last devices idle)."""
     per = -(-total // n)
     return [max(0, min(per, total - i * per)) for i in range(n)]
+
+
+def accelerator_present() -> bool:
+    """Whether DataParallel will find an accelerator: its own (private) check where torch
+    still has it, else the public CUDA one."""
+    try:
+        from torch._utils import _get_available_device_type
+    except ImportError:
+        return torch.cuda.is_available()
+    return _get_available_device_type() is not None
 
 
 class DataParallelStrategy(Single):
@@ -37,7 +46,7 @@ class DataParallelStrategy(Single):
         if self.cuda:
             ids = [d.index for d in self.devices]
             self.wrapped = nn.DataParallel(self.model, device_ids=ids, output_device=ids[0])
-        elif _get_available_device_type() is None:
+        elif not accelerator_present():
             # The same call as on GPUs; with no accelerator DataParallel forwards to the module.
             self.wrapped = nn.DataParallel(self.model)
         # else: CPU devices on a GPU machine; DataParallel would grab the GPUs, so the step

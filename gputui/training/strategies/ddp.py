@@ -79,6 +79,8 @@ class DDPStrategy(Strategy):
         if not self.cuda and self.rank == 0:
             self.notes.append(f"{self.world_size} {self.backend} ranks on the CPU, "
                               f"{torch.get_num_threads()} thread(s) each")
+        elif self.rank == 0:
+            self.notes.append(f"{self.world_size} {self.backend} rank(s), one per GPU")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP around the model (buckets overlap the all-reduce with backward; gradients are

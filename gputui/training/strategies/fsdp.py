@@ -25,13 +25,18 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # The mesh names the ranks' device type: without one, fully_shard takes a CUDA mesh
+        # whenever CUDA is available, so CPU ranks on a GPU machine would put their shards on
+        # the GPU and hang gloo's collectives.
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
         self._plain = copy.deepcopy(model)  # a full, unsharded copy for eval and checkpoints
         for layer in model.children():
             if any(True for _ in layer.parameters()):
-                fully_shard(layer)  # one all-gather per layer: memory stays one layer wide
-        fully_shard(model)
+                fully_shard(layer, mesh=mesh)  # one all-gather per layer: one layer wide
+        fully_shard(model, mesh=mesh)
         self.notes.append("parameters, gradients and optimizer state sharded over the ranks")
         return model
 

@@ -57,7 +57,8 @@ class SetupScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="setup-top"):
-            yield DevicePicker(self.inventory, self.base.devices.spec)
+            yield DevicePicker(self.inventory, self.base.devices.spec,
+                               self.base.devices.fallback)
             yield StrategyPicker(self.base.strategy.name)
         with Horizontal(id="setup-bottom"):
             yield ParamForm(self.base)
@@ -90,7 +91,9 @@ class SetupScreen(Screen):
     def on_inventory_ready(self, message: InventoryReady) -> None:
         """Fresh device readings for the table."""
         self.inventory = message.inventory
-        self.query_one(DevicePicker).set_inventory(message.inventory)
+        note = self.query_one(DevicePicker).set_inventory(message.inventory)
+        if note:
+            self.notify(note, severity="warning", timeout=8)
         self.revalidate()
 
     # ------------------------------------------------------------------ validation
@@ -101,6 +104,11 @@ class SetupScreen(Screen):
         picker = self.query_one(DevicePicker)
         strategies = self.query_one(StrategyPicker)
         values, extra = form.values(), form.extra()
+        if picker.waiting:  # nothing to check against until the GPUs are known
+            self.result = FormResult(None, {}, f"waiting for GPU discovery to apply devices.spec "
+                                               f"'{picker.spec}'")
+            self._show_summary(self.result, 0)
+            return self.result
         loose = build(self.base, values, picker.spec, strategies.selected, extra, check=False)
         strategies.refresh_for(loose.config or self.base, picker.devices())
         result = build(self.base, values, picker.spec, strategies.selected, extra)
@@ -174,7 +182,7 @@ class SetupScreen(Screen):
             return False
         self.base, self.preset = cfg, path
         self.query_one(ParamForm).load(cfg)
-        note = self.query_one(DevicePicker).set_spec(cfg.devices.spec)
+        note = self.query_one(DevicePicker).set_spec(cfg.devices.spec, cfg.devices.fallback)
         self.query_one(StrategyPicker).select(cfg.strategy.name)
         self.query_one(PresetPanel).set_presets(self.presets, path)
         self.sub_title = f"set-up · {path.stem}"

@@ -18,6 +18,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Static
 
+from gputui.devices import wants_gpus
 from gputui.config import ConfigError, RunConfig
 from gputui.events import acc_text, plural
 from gputui.sweep import Point, Sweep, parse_devices
@@ -116,9 +117,11 @@ class SweepScreen(Screen):
             devices = parse_devices(self.query_one("#sweep-devices", Input).value)
             if not strategies:
                 raise ConfigError("strategies: give at least one, e.g. single,scratch")
+            # the counts are of the kind the set-up chose: GPUs when it chose GPUs
+            kind = "gpu" if wants_gpus(self.config.devices.spec) else "cpu"
             self.sweep = Sweep.from_config(self.config, devices, strategies,
                                            self.query_one("#sweep-scale", Checkbox).value,
-                                           self.runs_dir)
+                                           self.runs_dir, kind)
         except (ConfigError, OSError) as exc:
             self.notify(str(exc), title="Cannot start the sweep", severity="error")
             return
@@ -131,7 +134,8 @@ class SweepScreen(Screen):
         ready_for_spawn(self.runs_dir / "app-output.log")
         self._set_running(True)
         self.query_one("#sweep-status", Static).update(
-            f"sweep {self.sweep.manifest.sweep_id}: running (ctrl+t stops after a clean stop "
+            f"sweep {self.sweep.manifest.sweep_id} over {self.sweep.manifest.kind_words()}: "
+            f"running (ctrl+t stops after a clean stop "
             f"of the current run)")
         self.run_sweep(self.sweep)
 

@@ -9,9 +9,10 @@ from textual.events import Click
 from textual.message import Message
 from textual.widgets import DataTable, Label, Select, Static
 
-from gputui.devices import Device, DeviceSpecError, parse_spec, requested_count, wants_gpus
+from gputui.devices import (Device, DeviceSpecError, requested_count, resolve_with_note,
+                            wants_gpus)
 from gputui.events import plural
-from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory
+from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory, gpu_indices
 
 COLUMNS = ("use", "device", "name", "memory", "util", "status")
 CPU_ROW_NOTE = ("A CPU row cannot be toggled on its own: CPU virtual devices are used together. "
@@ -45,14 +46,23 @@ class DevicePicker(Vertical):
             super().__init__()
             self.spec = spec
 
-    def __init__(self, inventory: Inventory | None = None, spec: str = "cpu*2") -> None:
+    def __init__(self, inventory: Inventory | None = None, spec: str = "cpu*2",
+                 fallback: str = "none") -> None:
         super().__init__(id="devices")
         self.border_title = "Devices"
         self.inventory = inventory or Inventory()
         self.selected_gpus: set[int] = set()
         self.cpu_count = 2
         self._row_keys: tuple[str, ...] = ()
-        self.spec_note = self._apply_spec(spec)
+        # A preset's GPU choice, kept until the user picks devices by hand: applied when
+        # discovery has answered, and again whenever the machine's GPUs change.
+        self.wanted: tuple[str, str] | None = None
+        self.spec_note = self._apply_spec(spec, fallback)
+
+    @property
+    def waiting(self) -> bool:
+        """True while a GPU choice waits for the first discovery."""
+        return self.wanted is not None and not self.inventory.discovered
 
     def compose(self) -> ComposeResult:
         yield DeviceTable(id="device-table", cursor_type="row", zebra_stripes=True)
@@ -72,57 +82,79 @@ class DevicePicker(Vertical):
     # ------------------------------------------------------------------ state
     @property
     def spec(self) -> str:
-        """The devices.spec for the current choice: 'cuda:1', '0,2', 'cpu' or 'cpu*4'."""
+        """The devices.spec for the current choice: 'cuda:1', '0,2', 'cpu' or 'cpu*4' (the
+        preset's own while it waits for discovery)."""
+        if self.waiting:
+            return self.wanted[0]
         if self.selected_gpus:
             idx = sorted(self.selected_gpus)
             return f"cuda:{idx[0]}" if len(idx) == 1 else ",".join(map(str, idx))
         return "cpu" if self.cpu_count == 1 else f"cpu*{self.cpu_count}"
 
     def devices(self) -> list[Device]:
-        """The chosen devices, without asking the hardware again."""
+        """The chosen devices, without asking the hardware again ([] while waiting)."""
+        if self.waiting:
+            return []
         if self.selected_gpus:
             return [r.device() for r in self.inventory.gpus if r.index in self.selected_gpus]
         return [r.device() for r in self.inventory.cpu_rows(self.cpu_count)]
 
-    def _apply_spec(self, spec: str) -> str:
+    def _apply_spec(self, spec: str, fallback: str = "none") -> str:
         """Select what ``spec`` names; returns a sentence when it had to fall back to CPU."""
         self.selected_gpus = set()
+        self.wanted = (spec, fallback) if wants_gpus(spec) else None
         if not wants_gpus(spec):
             self.cpu_count = max(1, requested_count(spec))
             return ""
+        if not self.inventory.discovered:
+            return ""  # applied by set_inventory when the GPUs are known
         try:
-            chosen = parse_spec(spec, list(self.inventory.gpu_infos), self.inventory.no_gpu_reason)
+            chosen, note = resolve_with_note(spec, fallback, list(self.inventory.gpu_infos),
+                                             self.inventory.no_gpu_reason)
         except DeviceSpecError as exc:
             self.cpu_count = max(1, min(MAX_CPU_DEVICES, requested_count(spec)))
             return f"{exc}; showing {plural(self.cpu_count, 'CPU virtual device')} instead"
         self.selected_gpus = {d.index for d in chosen if d.kind == "cuda"}
         if not self.selected_gpus:
             self.cpu_count = len(chosen)
-        return ""
+        return note
 
-    def set_spec(self, spec: str) -> str:
+    def set_spec(self, spec: str, fallback: str = "none") -> str:
         """Show a preset's device choice; returns a note when it cannot be met here."""
-        note = self._apply_spec(spec)
+        note = self._apply_spec(spec, fallback)
         if self.is_mounted:
-            select = self.query_one("#cpu-count", Select)
-            with select.prevent(Select.Changed):
-                if self.cpu_count > MAX_CPU_DEVICES:
-                    select.set_options([(str(i), i) for i in range(1, self.cpu_count + 1)])
-                select.value = self.cpu_count
+            self._sync_select()
             self._fill()
         return note
 
-    def set_inventory(self, inventory: Inventory) -> None:
-        """Show fresh readings; rows that vanished lose their selection."""
+    def set_inventory(self, inventory: Inventory) -> str:
+        """Show fresh readings; rows that vanished lose their selection. A preset's GPU
+        choice is applied when the first discovery arrives and again when the GPUs change;
+        returns the note when it cannot be met (else "")."""
+        before = self.inventory
         self.inventory = inventory
-        present = {r.index for r in inventory.gpus}
-        self.selected_gpus &= present
+        note = ""
+        if self.wanted is not None and (not before.discovered
+                                        or gpu_indices(before) != gpu_indices(inventory)):
+            note = self._apply_spec(*self.wanted)
+            if self.is_mounted:
+                self._sync_select()
+        else:
+            self.selected_gpus &= {r.index for r in inventory.gpus}
         if self.is_mounted:
             self._fill()
+        return note
+
+    def _sync_select(self) -> None:
+        select = self.query_one("#cpu-count", Select)
+        with select.prevent(Select.Changed):
+            if self.cpu_count > MAX_CPU_DEVICES:
+                select.set_options([(str(i), i) for i in range(1, self.cpu_count + 1)])
+            select.value = self.cpu_count
 
     # ------------------------------------------------------------------ drawing
     def _rows(self) -> list[tuple[DeviceRow, bool]]:
-        use_cpu = not self.selected_gpus
+        use_cpu = not self.selected_gpus and not self.waiting
         rows = [(r, r.index in self.selected_gpus) for r in self.inventory.gpus]
         rows += [(r, use_cpu) for r in self.inventory.cpu_rows(self.cpu_count)]
         return rows
@@ -159,6 +191,7 @@ class DevicePicker(Vertical):
         event.stop()
         key = str(event.row_key.value)
         kind, _, index = key.partition(":")
+        self.wanted = None  # the user's own choice from now on
         if kind == "cuda":
             self.selected_gpus ^= {int(index)}
         elif not self.selected_gpus:  # already on CPU: nothing a row could toggle
@@ -176,5 +209,6 @@ class DevicePicker(Vertical):
                                              or self.selected_gpus):
             self.cpu_count = event.value
             self.selected_gpus = set()
+            self.wanted = None
             self._fill()
             self.post_message(self.Changed(self.spec))
