@@ -61,7 +61,11 @@ def test_every_quick_path_line_is_a_venv_command_that_exists():
     lines = [ln for block in sh_blocks()[2:] for ln in block]
     assert len(lines) >= 15
     for line in lines:
-        if line.startswith(".venv/bin/pip install -e "):
+        if line.startswith("python3 -m venv .venv && .venv/bin/pip install -e "):  # a set-up
+            for extra in re.findall(r"'\.\[(\w+)\]'", line):
+                assert extra in extras, line
+            assert ".venv/bin/python -m pytest" in line, line
+        elif line.startswith(".venv/bin/pip install -e "):
             (extra,) = re.fullmatch(r"\.venv/bin/pip install -e '\.\[(\w+)\]'", line).groups()
             assert extra in extras, line
         elif line.startswith(".venv/bin/python "):
@@ -101,7 +105,7 @@ def test_every_gputui_line_of_the_readme_runs_as_written(tmp_path, monkeypatch):
         assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
         assert "Traceback" not in proc.stdout + proc.stderr, line
         if command == "sweep":
-            sweep_id = re.search(r"^sweep (\S+): ", proc.stdout + proc.stderr, re.M).group(1)
+            sweep_id = re.search(r"^sweep ([\w-]+)\b", proc.stdout + proc.stderr, re.M).group(1)
         if "--quiet" in line:  # the summary line and the record's path, nothing else
             summary, record = proc.stdout.splitlines()
             assert summary.startswith("summary: status finished, ") and "test acc " in summary
