@@ -101,14 +101,18 @@ class DevicePanel(Vertical):
         s = self.last
         if s is None:
             return "temp n/a · power n/a"
-        extra = f"temp {fmt_opt(s.temp_c, '°C')} · power {fmt_opt(s.power_w, 'W')}"
-        if s.power_w is not None and s.power_limit_w:
-            extra += f" / {s.power_limit_w:.0f} W"
+        parts = []
+        if s.cpu_percent is None or s.temp_c is not None or s.power_w is not None:
+            power = fmt_opt(s.power_w, "W")
+            if s.power_w is not None and s.power_limit_w:
+                power += f" / {s.power_limit_w:.0f} W"
+            parts.append(f"temp {fmt_opt(s.temp_c, '°C')} · power {power}")
         if s.pid is not None:
-            extra += f" · pid {s.pid}"
-        if self.sharing:
-            extra += f" · one process with {', '.join(self.sharing)} (same figures)"
-        return extra
+            parts.append(f"pid {s.pid}")
+        if self.sharing:  # short: the panel is narrow
+            others = self.sharing[0] if len(self.sharing) == 1 else f"{len(self.sharing)} others"
+            parts.append(f"one process with {others}")
+        return " · ".join(parts) or "temp n/a · power n/a"
 
     def set_sharing(self, others: tuple[str, ...]) -> None:
         """The other devices whose samples come from this device's process."""
