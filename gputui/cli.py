@@ -101,8 +101,14 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
+<<<<<<< HEAD
     problem = data_problem(cfg)
     if problem:
+=======
+    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
+                                                          cfg.data.source)
+    if problem and not cfg.data.download:
+>>>>>>> main
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
 
@@ -113,8 +119,15 @@ def cmd_run(args) -> int:
         cfg = resolve_config(args)
     except ConfigError as exc:
         return fail(str(exc))
-    if args.dry_run:
-        print(json.dumps(cfg.to_dict(), indent=2) if args.json else cfg.to_toml(), end="")
+    from gputui.usercode import code_line
+
+    code = code_line(cfg)
+    if args.dry_run:  # shows the code a preset names; imports and runs none of it
+        if args.json:
+            print(json.dumps(cfg.to_dict(), indent=2), end="")
+        else:
+            print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
+            print(cfg.to_toml(), end="")
         return EXIT_OK
     from gputui.printer import Printer
     from gputui.training.launcher import launch
@@ -130,6 +143,8 @@ def cmd_run(args) -> int:
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
     for warning in ([device_note] if device_note else []) + busy_warnings(devices):
         printer.line(f"warning: {warning}")
+    if code:
+        printer.line(code)
     # SIGTERM is handled like Ctrl-C: a graceful stop that keeps the record.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -204,6 +219,7 @@ def cmd_presets(args) -> int:
     """``gputui presets``: the preset files found, each with its whole description."""
     from gputui.presets import list_presets, preset_description
 
+<<<<<<< HEAD
     presets = [(p, preset_description(p)) for p in list_presets()]
     if args.json:
         print(json.dumps([{"name": p.stem, "path": str(p), "description": "\n".join(lines)}
@@ -214,6 +230,21 @@ def cmd_presets(args) -> int:
         print(f"{p.stem:24} {lines[0]}".rstrip())
         for line in lines[1:]:
             print(f"{'':24} {line}".rstrip())
+=======
+    from gputui.presets import names_code
+
+    presets = list_presets()
+    if args.json:
+        print(json.dumps([{"name": p.stem, "path": str(p), "runs_code": names_code(p)}
+                          for p in presets], indent=2))
+        return EXIT_OK
+    for p in presets:
+        first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
+                      if ln.startswith("#")), "")
+        code = names_code(p)
+        mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
+        print(f"{p.stem:24} {first}{mark}")
+>>>>>>> main
     return EXIT_OK
 
 

@@ -69,12 +69,13 @@ def _merge(base: dict, changes: dict) -> dict:
 # ---------------------------------------------------------------- field checks
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-               list: "a list"}
+               list: "a list", dict: "a table (e.g. { width = 64 })"}
 
 
 def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     """Check one value against its field's type and rules; return it normalised."""
-    ftype = {"int": int, "float": float, "str": str, "bool": bool, "list": list}[str(f.type)]
+    ftype = {"int": int, "float": float, "str": str, "bool": bool, "list": list,
+             "dict": dict}[str(f.type)]
     ok = isinstance(value, ftype) and not (ftype is int and isinstance(value, bool))
     if ftype is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
@@ -96,6 +97,14 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         raise ConfigError(f"{source}: {key} must be greater than {meta['gt']}, got {value!r}")
     if ftype is list:
         value = list(value)
+    if ftype is dict:
+        value = dict(value)
+    if meta.get("code") and value:
+        from gputui.usercode import spec_problem  # torch-free, runs no code
+
+        problem = spec_problem(value)
+        if problem:
+            raise ConfigError(f"{source}: {key} = {value!r}: {problem}")
     return value
 
 
@@ -153,8 +162,32 @@ def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
-    cfg = from_dict(data, source=str(path), check=False)
+    cfg = anchor_code_paths(from_dict(data, source=str(path), check=False), path.parent)
     return apply_overrides(cfg, overrides, check=check, preset_source=str(path))
+
+
+def anchor_code_paths(cfg: RunConfig, folder: Path) -> RunConfig:
+    """A preset's relative factory file (or image folder) is found beside the preset: it is
+    made absolute when it exists there, so the run (and its record, and a resume) finds it from
+    any folder. Paths not found there stay relative to the folder gputui runs in."""
+    from gputui.usercode import CODE_KEYS, parse
+
+    changes: dict[str, dict[str, str]] = {}
+    for key in CODE_KEYS:
+        table, name = key.split(".")
+        spec = getattr(getattr(cfg, table), name)
+        try:
+            f = parse(spec) if spec else None
+        except ValueError:
+            continue  # the checks say what is wrong with it
+        if f is None or f.kind not in ("file", "imagefolder") or Path(f.target).is_absolute():
+            continue
+        there = folder / Path(f.target).expanduser()
+        if there.exists():
+            tail = f":{f.function}" if f.kind == "file" else ""
+            head = "imagefolder:" if f.kind == "imagefolder" else ""
+            changes.setdefault(table, {})[name] = f"{head}{there.resolve()}{tail}"
+    return cfg.replace(**changes) if changes else cfg
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -197,6 +230,14 @@ def check_combinations(cfg: RunConfig, source: str) -> None:
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
         raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
                           f"(--rdzv-endpoint)")
+    from gputui.usercode import CODE_KEYS, find_problem
+
+    for key in CODE_KEYS:  # the factories' files and functions exist (read, never run)
+        table, name = key.split(".")
+        spec = getattr(getattr(cfg, table), name)
+        problem = find_problem(spec, key) if spec else None
+        if problem:
+            raise ConfigError(f"{source}: {problem}")
     try:
         devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
     except DeviceSpecError as exc:

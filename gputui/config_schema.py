@@ -62,9 +62,18 @@ class ModelSection:
     """[model]: the network and its initialisation."""
 
     name: str = opt("lenet", "lenet (the material's LeNet variant), resnet18 (its ResNet-18 "
-                             "variant) or mlp (a small multilayer perceptron).", choices=MODELS)
-    init: str = opt("normal", "Weight init: 'normal' draws weights from N(0, init_std) as the "
-                              "material does; 'default' keeps PyTorch's usual init.",
+                             "variant) or mlp (a small multilayer perceptron); model.factory, "
+                             "when set, replaces it.", choices=MODELS)
+    factory: str = opt("", "Your own model (this runs your code): 'package.module:function' or "
+                           "'path/to/file.py:function', called as function(channels, height, "
+                           "width, classes, **model.kwargs) and returning an nn.Module; or "
+                           "'torchvision:NAME' (e.g. torchvision:resnet50), adapted to the "
+                           "data's channels and classes. Empty = model.name.", code=True)
+    kwargs: dict = opt({}, "Keyword arguments passed to model.factory, e.g. "
+                           "{ width = 64, depth = 4 }.")
+    init: str = opt("normal", "Weight init of the built-in models: 'normal' draws weights from "
+                              "N(0, init_std) as the material does; 'default' keeps PyTorch's "
+                              "usual init. A model.factory keeps the init its code does.",
                     choices=("normal", "default"))
     init_std: float = opt(0.01, "Standard deviation for init = 'normal'.", gt=0.0, max=10.0)
 
@@ -74,7 +83,16 @@ class DataSection:
     """[data]: the dataset and how it is fed."""
 
     name: str = opt("synthetic", "synthetic (generated, embedded), mnist, fashion-mnist or "
-                                 "cifar10 (read from data.root).", choices=DATASETS)
+                                 "cifar10 (read from data.root); data.factory, when set, "
+                                 "replaces it.", choices=DATASETS)
+    factory: str = opt("", "Your own data (this runs your code): 'package.module:function' or "
+                           "'path/to/file.py:function', called as function(**data.kwargs) and "
+                           "returning (train, test), each an (images, labels) pair of tensors "
+                           "or a torch Dataset of (image, label); or 'imagefolder:PATH', a "
+                           "folder holding train/ and test/ in torchvision's ImageFolder "
+                           "layout. Channels, size and classes are taken from the data. "
+                           "Empty = data.name.", code=True)
+    kwargs: dict = opt({}, "Keyword arguments passed to data.factory, e.g. { n = 2048 }.")
     root: str = opt("", "Folder holding real datasets in torchvision's layout; empty = "
                         "the user cache dir (~/.cache/gputui/data).")
     download: bool = opt(False, "Download a missing real dataset into data.root (needs internet).")
@@ -132,6 +150,9 @@ class StrategySection:
                                   "[0.8, 0.2] for a faster and a slower device; empty = even.")
     split_points: list = opt([], "model_parallel: indices of the layers where a new stage "
                                  "starts; empty = balanced by parameter count.")
+    fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
+                              "(e.g. ['Block'] for a model.factory's blocks); empty = every "
+                              "top-level block with parameters.")
     pipeline_chunks: int = opt(1, "model_parallel: micro-batches that flow through the stages "
                                   "as a pipeline (1 = no pipelining).", min=1, max=1024)
     backend: str = opt("auto", "ddp/fsdp process-group backend: auto (nccl on CUDA, gloo on "

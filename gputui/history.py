@@ -125,7 +125,7 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
     row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
     row.init_s = s.get("init_s")
-    row.model = str(s.get("model") or sect("model").get("name", ""))
+    row.model = str(s.get("model") or sect("model").get("factory") or sect("model").get("name", ""))
     row.dataset = str(s.get("dataset") or data.get("name", ""))
     row.train_size = data.get("train_size")
     row.precision = str(run.get("precision", "fp32"))

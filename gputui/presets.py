@@ -53,3 +53,17 @@ def resolve_preset(name_or_path: str) -> Path:
     names = ", ".join(p.stem for p in list_presets()) or "none found"
     raise ConfigError(f"{name_or_path}: no such preset file or preset name; known presets: "
                       f"{names}")
+
+
+def names_code(path: Path) -> list[str]:
+    """``key = spec`` for each factory the preset file names (read as data; nothing runs)."""
+    import tomllib
+
+    from gputui.usercode import code_named
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    tables = {t: v if isinstance(v, dict) else {} for t, v in data.items()}
+    return code_named({"model": tables.get("model", {}), "data": tables.get("data", {})})

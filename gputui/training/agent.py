@@ -23,6 +23,7 @@ from typing import Any
 
 from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
 from gputui.training import runstore, shared_data
+from gputui.usercode import code_named
 
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
@@ -120,10 +121,17 @@ def agent_main(spec: dict[str, Any]) -> None:
 
         from gputui.training.ranks import rank_main
 
-        # the dataset loads here while the ranks start, once per node (see shared_data);
-        # after the imports above, so the thread never imports torch alongside this one
-        shared_data.start_prefetch(spec["config"]["data"], data_file)
         spec = dict(spec, data_file=str(data_file))
+        if code_named(spec["config"]):
+            # the user's code builds the data and the model here, once, before any rank
+            # starts: a factory that fails ends the run with one line naming it
+            problem = check_user_code(spec["config"], data_file)
+            if problem:
+                raise _Refused(problem)
+        else:
+            # the dataset loads here while the ranks start, once per node (see shared_data);
+            # after the imports above, so the thread never imports torch alongside this one
+            shared_data.start_prefetch(spec["config"]["data"], data_file)
 
         config = launch_config(spec)
         dist = spec["config"]["dist"]
@@ -135,6 +143,8 @@ def agent_main(spec: dict[str, Any]) -> None:
             elastic_launch(config, rank_main)(spec)
         except ChildFailedError as exc:
             end = failure_event(exc.failures, run_dir)
+    except _Refused as exc:
+        end = RunFailed(reason=str(exc), detail=exc.detail)
     except Exception as exc:  # noqa: BLE001 - a rendezvous that fails, a bad endpoint, ...
         first = (str(exc).strip().splitlines() or [""])[0]
         end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
@@ -144,6 +154,42 @@ def agent_main(spec: dict[str, Any]) -> None:
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
     stop_helpers()
     quick_exit(queue, 0)
+
+
+class _Refused(Exception):
+    """The user's code failed its check before the launch; the message is one line."""
+
+    def __init__(self, problem: tuple[str, str]):
+        super().__init__(problem[0])
+        self.detail = problem[1]
+
+
+def check_user_code(config: dict, data_file: Path) -> tuple[str, str] | None:
+    """Load the data and build the model the config's factories name (on the CPU, as every
+    rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
+    model; None when all is well, else (one line naming the factory and the cause, the
+    traceback)."""
+    from gputui.config import from_dict
+    from gputui.training.data import load_from_config
+    from gputui.training.userfactory import cause
+
+    cfg = from_dict(config, source="run", check=False)
+    try:
+        ds = load_from_config(cfg.data)
+        shared_data.publish(ds, data_file)
+        if cfg.model.factory:
+            from gputui.training.userfactory import build_model
+
+            model = build_model(cfg.model, ds.in_channels, ds.height, ds.image_size,
+                                ds.num_classes, seed=cfg.run.seed)
+            if cfg.strategy.name == "fsdp":
+                from gputui.training.strategies.fsdp import wrap_targets
+
+                wrap_targets(model, list(cfg.strategy.fsdp_wrap))
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        known = type(exc).__name__ in ("UserCodeError", "DataError", "ConfigError")
+        return (str(exc) if known else cause(exc)), _traceback()
+    return None
 
 
 def stop_helpers() -> None:

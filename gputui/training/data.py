@@ -43,6 +43,29 @@ class Dataset:
     def image_size(self) -> int:
         return int(self.train_x.shape[-1])
 
+    @property
+    def height(self) -> int:
+        return int(self.train_x.shape[-2])
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train_x)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.test_x)
+
+
+def load_from_config(data) -> "Dataset":
+    """The dataset the [data] table names: ``data.factory`` (the user's, see userdata) when
+    set, else the built-in ``data.name``."""
+    if data.factory:
+        from gputui.training.userdata import load_user_data
+
+        return load_user_data(data)
+    return load_dataset(data.name, data.root, data.download, data.train_size, data.test_size,
+                        data.source)
+
 
 def load_dataset(name: str, root: str = "", download: bool = False, train_size: int = 0,
                  test_size: int = 0, source: str = "standard") -> Dataset:
@@ -169,12 +192,13 @@ class TensorBatches:
 class LoaderBatches:
     """The same global batches through torch's DataLoader (for sets too large to hold)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+    def __init__(self, x, y: torch.Tensor | None, batch_size: int, seed: int,
                  device: torch.device | str = "cpu", workers: int = 0):
-        self.dataset = torch.utils.data.TensorDataset(x, y)
+        # x and y tensors, or (y None) any torch Dataset of (x, y) items
+        self.dataset = torch.utils.data.TensorDataset(x, y) if y is not None else x
         self.device = torch.device(device)
         self.batch_size, self.seed, self.workers = batch_size, seed, workers
-        self.steps_per_epoch = len(x) // batch_size
+        self.steps_per_epoch = len(self.dataset) // batch_size
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = epoch_permutation(len(self.dataset), self.seed, epoch).tolist()
@@ -187,10 +211,13 @@ class LoaderBatches:
 
 def make_batches(ds: Dataset, batch_size: int, seed: int, device, loader: str = "auto",
                  workers: int = 0):
-    """Pick tensors or a DataLoader ("auto": tensors below 2 GiB)."""
-    if batch_size > len(ds.train_x):
+    """Pick tensors or a DataLoader ("auto": tensors below 2 GiB); a user's lazy Dataset
+    always goes through a DataLoader."""
+    if batch_size > ds.n_train:
         raise DataError(f"optim.batch_size ({batch_size}) is larger than the training set "
-                        f"({len(ds.train_x)} examples); lower it or raise data.train_size")
+                        f"({ds.n_train} examples); lower it or raise data.train_size")
+    if not isinstance(ds, Dataset):  # userdata.SetData
+        return LoaderBatches(ds.train_set, None, batch_size, seed, device, workers)
     size = ds.train_x.element_size() * ds.train_x.nelement()
     if loader == "tensors" or (loader == "auto" and size < TENSOR_LIMIT_BYTES):
         return TensorBatches(ds.train_x, ds.train_y, batch_size, seed, device)
@@ -199,6 +226,11 @@ def make_batches(ds: Dataset, batch_size: int, seed: int, device, loader: str = 
 
 def eval_batches(ds: Dataset, batch_size: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The test set in order, in batches, moved to ``device``."""
+    if not isinstance(ds, Dataset):  # userdata.SetData: read through a DataLoader
+        loader = torch.utils.data.DataLoader(ds.test_set, batch_size=batch_size)
+        for xb, yb in loader:
+            yield xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        return
     for i in range(0, len(ds.test_x), batch_size):
         yield (ds.test_x[i:i + batch_size].to(device, non_blocking=True),
                ds.test_y[i:i + batch_size].to(device, non_blocking=True))

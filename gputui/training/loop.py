@@ -161,7 +161,7 @@ def evaluate(strategy: Strategy, ds: Dataset) -> float:
     strategy.set_train(True)
     if correct is None:
         return float("nan")
-    total = strategy.reduce_metric(torch.tensor(float(len(ds.test_x)), device=correct.device))
+    total = strategy.reduce_metric(torch.tensor(float(ds.n_test), device=correct.device))
     return (strategy.reduce_metric(correct.double()) / total).item()  # SYNC POINT (epoch end)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.events import Event, event_from_dict
+from gputui.usercode import data_label, model_label
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
 
@@ -79,8 +80,7 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s.update(run_id=ev.run_id, strategy=ev.strategy, world_size=ev.world_size,
                      devices=[d["name"] for d in ev.devices], notes=list(ev.notes),
                      epochs=ev.config.get("run", {}).get("epochs"),
-                     model=ev.config.get("model", {}).get("name"),
-                     dataset=ev.config.get("data", {}).get("name"))
+                     model=model_label(ev.config), dataset=data_label(ev.config))
         elif kind == "init_done":
             s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples)
         elif kind == "epoch_end":

@@ -33,19 +33,14 @@ def _failed(path: Path) -> Path:
 
 def start_prefetch(data: dict[str, Any], path: Path) -> threading.Thread:
     """Load the dataset of the ``[data]`` table in a thread and publish it at ``path``."""
-    import torch
+    from gputui.config import from_dict
+    from gputui.training.data import load_from_config  # imported here, not in the thread
 
-    from gputui.training.data import load_dataset  # imported here, not in the thread
+    section = from_dict({"data": data}, source="run", check=False).data
 
     def work() -> None:
         try:
-            ds = load_dataset(data["name"], data["root"], data["download"],
-                              data["train_size"], data["test_size"], data["source"])
-            tmp = path.with_suffix(".tmp")
-            torch.save({"name": ds.name, "train_x": ds.train_x, "train_y": ds.train_y,
-                        "test_x": ds.test_x, "test_y": ds.test_y,
-                        "num_classes": ds.num_classes}, tmp)
-            os.replace(tmp, path)  # a rank never sees half a file
+            publish(load_from_config(section), path)
         except BaseException as exc:  # noqa: BLE001 - the ranks then load it themselves
             _failed(path).write_text(f"{type(exc).__name__}: {exc}", encoding="utf-8")
 
@@ -54,18 +49,34 @@ def start_prefetch(data: dict[str, Any], path: Path) -> threading.Thread:
     return thread
 
 
+def publish(ds: Any, path: Path) -> None:
+    """Write a tensor dataset for the ranks to map; a lazy one (a user's torch Dataset) cannot
+    be shared this way, so the ranks are told to load it themselves."""
+    import torch
+
+    from gputui.training.data import Dataset
+
+    if not isinstance(ds, Dataset):
+        _failed(path).write_text("a lazy dataset: each rank reads it", encoding="utf-8")
+        return
+    tmp = path.with_suffix(".tmp")
+    torch.save({"name": ds.name, "train_x": ds.train_x, "train_y": ds.train_y,
+                "test_x": ds.test_x, "test_y": ds.test_y, "num_classes": ds.num_classes}, tmp)
+    os.replace(tmp, path)  # a rank never sees half a file
+
+
 def loader(path: Path):
-    """A function with ``load_dataset``'s signature that maps the agent's file instead."""
-    def load(*args, **kwargs):
+    """A function with ``load_from_config``'s signature that maps the agent's file instead."""
+    def load(section):
         import torch
 
-        from gputui.training.data import Dataset, load_dataset
+        from gputui.training.data import Dataset, load_from_config
 
         deadline = time.monotonic() + WAIT_S
         while not path.exists() and not _failed(path).exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         if not path.exists():
-            return load_dataset(*args, **kwargs)
+            return load_from_config(section)
         d = torch.load(path, mmap=True, weights_only=True)
         return Dataset(d["name"], d["train_x"], d["train_y"], d["test_x"], d["test_y"],
                        d["num_classes"])

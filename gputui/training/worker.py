@@ -22,6 +22,7 @@ from gputui.devices import Device
 from gputui.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
                            RunStopped)
 from gputui.training.runstore import EventLog, summarize, write_summary
+from gputui.usercode import code_named
 
 
 class Recorder:
@@ -111,18 +112,31 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
             notes: list[str] | tuple = ()) -> str:
     """Train one run in this process; returns the terminal status. Never raises. ``rank``
     is given in each process of a multi-process run; ``load_data`` replaces
-    ``data.load_dataset`` (the ranks map the copy their agent loaded). ``notes`` are the
+    ``data.load_from_config`` (the ranks map the copy their agent loaded). ``notes`` are the
     launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
     cfg = from_dict(cfg_dict, source="run", check=False)
     emit = recorder.emit
+    started = False
     try:
         from gputui.training.strategies import registry
 
         info = registry.get(cfg.strategy.name)
-        emit(RunStarted(run_id=run_id, config=cfg_dict, devices=tuple(d.to_dict() for d in devices),
-                        strategy=cfg.strategy.name, world_size=rank.world_size if rank else 1))
-        for note in notes:
-            emit(LogLine(level="warning", message=note))
+
+        def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                emit(RunStarted(run_id=run_id, config=cfg_dict,
+                                devices=tuple(d.to_dict() for d in devices),
+                                strategy=cfg.strategy.name,
+                                world_size=rank.world_size if rank else 1))
+                for note in notes:
+                    emit(LogLine(level="warning", message=note))
+
+        # A preset naming the user's code starts only once that code has built the data and
+        # the model: a factory that fails ends the record with one line and no run_started.
+        if not code_named(cfg):
+            start()
         t0 = time.perf_counter()
         import torch
 
@@ -133,14 +147,13 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         import_s = time.perf_counter() - t0
         _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
         t1 = time.perf_counter()
-        load = load_data or data_mod.load_dataset
-        ds = load(cfg.data.name, cfg.data.root, cfg.data.download, cfg.data.train_size,
-                  cfg.data.test_size, cfg.data.source)
+        ds = (load_data or data_mod.load_from_config)(cfg.data)
         t2 = time.perf_counter()
         where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}
         strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes,
-                               **where)
+                               height=ds.height, **where)
         strategy.setup()
+        start()
         if rank is not None:
             should_stop = _AgreedStop(should_stop, strategy)
         batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
@@ -149,8 +162,8 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
-                      model_s=t3 - t2, train_samples=len(ds.train_x),
-                      test_samples=len(ds.test_x), steps_per_epoch=batches.steps_per_epoch,
+                      model_s=t3 - t2, train_samples=ds.n_train,
+                      test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
                       params=count_params(strategy.primary_model())))
         t_train = time.time()
         status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
@@ -178,7 +191,7 @@ def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
-                                   "OutOfMemory", "CheckpointError"}
+                                   "OutOfMemory", "CheckpointError", "UserCodeError"}
     return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 

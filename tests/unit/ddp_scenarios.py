@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+import user_model
+
 STEPS = 5
 
 # name -> (strategy, model, batch, config overrides, epochs of STEPS steps)
@@ -31,6 +33,10 @@ SCENARIOS = {
     "fsdp_micro": ("fsdp", "mlp", 32, {"optim.micro_batches": 2}, 1),
     "ddp_scaled": ("ddp", "lenet", 16, {"optim.scale_with_devices": True}, 1),  # 32 / 0.2
     "ddp_bf16": ("ddp", "mlp", 64, {"run.precision": "bf16"}, 6),
+    # a model of the user's own (user_model.py, named as a factory); fsdp shards its blocks
+    "ddp_user": ("ddp", "lenet", 32, {"model.factory": user_model.NET}, 1),
+    "fsdp_user": ("fsdp", "lenet", 32, {"model.factory": user_model.NET,
+                                        "strategy.fsdp_wrap": ["Block"]}, 1),
 }
 
 

@@ -103,7 +103,7 @@ def test_every_field_is_documented():
     for table, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             assert len(field_help(table, f.name)) > 15, f"{table}.{f.name} lacks help"
-            assert f.type in ("int", "float", "str", "bool", "list"), f.type
+            assert f.type in ("int", "float", "str", "bool", "list", "dict"), f.type
 
 
 def test_preset_names_resolve_and_unknown_names_are_listed():

@@ -97,14 +97,17 @@ def test_wants_gpus_and_requested_count(spec, wants, count):
     assert requested_count(spec) == count
 
 
-def test_resolve_falls_back_to_cpu_only_when_asked_and_no_gpu():
+def test_resolve_falls_back_to_cpu_only_when_asked():
     assert [d.name for d in resolve_devices("2", fallback="cpu", gpus=[], reason=NO_DRIVER)] \
         == ["cpu:0", "cpu:1"]
     with pytest.raises(DeviceSpecError, match=r"^'2' asks for 2 GPUs but this machine has none"):
         resolve_devices("2", fallback="none", gpus=[], reason=NO_DRIVER)
-    # With GPUs present, an impossible choice is refused even with the CPU fallback.
+    # With GPUs present but not the ones asked for, the fallback applies too (issue 10: a
+    # 2-GPU preset on a 1-GPU machine), and only when the preset asks for it.
+    assert [d.name for d in resolve_devices("0,5", fallback="cpu", gpus=GPUS)] == \
+        ["cpu:0", "cpu:1"]
     with pytest.raises(DeviceSpecError, match=r"^'0,5': GPU 5 does not exist"):
-        resolve_devices("0,5", fallback="cpu", gpus=GPUS)
+        resolve_devices("0,5", fallback="none", gpus=GPUS)
     assert [d.name for d in resolve_devices("cpu*2")] == ["cpu:0", "cpu:1"]
 
 

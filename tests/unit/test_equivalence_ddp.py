@@ -51,6 +51,19 @@ def test_equals_single(ranks, name):
         assert got["acc"] == ref_acc  # evaluation split over the ranks and all-reduced
 
 
+@pytest.mark.parametrize("name", ["ddp_user", "fsdp_user"])
+def test_a_user_model_equals_single(ranks, name):
+    _, model, batch, extra, _ = SCENARIOS[name]
+    strategy, ref_losses = run_steps(make_config("single", "cpu", model, batch, **{
+        "model.factory": extra["model.factory"]}), STEPS)
+    reference = params(strategy.model)
+    assert any(k.startswith("blocks.1.") for k in reference)  # the user's Net, not LeNet
+    for rank in (0, 1):
+        got = ranks[rank][name]
+        assert_params_close(got["params"], reference)
+        assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
+
+
 def test_scale_with_devices_multiplies_batch_and_lr_by_the_world_size(ranks):
     strategy, losses = run_steps(make_config("single", "cpu", "lenet", 32, **{"optim.lr": 0.2}),
                                  STEPS)

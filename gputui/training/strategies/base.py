@@ -52,9 +52,10 @@ class Strategy:
 
     def __init__(self, cfg: RunConfig, devices: list[Device], in_channels: int = 1,
                  image_size: int = 28, num_classes: int = 10, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, height: int = 0):
         self.cfg, self.devices = cfg, devices
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+        self.height = height or image_size  # image_size is the width (built-in data: square)
         self.rank, self.world_size = rank, world_size
         n = max(len(devices), world_size)
         self.batch_size = effective_batch_size(cfg, n)
@@ -65,9 +66,15 @@ class Strategy:
         self.scaler = None
 
     # ---------------------------------------------------------------- building blocks
-    def build_model(self) -> nn.Sequential:
-        """The configured model on the CPU, initialised from ``run.seed``."""
+    def build_model(self) -> nn.Module:
+        """The configured model on the CPU, initialised from ``run.seed``: the built-in
+        model.name, or what model.factory builds (the user's code, see userfactory)."""
         m = self.cfg.model
+        if m.factory:
+            from gputui.training.userfactory import build_model as build_user_model
+
+            return build_user_model(m, self.in_channels, self.height, self.image_size,
+                                    self.num_classes, seed=self.cfg.run.seed)
         return build_model(m.name, self.in_channels, self.image_size, self.num_classes,
                            seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gputui.config import ConfigError
 from gputui.training.strategies.ddp import DDPStrategy
 
 
@@ -33,11 +34,14 @@ class FSDPStrategy(DDPStrategy):
         # the GPU and hang gloo's collectives.
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         self._plain = copy.deepcopy(model)  # a full, unsharded copy for eval and checkpoints
-        for layer in model.children():
-            if any(True for _ in layer.parameters()):
-                fully_shard(layer, mesh=mesh)  # one all-gather per layer: one layer wide
+        names = list(self.cfg.strategy.fsdp_wrap)
+        targets = wrap_targets(model, names)
+        for layer in targets:
+            fully_shard(layer, mesh=mesh)  # one all-gather per layer: one layer wide
         fully_shard(model, mesh=mesh)
-        self.notes.append("parameters, gradients and optimizer state sharded over the ranks")
+        which = f"the {', '.join(names)} modules" if names else "each top-level block"
+        self.notes.append(f"parameters, gradients and optimizer state sharded over the ranks: "
+                          f"{len(targets)} fully_shard unit(s), {which}, and the whole model")
         return model
 
     @contextlib.contextmanager
@@ -95,6 +99,22 @@ class FSDPStrategy(DDPStrategy):
                        options=StateDictOptions(full_state_dict=True))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+def wrap_targets(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The modules that get their own fully_shard, innermost first (FSDP2 shards bottom-up):
+    those whose class name is in ``names`` (strategy.fsdp_wrap), or with no names every
+    top-level block that holds parameters. A name no module has is a ConfigError."""
+    if not names:
+        return [m for m in model.children() if any(True for _ in m.parameters())]
+    found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    seen = {type(m).__name__ for m in found}
+    unknown = [n for n in names if n not in seen]
+    if unknown:
+        classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
+        raise ConfigError(f"strategy.fsdp_wrap names {', '.join(unknown)}, which no module of "
+                          f"the model is; its module classes: {', '.join(classes)}")
+    return found[::-1]  # modules() lists parents before children
 
 
 STRATEGY = FSDPStrategy

@@ -37,11 +37,16 @@ class ModelParallel(Strategy):
         # The stages share their layers with ``self.model``: its parameter names are exactly
         # single's ("0.0.weight", ...), so it stands for the run in checkpoints and tests.
         self.model = self.build_model()
-        layers = list(self.model.children())
+        label = self.cfg.model.factory or self.cfg.model.name
+        layers = stage_blocks(self.model, label)
+        if n > len(layers):
+            raise ConfigError(f"strategy 'model_parallel' cuts {label} into at most "
+                              f"{len(layers)} stages (one per block), {n} devices given; use "
+                              f"fewer devices")
         counts = [count_params(layer) for layer in layers]
         given = list(self.cfg.strategy.split_points)
         points = given or balance(counts, n)
-        reason = check_split_points(points, len(layers), n, self.cfg.model.name)
+        reason = check_split_points(points, len(layers), n, label)
         if reason:
             raise ConfigError(reason)
         bounds = [0, *points, len(layers)]
@@ -54,7 +59,7 @@ class ModelParallel(Strategy):
         how = "at strategy.split_points" if given else "balanced by parameter count"
         sizes = ", ".join(f"{d.name} layers {a}-{b - 1} ({sum(counts[a:b]):,} params)"
                           for a, b, d in zip(bounds, bounds[1:], self.devices))
-        self.notes.append(f"model_parallel: {self.cfg.model.name} cut into {n} stages {how}, "
+        self.notes.append(f"model_parallel: {label} cut into {n} stages {how}, "
                           f"split points {points}: {sizes}")
         if all(d.kind == "cpu" for d in self.devices):
             self.notes.append(f"{n} CPU virtual devices: each stage is a distinct module on the "
@@ -184,6 +189,30 @@ class ModelParallel(Strategy):
         _, outputs = self._forward(torch.tensor_split(x, c), None)
         pred = torch.cat([out[-1].argmax(dim=1) for out in outputs])
         return (pred == y.to(pred.device, non_blocking=True)).sum()
+
+
+def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:
+    """The consecutive blocks model_parallel may cut between: an nn.Sequential's children, or
+    what the model's ``gputui_blocks()`` returns (its blocks in forward order: running them one
+    after another must be its forward). Anything else is refused with what to provide."""
+    if isinstance(model, nn.Sequential):
+        return list(model.children())
+    declared = getattr(model, "gputui_blocks", None)
+    cls = type(model).__name__
+    if not callable(declared):
+        raise ConfigError(f"strategy 'model_parallel' needs the stage boundaries of {label}: "
+                          f"it built a {cls}, not an nn.Sequential; return an nn.Sequential of "
+                          f"blocks, or give {cls} a gputui_blocks() method returning its blocks "
+                          f"in forward order")
+    blocks = list(declared())
+    if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
+        raise ConfigError(f"{cls}.gputui_blocks() must return a non-empty list of nn.Modules")
+    covered = {id(p) for b in blocks for p in b.parameters()}
+    left = [name for name, p in model.named_parameters() if id(p) not in covered]
+    if left:
+        raise ConfigError(f"{cls}.gputui_blocks() leaves out parameters ({', '.join(left[:3])}"
+                          f"); its blocks must hold every parameter of the model")
+    return blocks
 
 
 STRATEGY = ModelParallel

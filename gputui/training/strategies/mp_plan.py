@@ -70,14 +70,17 @@ def registry_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
     split_weights, and at least one example per pipeline chunk."""
     from gputui.config import effective_batch_size
 
-    n, model = len(devices), cfg.model.name
-    layers = MODEL_LAYERS.get(model)
+    n, model = len(devices), cfg.model.factory or cfg.model.name
+    # a model.factory's blocks are known once it is built: the training process checks them
+    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
     if layers is not None and n > layers:
         return (f"strategy 'model_parallel' cuts {model} into at most {layers} stages (one per "
                 f"layer), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
     if cfg.strategy.split_weights:
         return "strategy.split_weights applies to scratch and ddp, not 'model_parallel'; remove it"
-    reason = check_split_points(list(cfg.strategy.split_points), layers or 0, n, model)
+    # a factory's block count is not known here: only the points' own form is checked
+    reason = check_split_points(list(cfg.strategy.split_points),
+                                layers if layers is not None else 2**62, n, model)
     if reason:
         return reason
     per_micro = effective_batch_size(cfg, n) // cfg.optim.micro_batches

@@ -22,6 +22,7 @@ from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
 from gputui.tui.widgets.strategy_picker import StrategyPicker
+from gputui.usercode import code_line, data_label, model_label
 
 if TYPE_CHECKING:
     from gputui.tui.app import GpuTuiApp
@@ -66,6 +67,7 @@ class SetupScreen(Screen):
                 panel = PresetPanel(self.presets)
                 panel.loaded = self.preset
                 yield panel
+                yield Static("", id="code-marker", classes="-none")
                 yield Static("", id="summary")
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
         yield Footer()
@@ -120,10 +122,21 @@ class SetupScreen(Screen):
     def _show_summary(self, result: FormResult, n: int) -> None:
         summary = self.query_one("#summary", Static)
         start = self.query_one("#start", Button)
+        # A preset that names code says so before Start (the code runs only in the run).
+        code = code_line(result.config or self.base)
+        marker = self.query_one("#code-marker", Static)
+        marker.update(f"⚠ {code}" if code else "")
+        marker.set_class(not code, "-none")
         if result.ok:
             cfg = result.config
+<<<<<<< HEAD
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {cfg.model.name} on "
                     f"{cfg.data.name} · {plural(cfg.run.epochs, 'epoch')} · global batch "
+=======
+            d = cfg.to_dict()
+            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
+                    f"{data_label(d)} · {cfg.run.epochs} epoch(s) · global batch "
+>>>>>>> main
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
         elif result.field_errors:
             first = next(iter(result.field_errors))

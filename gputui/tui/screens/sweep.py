@@ -22,6 +22,7 @@ from gputui.devices import wants_gpus
 from gputui.config import ConfigError, RunConfig
 from gputui.events import acc_text, plural
 from gputui.sweep import Point, Sweep, parse_devices
+from gputui.usercode import code_line, data_label, model_label
 
 
 class PointChanged(Message):
@@ -88,8 +89,15 @@ class SweepScreen(Screen):
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield DataTable(id="sweep-points", cursor_type="row")
+<<<<<<< HEAD
         yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
                      f"{self.config.data.name}, {plural(self.config.run.epochs, 'epoch')}. "
+=======
+        d = self.config.to_dict()
+        code = code_line(d)
+        yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
+                     f"{self.config.run.epochs} epoch(s){' · ⚠ ' + code if code else ''}. "
+>>>>>>> main
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
