@@ -101,14 +101,8 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
-<<<<<<< HEAD
     problem = data_problem(cfg)
     if problem:
-=======
-    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
-                                                          cfg.data.source)
-    if problem and not cfg.data.download:
->>>>>>> main
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
 
@@ -219,32 +213,19 @@ def cmd_presets(args) -> int:
     """``gputui presets``: the preset files found, each with its whole description."""
     from gputui.presets import list_presets, preset_description
 
-<<<<<<< HEAD
-    presets = [(p, preset_description(p)) for p in list_presets()]
-    if args.json:
-        print(json.dumps([{"name": p.stem, "path": str(p), "description": "\n".join(lines)}
-                          for p, lines in presets], indent=2))
-        return EXIT_OK
-    for p, lines in presets:
-        lines = lines or [""]
-        print(f"{p.stem:24} {lines[0]}".rstrip())
-        for line in lines[1:]:
-            print(f"{'':24} {line}".rstrip())
-=======
     from gputui.presets import names_code
 
-    presets = list_presets()
+    presets = [(p, preset_description(p), names_code(p)) for p in list_presets()]
     if args.json:
-        print(json.dumps([{"name": p.stem, "path": str(p), "runs_code": names_code(p)}
-                          for p in presets], indent=2))
+        print(json.dumps([{"name": p.stem, "path": str(p), "description": "\n".join(lines),
+                           "runs_code": code} for p, lines, code in presets], indent=2))
         return EXIT_OK
-    for p in presets:
-        first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
-                      if ln.startswith("#")), "")
-        code = names_code(p)
+    for p, lines, code in presets:
+        lines = lines or [""]
         mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
-        print(f"{p.stem:24} {first}{mark}")
->>>>>>> main
+        print(f"{p.stem:24} {lines[0]}{mark}".rstrip())
+        for line in lines[1:]:
+            print(f"{'':24} {line}".rstrip())
     return EXIT_OK
 
 

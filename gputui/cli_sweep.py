@@ -106,14 +106,8 @@ def load_preset_checked(path: str, overrides: list):
     from gputui.training.datafiles import data_problem
 
     cfg = load_preset(path, overrides, check=False)
-<<<<<<< HEAD
     problem = data_problem(cfg)
     if problem:
-=======
-    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
-                                                          cfg.data.source)
-    if problem and not cfg.data.download:
->>>>>>> main
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
 

@@ -142,6 +142,8 @@ def data_problem(cfg) -> str | None:
     """Why a RunConfig's data cannot be had as configured (missing files, impossible sizes),
     or None. With data.download = true, missing files are left to the download."""
     d = cfg.data
+    if getattr(d, "factory", ""):  # the user's data: their code reads it in the training process
+        return None
     problem = missing_data(d.name, d.root, d.source)
     if problem:
         return None if d.download else problem

@@ -194,10 +194,4 @@ def data_problem(cfg: RunConfig) -> str | None:
     """Why the dataset cannot be had as configured (the CLI's check before a run), or None."""
     from gputui.training.datafiles import data_problem as problem
 
-<<<<<<< HEAD
     return problem(cfg)
-=======
-    if cfg.data.factory:  # the user's data: their code reads it in the training process
-        return None
-    return missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
->>>>>>> main

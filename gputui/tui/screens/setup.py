@@ -129,14 +129,9 @@ class SetupScreen(Screen):
         marker.set_class(not code, "-none")
         if result.ok:
             cfg = result.config
-<<<<<<< HEAD
-            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {cfg.model.name} on "
-                    f"{cfg.data.name} · {plural(cfg.run.epochs, 'epoch')} · global batch "
-=======
             d = cfg.to_dict()
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
-                    f"{data_label(d)} · {cfg.run.epochs} epoch(s) · global batch "
->>>>>>> main
+                    f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
         elif result.field_errors:
             first = next(iter(result.field_errors))

@@ -89,15 +89,10 @@ class SweepScreen(Screen):
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield DataTable(id="sweep-points", cursor_type="row")
-<<<<<<< HEAD
-        yield Static(f"Sweeps {self.config.run.name}: {self.config.model.name} on "
-                     f"{self.config.data.name}, {plural(self.config.run.epochs, 'epoch')}. "
-=======
         d = self.config.to_dict()
         code = code_line(d)
         yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
-                     f"{self.config.run.epochs} epoch(s){' · ⚠ ' + code if code else ''}. "
->>>>>>> main
+                     f"{plural(self.config.run.epochs, 'epoch')}{' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
