@@ -2,8 +2,8 @@
 
 Every line of the README's ``sh`` blocks is a command a newcomer copies. The first two blocks
 (install + app, install + tests) are what CI runs (the line after ``<!-- test-command -->``);
-here they are checked for shape. Every other line is run through bash from a fresh folder,
-exactly as written except for:
+here they are checked for shape. Every other line is run through bash from the clone's folder
+(records go to a temp folder through GPUTUI_RUNS_DIR), exactly as written except for:
 
 * ``.venv/bin/gputui`` -> this interpreter's ``python -m gputui`` (the same package; the
   console script itself is checked in pyproject.toml),
@@ -100,7 +100,7 @@ def test_every_gputui_line_of_the_readme_runs_as_written(tmp_path, monkeypatch):
             assert sweep_id, f"no sweep ran before: {line}"
             text = text.replace("SWEEP_ID", sweep_id)
         text += " " + SHRINK.get(command, "")
-        proc = subprocess.run(["bash", "-c", text], cwd=tmp_path, capture_output=True,
+        proc = subprocess.run(["bash", "-c", text], cwd=ROOT, capture_output=True,
                               text=True, timeout=300)
         assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
         assert "Traceback" not in proc.stdout + proc.stderr, line
