@@ -19,8 +19,24 @@ from gputui.config import ConfigError, load_preset
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with each flag's default shown where there is one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and "%(default)" not in text and default is not None
+                and default is not False and default != [] and default is not argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) instead of a usage dump."""
+    """argparse with one-line errors (exit 2) instead of a usage dump, and defaults in --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -50,10 +66,11 @@ def _add_run(sub) -> None:
                    help="override any preset key, e.g. --set optim.lr=0.2 (repeatable)")
     p.add_argument("--devices", help="device choice: cpu, cpu*4, 0,2, all, 2, cuda:*")
     p.add_argument("--strategy", help="single, scratch, ...; see `gputui strategies`")
-    p.add_argument("--epochs", type=int)
+    p.add_argument("--epochs", type=int, help="passes over the training set (run.epochs)")
     p.add_argument("--batch-size", type=int, help="global batch size")
     p.add_argument("--lr", type=float, help="learning rate")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int,
+                   help="seed of the parameter init and batch order (run.seed)")
     p.add_argument("--nnodes", type=int, help="multi-node ddp/fsdp: number of machines")
     p.add_argument("--node-rank", type=int, help="multi-node: this machine's rank")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: c10d rendezvous")
@@ -61,7 +78,8 @@ def _add_run(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.add_argument("--json", action="store_true",
                    help="print the summary (or, with --dry-run, the config) as JSON on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress output: only the summary line and the record's path")
     p.add_argument("--exclusive", action="store_true",
                    help="refuse to start when a chosen GPU is busy with another process")
     p.set_defaults(func=cmd_run)
@@ -71,7 +89,7 @@ def resolve_config(args) -> Any:
     """The preset, --set overrides and short flags, validated; raises ConfigError."""
     from gputui.config import parse_assignment
     from gputui.presets import resolve_preset
-    from gputui.training.datafiles import missing_data
+    from gputui.training.datafiles import data_problem
 
     path = resolve_preset(args.preset)
     overrides = []
@@ -83,9 +101,8 @@ def resolve_config(args) -> Any:
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
     cfg = load_preset(path, overrides)
-    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
-                                                          cfg.data.source)
-    if problem and not cfg.data.download:
+    problem = data_problem(cfg)
+    if problem:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
 
@@ -142,7 +159,7 @@ def cmd_run(args) -> int:
         _print(print, json.dumps(summary, indent=2, sort_keys=True))
     if summary["status"] == "finished":
         return EXIT_OK
-    if summary["status"] == "stopped" and sup.first:
+    if summary["status"] in ("stopped", "killed") and sup.first:
         return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED
 
@@ -195,22 +212,22 @@ def cmd_strategies(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    """``gputui presets``: the preset files found."""
-    from gputui.presets import list_presets
+    """``gputui presets``: the preset files found, each with its whole description."""
+    from gputui.presets import list_presets, preset_description
 
     from gputui.presets import names_code
 
-    presets = list_presets()
+    presets = [(p, preset_description(p), names_code(p)) for p in list_presets()]
     if args.json:
-        print(json.dumps([{"name": p.stem, "path": str(p), "runs_code": names_code(p)}
-                          for p in presets], indent=2))
+        print(json.dumps([{"name": p.stem, "path": str(p), "description": "\n".join(lines),
+                           "runs_code": code} for p, lines, code in presets], indent=2))
         return EXIT_OK
-    for p in presets:
-        first = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines()
-                      if ln.startswith("#")), "")
-        code = names_code(p)
+    for p, lines, code in presets:
+        lines = lines or [""]
         mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
-        print(f"{p.stem:24} {first}{mark}")
+        print(f"{p.stem:24} {lines[0]}{mark}".rstrip())
+        for line in lines[1:]:
+            print(f"{'':24} {line}".rstrip())
     return EXIT_OK
 
 
@@ -232,12 +249,18 @@ def build_parser() -> Parser:
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     _add_run(sub)
-    p = sub.add_parser("strategies", help="list the strategies and whether they can run")
+    p = sub.add_parser("strategies", help="list the strategies and whether they can run",
+                       description="Every parallelism strategy, what it does, and whether it "
+                                   "can run on the given devices (with the reason when not).")
     p.add_argument("--devices", default="cpu*2", help="device choice to check against")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_strategies)
-    p = sub.add_parser("presets", help="list presets")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("presets", help="list the presets and what each one runs",
+                       description="The preset files found in ./presets and in gputui's own "
+                                   "presets/ folder, each with its whole description (the "
+                                   "comment lines at its top). `gputui run NAME` runs one.")
+    p.add_argument("--json", action="store_true",
+                   help="print names, paths and descriptions as JSON")
     p.set_defaults(func=cmd_presets)
     from gputui import cli_devices
 

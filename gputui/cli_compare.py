@@ -37,8 +37,8 @@ def register(sub) -> None:
                                    "accuracy, status, date.")
     p.add_argument("--runs-dir", help="where run records are (default ./runs or $GPUTUI_RUNS_DIR)")
     p.add_argument("--strategy", help="only these strategies (comma list)")
-    p.add_argument("--status", help="only these statuses: finished, failed, stopped, running, "
-                                    "incomplete, unreadable (comma list)")
+    p.add_argument("--status", help="only these statuses: finished, failed, stopped, killed, "
+                                    "running, incomplete, unreadable (comma list)")
     p.add_argument("--name", help="only runs whose name or id contains this")
     p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
     _add_output(p)
@@ -50,7 +50,8 @@ def register(sub) -> None:
                                    "per device, else same global batch).")
     p.add_argument("runs", nargs="*", help="run ids (or unique parts of them) or run folders")
     p.add_argument("--sweep", metavar="SWEEP_ID", help="compare every run of this sweep")
-    p.add_argument("--runs-dir")
+    p.add_argument("--runs-dir", help="where run records are (default ./runs or "
+                                      "$GPUTUI_RUNS_DIR)")
     p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from gputui.config import ConfigError
+from gputui.events import plural
 
 CHECKPOINT_NAME = "checkpoint.pt"  # gputui.training.checkpoint.CHECKPOINT_NAME, torch-free here
 
@@ -32,7 +33,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where to look for RUN and put the new record "
                                       "(default: the folder holding RUN)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress output: only the summary line and the record's path")
     p.add_argument("--exclusive", action="store_true",
                    help="refuse to start when a chosen GPU is busy with another process")
     p.set_defaults(func=cmd_resume)
@@ -73,10 +75,10 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
     summary = read_summary(run_dir)
     done, planned = summary.get("epochs_done") or 0, summary.get("epochs") or 0
     if summary.get("status") == "finished" and (args.epochs is None or args.epochs <= done):
-        raise ConfigError(f"{run_dir.name} already finished its {planned} epochs; pass "
+        raise ConfigError(f"{run_dir.name} already finished its {plural(planned, 'epoch')}; pass "
                           f"--epochs N with N > {done} to train it further")
     if args.epochs is not None and args.epochs <= done:
-        raise ConfigError(f"--epochs {args.epochs}: the run already has {done} epochs done; "
+        raise ConfigError(f"--epochs {args.epochs}: the run already has {plural(done, 'epoch')} done; "
                           f"give a larger total")
     return argparse.Namespace(
         preset=str(run_dir / "config.toml"),

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from gputui.config import ConfigError, parse_assignment
+from gputui.events import plural
 
 from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 
@@ -104,19 +105,19 @@ def build(args, runs_dir: Path):
                 done = sum(p.status == "finished" for p in old.points)
                 return (Sweep(old, runs_dir, overrides),
                         f"resuming unfinished sweep {old.sweep_id} ({done} of "
-                        f"{len(old.points)} points done; --fresh starts over); {kind_note}")
+                        f"{plural(len(old.points), 'point')} done; --fresh starts over); "
+                        f"{kind_note}")
     return sweep, f"sweep {sweep.manifest.sweep_id}; {kind_note}"
 
 
 def load_preset_checked(path: str, overrides: list):
     """Bad preset files or --set values fail before anything starts (one line)."""
     from gputui.config import load_preset
-    from gputui.training.datafiles import missing_data
+    from gputui.training.datafiles import data_problem
 
     cfg = load_preset(path, overrides, check=False)
-    problem = None if cfg.data.factory else missing_data(cfg.data.name, cfg.data.root,
-                                                          cfg.data.source)
-    if problem and not cfg.data.download:
+    problem = data_problem(cfg)
+    if problem:
         raise ConfigError(f"{path}: data: {problem}")
     return cfg
 
@@ -138,7 +139,8 @@ def cmd_sweep(args) -> int:
     install_sigterm()
     progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
     with progress:
-        progress.line(f"{note}: {len(m.points)} points ({', '.join(p.key for p in m.points)}); "
+        keys = ", ".join(p.key for p in m.points)
+        progress.line(f"{note}: {plural(len(m.points), 'point')} ({keys}); "
                       f"manifest {sweep.save()}")
         try:
             state = sweep.run(progress.on_point, progress.on_event)

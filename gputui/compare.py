@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gputui.events import acc_text
 from gputui.history import RunRow, load_rows, row_for
 from gputui.training import runstore
 
@@ -142,7 +143,7 @@ def fmt(key: str, value: Any) -> str:
     if key == "samples_per_s":
         return f"{value:,.0f}"
     if key == "test_acc":
-        return f"{value:.4f}"
+        return acc_text(value)
     if key == "lr":
         return f"{value:g}"
     return str(value)
@@ -160,8 +161,15 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"{': ' + r.reason if r.reason else ''})")
         else:
             lines.append(f"{r.id}: no matching finished one-device run, so no speedup "
-                         f"(run the same preset with --devices 1)")
+                         f"(run the same preset with {one_device_flags(r)})")
     return lines
+
+
+def one_device_flags(row: RunRow) -> str:
+    """The flags that give ``row``'s one-device baseline on the kind of device it ran on
+    (``--devices 1`` is refused where there is no GPU)."""
+    on_cpu = all(name.startswith("cpu") for name in row.device_names)
+    return f"--devices {'cpu' if on_cpu else '1'} --strategy single"
 
 
 def as_plain(items: list[CompareRow]) -> list[dict[str, Any]]:

@@ -14,6 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
+def acc_text(acc: float) -> str:
+    """A test accuracy as every screen and table shows it: a percentage, '95.12%' (records,
+    JSON and CSV keep the fraction)."""
+    return f"{acc * 100:.2f}%"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 epoch', '2 epochs', '0 runs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 @dataclass(frozen=True)
 class Event:
     """Base of every event; ``t`` is the wall-clock time (seconds since the epoch)."""
@@ -151,6 +162,9 @@ class RunStopped(Event):
 
     kind: ClassVar[str] = "run_stopped"
     reason: str = "stopped by user"
+    # True when the processes were killed (no graceful stop, nothing kept after the last
+    # checkpoint): the record's status is then "killed", not "stopped".
+    killed: bool = False
 
 
 TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})

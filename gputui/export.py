@@ -2,9 +2,9 @@
 
 Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbers (so they
 parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
-(``pip install 'gputui[plots]'``); TensorBoard needs the ``tensorboard`` package (or
-tensorboardX). Each missing extra raises :class:`ExportError` with one line saying what to
-install. Nothing here imports torch unless TensorBoard export asks for torch's writer.
+(the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
+own writer. Each missing extra raises :class:`ExportError` with one line saying what to
+install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless TensorBoard export asks for torch's writer.
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ from typing import Any, Iterable
 from gputui.compare import CompareRow, fmt
 
 FORMATS = ("table", "csv", "md", "json")
+
+
+def install_hint(extra: str) -> str:
+    """How to install one of gputui's extras, installed or from a clone (as the README says)."""
+    return (f"pip install 'gputui[{extra}]' (in a clone: .venv/bin/pip install -e "
+            f"'.[{extra}]')")
 
 
 class ExportError(RuntimeError):
@@ -76,8 +82,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ExportError("PNG plots need matplotlib: pip install 'gputui[plots]' "
-                          "(or pip install matplotlib)") from None
+        raise ExportError(f"PNG plots need matplotlib: {install_hint('plots')}") from None
     matplotlib.use("Agg")  # files only: never open a window or need a display
     import matplotlib.pyplot as plt
 
@@ -148,8 +153,8 @@ def _summary_writer():
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
         return SummaryWriter
     except ImportError:
-        raise ExportError("TensorBoard export needs the tensorboard package: "
-                          "pip install tensorboard") from None
+        raise ExportError(f"TensorBoard export needs tensorboardX: "
+                          f"{install_hint('tensorboard')}") from None
 
 
 def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]:

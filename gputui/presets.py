@@ -29,6 +29,17 @@ def list_presets() -> list[Path]:
     return [seen[k] for k in sorted(seen)]
 
 
+def preset_description(path: Path) -> list[str]:
+    """The comment lines at the top of a preset, whole, without their ``#`` (commands keep
+    their indentation)."""
+    lines = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[2:] if line.startswith("# ") else line[1:])
+    return lines
+
+
 def resolve_preset(name_or_path: str) -> Path:
     """A preset path from a path or a bare name ("quickstart"); ConfigError when neither."""
     path = Path(name_or_path).expanduser()

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from gputui.events import DeviceSample, Event
+from gputui.events import DeviceSample, Event, acc_text, plural
 
 
 def _mib(n: int | None) -> str:
@@ -62,9 +62,10 @@ class Printer:
         self.task = None
         self.epochs = 1
 
-    def line(self, text: str) -> None:
-        """One line above the progress bar (or a plain line)."""
-        if self.quiet:
+    def line(self, text: str, always: bool = False) -> None:
+        """One line above the progress bar (or a plain line); ``always`` prints it under
+        ``quiet`` too (the summary and the record's path)."""
+        if self.quiet and not always:
             return
         if self.display is not None:
             self.display.console.print(text, markup=False)
@@ -88,14 +89,14 @@ class Printer:
             compiled = f", compile {ev.compile_s:.2f} s" if ev.compile_s else ""
             self.line(f"init {ev.seconds:.2f} s (torch import {ev.import_s:.2f} s, data "
                       f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s{compiled}); "
-                      f"{ev.train_samples:,} "
-                      f"training examples, {ev.steps_per_epoch} steps per epoch")
+                      f"{ev.train_samples:,} training examples, "
+                      f"{plural(ev.steps_per_epoch, 'step')} per epoch")
             self._start_progress(ev.steps_per_epoch * self.epochs)
         elif kind == "step":
             self._step(ev)
         elif kind == "epoch_end":
             self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
-                      f"{ev.train_loss:.4f}, test acc {ev.test_acc:.4f}, "
+                      f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
                       f"{ev.samples_per_s:,.0f} samples/s")
         elif kind in ("run_finished", "run_stopped", "run_failed"):
             self._stop_progress()
@@ -137,10 +138,9 @@ class Printer:
             self.progress = None
 
     def summary(self, s: dict[str, Any]) -> None:
-        """The end-of-run table: time per epoch, samples/s, test accuracy, init time."""
+        """The end-of-run table (not under ``quiet``), then, always, the summary line and
+        where the record is."""
         self._stop_progress()
-        if self.quiet:
-            return
         table = Table(title=f"run {s.get('run_id', '?')}: {s.get('status')}", show_header=True)
         table.add_column("epoch", justify="right")
         table.add_column("time (s)", justify="right")
@@ -149,8 +149,8 @@ class Printer:
         table.add_column("test acc", justify="right")
         for e in s.get("per_epoch", []):
             table.add_row(str(e["epoch"]), f"{e['seconds']:.2f}", f"{e['samples_per_s']:,.0f}",
-                          f"{e['train_loss']:.4f}", f"{e['test_acc']:.4f}")
-        if self.live:  # plain mode has already printed one line per epoch
+                          f"{e['train_loss']:.4f}", acc_text(e['test_acc']))
+        if self.live and not self.quiet:  # plain mode has printed one line per epoch
             self.console.print(table)
         init = s.get("init_s")
         parts = [f"status {s.get('status')}"]
@@ -159,7 +159,9 @@ class Printer:
         if "time_per_epoch_s" in s:
             parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
             parts.append(f"{s['samples_per_s']:,.0f} samples/s")
-            parts.append(f"test acc {s['test_acc']:.4f}")
+            parts.append(f"test acc {acc_text(s['test_acc'])}")
         if init is not None:
             parts.append(f"init {init:.2f} s")
-        self.line("summary: " + ", ".join(parts))
+        self.line("summary: " + ", ".join(parts), always=True)
+        if s.get("run_dir"):
+            self.line(f"record: {s['run_dir']}", always=True)

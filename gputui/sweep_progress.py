@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gputui.events import acc_text
 from gputui.sweep import Point
 
 
@@ -88,7 +89,7 @@ class SweepProgress:
         elif kind == "epoch_end":
             self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
                       f"{ev.samples_per_s:,.0f} samples/s, loss {ev.train_loss:.4f}, "
-                      f"test acc {ev.test_acc:.4f}")
+                      f"test acc {acc_text(ev.test_acc)}")
         elif kind == "log" and ev.level in ("warning", "error"):
             self.line(f"{self._tag(point)}: {ev.level}: {ev.message}")
 

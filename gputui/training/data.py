@@ -15,7 +15,8 @@ import torch
 
 from gputui.training import datafiles, readers, synthetic
 
-SYNTHETIC_TRAIN, SYNTHETIC_TEST = 12_000, 2_000
+SYNTHETIC_TRAIN = datafiles.SYNTHETIC_SIZES["train"]
+SYNTHETIC_TEST = datafiles.SYNTHETIC_SIZES["test"]
 TENSOR_LIMIT_BYTES = 2 * 1024**3
 SHUFFLE_COPY_LIMIT = 1024**3  # TensorBatches: above this, gather per batch (no second copy)
 
@@ -117,13 +118,14 @@ def _standardise(name: str, train, test) -> Dataset:
 
 def _read_idx(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     raw = datafiles.idx_raw_folder(base, name)
-    images, labels = datafiles.IDX_FILES[split]
+    images, labels = (datafiles.idx_path(raw, stem) or raw / stem
+                      for stem in datafiles.IDX_FILES[split])
     try:
-        x, y = readers.read_idx_pair(raw / images, raw / labels)
+        x, y = readers.read_idx_pair(images, labels)
     except readers.FormatError as exc:
         raise DataError(f"{name}: {exc}; replace the file") from None
     except OSError as exc:
-        raise DataError(f"{name}: cannot read {raw / images} ({exc.strerror})") from None
+        raise DataError(f"{name}: cannot read {images} ({exc.strerror})") from None
     return torch.from_numpy(x.copy()).unsqueeze(1).float().div_(255.0), torch.from_numpy(y)
 
 

@@ -80,7 +80,7 @@ class RunHandle:
         while self._samples and len(out) < max_events:
             out.append(self._samples.popleft())
         if any(is_terminal(e) for e in out):
-            self._finish(next(e for e in out if is_terminal(e)).kind)
+            self._finish(next(e for e in out if is_terminal(e)))
         elif not self.alive:
             out.extend(self._drain_after_exit())
         return out
@@ -104,14 +104,14 @@ class RunHandle:
         if terminal is None:
             terminal = self._record_missing_end()
             out.append(terminal)
-        self._finish(terminal.kind)
+        self._finish(terminal)
         return out
 
     def _record_missing_end(self) -> Event:
         """The child died without a terminal event: append one to its record."""
         codes = [p.exitcode for p in self.processes]
         if self._kill_reason:
-            ev: Event = RunStopped(reason=self._kill_reason)
+            ev: Event = RunStopped(reason=self._kill_reason, killed=True)
         else:
             code = next((c for c in codes if c), codes[0] if codes else None)
             if code is not None and code < 0:
@@ -166,10 +166,12 @@ class RunHandle:
             except (ChildProcessError, OSError):
                 pass
 
-    def _finish(self, kind: str) -> None:
+    def _finish(self, terminal: Event) -> None:
         self._done = True
         self._status = {"run_finished": "finished", "run_failed": "failed",
-                        "run_stopped": "stopped"}[kind]
+                        "run_stopped": "stopped"}[terminal.kind]
+        if getattr(terminal, "killed", False):
+            self._status = "killed"
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
@@ -201,7 +203,7 @@ class RunHandle:
 
     @property
     def status(self) -> str:
-        """"running", "finished", "failed" or "stopped"."""
+        """"running", "finished", "failed", "stopped" or "killed"."""
         return self._status
 
     def pids(self) -> dict[str, int]:

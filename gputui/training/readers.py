@@ -12,7 +12,9 @@ numpy types the format uses: a crafted file cannot make gputui run code.
 from __future__ import annotations
 
 import codecs
+import gzip
 import pickle
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,11 @@ def read_idx(path: str | Path) -> np.ndarray:
     """An IDX file as a numpy array of its declared shape and type."""
     path = Path(path)
     raw = path.read_bytes()
+    if path.suffix == ".gz":  # decompressed in memory: reading never writes beside the file
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise FormatError(f"{path}: not a readable gzip file ({exc})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_DTYPES:
         raise FormatError(f"{path}: not an IDX file (bad magic number)")
     ndim = raw[3]

@@ -97,7 +97,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         elif kind == "run_failed":
             s.update(status="failed", reason=ev.reason)
         elif kind == "run_stopped":
-            s.update(status="stopped", reason=ev.reason)
+            s.update(status="killed" if getattr(ev, "killed", False) else "stopped",
+                     reason=ev.reason)
     epochs = s["per_epoch"]
     if epochs:
         s["time_per_epoch_s"] = sum(e["seconds"] for e in epochs) / len(epochs)

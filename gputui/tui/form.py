@@ -60,6 +60,8 @@ class FieldSpec:
 FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("model.name", "Model", "select"),
     FieldSpec("data.name", "Dataset", "select"),
+    FieldSpec("data.source", "Data source", "select"),
+    FieldSpec("data.root", "Data root", "input"),
     FieldSpec("run.epochs", "Epochs", "input"),
     FieldSpec("optim.batch_size", "Batch size", "input"),
     FieldSpec("optim.lr", "Learning rate", "input"),
@@ -79,6 +81,30 @@ def current_value(cfg: RunConfig, key: str) -> Any:
     return getattr(getattr(cfg, table), name)
 
 
+def empty_meaning(key: str) -> str:
+    """What an empty box means for fields whose default is 'nothing' (shown as the box's
+    placeholder): 'all' for a train size of 0, the cache folder for an empty data root."""
+    if key == "data.train_size":
+        from gputui.training.datafiles import SYNTHETIC_SIZES
+
+        return f"all (synthetic: {SYNTHETIC_SIZES['train']})"
+    if key == "data.root":
+        from pathlib import Path
+
+        from gputui.config_schema import default_data_root
+
+        root, home = default_data_root(), str(Path.home())
+        return "~" + root[len(home):] if root.startswith(home + "/") else root
+    return ""
+
+
+def field_text(key: str, value: Any) -> str:
+    """A value as its box shows it: empty where the default means 'all' or 'the default'."""
+    if empty_meaning(key) and value in (0, ""):
+        return ""
+    return value_text(value)
+
+
 def value_text(value: Any) -> str:
     """How a value appears in an input box (floats without a trailing '.0' noise)."""
     if isinstance(value, float):
@@ -91,6 +117,8 @@ def parse_field(key: str, raw: Any) -> Any:
     if not isinstance(raw, str):
         return raw
     text = raw.strip()
+    if empty_meaning(key) and text.lower() in ("", "all", "default"):
+        return 0 if key == "data.train_size" else ""
     if not text:
         raise ConfigError(f"{SOURCE}: {key} needs a value; e.g. {key} = "
                           f"{value_text(current_value(RunConfig(), key))}")
@@ -163,11 +191,7 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
 
 
 def data_problem(cfg: RunConfig) -> str | None:
-    """Why the dataset cannot be read (the CLI's check before a run), or None."""
-    if cfg.data.download:
-        return None
-    from gputui.training.datafiles import missing_data
+    """Why the dataset cannot be had as configured (the CLI's check before a run), or None."""
+    from gputui.training.datafiles import data_problem as problem
 
-    if cfg.data.factory:  # the user's data: their code reads it in the training process
-        return None
-    return missing_data(cfg.data.name, cfg.data.root, cfg.data.source)
+    return problem(cfg)

@@ -119,7 +119,8 @@ class FakeHandle:
         self.kill_calls += 1
         with self._lock:
             self._stopping = True
-            self._events = [RunFailed(reason=reason, t=T0 + 100)]
+            # as the real launcher records a kill: stopped, marked killed
+            self._events = [RunStopped(reason=reason, killed=True, t=T0 + 100)]
 
     @property
     def done(self) -> bool:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gputui.config import ConfigError, RunConfig, apply_overrides, parse_assignment
-from gputui.tui.form import FIELDS, build, check_field, parse_extra
+from gputui.tui.form import (FIELDS, build, check_field, empty_meaning, field_text, parse_extra,
+                             parse_field)
 
 
 def cli_message(key: str, text: str) -> str:
@@ -58,3 +59,21 @@ def test_extra_overrides_use_the_cli_source_and_messages():
         ("--set data.name=mnist", "data.name", "mnist")]
     result = build(RunConfig(), {}, "cpu*2", "scratch", "optim.nope=1")
     assert result.error.startswith("--set optim.nope=1: unknown key 'optim.nope'")
+
+
+def test_defaults_that_mean_all_or_default_show_as_what_they_mean(tmp_path):
+    assert field_text("data.train_size", 0) == "" and empty_meaning("data.train_size") == (
+        "all (synthetic: 12000)")
+    assert field_text("data.train_size", 500) == "500"
+    assert field_text("data.root", "") == "" and empty_meaning("data.root").endswith(
+        "gputui/data")
+    for text in ("", "all", " All "):
+        assert parse_field("data.train_size", text) == 0
+    assert parse_field("data.root", "") == ""
+    result = build(RunConfig(), {"data.train_size": "", "data.root": str(tmp_path),
+                                 "data.source": "test-split"}, "cpu", "single")
+    assert result.ok, result
+    assert (result.config.data.train_size, result.config.data.root,
+            result.config.data.source) == (0, str(tmp_path), "test-split")
+    assert check_field(RunConfig(), "run.epochs", "") == ("form: run.epochs needs a value; e.g. "
+                                                          "run.epochs = 2")

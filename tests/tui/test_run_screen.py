@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from scripted import GIB, T0, FakeHandle, ScriptedLauncher, fixed_inventory, run_events, wait_until
 
 from gputui.events import DeviceSample, StepMetrics
@@ -78,7 +80,7 @@ async def test_a_finished_run_fills_every_panel(presets):
         sent = iter(e.cpu_percent for e in last1)
         assert len(history) > 1 and all(value in sent for value in history), (history, last1)
         assert history[-1] == last1[-1].cpu_percent
-        assert "temp n/a · power n/a · pid 4243" == text(cpu1, ".dev-extra")
+        assert text(cpu1, ".dev-extra") == "pid 4243"  # a CPU process: no temp or power
         # A GPU reading: utilization, memory, temperature and power with its limit.
         gpu_panel = screen.query_one("#dev-cuda-0", DevicePanel)
         assert gpu_panel.query_one(".util-meter", Meter).fraction == 0.97
@@ -134,6 +136,7 @@ async def test_stop_is_graceful_and_kill_asks_first(presets):
         await wait_until(pilot, lambda: screen.ended, what="the stopped run")
         assert launcher.handles[0].stop_calls == 1 and screen.state == "stopped"
         assert "run stopped: stopped by user" in "\n".join(screen.query_one(RunLog).plain)
+        assert text(screen, "#eta-label") == "ETA --:--"
         assert screen.check_action("stop", ()) is None  # greyed out in the footer now
 
 
@@ -146,7 +149,9 @@ async def test_kill_from_the_dialog(presets):
         await pilot.press("enter")  # "Kill now" has the focus
         await wait_until(pilot, lambda: screen.ended, what="the killed run")
         assert launcher.handles[0].kill_calls == 1
-        assert screen.state == "failed"
+        assert screen.state == "killed" and "killed" in text(screen, "#state-badge")
+        assert "run killed: killed by user" in "\n".join(screen.query_one(RunLog).plain)
+        assert text(screen, "#eta-label") == "ETA --:--"  # not 0:00: it never got there
 
 
 async def test_quitting_with_an_active_run_stops_it_first(presets):
@@ -214,3 +219,19 @@ async def test_a_burst_of_events_never_queues_without_bound(presets):
         assert not screen.display_errors
         await pilot.press("s")
         await wait_until(pilot, lambda: screen.ended, timeout=30)
+
+
+async def test_devices_driven_by_one_process_say_so(presets):
+    # scratch on CPU virtual devices: one process, so one pid and the same figures everywhere
+    events = [dataclasses.replace(e, pid=4242) if isinstance(e, DeviceSample) else e
+              for e in run_events(epochs=1)]
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        cpu0 = screen.query_one("#dev-cpu-0", DevicePanel)
+        cpu1 = screen.query_one("#dev-cpu-1", DevicePanel)
+        assert text(cpu0, ".dev-extra") == "pid 4242 · one process with cpu:1"
+        assert text(cpu1, ".dev-extra") == "pid 4242 · one process with cpu:0"
+        assert cpu0.query_one(".dev-extra").content_region.width >= len(text(cpu0, ".dev-extra"))

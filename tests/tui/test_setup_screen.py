@@ -36,6 +36,13 @@ async def test_cpu_devices_listed_with_the_reason_there_is_no_gpu(inventory, pre
         await pilot.pause()
         assert app.screen.query_one(DevicePicker).spec == "cpu*3"
         assert [str(k.value) for k in table.rows] == ["cpu:0", "cpu:1", "cpu:2"]
+        # Space on a CPU row cannot toggle it: the app says why instead of doing nothing.
+        table.focus()
+        await pilot.press("space")
+        await pilot.pause()
+        assert app.screen.query_one(DevicePicker).spec == "cpu*3"
+        (note,) = [n for n in app._notifications if n.title == "CPU virtual devices"]
+        assert note.message.startswith("A CPU row cannot be toggled on its own")
 
 
 async def test_gpu_rows_toggle_and_build_an_index_spec(presets):
@@ -189,3 +196,28 @@ async def test_the_mouse_works_too(presets):
         assert picker.spec == "cpu"
         await pilot.click("#f-run-epochs")
         assert app.screen.focused is app.screen.query_one("#f-run-epochs")
+
+
+async def test_the_form_covers_data_and_shows_defaults_as_what_they_mean(inventory, presets,
+                                                                         tmp_path):
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        form = app.screen.query_one(ParamForm)
+        form.load(load_preset(presets[0]).replace(data={"train_size": 0}))
+        await pilot.pause()
+        train = app.screen.query_one("#f-data-train-size", Input)
+        assert train.value == "" and train.placeholder == "all (synthetic: 12000)"
+        root = app.screen.query_one("#f-data-root", Input)
+        assert root.value == "" and root.placeholder.endswith("gputui/data")
+        assert app.screen.query_one("#f-data-source", Select).value == "standard"
+        # every placeholder fits in its box: nothing cut after "e.g."
+        for box in app.screen.query(Input):
+            if box.placeholder:
+                assert len(box.placeholder) <= box.content_region.width, box.id
+        root.value = str(tmp_path)
+        app.screen.query_one("#f-data-source", Select).value = "test-split"
+        await pilot.pause()
+        cfg = setup_of(app).result.config
+        assert (cfg.data.root, cfg.data.source, cfg.data.train_size) == (
+            str(tmp_path), "test-split", 0)

@@ -7,11 +7,12 @@ import csv
 import importlib.util
 import io
 import json
+import sys
 
 import pytest
 
 from gputui import cli, export
-from gputui.compare import TABLE_COLUMNS, compare, table_rows
+from gputui.compare import TABLE_COLUMNS, compare, summary_lines, table_rows
 from run_records import truncate_record, write_record
 
 
@@ -51,6 +52,10 @@ def test_speedup_against_the_matching_one_device_run(runs):
     # a one-device scratch run is measured against single, not against itself
     assert items["s256"].baseline.endswith("b256") and items["s256"].speedup == pytest.approx(0.9)
     assert items["mlp"].speedup is None and items["mlp"].baseline == ""  # no mlp baseline
+    (hint,) = [ln for ln in summary_lines(list(items.values())) if "mlp" in ln]
+    assert hint.endswith("no speedup (run the same preset with --devices cpu --strategy single)")
+    flags = hint.split("preset with ")[1].rstrip(")").split()
+    assert cli.main(["run", "quickstart", *flags, "--dry-run"]) == 0  # the hint runs here
 
 
 def test_global_batch_match_when_no_per_device_match(tmp_path):
@@ -120,11 +125,27 @@ def test_png_plots(items, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_missing_extras_name_the_install_the_readme_gives(runs, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for module in ("tensorboardX", "torch.utils.tensorboard", "matplotlib"):
+        monkeypatch.setitem(sys.modules, module, None)  # an import of it now fails
+    with pytest.raises(export.ExportError) as tb:
+        export.to_tensorboard([runs / "20260101-100300-exp-weak"], tmp_path / "tb")
+    with pytest.raises(export.ExportError) as png:
+        export.plot_curves(compare([runs / "20260101-100300-exp-weak"], runs), tmp_path / "c.png")
+    for exc, extra in ((tb.value, "tensorboard"), (png.value, "plots")):
+        hint = f".venv/bin/pip install -e '.[{extra}]'"
+        assert str(exc).endswith(f"pip install 'gputui[{extra}]' (in a clone: {hint})")
+        assert hint in readme
+
+
 def test_tensorboard_export_or_its_message(runs, tmp_path):
     dirs = [runs / "20260101-100300-exp-weak"]
     has_tb = any(importlib.util.find_spec(m) for m in ("tensorboardX", "tensorboard"))
     if not has_tb:
-        with pytest.raises(export.ExportError, match="pip install tensorboard"):
+        with pytest.raises(export.ExportError, match=r"pip install 'gputui\[tensorboard\]'"):
             export.to_tensorboard(dirs, tmp_path / "tb")
         return
     (out,) = export.to_tensorboard(dirs, tmp_path / "tb")

@@ -85,7 +85,9 @@ def test_idx_files_load_from_the_torchvision_layout(tmp_path, name, folder):
     raw_pixels = torch.from_numpy(train_images.astype(np.float32) / 255.0)
     corr = torch.corrcoef(torch.stack([raw_pixels.flatten(), ds.train_x.flatten()]))[0, 1]
     assert corr > 0.9999 and abs(ds.train_x.mean().item()) < 1e-4
-    assert (raw / "train-images-idx3-ubyte").exists()  # the .gz was decompressed locally
+    assert sorted(p.name for p in raw.iterdir()) == [  # read as they are: nothing written
+        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+        "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]
 
 
 def test_a_damaged_idx_file_is_one_line_naming_it(tmp_path):
@@ -149,8 +151,11 @@ def test_missing_files_give_one_line_naming_files_and_folder(tmp_path):
     msg = missing_data("fashion-mnist", str(tmp_path))
     raw = tmp_path / "FashionMNIST" / "raw"
     assert msg == (f"fashion-mnist: missing train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-                   f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz in {raw}; put the files "
-                   f"there (or set data.root, or data.download = true with internet access)")
+                   f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz in {raw}; download them "
+                   f"from http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ into that "
+                   f"folder, or set data.root to the folder holding them, or data.download = true "
+                   f"with internet access, or train on the embedded task with "
+                   f"--set data.name=synthetic")
     with pytest.raises(DataError, match=r"^cifar10: missing data_batch_1, .*test_batch in "):
         load_dataset("cifar10", root=str(tmp_path))
 

@@ -24,7 +24,7 @@ def _cfg(**changes) -> RunConfig:
     return apply_overrides(RunConfig(), [("test", k, v) for k, v in base.items()], check=False)
 
 
-def test_kill_ends_the_record_stopped_and_leaves_no_process(tmp_path):
+def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):
     handle = launch(_cfg(), tmp_path)
     seen = []
     deadline = time.monotonic() + 60
@@ -33,11 +33,12 @@ def test_kill_ends_the_record_stopped_and_leaves_no_process(tmp_path):
     assert isinstance(seen[0], RunStarted) and any(isinstance(e, InitDone) for e in seen)
     pid = handle.processes[0].pid
     handle.kill()
-    assert handle.wait(timeout=30) == "stopped"
+    assert handle.wait(timeout=30) == "killed"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     events = read_events(handle.run_dir)
     assert events[-1].kind == "run_stopped" and events[-1].reason == "killed by user"
-    assert read_summary(handle.run_dir)["status"] == "stopped"
+    assert events[-1].killed  # told from a graceful stop
+    assert read_summary(handle.run_dir)["status"] == "killed"
     samples = read_events(handle.run_dir, "telemetry.jsonl")
     assert samples and {s.device for s in samples} >= {"cpu:0", "cpu:1"}
 

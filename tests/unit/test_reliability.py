@@ -233,9 +233,9 @@ def test_a_second_ctrl_c_kills_and_the_record_still_ends(tmp_path):
     out = "".join(lines)
     assert proc.returncode == 130, err
     last = read_events(run_dir)[-1]
-    assert last.kind == "run_stopped"
+    assert last.kind == "run_stopped" and last.killed
     assert last.reason == "killed by a second signal (SIGINT (Ctrl-C))"
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
     assert "Traceback" not in out + err
     assert _left_behind(tag) == []
 

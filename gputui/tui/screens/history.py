@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.compare import fmt
+from gputui.events import plural
 from gputui.history import RunRow, load_rows
 
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
@@ -92,7 +93,7 @@ class HistoryScreen(Screen):
         elif not message.rows:
             note.update(f"No runs recorded in {self.runs_dir} yet.")
         else:
-            note.update(f"{len(message.rows)} runs in {self.runs_dir}. Enter opens a run, "
+            note.update(f"{plural(len(message.rows), 'run')} in {self.runs_dir}. Enter opens a run, "
                         f"space marks runs, c compares the marked ones.")
         self.loaded = True
 

@@ -18,7 +18,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
 from gputui.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
-                           RunFinished, RunStarted, RunStopped, StepMetrics)
+                           RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
+                           plural)
 from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
                                  SummaryRead)
 from gputui.tui.pump import EventPump
@@ -29,7 +30,7 @@ from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, MetricPlot, Through
 from gputui.tui.widgets.run_log import RunLog
 from gputui.tui.widgets.run_status import RunStatus
 
-ENDED = ("finished", "stopped", "failed")
+ENDED = ("finished", "stopped", "killed", "failed")
 PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
 
@@ -116,7 +117,8 @@ class RunScreen(RunControls, Screen):
             for sample in message.samples:
                 self.show_sample(sample)
                 status.touch(sample.t)  # "elapsed" moves on during a long init too
-            status.redraw(ended=self.ended)
+            self.mark_shared_processes()
+            status.redraw(ended=self.ended, finished=self.state == "finished")
         except Exception as exc:  # noqa: BLE001
             self._display_error(exc)
         finally:
@@ -159,7 +161,7 @@ class RunScreen(RunControls, Screen):
                 self.query_one(EpochTable).add_epoch(ev)
                 status.epoch_end(ev)
                 log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "
-                                f"{ev.train_loss:.4f}, test acc {ev.test_acc * 100:.2f}%", ev.t)
+                                f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}", ev.t)
             elif isinstance(ev, RunStarted):
                 self._started(ev, status, log)
             elif isinstance(ev, InitDone):
@@ -174,7 +176,7 @@ class RunScreen(RunControls, Screen):
                 self._ended(ev, log)
         if self.ended:
             self.redraw_plots()
-        status.redraw(ended=self.ended)
+        status.redraw(ended=self.ended, finished=self.state == "finished")
 
     def redraw_plots(self) -> None:
         """Rebuild the plots whose data changed since their last drawing."""
@@ -189,7 +191,7 @@ class RunScreen(RunControls, Screen):
             if isinstance(d, dict) and d.get("name"):
                 self._panel(d["name"], d.get("label", ""))
         log.add("info", f"run {ev.run_id} started: strategy {ev.strategy}, "
-                        f"{len(ev.devices)} device(s), world size {ev.world_size}", ev.t)
+                        f"{plural(len(ev.devices), 'device')}, world size {ev.world_size}", ev.t)
         for note in ev.notes:
             log.add("warning", str(note), ev.t)
 
@@ -200,9 +202,9 @@ class RunScreen(RunControls, Screen):
             log.add("info", f"run finished in {ev.seconds:.1f} s", ev.t)
             self.notify("Run finished", timeout=5)
         elif isinstance(ev, RunStopped):
-            self.state = "stopped"
-            log.add("warning", f"run stopped: {ev.reason}", ev.t)
-            self.notify(f"Run stopped ({ev.reason})", timeout=5)
+            self.state = "killed" if ev.killed else "stopped"
+            log.add("warning", f"run {self.state}: {ev.reason}", ev.t)
+            self.notify(f"Run {self.state} ({ev.reason})", timeout=5)
         else:
             self.state = "failed"
             log.add("error", f"run failed: {ev.reason}", ev.t)
@@ -223,6 +225,18 @@ class RunScreen(RunControls, Screen):
     def show_sample(self, sample: DeviceSample) -> None:
         """Show one device reading (its panel appears on first sight)."""
         self._panel(sample.device, sample.name).update_sample(sample)
+
+    def mark_shared_processes(self) -> None:
+        """Panels whose devices are driven by one process say so (same pid, same figures)."""
+        panels = list(self.query(DevicePanel))
+        by_pid: dict[int, list[str]] = {}
+        for panel in panels:
+            if panel.last is not None and panel.last.pid is not None:
+                by_pid.setdefault(panel.last.pid, []).append(panel.device)
+        for panel in panels:
+            pid = panel.last.pid if panel.last is not None else None
+            group = by_pid.get(pid, []) if pid is not None else []
+            panel.set_sharing(tuple(d for d in group if d != panel.device))
 
     def log_ui(self, message: str, level: str = "ui") -> None:
         """A remark of the app's own in the log pane."""

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Static
 
 from gputui.config import ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset
+from gputui.events import plural
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build
 from gputui.tui.inventory import Inventory
 from gputui.tui.messages import InventoryReady
@@ -130,11 +131,11 @@ class SetupScreen(Screen):
             cfg = result.config
             d = cfg.to_dict()
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
-                    f"{data_label(d)} · {cfg.run.epochs} epoch(s) · global batch "
+                    f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
         elif result.field_errors:
             first = next(iter(result.field_errors))
-            text = (f"✗ {len(result.field_errors)} field(s) to fix, first: "
+            text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
                     f"{FIELD_BY_KEY[first].label}")
         else:
             text = f"✗ {result.error}"

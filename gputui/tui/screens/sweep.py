@@ -20,6 +20,7 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, 
 
 from gputui.devices import wants_gpus
 from gputui.config import ConfigError, RunConfig
+from gputui.events import acc_text, plural
 from gputui.sweep import Point, Sweep, parse_devices
 from gputui.usercode import code_line, data_label, model_label
 
@@ -92,7 +93,7 @@ class SweepScreen(Screen):
         d = self.config.to_dict()
         code = code_line(d)
         yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
-                     f"{self.config.run.epochs} epoch(s){' · ⚠ ' + code if code else ''}. "
+                     f"{plural(self.config.run.epochs, 'epoch')}{' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status")
         yield Footer()
 
@@ -161,7 +162,7 @@ class SweepScreen(Screen):
                                                 f"{ev.steps_per_epoch} loss {ev.loss:.4f}"))
             elif ev.kind == "epoch_end":
                 self.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
-                                                f"acc {ev.test_acc:.4f}"))
+                                                f"test acc {acc_text(ev.test_acc)}"))
         try:
             state = sweep.run(lambda p: self.post_message(PointChanged(p)), on_event)
         except Exception as exc:  # noqa: BLE001 - shown in the app, never a crash

@@ -56,6 +56,7 @@ class DevicePanel(Vertical):
         self.util_history: deque[float] = deque(maxlen=HISTORY)
         self.mem_history: deque[float] = deque(maxlen=HISTORY)
         self.last: DeviceSample | None = None
+        self.sharing: tuple[str, ...] = ()  # other devices driven by the same process
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
@@ -91,12 +92,34 @@ class DevicePanel(Vertical):
             util_meter.fraction, util_meter.value_text = None, "n/a"
         util_meter.refresh()
         self._show_memory(s)
-        extra = f"temp {fmt_opt(s.temp_c, '°C')} · power {fmt_opt(s.power_w, 'W')}"
-        if s.power_w is not None and s.power_limit_w:
-            extra += f" / {s.power_limit_w:.0f} W"
+        self.query_one(".dev-extra", Static).update(self.extra_text())
+
+    def extra_text(self) -> str:
+        """Temperature, power, the process, and which devices share that process (CPU
+        virtual devices of scratch, dp or model_parallel are one process: the same pid,
+        utilization and memory)."""
+        s = self.last
+        if s is None:
+            return "temp n/a · power n/a"
+        parts = []
+        if s.cpu_percent is None or s.temp_c is not None or s.power_w is not None:
+            power = fmt_opt(s.power_w, "W")
+            if s.power_w is not None and s.power_limit_w:
+                power += f" / {s.power_limit_w:.0f} W"
+            parts.append(f"temp {fmt_opt(s.temp_c, '°C')} · power {power}")
         if s.pid is not None:
-            extra += f" · pid {s.pid}"
-        self.query_one(".dev-extra", Static).update(extra)
+            parts.append(f"pid {s.pid}")
+        if self.sharing:  # short: the panel is narrow
+            others = self.sharing[0] if len(self.sharing) == 1 else f"{len(self.sharing)} others"
+            parts.append(f"one process with {others}")
+        return " · ".join(parts) or "temp n/a · power n/a"
+
+    def set_sharing(self, others: tuple[str, ...]) -> None:
+        """The other devices whose samples come from this device's process."""
+        if others != self.sharing:
+            self.sharing = others
+            if self.is_mounted and self.children:
+                self.query_one(".dev-extra", Static).update(self.extra_text())
 
     def _show_memory(self, s: DeviceSample) -> None:
         meter = self.query_one(".mem-meter", Meter)

@@ -11,9 +11,12 @@ from textual.widgets import DataTable, Label, Select, Static
 
 from gputui.devices import (Device, DeviceSpecError, requested_count, resolve_with_note,
                             wants_gpus)
+from gputui.events import plural
 from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory, gpu_indices
 
 COLUMNS = ("use", "device", "name", "memory", "util", "status")
+CPU_ROW_NOTE = ("A CPU row cannot be toggled on its own: CPU virtual devices are used together. "
+                "Choose how many under the table (CPU virtual devices), or pick a GPU row.")
 
 
 class DeviceTable(DataTable):
@@ -110,7 +113,7 @@ class DevicePicker(Vertical):
                                              self.inventory.no_gpu_reason)
         except DeviceSpecError as exc:
             self.cpu_count = max(1, min(MAX_CPU_DEVICES, requested_count(spec)))
-            return f"{exc}; showing {self.cpu_count} CPU virtual device(s) instead"
+            return f"{exc}; showing {plural(self.cpu_count, 'CPU virtual device')} instead"
         self.selected_gpus = {d.index for d in chosen if d.kind == "cuda"}
         if not self.selected_gpus:
             self.cpu_count = len(chosen)
@@ -191,6 +194,9 @@ class DevicePicker(Vertical):
         self.wanted = None  # the user's own choice from now on
         if kind == "cuda":
             self.selected_gpus ^= {int(index)}
+        elif not self.selected_gpus:  # already on CPU: nothing a row could toggle
+            self.notify(CPU_ROW_NOTE, title="CPU virtual devices", timeout=6)
+            return
         else:
             self.selected_gpus = set()
         self._fill()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from gputui.events import EpochEnd
+from gputui.events import EpochEnd, acc_text
 from gputui.tui.fmt import fmt_rate
 
 
@@ -24,7 +24,7 @@ class EpochTable(DataTable):
     def add_epoch(self, ev: EpochEnd) -> None:
         """Add (or replace, for a repeated epoch number) the row of one epoch."""
         cells = (f"{ev.epoch}/{ev.epochs}", f"{ev.seconds:.1f} s", f"{ev.eval_s:.1f} s",
-                 f"{ev.train_loss:.4f}", f"{ev.test_acc * 100:.2f}%", fmt_rate(ev.samples_per_s))
+                 f"{ev.train_loss:.4f}", acc_text(ev.test_acc), fmt_rate(ev.samples_per_s))
         key = str(ev.epoch)
         if ev.epoch in self.rows_by_epoch:
             for name, value in zip(self.COLUMNS, cells):

@@ -12,7 +12,8 @@ from textual.widget import Widget
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from gputui.config import RunConfig
-from gputui.tui.form import FIELDS, FieldSpec, check_field, current_value, value_text
+from gputui.tui.form import (FIELDS, FieldSpec, check_field, current_value, empty_meaning,
+                             field_text)
 
 EXTRA_ID = "f-extra"
 
@@ -46,7 +47,7 @@ class ParamForm(VerticalScroll):
                 yield self._editor(spec)
         with Horizontal(classes="field-row"):
             yield Label("More --set", classes="field-label")
-            yield Input(placeholder="table.key=value ...  e.g. data.test_size=500",
+            yield Input(placeholder="e.g. data.test_size=500",
                         id=EXTRA_ID, compact=True,
                         tooltip="Any other setting, written as for `gputui run --set`.")
         yield Static("", id="field-help", markup=False)
@@ -59,7 +60,8 @@ class ParamForm(VerticalScroll):
         if spec.kind == "switch":
             return Checkbox(spec.label, value=bool(value), id=spec.dom_id, compact=True,
                             tooltip=spec.help())
-        return Input(value_text(value), id=spec.dom_id, compact=True, tooltip=spec.help(),
+        return Input(field_text(spec.key, value), placeholder=empty_meaning(spec.key),
+                     id=spec.dom_id, compact=True, tooltip=spec.help(),
                      validators=[ConfigFieldValidator(spec.key, lambda: self.base)],
                      validate_on=["changed", "submitted"])
 
@@ -83,7 +85,7 @@ class ParamForm(VerticalScroll):
             widget = self.query_one(f"#{spec.dom_id}")
             value = current_value(config, spec.key)
             if spec.kind == "input":
-                widget.value = value_text(value)
+                widget.value = field_text(spec.key, value)
             elif spec.kind == "switch":
                 widget.value = bool(value)
             else:

@@ -15,7 +15,8 @@ from gputui.tui.fmt import eta_seconds, fmt_duration, fmt_rate
 
 STATE_TEXT = {
     "starting": "◌ starting", "running": "● running", "stopping": "◍ stopping",
-    "finished": "✔ finished", "stopped": "■ stopped", "failed": "✘ failed",
+    "finished": "✔ finished", "stopped": "■ stopped", "killed": "✘ killed",
+    "failed": "✘ failed",
 }
 
 
@@ -102,16 +103,17 @@ class RunStatus(Vertical):
         self.query_one("#record-line", Static).update(text)
 
     # ------------------------------------------------------------------ showing
-    def eta(self, ended: bool = False) -> float | None:
-        """Seconds left: remaining steps at the recent step time, plus evaluations."""
+    def eta(self, ended: bool = False, finished: bool = False) -> float | None:
+        """Seconds left: remaining steps at the recent step time, plus evaluations; none
+        for a run that ended before its last epoch (stopped, killed, failed)."""
         if ended:
-            return 0.0
+            return 0.0 if finished else None
         total = self.steps_per_epoch * self.epochs
         done = self.steps_per_epoch * max(0, self.epoch - 1) + self.step
         evals_left = max(0, self.epochs - self.finished_epochs)
         return eta_seconds(done, total, self.step_time, evals_left, self.eval_s)
 
-    def redraw(self, ended: bool = False) -> None:
+    def redraw(self, ended: bool = False, finished: bool = False) -> None:
         """Refresh the progress line and the meta line from the numbers held."""
         epochs = self.epochs or "?"
         self.query_one("#epoch-label", Label).update(
@@ -119,7 +121,7 @@ class RunStatus(Vertical):
         bar = self.query_one("#epoch-progress", ProgressBar)
         if self.steps_per_epoch:
             bar.update(total=self.steps_per_epoch, progress=self.step)
-        self.query_one("#eta-label", Label).update(f"ETA {fmt_duration(self.eta(ended))}")
+        self.query_one("#eta-label", Label).update(f"ETA {fmt_duration(self.eta(ended, finished))}")
         init = f"{self.init_s:.1f} s" if self.init_s is not None else "n/a"
         elapsed = (self.t_last - self.t0) if self.t0 is not None and self.t_last else None
         self.query_one("#status-meta", Static).update(

@@ -1,0 +1,77 @@
+"""Every shipped preset learns where its header says to run it.
+
+Each preset's header names the command for a user without the dataset (the embedded
+synthetic task, shrunk where the header says so for a CPU). This test runs that command as
+the header writes it, through the real CLI, and checks the test accuracy is well above the
+10 % of chance. To keep the suite lean, a few runs are cut further here (TEST_CUTS: fewer
+epochs of the same run; the header's full run only learns more), and two presets are covered
+where they already run: `quickstart` by test_cli.py (its header command, 2 epochs, > 80 %),
+`lenet-ddp-2nodes` by the check below that it trains exactly lenet-ddp-2dev's model, data and
+optimizer (two nodes as one job: test_ddp_runs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from gputui.config import load_preset
+from gputui.presets import PACKAGE_PRESETS, preset_description
+
+pytestmark = pytest.mark.slow
+GPUTUI = [sys.executable, "-m", "gputui"]
+WELL_ABOVE_CHANCE = 0.3  # ten classes: chance is 0.1
+TEST_CUTS = {  # preset -> flags appended by this test only
+    "lenet-scratch-1dev": ["--epochs", "2"],
+    "lenet-scratch-2dev": ["--epochs", "2"],
+    "lenet-ddp-2dev": ["--epochs", "1"],
+    "lenet-fsdp-2dev": ["--epochs", "1"],
+}
+PRESETS = sorted(p.stem for p in PACKAGE_PRESETS.glob("*.toml"))
+RUN_HERE = [p for p in PRESETS if p not in ("quickstart", "lenet-ddp-2nodes")]
+
+
+def header_commands(name: str) -> list[str]:
+    """The `gputui run` lines of a preset's header, as written."""
+    lines = preset_description(PACKAGE_PRESETS / f"{name}.toml")
+    found = [re.sub(r"^node \w+:\s*", "", ln.strip()) for ln in lines]
+    return [ln for ln in found if re.match(rf"gputui run (presets/)?{name}(\.toml)?( |$)", ln)]
+
+
+def test_every_preset_header_names_a_command_for_a_machine_without_the_dataset():
+    assert set(TEST_CUTS) <= set(RUN_HERE)
+    for name in PRESETS:
+        assert header_commands(name), f"{name}: its header gives no `gputui run {name}` line"
+    assert len(header_commands("lenet-ddp-2nodes")) == 2  # one per node
+    assert header_commands("quickstart") == ["gputui run quickstart"]  # as test_cli runs it
+    two_nodes, two_devices = (load_preset(PACKAGE_PRESETS / f"{n}.toml").to_dict()
+                              for n in ("lenet-ddp-2nodes", "lenet-ddp-2dev"))
+    for table in ("model", "data", "optim"):
+        assert two_nodes[table] == two_devices[table], table
+    assert two_nodes["run"]["epochs"] == two_devices["run"]["epochs"]
+
+
+def _argv(line: str, name: str) -> list[str]:
+    words = shlex.split(line)
+    assert words[:2] == ["gputui", "run"], line
+    return [*GPUTUI, *words[1:], *TEST_CUTS.get(name, []), "--json"]
+
+
+@pytest.mark.parametrize("name", RUN_HERE)
+def test_the_header_command_learns_well_above_chance(name, tmp_path, monkeypatch):
+    line = header_commands(name)[0]  # the first: the one for a user without the dataset
+    monkeypatch.setenv("GPUTUI_RUNS_DIR", str(tmp_path / "runs"))
+    proc = subprocess.run(_argv(line, name), capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert proc.returncode == 0, f"{line}\n{proc.stderr}"
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "finished"
+    print(f"{name}: {summary['test_acc']:.1%} after {summary['epochs_done']} epochs")
+    assert summary["test_acc"] >= WELL_ABOVE_CHANCE, (
+        f"{line}: test accuracy {summary['test_acc']:.1%} after {summary['epochs_done']} "
+        f"epochs")
