@@ -102,7 +102,10 @@ class RunHandle:
         out = self._take_rank_pids(out)
         terminal = next((e for e in out if is_terminal(e)), None)
         if terminal is None:
-            terminal = self._record_missing_end()
+            # The record may already end (a warm worker is idle as soon as it has written its
+            # terminal event, before its queue has carried it here): never end it twice.
+            terminal = next((e for e in reversed(runstore.read_events(self.run_dir))
+                             if is_terminal(e)), None) or self._record_missing_end()
             out.append(terminal)
         self._finish(terminal)
         return out

@@ -91,7 +91,7 @@ def test_the_app_stops_its_run_gracefully_on_a_signal(tmp_path, how):
         _wait(lambda: not _tagged(tag), 60, "every process of the app to end")
         last = read_events(run_dir)[-1]
         if last.kind != "run_finished":  # 30 epochs before the signal: nothing to stop
-            assert (last.kind, last.reason) == ("run_stopped", expected)
+            assert (last.kind, last.reason) == ("run_stopped", expected), last
             assert (run_dir / "checkpoint.pt").is_file()
             assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -68,3 +69,32 @@ def test_imports_stay_light(modules, forbidden):
             f"bad = [m for m in {list(forbidden)!r} if m in sys.modules]\nprint(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _ends_its_record_but_sends_nothing(run_dir: str) -> None:
+    """A training process that has written its terminal event and exits before its queue
+    carried it (what a warm worker going idle looks like to the parent)."""
+    from gputui.events import RunStopped
+    from gputui.training.runstore import EventLog
+
+    log = EventLog(Path(run_dir) / "events.jsonl")
+    log.write(RunStopped(reason="stopped by SIGHUP (the terminal closed)"))
+    log.close()
+
+
+def test_a_record_that_already_ends_is_never_ended_twice(tmp_path):
+    import multiprocessing as mp
+
+    from gputui.config import RunConfig
+    from gputui.training.launcher import RunHandle
+    from gputui.training.runstore import read_events as read
+
+    handle = RunHandle("r", tmp_path, [], RunConfig())
+    ctx = mp.get_context("spawn")
+    handle._queue = ctx.Queue()
+    proc = ctx.Process(target=_ends_its_record_but_sends_nothing, args=(str(tmp_path),))
+    proc.start()
+    handle.processes.append(proc)
+    assert handle.wait(timeout=60) == "stopped"
+    assert [(e.kind, e.reason) for e in read(tmp_path)] == [
+        ("run_stopped", "stopped by SIGHUP (the terminal closed)")]

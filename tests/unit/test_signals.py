@@ -100,7 +100,7 @@ def test_a_stop_that_outlasts_the_grace_period_becomes_the_kill(tmp_path):
     assert last.kind == "run_stopped"
     assert last.reason == ("killed: the stop asked by SIGTERM did not end within 1 s "
                            "(run.stop_grace_s)")
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
     assert proc.returncode == 128 + signal.SIGTERM
     assert "did not stop within 1 s" in out
     assert left_behind(tag) == []

@@ -66,7 +66,7 @@ def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path
         while not any(e.kind == "step" for e in read_events(handle.run_dir)):
             handle.poll(timeout=0.2)
         handle.kill()
-        assert handle.wait(timeout=60) == "stopped"
+        assert handle.wait(timeout=60) == "killed"
         assert not worker.process.is_alive() and warm.take() is None
         cold = launch(config(), tmp_path)  # the next run starts cold
         assert cold.processes[0].pid != worker.process.pid
