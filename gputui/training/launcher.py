@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import collections
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import queue as queue_mod
 import signal
@@ -272,6 +273,35 @@ def _adopt_orphans() -> None:
 _ADOPTING: list[bool] = []
 
 
+def own_tracker() -> None:
+    """This process's multiprocessing resource tracker, started so that it ends with it:
+    immune to the group's SIGHUP (it ignores SIGINT and SIGTERM itself; killed, it would be
+    restarted at exit by the semaphores' clean-up and outlive this process), and stopped and
+    reaped by the last of multiprocessing's exit finalisers, after every clean-up that uses it."""
+    if _TRACKED:
+        return
+    _TRACKED.append(True)
+    from multiprocessing import resource_tracker
+
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited through exec
+        try:
+            resource_tracker.ensure_running()
+        finally:
+            signal.signal(signal.SIGHUP, old)
+
+    def stop() -> None:
+        try:
+            resource_tracker._resource_tracker._stop()  # private: a missing one is harmless
+        except Exception:  # noqa: BLE001
+            pass
+
+    mp_util.Finalize(None, stop, exitpriority=-100)
+
+
+_TRACKED: list[bool] = []
+
+
 def _kill_tree(pid: int | None) -> None:
     if not pid:
         return
@@ -307,6 +337,7 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     handle = RunHandle(run_id, run_dir, devices, cfg)
     _adopt_orphans()
+    own_tracker()
     handle.device_note = device_note
     info = registry.get(cfg.strategy.name)
     handle.multiprocess = bool(info and info.multiprocess)

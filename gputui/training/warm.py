@@ -117,6 +117,9 @@ def prepare(cuda: tuple[int, ...] = ()) -> WarmWorker:
         for w in _POOL:
             if w.cuda == tuple(cuda):
                 return w
+        from gputui.training.launcher import own_tracker
+
+        own_tracker()  # before the worker's queues start the tracker (see there)
         worker = WarmWorker(tuple(cuda))
         _POOL.append(worker)
         return worker
