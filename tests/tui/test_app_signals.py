@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from gputui.training.runstore import read_events
+from procs import tagged
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = """[run]
@@ -40,17 +41,6 @@ enabled = false
 
 def _tmux(sock: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True)
-
-
-def _tagged(tag: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("GPUTUI_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return out
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -81,14 +71,14 @@ def test_the_app_stops_its_run_gracefully_on_a_signal(tmp_path, how):
         run_dir = _wait(lambda: next((p.parent for p in runs.glob("*/events.jsonl")
                                       if any(e.kind == "step" for e in read_events(p.parent))),
                                      None), 120, "the run's first step")
-        app = next(p for p in _tagged(tag) if "-m gputui" in " ".join(p.cmdline()))
+        app = next(p for p in tagged(tag) if "-m gputui" in " ".join(p.cmdline()))
         if how == "kill-session":
             _tmux(sock, "kill-session", "-t", "s")
             expected = "stopped by SIGHUP (the terminal closed)"
         else:  # the pane's shell is in the group too and dies: the exit status is tested below
             os.killpg(os.getpgid(app.pid), signal.SIGTERM)
             expected = "stopped by SIGTERM"
-        _wait(lambda: not _tagged(tag), 60, "every process of the app to end")
+        _wait(lambda: not tagged(tag), 60, "every process of the app to end")
         last = read_events(run_dir)[-1]
         if last.kind != "run_finished":  # 30 epochs before the signal: nothing to stop
             assert (last.kind, last.reason) == ("run_stopped", expected), last
@@ -96,7 +86,7 @@ def test_the_app_stops_its_run_gracefully_on_a_signal(tmp_path, how):
             assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
     finally:
         _tmux(sock, "kill-server")
-        for p in _tagged(tag):
+        for p in tagged(tag):
             p.kill()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from procs import tagged
 import torch
 
 from gputui import cli
@@ -44,14 +45,7 @@ def _tagged_env() -> tuple[dict, str]:
 
 def _left_behind(tag: str) -> list[psutil.Process]:
     """Live processes started by one test (they inherit its GPUTUI_TEST_TAG)."""
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("GPUTUI_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return out
+    return tagged(tag)
 
 
 # ------------------------------------------------------------------ divergence

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from procs import tagged
 
 from gputui.training.runstore import read_events
 from gputui.training.signals import stop_reason
@@ -52,14 +53,8 @@ def _trainers(pid: int) -> list[psutil.Process]:
 
 
 def left_behind(tag: str) -> list[str]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("GPUTUI_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(f"{p.pid} {p.ppid()} {' '.join(p.cmdline())[:160]}")
-        except (psutil.Error, OSError):
-            continue
-    return out
+    """The processes this test started that are still alive, described for the message."""
+    return [f"{p.pid} {p.ppid()} {' '.join(p.cmdline())[:160]}" for p in tagged(tag)]
 
 
 @pytest.mark.parametrize("strategy, devices, sig", [
