@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from gputui import __version__
@@ -113,6 +114,14 @@ def cmd_run(args) -> int:
         cfg = resolve_config(args)
     except ConfigError as exc:
         return fail(str(exc))
+    if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
+        from gputui.training import runlock
+
+        folder = Path(cfg.run.resume_from)
+        active = runlock.holder(folder if folder.is_dir() else folder.parent)
+        if active:
+            return fail(f"run.resume_from: {folder.name} is {active}; stop that run first, "
+                        f"then resume")
     from gputui.usercode import code_line
 
     code = code_line(cfg)
@@ -212,17 +221,27 @@ def cmd_strategies(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    """``gputui presets``: the preset files found, each with its whole description."""
-    from gputui.presets import list_presets, preset_description
+    """``gputui presets``: the preset files found, each with its whole description; a preset
+    that cannot be loaded is listed with the reason, and the others still are."""
+    from gputui.presets import list_presets, names_code, preset_description, preset_problem
 
-    from gputui.presets import names_code
-
-    presets = [(p, preset_description(p), names_code(p)) for p in list_presets()]
+    presets = []
+    for p in list_presets():
+        problem = preset_problem(p)
+        try:
+            lines = preset_description(p) if problem is None else []
+        except (OSError, UnicodeDecodeError):  # changed since preset_problem looked
+            lines = []
+        presets.append((p, lines, names_code(p) if problem is None else [], problem))
     if args.json:
         print(json.dumps([{"name": p.stem, "path": str(p), "description": "\n".join(lines),
-                           "runs_code": code} for p, lines, code in presets], indent=2))
+                           "runs_code": code, "problem": problem or ""}
+                          for p, lines, code, problem in presets], indent=2))
         return EXIT_OK
-    for p, lines, code in presets:
+    for p, lines, code, problem in presets:
+        if problem is not None:
+            print(f"{p.stem:24} [cannot be loaded: {problem}]")
+            continue
         lines = lines or [""]
         mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
         print(f"{p.stem:24} {lines[0]}{mark}".rstrip())

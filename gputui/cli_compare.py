@@ -121,6 +121,10 @@ def cmd_runs(args) -> int:
         return EXIT_OK
     plain = [r.to_dict() for r in rows]
     emit(plain, history.COLUMNS, form, args.output, "runs", json_data=plain)
+    if form == "table":  # what could not be read, under the table (--json has it per row)
+        for r in rows:
+            if r.problem:
+                print(f"{r.id}: {r.problem}")
     return EXIT_OK
 
 
@@ -128,14 +132,14 @@ def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) ->
     """Run folders from ids/paths and/or a sweep; LookupError (one line) when one is unknown."""
     from gputui import history
     from gputui.sweep import load_manifest
-    from gputui.training.runstore import default_runs_dir
+    from gputui.training.runstore import default_runs_dir, is_run_folder
 
     dirs = [history.find_run(ref, runs_dir) for ref in refs]
     if sweep_id:
         base = Path(runs_dir) if runs_dir else default_runs_dir()
         manifest = load_manifest(base, sweep_id)
         dirs += [base / p.run_id for p in manifest.points
-                 if p.run_id and (base / p.run_id / "events.jsonl").exists()]
+                 if p.run_id and is_run_folder(base / p.run_id)]
     return list(dict.fromkeys(dirs))
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
+from gputui import safeio
 from gputui.config import ConfigError
+from gputui.training import runlock
 from gputui.events import plural
 
 CHECKPOINT_NAME = "checkpoint.pt"  # gputui.training.checkpoint.CHECKPOINT_NAME, torch-free here
@@ -46,13 +49,14 @@ def find_run(text: str, runs_dir: str | None = None) -> Path:
     from gputui.training.runstore import default_runs_dir
 
     path = Path(text).expanduser()
-    if path.is_dir():
+    if os.path.isdir(path):
         return path
     base = Path(runs_dir) if runs_dir else default_runs_dir()
     if "/" not in text and text not in ("", ".", ".."):
-        if (base / text).is_dir():
+        if os.path.isdir(base / text):
             return base / text
-        matches = sorted(p for p in base.glob(f"{text}*") if p.is_dir()) if base.is_dir() else []
+        matches = sorted(p for p in base.glob(f"{text}*") if os.path.isdir(p)) \
+            if os.path.isdir(base) else []
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
@@ -66,6 +70,23 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
     from gputui.training.runstore import read_summary
 
     run_dir = find_run(args.run, args.runs_dir).resolve()
+    try:
+        names = os.listdir(run_dir)
+    except OSError as exc:
+        raise ConfigError(f"{run_dir}: cannot read the run folder ({safeio.reason(exc)}); "
+                          f"check its permissions") from None
+    for name in ("config.toml", CHECKPOINT_NAME):
+        if name in names:  # there but unreadable: say so, rather than "missing"
+            try:
+                os.close(safeio.open_regular(run_dir / name))
+            except OSError as exc:
+                why = str(exc) if isinstance(exc, safeio.Unreadable) else \
+                    f"cannot read {name} ({safeio.reason(exc)})"
+                raise ConfigError(f"{run_dir}: {why}") from None
+    active = runlock.holder(run_dir)
+    if active:
+        raise ConfigError(f"{run_dir.name} is {active}; stop that run first (Ctrl-C in its "
+                          f"terminal, or s in the app), then resume")
     if not (run_dir / "config.toml").is_file():
         raise ConfigError(f"{run_dir}: no config.toml, so this is not a gputui run folder")
     if not (run_dir / CHECKPOINT_NAME).is_file():
@@ -98,4 +119,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
         run_args = resume_args(args)
     except ConfigError as exc:
         return fail(str(exc))
+    except OSError as exc:  # a record that changed under us: still one line
+        return fail(f"{args.run}: cannot read the run ({safeio.reason(exc)})")
     return cmd_run(run_args)

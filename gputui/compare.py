@@ -60,7 +60,11 @@ class CompareRow:
 def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
     """(loss curve, accuracy curve, mean comm share) from a record's readable events."""
     loss, acc, shares = [], [], []
-    for ev in runstore.read_events(run_dir):
+    try:
+        events = runstore.read_events(run_dir)
+    except OSError:  # the row says why (RunRow.problem)
+        events = []
+    for ev in events:
         if ev.kind == "step":
             loss.append((ev.epoch - 1 + ev.step / max(ev.steps_per_epoch, 1), ev.loss))
             if ev.comm_share is not None:
@@ -110,7 +114,10 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
     """Compare these runs; baselines are looked for among them and every run under runs_dir."""
     rows = [row_for(p) for p in run_dirs]
     compared = {r.id for r in rows}
-    others = [r for r in load_rows(runs_dir) if r.id not in compared]
+    try:
+        others = [r for r in load_rows(runs_dir) if r.id not in compared]
+    except OSError:  # a runs folder that cannot be listed holds no baseline we can use
+        others = []
     pool = rows + others
     out = []
     for row in rows:
@@ -154,6 +161,8 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
     lines = []
     for it in items:
         r = it.row
+        if r.problem:
+            lines.append(f"{r.id}: {r.problem}")
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind})")
         elif r.status != "finished" or not r.samples_per_s:

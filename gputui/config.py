@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,14 +148,19 @@ def from_dict(data: dict[str, Any], source: str = "config", check: bool = True) 
 def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
                 check: bool = True) -> RunConfig:
     """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last."""
+    from gputui import safeio
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a regular file within a size bound: a fifo or /dev/zero is refused, never read
+        text = safeio.read_text(path)
     except FileNotFoundError:
+        if path.is_symlink():
+            raise ConfigError(f"{path}: is a link to {os.readlink(path)}, which does not "
+                              f"exist; fix or remove the link") from None
         raise ConfigError(f"{path}: no such preset file; give a path or a name from "
                           f"`gputui presets`") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the preset ({exc.strerror})") from None
+        raise ConfigError(f"{path}: cannot read the preset ({safeio.reason(exc)})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: is not UTF-8 text, so not a TOML preset; give a .toml "
                           f"file") from None

@@ -9,6 +9,7 @@ damaged folder never hides the others. Torch-free: the CLI and the TUI import th
 from __future__ import annotations
 
 import json
+import os
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gputui import safeio
 from gputui.training import runstore
 
 # A record without a terminal event whose files have not changed for this long is not
@@ -51,6 +53,7 @@ class RunRow:
     precision: str = ""
     fast: str = ""  # the fast path it ran: precision, then compile mode and channels_last if set
     reason: str = ""
+    problem: str = ""  # what in the record cannot be read ("" when all of it reads)
     run_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,10 +64,14 @@ class RunRow:
 def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     """config.toml as a dict, else the config of the RunStarted event, else {}."""
     try:
-        return tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
+        return tomllib.loads(safeio.read_text(run_dir / "config.toml"))
     except (OSError, ValueError):
         pass
-    for ev in events if events is not None else runstore.read_events(run_dir):
+    try:
+        events = events if events is not None else runstore.read_events(run_dir)
+    except OSError:
+        return {}
+    for ev in events:
         if ev.kind == "run_started" and isinstance(ev.config, dict):
             return ev.config
     return {}
@@ -73,8 +80,6 @@ def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """The run's summary; rebuilt from the events when summary.json is damaged or not a dict."""
     summary = runstore.read_summary(run_dir)
-    if not isinstance(summary, dict):
-        summary = runstore.summarize(runstore.read_events(run_dir))
     if summary.get("status") == "running" and _stale(run_dir):
         summary = dict(summary, status="incomplete",
                        reason=summary.get("reason") or "the record ends without a final event")
@@ -84,9 +89,36 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 def _stale(run_dir: Path) -> bool:
     if (run_dir / "summary.json").exists():  # written only when the writer closed the record
         return True
-    times = [p.stat().st_mtime for p in (run_dir / "events.jsonl", run_dir / "telemetry.jsonl")
-             if p.exists()]
+    times = []
+    for p in (run_dir / "events.jsonl", run_dir / "telemetry.jsonl"):
+        try:
+            times.append(p.stat().st_mtime)
+        except OSError:
+            continue
     return not times or time.time() - max(times) > STALE_S
+
+
+def problems(run_dir: Path) -> str:
+    """What in a record cannot be read, one clause each ("" when every file reads): a file
+    of the wrong kind, one without permission, or events.jsonl missing. Opens, reads nothing."""
+    out = []
+    try:
+        names = set(os.listdir(run_dir))
+    except OSError as exc:
+        return f"the folder cannot be read ({safeio.reason(exc)})"
+    if "events.jsonl" not in names:
+        out.append("events.jsonl is missing")
+    for name in sorted(names & set(runstore.RECORD_FILES)):
+        try:
+            os.close(safeio.open_regular(run_dir / name))
+        except OSError as exc:
+            out.append(exc_text(name, exc))
+    return "; ".join(out)
+
+
+def exc_text(name: str, exc: OSError) -> str:
+    """"config.toml: Permission denied", or an Unreadable's own sentence (it names the file)."""
+    return str(exc) if isinstance(exc, safeio.Unreadable) else f"{name}: {safeio.reason(exc)}"
 
 
 def _date(run_id: str, run_dir: Path) -> str:
@@ -104,6 +136,10 @@ def row_for(run_dir: str | Path) -> RunRow:
     """The table row of one run folder; never raises for a damaged record."""
     run_dir = Path(run_dir)
     row = RunRow(id=run_dir.name, run_dir=str(run_dir), date=_date(run_dir.name, run_dir))
+    row.problem = problems(run_dir)
+    if row.problem.startswith("the folder cannot be read"):
+        row.status, row.reason = "unreadable", row.problem
+        return row
     try:
         s = read_summary(run_dir)
         cfg = read_config(run_dir)
@@ -146,11 +182,7 @@ def fast_path_label(run: dict) -> str:
 
 def load_rows(runs_dir: str | Path | None = None) -> list[RunRow]:
     """Every run under ``runs_dir`` (default: $GPUTUI_RUNS_DIR or ./runs), newest first."""
-    base = Path(runs_dir) if runs_dir else runstore.default_runs_dir()
-    if not base.is_dir():
-        return []
-    dirs = sorted((p for p in base.iterdir() if (p / "events.jsonl").exists()), reverse=True)
-    return [row_for(p) for p in dirs]
+    return [row_for(p) for p in runstore.run_folders(runs_dir)]
 
 
 def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | None = None,
@@ -168,10 +200,10 @@ def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | N
 def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
     """A run folder from a path, an id, or a unique id prefix/suffix; LookupError otherwise."""
     path = Path(ref)
-    if (path / "events.jsonl").exists():
+    if runstore.is_run_folder(path):
         return path
     base = Path(runs_dir) if runs_dir else runstore.default_runs_dir()
-    if (base / ref / "events.jsonl").exists():
+    if ref and runstore.is_run_folder(base / ref):
         return base / ref
     hits = [r.run_dir for r in load_rows(base) if r.id.startswith(ref) or r.id.endswith(ref)]
     if len(hits) == 1:

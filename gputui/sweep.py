@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gputui import safeio
 from gputui.config import ConfigError, RunConfig, check_combinations, load_preset
 from gputui.training import runstore
 
@@ -99,7 +100,7 @@ def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
     """A saved manifest; LookupError (one line) when missing or unreadable."""
     path = manifest_path(runs_dir, sweep_id)
     try:
-        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return Manifest.from_dict(json.loads(safeio.read_text(path)))
     except FileNotFoundError:
         known = ", ".join(m.sweep_id for m in list_manifests(runs_dir)) or "none"
         raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps; known: {known}") \
@@ -115,7 +116,7 @@ def list_manifests(runs_dir: Path) -> list[Manifest]:
     out = []
     for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
         try:
-            out.append(Manifest.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+            out.append(Manifest.from_dict(json.loads(safeio.read_text(path))))
         except (OSError, ValueError, TypeError):
             continue
     return out
@@ -350,4 +351,4 @@ class Sweep:
     def run_dirs(self) -> list[Path]:
         """The record folders of the points that ran (in grid order)."""
         return [self.runs_dir / p.run_id for p in self.manifest.points
-                if p.run_id and (self.runs_dir / p.run_id / "events.jsonl").exists()]
+                if p.run_id and runstore.is_run_folder(self.runs_dir / p.run_id)]

@@ -25,7 +25,7 @@ from typing import Any
 from gputui.config import RunConfig
 from gputui.devices import Device, resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
-from gputui.training import runstore
+from gputui.training import runlock, runstore
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
 REASON_BYTES = 256
@@ -58,6 +58,7 @@ class RunHandle:
         self._kill_reason = ""
         self._lock = threading.Lock()
         self._rank_pids: dict[str, int] = {}
+        self._locks: list = []  # runlock.RunLock: this folder (and a resumed one) in use
         self.multiprocess = False  # ddp/fsdp: processes[0] is the elastic agent
         self.device_note = ""  # what the devices' fallback ran on instead, or ""
         self._tree: dict[int, Any] = {}  # every process seen below the child (psutil objects)
@@ -192,6 +193,9 @@ class RunHandle:
             from gputui.training import shared_data
 
             shared_data.remove(shared_data.path_for(self.run_id))
+        for lock in self._locks:  # no process of the run is left: it may be resumed now
+            lock.release()
+        self._locks.clear()
         _LIVE.discard(self)
 
     # ------------------------------------------------------------------ control
@@ -336,6 +340,12 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
     (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     handle = RunHandle(run_id, run_dir, devices, cfg)
+    # the folder, and the one this run resumes, are in use until the run ends (gputui resume
+    # refuses a folder in use; the kernel frees the lock if this process dies)
+    for folder in [run_dir] + ([Path(cfg.run.resume_from)] if cfg.run.resume_from else []):
+        lock = runlock.hold(folder if folder.is_dir() else folder.parent, run_id)
+        if lock is not None:
+            handle._locks.append(lock)
     _adopt_orphans()
     own_tracker()
     handle.device_note = device_note

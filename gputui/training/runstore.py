@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from gputui import safeio
 from gputui.events import Event, event_from_dict
 from gputui.usercode import data_label, model_label
 
@@ -54,16 +55,20 @@ class EventLog:
 
 
 def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
-    """Every readable event of a record; a torn last line (a crash mid-write) is skipped."""
-    path = Path(run_dir) / name
+    """Every readable event of a record; a torn last line (a crash mid-write) is skipped, and
+    so is a line too long to be an event. A missing file gives no events; a file that cannot
+    be read (a folder, a fifo, no permission) raises OSError (``safeio.Unreadable`` for the
+    wrong kind of file). Never blocks: only a regular file is read, as a stream."""
     out: list[Event] = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            out.append(event_from_dict(json.loads(line)))
-        except (ValueError, TypeError):
-            continue
+    try:
+        lines = safeio.iter_lines(Path(run_dir) / name)
+        for line in lines:
+            try:
+                out.append(event_from_dict(json.loads(line)))
+            except (ValueError, TypeError):
+                continue
+    except FileNotFoundError:
+        pass
     return out
 
 
@@ -120,25 +125,55 @@ def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    """summary.json, or a summary rebuilt from the events when it is missing or unreadable."""
+    """summary.json, or a summary rebuilt from the events when it is missing or unreadable;
+    status "unreadable" (with the reason) when neither can be read."""
     path = Path(run_dir) / "summary.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(safeio.read_text(path))
         if isinstance(data, dict):
             return data
     except (OSError, ValueError):
         pass
     try:
         return summarize(read_events(run_dir))
+    except OSError as exc:
+        return {"status": "unreadable", "epochs_done": 0, "epochs": None, "per_epoch": [],
+                "reason": f"events.jsonl cannot be read ({safeio.reason(exc)})"}
     except Exception as exc:  # noqa: BLE001 - events of the right type but the wrong shapes
         return {"status": "unreadable", "epochs_done": 0, "epochs": None, "per_epoch": [],
                 "reason": f"the record cannot be summarised ({type(exc).__name__}: {exc})"}
 
 
+RECORD_FILES = ("events.jsonl", "summary.json", "config.toml", "checkpoint.pt",
+                "telemetry.jsonl")
+NOT_RUNS = ("sweeps",)  # folders of the runs folder that hold no run (sweep manifests)
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """A folder holding any file of a record, or one that cannot be looked into (it is listed,
+    as unreadable, rather than hidden). Looks at names only: nothing is opened."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return False
+        names = os.listdir(path)
+    except OSError:
+        return True
+    return any(n in names for n in RECORD_FILES)
+
+
+def run_folders(runs_dir: str | Path | None = None) -> list[Path]:
+    """Every run folder under ``runs_dir`` (see :func:`is_run_folder`), newest first; [] when
+    the folder does not exist; OSError when it cannot be listed."""
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
+    try:
+        entries = sorted(os.listdir(base), reverse=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [base / name for name in entries
+            if not name.startswith(".") and name not in NOT_RUNS and is_run_folder(base / name)]
+
+
 def list_runs(runs_dir: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
     """Every run folder under ``runs_dir`` with its summary, newest first."""
-    base = Path(runs_dir) if runs_dir else default_runs_dir()
-    if not base.is_dir():
-        return []
-    dirs = sorted((p for p in base.iterdir() if (p / "events.jsonl").exists()), reverse=True)
-    return [(p, read_summary(p)) for p in dirs]
+    return [(p, read_summary(p)) for p in run_folders(runs_dir)]
