@@ -8,7 +8,6 @@ Bad input is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -181,11 +180,3 @@ def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> lis
     for path in out:
         print(f"wrote {path}", file=sys.stderr)
     return out
-
-
-def install_sigterm() -> None:
-    """SIGTERM is handled like Ctrl-C: a graceful stop that keeps the records."""
-    def _raise(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _raise)

@@ -124,10 +124,11 @@ def load_preset_checked(path: str, overrides: list):
 
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
-    from gputui.cli_compare import emit, install_sigterm
+    from gputui.cli_compare import emit
     from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
     from gputui.sweep_progress import SweepProgress
     from gputui.training.runstore import default_runs_dir
+    from gputui.training.signals import Supervisor
 
     runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
     try:
@@ -136,19 +137,16 @@ def cmd_sweep(args) -> int:
         return fail(str(exc))
     out = sys.stderr if args.json else sys.stdout
     m = sweep.manifest
-    install_sigterm()
+    # SIGINT, SIGTERM and SIGHUP (a closed terminal signals the whole group): the running
+    # point stops gracefully with the signal named in its record, no further point starts,
+    # the manifest says "interrupted"; a second signal kills the point (signals.Supervisor)
+    sup = sweep.supervisor = Supervisor(sweep.base.run.stop_grace_s).install()
     progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
     with progress:
         keys = ", ".join(p.key for p in m.points)
         progress.line(f"{note}: {plural(len(m.points), 'point')} ({keys}); "
                       f"manifest {sweep.save()}")
-        try:
-            state = sweep.run(progress.on_point, progress.on_event)
-        except KeyboardInterrupt:  # Ctrl-C between two runs
-            sweep.request_stop()
-            m.state = "interrupted"
-            sweep.save()
-            state = "interrupted"
+        state = sweep.run(progress.on_point, progress.on_event)
     if state == "interrupted":
         print(f"sweep interrupted; resume with: gputui sweep --resume {m.sweep_id}", file=out)
     for p in m.points:
@@ -162,7 +160,7 @@ def cmd_sweep(args) -> int:
          f"sweep {m.sweep_id} over {m.kind_words()}",
          json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
     if state == "interrupted":
-        return EXIT_INTERRUPTED
+        return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
 
 

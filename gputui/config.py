@@ -214,74 +214,93 @@ def apply_overrides(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
                     check: bool = True, preset_source: str = "config") -> RunConfig:
     """Apply (source, "table.key", value) overrides in order, then run the combination checks."""
     data = cfg.to_dict()
+    origins: dict[str, str] = {}
     for source, key, value in overrides:
         table, _, name = key.partition(".")
         from_dict({table: {name: value}}, source=source, check=False)  # one-line errors
         data[table][name] = value
+        origins[key] = source
     cfg = from_dict(data, source=preset_source, check=False)
     if check:
-        check_combinations(cfg, preset_source)
+        check_combinations(cfg, preset_source, origins)
     return cfg
 
 
-def check_combinations(cfg: RunConfig, source: str) -> None:
-    """Cross-field rules, all in one place; raises ConfigError on the first broken one."""
+def check_combinations(cfg: RunConfig, source: str,
+                       origins: dict[str, str] | None = None) -> None:
+    """Cross-field rules, all in one place; raises ConfigError on the first broken one.
+
+    ``origins`` maps each overridden "table.key" to where its value came from ("--devices",
+    "--set optim.lr=0.2"): a broken rule is blamed on the flags that set its keys, and on
+    ``source`` (the preset) only when none of them was overridden."""
     from gputui.devices import DeviceSpecError, resolve_devices
     from gputui.training.strategies import registry
+    from gputui.usercode import CODE_KEYS, find_problem
+
+    def blame(*keys: str, text: str = "") -> str:
+        """The flags that set the keys a message names, else those of the rule's ``keys``."""
+        named = [k for k in origins or {} if k in text]
+        flags = list(dict.fromkeys(origins[k] for k in (named or keys) if k in (origins or {})))
+        return ", ".join(flags) if flags else source
 
     # the [dist] table's own rules first: they hold whatever the strategy
     if cfg.dist.node_rank >= cfg.dist.nnodes:
-        raise ConfigError(f"{source}: dist.node_rank ({cfg.dist.node_rank}) must be below "
+        where = blame("dist.node_rank", "dist.nnodes")
+        raise ConfigError(f"{where}: dist.node_rank ({cfg.dist.node_rank}) must be below "
                           f"dist.nnodes ({cfg.dist.nnodes})")
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
-        raise ConfigError(f"{source}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
+        where = blame("dist.nnodes", "dist.rdzv_endpoint")
+        raise ConfigError(f"{where}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
                           f"(--rdzv-endpoint)")
-    from gputui.usercode import CODE_KEYS, find_problem
-
     for key in CODE_KEYS:  # the factories' files and functions exist (read, never run)
         table, name = key.split(".")
         spec = getattr(getattr(cfg, table), name)
         problem = find_problem(spec, key) if spec else None
         if problem:
-            raise ConfigError(f"{source}: {problem}")
+            raise ConfigError(f"{blame(key)}: {problem}")
     try:
         devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
     except DeviceSpecError as exc:
-        raise ConfigError(f"{source}: devices.spec: {exc}") from None
+        where = blame("devices.spec", "devices.fallback")
+        # the message quotes the value; a preset file is named with the key that holds it
+        raise ConfigError(f"{where}: {exc}" if where != source else
+                          f"{source}: devices.spec: {exc}") from None
     info = registry.get(cfg.strategy.name)
     if info is None:
         names = ", ".join(registry.names())
-        raise ConfigError(f"{source}: strategy.name must be one of {names}; "
+        raise ConfigError(f"{blame('strategy.name')}: strategy.name must be one of {names}; "
                           f"got {cfg.strategy.name!r}")
     reason = info.why_not(cfg, devices)
     if reason:
-        raise ConfigError(f"{source}: {reason}")
+        raise ConfigError(f"{blame('strategy.name', 'devices.spec', text=reason)}: {reason}")
     n = len(devices)
     batch = effective_batch_size(cfg, n)
     if batch < cfg.optim.micro_batches:
-        raise ConfigError(f"{source}: optim.batch_size ({batch}) is smaller than "
+        where = blame("optim.batch_size", "optim.micro_batches", "optim.scale_with_devices")
+        raise ConfigError(f"{where}: optim.batch_size ({batch}) is smaller than "
                           f"optim.micro_batches ({cfg.optim.micro_batches}); lower micro_batches")
     weights = cfg.strategy.split_weights
     if weights:
         if len(weights) != n:
-            raise ConfigError(f"{source}: strategy.split_weights has {len(weights)} entries for "
+            where = blame("strategy.split_weights", "devices.spec")
+            raise ConfigError(f"{where}: strategy.split_weights has {len(weights)} entries for "
                               f"{n} devices; give one weight per device")
         if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0 for w in weights):
-            raise ConfigError(f"{source}: strategy.split_weights must be positive numbers, "
-                              f"got {weights!r}")
+            raise ConfigError(f"{blame('strategy.split_weights')}: strategy.split_weights must "
+                              f"be positive numbers, got {weights!r}")
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
-        raise ConfigError(f"{source}: run.precision = 'fp16' needs CUDA devices; "
-                          f"use 'bf16' on CPU")
+        raise ConfigError(f"{blame('run.precision', 'devices.spec')}: run.precision = 'fp16' "
+                          f"needs CUDA devices; use 'bf16' on CPU")
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
     if resume is not None and not (resume / "checkpoint.pt" if resume.is_dir()
                                    else resume).is_file():
-        raise ConfigError(f"{source}: run.resume_from: no checkpoint at {resume}; give a run "
-                          f"folder holding checkpoint.pt (see `gputui resume`)")
+        raise ConfigError(f"{blame('run.resume_from')}: run.resume_from: no checkpoint at "
+                          f"{resume}; give a run folder holding checkpoint.pt (see `gputui "
+                          f"resume`)")
     if _path_like(cfg.run.name):
-        raise ConfigError(f"{source}: run.name {cfg.run.name!r} looks like a path; use a plain "
-                          f"name of letters, digits, '-', '_' and '.' (e.g. 'lenet-2dev')")
-    if cfg.data.name == "cifar10" and cfg.model.name == "lenet":
-        pass  # LeNet adapts its first layer and flatten size to 3x32x32 inputs
+        raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "
+                          f"use a plain name of letters, digits, '-', '_' and '.' (e.g. "
+                          f"'lenet-2dev')")
 
 
 def _path_like(name: str) -> bool:

@@ -212,6 +212,9 @@ class Sweep:
     def __init__(self, manifest: Manifest, runs_dir: Path, overrides: list[tuple[str, str, Any]]):
         self.manifest, self.runs_dir, self.overrides = manifest, Path(runs_dir), overrides
         self.stop_requested = False
+        # headless: the process's Supervisor (signals.py), which turns SIGINT, SIGTERM and
+        # SIGHUP into the current point's graceful stop, then the kill; None in the app
+        self.supervisor = None
         self.base = load_preset(manifest.preset, overrides, check=False)
         if not manifest.points:
             manifest.points = [Point(s, d, spec_for(d, manifest.kind), settings=dict(a))
@@ -293,6 +296,8 @@ class Sweep:
         m.state = "running"
         self.save()
         for point in m.points:
+            if self.supervisor is not None and self.supervisor.first is not None:
+                self.stop_requested = True  # a signal between two points: start no other
             if point.status == "finished" or self.stop_requested:
                 continue
             cfg = self.config_for(point)
@@ -335,8 +340,13 @@ class Sweep:
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False
+        sup = self.supervisor
         while not handle.done:
             try:
+                if sup is not None and sup.first is not None:
+                    self.stop_requested = True
+                    sup.check(handle, lambda text: None)  # the stop, then the kill
+                    asked = True
                 if self.stop_requested and not asked:
                     handle.stop()
                     asked = True

@@ -62,7 +62,8 @@ def _scratch_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
     batch = effective_batch_size(cfg, len(devices))
     if batch < len(devices) * cfg.optim.micro_batches:
         return (f"optim.batch_size ({batch}) must give every one of the {len(devices)} devices "
-                f"at least one example per micro-batch; raise the batch size")
+                f"at least one example in each of its optim.micro_batches "
+                f"({cfg.optim.micro_batches}); raise the batch size or lower micro_batches")
     return None
 
 
