@@ -238,9 +238,9 @@ def check_combinations(cfg: RunConfig, source: str,
     from gputui.usercode import CODE_KEYS, find_problem
 
     def blame(*keys: str, text: str = "") -> str:
-        """The flags that set the keys a message names, else those of the rule's ``keys``."""
+        """The flags that set the rule's ``keys`` or a key its message names."""
         named = [k for k in origins or {} if k in text]
-        flags = list(dict.fromkeys(origins[k] for k in (named or keys) if k in (origins or {})))
+        flags = list(dict.fromkeys(origins[k] for k in (*keys, *named) if k in (origins or {})))
         return ", ".join(flags) if flags else source
 
     # the [dist] table's own rules first: they hold whatever the strategy

@@ -22,11 +22,12 @@ def small_data(n: int = 320):
 
 
 def make_config(strategy: str, spec: str, model: str, batch: int, **extra) -> RunConfig:
-    changes = [("t", "strategy.name", strategy), ("t", "devices.spec", spec),
-               ("t", "model.name", model), ("t", "optim.batch_size", batch),
-               ("t", "model.init", "default"), ("t", "optim.lr", 0.1),
-               ("t", "optim.momentum", 0.5), ("t", "run.seed", 3)]
-    changes += [("t", k, v) for k, v in extra.items()]
+    """Errors name the source "config" (every key is an override from it)."""
+    changes = [("config", "strategy.name", strategy), ("config", "devices.spec", spec),
+               ("config", "model.name", model), ("config", "optim.batch_size", batch),
+               ("config", "model.init", "default"), ("config", "optim.lr", 0.1),
+               ("config", "optim.momentum", 0.5), ("config", "run.seed", 3)]
+    changes += [("config", k, v) for k, v in extra.items()]
     return apply_overrides(RunConfig(), changes)
 
 

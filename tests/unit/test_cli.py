@@ -81,7 +81,7 @@ def test_bad_preset_exits_2_with_one_line(tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (("run", "quickstart", "--epochs", "zero"), "argument --epochs: invalid int value: 'zero'"),
     (("run", "quickstart", "--set", "optim.lr"), "expected table.key=value"),
-    (("run", "quickstart", "--devices", "cpu*2,1"), "devices.spec"),
+    (("run", "quickstart", "--devices", "cpu*2,1"), "error: --devices: 'cpu*2,1' mixes CPU"),
     (("run", "nonexistent-preset"), "no such preset file or preset name"),
     (("frobnicate",), "invalid choice: 'frobnicate'"),
 ])

@@ -14,7 +14,7 @@ from gputui.training.ranks import write_failure
 
 
 def _cfg(**changes) -> RunConfig:
-    return apply_overrides(RunConfig(), [("test", k, v) for k, v in changes.items()])
+    return apply_overrides(RunConfig(), [("config", k, v) for k, v in changes.items()])
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -79,7 +79,7 @@ def test_a_preset_naming_code_loads_without_running_it(project):
 def test_a_factory_that_cannot_be_found_is_one_line(project, spec, expected):
     problem = find_problem(spec, "model.factory")
     assert problem is not None and expected in problem, problem
-    with pytest.raises(ConfigError, match="^form: model.factory = ") as err:
+    with pytest.raises(ConfigError, match="^--set: model.factory = ") as err:  # the flag's
         apply_overrides(RunConfig(), [("--set", "model.factory", spec)], preset_source="form")
     assert "\n" not in str(err.value)
     assert not (project / "IMPORTED").exists()
@@ -126,8 +126,8 @@ def test_a_typo_in_a_factory_exits_2_before_any_run(project):
                           timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "gputui: error: own.toml: model.factory = 'nets.py:buld': nets.py defines no 'buld'; "
-        "name a function it defines"]
+        "gputui: error: --set model.factory=nets.py:buld: model.factory = 'nets.py:buld': "
+        "nets.py defines no 'buld'; name a function it defines"]
     assert not (project / "runs").exists()
 
 
