@@ -131,3 +131,68 @@ def test_the_global_runs_dir_holds_for_every_command(tmp_path):
                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert run_dir.name in listed.stdout
+
+
+def test_a_run_still_active_cannot_be_resumed(tmp_path):
+    """`gputui resume` of a run whose gputui is still training it refuses (one line, exit 2);
+    once that run has stopped, its folder is free again."""
+    from gputui.training import runlock
+
+    runs = tmp_path / "runs"
+    proc, run_dir, tag = _start(runs, "--strategy", "single", "--devices", "cpu",
+                                "--epochs", "30", *SMALL)
+    try:
+        refused = subprocess.run([*GPUTUI, "resume", run_dir.name, "--runs-dir", str(runs)],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr == (f"gputui: error: {run_dir.name} is still running (gputui pid "
+                                  f"{proc.pid}); stop that run first (Ctrl-C in its terminal, "
+                                  f"or s in the app), then resume\n")
+        assert len(list(runs.iterdir())) == 1  # no second copy started
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert runlock.holder(run_dir) is None
+    assert left_behind(tag) == []
+
+
+def test_sighup_to_a_sweeps_group_stops_the_point_and_skips_the_rest(tmp_path):
+    """A closed terminal during `gputui sweep`: the running point stops gracefully with the
+    signal named in its record, no further point runs, the manifest is readable and says
+    interrupted, and the sweep exits 128 + SIGHUP."""
+    from gputui.sweep import load_manifest
+
+    runs = tmp_path / "runs"
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen([*GPUTUI, "sweep", "quickstart", "--devices", "cpu", "--strategies",
+                             "single,scratch", "--epochs", "30", "--runs-dir", str(runs),
+                             "--fresh", *SMALL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env=dict(os.environ, GPUTUI_TEST_TAG=tag))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = [p for p in runs.glob("*/events.jsonl")] if runs.exists() else []
+        if found and any(e.kind == "step" for e in read_events(found[0].parent)):
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        raise AssertionError("the sweep's first point never logged a step")
+    os.killpg(proc.pid, signal.SIGHUP)
+    out, err = proc.communicate(timeout=120)
+    (manifest_file,) = (runs / "sweeps").glob("*.json")
+    m = load_manifest(runs, manifest_file.stem)
+    assert m.state == "interrupted"
+    first, second = m.points
+    assert second.status == "pending", second  # never started
+    assert not second.run_id
+    last = read_events(runs / first.run_id)[-1]
+    if last.kind == "run_finished":  # 30 epochs before the signal landed: nothing to stop
+        assert first.status == "finished"
+    else:
+        assert first.status == "stopped"
+        assert (last.kind, last.reason) == ("run_stopped", stop_reason(signal.SIGHUP))
+        assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "Traceback" not in out + err
+    assert left_behind(tag) == []
