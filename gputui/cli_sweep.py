@@ -124,16 +124,32 @@ def load_preset_checked(path: str, overrides: list):
 
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
-    from gputui.cli_compare import emit, install_sigterm
-    from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
-    from gputui.sweep_progress import SweepProgress
+    from gputui.cli import runs_dir_problem
+    from gputui.filewrite import WriteFailed, folder_problem
     from gputui.training.runstore import default_runs_dir
 
+    # before anything: records or exports that cannot be written would lose the sweep's work
+    problem = runs_dir_problem(args.runs_dir) or (
+        folder_problem(args.export, "--export") if args.export else None)
+    if problem:
+        return fail(problem)
     runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
     try:
         sweep, note = build(args, runs_dir)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))
+    try:
+        return _run_sweep(args, sweep, note, runs_dir)
+    except WriteFailed as exc:  # the disk filled up during the sweep: one line, exit 1
+        print(f"gputui: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
+    from gputui.cli_compare import emit, install_sigterm
+    from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
+    from gputui.sweep_progress import SweepProgress
+
     out = sys.stderr if args.json else sys.stdout
     m = sweep.manifest
     install_sigterm()
@@ -176,11 +192,16 @@ def _export(items, dirs, folder: Path, out) -> None:
     from gputui.compare import TABLE_COLUMNS, as_plain, table_rows
     from gputui.export import ExportError, plot_curves, plot_speedup, render, to_json
 
-    folder.mkdir(parents=True, exist_ok=True)
+    from gputui.filewrite import WriteFailed, write_atomic
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(folder, exc) from None
     rows = table_rows(items)
-    (folder / "scaling.csv").write_text(render(rows, TABLE_COLUMNS, "csv"), encoding="utf-8")
-    (folder / "scaling.md").write_text(render(rows, TABLE_COLUMNS, "md"), encoding="utf-8")
-    (folder / "scaling.json").write_text(to_json(as_plain(items)), encoding="utf-8")
+    write_atomic(folder / "scaling.csv", render(rows, TABLE_COLUMNS, "csv"))
+    write_atomic(folder / "scaling.md", render(rows, TABLE_COLUMNS, "md"))
+    write_atomic(folder / "scaling.json", to_json(as_plain(items)))
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")

@@ -14,13 +14,13 @@ interrupted sweep resumes where it stopped: finished points are never run again.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gputui.filewrite import WriteFailed, write_atomic
 from gputui.config import ConfigError, RunConfig, check_combinations, load_preset
 from gputui.training import runstore
 
@@ -77,12 +77,11 @@ class Manifest:
     def save(self, runs_dir: Path) -> Path:
         """Write the manifest atomically (a reader never sees half a file)."""
         path = manifest_path(runs_dir, self.sweep_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = asdict(self)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(path.parent, exc) from None
+        return write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Manifest":
@@ -236,8 +235,11 @@ class Sweep:
         written beside the manifest, as ``<sweep id>.toml``, so the sweep can resume."""
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.name[:30]}-{secrets.token_hex(2)}"
         path = Path(runs_dir) / "sweeps" / f"{sweep_id}.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(cfg.to_toml(), encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(path.parent, exc) from None
+        write_atomic(path, cfg.to_toml())
         manifest = Manifest(sweep_id, str(path), [], list(devices), list(strategies), scale,
                             kind)
         return cls(manifest, runs_dir, [])

@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.events import Event, event_from_dict
+from gputui.filewrite import AppendLog, WriteFailed, write_atomic
 from gputui.usercode import data_label, model_label
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
+RESERVE_NAME = ".space-reserve"
+RESERVE_BYTES = 32 * 1024  # room for the terminal event and summary.json on a full disk
 
 
 def default_runs_dir() -> Path:
@@ -31,26 +34,41 @@ def new_run_dir(runs_dir: str | Path | None, name: str) -> tuple[str, Path]:
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
     path = base / run_id
-    path.mkdir(parents=True, exist_ok=False)
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
     return run_id, path
 
 
-class EventLog:
-    """Append-only JSON-lines writer, flushed per event."""
+def reserve_space(run_dir: str | Path) -> None:
+    """Set aside a little disk space in the run folder (a hidden file of zeros), freed by
+    :func:`release_space` just before the record's last writes: on a disk that fills up during
+    the run, the terminal event and summary.json still fit. WriteFailed when it cannot."""
+    write_atomic(Path(run_dir) / RESERVE_NAME, bytes(RESERVE_BYTES))
 
-    def __init__(self, path: str | Path):
+
+def release_space(run_dir: str | Path) -> None:
+    """Free the space :func:`reserve_space` set aside (nothing when it is gone already)."""
+    try:
+        (Path(run_dir) / RESERVE_NAME).unlink()
+    except OSError:
+        pass
+
+
+class EventLog:
+    """Append-only JSON-lines writer; each event is one whole line on disk or none (a failed
+    append is cut back and raises WriteFailed, see ``filewrite.AppendLog``)."""
+
+    def __init__(self, path: str | Path, hint: str = ""):
         self.path = Path(path)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._log = AppendLog(self.path, hint)
 
     def write(self, event: Event) -> None:
-        self._fh.write(event.to_json() + "\n")
-        self._fh.flush()
+        self._log.append(event.to_json() + "\n")
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+        self._log.close()
 
 
 def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
@@ -113,10 +131,20 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
     """Write summary.json atomically (a reader never sees half a file)."""
-    path = Path(run_dir) / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(Path(run_dir) / "summary.json",
+                 json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def end_record(run_dir: str | Path, event: Event, hint: str = "") -> None:
+    """Append the terminal ``event`` to events.jsonl and rewrite summary.json, using the space
+    the run set aside; WriteFailed when even that does not fit (the record is left whole)."""
+    release_space(run_dir)
+    log = EventLog(Path(run_dir) / "events.jsonl", hint)
+    try:
+        log.write(event)
+    finally:
+        log.close()
+    write_summary(run_dir, summarize(read_events(run_dir)))
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
