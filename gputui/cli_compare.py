@@ -91,6 +91,10 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
     text = to_json(json_data) if form == "json" and json_data is not None else render(
         rows, columns, form)
     if output:
+        try:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(Path(output).parent, exc) from None
         write_atomic(output, text)  # WriteFailed: one line naming the file
     else:
         sys.stdout.write(text)

@@ -170,17 +170,18 @@ class AppendLog:
 
 
 def folder_problem(path: str | Path, what: str) -> str | None:
-    """Why files cannot be written in folder ``path`` (created when missing), as one line
-    naming ``what`` it is (e.g. "--runs-dir"); None when a file was written and removed there."""
+    """Why files cannot be written in folder ``path``, as one line naming ``what`` it is (e.g.
+    "--runs-dir"); None when a probe file could be written and removed there (or, for a folder
+    not made yet, in the nearest folder above it, which is left as it was)."""
     folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        return f"{what} {folder}: it is a file, not a folder; choose a folder"
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "it is" if existing == folder else f"{existing} is"
+        return f"{what} {folder}: {where} a file, not a folder; choose a folder"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"{what} {folder}: cannot create it: {_cause_words(exc)} ({default_hint(exc.errno)})"
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".gputui-probe-")
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".gputui-probe-")
     except OSError as exc:
         return f"{what} {folder}: cannot write there: {_cause_words(exc)} " \
                f"({default_hint(exc.errno)})"

@@ -163,8 +163,9 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
     for command in (["run", "quickstart", *TINY], ["sweep", "quickstart", "--devices", "1"]):
-        _one_line_error(capsys, [*command, "--runs-dir", str(a_file)], "--runs-dir",
-                        "is a file, not a folder")
+        for where in (a_file, a_file / "sub"):
+            _one_line_error(capsys, [*command, "--runs-dir", str(where)], "--runs-dir",
+                            "is a file, not a folder")
     with read_only_folder(tmp_path / "ro") as ro:
         for command in (["run", "quickstart", *TINY], ["sweep", "quickstart", "--devices", "1"]):
             _one_line_error(capsys, [*command, "--runs-dir", str(ro / "runs")], "--runs-dir")
@@ -177,4 +178,4 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys):
                                      "--format", "csv", flag, str(value)], str(ro))
         _one_line_error(capsys, ["compare", "some-run", "--format", "csv", "-o", str(tmp_path)],
                         "is a folder")
-        assert list(ro.iterdir()) == []
+        assert list(ro.iterdir()) == [] and not runs.exists()  # the checks leave nothing
