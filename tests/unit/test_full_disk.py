@@ -16,6 +16,7 @@ import pytest
 
 from gputui import cli
 from gputui.filewrite import AppendLog, WriteFailed, write_atomic, write_with
+from gputui.training.runstore import RESERVE_BYTES, RESERVE_NAME
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 TINY = ["--devices", "cpu", "--strategy", "single", "--batch-size", "64", "--set",
@@ -70,7 +71,7 @@ def fill(folder: Path, leave: int = 0) -> None:
 def leftovers(root: Path) -> list[str]:
     """Temporary or reserve files anywhere below ``root``."""
     return [str(p) for p in root.rglob("*") if p.name.endswith(".tmp") or
-            p.name in (".space-reserve",) or p.name.startswith(".gputui-probe")]
+            p.name == RESERVE_NAME or p.name.startswith(".gputui-probe")]
 
 
 def check_record(run_dir: Path) -> list[dict]:
@@ -142,7 +143,8 @@ def test_a_disk_that_fills_during_the_run_leaves_whole_lines_and_an_ended_record
         runs = disk / "runs"
         runs.mkdir()
         # room for config.toml, the reserve and a few events; 40 epochs write far more
-        fill(disk, leave=48 * 1024)
+        page = os.sysconf("SC_PAGE_SIZE")
+        fill(disk, leave=page + -(-RESERVE_BYTES // page) * page + 3 * page)
         done = _run(runs, "--epochs", "40", "--set", "run.checkpoint=false",
                     "--set", "run.log_every=1")
         (disk / "filler").unlink()
