@@ -125,7 +125,8 @@ def load_preset_checked(path: str, overrides: list):
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
     from gputui.cli_compare import emit, install_sigterm
-    from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
+    from gputui.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
+                                compare, table_rows)
     from gputui.sweep_progress import SweepProgress
     from gputui.training.runstore import default_runs_dir
 
@@ -161,6 +162,8 @@ def cmd_sweep(args) -> int:
     emit(table_rows(items, columns), columns, "json" if args.json else "table", None,
          f"sweep {m.sweep_id} over {m.kind_words()}",
          json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
+    if not args.json and any(it.breakdown for it in items):
+        print(BREAKDOWN_LEGEND)
     if state == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
