@@ -87,3 +87,27 @@ def test_a_delay_in_the_data_path_shows_as_data():
     plain, slow = _run("single", "cpu"), _run("single", "cpu", **{"debug.data_delay_s": DELAY})
     grown = _median(slow, "data_s") - _median(plain, "data_s")
     assert grown >= 0.7 * DELAY, grown
+
+
+class ScriptedWatch:
+    """A Stopwatch whose marks are given times (seconds): the arithmetic of a CUDA step
+    without a GPU, where each mark would be an event read at the log interval."""
+
+    def mark(self):
+        raise AssertionError("the test hands the marks in")
+
+    def seconds(self, start, end):
+        return end - start
+
+
+def test_ddp_split_compute_ends_at_the_last_bucket_launch():
+    from gputui.training.strategies.comm_timer import CommTimer
+
+    timer = CommTimer(ScriptedWatch())
+    # three buckets: two overlap backward's compute, the last is launched when it ends (6)
+    timer.spans = [(1.0, 3.0), (2.0, 5.0), (6.0, 8.0)]
+    compute_end, exposed, hidden = timer.split(0.0, 10.0)  # backward's wait ends at 10
+    assert (compute_end, exposed, hidden) == (6.0, 4.0, 4.0)
+    assert timer.seconds(0.0) == 6.0  # busy: 1-5 and 6-8
+    timer.spans = []
+    assert timer.split(0.0, 10.0) is None  # a no_sync step synced nothing
