@@ -171,7 +171,8 @@ def fmt(key: str, value: Any) -> str:
 BREAKDOWN_LEGEND = ("step breakdown, as shares of a metered step (mean over its devices and "
                     "steps): compute forward+backward, exposed communication the step waits "
                     "for, hidden communication overlapped with compute (inside compute), "
-                    "optim the update, data waiting for the batch, host the rest")
+                    "optim the update, data waiting for the batch, host the rest (with the wait "
+                    "of devices one process drives in turn)")
 
 
 def summary_lines(items: list[CompareRow]) -> list[str]:
