@@ -33,12 +33,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def collect(spec: str | None = None) -> tuple[dict, int]:
-    """Everything `gputui devices` shows, as a JSON-ready dict, and the exit status."""
-    data, status, _ = _gather(spec)
-    return data, status
-
-
 def _gather(spec: str | None) -> tuple[dict, int, list[GpuInfo]]:
     from gputui.telemetry import nvml
     from gputui.telemetry.procstat import host_summary
