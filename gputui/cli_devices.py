@@ -95,7 +95,7 @@ def power_pair(draw: float | None, limit: float | None) -> str:
     return f"{d}/{lim} W"
 
 
-def gpu_row(g: GpuInfo) -> list[str]:
+def gpu_cells(g: GpuInfo) -> list[str]:
     """The table cells of one GPU."""
     procs = "; ".join(p.describe() for p in g.processes) or "-"
     return [f"cuda:{g.index}", "-" if g.nvml_index is None else str(g.nvml_index), g.name,
@@ -132,7 +132,7 @@ def _print_table(data: dict, gpus: list[GpuInfo]) -> None:
             table.add_column(col, no_wrap=col not in ("name", "processes"),
                              min_width=12 if col in ("name", "processes") else None)
         for g in gpus:
-            row = [escape(cell) for cell in gpu_row(g)]
+            row = [escape(cell) for cell in gpu_cells(g)]
             row[7] = f"[bold yellow]{row[7]}[/]" if g.busy else f"[green]{row[7]}[/]"
             table.add_row(*row)
         console.print(table)
