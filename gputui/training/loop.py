@@ -112,8 +112,9 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
 
         step = done_before
         # The steps that are logged (and timed) or checkpointed are known before the epoch
-        # starts; the step loop itself does only what a hand-written one does, plus one
-        # comparison and the stop check (an Event read, about 1 us).
+        # starts; the step loop itself does only what a hand-written one does, plus two
+        # comparisons and the stop check (an Event read, about 1 us). A timed step's batch
+        # fetch is timed too (its data part of the step breakdown, gputui.breakdown).
         marks = _marks(done_before, steps, log_every, every, global_step)
         next_mark = marks.pop() if marks else 0
         strategy.meter = False
