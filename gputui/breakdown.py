@@ -92,7 +92,7 @@ def shares(bd: dict[str, Any] | None) -> dict[str, float | None]:
 
 def line(bd: dict[str, Any] | None) -> str:
     """A compact line: 'step 12.3 ms: compute 71% · comm 9% (+4% hidden) · optim 8% · ...'
-    (parts under 0.5 % left out, comm always shown where measured)."""
+    (parts under 0.5 % left out, but comm always where measured, 'comm 0%' included)."""
     if not bd or not bd.get("step_s"):
         return "no metered step yet"
     step = bd["step_s"]

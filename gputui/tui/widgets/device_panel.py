@@ -81,12 +81,12 @@ class StepBreakdown(Widget):
 
 
 def legend(bd: dict) -> list[tuple[str, str]]:
-    """('compute 71%', style) words for the measured parts (under 0.5 % left out; hidden
-    communication after the exposed part, in its colour, dimmed)."""
+    """('compute 71%', style) words for the measured parts (under 0.5 % left out, but comm
+    always where measured, as ``breakdown.line`` does; hidden communication after it, dim)."""
     step, out = bd["step_s"], []
     for key in breakdown.PARTS:
         value = bd.get(key)
-        if value is None or 100.0 * value / step < 0.5:
+        if value is None or (100.0 * value / step < 0.5 and key != "comm_exposed_s"):
             continue
         out.append((f"{breakdown.LABELS[key]} {100.0 * value / step:.0f}%",
                     breakdown.STYLES[key]))
