@@ -19,7 +19,10 @@ from typing import Any
 from gputui.cli import EXIT_OK, fail
 from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in, write_atomic
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency"}
+           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "compute_share": "compute", "comm_exposed_share": "exposed",
+           "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
+           "host_share": "host"}
 
 
 

@@ -147,7 +147,8 @@ def cmd_sweep(args) -> int:
 
 def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     from gputui.cli_compare import emit, install_sigterm
-    from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
+    from gputui.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
+                                compare, table_rows)
     from gputui.sweep_progress import SweepProgress
 
     out = sys.stderr if args.json else sys.stdout
@@ -177,6 +178,8 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     emit(table_rows(items, columns), columns, "json" if args.json else "table", None,
          f"sweep {m.sweep_id} over {m.kind_words()}",
          json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
+    if not args.json and any(it.breakdown for it in items):
+        print(BREAKDOWN_LEGEND)
     if state == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
