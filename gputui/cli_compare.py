@@ -18,7 +18,9 @@ from typing import Any
 
 from gputui.cli import EXIT_OK, fail
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency"}
+           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "step_ms": "step (ms)", "mem_per_device": "mem/device",
+           "predicted_speedup": "predicted"}
 
 
 
@@ -58,9 +60,10 @@ def register(sub) -> None:
     _add_output(p)
     p.set_defaults(func=cmd_compare)
 
-    from gputui import cli_sweep, comm_bench
+    from gputui import cli_predict, cli_sweep, comm_bench
 
     cli_sweep.register(sub)
+    cli_predict.register(sub)
     comm_bench.register(sub)
 
 

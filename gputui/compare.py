@@ -142,6 +142,12 @@ def fmt(key: str, value: Any) -> str:
         return f"{value:.2f} s"
     if key == "samples_per_s":
         return f"{value:,.0f}"
+    if key == "step_ms":
+        return f"{value:.2f}"
+    if key == "mem_per_device":
+        return f"{value / 2**20:,.1f} MiB"
+    if key == "predicted_speedup":
+        return f"{value:.2f}x"
     if key == "test_acc":
         return acc_text(value)
     if key == "lr":
