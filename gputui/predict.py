@@ -13,8 +13,10 @@ The model (README, "Predicted scaling") takes measured inputs only:
 
 Per step, N devices:
 
-    ddp:     t_N = t_c + max(0, t_ar - overlap)
-    fsdp:    t_N = t_c + max(0, 1.5 t_ar - overlap)      (all-gather x2 + reduce-scatter)
+    ddp:     t_N = t_c + max(0, t_ar - overlap) + t_sync / log_every
+    fsdp:    t_N = t_c + max(0, 1.5 t_ar - overlap) + t_sync / log_every
+             (fsdp: all-gather x2 + reduce-scatter; t_sync: the loop's one small all-reduce
+             of the window's losses per log window, measured like t_ar)
     scratch: t_N = N t_seq + t_copy   on CPU (one process)   t_c + t_copy on GPUs
     dp:      t_N = t_1                on CPU (no replication) t_c + 2 t_copy on GPUs
     overlap = 0 on the CPU (the ranks' cores do the reduction); on GPUs the buckets after
@@ -34,8 +36,8 @@ from typing import Any
 STRATEGIES = ("ddp", "fsdp", "scratch", "dp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
 FORMULAS = {
-    "ddp": "t_c + max(0, t_ar - overlap)",
-    "fsdp": "t_c + max(0, 1.5 t_ar - overlap)",
+    "ddp": "t_c + max(0, t_ar - overlap) + t_sync / log_every",
+    "fsdp": "t_c + max(0, 1.5 t_ar - overlap) + t_sync / log_every",
     "scratch": "N t_seq + t_copy (cpu) | t_c + t_copy (gpu)",
     "dp": "t_1 (cpu, no replication) | t_c + 2 t_copy (gpu)",
 }
@@ -55,6 +57,8 @@ class Inputs:
     t_seq: float | None = None  # one process with every core, the share B/N (CPU scratch)
     t_ar: float | None = None  # torch.distributed allreduce of grad_bytes over N ranks
     t_copy: float | None = None  # scratch allreduce of grad_bytes over N devices
+    t_sync: float | None = None  # allreduce of the window's losses (log_every floats), N ranks
+    log_every: int = 20
     grad_bytes: int = 0
     params: int = 0
     momentum: bool = True
@@ -102,11 +106,12 @@ def predict(strategy: str, inp: Inputs) -> Prediction:
         t, p.formula = inp.t_1, "t_1 (measured)"
         need = {"t_1": inp.t_1}
     elif strategy in ("ddp", "fsdp"):
-        need = {"t_c": inp.t_c, "t_ar": inp.t_ar}
+        need = {"t_c": inp.t_c, "t_ar": inp.t_ar, "t_sync": inp.t_sync}
         comm = (inp.t_ar or 0.0) * (1.5 if strategy == "fsdp" else 1.0)
         hidden = overlap(comm, inp) if inp.t_c else 0.0
         need["overlap"] = hidden
-        t = (inp.t_c or 0.0) + max(0.0, comm - hidden)
+        t = (inp.t_c or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(
+            1, inp.log_every)
     elif strategy == "scratch":
         p.formula = FORMULAS[strategy].split(" | ")[1 if inp.on_gpu else 0]
         if inp.on_gpu:

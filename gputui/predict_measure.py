@@ -23,7 +23,7 @@ from typing import Any, Callable
 from gputui.config import RunConfig, apply_overrides
 from gputui.predict import Inputs
 
-MEASURE_STEPS = 40  # steps of a compute measurement (its first WARMUP_STEPS are warm-up)
+MEASURE_STEPS = 100  # steps of a compute measurement (its first WARMUP_STEPS are warm-up)
 Line = Callable[[str], None]
 
 
@@ -96,7 +96,7 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
 
     changes = {"strategy.name": "single", "devices.spec": spec, "devices.fallback": "none",
                "run.threads": threads, "optim.batch_size": batch,
-               "optim.scale_with_devices": False, "run.epochs": 1, "run.log_every": 5,
+               "optim.scale_with_devices": False, "run.epochs": 1, "run.log_every": 10,
                "data.train_size": batch * MEASURE_STEPS, "data.test_size": min(batch, 256),
                "run.checkpoint": False, "run.resume_from": "", "run.name": "predict-measure",
                "telemetry.enabled": False}
@@ -207,7 +207,7 @@ class Measurer:
         one = self.compute(b1, 0 if on_gpu else self.cores, 1)
         inp = Inputs(n=n, on_gpu=on_gpu, batch=bn, batch_1=b1,
                      t_1=one["step_time_s"] if one else 0.0,
-                     momentum=self.cfg.optim.momentum > 0)
+                     momentum=self.cfg.optim.momentum > 0, log_every=self.cfg.run.log_every)
         if one is None:
             return inp
         inp.params = int(one.get("params") or 0)
@@ -226,8 +226,12 @@ class Measurer:
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None
-        if inp.grad_bytes and any(s in strategies for s in ("ddp", "fsdp", "scratch", "dp")):
+        if inp.grad_bytes and (any(s in strategies for s in ("ddp", "fsdp", "scratch"))
+                               or on_gpu and "dp" in strategies):
             c = self.comm(n, inp.grad_bytes)
             if c:
                 inp.t_ar, inp.t_copy = c["torch_s"], c["scratch_s"]
+        if any(s in strategies for s in ("ddp", "fsdp")):
+            c = self.comm(n, 8 * self.cfg.run.log_every)  # the window's losses (float64)
+            inp.t_sync = c["torch_s"] if c else None
         return inp
