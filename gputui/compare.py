@@ -121,7 +121,8 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
         else:
             continue
         plain = c.fast in ("", c.precision)  # eager, default memory format: preferred
-        ranked.append(((kind, not plain, c.id not in compared, c.strategy != "single",
+        ranked.append(((kind, not c.steady, not plain, c.id not in compared,
+                        c.strategy != "single",
                         -_id_order(c)), c, kind))
     if not ranked:
         return None, ""

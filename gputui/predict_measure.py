@@ -141,17 +141,34 @@ def _peak_memory(run_dir: Path) -> int | None:
     return peak
 
 
-def measure_comm(devices: list, size: int, line: Line) -> dict:
-    """Allreduce of ``size`` bytes over ``devices``: torch.distributed and scratch seconds."""
+# one busy core: ends by itself after its argument's seconds, so it never outlives a crash
+_SPIN = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass"
+
+
+def measure_comm(devices: list, size: int, line: Line, busy: int = 0) -> dict:
+    """Allreduce of ``size`` bytes over ``devices``: torch.distributed and scratch seconds.
+    ``busy`` cores are kept busy meanwhile (one spinning process each): on the CPU the ranks'
+    compute keeps every core busy during training, and the reduction shares them (measured
+    here: 42 MiB over two gloo ranks took 28 ms on 2 idle cores, 61 ms on 2 busy ones)."""
+    import subprocess
+    import sys
+
     from gputui.comm_bench import run_bench
 
-    result = run_bench(devices, [size], iters=30, warmup=5, impls=["torch", "scratch"],
-                       backend="auto", timeout=600)
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, "900"]) for _ in range(busy)]
+    try:
+        result = run_bench(devices, [size], iters=30, warmup=5, impls=["torch", "scratch"],
+                           backend="auto", timeout=600)
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
     if "error" in result:
         raise RuntimeError(f"bench-comm failed: {result['error']}")
     out = {"torch_s": result["torch"][0]["seconds"], "scratch_s": result["scratch"][0]["seconds"],
            "backend": result["backend"]}
-    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices: "
+    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices"
+         f"{f' with {busy} cores busy' if busy else ''}: "
          f"{result['backend']} {out['torch_s'] * 1000:.2f} ms, scratch "
          f"{out['scratch_s'] * 1000:.2f} ms")
     return out
@@ -195,10 +212,11 @@ class Measurer:
     def comm(self, n: int, size: int) -> dict | None:
         from gputui.devices import Device
 
-        label = self._gpu_label if self.kind == "gpu" else ""
+        label = self._gpu_label if self.kind == "gpu" else "busy"
+        busy = 0 if self.kind == "gpu" else self.cores
         devices = [Device("cuda" if self.kind == "gpu" else "cpu", i) for i in range(n)]
         return self._get(comm_key(self.kind, n, size, label),
-                         lambda: measure_comm(devices, size, self.line))
+                         lambda: measure_comm(devices, size, self.line, busy))
 
     def inputs(self, n: int, strategies: list[str]) -> Inputs:
         """The inputs for N devices (missing figures stay None when measuring is off)."""

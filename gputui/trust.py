@@ -1,8 +1,8 @@
 """Numbers you can trust: which baselines a speedup may use, and which speedups are flagged.
 
 A baseline is refused when it was not measured the way the run was: a resumed run (a
-continuation, not a whole run), a run without steady-state steps when the run has them (or
-the other way round). A speedup or efficiency is flagged, with the reason, instead of shown
+continuation, not a whole run); one without steady-state steps is used only when no steady
+one matches, and flagged. A speedup or efficiency is flagged, with the reason, instead of shown
 as a result when it is physically impossible:
 
 - efficiency above 100 % beyond the measured noise (the noise of both runs, or the range of
@@ -30,12 +30,10 @@ def on_cpu(row: Any) -> bool:
 
 
 def refuse_baseline(row: Any, base: Any) -> str | None:
-    """Why ``base`` cannot be ``row``'s baseline (one clause), or None."""
+    """Why ``base`` cannot be ``row``'s baseline (one clause), or None. (A baseline without
+    steady-state steps is not refused but ranked last and flagged, see :func:`flags`.)"""
     if base.resumed:
         return f"{base.id} is a resumed run (a continuation, measured apart)"
-    if bool(base.steady) != bool(row.steady):
-        return (f"{base.id} {'has' if base.steady else 'has no'} steady-state steps and this run "
-                f"{'has' if row.steady else 'has none'}")
     return None
 
 
@@ -54,6 +52,8 @@ def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list
     out = []
     if not row.steady:
         out.append("warm-up included: the run has no steady-state steps (run it longer)")
+    elif not base.steady:
+        out.append(f"warm-up included: the baseline {base.id} has no steady-state steps")
     if low / n > 1:
         out.append(f"efficiency {speedup / n:.0%} exceeds 100 % beyond the noise (±{noise:.0%}"
                    f"): impossible on {n} device{'s' if n != 1 else ''}; the baseline "

@@ -86,7 +86,8 @@ def test_impossible_speedups_are_flagged_with_the_reason():
     assert flags(_row(strategy="scratch"), base, 1.01) == []  # within the noise
     assert "warm-up included" in flags(_row(steady=False), base, 0.5)[0]
     assert "resumed" in refuse_baseline(_row(), _row(id="b", resumed=True))
-    assert "steady" in refuse_baseline(_row(), _row(id="b", steady=False))
+    assert refuse_baseline(_row(), _row(id="b")) is None
+    assert "baseline b has no steady" in flags(_row(), _row(id="b", steady=False), 0.5)[0]
 
 
 def test_predict_end_to_end_measures_once_then_uses_the_kept_figures(tmp_path):
@@ -108,3 +109,36 @@ def test_predict_end_to_end_measures_once_then_uses_the_kept_figures(tmp_path):
     bad = subprocess.run(cmd[:-1] + ["--strategies", "model_parallel"], capture_output=True,
                          text=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "ddp" in bad.stderr
+
+
+def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.compare import compare, summary_lines
+    from gputui.repeats import grouped
+    from gputui.sweep import Point
+
+    runs = tmp_path / "runs"
+    resumed = write_record(runs, "20260101-090000-exp-res", "single", 1, sps=100)
+    cfg = resumed / "config.toml"
+    cfg.write_text(cfg.read_text().replace('resume_from = ""', 'resume_from = "runs/old"'))
+    ddp = write_record(runs, "20260101-100000-exp-d1", "ddp", 2, sps=900)
+    (item,) = compare([ddp], runs)
+    assert item.speedup is None and "resumed run" in item.refused[0]
+    assert "refused: " in summary_lines([item])[0]
+    # two passes under different loads: each pass's pair gives 0.9x; unpaired 0.45x-1.8x
+    ids = {"s1": 1000, "d1": 900, "s2": 500, "d2": 450}
+    dirs = {k: write_record(runs, f"20260101-1{i}0000-exp-{k}", "single" if k[0] == "s"
+                            else "ddp", 1 if k[0] == "s" else 2, sps=v)
+            for i, (k, v) in enumerate(ids.items(), start=1) if k != "d1"} | {"d1": ddp}
+    points = [Point("single" if k[0] == "s" else "ddp", k[0], "cpu", "finished",
+                    run_id=dirs[k].name, rep=int(k[1])) for k in ids]
+    rows = {r["strategy"]: r for r in grouped(compare(list(dirs.values()), runs), points)}
+    ddp_row = rows["ddp"]
+    assert ddp_row["speedup_spread"] == {"median": 0.9, "min": 0.9, "max": 0.9, "n": 2} or \
+        ddp_row["speedup_spread"]["median"] == pytest.approx(0.9)
+    assert ddp_row["speedup_spread"]["min"] == pytest.approx(0.9)
+    assert ddp_row["speedup_spread"]["max"] == pytest.approx(0.9)
+    assert ddp_row["repeats"] == 2 and ddp_row["check"] == ""
+    assert rows["single"]["samples_spread"]["min"] == 500
