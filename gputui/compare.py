@@ -246,8 +246,8 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
         if it.baseline:
-            lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}; steady state, "
-                         f"{RULE})")
+            lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
+                         f"steady-state steps ({RULE})")
         elif r.status != "finished" or not r.samples_per_s:
             lines.append(f"{r.id}: no speed figures ({r.status}"
                          f"{': ' + r.reason if r.reason else ''})")
