@@ -54,8 +54,9 @@ def parse_strategies(text: str) -> list[str]:
     items = [s for s in items if s != "single"]  # the one-device row is always there
     bad = [s for s in items if s not in STRATEGIES]
     if bad or not items:
-        raise ConfigError(f"--strategies {text}: {', '.join(map(repr, bad)) or 'nothing'} has "
-                          f"no prediction; give some of {', '.join(STRATEGIES)}")
+        what = (f"{', '.join(map(repr, bad))} has no prediction" if bad
+                else "no strategy that has a prediction")
+        raise ConfigError(f"--strategies {text}: {what}; give some of {', '.join(STRATEGIES)}")
     return items
 
 

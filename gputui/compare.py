@@ -11,7 +11,10 @@ Among several matches: an eager run (no run.compile, no channels_last, so a comp
 speedup includes what compiling bought), then a run among the compared ones (e.g. the same sweep) first, then a
 ``single`` run over other one-device strategies, then the newest. Speedup is samples/s over
 the baseline's samples/s (an epoch is the same data for both, so it is also the ratio of
-epoch times); scaling efficiency is speedup / devices. Torch-free.
+epoch times); scaling efficiency is speedup / devices. Every speed figure is the steady
+state's (``gputui.steady``: warm-up excluded); a resumed baseline is refused and an impossible
+speedup flagged with the reason (``gputui.trust``); the predicted speedup comes from this
+machine's kept measurements (``gputui.predict``). Torch-free.
 """
 
 from __future__ import annotations

@@ -142,3 +142,13 @@ def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
     assert ddp_row["speedup_spread"]["max"] == pytest.approx(0.9)
     assert ddp_row["repeats"] == 2 and ddp_row["check"] == ""
     assert rows["single"]["samples_spread"]["min"] == 500
+
+
+def test_sweep_repeat_and_predict_bad_input_is_one_line(capsys):
+    from gputui import cli
+
+    assert cli.main(["sweep", "quickstart", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--repeat 0" in err
+    assert cli.main(["sweep", "quickstart", "--predict", "--strategies", "single"]) == 2
+    assert "no strategy that has a prediction" in capsys.readouterr().err
