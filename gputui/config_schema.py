@@ -1,7 +1,7 @@
 """The preset schema: one frozen dataclass per TOML table, each field documented.
 
-``help`` in a field's metadata is its documentation (shown by ``--dry-run --explain``, the TUI
-and the README); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
+``help`` in a field's metadata is its documentation (the app's field tooltips and its help
+line show it); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
 :mod:`gputui.config` when a preset or an override is loaded. Cross-field rules live in
 ``gputui.config.check_combinations``, in one place.
 """

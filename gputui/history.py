@@ -195,7 +195,3 @@ def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
                           f"the id")
     raise LookupError(f"no run '{ref}' under {base}; see `gputui runs` for the ids")
 
-
-def rows_json(rows: list[RunRow]) -> str:
-    """The rows as a JSON array (every field of each row)."""
-    return json.dumps([r.to_dict() for r in rows], indent=2, sort_keys=True)

@@ -27,7 +27,6 @@ from gputui.training import runstore
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
         "run.channels_last": "channels_last"}
-DONE = ("finished", "skipped")  # states a resumed sweep does not redo (skipped is re-checked)
 
 
 @dataclass
