@@ -169,12 +169,12 @@ def cmd_sweep(args) -> int:
 
     items = compare(sweep.run_dirs(), runs_dir)
     session_warnings(items, m.points)
+    groups = grouped(items, m.points) if m.repeat > 1 else None
     if args.export:
-        _export(items, sweep.run_dirs(), Path(args.export), out)
+        _export(items, sweep.run_dirs(), Path(args.export), out, groups)
     columns = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
     rows = table_rows(items, columns)
     title = f"sweep {m.sweep_id} over {m.kind_words()}"
-    groups = grouped(items, m.points) if m.repeat > 1 else None
     if groups is not None:
         rows, columns = groups, REPEAT_COLUMNS
         title += f", each point {m.repeat} times (median, min–max)"
@@ -219,15 +219,20 @@ def _manifest_dict(m) -> dict:
     return asdict(m)
 
 
-def _export(items, dirs, folder: Path, out) -> None:
+def _export(items, dirs, folder: Path, out, groups=None) -> None:
     from gputui.compare import TABLE_COLUMNS, as_plain, table_rows
     from gputui.export import ExportError, plot_curves, plot_speedup, render, to_json
+    from gputui.repeats import COLUMNS as REPEAT_COLUMNS
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = table_rows(items)
     (folder / "scaling.csv").write_text(render(rows, TABLE_COLUMNS, "csv"), encoding="utf-8")
     (folder / "scaling.md").write_text(render(rows, TABLE_COLUMNS, "md"), encoding="utf-8")
     (folder / "scaling.json").write_text(to_json(as_plain(items)), encoding="utf-8")
+    if groups is not None:  # --repeat: one row per point, median and min-max
+        (folder / "scaling-repeats.csv").write_text(render(groups, REPEAT_COLUMNS, "csv"),
+                                                    encoding="utf-8")
+        (folder / "scaling-repeats.json").write_text(to_json(groups), encoding="utf-8")
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")
