@@ -106,6 +106,12 @@ def main() -> None:
                       f"{row['ratio']:.3f} {'(within 15 %)' if row['within_15pct'] else '(OUT)'}"
                       f"; speedup predicted {row['predicted_speedup']:.2f}x, measured "
                       f"{row['measured_speedup']:.2f}x", flush=True)
+    from gputui.steady import spread
+
+    for model in dict.fromkeys(r["model"] for r in rows):
+        sp = spread([r["ratio"] for r in rows if r["model"] == model])
+        print(f"{model:9} predicted/measured over {sp['n']} round(s): median {sp['median']:.3f} "
+              f"(range {sp['min']:.3f}-{sp['max']:.3f})")
     if args.json:
         print(json.dumps(rows, indent=2))
 
