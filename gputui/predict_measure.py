@@ -147,18 +147,24 @@ _SPIN = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.ti
 
 def measure_comm(devices: list, size: int, line: Line, busy: int = 0) -> dict:
     """Allreduce of ``size`` bytes over ``devices``: torch.distributed and scratch seconds.
-    ``busy`` cores are kept busy meanwhile (one spinning process each): on the CPU the ranks'
-    compute keeps every core busy during training, and the reduction shares them (measured
-    here: 42 MiB over two gloo ranks took 28 ms on 2 idle cores, 61 ms on 2 busy ones)."""
+    ``busy`` cores are kept busy during the torch.distributed one (one spinning process
+    each): on the CPU the ranks' compute keeps every core busy during training, and the
+    reduction shares them (measured here: 42 MiB over two gloo ranks took 28 ms on 2 idle
+    cores, 61 ms on 2 busy ones). The scratch one runs inside the training process alone, so
+    it is measured on idle cores."""
     import subprocess
     import sys
 
     from gputui.comm_bench import run_bench
 
+    # the scratch allreduce runs inside the one training process, the cores otherwise idle
+    result = run_bench(devices, [size], iters=30, warmup=5, impls=["scratch"], backend="auto",
+                       timeout=600) if busy else {}
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, "900"]) for _ in range(busy)]
     try:
-        result = run_bench(devices, [size], iters=30, warmup=5, impls=["torch", "scratch"],
-                           backend="auto", timeout=600)
+        result = {**run_bench(devices, [size], iters=30, warmup=5,
+                              impls=["torch"] if busy else ["torch", "scratch"],
+                              backend="auto", timeout=600), **result}
     finally:
         for proc in spinners:
             proc.kill()
