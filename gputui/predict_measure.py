@@ -23,6 +23,7 @@ from typing import Any, Callable
 from gputui.config import RunConfig, apply_overrides
 from gputui.predict import Inputs
 
+SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement (its first WARMUP_STEPS are warm-up)
 Line = Callable[[str], None]
 
@@ -256,6 +257,6 @@ class Measurer:
             if c:
                 inp.t_ar, inp.t_copy = c["torch_s"], c["scratch_s"]
         if any(s in strategies for s in ("ddp", "fsdp")):
-            c = self.comm(n, 8 * self.cfg.run.log_every)  # the window's losses (float64)
+            c = self.comm(n, SYNC_BYTES)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
         return inp

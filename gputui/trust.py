@@ -5,8 +5,8 @@ continuation, not a whole run); one without steady-state steps is used only when
 one matches, and flagged. A speedup or efficiency is flagged, with the reason, instead of shown
 as a result when it is physically impossible:
 
-- efficiency above 100 % beyond the measured noise (the noise of both runs, or the range of
-  repeats): N devices cannot do more than N times the work of one;
+- efficiency above 100 % beyond the measured noise (the lowest of the repeats, less the
+  noise of both runs): N devices cannot do more than N times the work of one;
 - a speedup (above 1 beyond the noise) on devices that share one process: scratch, dp and
   model_parallel drive CPU virtual devices one after another from one process;
 - a speedup on CPU ranks that share one set of cores: more ranks x threads than cores;
@@ -44,11 +44,11 @@ def noise_of(row: Any, base: Any) -> float:
 
 def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list[str]:
     """The reasons ``speedup`` of ``row`` over ``base`` is not a result ([] when it is).
-    ``low``: the lowest speedup the measurements allow (repeats' minimum); by default the
-    speedup less its noise."""
+    ``low``: the lowest of repeated measurements (default: ``speedup``); less the runs' own
+    noise, it is the bound the measurements allow."""
     n = row.devices or 1
     noise = noise_of(row, base)
-    low = speedup * (1 - noise) if low is None else low
+    low = (speedup if low is None else low) * (1 - noise)
     out = []
     if not row.steady:
         out.append("warm-up included: the run has no steady-state steps (run it longer)")
