@@ -159,12 +159,32 @@ def cmd_compare(args) -> int:
     except ExportError as exc:
         return fail(str(exc))
     form = _form(args)
-    emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
-         json_data=as_plain(items))
+    groups = _repeat_groups(items, args.sweep, args.runs_dir)
+    if groups is not None:  # a sweep run with --repeat: one row per point, with the spread
+        from gputui.repeats import COLUMNS
+
+        emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
+             json_data={"groups": groups, "runs": as_plain(items)})
+    else:
+        emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
+             json_data=as_plain(items))
     if form == "table":
         for line in summary_lines(items):
             print(line)
     return EXIT_OK
+
+
+def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
+    """The grouped rows of a sweep run with --repeat (None otherwise)."""
+    if not sweep_id:
+        return None
+    from gputui.repeats import grouped, session_warnings
+    from gputui.sweep import load_manifest
+    from gputui.training.runstore import default_runs_dir
+
+    m = load_manifest(Path(runs_dir) if runs_dir else default_runs_dir(), sweep_id)
+    session_warnings(items, m.points)
+    return grouped(items, m.points) if m.repeat > 1 else None
 
 
 def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:
