@@ -22,7 +22,8 @@ from gputui.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lin
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
-           "test_acc": "test acc", "comm_share": "comm", "init_s": "init"}
+           "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
+           "predicted_speedup": "predicted"}
 
 
 class CompareLoaded(Message):
