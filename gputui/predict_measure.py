@@ -3,8 +3,8 @@
 Compute times come from short real ``single`` runs launched as users run them (the launcher,
 spawned processes), their steady step time read from the record (warm-up excluded, see
 :mod:`gputui.steady`); on the CPU the N copies a measurement needs run at once, each with the
-threads a rank would get. Allreduce times come from ``gputui bench-comm``'s measuring process
-at exactly the gradient bytes. Every figure is kept in ``<cache>/predict-<machine>.json``
+threads a rank would get. Allreduce times are measured at exactly the gradient bytes, as DDP
+issues them (:mod:`gputui.predict_comm`); the scratch one by ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
 (``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
 only when missing (or when asked to measure again). Torch-free: the measuring happens in
 spawned processes.
@@ -142,41 +142,23 @@ def _peak_memory(run_dir: Path) -> int | None:
     return peak
 
 
-# one busy core: ends by itself after its argument's seconds, so it never outlives a crash
-_SPIN = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass"
-
-
-def measure_comm(devices: list, size: int, line: Line, busy: int = 0) -> dict:
-    """Allreduce of ``size`` bytes over ``devices``: torch.distributed and scratch seconds.
-    ``busy`` cores are kept busy during the torch.distributed one (one spinning process
-    each): on the CPU the ranks' compute keeps every core busy during training, and the
-    reduction shares them (measured here: 42 MiB over two gloo ranks took 28 ms on 2 idle
-    cores, 61 ms on 2 busy ones). The scratch one runs inside the training process alone, so
-    it is measured on idle cores."""
-    import subprocess
-    import sys
-
+def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) -> dict:
+    """Allreduce of ``size`` bytes over ``devices``: torch.distributed as DDP issues it (one
+    call between ``gap`` seconds of compute, :mod:`gputui.predict_comm`) and the scratch
+    allreduce (inside the one training process, so timed on idle cores by bench-comm)."""
     from gputui.comm_bench import run_bench
+    from gputui.predict_comm import FIRST_BUCKET, allreduce_in_step
 
-    # the scratch allreduce runs inside the one training process, the cores otherwise idle
-    result = run_bench(devices, [size], iters=30, warmup=5, impls=["scratch"], backend="auto",
-                       timeout=600) if busy else {}
-    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, "900"]) for _ in range(busy)]
-    try:
-        result = {**run_bench(devices, [size], iters=30, warmup=5,
-                              impls=["torch"] if busy else ["torch", "scratch"],
-                              backend="auto", timeout=600), **result}
-    finally:
-        for proc in spinners:
-            proc.kill()
-            proc.wait()
-    if "error" in result:
-        raise RuntimeError(f"bench-comm failed: {result['error']}")
-    out = {"torch_s": result["torch"][0]["seconds"], "scratch_s": result["scratch"][0]["seconds"],
-           "backend": result["backend"]}
-    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices"
-         f"{f' with {busy} cores busy' if busy else ''}: "
-         f"{result['backend']} {out['torch_s'] * 1000:.2f} ms, scratch "
+    kind = devices[0].kind
+    scratch = run_bench(devices, [size], iters=30, warmup=5, impls=["scratch"],
+                        backend="auto", timeout=600)
+    if "error" in scratch:
+        raise RuntimeError(f"bench-comm failed: {scratch['error']}")
+    torch_s = allreduce_in_step(len(devices), size, gap, kind, cores_)
+    out = {"torch_s": torch_s, "scratch_s": scratch["scratch"][0]["seconds"], "gap_s": gap}
+    busy = " with the cores busy" if kind == "cpu" and size > FIRST_BUCKET else ""
+    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices between "
+         f"{gap * 1000:.1f} ms of compute{busy}: {torch_s * 1000:.2f} ms, scratch "
          f"{out['scratch_s'] * 1000:.2f} ms")
     return out
 
@@ -216,14 +198,18 @@ class Measurer:
         return self._get(key, lambda: measure_compute(self.cfg, batch, threads, copies, spec,
                                                       self.runs_dir, self.line))
 
-    def comm(self, n: int, size: int) -> dict | None:
+    def comm(self, n: int, size: int, gap: float) -> dict | None:
+        """The allreduce of ``size`` bytes between ``gap`` seconds of compute (the gap is
+        part of the key, rounded to 10 %)."""
+        import math
+
         from gputui.devices import Device
 
-        label = self._gpu_label if self.kind == "gpu" else "busy"
-        busy = 0 if self.kind == "gpu" else self.cores
+        label = (self._gpu_label if self.kind == "gpu" else "step") + \
+            f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms"
         devices = [Device("cuda" if self.kind == "gpu" else "cpu", i) for i in range(n)]
         return self._get(comm_key(self.kind, n, size, label),
-                         lambda: measure_comm(devices, size, self.line, busy))
+                         lambda: measure_comm(devices, size, gap, self.cores, self.line))
 
     def inputs(self, n: int, strategies: list[str]) -> Inputs:
         """The inputs for N devices (missing figures stay None when measuring is off)."""
@@ -251,12 +237,13 @@ class Measurer:
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None
+        gap = inp.t_c or inp.t_seq or inp.t_1  # the compute between two gradient syncs
         if inp.grad_bytes and (any(s in strategies for s in ("ddp", "fsdp", "scratch"))
                                or on_gpu and "dp" in strategies):
-            c = self.comm(n, inp.grad_bytes)
+            c = self.comm(n, inp.grad_bytes, gap)
             if c:
                 inp.t_ar, inp.t_copy = c["torch_s"], c["scratch_s"]
         if any(s in strategies for s in ("ddp", "fsdp")):
-            c = self.comm(n, SYNC_BYTES)  # the window's losses: latency-bound
+            c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
         return inp
