@@ -8,9 +8,10 @@ The model (README, "Predicted scaling") takes measured inputs only:
   memory is in the figure); on GPUs one process on one GPU. ``t_seq``: the same share trained
   by one process with every core (scratch's CPU replicas run one after another).
 - ``t_ar``: the measured time of one allreduce of the gradient bytes G (= parameter bytes)
-  over N ranks (``gputui bench-comm``, torch.distributed), on the CPU with every core kept
-  busy meanwhile, as the ranks' compute keeps them in training; ``t_copy``: the same for the
-  scratch allreduce (copies inside one process).
+  over N ranks, issued as DDP issues it: once between two steps' compute, and for gradients
+  above DDP's first bucket with every CPU core kept busy, as backward keeps them
+  (:mod:`gputui.predict_comm`); ``t_copy``: the scratch allreduce (copies inside one process,
+  ``gputui bench-comm``).
 
 Per step, N devices:
 
