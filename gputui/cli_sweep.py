@@ -133,7 +133,8 @@ def load_preset_checked(path: str, overrides: list):
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
     from gputui.cli_compare import emit, install_sigterm
-    from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
+    from gputui.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
+                                compare, table_rows)
     from gputui.sweep_progress import SweepProgress
     from gputui.training.runstore import default_runs_dir
 
@@ -181,6 +182,8 @@ def cmd_sweep(args) -> int:
     emit(rows, columns, "json" if args.json else "table", None, title,
          json_data={"sweep": _manifest_dict(m), "runs": as_plain(items),
                     **({"groups": groups} if groups is not None else {})})
+    if not args.json and any(it.breakdown for it in items):
+        print(BREAKDOWN_LEGEND)
     for text in summary_lines(items):
         if "FLAGGED" in text or "short of" in text:
             print(text, file=out)

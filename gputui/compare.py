@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gputui import breakdown
 from gputui.events import acc_text
 from gputui.steady import RULE
 from gputui.history import RunRow, load_rows, row_for
 from gputui.training import runstore
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
-                 "speedup", "predicted_speedup", "efficiency", "comm_share", "init_s",
-                 "test_acc", "status", "baseline", "check")
+                 "speedup", "predicted_speedup", "efficiency", "comm_share",
+                 *breakdown.SHARE_COLUMNS, "init_s", "test_acc", "status", "baseline", "check")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
 SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
 
@@ -43,6 +44,9 @@ class CompareRow:
     speedup: float | None = None
     efficiency: float | None = None
     comm_share: float | None = None  # mean StepMetrics.comm_share (None: not measured)
+    # where a step's time went: the mean breakdown of the run's metered steps (the first,
+    # warm-up, left out when there are more), over its devices (None: not measured)
+    breakdown: dict | None = None
     baseline: str = ""  # id of the matching one-device run
     baseline_kind: str = ""  # "same batch per device" | "same global batch"
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
@@ -61,25 +65,37 @@ class CompareRow:
                    predicted_speedup=self.predicted_speedup, flags=list(self.flags),
                    warnings=list(self.warnings), refused=list(self.refused),
                    check=check_text(self))
+        out.update(breakdown.shares(self.breakdown))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, curves included (the JSON export)."""
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
-                    acc_curve=[list(p) for p in self.acc_curve])
+                    acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown)
 
 
 def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
     """(loss curve, accuracy curve, mean comm share) from a record's readable events."""
-    loss, acc, shares = [], [], []
+    loss, acc, shares, _ = read_record(run_dir)
+    return loss, acc, shares
+
+
+def read_record(run_dir: str | Path) -> tuple[list, list, float | None, dict | None]:
+    """(loss curve, accuracy curve, mean comm share, mean step breakdown) from a record's
+    readable events; the breakdown leaves the first metered step (warm-up) out when there
+    are others."""
+    loss, acc, shares, parts = [], [], [], []
     for ev in runstore.read_events(run_dir):
         if ev.kind == "step":
             loss.append((ev.epoch - 1 + ev.step / max(ev.steps_per_epoch, 1), ev.loss))
             if ev.comm_share is not None:
                 shares.append(ev.comm_share)
+            if ev.breakdown:
+                parts.append(ev.breakdown)
         elif ev.kind == "epoch_end":
             acc.append((ev.epoch, ev.test_acc))
-    return loss, acc, (sum(shares) / len(shares) if shares else None)
+    share = sum(shares) / len(shares) if shares else None
+    return loss, acc, share, breakdown.mean(parts[1:] if len(parts) > 1 else parts)
 
 
 def match_key(row: RunRow) -> tuple:
@@ -148,8 +164,9 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
     from gputui.trust import flags
 
     for row in rows:
-        loss, acc, share = read_curves(row.run_dir)
-        item = CompareRow(row=row, comm_share=share, loss_curve=loss, acc_curve=acc)
+        loss, acc, share, parts = read_record(row.run_dir)
+        item = CompareRow(row=row, comm_share=share, breakdown=parts, loss_curve=loss,
+                          acc_curve=acc)
         base, kind = find_baseline(row, pool, compared, item.refused)
         if base is not None and row.samples_per_s:
             item.speedup = row.samples_per_s / base.samples_per_s
@@ -219,6 +236,8 @@ def fmt(key: str, value: Any) -> str:
         return value
     if key in ("comm_share", "efficiency"):
         return f"{value:.1%}"
+    if key in breakdown.SHARE_COLUMNS:
+        return f"{value:.0%}"
     if key == "speedup":
         return f"{value:.2f}x"
     if key in ("time_per_epoch_s", "init_s"):
@@ -238,9 +257,16 @@ def fmt(key: str, value: Any) -> str:
     return str(value)
 
 
+BREAKDOWN_LEGEND = ("step breakdown, as shares of a metered step (mean over its devices and "
+                    "steps): compute forward+backward, exposed communication the step waits "
+                    "for, hidden communication overlapped with compute (inside compute), "
+                    "optim the update, data waiting for the batch, host the rest (with the wait "
+                    "of devices one process drives in turn)")
+
+
 def summary_lines(items: list[CompareRow]) -> list[str]:
     """Plain sentences under the table: what each baseline was, and what is missing."""
-    lines = []
+    lines = [BREAKDOWN_LEGEND] if any(it.breakdown for it in items) else []
     for it in items:
         r = it.row
         for why in it.flags:

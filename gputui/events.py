@@ -96,6 +96,10 @@ class StepMetrics(Event):
     lr: float
     comm_share: float | None = None  # share of step time spent communicating, when measured
     per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    # where the metered step's time went, mean over the devices (gputui.breakdown: seconds of
+    # compute, exposed and hidden comm, optimizer, data, wait, host; each per_device row holds
+    # its own under "breakdown"); None when the strategy measured none
+    breakdown: dict | None = None
 
 
 @dataclass(frozen=True)

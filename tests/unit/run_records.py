@@ -19,8 +19,10 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                  batch: int = 256, lr: float = 0.1, sps: float = 1000.0, acc: float = 0.9,
                  epochs: int = 2, scale: bool = False, comm: float | None = None,
                  model: str = "lenet", status: str = "finished", train_size: int = 1000,
-                 name: str = "exp", summary: bool = True) -> Path:
-    """A complete record: config.toml, events.jsonl and (optionally) summary.json."""
+                 name: str = "exp", summary: bool = True,
+                 breakdowns: list[dict] | None = None) -> Path:
+    """A complete record: config.toml, events.jsonl and (optionally) summary.json;
+    ``breakdowns`` are the StepMetrics' step breakdowns, one per epoch."""
     cfg = RunConfig().replace(run={"name": name, "epochs": epochs},
                               optim={"batch_size": batch, "lr": lr, "scale_with_devices": scale},
                               strategy={"name": strategy}, model={"name": model},
@@ -42,6 +44,7 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
         events.append(StepMetrics(epoch=e, step=steps, global_step=e * steps,
                                   steps_per_epoch=steps, loss=2.0 / e, samples_per_s=sps,
                                   step_time_s=eff_batch / sps, lr=lr, comm_share=comm,
+                                  breakdown=breakdowns[e - 1] if breakdowns else None,
                                   t=2.0 + e))
         events.append(EpochEnd(epoch=e, epochs=epochs, seconds=train_size / sps,
                                train_loss=2.0 / e, test_acc=acc, samples_per_s=sps, t=2.1 + e))

@@ -192,3 +192,27 @@ def test_cli_compare_bad_input(runs, capsys):
     assert cli.main(["compare", "--runs-dir", str(runs)]) == 2
     assert cli.main(["compare", "--sweep", "nope", "--runs-dir", str(runs)]) == 2
     assert "no sweep 'nope'" in capsys.readouterr().err
+
+
+def test_step_breakdown_shares_in_the_table_and_every_export(tmp_path):
+    from gputui.breakdown import make
+
+    base = tmp_path / "runs"
+    warm = make(1.0, 0.0, 1.0, 0.0)  # the first metered step (warm-up): left out
+    steady = make(span_s=0.09, data_s=0.01, compute_s=0.05, optimizer_s=0.01,
+                  comm_exposed_s=0.02, comm_overlap_s=0.01)  # host 0.01
+    run = write_record(base, "20260101-100000-exp-ddp", "ddp", 2, breakdowns=[warm, steady])
+    (item,) = compare([run], base)
+    row = table_rows([item])[0]
+    assert row["compute_share"] == pytest.approx(0.5)
+    assert row["comm_exposed_share"] == pytest.approx(0.2)
+    assert row["comm_overlap_share"] == pytest.approx(0.1)
+    assert row["optimizer_share"] == pytest.approx(0.1) and row["data_share"] == pytest.approx(0.1)
+    assert row["host_share"] == pytest.approx(0.1)
+    csv_row = next(csv.DictReader(io.StringIO(export.render([row], TABLE_COLUMNS, "csv"))))
+    assert float(csv_row["comm_exposed_share"]) == pytest.approx(0.2)
+    md = export.render([row], TABLE_COLUMNS, "md")
+    assert "| 20% |" in md and "| 50% |" in md
+    data = json.loads(export.to_json([item.to_dict()]))[0]
+    assert data["breakdown"]["comm_exposed_s"] == pytest.approx(0.02)
+    assert summary_lines([item])[0].startswith("step breakdown, as shares of a metered step")
