@@ -20,6 +20,8 @@ from gputui.cli import EXIT_OK, fail
 from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in, write_atomic
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
            "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "step_ms": "step (ms)", "mem_per_device": "mem/device",
+           "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
            "host_share": "host"}
@@ -62,9 +64,10 @@ def register(sub) -> None:
     _add_output(p)
     p.set_defaults(func=cmd_compare)
 
-    from gputui import cli_sweep, comm_bench
+    from gputui import cli_predict, cli_sweep, comm_bench
 
     cli_sweep.register(sub)
+    cli_predict.register(sub)
     comm_bench.register(sub)
 
 
@@ -181,17 +184,37 @@ def cmd_compare(args) -> int:
     except LookupError as exc:
         return fail(str(exc))
     items = compare(dirs, args.runs_dir)
+    form = _form(args)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)
-        form = _form(args)
-        emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
-             json_data=as_plain(items))
+        groups = _repeat_groups(items, args.sweep, args.runs_dir)
+        if groups is not None:  # a sweep run with --repeat: one row per point, with the spread
+            from gputui.repeats import COLUMNS
+
+            emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
+                 json_data={"groups": groups, "runs": as_plain(items)})
+        else:
+            emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
+                 json_data=as_plain(items))
     except (ExportError, WriteFailed) as exc:
         return fail(str(exc))
     if form == "table":
         for line in summary_lines(items):
             print(line)
     return EXIT_OK
+
+
+def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
+    """The grouped rows of a sweep run with --repeat (None otherwise)."""
+    if not sweep_id:
+        return None
+    from gputui.repeats import grouped, session_warnings
+    from gputui.sweep import load_manifest
+    from gputui.training.runstore import default_runs_dir
+
+    m = load_manifest(Path(runs_dir) if runs_dir else default_runs_dir(), sweep_id)
+    session_warnings(items, m.points)
+    return grouped(items, m.points) if m.repeat > 1 else None
 
 
 def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:

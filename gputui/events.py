@@ -77,6 +77,8 @@ class InitDone(Event):
     test_samples: int = 0
     steps_per_epoch: int = 0
     params: int = 0
+    threads: int = 0  # torch intra-op threads of this process (0: not recorded)
+    cores: int = 0  # cores this process may run on (0: not recorded)
 
 
 @dataclass(frozen=True)

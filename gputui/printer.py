@@ -69,6 +69,7 @@ class Printer:
         self.devices_text = Text(style="dim")
         self.task = None
         self.epochs = 1
+        self.epochs_seen = 0  # the first epoch printed carries the warm-up
 
     def line(self, text: str, always: bool = False) -> None:
         """One line above the progress bar (or a plain line); ``always`` prints it under
@@ -103,9 +104,11 @@ class Printer:
         elif kind == "step":
             self._step(ev)
         elif kind == "epoch_end":
+            warm = "" if self.epochs_seen else " (warm-up included)"
+            self.epochs_seen += 1
             self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
                       f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
-                      f"{ev.samples_per_s:,.0f} samples/s")
+                      f"{ev.samples_per_s:,.0f} samples/s{warm}")
         elif kind in ("run_finished", "run_stopped", "run_failed"):
             self._stop_progress()
             if kind == "run_failed":
@@ -168,8 +171,17 @@ class Printer:
         if s.get("reason"):
             parts.append(f"({s['reason']})")
         if "time_per_epoch_s" in s:
-            parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
-            parts.append(f"{s['samples_per_s']:,.0f} samples/s")
+            steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
+            if steady:  # the steady state (gputui.steady): warm-up excluded
+                per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
+                noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
+                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
+                parts.append(f"{steady['samples_per_s']:,.0f} samples/s{noise} (steady state, "
+                             f"after {plural(steady['warmup_steps'], 'warm-up step')})")
+            else:
+                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
+                parts.append(f"{s['samples_per_s']:,.0f} samples/s (warm-up included: too "
+                             f"few steps for a steady state)")
             parts.append(f"test acc {acc_text(s['test_acc'])}")
         if init is not None:
             parts.append(f"init {init:.2f} s")

@@ -87,6 +87,9 @@ def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
 
 def summarize(events: Iterable[Event]) -> dict[str, Any]:
     """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
+    from gputui.steady import steady_figures
+
+    events = list(events)
     s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
                          "per_epoch": []}
     first_t = last_t = None
@@ -100,7 +103,9 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
                      epochs=ev.config.get("run", {}).get("epochs"),
                      model=model_label(ev.config), dataset=data_label(ev.config))
         elif kind == "init_done":
-            s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples)
+            s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
+                     steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
+                     cores=getattr(ev, "cores", 0))
         elif kind == "epoch_end":
             s["per_epoch"].append({"epoch": ev.epoch, "seconds": ev.seconds,
                                    "train_loss": ev.train_loss, "test_acc": ev.test_acc,
@@ -124,6 +129,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         s["test_acc"] = epochs[-1]["test_acc"]
         s["best_test_acc"] = max(e["test_acc"] for e in epochs)
         s["train_loss"] = epochs[-1]["train_loss"]
+    # the steady state (warm-up excluded, gputui.steady): what tables and summaries print
+    s["steady"] = steady_figures(events)
     if first_t is not None:
         s["total_s"] = last_t - first_t
     return s

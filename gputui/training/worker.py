@@ -218,7 +218,8 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
                       model_s=t3 - t2, compile_s=compile_s, train_samples=ds.n_train,
                       test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
-                      params=count_params(strategy.primary_model())))
+                      params=count_params(strategy.primary_model()),
+                      threads=torch.get_num_threads(), cores=_cores()))
         t_train = time.time()
         status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
         strategy.close()
@@ -269,11 +270,16 @@ def _one_line(exc: BaseException) -> str:
     return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
 def _set_threads(torch, threads: int, processes: int) -> None:
     """Give each process its share of the cores unless run.threads says otherwise."""
     if threads <= 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = max(1, (cores or 1) // max(1, processes))
+        threads = max(1, _cores() // max(1, processes))
     torch.set_num_threads(threads)
 
 

@@ -37,7 +37,9 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                          strategy=strategy, world_size=1, t=1.0),
               InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0)]
     eff_batch = batch * (n if scale else 1)
-    steps = max(1, train_size // eff_batch)
+    # one log window of 20 steps an epoch: the first is warm-up, the later ones are the
+    # steady state (gputui.steady), so records of 2+ epochs have steady figures
+    steps = 20
     for e in range(1, epochs + 1):
         events.append(StepMetrics(epoch=e, step=steps, global_step=e * steps,
                                   steps_per_epoch=steps, loss=2.0 / e, samples_per_s=sps,
