@@ -81,6 +81,14 @@ async def test_a_finished_run_fills_every_panel(presets):
         assert len(history) > 1 and all(value in sent for value in history), (history, last1)
         assert history[-1] == last1[-1].cpu_percent
         assert text(cpu1, ".dev-extra") == "pid 4243"  # a CPU process: no temp or power
+        # Where the last metered step went: a stacked bar as wide as the panel, and a legend.
+        parts = text(cpu1, ".dev-breakdown")
+        bar_line, legend = parts.split("\n", 1)
+        assert bar_line.startswith("step 100.0 ms ")
+        assert len(bar_line) == cpu1.query_one(".dev-breakdown").content_region.width
+        assert legend.split() == ["compute", "40%", "comm", "10%", "optim", "8%", "data", "2%",
+                                  "wait", "40%"]
+        assert "wait 38%" in text(screen.query_one("#dev-cpu-0", DevicePanel), ".dev-breakdown")
         # A GPU reading: utilization, memory, temperature and power with its limit.
         gpu_panel = screen.query_one("#dev-cuda-0", DevicePanel)
         assert gpu_panel.query_one(".util-meter", Meter).fraction == 0.97
