@@ -1,5 +1,6 @@
-"""The loop's memory and FLOP figures: what it emits once before training (FlopsInfo), on the
-run's first step and at each epoch's end (MemoryReport), and the FLOP/s of a log window."""
+"""The loop's memory and FLOP figures: counted before training, emitted after the run's
+first step (FlopsInfo, MemoryReport) and at each epoch's end (MemoryReport); the FLOP/s of a
+log window. A run stopped before its first step records none of them."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from gputui.training.strategies.base import Strategy
 
 def flops_info(cfg: RunConfig, strategy: Strategy, ds: Dataset,
                emit: Callable[[Event], None]) -> FlopsInfo | None:
-    """Count one step's FLOPs and find the devices' peak; None on the ranks that record
-    nothing, or when the model cannot be built on the meta device (said in one line)."""
+    """Count one step's FLOPs and find the devices' peak (emitted by FirstStep); None on the
+    ranks that record nothing, or when the model cannot be built on the meta device (said in
+    one line)."""
     if getattr(strategy, "local_rank", 0) != 0:
         return None
     shape = (strategy.batch_size, *ds.train_x.shape[1:])
@@ -36,10 +38,8 @@ def flops_info(cfg: RunConfig, strategy: Strategy, ds: Dataset,
     else:
         units = strategy.world_size  # CPU devices of one process share its threads
     peak, source = flops.device_peak(device, dtype)
-    info = FlopsInfo(flops_per_step=count, peak_flops=peak * units, dtype=dtype, units=units,
+    return FlopsInfo(flops_per_step=count, peak_flops=peak * units, dtype=dtype, units=units,
                      source=source)
-    emit(info)
-    return info
 
 
 def rate(info: FlopsInfo | None, steps: int, seconds: float) -> tuple[float | None,
@@ -54,8 +54,9 @@ def rate(info: FlopsInfo | None, steps: int, seconds: float) -> tuple[float | No
 class FirstStep:
     """Meters the run's first step (the activations autograd saves) and reports memory."""
 
-    def __init__(self, cfg: RunConfig, strategy: Strategy, emit: Callable[[Event], None]):
-        self.strategy, self.emit = strategy, emit
+    def __init__(self, cfg: RunConfig, strategy: Strategy, emit: Callable[[Event], None],
+                 info: FlopsInfo | None):
+        self.strategy, self.emit, self.info = strategy, emit, info
         # compiled graphs save their tensors inside the graph, where the hooks see other ones
         self.hooks = cfg.run.compile == "off"
         self.activations: dict[str, int] | None = None
@@ -73,6 +74,8 @@ class FirstStep:
         if not self.pending:
             return
         self.pending = False
+        if self.info is not None:
+            self.emit(self.info)
         if self.hooks:
             self.activations = dict(self.meter.peak)
             del self.meter

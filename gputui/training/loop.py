@@ -71,7 +71,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             f"done (global step {global_step})")))
 
     flop_info = figures.flops_info(cfg, strategy, ds, emit)
-    first = figures.FirstStep(cfg, strategy, emit)
+    first = figures.FirstStep(cfg, strategy, emit, flop_info)
     for epoch in range(first_epoch, cfg.run.epochs + 1):
         first.new_epoch()
         done_before = skip if epoch == first_epoch else 0
