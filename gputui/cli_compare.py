@@ -18,7 +18,8 @@ from typing import Any
 
 from gputui.cli import EXIT_OK, fail
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency"}
+           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "train_mem": "train mem"}
 
 
 

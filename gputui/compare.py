@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gputui.devices import human_bytes
 from gputui.events import acc_text
 from gputui.history import RunRow, load_rows, row_for
 from gputui.training import runstore
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
-                 "speedup", "efficiency", "comm_share", "init_s", "test_acc", "status",
-                 "baseline")
+                 "speedup", "efficiency", "comm_share", "mfu", "train_mem", "init_s", "test_acc",
+                 "status", "baseline")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
 SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
 
@@ -41,6 +42,10 @@ class CompareRow:
     comm_share: float | None = None  # mean StepMetrics.comm_share (None: not measured)
     baseline: str = ""  # id of the matching one-device run
     baseline_kind: str = ""  # "same batch per device" | "same global batch"
+    mfu: float | None = None  # mean StepMetrics.mfu (achieved FLOP/s over the devices' peak)
+    flops_per_s: float | None = None  # mean StepMetrics.flops_per_s
+    train_mem: int | None = None  # the largest device's params+grads+optim+activations, bytes
+    memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
     acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
 
@@ -48,12 +53,14 @@ class CompareRow:
         """Row and figures as one flat JSON-ready dict (curves left out)."""
         out = self.row.to_dict()
         out.update(speedup=self.speedup, efficiency=self.efficiency, comm_share=self.comm_share,
-                   baseline=self.baseline, baseline_kind=self.baseline_kind)
+                   baseline=self.baseline, baseline_kind=self.baseline_kind, mfu=self.mfu,
+                   flops_per_s=self.flops_per_s, train_mem=self.train_mem)
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, curves included (the JSON export)."""
-        return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
+        return dict(self.flat(), memory=[dict(r) for r in self.memory],
+                    loss_curve=[list(p) for p in self.loss_curve],
                     acc_curve=[list(p) for p in self.acc_curve])
 
 
@@ -68,6 +75,25 @@ def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
         elif ev.kind == "epoch_end":
             acc.append((ev.epoch, ev.test_acc))
     return loss, acc, (sum(shares) / len(shares) if shares else None)
+
+
+def read_hw_figures(run_dir: str | Path) -> dict[str, Any]:
+    """{"mfu", "flops_per_s", "train_mem", "memory"} from a record's readable events: the
+    means over its log windows, and its last MemoryReport (None / [] where not recorded)."""
+    mfus, rates, memory = [], [], []
+    for ev in runstore.read_events(run_dir):
+        if ev.kind == "step":
+            if getattr(ev, "mfu", None) is not None:
+                mfus.append(ev.mfu)
+            if getattr(ev, "flops_per_s", None) is not None:
+                rates.append(ev.flops_per_s)
+        elif ev.kind == "memory":
+            memory = [dict(r) for r in ev.per_device]
+    totals = [sum(r.get(k) or 0 for k in ("params", "grads", "optim", "activations"))
+              for r in memory]
+    return {"mfu": sum(mfus) / len(mfus) if mfus else None,
+            "flops_per_s": sum(rates) / len(rates) if rates else None,
+            "train_mem": max(totals) if totals else None, "memory": memory}
 
 
 def match_key(row: RunRow) -> tuple:
@@ -115,7 +141,8 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
     out = []
     for row in rows:
         loss, acc, share = read_curves(row.run_dir)
-        item = CompareRow(row=row, comm_share=share, loss_curve=loss, acc_curve=acc)
+        item = CompareRow(row=row, comm_share=share, loss_curve=loss, acc_curve=acc,
+                          **read_hw_figures(row.run_dir))
         base, kind = find_baseline(row, pool, compared)
         if base is not None and row.samples_per_s:
             item.speedup = row.samples_per_s / base.samples_per_s
@@ -134,8 +161,10 @@ def fmt(key: str, value: Any) -> str:
     """A cell as text for terminal and Markdown tables."""
     if value is None or value == "":
         return "-"
-    if key in ("comm_share", "efficiency"):
+    if key in ("comm_share", "efficiency", "mfu"):
         return f"{value:.1%}"
+    if key == "train_mem":
+        return human_bytes(value)
     if key == "speedup":
         return f"{value:.2f}x"
     if key in ("time_per_epoch_s", "init_s"):

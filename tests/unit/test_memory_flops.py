@@ -122,3 +122,24 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
     for s in steps:
         assert s.flops_per_s == pytest.approx(info.flops_per_step / s.step_time_s, rel=1e-6)
         assert s.mfu == pytest.approx(s.flops_per_s / info.peak_flops)
+
+
+def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
+    from gputui.compare import fmt, read_hw_figures
+    from gputui.training import runstore
+
+    step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
+                lr=0.1)
+    rows = ({"device": "cpu:0", "params": 100, "grads": 100, "optim": 200, "activations": 50},
+            {"device": "cpu:1", "params": 100, "grads": 100, "optim": 200, "activations": 70})
+    log = runstore.EventLog(tmp_path / "events.jsonl")
+    for ev in (StepMetrics(step=2, global_step=2, mfu=0.2, flops_per_s=2e9, **step),
+               MemoryReport(epoch=1, per_device=({"device": "cpu:0", "params": 1},)),
+               StepMetrics(step=4, global_step=4, mfu=0.4, flops_per_s=4e9, **step),
+               MemoryReport(epoch=1, per_device=rows)):
+        log.write(ev)
+    log.close()
+    got = read_hw_figures(tmp_path)
+    assert got["mfu"] == pytest.approx(0.3) and got["flops_per_s"] == pytest.approx(3e9)
+    assert got["train_mem"] == 470 and got["memory"] == [dict(r) for r in rows]
+    assert fmt("mfu", 0.3) == "30.0%" and fmt("train_mem", 470) == "470 B"

@@ -21,7 +21,8 @@ from gputui.compare import TABLE_COLUMNS, CompareRow, compare, fmt, summary_line
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
-           "test_acc": "test acc", "comm_share": "comm", "init_s": "init"}
+           "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
+           "train_mem": "train mem"}
 
 
 class CompareLoaded(Message):
