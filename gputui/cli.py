@@ -15,6 +15,7 @@ from typing import Any
 
 from gputui import __version__
 from gputui.config import ConfigError, load_preset
+from gputui.filewrite import WriteFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -134,6 +135,9 @@ def cmd_run(args) -> int:
     if taken:  # NVML sees another process on a chosen GPU
         return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
                     f"(see `gputui devices`) or drop --exclusive")
+    problem = runs_dir_problem(args.runs_dir)
+    if problem:  # before any training: a record that cannot be written is lost work
+        return fail(problem)
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
     for warning in ([device_note] if device_note else []) + busy_warnings(devices):
         printer.line(f"warning: {warning}")
@@ -146,8 +150,9 @@ def cmd_run(args) -> int:
     sup = Supervisor(cfg.run.stop_grace_s).install()
     try:
         handle = launch(cfg, args.runs_dir, devices, device_note)
-    except OSError as exc:
-        return fail(f"cannot create the run folder ({exc})")
+    except OSError as exc:  # WriteFailed says which file and why in one line
+        return fail(str(exc) if isinstance(exc, WriteFailed) else
+                    f"cannot create the run folder ({exc})")
     while not handle.done:
         for ev in handle.poll(timeout=0.2):
             _print(printer.handle, ev)
@@ -162,6 +167,17 @@ def cmd_run(args) -> int:
     if summary["status"] in ("stopped", "killed") and sup.first:
         return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED
+
+
+def runs_dir_problem(runs_dir: str | None) -> str | None:
+    """Why run records cannot be written under ``runs_dir`` (the default when None), as one
+    line naming the flag, or None."""
+    from gputui.filewrite import folder_problem
+    from gputui.training.runstore import default_runs_dir
+
+    if runs_dir:
+        return folder_problem(runs_dir, "--runs-dir")
+    return folder_problem(default_runs_dir(), "the runs folder")
 
 
 def _print(write, item) -> None:

@@ -17,9 +17,14 @@ from typing import Any
 # stay cheap, since `gputui` (the app) builds it before its first paint.
 
 from gputui.cli import EXIT_OK, fail
+from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in, write_atomic
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
            "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
-           "train_mem": "train mem"}
+           "step_ms": "step (ms)", "mem_per_device": "mem/device",
+           "predicted_speedup": "predicted",
+           "compute_share": "compute", "comm_exposed_share": "exposed",
+           "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
+           "host_share": "host", "train_mem": "train mem"}
 
 
 
@@ -59,9 +64,10 @@ def register(sub) -> None:
     _add_output(p)
     p.set_defaults(func=cmd_compare)
 
-    from gputui import cli_sweep, comm_bench
+    from gputui import cli_predict, cli_sweep, comm_bench
 
     cli_sweep.register(sub)
+    cli_predict.register(sub)
     comm_bench.register(sub)
 
 
@@ -91,7 +97,11 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
     text = to_json(json_data) if form == "json" and json_data is not None else render(
         rows, columns, form)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        try:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(Path(output).parent, exc) from None
+        write_atomic(output, text)  # WriteFailed: one line naming the file
     else:
         sys.stdout.write(text)
 
@@ -110,6 +120,9 @@ def cmd_runs(args) -> int:
 
     if args.last is not None and args.last < 1:
         return fail(f"--last {args.last}: give a positive number of runs")
+    problem = outputs_problem(args.output)
+    if problem:
+        return fail(problem)
     try:
         rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy,
                                    args.status, args.name, args.last)
@@ -121,8 +134,24 @@ def cmd_runs(args) -> int:
               args.status and not args.name else "no run matches the filters")
         return EXIT_OK
     plain = [r.to_dict() for r in rows]
-    emit(plain, history.COLUMNS, form, args.output, "runs", json_data=plain)
+    try:
+        emit(plain, history.COLUMNS, form, args.output, "runs", json_data=plain)
+    except WriteFailed as exc:
+        return fail(str(exc))
     return EXIT_OK
+
+
+def outputs_problem(output: str | None = None, plots: str | None = None,
+                    tensorboard: str | None = None) -> str | None:
+    """Why an output file or folder cannot be written, as one line naming its flag; checked
+    before the work whose result would go there."""
+    checks = [(output, file_problem, "--output"), (plots, folder_problem, "--plots"),
+              (tensorboard, folder_problem, "--tensorboard")]
+    for where, check, flag in checks:
+        problem = check(where, flag) if where else None
+        if problem:
+            return problem
+    return None
 
 
 def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) -> list[Path]:
@@ -147,22 +176,45 @@ def cmd_compare(args) -> int:
 
     if not args.runs and not args.sweep:
         return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
+    problem = outputs_problem(args.output, args.plots, args.tensorboard)
+    if problem:
+        return fail(problem)
     try:
         dirs = resolve_runs(args.runs, args.sweep, args.runs_dir)
     except LookupError as exc:
         return fail(str(exc))
     items = compare(dirs, args.runs_dir)
+    form = _form(args)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)
-    except ExportError as exc:
+        groups = _repeat_groups(items, args.sweep, args.runs_dir)
+        if groups is not None:  # a sweep run with --repeat: one row per point, with the spread
+            from gputui.repeats import COLUMNS
+
+            emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
+                 json_data={"groups": groups, "runs": as_plain(items)})
+        else:
+            emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
+                 json_data=as_plain(items))
+    except (ExportError, WriteFailed) as exc:
         return fail(str(exc))
-    form = _form(args)
-    emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
-         json_data=as_plain(items))
     if form == "table":
         for line in summary_lines(items):
             print(line)
     return EXIT_OK
+
+
+def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
+    """The grouped rows of a sweep run with --repeat (None otherwise)."""
+    if not sweep_id:
+        return None
+    from gputui.repeats import grouped, session_warnings
+    from gputui.sweep import load_manifest
+    from gputui.training.runstore import default_runs_dir
+
+    m = load_manifest(Path(runs_dir) if runs_dir else default_runs_dir(), sweep_id)
+    session_warnings(items, m.points)
+    return grouped(items, m.points) if m.repeat > 1 else None
 
 
 def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:
@@ -174,7 +226,13 @@ def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> lis
         out.append(plot_curves(items, Path(plots) / "curves.png"))
         out.append(plot_speedup(items, Path(plots) / "speedup.png"))
     if tensorboard:
-        out += to_tensorboard(dirs, tensorboard)
+        try:
+            out += to_tensorboard(dirs, tensorboard)
+        except OSError as exc:
+            cause = os_error_in(exc)
+            if cause is None or isinstance(exc, WriteFailed):
+                raise
+            raise WriteFailed(Path(cause.filename or tensorboard), cause) from None
     for path in out:
         print(f"wrote {path}", file=sys.stderr)
     return out

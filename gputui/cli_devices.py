@@ -33,12 +33,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def collect(spec: str | None = None) -> tuple[dict, int]:
-    """Everything `gputui devices` shows, as a JSON-ready dict, and the exit status."""
-    data, status, _ = _gather(spec)
-    return data, status
-
-
 def _gather(spec: str | None) -> tuple[dict, int, list[GpuInfo]]:
     from gputui.telemetry import nvml
     from gputui.telemetry.procstat import host_summary
@@ -101,7 +95,7 @@ def power_pair(draw: float | None, limit: float | None) -> str:
     return f"{d}/{lim} W"
 
 
-def gpu_row(g: GpuInfo) -> list[str]:
+def gpu_cells(g: GpuInfo) -> list[str]:
     """The table cells of one GPU."""
     procs = "; ".join(p.describe() for p in g.processes) or "-"
     return [f"cuda:{g.index}", "-" if g.nvml_index is None else str(g.nvml_index), g.name,
@@ -138,7 +132,7 @@ def _print_table(data: dict, gpus: list[GpuInfo]) -> None:
             table.add_column(col, no_wrap=col not in ("name", "processes"),
                              min_width=12 if col in ("name", "processes") else None)
         for g in gpus:
-            row = [escape(cell) for cell in gpu_row(g)]
+            row = [escape(cell) for cell in gpu_cells(g)]
             row[7] = f"[bold yellow]{row[7]}[/]" if g.busy else f"[green]{row[7]}[/]"
             table.add_row(*row)
         console.print(table)

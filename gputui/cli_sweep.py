@@ -48,6 +48,12 @@ def register(sub) -> None:
     p.add_argument("--fresh", action="store_true", help="never resume automatically")
     p.add_argument("--export", metavar="DIR", help="also write scaling.csv/.md/.json (and PNG "
                                                     "plots when matplotlib is installed) there")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each point N times (passes over the grid, interleaved) and show "
+                        "the median and min-max")
+    p.add_argument("--predict", action="store_true",
+                   help="print the predicted scaling table without training (measures what "
+                        "this machine has not measured yet)")
     p.add_argument("--json", action="store_true", help="print the final table as JSON")
     p.set_defaults(func=cmd_sweep)
 
@@ -97,8 +103,10 @@ def build(args, runs_dir: Path):
     overrides = _overrides(sets, None)
     base = load_preset_checked(path, overrides)
     kind, kind_note = resolve_kind(args.kind, base.devices.spec)
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat {args.repeat}: give a number of runs per point, 1 or more")
     sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,
-                      overrides, kind, axes)
+                      overrides, kind, axes, repeat=args.repeat)
     if not args.fresh:
         for old in list_manifests(runs_dir):
             if old.state != "finished" and old.params() == sweep.manifest.params():
@@ -124,16 +132,35 @@ def load_preset_checked(path: str, overrides: list):
 
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
-    from gputui.cli_compare import emit, install_sigterm
-    from gputui.compare import SWEEP_COLUMNS, TABLE_COLUMNS, as_plain, compare, table_rows
-    from gputui.sweep_progress import SweepProgress
+    from gputui.cli import runs_dir_problem
+    from gputui.filewrite import WriteFailed, folder_problem
     from gputui.training.runstore import default_runs_dir
 
+    # before anything: records or exports that cannot be written would lose the sweep's work
+    problem = runs_dir_problem(args.runs_dir) or (
+        folder_problem(args.export, "--export") if args.export else None)
+    if problem:
+        return fail(problem)
     runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
+    if args.predict:
+        return _predict(args)
     try:
         sweep, note = build(args, runs_dir)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))
+    try:
+        return _run_sweep(args, sweep, note, runs_dir)
+    except WriteFailed as exc:  # the disk filled up during the sweep: one line, exit 1
+        print(f"gputui: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
+    from gputui.cli_compare import emit, install_sigterm
+    from gputui.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
+                                compare, table_rows)
+    from gputui.sweep_progress import SweepProgress
+
     out = sys.stderr if args.json else sys.stdout
     m = sweep.manifest
     install_sigterm()
@@ -154,16 +181,55 @@ def cmd_sweep(args) -> int:
     for p in m.points:
         if p.status == "skipped":
             print(f"skipped {p.key}: {p.reason}", file=out)
+    from gputui.compare import summary_lines
+    from gputui.repeats import COLUMNS as REPEAT_COLUMNS, grouped, session_warnings
+
     items = compare(sweep.run_dirs(), runs_dir)
+    session_warnings(items, m.points)
+    groups = grouped(items, m.points) if m.repeat > 1 else None
     if args.export:
-        _export(items, sweep.run_dirs(), Path(args.export), out)
+        _export(items, sweep.run_dirs(), Path(args.export), out, groups)
     columns = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
-    emit(table_rows(items, columns), columns, "json" if args.json else "table", None,
-         f"sweep {m.sweep_id} over {m.kind_words()}",
-         json_data={"sweep": _manifest_dict(m), "runs": as_plain(items)})
+    rows = table_rows(items, columns)
+    title = f"sweep {m.sweep_id} over {m.kind_words()}"
+    if groups is not None:
+        rows, columns = groups, REPEAT_COLUMNS
+        title += f", each point {m.repeat} times (median, min–max)"
+    emit(rows, columns, "json" if args.json else "table", None, title,
+         json_data={"sweep": _manifest_dict(m), "runs": as_plain(items),
+                    **({"groups": groups} if groups is not None else {})})
+    if not args.json and any(it.breakdown for it in items):
+        print(BREAKDOWN_LEGEND)
+    for text in summary_lines(items):
+        if "FLAGGED" in text or "short of" in text:
+            print(text, file=out)
     if state == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
+
+
+def _predict(args) -> int:
+    """``gputui sweep PRESET --predict``: the grid's predicted table, no training."""
+    from gputui.cli_predict import counts_of, parse_strategies, print_prediction
+    from gputui.presets import resolve_preset
+    from gputui.sweep import parse_devices, resolve_kind
+
+    if not args.preset:
+        return fail("--predict: give a preset to predict")
+    try:
+        path = str(resolve_preset(args.preset).resolve())
+        counts = counts_of(parse_devices(args.devices))
+        wanted = [s for s in args.strategies.split(",") if s.strip() in
+                  ("ddp", "fsdp", "scratch", "dp")]
+        strategies = parse_strategies(",".join(wanted) or args.strategies)
+        cfg = load_preset_checked(path, _overrides(args.sets, args.epochs))
+        kind, _ = resolve_kind(args.kind, cfg.devices.spec)
+    except (ConfigError, LookupError) as exc:
+        return fail(str(exc))
+    if args.scale_with_devices:
+        cfg = cfg.replace(optim={"scale_with_devices": True})
+    return print_prediction(cfg, counts, strategies, kind, None, args.json, False,
+                            Path(args.preset).stem)
 
 
 def _manifest_dict(m) -> dict:
@@ -172,15 +238,24 @@ def _manifest_dict(m) -> dict:
     return asdict(m)
 
 
-def _export(items, dirs, folder: Path, out) -> None:
+def _export(items, dirs, folder: Path, out, groups=None) -> None:
     from gputui.compare import TABLE_COLUMNS, as_plain, table_rows
     from gputui.export import ExportError, plot_curves, plot_speedup, render, to_json
+    from gputui.repeats import COLUMNS as REPEAT_COLUMNS
 
-    folder.mkdir(parents=True, exist_ok=True)
+    from gputui.filewrite import WriteFailed, write_atomic
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(folder, exc) from None
     rows = table_rows(items)
-    (folder / "scaling.csv").write_text(render(rows, TABLE_COLUMNS, "csv"), encoding="utf-8")
-    (folder / "scaling.md").write_text(render(rows, TABLE_COLUMNS, "md"), encoding="utf-8")
-    (folder / "scaling.json").write_text(to_json(as_plain(items)), encoding="utf-8")
+    write_atomic(folder / "scaling.csv", render(rows, TABLE_COLUMNS, "csv"))
+    write_atomic(folder / "scaling.md", render(rows, TABLE_COLUMNS, "md"))
+    write_atomic(folder / "scaling.json", to_json(as_plain(items)))
+    if groups is not None:  # --repeat: one row per point, median and min-max
+        write_atomic(folder / "scaling-repeats.csv", render(groups, REPEAT_COLUMNS, "csv"))
+        write_atomic(folder / "scaling-repeats.json", to_json(groups))
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")

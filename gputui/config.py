@@ -16,7 +16,7 @@ from typing import Any
 import tomli_w
 
 from gputui.config_schema import (
-    DataSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
+    DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
     SECTIONS, StrategySection, TelemetrySection,
 )
 
@@ -45,6 +45,7 @@ class RunConfig:
     strategy: StrategySection = dataclasses.field(default_factory=StrategySection)
     dist: DistSection = dataclasses.field(default_factory=DistSection)
     telemetry: TelemetrySection = dataclasses.field(default_factory=TelemetrySection)
+    debug: DebugSection = dataclasses.field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict, the shape of the TOML file."""

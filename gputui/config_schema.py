@@ -1,7 +1,7 @@
 """The preset schema: one frozen dataclass per TOML table, each field documented.
 
-``help`` in a field's metadata is its documentation (shown by ``--dry-run --explain``, the TUI
-and the README); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
+``help`` in a field's metadata is its documentation (the app's field tooltips and its help
+line show it); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
 :mod:`gputui.config` when a preset or an override is loaded. Cross-field rules live in
 ``gputui.config.check_combinations``, in one place.
 """
@@ -193,6 +193,18 @@ class TelemetrySection:
     interval_s: float = opt(1.0, "Seconds between samples (at least 0.25).", min=0.25, max=3600.0)
 
 
+@dataclass(frozen=True)
+class DebugSection:
+    """[debug]: knobs that slow a run down on purpose, to see a cost where the step breakdown
+    shows it (the tests use them; a run that sets one says so in its log)."""
+
+    comm_delay_s: float = opt(0.0, "Seconds added to every gradient communication: each DDP "
+                                   "bucket's all-reduce, scratch's allreduce, each "
+                                   "model_parallel transfer (0 = none).", min=0.0, max=60.0)
+    data_delay_s: float = opt(0.0, "Seconds added to the wait for every training batch "
+                                   "(0 = none).", min=0.0, max=60.0)
+
+
 SECTIONS: dict[str, type] = {
     "run": RunSection,
     "model": ModelSection,
@@ -202,4 +214,5 @@ SECTIONS: dict[str, type] = {
     "strategy": StrategySection,
     "dist": DistSection,
     "telemetry": TelemetrySection,
+    "debug": DebugSection,
 }

@@ -77,6 +77,8 @@ class InitDone(Event):
     test_samples: int = 0
     steps_per_epoch: int = 0
     params: int = 0
+    threads: int = 0  # torch intra-op threads of this process (0: not recorded)
+    cores: int = 0  # cores this process may run on (0: not recorded)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,10 @@ class StepMetrics(Event):
     per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
     flops_per_s: float | None = None  # FlopsInfo.flops_per_step x steps/s over the window
     mfu: float | None = None  # flops_per_s / FlopsInfo.peak_flops (0..1)
+    # where the metered step's time went, mean over the devices (gputui.breakdown: seconds of
+    # compute, exposed and hidden comm, optimizer, data, wait, host; each per_device row holds
+    # its own under "breakdown"); None when the strategy measured none
+    breakdown: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.compare import CompareRow, fmt
+from gputui.filewrite import WriteFailed, write_with
 
 FORMATS = ("table", "csv", "md", "json")
 
@@ -135,11 +136,17 @@ def plot_speedup(items: list[CompareRow], path: str | Path) -> Path:
 
 def _save(fig, plt, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        # atomic: a full disk leaves the previous plot and no temporary file (WriteFailed)
+        return write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+    except WriteFailed:
+        raise
+    except OSError as exc:
+        raise WriteFailed(path.parent, exc) from None
+    finally:
+        plt.close(fig)
 
 
 # ------------------------------------------------------------------ TensorBoard

@@ -52,6 +52,12 @@ class RunRow:
     fast: str = ""  # the fast path it ran: precision, then compile mode and channels_last if set
     reason: str = ""
     run_dir: str = ""
+    steady: bool = False  # speed figures from steady-state steps (gputui.steady); else whole epochs
+    noise: float | None = None  # relative 95 % half-width of the steady samples/s
+    step_time_s: float | None = None  # steady mean step time
+    resumed: bool = False  # run.resume_from was set: a continuation, not a whole run
+    threads: int = 0  # intra-op threads per process (0: not recorded)
+    cores: int = 0  # cores the run's processes could use (0: not recorded)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a plain dict (every field)."""
@@ -120,8 +126,16 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.devices, row.device_names = n, list(names)
     row.batch = optim["batch_size"] * scale if isinstance(optim.get("batch_size"), int) else None
     row.lr = optim["lr"] * scale if isinstance(optim.get("lr"), (int, float)) else None
+    steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
     row.time_per_epoch_s = s.get("time_per_epoch_s")
     row.samples_per_s = s.get("samples_per_s")
+    if steady and row.samples_per_s is not None:  # speed only for runs that trained epochs
+        row.steady, row.noise = True, steady.get("noise")
+        row.samples_per_s, row.step_time_s = steady["samples_per_s"], steady["step_time_s"]
+        if s.get("steps_per_epoch"):
+            row.time_per_epoch_s = steady["step_time_s"] * s["steps_per_epoch"]
+    row.resumed = bool(run.get("resume_from"))
+    row.threads, row.cores = int(s.get("threads") or 0), int(s.get("cores") or 0)
     row.test_acc = s.get("test_acc")
     row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
     row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
@@ -181,7 +195,3 @@ def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
                           f"the id")
     raise LookupError(f"no run '{ref}' under {base}; see `gputui runs` for the ids")
 
-
-def rows_json(rows: list[RunRow]) -> str:
-    """The rows as a JSON array (every field of each row)."""
-    return json.dumps([r.to_dict() for r in rows], indent=2, sort_keys=True)

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
+from gputui import breakdown
 from gputui.events import DeviceSample, Event, acc_text, plural
 
 
@@ -45,6 +46,13 @@ def device_line(samples: dict[str, DeviceSample]) -> str:
     return " | ".join(parts)
 
 
+def breakdown_lines(ev) -> list[str]:
+    """Where the metered step's time went, one line per device that measured it (each rank
+    of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'."""
+    return [f"{row['device']} {breakdown.line(row['breakdown'])}"
+            for row in ev.per_device if row.get("breakdown")]
+
+
 class Printer:
     """Turns events into terminal output; ``close()`` prints the summary."""
 
@@ -61,6 +69,7 @@ class Printer:
         self.devices_text = Text(style="dim")
         self.task = None
         self.epochs = 1
+        self.epochs_seen = 0  # the first epoch printed carries the warm-up
 
     def line(self, text: str, always: bool = False) -> None:
         """One line above the progress bar (or a plain line); ``always`` prints it under
@@ -95,9 +104,11 @@ class Printer:
         elif kind == "step":
             self._step(ev)
         elif kind == "epoch_end":
+            warm = "" if self.epochs_seen else " (warm-up included)"
+            self.epochs_seen += 1
             self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
                       f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
-                      f"{ev.samples_per_s:,.0f} samples/s")
+                      f"{ev.samples_per_s:,.0f} samples/s{warm}")
         elif kind in ("run_finished", "run_stopped", "run_failed"):
             self._stop_progress()
             if kind == "run_failed":
@@ -111,13 +122,16 @@ class Printer:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
                                  info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s{comm}")
-            self.devices_text.plain = device_line(self.samples)
+            lines = [device_line(self.samples), *breakdown_lines(ev)]
+            self.devices_text.plain = "\n".join(t for t in lines if t)
             return
         self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
                   f"{ev.samples_per_s:,.0f} samples/s, step {ev.step_time_s * 1000:.1f} ms{comm}")
         devs = device_line(self.samples)
         if devs:
             self.line(f"  devices: {devs}")
+        for text in breakdown_lines(ev):
+            self.line(f"  {text}")
 
     def _start_progress(self, total: int) -> None:
         if not self.live or self.quiet:
@@ -157,8 +171,17 @@ class Printer:
         if s.get("reason"):
             parts.append(f"({s['reason']})")
         if "time_per_epoch_s" in s:
-            parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
-            parts.append(f"{s['samples_per_s']:,.0f} samples/s")
+            steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
+            if steady:  # the steady state (gputui.steady): warm-up excluded
+                per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
+                noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
+                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
+                parts.append(f"{steady['samples_per_s']:,.0f} samples/s{noise} (steady state, "
+                             f"after {plural(steady['warmup_steps'], 'warm-up step')})")
+            else:
+                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
+                parts.append(f"{s['samples_per_s']:,.0f} samples/s (warm-up included: too "
+                             f"few steps for a steady state)")
             parts.append(f"test acc {acc_text(s['test_acc'])}")
         if init is not None:
             parts.append(f"init {init:.2f} s")

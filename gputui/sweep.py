@@ -14,20 +14,19 @@ interrupted sweep resumes where it stopped: finished points are never run again.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gputui.filewrite import WriteFailed, write_atomic
 from gputui.config import ConfigError, RunConfig, check_combinations, load_preset
 from gputui.training import runstore
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
         "run.channels_last": "channels_last"}
-DONE = ("finished", "skipped")  # states a resumed sweep does not redo (skipped is re-checked)
 
 
 @dataclass
@@ -41,11 +40,18 @@ class Point:
     run_id: str = ""
     reason: str = ""
     settings: dict = field(default_factory=dict)  # fast-path axis values, e.g. run.compile
+    rep: int = 0  # which repetition (1..N) under --repeat N; 0: the sweep measures once
+    session: int = 0  # the sweep invocation that ran it (a resumed sweep has several)
+
+    @property
+    def group(self) -> str:
+        """The grid cell, the same for every repetition."""
+        extra = "".join(f" {AXES[k]}={v}" for k, v in self.settings.items())
+        return f"{self.strategy}@{self.devices}{extra}"
 
     @property
     def key(self) -> str:
-        extra = "".join(f" {AXES[k]}={v}" for k, v in self.settings.items())
-        return f"{self.strategy}@{self.devices}{extra}"
+        return self.group + (f" #{self.rep}" if self.rep else "")
 
 
 @dataclass
@@ -63,12 +69,14 @@ class Manifest:
     created: float = field(default_factory=time.time)
     points: list = field(default_factory=list)  # list[Point]
     axes: dict = field(default_factory=dict)  # config key -> values swept (see AXES)
+    repeat: int = 1  # each point runs this many times (--repeat), repetitions interleaved
+    sessions: int = 0  # how many times the sweep was run (resumed: more than one)
 
     def params(self) -> dict[str, Any]:
         """What makes two sweeps the same experiment (for automatic resume)."""
         return {"preset": self.preset, "sets": list(self.sets), "devices": list(self.devices),
                 "strategies": list(self.strategies), "scale": self.scale_with_devices,
-                "kind": self.kind, "axes": dict(self.axes)}
+                "kind": self.kind, "axes": dict(self.axes), "repeat": self.repeat}
 
     def kind_words(self) -> str:
         """The kind of device the counts are, for titles: "GPUs" or "CPU virtual devices"."""
@@ -77,12 +85,11 @@ class Manifest:
     def save(self, runs_dir: Path) -> Path:
         """Write the manifest atomically (a reader never sees half a file)."""
         path = manifest_path(runs_dir, self.sweep_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = asdict(self)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(path.parent, exc) from None
+        return write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Manifest":
@@ -212,21 +219,23 @@ class Sweep:
         self.manifest, self.runs_dir, self.overrides = manifest, Path(runs_dir), overrides
         self.stop_requested = False
         self.base = load_preset(manifest.preset, overrides, check=False)
-        if not manifest.points:
-            manifest.points = [Point(s, d, spec_for(d, manifest.kind), settings=dict(a))
-                               for d in manifest.devices for s in manifest.strategies
-                               for a in axis_grid(manifest.axes)]
+        if not manifest.points:  # repetitions outermost: each pass measures the whole grid
+            reps = range(1, manifest.repeat + 1) if manifest.repeat > 1 else [0]
+            manifest.points = [Point(s, d, spec_for(d, manifest.kind), settings=dict(a),
+                                     rep=r)
+                               for r in reps for d in manifest.devices
+                               for s in manifest.strategies for a in axis_grid(manifest.axes)]
 
     @classmethod
     def new(cls, preset: str, sets: list[str], devices: list[str], strategies: list[str],
             scale: bool, runs_dir: Path, overrides: list, kind: str = "cpu",
-            axes: dict | None = None) -> "Sweep":
+            axes: dict | None = None, repeat: int = 1) -> "Sweep":
         """A fresh sweep (not saved until ``run``); ``kind`` as :func:`resolve_kind` gave,
-        ``axes`` the fast-path axes (see ``AXES``)."""
+        ``axes`` the fast-path axes (see ``AXES``), ``repeat`` the runs of each point."""
         name = load_preset(preset, overrides, check=False).run.name
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:30]}-{secrets.token_hex(2)}"
         manifest = Manifest(sweep_id, str(preset), list(sets), list(devices), list(strategies),
-                            scale, kind, axes=dict(axes or {}))
+                            scale, kind, axes=dict(axes or {}), repeat=max(1, repeat))
         return cls(manifest, runs_dir, overrides)
 
     @classmethod
@@ -236,8 +245,11 @@ class Sweep:
         written beside the manifest, as ``<sweep id>.toml``, so the sweep can resume."""
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.name[:30]}-{secrets.token_hex(2)}"
         path = Path(runs_dir) / "sweeps" / f"{sweep_id}.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(cfg.to_toml(), encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(path.parent, exc) from None
+        write_atomic(path, cfg.to_toml())
         manifest = Manifest(sweep_id, str(path), [], list(devices), list(strategies), scale,
                             kind)
         return cls(manifest, runs_dir, [])
@@ -290,6 +302,7 @@ class Sweep:
 
         m = self.manifest
         m.state = "running"
+        m.sessions += 1
         self.save()
         for point in m.points:
             if point.status == "finished" or self.stop_requested:
@@ -310,6 +323,7 @@ class Sweep:
                 on_point(point)
                 continue
             point.status, point.run_id, point.reason = "running", handle.run_id, ""
+            point.session = m.sessions
             self.save()
             on_point(point)
             self._follow(handle, point, on_event)

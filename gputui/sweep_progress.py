@@ -87,8 +87,9 @@ class SweepProgress:
             self.progress.update(self.run_task, total=total, completed=ev.global_step,
                                  info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s")
         elif kind == "epoch_end":
+            warm = " (warm-up included)" if ev.epoch == 1 else ""
             self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
-                      f"{ev.samples_per_s:,.0f} samples/s, loss {ev.train_loss:.4f}, "
+                      f"{ev.samples_per_s:,.0f} samples/s{warm}, loss {ev.train_loss:.4f}, "
                       f"test acc {acc_text(ev.test_acc)}")
         elif kind == "log" and ev.level in ("warning", "error"):
             self.line(f"{self._tag(point)}: {ev.level}: {ev.message}")

@@ -37,7 +37,7 @@ def fake_gpus(monkeypatch):
     a GPU: the driver is not loaded), whatever the machine really has; the real NVML comes
     back afterwards. CUDA_VISIBLE_DEVICES is cleared so the fake's order is the CUDA order."""
     from gputui.telemetry import nvml
-    from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+    from fakes.nvml import FakeGpu, FakeNvml
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 

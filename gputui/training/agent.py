@@ -298,11 +298,17 @@ def _has_terminal(run_dir: Path) -> bool:
 
 def _append(run_dir: Path, queue, event) -> None:
     """Add one event to the record (and its summary) and to the parent's queue."""
-    log = runstore.EventLog(run_dir / "events.jsonl")
-    log.write(event)
-    log.close()
-    if is_terminal(event):
-        runstore.write_summary(run_dir, runstore.summarize(runstore.read_events(run_dir)))
+    try:
+        if is_terminal(event):
+            runstore.end_record(run_dir, event)
+        else:
+            log = runstore.EventLog(run_dir / "events.jsonl")
+            try:
+                log.write(event)
+            finally:
+                log.close()
+    except OSError:  # a full disk: the parent gets the event and ends the record if it can
+        pass
     try:
         queue.put(event)
     except (OSError, ValueError):  # the parent is gone; the record still has it

@@ -1,8 +1,8 @@
 """Checkpoints: everything needed to continue a run exactly where it stopped.
 
 One file per run, ``<run folder>/checkpoint.pt``, replaced atomically (written to a temporary
-file, fsynced, renamed), so a kill at any moment leaves either the previous checkpoint or the
-new one, never half of one. It holds the strategy's state (models, optimizers, grad scaler),
+file, fsynced, renamed: ``filewrite.write_with``), so a kill or a full disk at any moment leaves
+either the previous checkpoint or the new one, never half of one, and no temporary file. It holds the strategy's state (models, optimizers, grad scaler),
 the data position (epoch, step, global step, the epoch's loss so far) and the random states
 (torch, CUDA, Python, NumPy when loaded). Only tensors and plain containers are stored, so it
 loads with ``torch.load(..., weights_only=True)``: a checkpoint cannot run code.
@@ -10,7 +10,6 @@ loads with ``torch.load(..., weights_only=True)``: a checkpoint cannot run code.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 from dataclasses import asdict, dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gputui.filewrite import write_with
 from gputui.training.strategies.base import Strategy
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -106,28 +106,8 @@ def save(path: str | Path, strategy: Strategy, position: Position,
              "position": asdict(position), "state": strategy.state_dict(), "rng": rng_state()}
     if not write:
         return
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    # The rename itself is durable only once the folder's entry is on disk.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    # a full disk: the temporary file goes, the previous checkpoint stays, WriteFailed says so
+    write_with(path, lambda fh: torch.save(state, fh))
 
 
 def load(where: str | Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
 import queue as queue_mod
+import shutil
 import signal
 import sys
 import threading
@@ -25,6 +26,7 @@ from typing import Any
 from gputui.config import RunConfig
 from gputui.devices import Device, resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
+from gputui.filewrite import WriteFailed, write_atomic
 from gputui.training import runstore
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
@@ -126,10 +128,10 @@ class RunHandle:
             else:
                 how = f"exited with code {code}"
             ev = RunFailed(reason=f"the training process {how} before the run ended")
-        log = runstore.EventLog(self.run_dir / "events.jsonl")
-        log.write(ev)
-        log.close()
-        runstore.write_summary(self.run_dir, runstore.summarize(runstore.read_events(self.run_dir)))
+        try:
+            runstore.end_record(self.run_dir, ev)
+        except WriteFailed:  # a full disk: the record stays whole, readers judge it by its end
+            pass
         return ev
 
     def _watch_tree(self, every_s: float = 0.25) -> None:
@@ -172,6 +174,7 @@ class RunHandle:
 
     def _finish(self, terminal: Event) -> None:
         self._done = True
+        self._end_record_if_open(terminal)
         self._status = {"run_finished": "finished", "run_failed": "failed",
                         "run_stopped": "stopped"}[terminal.kind]
         if getattr(terminal, "killed", False):
@@ -193,6 +196,17 @@ class RunHandle:
 
             shared_data.remove(shared_data.path_for(self.run_id))
         _LIVE.discard(self)
+
+    def _end_record_if_open(self, terminal: Event) -> None:
+        """A terminal event that reached the queue but not the disk (the child's write failed
+        on a full disk): append it here, where the run's reserved space may now be free."""
+        try:
+            events = runstore.read_events(self.run_dir)
+            if not any(is_terminal(e) for e in events):
+                runstore.end_record(self.run_dir, terminal)
+        except OSError:  # WriteFailed included: nothing more can be written there
+            pass
+        runstore.release_space(self.run_dir)
 
     # ------------------------------------------------------------------ control
     @property
@@ -251,8 +265,9 @@ class RunHandle:
         if log is not None:
             try:
                 log.write(sample)
-            except (ValueError, OSError):
-                pass
+            except (ValueError, OSError):  # a full disk: the rest of the run's samples go
+                self._telemetry_log = None
+                log.close()
 
 
 def _adopt_orphans() -> None:
@@ -334,7 +349,12 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     if not devices:
         devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
-    (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
+    try:  # a full or read-only disk fails here, before any training: nothing is left behind
+        write_atomic(run_dir / "config.toml", cfg.to_toml())
+        runstore.reserve_space(run_dir)
+    except WriteFailed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     handle = RunHandle(run_id, run_dir, devices, cfg)
     _adopt_orphans()
     own_tracker()
@@ -373,7 +393,10 @@ def _start_sampler(handle: RunHandle) -> None:
         from gputui.telemetry.sampler import Sampler
     except ImportError:  # telemetry is optional for a run
         return
-    handle._telemetry_log = runstore.EventLog(handle.run_dir / "telemetry.jsonl")
+    try:
+        handle._telemetry_log = runstore.EventLog(handle.run_dir / "telemetry.jsonl")
+    except WriteFailed:  # telemetry is optional for the record; the panels still get samples
+        handle._telemetry_log = None
     handle._sampler = Sampler(handle.devices, tel.interval_s, handle._on_sample, handle.pids)
     handle._sampler.start()
 

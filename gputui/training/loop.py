@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from gputui import breakdown
 from gputui.config import RunConfig
 from gputui.events import EpochEnd, Event, LogLine, StepMetrics
 from gputui.training import checkpoint as ckpt
@@ -61,6 +62,13 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             # every node keeps its own record, so each node's first rank writes its checkpoint
             ckpt.save(path, strategy, position, write=getattr(strategy, "local_rank", 0) == 0)
 
+    delay = cfg.debug.data_delay_s
+    injected = [f"debug.{k} = {v:g} s" for k, v in (("comm_delay_s", cfg.debug.comm_delay_s),
+                                                      ("data_delay_s", delay)) if v]
+    if injected:
+        emit(LogLine(level="warning", message=f"{', '.join(injected)}: delays added on "
+                                              f"purpose; speeds are not this machine's"))
+
     first_epoch, skip, carried, global_step = 1, 0, 0.0, 0
     if cfg.run.resume_from:
         position = ckpt.restore(strategy, ckpt.load(cfg.run.resume_from))
@@ -98,22 +106,33 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             elapsed = max(time.perf_counter() - window.start, 1e-9)
             timing = strategy.read_timing() if timed else {}
             flops_s, mfu = figures.rate(flop_info, n, elapsed)
+            rows = _per_device(strategy, timing)
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
                 loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
                 step_time_s=elapsed / n, lr=strategy.lr,
-                comm_share=_comm_share(timing), per_device=_per_device(strategy, timing),
+                comm_share=_comm_share(timing), per_device=rows,
+                breakdown=breakdown.mean(r.get("breakdown") for r in rows),
                 flops_per_s=flops_s, mfu=mfu))
             window = _Window(step + 1)
 
         step = done_before
         # The steps that are logged (and timed) or checkpointed are known before the epoch
-        # starts; the step loop itself does only what a hand-written one does, plus one
-        # comparison and the stop check (an Event read, about 1 us).
+        # starts; the step loop itself does only what a hand-written one does, plus two
+        # comparisons and the stop check (an Event read, about 1 us). A timed step's batch
+        # fetch is timed too (its data part of the step breakdown, gputui.breakdown).
         marks = _marks(done_before, steps, log_every, every, global_step)
         next_mark = marks.pop() if marks else 0
         strategy.meter = False
-        for x, y in batches.epoch(epoch, done_before):
+        source = iter(_delayed(batches.epoch(epoch, done_before), delay)
+                      if delay else batches.epoch(epoch, done_before))
+        while True:
+            # the wait for a metered step's batch is its data time (perf_counter, no sync)
+            fetch = time.perf_counter() if step + 1 == next_mark else 0.0
+            batch = next(source, None)
+            if batch is None:
+                break
+            x, y = batch
             if should_stop():
                 flush(step, False)  # the window's steps since the last logged one: untimed
                 save(ckpt.Position(epoch, step, global_step, epoch_sum))
@@ -121,6 +140,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             step += 1
             logged = step == next_mark
             if logged:
+                strategy.data_s = time.perf_counter() - fetch
                 strategy.meter = True
             try:
                 with first.context():
@@ -151,6 +171,14 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         if should_stop():
             return "stopped" if epoch < cfg.run.epochs else "finished"
     return "finished"
+
+
+def _delayed(batches, seconds: float):
+    """The batches, each handed over ``seconds`` late (debug.data_delay_s: a slow data path
+    on purpose, which the step breakdown shows as data)."""
+    for batch in batches:
+        time.sleep(seconds)
+        yield batch
 
 
 def _marks(done: int, steps: int, log_every: int, every: int, global_step: int) -> list[int]:

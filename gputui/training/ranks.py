@@ -23,6 +23,8 @@ from gputui.events import Event
 from gputui.training import shared_data, signals
 from gputui.training.agent import quick_exit
 from gputui.training.launcher import RankProcess
+from gputui.filewrite import write_atomic
+from gputui.training import runstore
 from gputui.training.worker import Recorder, RankInfo, StopFlag, execute
 
 # Text of errors that come from a broken connection to another rank: their rank is more
@@ -116,14 +118,16 @@ def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> bool:
     """Leave this rank's failure for the agent (atomic: the agent may read at any moment);
     True when it looks like a broken connection to another rank."""
     folder = run_dir / "rank-failures"
-    folder.mkdir(exist_ok=True)
     comm = any(m in reason for m in COMM_MARKERS)
-    path = folder / f"{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "reason": reason,
-                               "detail": detail, "comm": comm, "t": time.time()}),
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps({"rank": rank, "pid": os.getpid(), "reason": reason, "detail": detail,
+                       "comm": comm, "t": time.time()})
+    for _ in range(2):
+        try:
+            folder.mkdir(exist_ok=True)
+            write_atomic(folder / f"{rank}.json", text)
+            break
+        except OSError:  # a full disk: the run is ending, so use the space it set aside
+            runstore.release_space(run_dir)
     return comm
 
 

@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.events import Event, event_from_dict
+from gputui.filewrite import AppendLog, WriteFailed, write_atomic
 from gputui.usercode import data_label, model_label
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
+RESERVE_NAME = ".space-reserve"
+RESERVE_BYTES = 32 * 1024  # room for the terminal event and summary.json on a full disk
 
 
 def default_runs_dir() -> Path:
@@ -31,26 +34,41 @@ def new_run_dir(runs_dir: str | Path | None, name: str) -> tuple[str, Path]:
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
     path = base / run_id
-    path.mkdir(parents=True, exist_ok=False)
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
     return run_id, path
 
 
-class EventLog:
-    """Append-only JSON-lines writer, flushed per event."""
+def reserve_space(run_dir: str | Path) -> None:
+    """Set aside a little disk space in the run folder (a hidden file of zeros), freed by
+    :func:`release_space` just before the record's last writes: on a disk that fills up during
+    the run, the terminal event and summary.json still fit. WriteFailed when it cannot."""
+    write_atomic(Path(run_dir) / RESERVE_NAME, bytes(RESERVE_BYTES))
 
-    def __init__(self, path: str | Path):
+
+def release_space(run_dir: str | Path) -> None:
+    """Free the space :func:`reserve_space` set aside (nothing when it is gone already)."""
+    try:
+        (Path(run_dir) / RESERVE_NAME).unlink()
+    except OSError:
+        pass
+
+
+class EventLog:
+    """Append-only JSON-lines writer; each event is one whole line on disk or none (a failed
+    append is cut back and raises WriteFailed, see ``filewrite.AppendLog``)."""
+
+    def __init__(self, path: str | Path, hint: str = ""):
         self.path = Path(path)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._log = AppendLog(self.path, hint)
 
     def write(self, event: Event) -> None:
-        self._fh.write(event.to_json() + "\n")
-        self._fh.flush()
+        self._log.append(event.to_json() + "\n")
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+        self._log.close()
 
 
 def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
@@ -69,6 +87,9 @@ def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
 
 def summarize(events: Iterable[Event]) -> dict[str, Any]:
     """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
+    from gputui.steady import steady_figures
+
+    events = list(events)
     s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
                          "per_epoch": []}
     first_t = last_t = None
@@ -82,7 +103,9 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
                      epochs=ev.config.get("run", {}).get("epochs"),
                      model=model_label(ev.config), dataset=data_label(ev.config))
         elif kind == "init_done":
-            s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples)
+            s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
+                     steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
+                     cores=getattr(ev, "cores", 0))
         elif kind == "epoch_end":
             s["per_epoch"].append({"epoch": ev.epoch, "seconds": ev.seconds,
                                    "train_loss": ev.train_loss, "test_acc": ev.test_acc,
@@ -106,6 +129,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         s["test_acc"] = epochs[-1]["test_acc"]
         s["best_test_acc"] = max(e["test_acc"] for e in epochs)
         s["train_loss"] = epochs[-1]["train_loss"]
+    # the steady state (warm-up excluded, gputui.steady): what tables and summaries print
+    s["steady"] = steady_figures(events)
     if first_t is not None:
         s["total_s"] = last_t - first_t
     return s
@@ -113,10 +138,20 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
     """Write summary.json atomically (a reader never sees half a file)."""
-    path = Path(run_dir) / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(Path(run_dir) / "summary.json",
+                 json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def end_record(run_dir: str | Path, event: Event, hint: str = "") -> None:
+    """Append the terminal ``event`` to events.jsonl and rewrite summary.json, using the space
+    the run set aside; WriteFailed when even that does not fit (the record is left whole)."""
+    release_space(run_dir)
+    log = EventLog(Path(run_dir) / "events.jsonl", hint)
+    try:
+        log.write(event)
+    finally:
+        log.close()
+    write_summary(run_dir, summarize(read_events(run_dir)))
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -19,13 +19,17 @@ from typing import Any, Callable
 from gputui.config import from_dict
 from gputui.devices import Device
 from gputui.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
-                           RunStopped)
-from gputui.training.runstore import EventLog, summarize, write_summary
+                           RunStopped, is_terminal)
+from gputui.filewrite import DISK_FULL, WriteFailed, os_error_in
+from gputui.training.runstore import EventLog, release_space, summarize, write_summary
 from gputui.usercode import code_named
 
 
 class Recorder:
-    """Writes each event to events.jsonl (flushed) and hands it to ``forward`` (a queue)."""
+    """Writes each event to events.jsonl (one whole line, written before it is passed on) and
+    hands it to ``forward`` (a queue). A failed write of an event raises WriteFailed, which
+    ends the run; the terminal event uses the space the run set aside, and when even that
+    fails it still reaches ``forward``, whose receiver ends the record."""
 
     def __init__(self, run_dir: Path, forward: Callable[[Event], None] | None = None):
         self.run_dir = Path(run_dir)
@@ -34,7 +38,14 @@ class Recorder:
         self.events: list[Event] = []
 
     def emit(self, event: Event) -> None:
-        self.log.write(event)
+        if is_terminal(event):
+            release_space(self.run_dir)
+            try:
+                self.log.write(event)
+            except WriteFailed:
+                pass  # the parent gets it from the queue and tries again
+        else:
+            self.log.write(event)
         self.events.append(event)
         if self.forward is not None:
             try:
@@ -43,7 +54,13 @@ class Recorder:
                 self.forward = None
 
     def close(self) -> None:
-        write_summary(self.run_dir, summarize(self.events))
+        """Write summary.json (skipped on a full disk: it is rebuilt from the events) and
+        close the log."""
+        release_space(self.run_dir)
+        try:
+            write_summary(self.run_dir, summarize(self.events))
+        except WriteFailed:
+            pass
         self.log.close()
 
 
@@ -201,7 +218,8 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
                       model_s=t3 - t2, compile_s=compile_s, train_samples=ds.n_train,
                       test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
-                      params=count_params(strategy.primary_model())))
+                      params=count_params(strategy.primary_model()),
+                      threads=torch.get_num_threads(), cores=_cores()))
         t_train = time.time()
         status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
         strategy.close()
@@ -210,9 +228,28 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         else:
             emit(RunFinished(seconds=time.time() - t_train))
         return status
+    except WriteFailed as exc:  # a full disk or a refused write: one line, no traceback
+        if exc.disk_full:
+            exc.hint = disk_hint(recorder.run_dir, run_id)
+        emit(RunFailed(reason=str(exc)))
+        return "failed"
     except Exception as exc:  # noqa: BLE001 - every failure must end the record
+        cause = os_error_in(exc) if not isinstance(exc, OSError) else None
+        if cause is not None and cause.errno in DISK_FULL:  # e.g. a user's code writing files
+            emit(RunFailed(reason=f"{_one_line(exc)}: {cause.strerror} "
+                                  f"({disk_hint(recorder.run_dir, run_id)})"))
+            return "failed"
         emit(RunFailed(reason=_one_line(exc), detail=traceback.format_exc()))
         return "failed"
+
+
+def disk_hint(run_dir: Path, run_id: str = "") -> str:
+    """What to do after a full disk ended a run: resume when a checkpoint was written."""
+    from gputui.training.checkpoint import CHECKPOINT_NAME
+
+    if (Path(run_dir) / CHECKPOINT_NAME).is_file():
+        return f"free space, then `gputui resume {run_dir}` continues from the last checkpoint"
+    return "free space on that disk and run it again"
 
 
 # gloo's and NCCL's words for a collective that waited past its timeout
@@ -233,11 +270,16 @@ def _one_line(exc: BaseException) -> str:
     return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
 def _set_threads(torch, threads: int, processes: int) -> None:
     """Give each process its share of the cores unless run.threads says otherwise."""
     if threads <= 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = max(1, (cores or 1) // max(1, processes))
+        threads = max(1, _cores() // max(1, processes))
     torch.set_num_threads(threads)
 
 

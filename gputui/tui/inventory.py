@@ -60,7 +60,7 @@ class Inventory:
         return [DeviceRow("cpu", i, "CPU virtual device", self.host_memory, self.host_util,
                           status) for i in range(n)]
 
-    def no_gpu_sentence(self) -> str:
+    def gpu_note(self) -> str:
         """The one sentence shown when the table lists no GPU."""
         if not self.discovered:
             return "Looking for GPUs (NVML)…"
@@ -75,7 +75,7 @@ def gpu_indices(inventory: Inventory) -> tuple[int, ...]:
     return tuple(r.index for r in inventory.gpus)
 
 
-def gpu_row(g: GpuInfo) -> DeviceRow:
+def device_row(g: GpuInfo) -> DeviceRow:
     """A table row from a discovered GPU (fields the discovery lacks show as n/a)."""
     used, total = getattr(g, "mem_used", None), getattr(g, "mem_total", None)
     memory = f"{fmt_bytes(used)} / {fmt_bytes(total)}" if total else "n/a"
@@ -110,5 +110,5 @@ def discover_inventory() -> Inventory:
         util = f"{psutil.cpu_percent(interval=0.2 if first else None):.0f}% host"
     except Exception:  # psutil missing or unreadable: the table says n/a
         pass
-    return Inventory(tuple(gpu_row(g) for g in gpus), reason, memory, util,
+    return Inventory(tuple(device_row(g) for g in gpus), reason, memory, util,
                      os.cpu_count() or 1, tuple(gpus))

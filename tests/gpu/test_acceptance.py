@@ -57,6 +57,25 @@ def test_every_strategy_learns_on_one_gpu(tmp_path, strategy, precision):
         assert any("1 nccl rank(s), one per GPU" in m for m in logs), logs
     if strategy == "dp":
         assert not any("no CPU mode" in m for m in logs)  # the real DataParallel on CUDA
+    # where each step went, from CUDA events: the parts add up to the step
+    from gputui.breakdown import total
+
+    steps = [e for e in read_events(run_dir) if e.kind == "step"]
+    assert steps and all(e.breakdown for e in steps)
+    for e in steps:
+        bd = e.per_device[0]["breakdown"]
+        assert bd["compute_s"] > 0 and total(bd) == pytest.approx(bd["step_s"])
+
+
+def test_a_comm_delay_on_the_gpu_shows_as_exposed_comm(tmp_path):
+    """ddp over NCCL on GPU 0: each bucket's all-reduce held back 50 ms (debug.comm_delay_s);
+    the CUDA events see the step wait for it."""
+    from statistics import median
+
+    _, run_dir = run(tmp_path, "--strategy", "ddp", "--epochs", "1", "--set",
+                     "debug.comm_delay_s=0.05", "--set", "run.log_every=5")
+    steps = [e for e in read_events(run_dir) if e.kind == "step"][1:]
+    assert median(e.breakdown["comm_exposed_s"] for e in steps) >= 0.035
 
 
 def test_telemetry_reads_the_gpu(tmp_path):

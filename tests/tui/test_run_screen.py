@@ -84,6 +84,14 @@ async def test_a_finished_run_fills_every_panel(presets):
         # The run's MFU under the utilization, the device's training memory under its own.
         assert cpu1.query_one(".mfu-meter", Meter).value_text == " 31.0%"
         assert text(cpu1, ".train-mem") == "par 241K grad 241K opt 241K act 16.8M"
+        # Where the last metered step went: a stacked bar as wide as the panel, and a legend.
+        parts = text(cpu1, ".dev-breakdown")
+        bar_line, legend = parts.split("\n", 1)
+        assert bar_line.startswith("step 100.0 ms ")
+        assert len(bar_line) == cpu1.query_one(".dev-breakdown").content_region.width
+        assert legend.split() == ["compute", "40%", "comm", "10%", "optim", "8%", "data", "2%",
+                                  "wait", "40%"]
+        assert "wait 38%" in text(screen.query_one("#dev-cpu-0", DevicePanel), ".dev-breakdown")
         # A GPU reading: utilization, memory, temperature and power with its limit.
         gpu_panel = screen.query_one("#dev-cuda-0", DevicePanel)
         assert gpu_panel.query_one(".util-meter", Meter).fraction == 0.97

@@ -105,6 +105,37 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
     return out
 
 
+DELAY = 0.05  # seconds injected by the breakdown scenarios
+# name -> config overrides of a ddp run through the real loop, every step metered
+BREAKDOWN = {"plain": {}, "comm_delay": {"debug.comm_delay_s": DELAY},
+             "data_delay": {"debug.data_delay_s": DELAY}}
+
+
+def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
+    """One epoch (10 steps) of ddp through the loop with log_every 1; returns every step's
+    per_device rows (each rank's breakdown, gathered)."""
+    import torch.distributed as dist
+
+    from gputui.devices import resolve_devices
+    from gputui.training.data import TensorBatches
+    from gputui.training.loop import train
+    from gputui.training.strategies import registry
+    from strategy_harness import make_config, small_data
+
+    cfg = make_config("ddp", spec, "lenet", 32, **{"run.log_every": 1, "run.epochs": 1},
+                      **BREAKDOWN[name])
+    ds = small_data()
+    strategy = registry.get("ddp").load()(
+        cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
+        rank=dist.get_rank(), world_size=dist.get_world_size())
+    strategy.setup()
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
+                            strategy.data_device())
+    events = []
+    train(cfg, strategy, batches, ds, events.append, lambda: False)
+    return [list(e.per_device) for e in events if e.kind == "step"]
+
+
 def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
     """Every scenario on this rank, in one process group."""
     import os
@@ -119,7 +150,9 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     dist.init_process_group("nccl" if gpus else "gloo", timeout=timedelta(seconds=60))
     try:
-        return {name: run_scenario(name, spec, workdir) for name in SCENARIOS}
+        out = {name: run_scenario(name, spec, workdir) for name in SCENARIOS}
+        out["breakdown"] = {name: run_breakdown(name, spec) for name in BREAKDOWN}
+        return out
     finally:
         from gputui.training.strategies.ddp import destroy_group
 

@@ -19,8 +19,10 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                  batch: int = 256, lr: float = 0.1, sps: float = 1000.0, acc: float = 0.9,
                  epochs: int = 2, scale: bool = False, comm: float | None = None,
                  model: str = "lenet", status: str = "finished", train_size: int = 1000,
-                 name: str = "exp", summary: bool = True) -> Path:
-    """A complete record: config.toml, events.jsonl and (optionally) summary.json."""
+                 name: str = "exp", summary: bool = True,
+                 breakdowns: list[dict] | None = None) -> Path:
+    """A complete record: config.toml, events.jsonl and (optionally) summary.json;
+    ``breakdowns`` are the StepMetrics' step breakdowns, one per epoch."""
     cfg = RunConfig().replace(run={"name": name, "epochs": epochs},
                               optim={"batch_size": batch, "lr": lr, "scale_with_devices": scale},
                               strategy={"name": strategy}, model={"name": model},
@@ -35,11 +37,14 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                          strategy=strategy, world_size=1, t=1.0),
               InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0)]
     eff_batch = batch * (n if scale else 1)
-    steps = max(1, train_size // eff_batch)
+    # one log window of 20 steps an epoch: the first is warm-up, the later ones are the
+    # steady state (gputui.steady), so records of 2+ epochs have steady figures
+    steps = 20
     for e in range(1, epochs + 1):
         events.append(StepMetrics(epoch=e, step=steps, global_step=e * steps,
                                   steps_per_epoch=steps, loss=2.0 / e, samples_per_s=sps,
                                   step_time_s=eff_batch / sps, lr=lr, comm_share=comm,
+                                  breakdown=breakdowns[e - 1] if breakdowns else None,
                                   t=2.0 + e))
         events.append(EpochEnd(epoch=e, epochs=epochs, seconds=train_size / sps,
                                train_loss=2.0 / e, test_acc=acc, samples_per_s=sps, t=2.1 + e))

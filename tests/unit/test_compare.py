@@ -94,7 +94,12 @@ def test_csv_parses_back(items):
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == len(items) and list(rows[0]) == list(TABLE_COLUMNS)
     weak = next(r for r in rows if r["id"].endswith("weak"))
-    assert float(weak["speedup"]) == pytest.approx(1.8) and weak["devices"] == "2"
+    # scratch's 2 CPU virtual devices run in one process: its 1.8x is flagged, not a result
+    assert weak["speedup"] == "flagged" and weak["check"] == "FLAGGED" and weak["devices"] == "2"
+    strong = next(r for r in rows if r["id"].endswith("strong"))  # the same: 1.5x
+    assert strong["speedup"] == "flagged" and strong["efficiency"] == "flagged"
+    b256 = next(r for r in rows if r["id"].endswith("b256"))
+    assert float(b256["speedup"]) == pytest.approx(1.0) and b256["check"] == ""
     assert next(r for r in rows if r["id"].endswith("cut"))["speedup"] == ""
 
 
@@ -102,6 +107,7 @@ def test_json_parses_back(items):
     data = json.loads(export.to_json([it.to_dict() for it in items]))
     weak = next(d for d in data if d["id"].endswith("weak"))
     assert weak["speedup"] == pytest.approx(1.8) and weak["acc_curve"] == [[1, 0.9], [2, 0.9]]
+    assert any("one process" in f for f in weak["flags"])  # the JSON keeps figure and reason
 
 
 def test_markdown_table_shape(items):
@@ -111,7 +117,7 @@ def test_markdown_table_shape(items):
     assert all(ln.startswith("|") and ln.endswith("|") for ln in lines)
     assert {ln.count("|") for ln in lines} == {len(TABLE_COLUMNS) + 1}
     assert set(lines[1]) <= set("|-:")
-    assert "1.80x" in text and "90.0%" in text
+    assert "flagged" in text and "1.00x" in text and "100.0%" in text  # scratch@cpu*2 flagged
 
 
 def test_png_plots(items, tmp_path):
@@ -161,7 +167,7 @@ def test_tensorboard_export_or_its_message(runs, tmp_path):
         for v in ev.summary.value:
             scalars.setdefault(v.tag, []).append((ev.step, round(v.simple_value, 4)))
         data = data[12 + n + 4:]
-    assert scalars["train/loss"] == [(1, 2.0), (2, 1.0)]  # one step per epoch (batch 512)
+    assert scalars["train/loss"] == [(20, 2.0), (40, 1.0)]  # one 20-step window per epoch
     assert scalars["test/accuracy"] == [(1, 0.9), (2, 0.9)]
     assert [s for _, s in scalars["epoch/samples_per_s"]] == [1800.0, 1800.0]
 
@@ -186,3 +192,27 @@ def test_cli_compare_bad_input(runs, capsys):
     assert cli.main(["compare", "--runs-dir", str(runs)]) == 2
     assert cli.main(["compare", "--sweep", "nope", "--runs-dir", str(runs)]) == 2
     assert "no sweep 'nope'" in capsys.readouterr().err
+
+
+def test_step_breakdown_shares_in_the_table_and_every_export(tmp_path):
+    from gputui.breakdown import make
+
+    base = tmp_path / "runs"
+    warm = make(1.0, 0.0, 1.0, 0.0)  # the first metered step (warm-up): left out
+    steady = make(span_s=0.09, data_s=0.01, compute_s=0.05, optimizer_s=0.01,
+                  comm_exposed_s=0.02, comm_overlap_s=0.01)  # host 0.01
+    run = write_record(base, "20260101-100000-exp-ddp", "ddp", 2, breakdowns=[warm, steady])
+    (item,) = compare([run], base)
+    row = table_rows([item])[0]
+    assert row["compute_share"] == pytest.approx(0.5)
+    assert row["comm_exposed_share"] == pytest.approx(0.2)
+    assert row["comm_overlap_share"] == pytest.approx(0.1)
+    assert row["optimizer_share"] == pytest.approx(0.1) and row["data_share"] == pytest.approx(0.1)
+    assert row["host_share"] == pytest.approx(0.1)
+    csv_row = next(csv.DictReader(io.StringIO(export.render([row], TABLE_COLUMNS, "csv"))))
+    assert float(csv_row["comm_exposed_share"]) == pytest.approx(0.2)
+    md = export.render([row], TABLE_COLUMNS, "md")
+    assert "| 20% |" in md and "| 50% |" in md
+    data = json.loads(export.to_json([item.to_dict()]))[0]
+    assert data["breakdown"]["comm_exposed_s"] == pytest.approx(0.02)
+    assert summary_lines([item])[0].startswith("step breakdown, as shares of a metered step")

@@ -53,6 +53,14 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"] and [r["rank"] for r in rows] == [0, 1]
     assert all(r["samples"] == 128 and r["step_time_s"] > 0 and r["samples_per_s"] > 0
                and r["rss"] > 10 * 2**20 for r in rows)
+    # where each rank's metered step went, recorded and printed per rank
+    from gputui.breakdown import total
+
+    for s in steps:
+        assert s.breakdown is not None and s.breakdown["comm_exposed_s"] is not None
+        for r in s.per_device:
+            assert total(r["breakdown"]) == pytest.approx(r["breakdown"]["step_s"])
+    assert re.search(r"cpu:1 step [\d.]+ ms: compute \d+% · comm \d+%", cli_run.stderr)
     pids = {r["device"]: r["pid"] for r in rows}
     assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
     # the sampler read each rank's own process (RunHandle.pids from the ranks)

@@ -9,7 +9,7 @@ import pytest
 
 from gputui import cli_devices
 from gputui.telemetry import nvml
-from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+from fakes.nvml import FakeGpu, FakeNvml
 
 NO_DRIVER_SENTENCE = ("No GPU is listed because the NVIDIA kernel driver is not loaded; CPU "
                       "virtual devices (cpu, cpu*N) are used instead.")

@@ -112,3 +112,42 @@ def test_fsdp_ranks_hold_half_of_ddps_training_memory(ranks):
         for part in ("params", "grads", "optim"):
             assert 0.45 * full <= f[part] <= 0.55 * full, (part, f[part], full)
     assert sum(r["params"] for r in fsdp) >= full  # the shards cover the whole model
+
+
+# ---------------------------------------------------------------- the step breakdown
+def _median_part(ranks, scenario: str, part: str) -> float:
+    """The median over both ranks and the metered steps (the first, warm-up, left out) of one
+    part of the breakdown, as the loop recorded it on rank 0 (every rank's row, gathered)."""
+    from statistics import median
+
+    steps = ranks[0]["breakdown"][scenario][1:]
+    return median(row["breakdown"][part] for rows in steps for row in rows)
+
+
+def test_ddp_breakdown_parts_add_up_to_the_step_on_every_rank(ranks):
+    from gputui.breakdown import total
+
+    for scenario, steps in ranks[0]["breakdown"].items():
+        assert len(steps) == 10  # log_every 1: every step metered
+        for rows in steps:
+            assert [r["rank"] for r in rows] == [0, 1]
+            for row in rows:
+                bd = row["breakdown"]
+                assert bd["step_s"] > 0 and bd["compute_s"] > 0 and bd["optimizer_s"] > 0
+                assert bd["comm_exposed_s"] is not None and bd["comm_overlap_s"] is not None
+                assert total(bd) == pytest.approx(bd["step_s"], rel=1e-9, abs=1e-12), scenario
+
+
+def test_a_delay_in_ddp_communication_shows_as_exposed_comm(ranks):
+    from ddp_scenarios import DELAY
+
+    grown = (_median_part(ranks, "comm_delay", "comm_exposed_s")
+             - _median_part(ranks, "plain", "comm_exposed_s"))
+    assert grown >= 0.7 * DELAY, grown  # the step waits for the whole of it
+
+
+def test_a_delay_in_the_data_path_shows_as_data(ranks):
+    from ddp_scenarios import DELAY
+
+    grown = _median_part(ranks, "data_delay", "data_s") - _median_part(ranks, "plain", "data_s")
+    assert grown >= 0.7 * DELAY, grown

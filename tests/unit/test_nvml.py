@@ -5,12 +5,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from gputui.devices import DeviceSpecError, discover_gpus, no_gpu_sentence, resolve_devices
 from gputui.telemetry import nvml
-from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+from fakes.nvml import FakeGpu, FakeNvml
 
 NO_DRIVER = "no NVIDIA driver is installed: libnvidia-ml.so.1 was not found"
 
@@ -92,15 +93,18 @@ def test_atexit_shuts_nvml_down():
     code = textwrap.dedent("""
         import atexit
         from gputui.telemetry import nvml
-        from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+        from fakes.nvml import FakeGpu, FakeNvml
         mod = FakeNvml([FakeGpu()])
         # Registered first, so it runs after nvml's own exit handler.
         atexit.register(lambda: print("initialised at exit:", mod.initialised))
         nvml.use_module(mod)
         print("gpus:", len(nvml.cuda_gpus(env={})[0]), "initialised:", mod.initialised)
     """)
+    tests_dir = str(Path(__file__).resolve().parents[1])  # where the fakes package lives
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=30, check=True).stdout.split("\n")
+                         timeout=30, check=True, env=env).stdout.split("\n")
     assert out[:2] == ["gpus: 1 initialised: 1", "initialised at exit: 0"]
 
 

@@ -24,7 +24,7 @@ import torch
 from gputui import cli
 from gputui.devices import resolve_devices
 from gputui.telemetry import nvml
-from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+from fakes.nvml import FakeGpu, FakeNvml
 from gputui.training.data import TensorBatches
 from gputui.training.guards import Diverged, OutOfMemory, first_bad, largest_fitting_batch
 from gputui.training.loop import train

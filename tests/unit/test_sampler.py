@@ -12,7 +12,7 @@ import pytest
 from gputui.devices import Device, cpu_devices
 from gputui.events import DeviceSample
 from gputui.telemetry import nvml
-from gputui.telemetry.nvml_fake import FakeGpu, FakeNvml
+from fakes.nvml import FakeGpu, FakeNvml
 from gputui.telemetry.sampler import HOST, Sampler
 
 BUSY = "while True: pass"

@@ -71,6 +71,8 @@ class Strategy:
         self.batch_size = effective_batch_size(cfg, n)
         self.lr = effective_lr(cfg, n)
         self.meter = False
+        self.data_s = 0.0  # the metered step's wait for its batch, set by the loop
+        self.comm_delay_s = cfg.debug.comm_delay_s  # added to each communication (a test knob)
         self.timing: dict[str, Any] = {}
         self.notes: list[str] = []
         self.scaler = None
@@ -217,7 +219,8 @@ class Strategy:
 
     def read_timing(self) -> dict:
         """Seconds of the last metered step: {"step_s", "comm_s", "per_device": [...]}, read at
-        the log interval; {} when nothing was metered."""
+        the log interval; {} when nothing was metered. Each per_device row holds the step's
+        ``breakdown`` (``gputui.breakdown.make``)."""
         return {}
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:

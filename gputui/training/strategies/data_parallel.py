@@ -75,10 +75,11 @@ class DataParallelStrategy(Single):
         only each device's share of the examples is known, not its own compute time."""
         if not self.timing:
             return {}
-        t = self.watch.seconds(self.timing["start"], self.timing["end"])
+        t, bd = self.step_breakdown()
         total = self.timing["samples"]
         if not self.cuda:
-            rows = [{"device": self.devices[0].name, "samples": total, "compute_s": t}]
+            rows = [{"device": self.devices[0].name, "samples": total, "compute_s": t,
+                     "breakdown": bd}]
             rows += [{"device": d.name, "samples": 0} for d in self.devices[1:]]
             return {"step_s": t, "comm_s": None, "per_device": rows}
         k = min(self.cfg.optim.micro_batches, total)
@@ -88,7 +89,13 @@ class DataParallelStrategy(Single):
             for i, size in enumerate(scatter_sizes(part, len(self.devices))):
                 shares[i] += size
         rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares)]
+        rows[0]["breakdown"] = bd  # the step as the first device's stream runs it
         return {"step_s": t, "comm_s": None, "per_device": rows}
+
+    def comm_in_compute(self) -> float | None:
+        """None on GPUs: DataParallel's replicate, scatter and gather run inside its forward
+        and backward, counted in compute; 0.0 on the CPU, where it communicates nothing."""
+        return None if self.cuda else 0.0
 
     def eval_models(self):
         return [(self.wrapped, self.device)]

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gputui import breakdown
 from gputui.training.strategies.base import Stopwatch, Strategy
 from gputui.training.strategies.comm_timer import CommTimer
 from gputui.training.strategies.scratch import split_sizes
@@ -31,6 +32,9 @@ STOP_CHECK_MAX = 50  # ... but at least every 50 steps
 # the per-rank figures gathered at the log interval, in this order (float64)
 _FIELDS = ("rank", "node", "cuda", "index", "samples", "compute_s", "step_s", "mem_alloc",
            "mem_reserved", "rss", "pid")
+# the rank's step breakdown (gputui.breakdown), gathered after _FIELDS; -1 = not measured
+_PARTS = ("step_s", "data_s", "compute_s", "comm_exposed_s", "comm_overlap_s", "optimizer_s",
+          "wait_s", "host_s")
 
 
 def backend_for(requested: str, device_kind: str) -> str:
@@ -94,7 +98,8 @@ class DDPStrategy(Strategy):
         # breaks its graph at DDP's own forward) model; local_module() is the model itself
         ddp = DistributedDataParallel(self.fast(self.lean(model)), device_ids=ids,
                                       gradient_as_bucket_view=True)
-        self.comm = CommTimer(self.watch)  # times the gradient sync on metered steps
+        # times the gradient sync on metered steps (and delays it, under debug.comm_delay_s)
+        self.comm = CommTimer(self.watch, delay_s=self.comm_delay_s)
         ddp.register_comm_hook(None, self.comm.hook)
         return ddp
 
@@ -126,6 +131,7 @@ class DDPStrategy(Strategy):
         self.opt.zero_grad(set_to_none=True)
         if self.comm is not None:
             self.comm.start_step(start is not None)
+        begin = self.watch.mark() if start is not None else None
         # / (total / world): DDP divides the summed gradients by the world size again
         loss = self.forward_backward(self.model, xs, ys, total / self.world_size, self.device,
                                      before_last=self.no_sync)
@@ -134,9 +140,25 @@ class DDPStrategy(Strategy):
         if self.scaler is not None:
             self.scaler.update()
         if start is not None:
-            self.timing = {"start": start, "backward_end": backward_end,
-                           "end": self.watch.mark(), "samples": len(xs)}
+            self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
+                           "end": self.watch.mark(), "samples": len(xs), "data_s": self.data_s}
         return loss
+
+    def step_breakdown(self) -> dict:
+        """This rank's breakdown of the metered step (see CommTimer.split): compute up to the
+        last bucket's launch, exposed comm from there to the end of backward. fsdp, whose
+        collectives run inside fully_shard's hooks, counts them in compute (comm None)."""
+        t, w = self.timing, self.watch
+        span = w.seconds(t["start"], t["end"])
+        begin, backward = w.seconds(t["start"], t["begin"]), w.seconds(t["start"], t["backward_end"])
+        split = self.comm.split(t["start"], t["backward_end"]) if self.comm is not None else None
+        if split is None:
+            exposed = overlap = None if self.comm is None else 0.0
+            compute = backward - begin
+        else:
+            compute_end, exposed, overlap = split
+            compute = compute_end - begin
+        return breakdown.make(span, t["data_s"], compute, span - backward, exposed, overlap)
 
     def agree_stop(self, mine: bool) -> bool:
         """True when any rank wants to stop. The ranks agree with a small MAX all-reduce, not
@@ -203,16 +225,19 @@ class DDPStrategy(Strategy):
             alloc = float(torch.cuda.memory_allocated(self.device))
             reserved = float(torch.cuda.memory_reserved(self.device))
         dev = self.devices[self.local_rank]
+        bd = self.step_breakdown() if t else {}
+        parts = [-1.0 if bd.get(k) is None else bd[k] for k in _PARTS]
         mine = torch.tensor([self.rank, self.node, float(self.cuda), dev.index,
                              t.get("samples", 0) if t else 0, compute, step, alloc, reserved,
-                             self._read_rss(), os.getpid()], dtype=torch.float64)
+                             self._read_rss(), os.getpid(), *parts], dtype=torch.float64)
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.control)
-        per_device = [self._row(dict(zip(_FIELDS, r.tolist()))) for r in rows]
+        per_device = [self._row(dict(zip(_FIELDS, r.tolist())), r[len(_FIELDS):].tolist())
+                      for r in rows]
         comm = self.comm.seconds(t["start"]) if t and self.comm is not None else None
         return {"step_s": step, "comm_s": comm, "per_device": per_device}
 
-    def _row(self, f: dict) -> dict:
+    def _row(self, f: dict, parts: list[float]) -> dict:
         name = f"{'cuda' if f['cuda'] else 'cpu'}:{int(f['index'])}"
         if int(f["node"]) != self.node:  # another machine's device: say which
             name = f"{name}@node{int(f['node'])}"
@@ -223,6 +248,8 @@ class DDPStrategy(Strategy):
             row.update(mem_alloc=int(f["mem_alloc"]), mem_reserved=int(f["mem_reserved"]))
         if f["rss"] >= 0:
             row["rss"] = int(f["rss"])
+        if parts[0] >= 0:
+            row["breakdown"] = {k: (None if v < 0 else v) for k, v in zip(_PARTS, parts)}
         return row
 
     def _read_rss(self) -> float:

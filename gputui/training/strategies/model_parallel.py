@@ -16,10 +16,13 @@ single-device one; BatchNorm is the exception, its batch statistics being per ch
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gputui import breakdown
 from gputui.config import ConfigError
 from gputui.training.models import count_params
 from gputui.training.strategies.base import Stopwatch, Strategy, flat_layers
@@ -77,6 +80,8 @@ class ModelParallel(Strategy):
         """Move an activation (or a gradient) from stage ``src``'s device to stage ``dst``'s;
         metered steps time the copy on the source device, where CUDA runs it."""
         begin = self.watches[src].mark() if comm is not None else None
+        if self.comm_delay_s and torch.is_grad_enabled():
+            time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
         out = h.to(self.torch_devices[dst], non_blocking=True)
         if comm is not None:
             comm.append((src, begin, self.watches[src].mark()))
@@ -163,11 +168,14 @@ class ModelParallel(Strategy):
             parts = [self._pipeline(xm, ym, len(x), meter)
                      for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k))]
             loss = torch.stack(parts).sum()
+        if meter is not None:
+            meter["update"] = self.watches[0].mark()
         self.optimizer_step(self.opt)
         if self.scaler is not None:
             self.scaler.update()
         if meter is not None:
             meter["end"], meter["samples"] = self.watches[0].mark(), len(x)
+            meter["data_s"] = self.data_s
             self.timing = meter
         return loss
 
@@ -177,13 +185,23 @@ class ModelParallel(Strategy):
         if not self.timing:
             return {}
         t = self.timing
+        first = self.watches[0]
+        step, update = first.seconds(t["start"], t["end"]), first.seconds(t["update"], t["end"])
+        computes = [sum(w.seconds(a, b) for a, b in marks)
+                    for w, marks in zip(self.watches, t["compute"])]
+        sends = [0.0] * len(self.stages)  # each stage's outgoing moves: its exposed comm
+        for src, a, b in t["comm"]:
+            sends[src] += self.watches[src].seconds(a, b)
+        # CPU virtual devices run the stages one after another: each waits for the others
+        in_turn = all(d.kind == "cpu" for d in self.devices)
+        busy = sum(computes) + sum(sends)
         per_device = []
-        for d, w, marks in zip(self.devices, self.watches, t["compute"]):
-            per_device.append({"device": d.name, "samples": t["samples"],
-                               "compute_s": sum(w.seconds(a, b) for a, b in marks)})
-        comm = sum(self.watches[src].seconds(a, b) for src, a, b in t["comm"])
-        return {"step_s": self.watches[0].seconds(t["start"], t["end"]), "comm_s": comm,
-                "per_device": per_device}
+        for d, own, sent in zip(self.devices, computes, sends):
+            wait = busy - own - sent if in_turn else 0.0
+            per_device.append({"device": d.name, "samples": t["samples"], "compute_s": own,
+                               "breakdown": breakdown.make(step, t["data_s"], own, update,
+                                                           sent, 0.0, wait)})
+        return {"step_s": step, "comm_s": sum(sends), "per_device": per_device}
 
     def eval_models(self):
         """The whole model (its layers live on the stages' devices) for train/eval mode."""

@@ -10,9 +10,11 @@ copies the sum back to every other; then every replica takes the same SGD step.
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
+from gputui import breakdown
 from gputui.training.strategies.base import Stopwatch, Strategy
 
 
@@ -73,6 +75,7 @@ class Scratch(Strategy):
         if sizes is None:
             sizes = self._sizes[total] = split_sizes(total, len(self.replicas), self.weights)
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
+        start = self.watches[0].mark() if self.meter else None
         marks = []
         loss = None
         for opt in self.opts:
@@ -85,6 +88,8 @@ class Scratch(Strategy):
             if begin is not None:
                 marks.append((begin, self.watches[i].mark()))
         comm_begin = self.watches[0].mark() if self.meter else None
+        if self.comm_delay_s:
+            time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
         with torch.no_grad():
             for grads in zip(*[[p.grad for p in params] for params in self.params]):
                 allreduce(list(grads))
@@ -94,8 +99,8 @@ class Scratch(Strategy):
         if self.scaler is not None:
             self.scaler.update()
         if self.meter:
-            self.timing = {"marks": marks, "comm": (comm_begin, comm_end), "sizes": sizes,
-                           "end": self.watches[0].mark()}
+            self.timing = {"start": start, "marks": marks, "comm": (comm_begin, comm_end),
+                           "sizes": sizes, "end": self.watches[0].mark(), "data_s": self.data_s}
         if self.cfg.strategy.check_replicas:
             self.check_replicas()
         return loss
@@ -105,12 +110,19 @@ class Scratch(Strategy):
         if not self.timing:
             return {}
         t = self.timing
-        per_device = []
-        for d, w, (a, b), size in zip(self.devices, self.watches, t["marks"], t["sizes"]):
-            per_device.append({"device": d.name, "samples": size, "compute_s": w.seconds(a, b)})
         first = self.watches[0]
         comm = first.seconds(*t["comm"])
-        step = first.seconds(t["marks"][0][0], t["end"])
+        step = first.seconds(t["start"], t["end"])
+        update = first.seconds(t["comm"][1], t["end"])
+        computes = [w.seconds(a, b) for w, (a, b) in zip(self.watches, t["marks"])]
+        # CPU virtual devices run one after another: each waits while the others compute
+        in_turn = all(d.kind == "cpu" for d in self.devices)
+        per_device = []
+        for d, size, own in zip(self.devices, t["sizes"], computes):
+            wait = sum(computes) - own if in_turn else 0.0
+            per_device.append({"device": d.name, "samples": size, "compute_s": own,
+                               "breakdown": breakdown.make(step, t["data_s"], own, update,
+                                                           comm, 0.0, wait)})
         return {"step_s": step, "comm_s": comm, "per_device": per_device}
 
     @torch.no_grad()

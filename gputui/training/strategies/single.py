@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gputui import breakdown
 from gputui.training.strategies.base import Stopwatch, Strategy
 
 
@@ -22,24 +23,47 @@ class Single(Strategy):
         self.watch = Stopwatch(self.device)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        start = self.watch.mark() if self.meter else None
+        if not self.meter:
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
+            self.optimizer_step(self.opt)
+            if self.scaler is not None:
+                self.scaler.update()
+            return loss
+        w = self.watch
+        start = w.mark()
         self.opt.zero_grad(set_to_none=True)
+        begin = w.mark()
         loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
+        backward_end = w.mark()
         self.optimizer_step(self.opt)
         if self.scaler is not None:
             self.scaler.update()
-        if start is not None:
-            self.timing = {"start": start, "end": self.watch.mark(), "samples": len(x)}
+        self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
+                       "end": w.mark(), "samples": len(x), "data_s": self.data_s}
         return loss
+
+    def step_breakdown(self) -> tuple[float, dict]:
+        """(step seconds, breakdown) of the metered step: no communication of its own."""
+        t, w = self.timing, self.watch
+        span = w.seconds(t["start"], t["end"])
+        return span, breakdown.make(span, t["data_s"], w.seconds(t["begin"], t["backward_end"]),
+                                    w.seconds(t["backward_end"], t["end"]),
+                                    comm_exposed_s=self.comm_in_compute(),
+                                    comm_overlap_s=self.comm_in_compute())
+
+    def comm_in_compute(self) -> float | None:
+        """0.0: a single device communicates nothing (dp on GPUs: None, not split out)."""
+        return 0.0
 
     def read_timing(self) -> dict:
         """Seconds of the metered step (called at the log interval)."""
         if not self.timing:
             return {}
-        t = self.watch.seconds(self.timing["start"], self.timing["end"])
+        t, bd = self.step_breakdown()
         return {"step_s": t, "comm_s": None,
                 "per_device": [{"device": self.devices[0].name, "samples": self.timing["samples"],
-                                "compute_s": t}]}
+                                "compute_s": t, "breakdown": bd}]}
 
     def eval_models(self):
         return [(self.model, self.device)]

@@ -17,12 +17,16 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gputui.compare import TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines
+from gputui.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
+                            table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
            "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
-           "train_mem": "train mem"}
+           "predicted_speedup": "predicted",
+           "compute_share": "compute", "comm_exposed_share": "exposed",
+           "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
+           "host_share": "host", "train_mem": "train mem"}
 
 
 class CompareLoaded(Message):
@@ -89,7 +93,7 @@ class CompareScreen(Screen):
         table = self.query_one(DataTable)
         table.clear()
         for it in message.items:
-            flat = it.flat()
+            flat = table_rows([it])[0]  # a flagged speedup reads "flagged" (gputui.trust)
             table.add_row(*(fmt(k, flat.get(k)) for k in TABLE_COLUMNS), key=it.row.id)
         self.query_one("#compare-loss", OverlayPlot).set_series(
             {label(it): it.loss_curve for it in message.items})

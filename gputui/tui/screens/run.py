@@ -151,6 +151,7 @@ class RunScreen(RunControls, Screen):
                 loss.add_point(ev.global_step, ev.loss)
                 thr.add_point(ev.global_step, ev.samples_per_s)
                 status.step_metrics(ev)
+                self._show_breakdown(ev)
                 if ev.mfu is not None:
                     for panel in self.query(DevicePanel):
                         panel.update_mfu(ev.mfu)
@@ -230,6 +231,12 @@ class RunScreen(RunControls, Screen):
         panel = DevicePanel(device, label)
         self.query_one("#device-panels").mount(panel)
         return panel
+
+    def _show_breakdown(self, ev: StepMetrics) -> None:
+        """Each device's part of the metered step (rows only on the logged, timed steps)."""
+        for row in ev.per_device:
+            if row.get("device") and ("breakdown" in row or ev.breakdown is not None):
+                self._panel(row["device"]).update_breakdown(row.get("breakdown"))
 
     def show_sample(self, sample: DeviceSample) -> None:
         """Show one device reading (its panel appears on first sight)."""

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Static
 
+from gputui.filewrite import write_atomic
 from gputui.config import ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset
 from gputui.events import plural
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build
@@ -219,9 +220,9 @@ class SetupScreen(Screen):
             if path is None:
                 return
             try:
-                path.write_text(cfg.to_toml(), encoding="utf-8")
-            except OSError as exc:
-                self.notify(f"Cannot write {path}: {exc.strerror}", severity="error")
+                write_atomic(path, cfg.to_toml())
+            except OSError as exc:  # WriteFailed: the file, the cause and the fix
+                self.notify(str(exc), severity="error", markup=False)
                 return
             if path not in self.presets and path.parent == folder:
                 self.presets = sorted([*self.presets, path])

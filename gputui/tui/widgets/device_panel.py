@@ -1,4 +1,5 @@
-"""One panel per training device: utilization and memory bars, their history, temp and power."""
+"""One panel per training device: utilization and memory bars, their history, temp and power,
+and where the device's last metered step went (a stacked bar with its legend)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
+from gputui import breakdown
 from gputui.events import DeviceSample
 from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
 from gputui.tui.widgets.hw_figures import TrainMemory, show_mfu
@@ -46,6 +48,54 @@ class Meter(Widget):
             (bar, self.get_component_rich_style(style, partial=True)), " ", self.value_text)
 
 
+class StepBreakdown(Widget):
+    """The device's last metered step as a stacked bar (compute, exposed comm, optimizer,
+    data, wait, host: ``gputui.breakdown``) under its length, with a legend of the shares."""
+
+    DEFAULT_CSS = "StepBreakdown { height: auto; }"
+    parts: reactive[dict | None] = reactive(None, layout=True)
+    measured: reactive[bool] = reactive(True, layout=True)  # False: a device with no figures
+
+    def render(self) -> Text:
+        width = max(10, self.size.width)
+        bd = self.parts
+        if not self.measured:
+            return Text("step: not measured on this device", style="dim")
+        if not bd or not bd.get("step_s"):
+            return Text("step: at the first logged step", style="dim")
+        label = f"step {bd['step_s'] * 1000:.1f} ms "
+        out = Text(label)
+        for text, style in breakdown.bar(bd, width - len(label)):
+            out.append(text, style=style)
+        line_len = 0
+        out.append("\n")
+        for word, style in legend(bd):
+            if line_len and line_len + 1 + len(word) > width:
+                out.append("\n")
+                line_len = 0
+            elif line_len:
+                out.append(" ")
+                line_len += 1
+            out.append(word, style=style)
+            line_len += len(word)
+        return out
+
+
+def legend(bd: dict) -> list[tuple[str, str]]:
+    """('compute 71%', style) words for the measured parts (under 0.5 % left out, but comm
+    always where measured, as ``breakdown.line`` does; hidden communication after it, dim)."""
+    step, out = bd["step_s"], []
+    for key in breakdown.PARTS:
+        value = bd.get(key)
+        if value is None or (100.0 * value / step < 0.5 and key != "comm_exposed_s"):
+            continue
+        out.append((f"{breakdown.LABELS[key]} {100.0 * value / step:.0f}%",
+                    breakdown.STYLES[key]))
+        if key == "comm_exposed_s" and bd.get("comm_overlap_s"):
+            out.append((f"(+{100.0 * bd['comm_overlap_s'] / step:.0f}% hidden)", "dim"))
+    return out
+
+
 class DevicePanel(Vertical):
     """Live view of one device, fed by :meth:`update_sample`; keeps its own history."""
 
@@ -60,6 +110,8 @@ class DevicePanel(Vertical):
         self.sharing: tuple[str, ...] = ()  # other devices driven by the same process
         self.mfu: float | None = None
         self.memory: dict | None = None
+        self.step_parts: dict | None = None  # the last metered step's breakdown
+        self.step_seen = False  # a StepMetrics has named this device
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
@@ -69,6 +121,16 @@ class DevicePanel(Vertical):
         yield Sparkline([], classes="mem-spark")
         yield TrainMemory()
         yield Static("temp n/a · power n/a", classes="dev-extra")
+        yield StepBreakdown(classes="dev-breakdown")
+
+    def update_breakdown(self, parts: dict | None) -> None:
+        """Show the device's last metered step (held until the panel is composed); None: its
+        strategy measures nothing here (dp's other devices)."""
+        self.step_parts, self.step_seen = parts, True
+        if self.is_mounted and self.children:
+            bar = self.query_one(StepBreakdown)
+            bar.measured = parts is not None
+            bar.parts = parts
 
     def on_mount(self) -> None:
         if self.last is not None:  # a reading that arrived before the panel was composed
@@ -77,6 +139,8 @@ class DevicePanel(Vertical):
             self.update_mfu(self.mfu)
         if self.memory is not None:
             self.update_memory(self.memory)
+        if self.step_seen:
+            self.update_breakdown(self.step_parts)
 
     def update_mfu(self, mfu: float | None) -> None:
         """The run's model FLOP utilization (StepMetrics.mfu)."""

@@ -174,7 +174,7 @@ class DevicePicker(Vertical):
             for r, on in rows:
                 for col, value in zip(COLUMNS, self._cells(r, on)):
                     table.update_cell(r.name, col, value, update_width=True)
-        self.query_one("#no-gpu-note", Static).update(self.inventory.no_gpu_sentence())
+        self.query_one("#no-gpu-note", Static).update(self.inventory.gpu_note())
         self.set_class(not self.inventory.gpus, "-no-gpu")
 
     @staticmethod

@@ -47,11 +47,6 @@ class MetricPlot(PlotextPlot):
                                               else [])
         self._dirty = True
 
-    def clear_points(self) -> None:
-        """Forget the history."""
-        self.points = []
-        self._dirty = True
-
     @property
     def last_y(self) -> float | None:
         """The latest value plotted, or None."""

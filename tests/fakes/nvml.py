@@ -1,6 +1,6 @@
 """An in-memory stand-in for the parts of ``pynvml`` that ``gputui.telemetry.nvml`` calls.
 
-Real NVML needs an NVIDIA driver, which no machine this project is tested on has. Tests (and
+Real NVML needs an NVIDIA driver, which CI and most development machines lack. Tests (and
 UI tests that want GPUs on screen) hand a :class:`FakeNvml` to ``nvml.use_module``. It mirrors
 pynvml's shapes: the ``NVMLError`` hierarchy with a ``value`` code, handles, structs with
 ``total``/``used``, ``busId`` bytes, milliwatts, and errors raised before ``nvmlInit``.

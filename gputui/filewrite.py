@@ -1,0 +1,205 @@
+"""Writing files so that a full disk or a refused write loses nothing already written.
+
+Every file gputui writes goes through here. A whole file is written to a hidden temporary file
+beside it, fsynced and renamed over it: a failure removes the temporary file and leaves the
+previous version. An append-only log (events.jsonl, telemetry.jsonl) is cut back to its last
+whole line when an append fails. Either failure raises :class:`WriteFailed`, whose message is
+one line naming the file and the cause. Output folders are checked with
+:func:`folder_problem` / :func:`file_problem` before work that would be lost. No torch here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+class WriteFailed(OSError):
+    """A file that could not be written; ``str()`` is one line naming it, the cause and a fix.
+    An OSError, so callers that already handle OSError keep handling it."""
+
+    def __init__(self, path: str | Path, cause: OSError | None, hint: str = ""):
+        code = cause.errno if cause is not None else None
+        super().__init__(code, _cause_words(cause))
+        self.path = Path(path)
+        self.hint = hint or default_hint(code)
+
+    def __str__(self) -> str:
+        hint = f" ({self.hint})" if self.hint else ""
+        return f"cannot write {self.path}: {self.strerror}{hint}"
+
+    @property
+    def disk_full(self) -> bool:
+        """The disk (or the user's quota) is full."""
+        return self.errno in DISK_FULL
+
+
+def _cause_words(cause: OSError | None) -> str:
+    if cause is None:
+        return "the write failed"
+    if cause.errno:
+        return cause.strerror or os.strerror(cause.errno)
+    return str(cause)
+
+
+def default_hint(code: int | None) -> str:
+    """What to do about a failed write, by its errno."""
+    if code in DISK_FULL:
+        return "free space on that disk and try again"
+    if code in REFUSED:
+        return "choose a folder you can write to"
+    if code in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
+        return "a file and a folder are in each other's way; choose another path"
+    return ""
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc`` (itself, its cause or its context), or None. torch.save on a
+    full disk raises a RuntimeError ("unexpected pos") whose context is the OSError."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def write_with(path: str | Path, fill: Callable[[BinaryIO], None], hint: str = "") -> Path:
+    """Write ``path`` atomically: ``fill`` writes the bytes to a temporary file beside it,
+    which is fsynced and renamed over ``path``. On any failure the temporary file is removed
+    and ``path`` keeps its previous content; a failure of the disk raises WriteFailed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _remove(tmp)
+        cause = os_error_in(exc)
+        if cause is None:
+            raise
+        raise WriteFailed(path, cause, hint) from None
+    fsync_dir(path.parent)
+    return path
+
+
+def write_atomic(path: str | Path, data: str | bytes, hint: str = "") -> Path:
+    """Write text (UTF-8) or bytes to ``path`` atomically (see :func:`write_with`)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return write_with(path, lambda fh: fh.write(raw), hint)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError:  # nothing more can be done about it here
+        pass
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename in ``folder`` durable (best effort: some file systems refuse)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AppendLog:
+    """An append-only file of whole lines: each ``append`` adds complete lines or nothing (a
+    failed write is cut back to the last whole line, then WriteFailed is raised)."""
+
+    def __init__(self, path: str | Path, hint: str = ""):
+        self.path, self.hint = Path(path), hint
+        try:
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                           0o644)
+        except OSError as exc:
+            raise WriteFailed(self.path, exc, hint) from None
+
+    def append(self, text: str) -> None:
+        """Append ``text`` (one or more lines ending in a newline)."""
+        if self._fd is None:
+            raise ValueError(f"{self.path}: the log is closed")
+        data = memoryview(text.encode("utf-8"))
+        start = os.fstat(self._fd).st_size
+        try:
+            while data:
+                n = os.write(self._fd, data)
+                data = data[n:]
+        except OSError as exc:
+            try:  # a torn line would hide the lines after it from a reader
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise WriteFailed(self.path, exc, self.hint) from None
+
+    def close(self) -> None:
+        """fsync and close (a failed fsync is not an error here: every line was written)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+
+def folder_problem(path: str | Path, what: str) -> str | None:
+    """Why files cannot be written in folder ``path``, as one line naming ``what`` it is (e.g.
+    "--runs-dir"); None when a probe file could be written and removed there (or, for a folder
+    not made yet, in the nearest folder above it, which is left as it was)."""
+    folder = Path(path)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "it is" if existing == folder else f"{existing} is"
+        return f"{what} {folder}: {where} a file, not a folder; choose a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".gputui-probe-")
+    except OSError as exc:
+        return f"{what} {folder}: cannot write there: {_cause_words(exc)} " \
+               f"({default_hint(exc.errno)})"
+    try:
+        os.write(fd, b"\n")  # a full disk refuses the first byte, not the empty file
+    except OSError as exc:
+        return f"{what} {folder}: cannot write there: {_cause_words(exc)} " \
+               f"({default_hint(exc.errno)})"
+    finally:
+        os.close(fd)
+        _remove(Path(probe))
+    return None
+
+
+def file_problem(path: str | Path, what: str) -> str | None:
+    """Why file ``path`` cannot be written (its folder is checked as :func:`folder_problem`
+    does), as one line naming ``what`` it is; None when it can."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{what} {target}: it is a folder; give a file name"
+    return folder_problem(target.parent, what)

@@ -1,0 +1,70 @@
+"""Numbers you can trust: which baselines a speedup may use, and which speedups are flagged.
+
+A baseline is refused when it was not measured the way the run was: a resumed run (a
+continuation, not a whole run); one without steady-state steps is used only when no steady
+one matches, and flagged. A speedup or efficiency is flagged, with the reason, instead of shown
+as a result when it is physically impossible:
+
+- efficiency above 100 % beyond the measured noise (the lowest of the repeats, less the
+  noise of both runs): N devices cannot do more than N times the work of one;
+- a speedup (above 1 beyond the noise) on devices that share one process: scratch, dp and
+  model_parallel drive CPU virtual devices one after another from one process;
+- a speedup on CPU ranks that share one set of cores: more ranks x threads than cores;
+- a speedup from a run without steady-state steps (warm-up included).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
+RANKS = ("ddp", "fsdp")  # one process per device
+MIN_NOISE = 0.02  # the least relative noise assumed for one measurement
+
+
+def on_cpu(row: Any) -> bool:
+    """True when every device of the run is a CPU virtual device."""
+    names = getattr(row, "device_names", None) or []
+    return bool(names) and all(str(n).startswith("cpu") for n in names)
+
+
+def refuse_baseline(row: Any, base: Any) -> str | None:
+    """Why ``base`` cannot be ``row``'s baseline (one clause), or None. (A baseline without
+    steady-state steps is not refused but ranked last and flagged, see :func:`flags`.)"""
+    if base.resumed:
+        return f"{base.id} is a resumed run (a continuation, measured apart)"
+    return None
+
+
+def noise_of(row: Any, base: Any) -> float:
+    """The relative noise of a speedup from one measurement of each run."""
+    return max(MIN_NOISE, (row.noise or MIN_NOISE) + (base.noise or MIN_NOISE))
+
+
+def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list[str]:
+    """The reasons ``speedup`` of ``row`` over ``base`` is not a result ([] when it is).
+    ``low``: the lowest of repeated measurements (default: ``speedup``); less the runs' own
+    noise, it is the bound the measurements allow."""
+    n = row.devices or 1
+    noise = noise_of(row, base)
+    low = (speedup if low is None else low) * (1 - noise)
+    out = []
+    if not row.steady:
+        out.append("warm-up included: the run has no steady-state steps (run it longer)")
+    elif not base.steady:
+        out.append(f"warm-up included: the baseline {base.id} has no steady-state steps")
+    if low / n > 1:
+        out.append(f"efficiency {speedup / n:.0%} exceeds 100 % beyond the noise (±{noise:.0%}"
+                   f"): impossible on {n} device{'s' if n != 1 else ''}; the baseline "
+                   f"{base.id} ran slower than this machine runs it now (warm-up, other load, "
+                   f"another session): measure both in one sweep")
+    if n > 1 and on_cpu(row) and low > 1:
+        if row.strategy in SHARED_PROCESS:
+            out.append(f"{row.strategy} drives its {n} CPU virtual devices one after another "
+                       f"from one process: no speedup is possible, the baseline was slower")
+        elif row.strategy in RANKS and row.threads and row.cores and \
+                n * row.threads > row.cores:
+            out.append(f"{n} ranks x {row.threads} thread(s) share {row.cores} cores: no "
+                       f"speedup over one process using those cores is possible")
+    return out

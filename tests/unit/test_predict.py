@@ -1,0 +1,154 @@
+"""The prediction formula with known inputs, the steady-state rule, the trust rules, and one
+lean end-to-end `gputui predict` (dp on CPU needs only the one-device measurement)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from gputui.events import StepMetrics
+from gputui.predict import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
+from gputui.steady import WARMUP_STEPS, spread, steady_figures
+from gputui.trust import flags, refuse_baseline
+
+
+def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
+    inp = Inputs(n=2, on_gpu=False, batch=256, batch_1=256, t_1=0.032, t_c=0.030,
+                 t_ar=0.0025, t_sync=0.002, log_every=10, params=1000)
+    p = predict("ddp", inp)
+    assert p.step_time_s == pytest.approx(0.030 + 0.0025 + 0.0002)
+    assert p.speedup == pytest.approx(0.032 / 0.0327)
+    assert p.efficiency == pytest.approx(p.speedup / 2)
+    assert p.mem_per_device == static_bytes(inp) == 1000 * 4 * 3  # params, grads, momentum
+
+
+def test_gpu_overlap_hides_all_but_the_last_bucket_and_fsdp_shards_memory():
+    g = 4 * BUCKET_BYTES
+    inp = Inputs(n=2, on_gpu=True, batch=512, batch_1=256, t_1=0.01, t_c=0.01, t_ar=0.004,
+                 t_sync=0.0, grad_bytes=g, params=g // 4, momentum=False,
+                 activations_1=1000)
+    ddp = predict("ddp", inp)
+    assert ddp.step_time_s == pytest.approx(0.01 + 0.004 * 0.25)  # 3 of 4 buckets hidden
+    assert ddp.speedup == pytest.approx((512 / 0.011) / (256 / 0.01))
+    fsdp = predict("fsdp", inp)
+    assert fsdp.step_time_s == pytest.approx(0.01 + 0.006 * 0.25)
+    assert fsdp.mem_per_device == g * 2 // 2 + 1000  # (params + grads) / 2 + activations
+
+
+def test_scratch_and_dp_on_cpu_run_in_one_process_and_missing_inputs_say_so():
+    inp = Inputs(n=2, on_gpu=False, batch=256, batch_1=256, t_1=0.03, t_seq=0.02,
+                 t_copy=0.001)
+    assert predict("scratch", inp).step_time_s == pytest.approx(2 * 0.02 + 0.001)
+    assert predict("dp", inp).speedup == pytest.approx(1.0)
+    missing = predict("ddp", inp)
+    assert missing.step_time_s is None and "t_c" in missing.reason and "t_ar" in missing.reason
+    assert short_of(0.7, 1.0) and not short_of(0.9, 1.0) and not short_of(0.8, 1.0, noise=0.1)
+
+
+def _windows(times: list[float], batch: int = 100, every: int = 5) -> list[StepMetrics]:
+    return [StepMetrics(epoch=1, step=(i + 1) * every, global_step=(i + 1) * every,
+                        steps_per_epoch=every * len(times), loss=1.0,
+                        samples_per_s=batch / t, step_time_s=t, lr=0.1)
+            for i, t in enumerate(times)]
+
+
+def test_steady_state_leaves_out_the_warm_up_windows():
+    # windows of 5 steps: the first two start within the first 10 steps (warm-up)
+    s = steady_figures(_windows([1.0, 0.5, 0.1, 0.1, 0.1]))
+    assert WARMUP_STEPS == 10 and s["warmup_steps"] == 10 and s["steps"] == 15
+    assert s["samples_per_s"] == pytest.approx(1000.0) and s["step_time_s"] == pytest.approx(0.1)
+    assert s["noise"] == pytest.approx(0.0)
+    assert steady_figures(_windows([1.0, 0.5])) is None  # all warm-up: no steady state
+    assert spread([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+
+
+def _row(**kw):
+    base = dict(id="run", devices=2, device_names=["cpu:0", "cpu:1"], strategy="ddp",
+                steady=True, noise=0.01, threads=1, cores=2, resumed=False)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_impossible_speedups_are_flagged_with_the_reason():
+    base = _row(id="base", devices=1, device_names=["cpu:0"], strategy="single")
+    assert flags(_row(), base, 0.9) == []
+    assert flags(_row(), base, 1.06) == []  # two 1-thread ranks may beat one 2-thread process
+    one = flags(_row(devices=1, device_names=["cpu:0"], strategy="scratch"), base, 6.55)
+    assert len(one) == 1 and "efficiency 655%" in one[0]
+    shared = flags(_row(strategy="model_parallel"), base, 1.61)
+    assert len(shared) == 1 and "one process" in shared[0]
+    cores = flags(_row(devices=4, device_names=[f"cpu:{i}" for i in range(4)]), base, 1.5)
+    assert len(cores) == 1 and "4 ranks x 1 thread(s) share 2 cores" in cores[0]
+    assert flags(_row(strategy="scratch"), base, 1.01) == []  # within the noise
+    assert "warm-up included" in flags(_row(steady=False), base, 0.5)[0]
+    assert "resumed" in refuse_baseline(_row(), _row(id="b", resumed=True))
+    assert refuse_baseline(_row(), _row(id="b")) is None
+    assert "baseline b has no steady" in flags(_row(), _row(id="b", steady=False), 0.5)[0]
+
+
+def test_predict_end_to_end_measures_once_then_uses_the_kept_figures(tmp_path):
+    env = dict(os.environ, GPUTUI_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "gputui", "predict", "quickstart", "--devices", "1,2",
+           "--strategies", "dp", "--set", "model.name=mlp", "--set", "optim.batch_size=16",
+           "--json"]
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    first = subprocess.run(cmd + runs, capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "measured 1 x single(16 per step" in first.stderr
+    rows = {(r["strategy"], r["devices"]): r for r in json.loads(first.stdout)["rows"]}
+    single, dp = rows[("single", 1)], rows[("dp", 2)]
+    assert single["step_time_s"] > 0 and single["speedup"] == pytest.approx(1.0)
+    assert dp["speedup"] == pytest.approx(1.0) and dp["formula"].startswith("t_1 (cpu")
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert again.returncode == 0 and "measured" not in again.stderr.replace("measured yet", "")
+    assert json.loads(again.stdout)["rows"][0]["step_time_s"] == single["step_time_s"]
+    bad = subprocess.run(cmd[:-1] + ["--strategies", "model_parallel"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "ddp" in bad.stderr
+
+
+def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.compare import compare, summary_lines
+    from gputui.repeats import grouped
+    from gputui.sweep import Point
+
+    runs = tmp_path / "runs"
+    resumed = write_record(runs, "20260101-090000-exp-res", "single", 1, sps=100)
+    cfg = resumed / "config.toml"
+    cfg.write_text(cfg.read_text().replace('resume_from = ""', 'resume_from = "runs/old"'))
+    ddp = write_record(runs, "20260101-100000-exp-d1", "ddp", 2, sps=900)
+    (item,) = compare([ddp], runs)
+    assert item.speedup is None and "resumed run" in item.refused[0]
+    assert "refused: " in summary_lines([item])[0]
+    # two passes under different loads: each pass's pair gives 0.9x; unpaired 0.45x-1.8x
+    ids = {"s1": 1000, "d1": 900, "s2": 500, "d2": 450}
+    dirs = {k: write_record(runs, f"20260101-1{i}0000-exp-{k}", "single" if k[0] == "s"
+                            else "ddp", 1 if k[0] == "s" else 2, sps=v)
+            for i, (k, v) in enumerate(ids.items(), start=1) if k != "d1"} | {"d1": ddp}
+    points = [Point("single" if k[0] == "s" else "ddp", k[0], "cpu", "finished",
+                    run_id=dirs[k].name, rep=int(k[1])) for k in ids]
+    rows = {r["strategy"]: r for r in grouped(compare(list(dirs.values()), runs), points)}
+    ddp_row = rows["ddp"]
+    assert ddp_row["speedup_spread"] == {"median": 0.9, "min": 0.9, "max": 0.9, "n": 2} or \
+        ddp_row["speedup_spread"]["median"] == pytest.approx(0.9)
+    assert ddp_row["speedup_spread"]["min"] == pytest.approx(0.9)
+    assert ddp_row["speedup_spread"]["max"] == pytest.approx(0.9)
+    assert ddp_row["repeats"] == 2 and ddp_row["check"] == ""
+    assert rows["single"]["samples_spread"]["min"] == 500
+
+
+def test_sweep_repeat_and_predict_bad_input_is_one_line(capsys):
+    from gputui import cli
+
+    assert cli.main(["sweep", "quickstart", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--repeat 0" in err
+    assert cli.main(["sweep", "quickstart", "--predict", "--strategies", "single"]) == 2
+    assert "no strategy that has a prediction" in capsys.readouterr().err
