@@ -23,7 +23,7 @@ HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
-           "host_share": "host"}
+           "host_share": "host", "train_mem": "train mem"}
 
 
 

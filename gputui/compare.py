@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui import breakdown
+from gputui.devices import human_bytes
 from gputui.events import acc_text
 from gputui.steady import RULE
 from gputui.history import RunRow, load_rows, row_for
@@ -31,7 +32,8 @@ from gputui.training import runstore
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "predicted_speedup", "efficiency", "comm_share",
-                 *breakdown.SHARE_COLUMNS, "init_s", "test_acc", "status", "baseline", "check")
+                 *breakdown.SHARE_COLUMNS, "mfu", "train_mem", "init_s", "test_acc", "status",
+                 "baseline", "check")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
 SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
 
@@ -49,6 +51,10 @@ class CompareRow:
     breakdown: dict | None = None
     baseline: str = ""  # id of the matching one-device run
     baseline_kind: str = ""  # "same batch per device" | "same global batch"
+    mfu: float | None = None  # mean StepMetrics.mfu (achieved FLOP/s over the devices' peak)
+    flops_per_s: float | None = None  # mean StepMetrics.flops_per_s
+    train_mem: int | None = None  # the largest device's params+grads+optim+activations, bytes
+    memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
     acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
     flags: list = field(default_factory=list)  # why the speedup is not a result (gputui.trust)
@@ -64,14 +70,16 @@ class CompareRow:
                    baseline=self.baseline, baseline_kind=self.baseline_kind,
                    predicted_speedup=self.predicted_speedup, flags=list(self.flags),
                    warnings=list(self.warnings), refused=list(self.refused),
-                   check=check_text(self))
+                   check=check_text(self), mfu=self.mfu, flops_per_s=self.flops_per_s,
+                   train_mem=self.train_mem)
         out.update(breakdown.shares(self.breakdown))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, curves included (the JSON export)."""
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
-                    acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown)
+                    acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown,
+                    memory=[dict(r) for r in self.memory])
 
 
 def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
@@ -100,6 +108,25 @@ def read_record(run_dir: str | Path) -> tuple[list, list, float | None, dict | N
             acc.append((ev.epoch, ev.test_acc))
     share = sum(shares) / len(shares) if shares else None
     return loss, acc, share, breakdown.mean(parts[1:] if len(parts) > 1 else parts)
+
+
+def read_hw_figures(run_dir: str | Path) -> dict[str, Any]:
+    """{"mfu", "flops_per_s", "train_mem", "memory"} from a record's readable events: the
+    means over its log windows, and its last MemoryReport (None / [] where not recorded)."""
+    mfus, rates, memory = [], [], []
+    for ev in runstore.read_events(run_dir):
+        if ev.kind == "step":
+            if getattr(ev, "mfu", None) is not None:
+                mfus.append(ev.mfu)
+            if getattr(ev, "flops_per_s", None) is not None:
+                rates.append(ev.flops_per_s)
+        elif ev.kind == "memory":
+            memory = [dict(r) for r in ev.per_device]
+    totals = [sum(r.get(k) or 0 for k in ("params", "grads", "optim", "activations"))
+              for r in memory]
+    return {"mfu": sum(mfus) / len(mfus) if mfus else None,
+            "flops_per_s": sum(rates) / len(rates) if rates else None,
+            "train_mem": max(totals) if totals else None, "memory": memory}
 
 
 def match_key(row: RunRow) -> tuple:
@@ -173,7 +200,7 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
     for row in rows:
         loss, acc, share, parts = read_record(row.run_dir)
         item = CompareRow(row=row, comm_share=share, breakdown=parts, loss_curve=loss,
-                          acc_curve=acc)
+                          acc_curve=acc, **read_hw_figures(row.run_dir))
         base, kind = find_baseline(row, pool, compared, item.refused)
         if base is not None and row.samples_per_s:
             item.speedup = row.samples_per_s / base.samples_per_s
@@ -241,8 +268,10 @@ def fmt(key: str, value: Any) -> str:
         return "-"
     if isinstance(value, str) and key in ("speedup", "efficiency"):
         return value
-    if key in ("comm_share", "efficiency"):
+    if key in ("comm_share", "efficiency", "mfu"):
         return f"{value:.1%}"
+    if key == "train_mem":
+        return human_bytes(value)
     if key in breakdown.SHARE_COLUMNS:
         return f"{value:.0%}"
     if key == "speedup":

@@ -96,6 +96,8 @@ class StepMetrics(Event):
     lr: float
     comm_share: float | None = None  # share of step time spent communicating, when measured
     per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    flops_per_s: float | None = None  # FlopsInfo.flops_per_step x steps/s over the window
+    mfu: float | None = None  # flops_per_s / FlopsInfo.peak_flops (0..1)
     # where the metered step's time went, mean over the devices (gputui.breakdown: seconds of
     # compute, exposed and hidden comm, optimizer, data, wait, host; each per_device row holds
     # its own under "breakdown"); None when the strategy measured none
@@ -134,6 +136,34 @@ class DeviceSample(Event):
     pid: int | None = None  # for CPU virtual devices: the rank's process
     cpu_percent: float | None = None
     rss: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryReport(Event):
+    """Each device's own training memory, in bytes, after the run's first step and at each
+    epoch's end. ``per_device``: dicts {"device", "params", "grads", "optim", "activations"}
+    (counted from the tensors; a shard counts its own bytes; "activations" is the peak of
+    what autograd saved for backward on the run's first step, None when not measured), plus
+    on CUDA the allocator's "alloc", "peak" (since the epoch began) and "reserved"."""
+
+    kind: ClassVar[str] = "memory"
+    epoch: int
+    per_device: tuple = ()
+
+
+@dataclass(frozen=True)
+class FlopsInfo(Event):
+    """What the run's FLOP/s are measured against, once before the first step:
+    ``flops_per_step`` (one forward and backward of a global batch, torch's flop counter),
+    ``peak_flops`` (dense FLOP/s of all the run's devices together for ``dtype``) and
+    where the peak comes from (``source``: a data sheet, or a measured matmul)."""
+
+    kind: ClassVar[str] = "flops"
+    flops_per_step: int
+    peak_flops: float | None = None
+    dtype: str = "fp32"
+    units: int = 1  # devices (GPUs, or CPU processes) the peak adds up
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -178,7 +208,7 @@ TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})
 _REGISTRY: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RunStarted, InitDone, StepMetrics, EpochEnd, DeviceSample, LogLine,
-                RunFinished, RunFailed, RunStopped)
+                RunFinished, RunFailed, RunStopped, MemoryReport, FlopsInfo)
 }
 
 

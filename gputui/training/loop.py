@@ -21,6 +21,7 @@ from gputui import breakdown
 from gputui.config import RunConfig
 from gputui.events import EpochEnd, Event, LogLine, StepMetrics
 from gputui.training import checkpoint as ckpt
+from gputui.training import figures
 from gputui.training.data import Dataset, eval_batches
 from gputui.training.guards import (OOM_ERRORS, Diverged, diverged_message, first_bad,
                                     out_of_memory)
@@ -77,7 +78,10 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             f"resumed from {cfg.run.resume_from}: epoch {position.epoch}, step {position.step} "
             f"done (global step {global_step})")))
 
+    flop_info = figures.flops_info(cfg, strategy, ds, emit)
+    first = figures.FirstStep(cfg, strategy, emit, flop_info)
     for epoch in range(first_epoch, cfg.run.epochs + 1):
+        first.new_epoch()
         done_before = skip if epoch == first_epoch else 0
         epoch_sum = carried if epoch == first_epoch else 0.0
         strategy.set_train(True)
@@ -101,13 +105,15 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             epoch_sum += window_sum
             elapsed = max(time.perf_counter() - window.start, 1e-9)
             timing = strategy.read_timing() if timed else {}
+            flops_s, mfu = figures.rate(flop_info, n, elapsed)
             rows = _per_device(strategy, timing)
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
                 loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
                 step_time_s=elapsed / n, lr=strategy.lr,
                 comm_share=_comm_share(timing), per_device=rows,
-                breakdown=breakdown.mean(r.get("breakdown") for r in rows)))
+                breakdown=breakdown.mean(r.get("breakdown") for r in rows),
+                flops_per_s=flops_s, mfu=mfu))
             window = _Window(step + 1)
 
         step = done_before
@@ -137,9 +143,11 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 strategy.data_s = time.perf_counter() - fetch
                 strategy.meter = True
             try:
-                loss = strategy.train_step(x, y)
+                with first.context():
+                    loss = strategy.train_step(x, y)
             except OOM_ERRORS as exc:
                 raise out_of_memory(exc, strategy, x, y) from None
+            first.after_step(epoch)
             window.losses.append(loss)
             global_step += 1
             if logged:
@@ -153,6 +161,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         train_loss = epoch_sum / steps if steps else float("nan")
         t_eval = time.perf_counter()
         acc = evaluate(strategy, ds)
+        first.report(epoch)  # a collective on every rank, like evaluate's
         emit(EpochEnd(epoch=epoch, epochs=cfg.run.epochs, seconds=epoch_s,
                       train_loss=train_loss, test_acc=acc,
                       samples_per_s=(steps - done_before) * strategy.batch_size

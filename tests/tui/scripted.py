@@ -13,8 +13,9 @@ from pathlib import Path
 
 from gputui import breakdown
 from gputui.devices import Device, cpu_devices
-from gputui.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
-                           RunFinished, RunStarted, RunStopped, StepMetrics, is_terminal)
+from gputui.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
+                           MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
+                           StepMetrics, is_terminal)
 from gputui.tui.inventory import DeviceRow, Inventory
 
 T0 = 1_700_000_000.0
@@ -64,12 +65,18 @@ def run_events(run_id: str = "20240101-000000-quickstart", devices: int = 2, epo
             out.append(StepMetrics(epoch=epoch, step=step, global_step=gstep,
                                    steps_per_epoch=steps_per_epoch, loss=2.3 / (1 + 0.1 * gstep),
                                    samples_per_s=5000.0 + 10 * gstep, step_time_s=0.1,
-                                   lr=0.1, per_device=rows,
+                                   lr=0.1, per_device=rows, flops_per_s=3.4e10, mfu=0.31,
                                    breakdown=breakdown.mean(r["breakdown"] for r in rows), t=t))
             for i in range(devices):
                 out.append(DeviceSample(device=f"cpu:{i}", name="CPU virtual device",
                                         cpu_percent=80.0 + i + (gstep % 7), rss=(1 + i) * GIB // 2,
                                         mem_total=8 * GIB, pid=4242 + i, t=t))
+            if gstep == log_every:  # what the loop records with the first step
+                out.append(FlopsInfo(flops_per_step=3_394_252_800, peak_flops=1.1e11,
+                                     units=devices, source="a CPU, measured matmul", t=t))
+                out.append(MemoryReport(epoch=1, per_device=tuple(
+                    {"device": f"cpu:{i}", "params": 246_824, "grads": 246_824,
+                     "optim": 246_824, "activations": 17_645_572} for i in range(devices)), t=t))
         t += 0.4
         out.append(EpochEnd(epoch=epoch, epochs=epochs, seconds=2.0, train_loss=1.0 / epoch,
                             test_acc=0.5 + 0.1 * epoch, samples_per_s=6000.0, eval_s=0.4, t=t))

@@ -81,6 +81,9 @@ async def test_a_finished_run_fills_every_panel(presets):
         assert len(history) > 1 and all(value in sent for value in history), (history, last1)
         assert history[-1] == last1[-1].cpu_percent
         assert text(cpu1, ".dev-extra") == "pid 4243"  # a CPU process: no temp or power
+        # The run's MFU under the utilization, the device's training memory under its own.
+        assert cpu1.query_one(".mfu-meter", Meter).value_text == " 31.0%"
+        assert text(cpu1, ".train-mem") == "par 241K grad 241K opt 241K act 16.8M"
         # Where the last metered step went: a stacked bar as wide as the panel, and a legend.
         parts = text(cpu1, ".dev-breakdown")
         bar_line, legend = parts.split("\n", 1)
@@ -99,6 +102,8 @@ async def test_a_finished_run_fills_every_panel(presets):
         assert "warning CPU virtual devices share 2 cores" in log
         assert "info torch 2.14.1, 2 threads" in log
         assert "warning DataParallel has no CPU mode" in log
+        assert ("info 3.39 GFLOP per step (forward and backward); peak 110.0 GFLOP/s fp32 for "
+                "2 devices (a CPU, measured matmul): the panels' mfu is the share reached") in log
         assert any(line.startswith("info epoch 3/3: 2.0 s, train loss 0.3333, test acc 80.00%")
                    for line in log)
         assert log[-1] == f"info run finished in {events[-1].seconds:.1f} s"

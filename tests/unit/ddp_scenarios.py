@@ -41,23 +41,52 @@ SCENARIOS = {
 }
 
 
-def run_scenario(name: str, spec: str = "cpu*2") -> dict:
-    """Train one scenario on this rank; returns params, losses and accuracy (on the CPU)."""
+def build(name: str, spec: str):
+    """The scenario's config, data and a set-up strategy on this rank."""
     import torch.distributed as dist
 
     from gputui.devices import resolve_devices
-    from gputui.training.data import TensorBatches
-    from gputui.training.loop import evaluate
-    from gputui.training.strategies import fastpath, registry
-    from strategy_harness import make_config, params, small_data
+    from gputui.training.strategies import registry
+    from strategy_harness import make_config, small_data
 
-    strategy_name, model, batch, extra, epochs = SCENARIOS[name]
+    strategy_name, model, batch, extra, _ = SCENARIOS[name]
     cfg = make_config(strategy_name, spec, model, batch, **extra)
     ds = small_data()
     strategy = registry.get(strategy_name).load()(
         cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
     strategy.setup()
+    return cfg, ds, strategy
+
+
+def checkpoint_round_trip(name: str, spec: str, trained, workdir: str) -> dict:
+    """Save the trained strategy's checkpoint as a run does (rank 0 writes), restore it into
+    a fresh strategy on every rank; returns the restored full parameters and its next loss."""
+    import os
+
+    import torch.distributed as dist
+
+    from gputui.training import checkpoint as ckpt
+    from strategy_harness import params
+
+    path = os.path.join(workdir, f"{name}.pt")
+    ckpt.save(path, trained, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
+    dist.barrier()
+    _, _, fresh = build(name, spec)
+    ckpt.restore(fresh, ckpt.load(path))
+    return {"resumed_params": params(fresh.full_model())}
+
+
+def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
+    """Train one scenario on this rank; returns params, losses, accuracy (on the CPU) and
+    every rank's memory rows; fsdp also what its checkpoint restores into a fresh strategy."""
+    from gputui.training.data import TensorBatches
+    from gputui.training.loop import evaluate
+    from gputui.training.strategies import fastpath
+    from strategy_harness import params
+
+    strategy_name, model, batch, extra, epochs = SCENARIOS[name]
+    cfg, ds, strategy = build(name, spec)
     fastpath.prepare(strategy, ds, lambda event: None)  # compiles before the first step
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
                             strategy.data_device())
@@ -68,8 +97,12 @@ def run_scenario(name: str, spec: str = "cpu*2") -> dict:
     losses = strategy.reduce_metric(torch.stack(losses)).tolist()
     model_ = strategy.full_model() if strategy_name == "fsdp" else strategy.local_module()
     acc = evaluate(strategy, ds)
-    return {"params": params(model_), "losses": losses, "acc": acc,
-            "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0])}
+    out = {"params": params(model_), "losses": losses, "acc": acc,
+           "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0]),
+           "memory": strategy.memory_rows(None)}
+    if name == "fsdp":
+        out.update(checkpoint_round_trip(name, spec, strategy, workdir))
+    return out
 
 
 DELAY = 0.05  # seconds injected by the breakdown scenarios
@@ -103,7 +136,7 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
     return [list(e.per_device) for e in events if e.kind == "step"]
 
 
-def rank_fn(spec: str = "cpu*2") -> dict:
+def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
     """Every scenario on this rank, in one process group."""
     import os
     from datetime import timedelta
@@ -117,7 +150,7 @@ def rank_fn(spec: str = "cpu*2") -> dict:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     dist.init_process_group("nccl" if gpus else "gloo", timeout=timedelta(seconds=60))
     try:
-        out = {name: run_scenario(name, spec) for name in SCENARIOS}
+        out = {name: run_scenario(name, spec, workdir) for name in SCENARIOS}
         out["breakdown"] = {name: run_breakdown(name, spec) for name in BREAKDOWN}
         return out
     finally:
@@ -136,7 +169,9 @@ def main(out: str, spec: str = "cpu*2") -> None:
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="scenarios",
                           rdzv_configs={"is_host": True}, max_restarts=0,
                           start_method="spawn", monitor_interval=0.1)
-    results = elastic_launch(config, rank_fn)(spec)
+    import os
+
+    results = elastic_launch(config, rank_fn)(spec, os.path.dirname(os.path.abspath(out)))
     torch.save(results, out)
 
 

@@ -92,6 +92,28 @@ def test_bf16_ddp_trains(ranks):
     assert ranks[0]["ddp_bf16"]["acc"] > 0.25  # chance is 0.1
 
 
+def test_fsdp_checkpoint_restores_the_full_parameters(ranks):
+    """Saved from the shards (gathered on rank 0 only), loaded into a fresh fsdp on both ranks."""
+    for rank in (0, 1):
+        got = ranks[rank]["fsdp"]
+        assert_params_close(got["resumed_params"], got["params"], rtol=0, atol=0)
+
+
+def test_fsdp_ranks_hold_half_of_ddps_training_memory(ranks):
+    """Same model (lenet), same optimizer: each fsdp rank counts about half of a ddp rank's
+    parameter, gradient and optimizer bytes (the shards may be padded); ddp's equal a full
+    model's, by hand: SGD with momentum keeps one buffer per parameter."""
+    model = build_model("lenet", 1, 28, 10, seed=3, init="default")
+    full = sum(p.numel() * 4 for p in model.parameters())
+    ddp, fsdp = ranks[0]["ddp_even"]["memory"], ranks[0]["fsdp"]["memory"]
+    assert [r["device"] for r in ddp] == [r["device"] for r in fsdp] == ["cpu:0", "cpu:1"]
+    for d, f in zip(ddp, fsdp):
+        assert d["params"] == d["grads"] == d["optim"] == full
+        for part in ("params", "grads", "optim"):
+            assert 0.45 * full <= f[part] <= 0.55 * full, (part, f[part], full)
+    assert sum(r["params"] for r in fsdp) >= full  # the shards cover the whole model
+
+
 # ---------------------------------------------------------------- the step breakdown
 def _median_part(ranks, scenario: str, part: str) -> float:
     """The median over both ranks and the metered steps (the first, warm-up, left out) of one

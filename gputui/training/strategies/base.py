@@ -238,6 +238,40 @@ class Strategy:
             out.append(entry)
         return out
 
+    def memory_groups(self) -> list[tuple[str, torch.device, nn.Module, list]]:
+        """(device name, torch device, model, optimizers) for each device this process holds
+        training state on: one per device when every device has its own model and optimizer
+        (replicas), else everything on the first device (one model spread over several, as
+        model_parallel and dp, is counted whole there)."""
+        pairs, opts = self.eval_models(), self.optimizers()
+        if len(pairs) == len(opts) == len(self.devices) > 1:
+            return [(d.name, dev, m, [o]) for d, (m, dev), o in zip(self.devices, pairs, opts)]
+        return [(self.devices[0].name, pairs[0][1], self.primary_model(), opts)]
+
+    def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
+        """Every device's memory (see events.MemoryReport), gathered over the processes (a
+        collective in multi-process strategies: call on every rank). ``activations``: an
+        ActivationMeter's peaks by torch device, shared evenly by the virtual devices that
+        share one torch device."""
+        from gputui.training import memory
+
+        groups = self.memory_groups()
+        sharing = {}
+        for _, dev, _, _ in groups:
+            sharing[str(dev)] = sharing.get(str(dev), 0) + 1
+        rows = []
+        for name, dev, model, opts in groups:
+            row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}
+            act = activations.get(str(dev)) if activations is not None else None
+            row["activations"] = act // sharing[str(dev)] if act is not None else None
+            row.update(memory.allocator(dev))
+            rows.append(row)
+        return self.gather_rows(rows)
+
+    def gather_rows(self, rows: list[dict]) -> list[dict]:
+        """Every process's rows, in rank order (this process's alone here)."""
+        return rows
+
     def close(self) -> None:
         """Release resources (process groups, CUDA memory)."""
 

@@ -261,6 +261,18 @@ class DDPStrategy(Strategy):
         except Exception:  # noqa: BLE001 - a figure, not a reason to fail
             return -1.0
 
+    def memory_groups(self):
+        name = self.devices[self.local_rank].name
+        if self.node:
+            name = f"{name}@node{self.node}"
+        return [(name, self.device, self.local_module(), [self.opt])]
+
+    def gather_rows(self, rows: list[dict]) -> list[dict]:
+        """Every rank's rows, in rank order (a collective over the control group)."""
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, rows, group=self.control)
+        return [row for part in out for row in part]
+
     def device_stats(self) -> list[dict]:
         return []  # the gathered rows carry memory; querying other GPUs would touch them
 

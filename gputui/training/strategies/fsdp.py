@@ -3,14 +3,15 @@
 Launched, sharded and scaled exactly like ``ddp`` (this class holds only what differs): each
 rank keeps a 1/world slice of every parameter, gradient and optimizer state; a layer's full
 parameters are all-gathered for its forward and backward, and gradients are reduce-scattered
-(averaged, like DDP, so the same loss scaling gives the full-batch gradient). Evaluation and
-checkpoints use the full parameters, gathered with ``DTensor.full_tensor()``.
+(averaged, like DDP, so the same loss scaling gives the full-batch gradient). No rank keeps a
+full copy: evaluation runs the sharded model itself (its forward all-gathers one layer at a
+time, as in training), and a checkpoint gathers the full state with torch's distributed
+state-dict API only while it is written, onto the CPU of the rank that writes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Any
 
 import torch
@@ -33,7 +34,6 @@ class FSDPStrategy(DDPStrategy):
         # whenever CUDA is available, so CPU ranks on a GPU machine would put their shards on
         # the GPU and hang gloo's collectives.
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        self._plain = copy.deepcopy(model)  # a full, unsharded copy for eval and checkpoints
         names = list(self.cfg.strategy.fsdp_wrap)
         targets = wrap_targets(model, names)
         for layer in targets:
@@ -67,36 +67,60 @@ class FSDPStrategy(DDPStrategy):
 
     @torch.no_grad()
     def full_model(self) -> nn.Module:
-        """A plain module holding the full parameters (a collective: call on every rank)."""
-        for (name, p), q in zip(self.model.named_parameters(), self._plain.parameters()):
-            q.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
-        for b, q in zip(self.model.buffers(), self._plain.buffers()):
-            q.copy_(b)
-        return self._plain
+        """A new plain module holding the full parameters, gathered now (a collective: call on
+        every rank; for tests and tools, training never keeps one)."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             get_model_state_dict)
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        plain = self.build_model()
+        plain.load_state_dict({k: v.cpu() for k, v in full.items()})
+        return plain
 
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
-        self._plain.train(mode)
-        if not mode:
+        if mode:
+            self._reshard()  # the root's parameters stay gathered after a forward without backward
+        else:
             self.sync_buffers()
-            self.full_model()  # the evaluation forward runs on the gathered copy
+
+    def _reshard(self) -> None:
+        for module in self.model.modules():
+            if hasattr(module, "reshard"):
+                module.reshard()
 
     def sync_buffers(self) -> None:
         for buf in self.model.buffers():
             torch.distributed.broadcast(buf, src=0)
 
     def eval_module(self) -> nn.Module:
-        return self._plain
+        return self.model
 
     def eval_models(self):
         return [(self.model, self.device)]
 
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """As ddp's, on the sharded model; a rank whose slice is empty still runs a forward
+        (on one example, counted nowhere), because every forward is a collective."""
+        xs = torch.tensor_split(x, self.world_size)[self.rank]
+        if len(xs) == 0:
+            with self.autocast(self.device):
+                self.model(x[:1])
+            return torch.zeros((), dtype=torch.long, device=self.device)
+        return super().evaluate(x, y)
+
     def state_dict(self) -> dict[str, Any]:
-        """Full (unsharded) model and optimizer state, gathered on every rank."""
+        """Full (unsharded) model and optimizer state, gathered for the checkpoint only, onto
+        the CPU: on one machine onto rank 0 alone (the only writer); across machines every
+        node's first rank writes its own copy, so every rank gathers."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model, optim = get_state_dict(self.model, self.opt,
-                                      options=StateDictOptions(full_state_dict=True))
+        rank0_only = self.local_world == self.world_size
+        model, optim = get_state_dict(self.model, self.opt, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=rank0_only))
+        if not rank0_only:
+            model, optim = _to_cpu(model), _to_cpu(optim)
         return {"models": [model], "optimizers": [optim], "scaler":
                 self.scaler.state_dict() if self.scaler is not None else None}
 
@@ -108,6 +132,17 @@ class FSDPStrategy(DDPStrategy):
                        options=StateDictOptions(full_state_dict=True))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+def _to_cpu(value: Any) -> Any:
+    """A state dict with every tensor moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def wrap_targets(model: nn.Module, names: list[str]) -> list[nn.Module]:

@@ -17,15 +17,16 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
-from gputui.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
-                           RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
-                           plural)
+from gputui.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
+                           MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
+                           StepMetrics, acc_text, plural)
 from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
                                  SummaryRead)
 from gputui.tui.pump import EventPump
 from gputui.tui.screens.run_controls import RunControls
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
 from gputui.tui.widgets.epoch_table import EpochTable
+from gputui.tui.widgets.hw_figures import flops_line
 from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, MetricPlot, ThroughputPlot
 from gputui.tui.widgets.run_log import RunLog
 from gputui.tui.widgets.run_status import RunStatus
@@ -151,8 +152,16 @@ class RunScreen(RunControls, Screen):
                 thr.add_point(ev.global_step, ev.samples_per_s)
                 status.step_metrics(ev)
                 self._show_breakdown(ev)
+                if ev.mfu is not None:
+                    for panel in self.query(DevicePanel):
+                        panel.update_mfu(ev.mfu)
                 if self.state == "starting":
                     self.state = "running"
+            elif isinstance(ev, MemoryReport):
+                for row in ev.per_device:
+                    self._panel(row["device"]).update_memory(row)
+            elif isinstance(ev, FlopsInfo):
+                log.add("info", flops_line(ev), ev.t)
             elif isinstance(ev, DeviceSample):
                 self.show_sample(ev)
             elif isinstance(ev, LogLine):

@@ -15,6 +15,7 @@ from textual.widgets import Sparkline, Static
 from gputui import breakdown
 from gputui.events import DeviceSample
 from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
+from gputui.tui.widgets.hw_figures import TrainMemory, show_mfu
 
 HISTORY = 120  # samples kept per device for the sparklines
 
@@ -107,14 +108,18 @@ class DevicePanel(Vertical):
         self.mem_history: deque[float] = deque(maxlen=HISTORY)
         self.last: DeviceSample | None = None
         self.sharing: tuple[str, ...] = ()  # other devices driven by the same process
+        self.mfu: float | None = None
+        self.memory: dict | None = None
         self.step_parts: dict | None = None  # the last metered step's breakdown
         self.step_seen = False  # a StepMetrics has named this device
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
         yield Sparkline([], classes="util-spark")
+        yield Meter("mfu", classes="mfu-meter")
         yield Meter("mem", classes="mem-meter")
         yield Sparkline([], classes="mem-spark")
+        yield TrainMemory()
         yield Static("temp n/a · power n/a", classes="dev-extra")
         yield StepBreakdown(classes="dev-breakdown")
 
@@ -130,8 +135,24 @@ class DevicePanel(Vertical):
     def on_mount(self) -> None:
         if self.last is not None:  # a reading that arrived before the panel was composed
             self._show(self.last)
+        if self.mfu is not None:
+            self.update_mfu(self.mfu)
+        if self.memory is not None:
+            self.update_memory(self.memory)
         if self.step_seen:
             self.update_breakdown(self.step_parts)
+
+    def update_mfu(self, mfu: float | None) -> None:
+        """The run's model FLOP utilization (StepMetrics.mfu)."""
+        self.mfu = mfu
+        if self.is_mounted and self.children:
+            show_mfu(self.query_one(".mfu-meter", Meter), mfu)
+
+    def update_memory(self, row: dict) -> None:
+        """This device's training memory (a MemoryReport row)."""
+        self.memory = row
+        if self.is_mounted and self.children:
+            self.query_one(TrainMemory).show(row)
 
     def update_sample(self, s: DeviceSample) -> None:
         """Show one reading (held until the panel is composed, when it is brand new)."""

@@ -1,0 +1,152 @@
+"""Distance from the hardware: FLOPs of one training step and the peak they are measured against.
+
+FLOPs are counted once per run with ``torch.utils.flop_counter.FlopCounterMode`` on a copy of
+the model built on the ``meta`` device (no memory, no arithmetic, no effect on the run's
+random state or gradients): one forward and backward of a global batch, the cross-entropy
+included. Only the operations torch's counter knows are counted (matrix products and
+convolutions, which are nearly all of a network's arithmetic).
+
+The peak is dense FLOP/s for the dtype the matrix products run in: from :data:`PEAK_TFLOPS`
+for the GPUs it lists (by the name NVML and CUDA report), else measured here with a short
+square matmul and cached per machine under the user's cache dir (``peak_flops.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# dense (not sparse) peak TFLOP/s from the vendors' data sheets: (name words, {dtype: peak});
+# the first entry whose words all appear in the device name wins, so the narrow come first.
+PEAK_TFLOPS: tuple[tuple[tuple[str, ...], dict[str, float]], ...] = (
+    (("H100", "PCIE"), {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    (("H100", "NVL"), {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0}),
+    (("H100",), {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),  # SXM
+    (("H200", "NVL"), {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0}),
+    (("H200",), {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),  # SXM
+    (("A100",), {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (("L40S",), {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    (("L4",), {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (("A10",), {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    (("V100", "PCIE"), {"fp32": 14.0, "fp16": 112.0}),
+    (("V100",), {"fp32": 15.7, "fp16": 125.0}),
+    (("T4",), {"fp32": 8.1, "fp16": 65.0}),
+)
+CACHE_NAME = "peak_flops.json"
+MEASURE_S = 0.2  # how long the matmul peak is measured
+
+
+def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes: int,
+                     channels_last: bool = False) -> int:
+    """FLOPs of one forward and backward (mean cross-entropy) of a batch of ``x_shape`` on the
+    model ``build()`` makes, counted on the meta device. Random states are left as they were."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build()
+    x = torch.empty(x_shape, device="meta")
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.zeros(x_shape[0], dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y % max(num_classes, 1)).backward()
+    return int(counter.get_total_flops())
+
+
+def matmul_dtype(precision: str, device: torch.device) -> str:
+    """The dtype the matrix products run in: bf16/fp16 under autocast, else tf32 where CUDA
+    is allowed to use it for float32, else fp32."""
+    if precision in ("bf16", "fp16"):
+        return precision
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+def table_peak(name: str, dtype: str) -> float | None:
+    """FLOP/s from :data:`PEAK_TFLOPS` for a device name, or None when it is not listed."""
+    upper = name.upper()
+    for words, peaks in PEAK_TFLOPS:
+        if all(w in upper for w in words):
+            value = peaks.get(dtype)
+            return value * 1e12 if value is not None else None
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gputui" / CACHE_NAME
+
+
+def measure_matmul(device: torch.device, dtype: str, seconds: float = MEASURE_S) -> float:
+    """FLOP/s of repeated square matmuls in ``dtype`` on ``device`` for about ``seconds``."""
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    n = 4096 if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device).to(tdtype)
+    b = torch.randn(n, n, device=device).to(tdtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    torch.mm(a, b)  # warm-up
+    sync(device)
+    count, t0 = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        count += 1
+        if count % 4 == 0:
+            sync(device)
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return 2.0 * n ** 3 * count / elapsed
+
+
+def device_peak(device: torch.device, dtype: str) -> tuple[float, str]:
+    """(peak FLOP/s of one device, where it comes from). A listed GPU comes from the table;
+    anything else is measured once and cached per machine (per CPU thread count on the CPU)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = table_peak(name, dtype)
+        if peak is not None:
+            return peak, f"{name}, data sheet"
+        key = f"cuda|{name}|{dtype}"
+    else:
+        name = cpu_name()
+        key = f"cpu|{name}|{dtype}|threads={torch.get_num_threads()}"
+    return _cached(key, lambda: measure_matmul(device, dtype)), f"{name}, measured matmul"
+
+
+def _cached(key: str, measure: Callable[[], float]) -> float:
+    path = cache_path()
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        if isinstance(data.get(key), (int, float)):
+            return float(data[key])
+    except (OSError, ValueError):
+        data = {}
+    value = measure()
+    data[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measured again next time
+        pass
+    return value

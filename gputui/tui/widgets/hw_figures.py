@@ -1,0 +1,69 @@
+"""A device panel's training figures: the MFU gauge (the run's achieved FLOP/s over the peak
+of its devices, beside the utilization the device reports) and the device's own training
+memory (parameters, gradients, optimizer state, activations; CUDA's allocator), beside the
+memory the device reports."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+
+def short_bytes(n: int | None) -> str:
+    """516272 -> '504K', 28852228 -> '27.5M' (binary units; the panel is narrow)."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if value < 1024 or unit == "T":
+            if unit == "B":
+                return f"{int(value)}B"
+            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}T"
+
+
+def flops_text(flops_per_s: float | None) -> str:
+    """3.1e12 -> '3.1 TFLOP/s'."""
+    if flops_per_s is None:
+        return "n/a"
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.1f} {unit}FLOP/s"
+    return f"{flops_per_s:.0f} FLOP/s"
+
+
+def show_mfu(meter, mfu: float | None) -> None:
+    """The run's model FLOP utilization on a device panel's ``Meter``: achieved FLOP/s over
+    the devices' peak, as a bar."""
+    meter.fraction = min(max(mfu, 0.0), 1.0) if mfu is not None else None
+    meter.value_text = f"{mfu * 100:5.1f}%" if mfu is not None else "n/a"
+    meter.refresh()
+
+
+class TrainMemory(Static):
+    """The device's own training memory, from the run's MemoryReport rows."""
+
+    def __init__(self) -> None:
+        super().__init__("train mem n/a", classes="train-mem")
+
+    def show(self, row: dict) -> None:
+        self.update(memory_text(row))
+
+
+def memory_text(row: dict) -> str:
+    """'par 504K grad 504K opt 504K act 27.5M', and on CUDA a second line with the
+    allocator's figures: 'torch 1.2G peak 3.4G'."""
+    text = (f"par {short_bytes(row.get('params'))} grad {short_bytes(row.get('grads'))} "
+            f"opt {short_bytes(row.get('optim'))} act {short_bytes(row.get('activations'))}")
+    if row.get("alloc") is not None:
+        text += f"\ntorch {short_bytes(row['alloc'])} peak {short_bytes(row.get('peak'))}"
+    return text
+
+
+def flops_line(info) -> str:
+    """The log's line for a FlopsInfo: one step's cost and the peak the MFU is measured against."""
+    peak = flops_text(info.peak_flops) if info.peak_flops else "unknown"
+    units = f" for {info.units} devices" if info.units > 1 else ""
+    return (f"{info.flops_per_step / 1e9:,.2f} GFLOP per step (forward and backward); peak "
+            f"{peak} {info.dtype}{units} ({info.source}): the panels' mfu is the share reached")
+

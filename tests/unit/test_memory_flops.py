@@ -1,0 +1,145 @@
+"""Memory by strategy and distance from the hardware, against answers computed by hand: the
+bytes of an MLP's parameters, gradients and optimizer state, the activations autograd saves,
+the FLOPs of linear layers, the GPU peak table and the cached matmul peak; and the loop's
+record of them (fsdp against ddp on two ranks: test_equivalence_ddp.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from gputui.events import FlopsInfo, MemoryReport, StepMetrics
+from gputui.training import flops, memory
+from gputui.training.data import TensorBatches
+from gputui.training.loop import train
+from gputui.devices import resolve_devices
+from gputui.training.strategies import registry
+from strategy_harness import make_config, small_data
+
+B, IN, HID, OUT = 8, 20, 16, 10
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
+
+
+def test_flops_of_linear_layers_are_two_b_in_out_forward_and_twice_that_backward():
+    got = flops.count_step_flops(mlp, (B, 1, 4, 5), OUT)
+    forward = 2 * B * IN * HID + 2 * B * HID * OUT
+    # the last layer computes grads of its weight and its input (2x forward); the first, whose
+    # input needs no gradient, of its weight only
+    backward = 2 * (2 * B * HID * OUT) + 2 * B * IN * HID
+    assert got == forward + backward
+
+
+def test_counting_flops_leaves_the_random_state_alone():
+    before = torch.get_rng_state()
+    flops.count_step_flops(mlp, (B, IN), OUT)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("make_opt, state_per_param", [
+    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), lambda n, count: n),
+    (lambda p: torch.optim.SGD(p, lr=0.1), lambda n, count: 0),
+    # Adam: two moments per parameter, and one float32 step counter per tensor
+    (lambda p: torch.optim.Adam(p, lr=0.1), lambda n, count: 2 * n + 4 * count),
+])
+def test_params_grads_and_optimizer_state_by_hand(make_opt, state_per_param):
+    model = mlp()
+    param_bytes = 4 * (IN * HID + HID + HID * OUT + OUT)
+    opt = make_opt(model.parameters())
+    assert memory.counted(model, [opt]) == {"params": param_bytes, "grads": 0, "optim": 0}
+    model(torch.randn(B, IN)).sum().backward()
+    opt.step()
+    assert memory.counted(model, [opt]) == {
+        "params": param_bytes, "grads": param_bytes,
+        "optim": state_per_param(param_bytes, 4)}
+
+
+def test_activations_are_what_autograd_saves_and_micro_batches_do_not_add_up():
+    model = nn.Sequential(nn.Linear(IN, HID), nn.ReLU(), nn.Linear(HID, OUT))
+    # saved: the input (first linear), relu's output (relu and the second linear: one
+    # storage), the output (pow); the weights are parameters, not activations
+    one = 4 * B * (IN + HID + OUT)
+    with memory.ActivationMeter() as meter:
+        for _ in range(2):  # two micro-batches, each freed by its own backward
+            loss = model(torch.randn(B, IN)).pow(2).sum()
+            assert meter.live == {"cpu": one}
+            loss.backward()
+            assert meter.live == {"cpu": 0}
+    assert meter.peak == {"cpu": one}
+
+
+@pytest.mark.parametrize("name, dtype, tflops", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "tf32", 378.0),
+    ("NVIDIA H200", "fp16", 989.4), ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+    ("NVIDIA L4", "fp32", 30.3), ("NVIDIA L40S", "bf16", 362.0),
+    ("Tesla V100-SXM2-16GB", "bf16", None), ("Some Future GPU", "bf16", None),
+])
+def test_peak_table_by_nvml_name(name, dtype, tflops):
+    peak = flops.table_peak(name, dtype)
+    assert peak == (tflops * 1e12 if tflops is not None else None)
+
+
+def test_measured_peak_is_cached_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    peak, source = flops.device_peak(torch.device("cpu"), "fp32")
+    assert peak > 1e8 and "measured" in source
+    data = json.loads(flops.cache_path().read_text())
+    (key,) = data
+    assert data[key] == peak and key.startswith("cpu|")
+    flops.cache_path().write_text(json.dumps({key: 1234.0}))
+    assert flops.device_peak(torch.device("cpu"), "fp32")[0] == 1234.0  # read, not measured
+
+
+def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = make_config("single", "cpu", "mlp", 32, **{"run.epochs": 1, "run.log_every": 5})
+    ds = small_data()
+    strategy = registry.get("single").load()(cfg, resolve_devices("cpu"), ds.in_channels,
+                                             ds.image_size, ds.num_classes)
+    strategy.setup()
+    events = []
+    train(cfg, strategy, TensorBatches(ds.train_x, ds.train_y, 32, 3), ds, events.append,
+          lambda: False)
+    info = next(e for e in events if isinstance(e, FlopsInfo))
+    d_in = ds.in_channels * ds.image_size * ds.height
+    layers = [(d_in, 256), (256, 128), (128, 10)]
+    fwd = sum(2 * 32 * a * b for a, b in layers)
+    assert info.flops_per_step == 3 * fwd - 2 * 32 * d_in * 256  # no input grad at layer 1
+    assert info.units == 1 and info.peak_flops > 0
+    reports = [e for e in events if isinstance(e, MemoryReport)]
+    assert len(reports) == 2  # after the first step and at the epoch's end
+    (row,) = reports[0].per_device
+    param_bytes = 4 * sum(a * b + b for a, b in layers)
+    assert row["device"] == "cpu:0"
+    assert row["params"] == row["grads"] == row["optim"] == param_bytes  # momentum buffers
+    assert row["activations"] >= 4 * 32 * (d_in + 256 + 128)
+    steps = [e for e in events if isinstance(e, StepMetrics)]
+    for s in steps:
+        assert s.flops_per_s == pytest.approx(info.flops_per_step / s.step_time_s, rel=1e-6)
+        assert s.mfu == pytest.approx(s.flops_per_s / info.peak_flops)
+
+
+def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
+    from gputui.compare import fmt, read_hw_figures
+    from gputui.training import runstore
+
+    step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
+                lr=0.1)
+    rows = ({"device": "cpu:0", "params": 100, "grads": 100, "optim": 200, "activations": 50},
+            {"device": "cpu:1", "params": 100, "grads": 100, "optim": 200, "activations": 70})
+    log = runstore.EventLog(tmp_path / "events.jsonl")
+    for ev in (StepMetrics(step=2, global_step=2, mfu=0.2, flops_per_s=2e9, **step),
+               MemoryReport(epoch=1, per_device=({"device": "cpu:0", "params": 1},)),
+               StepMetrics(step=4, global_step=4, mfu=0.4, flops_per_s=4e9, **step),
+               MemoryReport(epoch=1, per_device=rows)):
+        log.write(ev)
+    log.close()
+    got = read_hw_figures(tmp_path)
+    assert got["mfu"] == pytest.approx(0.3) and got["flops_per_s"] == pytest.approx(3e9)
+    assert got["train_mem"] == 470 and got["memory"] == [dict(r) for r in rows]
+    assert fmt("mfu", 0.3) == "30.0%" and fmt("train_mem", 470) == "470 B"
