@@ -114,7 +114,11 @@ def read_hw_figures(run_dir: str | Path) -> dict[str, Any]:
     """{"mfu", "flops_per_s", "train_mem", "memory"} from a record's readable events: the
     means over its log windows, and its last MemoryReport (None / [] where not recorded)."""
     mfus, rates, memory = [], [], []
-    for ev in runstore.read_events(run_dir):
+    try:
+        events = runstore.read_events(run_dir)
+    except OSError:  # the row says why (RunRow.problem)
+        events = []
+    for ev in events:
         if ev.kind == "step":
             if getattr(ev, "mfu", None) is not None:
                 mfus.append(ev.mfu)
