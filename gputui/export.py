@@ -172,10 +172,14 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
     writer_cls = _summary_writer()
     out = []
     for run_dir in map(Path, run_dirs):
+        try:
+            events = runstore.read_events(run_dir)
+        except OSError:  # an unreadable record has nothing to plot (compare's table says why)
+            continue
         target = Path(logdir) / run_dir.name
         writer = writer_cls(log_dir=str(target))
         try:
-            for ev in runstore.read_events(run_dir):
+            for ev in events:
                 if ev.kind == "step":
                     writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
                     writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,

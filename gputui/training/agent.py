@@ -80,6 +80,32 @@ OPTIONAL_LAUNCH_ARGS = {"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
                         "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
 
 
+def stop_survivors_promptly(context_class: Any = None) -> None:
+    """After a rank fails, the surviving ranks get SHUTDOWN_TIMEOUT_S in all to exit before
+    SIGKILL, not torch's 30 s.
+
+    The elastic agent waits for its rank processes in ``ProcessContext.join``, which, once one
+    rank has failed, sends SIGTERM to the others and gives them ``grace_period`` (30 s when
+    none is given, and the agent gives none in torch 2.11 to 2.13) before SIGKILL. A rank that
+    cannot take SIGTERM (frozen, or stuck in a kernel call) kept a failed run waiting 30 s.
+    Only this agent process, which exists for one launch, is changed: its joins get half the
+    timeout to exit on their own, then half after SIGTERM.
+    """
+    if context_class is None:
+        from torch.multiprocessing.spawn import ProcessContext as context_class
+    original = context_class.join
+    if getattr(original, "gputui_prompt", False):
+        return
+
+    def join(self, timeout=None, grace_period=None):
+        if grace_period is None:
+            grace_period = SHUTDOWN_TIMEOUT_S / 2
+        return original(self, timeout, grace_period)
+
+    join.gputui_prompt = True
+    context_class.join = join
+
+
 def launcher_options(config_class) -> dict[str, Any]:
     """The optional arguments this torch's LaunchConfig accepts."""
     import inspect
@@ -127,6 +153,7 @@ def agent_main(spec: dict[str, Any]) -> None:
             shared_data.start_prefetch(spec["config"]["data"], data_file)
 
         config = launch_config(spec)
+        stop_survivors_promptly()
         dist = spec["config"]["dist"]
         if dist["nnodes"] > 1:
             _append(run_dir, queue, LogLine(
