@@ -88,15 +88,20 @@ def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
     return loss, acc, shares
 
 
+def readable_events(run_dir: str | Path) -> list:
+    """The record's events, or none when they cannot be read (the row says why: RunRow.problem)."""
+    try:
+        return runstore.read_events(run_dir)
+    except OSError:
+        return []
+
+
 def read_record(run_dir: str | Path) -> tuple[list, list, float | None, dict | None]:
     """(loss curve, accuracy curve, mean comm share, mean step breakdown) from a record's
     readable events; the breakdown leaves the first metered step (warm-up) out when there
     are others."""
     loss, acc, shares, parts = [], [], [], []
-    try:
-        events = runstore.read_events(run_dir)
-    except OSError:  # the row says why (RunRow.problem)
-        events = []
+    events = readable_events(run_dir)
     for ev in events:
         if ev.kind == "step":
             loss.append((ev.epoch - 1 + ev.step / max(ev.steps_per_epoch, 1), ev.loss))
@@ -114,10 +119,7 @@ def read_hw_figures(run_dir: str | Path) -> dict[str, Any]:
     """{"mfu", "flops_per_s", "train_mem", "memory"} from a record's readable events: the
     means over its log windows, and its last MemoryReport (None / [] where not recorded)."""
     mfus, rates, memory = [], [], []
-    try:
-        events = runstore.read_events(run_dir)
-    except OSError:  # the row says why (RunRow.problem)
-        events = []
+    events = readable_events(run_dir)
     for ev in events:
         if ev.kind == "step":
             if getattr(ev, "mfu", None) is not None:

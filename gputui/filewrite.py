@@ -115,6 +115,11 @@ def fsync_dir(folder: str | Path) -> None:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
         return
+    _fsync_and_close(fd)
+
+
+def _fsync_and_close(fd: int) -> None:
+    """fsync ``fd`` where the file system allows it, then close it."""
     try:
         os.fsync(fd)
     except OSError:
@@ -157,12 +162,7 @@ class AppendLog:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        _fsync_and_close(fd)
 
     @property
     def closed(self) -> bool:
