@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
+from gputui.proctree import kill_tree
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3,
          "GB": 1024**3}
 DEFAULT_SIZES = "4K,64K,1M,4M"
@@ -175,25 +176,10 @@ def spawn_driver(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 return {"error": f"no result within {timeout:g} s (raise --timeout)"}
     except BaseException:  # Ctrl-C: no waiting for the ranks to finish
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         raise
     finally:
         proc.join(timeout=10)
         if proc.is_alive():
-            _kill_tree(proc.pid)
+            kill_tree(proc.pid)
             proc.join(timeout=5)
-
-
-def _kill_tree(pid: int | None) -> None:
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        procs = [*parent.children(recursive=True), parent]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass

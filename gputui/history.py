@@ -8,7 +8,6 @@ damaged folder never hides the others. Torch-free: the CLI and the TUI import th
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import tomllib

@@ -106,11 +106,11 @@ def allreduce_in_step(n: int, size: int, gap: float, kind: str, cores: int,
                 if not proc.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError("the allreduce measurement ended without a result")
     finally:
-        from gputui.comm_bench import _kill_tree
+        from gputui.proctree import kill_tree
 
         proc.join(timeout=10)
         if proc.is_alive():
-            _kill_tree(proc.pid)
+            kill_tree(proc.pid)
             proc.join(timeout=5)
         for s in spinners:
             s.kill()

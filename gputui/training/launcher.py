@@ -10,12 +10,10 @@ from __future__ import annotations
 import atexit
 import collections
 import multiprocessing as mp
-import multiprocessing.util as mp_util
 import os
 import queue as queue_mod
 import shutil
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -27,6 +25,7 @@ from gputui.config import RunConfig
 from gputui.devices import Device, resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
 from gputui.filewrite import WriteFailed, write_atomic
+from gputui.proctree import adopt_orphans, kill_tree, own_tracker
 from gputui.training import runlock, runstore
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
@@ -189,7 +188,7 @@ class RunHandle:
         for p in self.processes:
             p.join(timeout=5)
             if p.is_alive():  # the run has ended; a process stuck on its way out must go
-                _kill_tree(p.pid)
+                kill_tree(p.pid)
                 p.join(timeout=5)
         self._end_tree()
         if self.multiprocess:  # the node's dataset copy, left behind when the agent was killed
@@ -251,7 +250,7 @@ class RunHandle:
         """Kill the training processes (and their children) now."""
         self._kill_reason = reason
         for p in self.processes:
-            _kill_tree(p.pid)
+            kill_tree(p.pid)
 
     def wait(self, timeout: float | None = None) -> str:
         """Poll until the run ends or ``timeout`` passes; returns the status."""
@@ -272,73 +271,6 @@ class RunHandle:
             except (ValueError, OSError):  # a full disk: the rest of the run's samples go
                 self._telemetry_log = None
                 log.close()
-
-
-def _adopt_orphans() -> None:
-    """Make this process the subreaper of what it starts (Linux): a process orphaned by the
-    death of its parent (a rank's fork server after the agent died) is re-parented here, not
-    to init, so the handle can wait for it and reap it."""
-    if _ADOPTING or not sys.platform.startswith("linux"):
-        return
-    _ADOPTING.append(True)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-_ADOPTING: list[bool] = []
-
-
-def own_tracker() -> None:
-    """This process's multiprocessing resource tracker, started so that it ends with it:
-    immune to the group's SIGHUP (it ignores SIGINT and SIGTERM itself; killed, it would be
-    restarted at exit by the semaphores' clean-up and outlive this process), and stopped and
-    reaped by the last of multiprocessing's exit finalisers, after every clean-up that uses it."""
-    if _TRACKED:
-        return
-    _TRACKED.append(True)
-    from multiprocessing import resource_tracker
-
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited through exec
-        try:
-            resource_tracker.ensure_running()
-        finally:
-            signal.signal(signal.SIGHUP, old)
-
-    def stop() -> None:
-        try:
-            resource_tracker._resource_tracker._stop()  # private: a missing one is harmless
-        except Exception:  # noqa: BLE001
-            pass
-
-    mp_util.Finalize(None, stop, exitpriority=-100)
-
-
-_TRACKED: list[bool] = []
-
-
-def _kill_tree(pid: int | None) -> None:
-    if not pid:
-        return
-    try:
-        import psutil
-
-        children = psutil.Process(pid).children(recursive=True)
-    except Exception:  # noqa: BLE001 - the process may already be gone
-        children = []
-    for proc in [*children]:
-        try:
-            proc.kill()
-        except Exception:  # noqa: BLE001
-            pass
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
@@ -366,7 +298,7 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
         lock = runlock.hold(folder if folder.is_dir() else folder.parent, run_id)
         if lock is not None:
             handle._locks.append(lock)
-    _adopt_orphans()
+    adopt_orphans()
     own_tracker()
     handle.device_note = device_note
     info = registry.get(cfg.strategy.name)

@@ -117,7 +117,7 @@ def prepare(cuda: tuple[int, ...] = ()) -> WarmWorker:
         for w in _POOL:
             if w.cuda == tuple(cuda):
                 return w
-        from gputui.training.launcher import own_tracker
+        from gputui.proctree import own_tracker
 
         own_tracker()  # before the worker's queues start the tracker (see there)
         worker = WarmWorker(tuple(cuda))

@@ -16,7 +16,6 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from gputui.training.runstore import read_events

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
