@@ -131,8 +131,6 @@ class DeviceSample(Event):
     temp_c: float | None = None
     power_w: float | None = None
     power_limit_w: float | None = None
-    torch_alloc: int | None = None  # bytes torch allocated on the device (reported by training)
-    torch_reserved: int | None = None
     pid: int | None = None  # for CPU virtual devices: the rank's process
     cpu_percent: float | None = None
     rss: int | None = None

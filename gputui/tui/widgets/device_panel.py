@@ -209,9 +209,9 @@ class DevicePanel(Vertical):
     def _show_memory(self, s: DeviceSample) -> None:
         meter = self.query_one(".mem-meter", Meter)
         used = s.mem_used
-        if used is None:
-            used = s.torch_alloc if s.torch_alloc is not None else s.rss
-            if s.rss is not None and s.torch_alloc is None:
+        if used is None:  # a CPU virtual device: its process's resident memory
+            used = s.rss
+            if used is not None:
                 meter.label = "rss"
         total = s.mem_total
         if used is None:
