@@ -8,7 +8,6 @@ Nothing here imports torch; training runs in a spawned child process.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,39 +15,8 @@ from typing import Any
 
 from gputui import __version__
 from gputui.config import ConfigError, load_preset
+from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Parser, fail, runs_dir_problem
 from gputui.filewrite import WriteFailed
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's help, with each flag's default shown where there is one worth showing."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if (action.option_strings and "%(default)" not in text and default is not None
-                and default is not False and default != [] and default is not argparse.SUPPRESS):
-            text += " (default: %(default)s)"
-        return text
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) instead of a usage dump, and defaults in --help."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def fail(message: str) -> int:
-    """Print a one-line usage error and return exit status 2."""
-    print(f"gputui: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
 
 # ------------------------------------------------------------------ gputui run
 SHORT_FLAGS = {  # flag dest -> config key
@@ -176,17 +144,6 @@ def cmd_run(args) -> int:
     if summary["status"] in ("stopped", "killed") and sup.first:
         return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED
-
-
-def runs_dir_problem(runs_dir: str | None) -> str | None:
-    """Why run records cannot be written under ``runs_dir`` (the default when None), as one
-    line naming the flag, or None."""
-    from gputui.filewrite import folder_problem
-    from gputui.training.runstore import default_runs_dir
-
-    if runs_dir:
-        return folder_problem(runs_dir, "--runs-dir")
-    return folder_problem(default_runs_dir(), "the runs folder")
 
 
 def _print(write, item) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 # history and compare are imported by the commands that use them: building the parser must
 # stay cheap, since `gputui` (the app) builds it before its first paint.
 
-from gputui.cli import EXIT_OK, fail
+from gputui.cli_common import EXIT_OK, fail
 from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in, write_atomic
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
            "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
+from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 from gputui.config import ConfigError
 
 COLUMNS = ("strategy", "devices", "batch", "step_ms", "samples_per_s", "speedup",

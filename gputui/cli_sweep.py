@@ -16,7 +16,7 @@ from pathlib import Path
 from gputui.config import ConfigError, parse_assignment
 from gputui.events import plural
 
-from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
+from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 
 
 def register(sub) -> None:
@@ -132,7 +132,7 @@ def load_preset_checked(path: str, overrides: list):
 
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
-    from gputui.cli import runs_dir_problem
+    from gputui.cli_common import runs_dir_problem
     from gputui.filewrite import WriteFailed, folder_problem
     from gputui.training.runstore import default_runs_dir
 

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from gputui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
+from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
 from gputui.proctree import kill_tree
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3,
          "GB": 1024**3}

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gputui.devices import GpuInfo, GpuProcess
+from gputui.gpus import GpuInfo, GpuProcess
 from gputui.telemetry.cuda_order import CudaOrder, NvmlGpu, cuda_order
 
 _lock = threading.RLock()

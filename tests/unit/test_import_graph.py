@@ -1,0 +1,155 @@
+"""The package's import graph: no new cycle, and the torch-free modules stay torch-free.
+
+Every ``import`` of a gputui module counts, at module level or inside a function (a lazy import
+is still a dependency; only ``if TYPE_CHECKING:`` blocks are left out). The cycles that exist
+today are listed in KNOWN_CYCLES, each to be broken by the restructuring of issue 11: a new
+cycle, or a module joining one, fails here, and so does a listed cycle that no longer exists
+(take it off the list, so the list only ever shrinks).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
+
+KNOWN_CYCLES = {
+    frozenset({"gputui.config", "gputui.training.strategies",
+               "gputui.training.strategies.mp_plan", "gputui.training.strategies.registry"}),
+    frozenset({"gputui.training.data", "gputui.training.userdata"}),
+    frozenset({"gputui.training.agent", "gputui.training.launcher", "gputui.training.ranks",
+               "gputui.training.warm"}),
+    frozenset({"gputui.cli_compare", "gputui.cli_predict", "gputui.cli_sweep"}),
+    frozenset({"gputui.cli", "gputui.cli_resume"}),
+}
+
+# Modules that the CLI, the app and config checks import: no torch, directly or through
+# another gputui module they import at module level.
+TORCH_FREE = ["gputui.config", "gputui.config_schema", "gputui.events", "gputui.devices",
+              "gputui.gpus", "gputui.presets", "gputui.cli_common", "gputui.filewrite",
+              "gputui.proctree", "gputui.breakdown", "gputui.training.runstore"]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the gputui modules it imports (resolved to the modules that exist)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_only(tree)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                found = resolve(target) if target.startswith("gputui") else None
+                if found and found != name:
+                    graph[name].add(found)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(frozenset(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == {frozenset("abc")}
+    graph["c"] = set()
+    assert cycles(graph) == set()
+
+
+def test_no_import_cycle_beyond_the_known_ones():
+    found = cycles(import_graph(_modules()))
+    new = found - KNOWN_CYCLES
+    assert not new, ("new import cycle(s): " + "; ".join(" <-> ".join(sorted(c)) for c in new)
+                     + ". Move the shared piece down into a module both can import.")
+    gone = KNOWN_CYCLES - found
+    assert not gone, ("broken cycle(s) still listed in KNOWN_CYCLES, take them off: "
+                      + "; ".join(" <-> ".join(sorted(c)) for c in gone))
+
+
+def test_torch_free_modules_import_no_torch():
+    code = ("import importlib, sys\n"
+            f"for name in {TORCH_FREE!r}:\n"
+            "    importlib.import_module(name)\n"
+            "    heavy = [m for m in ('torch', 'torchvision', 'textual') if m in sys.modules]\n"
+            "    if heavy:\n"
+            "        sys.exit(f'{name} pulls in {heavy}')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr.strip()
