@@ -1,5 +1,6 @@
-"""The command line: ``gputui`` (the app), ``gputui run PRESET``, ``strategies``, ``runs``,
-``presets`` and ``devices``.
+"""The command line's entry point: ``gputui`` (the app), the ``strategies`` and ``presets``
+listings, and the parser, built from the command modules (cli_run, cli_devices, cli_compare,
+cli_sweep, cli_predict, comm_bench, cli_resume; what they share is in cli_common).
 
 Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
 the signal's number when a signal stopped the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
@@ -9,153 +10,11 @@ Nothing here imports torch; training runs in a spawned child process.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
-from typing import Any
 
 from gputui import __version__
-from gputui.config import ConfigError, load_preset
-from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Parser, fail, runs_dir_problem
-from gputui.filewrite import WriteFailed
-
-# ------------------------------------------------------------------ gputui run
-SHORT_FLAGS = {  # flag dest -> config key
-    "devices": "devices.spec", "strategy": "strategy.name", "epochs": "run.epochs",
-    "batch_size": "optim.batch_size", "lr": "optim.lr", "seed": "run.seed",
-    "nnodes": "dist.nnodes", "node_rank": "dist.node_rank", "rdzv_endpoint": "dist.rdzv_endpoint",
-}
-
-
-def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="train from a preset, headless",
-                       description="Train from a preset without the app: live progress on a "
-                                   "terminal, plain lines otherwise, a record under the runs "
-                                   "folder. Precedence: flags > --set > preset > defaults.")
-    p.add_argument("preset", help="a preset file, or a name from `gputui presets`")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                   help="override any preset key, e.g. --set optim.lr=0.2 (repeatable)")
-    p.add_argument("--devices", help="device choice: cpu, cpu*4, 0,2, all, 2, cuda:*")
-    p.add_argument("--strategy", help="single, scratch, ...; see `gputui strategies`")
-    p.add_argument("--epochs", type=int, help="passes over the training set (run.epochs)")
-    p.add_argument("--batch-size", type=int, help="global batch size")
-    p.add_argument("--lr", type=float, help="learning rate")
-    p.add_argument("--seed", type=int,
-                   help="seed of the parameter init and batch order (run.seed)")
-    p.add_argument("--nnodes", type=int, help="multi-node ddp/fsdp: number of machines")
-    p.add_argument("--node-rank", type=int, help="multi-node: this machine's rank")
-    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: c10d rendezvous")
-    p.add_argument("--runs-dir", help="where run records go (default ./runs or $GPUTUI_RUNS_DIR)")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--json", action="store_true",
-                   help="print the summary (or, with --dry-run, the config) as JSON on stdout")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress output: only the summary line and the record's path")
-    p.add_argument("--exclusive", action="store_true",
-                   help="refuse to start when a chosen GPU is busy with another process")
-    p.set_defaults(func=cmd_run)
-
-
-def resolve_config(args) -> Any:
-    """The preset, --set overrides and short flags, validated; raises ConfigError."""
-    from gputui.config import parse_assignment
-    from gputui.presets import resolve_preset
-    from gputui.training.datafiles import data_problem
-
-    path = resolve_preset(args.preset)
-    overrides = []
-    for text in args.sets:
-        key, value = parse_assignment(text)
-        overrides.append((f"--set {text}", key, value))
-    for dest, key in SHORT_FLAGS.items():
-        value = getattr(args, dest, None)
-        if value is not None:
-            overrides.append((f"--{dest.replace('_', '-')}", key, value))
-    cfg = load_preset(path, overrides)
-    problem = data_problem(cfg)
-    if problem:
-        raise ConfigError(f"{path}: data: {problem}")
-    return cfg
-
-
-def cmd_run(args) -> int:
-    """``gputui run PRESET``: train headless and print progress and a summary."""
-    try:
-        cfg = resolve_config(args)
-    except ConfigError as exc:
-        return fail(str(exc))
-    if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
-        from gputui.training import runlock
-
-        folder = Path(cfg.run.resume_from)
-        active = runlock.holder(folder if folder.is_dir() else folder.parent)
-        if active:
-            return fail(f"run.resume_from: {folder.name} is {active}; stop that run first, "
-                        f"then resume")
-    from gputui.usercode import code_line
-
-    code = code_line(cfg)
-    if args.dry_run:  # shows the code a preset names; imports and runs none of it
-        if args.json:
-            print(json.dumps(cfg.to_dict(), indent=2), end="")
-        else:
-            print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
-            print(cfg.to_toml(), end="")
-        return EXIT_OK
-    from gputui.printer import Printer
-    from gputui.training.launcher import launch
-    from gputui.training.runstore import read_summary
-
-    from gputui.devices import busy_warnings, resolve_with_note
-
-    devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
-    taken = busy_warnings([d for d in devices if d.kind == "cuda"]) if args.exclusive else []
-    if taken:  # NVML sees another process on a chosen GPU
-        return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
-                    f"(see `gputui devices`) or drop --exclusive")
-    problem = runs_dir_problem(args.runs_dir)
-    if problem:  # before any training: a record that cannot be written is lost work
-        return fail(problem)
-    printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
-    for warning in ([device_note] if device_note else []) + busy_warnings(devices):
-        printer.line(f"warning: {warning}")
-    if code:
-        printer.line(code)
-    # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
-    # stop outlasting run.stop_grace_s, kills (see gputui.training.signals)
-    from gputui.training.signals import Supervisor
-
-    sup = Supervisor(cfg.run.stop_grace_s).install()
-    try:
-        handle = launch(cfg, args.runs_dir, devices, device_note)
-    except OSError as exc:  # WriteFailed says which file and why in one line
-        return fail(str(exc) if isinstance(exc, WriteFailed) else
-                    f"cannot create the run folder ({exc})")
-    while not handle.done:
-        for ev in handle.poll(timeout=0.2):
-            _print(printer.handle, ev)
-        sup.check(handle, lambda text: _print(printer.line, text))
-    summary = read_summary(handle.run_dir)
-    summary["run_dir"] = str(handle.run_dir)
-    _print(printer.summary, summary)
-    if args.json:
-        _print(print, json.dumps(summary, indent=2, sort_keys=True))
-    if summary["status"] == "finished":
-        return EXIT_OK
-    if summary["status"] in ("stopped", "killed") and sup.first:
-        return sup.exit_code() or EXIT_INTERRUPTED
-    return EXIT_FAILED
-
-
-def _print(write, item) -> None:
-    """Progress output that cannot end the run: a terminal that hung up (EIO until SIGHUP
-    arrives) or a closed pipe loses the output, never the record."""
-    from gputui.training.signals import detach_output
-
-    try:
-        write(item)
-    except OSError:
-        detach_output()
-
+from gputui.cli_common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail
+from gputui.cli_run import add_run_parser, cmd_run, resolve_config  # noqa: F401 - also here
+from gputui.config import ConfigError
 
 # ------------------------------------------------------------------ listings
 def cmd_strategies(args) -> int:
@@ -240,7 +99,7 @@ def build_parser() -> Parser:
                              "(default ./runs or $GPUTUI_RUNS_DIR)")
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
-    _add_run(sub)
+    add_run_parser(sub)
     p = sub.add_parser("strategies", help="list the strategies and whether they can run",
                        description="Every parallelism strategy, what it does, and whether it "
                                    "can run on the given devices (with the reason when not).")
@@ -257,9 +116,12 @@ def build_parser() -> Parser:
     from gputui import cli_devices
 
     cli_devices.register(sub)
-    from gputui import cli_compare  # runs, compare, sweep, bench-comm
+    from gputui import cli_compare, cli_predict, cli_sweep, comm_bench
 
-    cli_compare.register(sub)
+    cli_compare.register(sub)  # runs, compare
+    cli_sweep.register(sub)
+    cli_predict.register(sub)
+    comm_bench.register(sub)
     from gputui import cli_resume
 
     cli_resume.register(sub)

@@ -50,3 +50,28 @@ def runs_dir_problem(runs_dir: str | None) -> str | None:
     if runs_dir:
         return folder_problem(runs_dir, "--runs-dir")
     return folder_problem(default_runs_dir(), "the runs folder")
+
+
+def set_overrides(sets: list[str], epochs: int | None = None) -> list:
+    """--set TABLE.KEY=VALUE flags (and --epochs) as (source, key, value) overrides."""
+    from gputui.config import parse_assignment
+
+    out = []
+    for text in sets:
+        key, value = parse_assignment(text)
+        out.append((f"--set {text}", key, value))
+    if epochs is not None:
+        out.append(("--epochs", "run.epochs", epochs))
+    return out
+
+
+def load_preset_checked(path: str, overrides: list):
+    """Bad preset files or --set values fail before anything starts (one line)."""
+    from gputui.config import ConfigError, load_preset
+    from gputui.training.datafiles import data_problem
+
+    cfg = load_preset(path, overrides, check=False)
+    problem = data_problem(cfg)
+    if problem:
+        raise ConfigError(f"{path}: data: {problem}")
+    return cfg

@@ -1,41 +1,22 @@
-"""`gputui runs`, `gputui compare`, `gputui sweep` and `gputui bench-comm`.
+"""`gputui runs` and `gputui compare`.
 
-``register(subparsers)`` adds the four subcommands. Nothing here imports torch: sweeps start
-their runs through ``launcher.launch`` (spawned processes), the benchmark spawns its own.
-Bad input is one line on stderr and exit status 2.
+``register(subparsers)`` adds the two subcommands. Nothing here imports torch. Bad input is one
+line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 # history and compare are imported by the commands that use them: building the parser must
 # stay cheap, since `gputui` (the app) builds it before its first paint.
 
 from gputui.cli_common import EXIT_OK, fail
-from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in, write_atomic
-HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
-           "step_ms": "step (ms)", "mem_per_device": "mem/device",
-           "predicted_speedup": "predicted",
-           "compute_share": "compute", "comm_exposed_share": "exposed",
-           "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
-           "host_share": "host", "train_mem": "train mem"}
-
-
-
-def _add_output(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("table", "csv", "md", "json"), default="table",
-                   help="table (terminal), csv, md (Markdown) or json")
-    p.add_argument("--json", action="store_true", help="same as --format json")
-    p.add_argument("--output", "-o", metavar="FILE", help="write the csv/md/json there")
-
-
+from gputui.cli_output import add_output, emit, form_of
+from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
 def register(sub) -> None:
-    """Add runs, compare, sweep and bench-comm to an argparse subparsers object."""
+    """Add runs and compare to an argparse subparsers object."""
     p = sub.add_parser("runs", help="list recorded runs (filters, --json)",
                        description="Every recorded run, newest first: id, name, strategy, "
                                    "devices, batch, lr, time per epoch, samples/s, final test "
@@ -46,7 +27,7 @@ def register(sub) -> None:
                                     "running, incomplete, unreadable (comma list)")
     p.add_argument("--name", help="only runs whose name or id contains this")
     p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
-    _add_output(p)
+    add_output(p)
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("compare", help="compare runs: speedup, scaling efficiency, comm share",
@@ -60,57 +41,8 @@ def register(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
-    _add_output(p)
+    add_output(p)
     p.set_defaults(func=cmd_compare)
-
-    from gputui import cli_predict, cli_sweep, comm_bench
-
-    cli_sweep.register(sub)
-    cli_predict.register(sub)
-    comm_bench.register(sub)
-
-
-def _form(args) -> str:
-    return "json" if args.json else args.format
-
-
-def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, title: str,
-         json_data: Any = None) -> None:
-    """Print a table on the terminal, or write csv/md/json to stdout or ``output``."""
-    from gputui.export import render, to_json
-
-    if form == "table":
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title)
-        for c in columns:
-            left = c in ("id", "name", "strategy", "status", "date", "baseline")
-            table.add_column(HEADERS.get(c, c), no_wrap=c in ("id", "date"),
-                             justify="left" if left else "right")
-        for r in rows:
-            table.add_row(*(_cell(c, r.get(c)) for c in columns))
-        # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
-        Console(width=None if sys.stdout.isatty() else 240).print(table)
-        return
-    text = to_json(json_data) if form == "json" and json_data is not None else render(
-        rows, columns, form)
-    if output:
-        try:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise WriteFailed(Path(output).parent, exc) from None
-        write_atomic(output, text)  # WriteFailed: one line naming the file
-    else:
-        sys.stdout.write(text)
-
-
-def _cell(key: str, value: Any) -> str:
-    from gputui.compare import fmt
-
-    if key == "baseline" and value:  # the full id is in the id column; its suffix finds it
-        return "…" + str(value).rsplit("-", 1)[-1]
-    return fmt(key, value)
 
 
 def cmd_runs(args) -> int:
@@ -127,7 +59,7 @@ def cmd_runs(args) -> int:
                                    args.status, args.name, args.last)
     except OSError as exc:
         return fail(f"cannot read the runs folder: {exc}")
-    form = _form(args)
+    form = form_of(args)
     if form == "table" and not rows:
         print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not
               args.status and not args.name else "no run matches the filters")
@@ -187,7 +119,7 @@ def cmd_compare(args) -> int:
     except LookupError as exc:
         return fail(str(exc))
     items = compare(dirs, args.runs_dir)
-    form = _form(args)
+    form = form_of(args)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)
         groups = _repeat_groups(items, args.sweep, args.runs_dir)

@@ -89,7 +89,7 @@ def counts_of(devices: list[str]) -> list[int]:
 
 def cmd_predict(args) -> int:
     """``gputui predict``: measure what is missing, print the predicted table."""
-    from gputui.cli_sweep import _overrides, load_preset_checked
+    from gputui.cli_common import load_preset_checked, set_overrides
     from gputui.presets import resolve_preset
     from gputui.sweep import parse_devices, resolve_kind
 
@@ -97,7 +97,7 @@ def cmd_predict(args) -> int:
         path = str(resolve_preset(args.preset).resolve())
         counts = counts_of(parse_devices(args.devices))
         strategies = parse_strategies(args.strategies)
-        cfg = load_preset_checked(path, _overrides(args.sets, None))
+        cfg = load_preset_checked(path, set_overrides(args.sets, None))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))
@@ -110,7 +110,7 @@ def cmd_predict(args) -> int:
 def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, again: bool,
                      title: str) -> int:
     """Measure, then print the table (or JSON on stdout; progress on stderr)."""
-    from gputui.cli_compare import emit
+    from gputui.cli_output import emit
     from gputui.predict import FORMULAS
     from gputui.predict_measure import cache_dir
 

@@ -113,7 +113,8 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
 def cmd_resume(args: argparse.Namespace) -> int:
     """``gputui resume RUN``: the same as `gputui run` on the saved config, from the checkpoint.
     Exit status as for `gputui run` (0, 1 failed, 2 bad input, 130 interrupted)."""
-    from gputui.cli import cmd_run, fail
+    from gputui.cli_common import fail
+    from gputui.cli_run import cmd_run
 
     try:
         run_args = resume_args(args)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gputui.config import ConfigError, parse_assignment
+from gputui.config import ConfigError
 from gputui.events import plural
 
-from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
+from gputui.cli_common import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail,
+                               load_preset_checked, set_overrides)
 
 
 def register(sub) -> None:
@@ -58,16 +59,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
-def _overrides(sets: list[str], epochs: int | None) -> list:
-    out = []
-    for text in sets:
-        key, value = parse_assignment(text)
-        out.append((f"--set {text}", key, value))
-    if epochs is not None:
-        out.append(("--epochs", "run.epochs", epochs))
-    return out
-
-
 def build(args, runs_dir: Path):
     """The Sweep to run (new, resumed by id, or resumed automatically) and a note for the user;
     raises ConfigError or LookupError with a one-line message."""
@@ -80,8 +71,8 @@ def build(args, runs_dir: Path):
         if args.preset and resolve_preset(args.preset).resolve() != Path(m.preset).resolve():
             raise ConfigError(f"--resume {args.resume}: that sweep ran {m.preset}, not "
                               f"{args.preset}; drop the preset argument")
-        return Sweep(m, runs_dir, _overrides(m.sets, None)), (f"resuming sweep {m.sweep_id} "
-                                                             f"over {m.kind_words()}")
+        return Sweep(m, runs_dir, set_overrides(m.sets, None)), (
+            f"resuming sweep {m.sweep_id} over {m.kind_words()}")
     if not args.preset:
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
     path = str(resolve_preset(args.preset).resolve())
@@ -100,7 +91,7 @@ def build(args, runs_dir: Path):
         raise ConfigError(f"--strategies: unknown strategy {', '.join(map(repr, unknown))}; "
                           f"known: {', '.join(registry.names())}")
     sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
-    overrides = _overrides(sets, None)
+    overrides = set_overrides(sets, None)
     base = load_preset_checked(path, overrides)
     kind, kind_note = resolve_kind(args.kind, base.devices.spec)
     if args.repeat < 1:
@@ -116,18 +107,6 @@ def build(args, runs_dir: Path):
                         f"{plural(len(old.points), 'point')} done; --fresh starts over); "
                         f"{kind_note}")
     return sweep, f"sweep {sweep.manifest.sweep_id}; {kind_note}"
-
-
-def load_preset_checked(path: str, overrides: list):
-    """Bad preset files or --set values fail before anything starts (one line)."""
-    from gputui.config import load_preset
-    from gputui.training.datafiles import data_problem
-
-    cfg = load_preset(path, overrides, check=False)
-    problem = data_problem(cfg)
-    if problem:
-        raise ConfigError(f"{path}: data: {problem}")
-    return cfg
 
 
 def cmd_sweep(args) -> int:
@@ -156,7 +135,7 @@ def cmd_sweep(args) -> int:
 
 
 def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
-    from gputui.cli_compare import emit
+    from gputui.cli_output import emit
     from gputui.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
                                 compare, table_rows)
     from gputui.sweep_progress import SweepProgress
@@ -220,7 +199,7 @@ def _predict(args) -> int:
         wanted = [s for s in args.strategies.split(",") if s.strip() in
                   ("ddp", "fsdp", "scratch", "dp")]
         strategies = parse_strategies(",".join(wanted) or args.strategies)
-        cfg = load_preset_checked(path, _overrides(args.sets, args.epochs))
+        cfg = load_preset_checked(path, set_overrides(args.sets, args.epochs))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))

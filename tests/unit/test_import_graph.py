@@ -22,15 +22,14 @@ KNOWN_CYCLES = {
     frozenset({"gputui.training.data", "gputui.training.userdata"}),
     frozenset({"gputui.training.agent", "gputui.training.launcher", "gputui.training.ranks",
                "gputui.training.warm"}),
-    frozenset({"gputui.cli_compare", "gputui.cli_predict", "gputui.cli_sweep"}),
-    frozenset({"gputui.cli", "gputui.cli_resume"}),
 }
 
 # Modules that the CLI, the app and config checks import: no torch, directly or through
 # another gputui module they import at module level.
 TORCH_FREE = ["gputui.config", "gputui.config_schema", "gputui.events", "gputui.devices",
               "gputui.gpus", "gputui.presets", "gputui.cli_common", "gputui.filewrite",
-              "gputui.proctree", "gputui.breakdown", "gputui.training.runstore"]
+              "gputui.proctree", "gputui.breakdown", "gputui.training.runstore", "gputui.cli",
+              "gputui.cli_run", "gputui.cli_output"]
 
 
 def _modules() -> dict[str, Path]:
