@@ -7,54 +7,18 @@ epoch, so every strategy sees the same global batches as ``single`` does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 import torch
 
 from gputui.training import datafiles, readers, synthetic
+from gputui.training.dataset import DataError, Dataset  # noqa: F401 - also this module's API
 
 SYNTHETIC_TRAIN = datafiles.SYNTHETIC_SIZES["train"]
 SYNTHETIC_TEST = datafiles.SYNTHETIC_SIZES["test"]
 TENSOR_LIMIT_BYTES = 2 * 1024**3
 SHUFFLE_COPY_LIMIT = 1024**3  # TensorBatches: above this, gather per batch (no second copy)
-
-
-class DataError(RuntimeError):
-    """A dataset that cannot be read or fetched; the message is one line for the user."""
-
-
-@dataclass
-class Dataset:
-    """Train and test tensors (standardised with the training set's mean and std)."""
-
-    name: str
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    num_classes: int = 10
-
-    @property
-    def in_channels(self) -> int:
-        return int(self.train_x.shape[1])
-
-    @property
-    def image_size(self) -> int:
-        return int(self.train_x.shape[-1])
-
-    @property
-    def height(self) -> int:
-        return int(self.train_x.shape[-2])
-
-    @property
-    def n_train(self) -> int:
-        return len(self.train_x)
-
-    @property
-    def n_test(self) -> int:
-        return len(self.test_x)
 
 
 def load_from_config(data) -> "Dataset":

@@ -47,7 +47,7 @@ class SetData:
 
 def load_user_data(data: Any):
     """The Dataset or SetData that ``data.factory`` gives (``data`` is the [data] table)."""
-    from gputui.training.data import Dataset
+    from gputui.training.dataset import Dataset
 
     spec = data.factory
     f = parse(spec)
