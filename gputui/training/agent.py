@@ -23,6 +23,7 @@ from typing import Any
 
 from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
 from gputui.training import runstore, shared_data, signals
+from gputui.training.handoff import quick_exit
 from gputui.usercode import code_named
 
 # What every rank needs before its first step, imported once in the fork server (below):
@@ -178,7 +179,7 @@ def agent_main(spec: dict[str, Any]) -> None:
 
 def ask_stop(spec: dict[str, Any], reason: str) -> None:
     """Ask every rank to stop at the next agreed step (the parent's stop, with its reason)."""
-    from gputui.training.launcher import REASON_BYTES
+    from gputui.training.handoff import REASON_BYTES
 
     box, event = spec.get("stop_reason"), spec["stop_event"]
     if box is not None and not event.is_set():
@@ -257,25 +258,6 @@ def _log_to_file(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-
-
-def quick_exit(queue, code: int) -> None:
-    """Flush the queue to the parent and leave without tearing torch's modules down one by
-    one: the interpreter's finalisation with torch loaded takes seconds on a busy machine,
-    and the parent waits for this process before it reports the run's end."""
-    import sys
-
-    try:
-        queue.close()
-        queue.join_thread()  # every event put so far is in the pipe
-    except (OSError, ValueError, AssertionError):
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def failure_event(failures: dict, run_dir: Path) -> RunFailed:

@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,9 @@ from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_termina
 from gputui.filewrite import WriteFailed, write_atomic
 from gputui.proctree import adopt_orphans, kill_tree, own_tracker
 from gputui.training import runlock, runstore
+from gputui.training.handoff import REASON_BYTES, RankProcess
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
-REASON_BYTES = 256
-
-
-@dataclass(frozen=True)
-class RankProcess:
-    """Sent on the queue by each rank of a multi-process run as it starts: which process
-    trains on which device (for the sampler's CPU % and RSS). Not an event, not recorded."""
-
-    device: str
-    pid: int
-    rank: int
 
 
 class RunHandle:

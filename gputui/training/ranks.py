@@ -21,8 +21,7 @@ from typing import Any
 from gputui.devices import Device
 from gputui.events import Event
 from gputui.training import shared_data, signals
-from gputui.training.agent import quick_exit
-from gputui.training.launcher import RankProcess
+from gputui.training.handoff import RankProcess, quick_exit
 from gputui.filewrite import write_atomic
 from gputui.training import runstore
 from gputui.training.worker import Recorder, RankInfo, StopFlag, execute

@@ -42,7 +42,7 @@ class WarmWorker:
         self.ready = ctx.Event()  # torch imported (and CUDA ready)
         self.idle = ctx.Event()  # no run in the worker
         self.idle.set()
-        from gputui.training.launcher import REASON_BYTES
+        from gputui.training.handoff import REASON_BYTES
 
         self.stop_reason = ctx.Array("c", REASON_BYTES)  # why the parent asked for the stop
         self.process = ctx.Process(target=warm_main, name="gputui-warm", args=({

@@ -19,8 +19,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
 KNOWN_CYCLES = {
     frozenset({"gputui.config", "gputui.training.strategies",
                "gputui.training.strategies.mp_plan", "gputui.training.strategies.registry"}),
-    frozenset({"gputui.training.agent", "gputui.training.launcher", "gputui.training.ranks",
-               "gputui.training.warm"}),
 }
 
 # Modules that the CLI, the app and config checks import: no torch, directly or through
