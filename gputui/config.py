@@ -16,9 +16,9 @@ from typing import Any
 
 import tomli_w
 
-from gputui.config_schema import (
+from gputui.config_schema import (  # noqa: F401 - effective_*: also this module's API
     DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
-    SECTIONS, StrategySection, TelemetrySection,
+    SECTIONS, StrategySection, TelemetrySection, effective_batch_size, effective_lr,
 )
 
 
@@ -309,16 +309,6 @@ def _path_like(name: str) -> bool:
     leading dot or tilde, control characters."""
     return any(c in name for c in "/\\:") or name.startswith((".", "~")) or \
         any(ord(c) < 32 or ord(c) == 127 for c in name)
-
-
-def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
-    """The global batch size after ``optim.scale_with_devices``."""
-    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
-
-
-def effective_lr(cfg: RunConfig, n_devices: int) -> float:
-    """The learning rate after ``optim.scale_with_devices``."""
-    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)
 
 
 def field_help(table: str, key: str) -> str:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gputui.config import RunConfig
 
 MODELS = ("lenet", "resnet18", "mlp")
 DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
@@ -216,3 +219,13 @@ SECTIONS: dict[str, type] = {
     "telemetry": TelemetrySection,
     "debug": DebugSection,
 }
+
+
+def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
+    """The global batch size after ``optim.scale_with_devices``."""
+    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
+
+
+def effective_lr(cfg: RunConfig, n_devices: int) -> float:
+    """The learning rate after ``optim.scale_with_devices``."""
+    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)

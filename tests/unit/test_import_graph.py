@@ -1,10 +1,7 @@
-"""The package's import graph: no new cycle, and the torch-free modules stay torch-free.
+"""The package's import graph has no cycle, and the torch-free modules stay torch-free.
 
 Every ``import`` of a gputui module counts, at module level or inside a function (a lazy import
-is still a dependency; only ``if TYPE_CHECKING:`` blocks are left out). The cycles that exist
-today are listed in KNOWN_CYCLES, each to be broken by the restructuring of issue 11: a new
-cycle, or a module joining one, fails here, and so does a listed cycle that no longer exists
-(take it off the list, so the list only ever shrinks).
+is still a dependency; only ``if TYPE_CHECKING:`` blocks, which never run, are left out).
 """
 
 from __future__ import annotations
@@ -15,11 +12,6 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
-
-KNOWN_CYCLES = {
-    frozenset({"gputui.config", "gputui.training.strategies",
-               "gputui.training.strategies.mp_plan", "gputui.training.strategies.registry"}),
-}
 
 # Modules that the CLI, the app and config checks import: no torch, directly or through
 # another gputui module they import at module level.
@@ -129,14 +121,10 @@ def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
     assert cycles(graph) == set()
 
 
-def test_no_import_cycle_beyond_the_known_ones():
+def test_no_import_cycle():
     found = cycles(import_graph(_modules()))
-    new = found - KNOWN_CYCLES
-    assert not new, ("new import cycle(s): " + "; ".join(" <-> ".join(sorted(c)) for c in new)
-                     + ". Move the shared piece down into a module both can import.")
-    gone = KNOWN_CYCLES - found
-    assert not gone, ("broken cycle(s) still listed in KNOWN_CYCLES, take them off: "
-                      + "; ".join(" <-> ".join(sorted(c)) for c in gone))
+    assert not found, ("import cycle(s): " + "; ".join(" <-> ".join(sorted(c)) for c in found)
+                       + ". Move the shared piece down into a module both can import.")
 
 
 def test_torch_free_modules_import_no_torch():

@@ -68,7 +68,7 @@ def check_split_points(points: list, n_layers: int, n_devices: int,
 def registry_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
     """The registry's ``check`` for model_parallel: enough layers, valid split points, no
     split_weights, and at least one example per pipeline chunk."""
-    from gputui.config import effective_batch_size
+    from gputui.config_schema import effective_batch_size
 
     n, model = len(devices), cfg.model.factory or cfg.model.name
     # a model.factory's blocks are known once it is built: the training process checks them

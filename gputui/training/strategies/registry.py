@@ -57,7 +57,7 @@ def _no_split_weights(name: str) -> Callable:
 
 
 def _scratch_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
-    from gputui.config import effective_batch_size
+    from gputui.config_schema import effective_batch_size
 
     batch = effective_batch_size(cfg, len(devices))
     if batch < len(devices) * cfg.optim.micro_batches:
@@ -118,7 +118,7 @@ register(StrategyInfo(
 
 def _distributed_check(name: str) -> Callable:
     def check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
-        from gputui.config import effective_batch_size
+        from gputui.config_schema import effective_batch_size
 
         kinds = {d.kind for d in devices}
         if len(kinds) > 1:
