@@ -18,9 +18,9 @@ from pathlib import Path
 from gputui import safeio
 from gputui.config import ConfigError
 from gputui.training import runlock
+from gputui.training.runstore import CHECKPOINT_NAME
 from gputui.events import plural
 
-CHECKPOINT_NAME = "checkpoint.pt"  # gputui.training.checkpoint.CHECKPOINT_NAME, torch-free here
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -44,32 +44,25 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def find_run(text: str, runs_dir: str | None = None) -> Path:
-    """The run folder named by a path, a run id, or a unique prefix of one; ConfigError if none."""
-    from gputui.training.runstore import default_runs_dir
+def run_folder(text: str, runs_dir: str | None = None) -> Path:
+    """The folder to resume: any folder the path names (one that cannot be read is reported by
+    the caller), else the run that ``history.find_run`` finds by id; ConfigError if none."""
+    from gputui.history import find_run
 
     path = Path(text).expanduser()
     if os.path.isdir(path):
         return path
-    base = Path(runs_dir) if runs_dir else default_runs_dir()
-    if "/" not in text and text not in ("", ".", ".."):
-        if os.path.isdir(base / text):
-            return base / text
-        matches = sorted(p for p in base.glob(f"{text}*") if os.path.isdir(p)) \
-            if os.path.isdir(base) else []
-        if len(matches) == 1:
-            return matches[0]
-        if len(matches) > 1:
-            raise ConfigError(f"{text}: matches {len(matches)} runs in {base}; give more of the "
-                              f"run id")
-    raise ConfigError(f"{text}: no such run folder or run id in {base}; see `gputui runs`")
+    try:
+        return find_run(text, runs_dir)
+    except LookupError as exc:
+        raise ConfigError(f"{text}: no such run folder or run id ({exc})") from None
 
 
 def resume_args(args: argparse.Namespace) -> argparse.Namespace:
     """The `gputui run` arguments that continue the run; raises ConfigError when it cannot."""
     from gputui.training.runstore import read_summary
 
-    run_dir = find_run(args.run, args.runs_dir).resolve()
+    run_dir = run_folder(args.run, args.runs_dir).resolve()
     try:
         names = os.listdir(run_dir)
     except OSError as exc:

@@ -292,11 +292,13 @@ def check_combinations(cfg: RunConfig, source: str,
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
         raise ConfigError(f"{blame('run.precision', 'devices.spec')}: run.precision = 'fp16' "
                           f"needs CUDA devices; use 'bf16' on CPU")
+    from gputui.training.runstore import CHECKPOINT_NAME
+
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
-    if resume is not None and not (resume / "checkpoint.pt" if resume.is_dir()
+    if resume is not None and not (resume / CHECKPOINT_NAME if resume.is_dir()
                                    else resume).is_file():
         raise ConfigError(f"{blame('run.resume_from')}: run.resume_from: no checkpoint at "
-                          f"{resume}; give a run folder holding checkpoint.pt (see `gputui "
+                          f"{resume}; give a run folder holding {CHECKPOINT_NAME} (see `gputui "
                           f"resume`)")
     if _path_like(cfg.run.name):
         raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from gputui.filewrite import write_with
+from gputui.training.runstore import CHECKPOINT_NAME
 from gputui.training.strategies.base import Strategy
 
-CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 1
 
 

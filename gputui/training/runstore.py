@@ -21,6 +21,7 @@ from gputui.usercode import data_label, model_label
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
 RESERVE_NAME = ".space-reserve"
+CHECKPOINT_NAME = "checkpoint.pt"  # the run's one checkpoint (written by training/checkpoint.py)
 RESERVE_BYTES = 32 * 1024  # room for the terminal event and summary.json on a full disk
 
 
@@ -179,7 +180,7 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
                 "reason": f"the record cannot be summarised ({type(exc).__name__}: {exc})"}
 
 
-RECORD_FILES = ("events.jsonl", "summary.json", "config.toml", "checkpoint.pt",
+RECORD_FILES = ("events.jsonl", "summary.json", "config.toml", CHECKPOINT_NAME,
                 "telemetry.jsonl")
 NOT_RUNS = ("sweeps",)  # folders of the runs folder that hold no run (sweep manifests)
 
