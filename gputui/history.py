@@ -82,8 +82,9 @@ def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     return {}
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    """The run's summary; rebuilt from the events when summary.json is damaged or not a dict."""
+def run_state(run_dir: Path) -> dict[str, Any]:
+    """The run's summary as a listing shows it: ``runstore.read_summary``, with a record that
+    says "running" but has not moved for STALE_S (its writer is gone) shown as "incomplete"."""
     summary = runstore.read_summary(run_dir)
     if summary.get("status") == "running" and _stale(run_dir):
         summary = dict(summary, status="incomplete",
@@ -146,7 +147,7 @@ def row_for(run_dir: str | Path) -> RunRow:
         row.status, row.reason = "unreadable", row.problem
         return row
     try:
-        s = read_summary(run_dir)
+        s = run_state(run_dir)
         cfg = read_config(run_dir)
     except Exception as exc:  # noqa: BLE001 - a damaged record must not break the listing
         row.status, row.reason = "unreadable", f"{type(exc).__name__}: {exc}"

@@ -221,7 +221,7 @@ class RunScreen(RunControls, Screen):
             if ev.detail:
                 log.add("error", ev.detail, ev.t)
             self.notify(ev.reason, title="Run failed", severity="error", timeout=15)
-        self.read_summary()
+        self.load_summary()
         self.app.post_message(RunEndedNotice(self))
 
     def _panel(self, device: str, label: str = "") -> DevicePanel:
@@ -260,7 +260,7 @@ class RunScreen(RunControls, Screen):
 
     # ------------------------------------------------------------------ the record
     @work(thread=True, group="summary", exit_on_error=False)
-    def read_summary(self) -> None:
+    def load_summary(self) -> None:
         """Read the run record's summary off the UI thread."""
         run_dir = getattr(self.handle, "run_dir", None)
         if run_dir is None:
