@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# history and compare are imported by the commands that use them: building the parser must
-# stay cheap, since `gputui` (the app) builds it before its first paint.
-
 from gputui.cli_common import EXIT_OK, fail
 from gputui.cli_output import add_output, emit, form_of
 from gputui.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
+
+# history and compare are imported by the commands that use them: building the parser must
+# stay cheap, since `gputui` (the app) builds it before its first paint.
+
+
 def register(sub) -> None:
     """Add runs and compare to an argparse subparsers object."""
     p = sub.add_parser("runs", help="list recorded runs (filters, --json)",
