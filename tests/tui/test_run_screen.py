@@ -118,7 +118,11 @@ async def test_a_failed_run_says_why_in_the_app(presets):
         assert screen.state == "failed"
         assert "failed" in text(screen, "#state-badge")
         reason = "dataset 'mnist' not found in /nowhere; set data.root"
-        assert f"error run failed: {reason}" in screen.query_one(RunLog).plain
+        lines = screen.query_one(RunLog).plain
+        assert f"error run failed: {reason}" in lines
+        # the traceback stays in the record; the log pane says where, and shows none of it
+        shown = "\n".join(lines)
+        assert "Traceback" not in shown and "info the traceback is in the record (" in shown
         assert any(reason in n.message for n in app._notifications)
         # Escape goes back once the run has ended; the app still works.
         await pilot.press("escape")

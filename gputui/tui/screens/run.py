@@ -218,8 +218,11 @@ class RunScreen(RunControls, Screen):
         else:
             self.state = "failed"
             log.add("error", f"run failed: {ev.reason}", ev.t)
-            if ev.detail:
-                log.add("error", ev.detail, ev.t)
+            if ev.detail:  # a traceback: kept in the record for a bug report, not shown here
+                where = getattr(self.handle, "run_dir", None)
+                log.add("info", f"the traceback is in the record "
+                                f"({where / 'events.jsonl' if where else 'events.jsonl'}, "
+                                f"the run_failed event's detail)", ev.t)
             self.notify(ev.reason, title="Run failed", severity="error", timeout=15)
         self.load_summary()
         self.app.post_message(RunEndedNotice(self))
