@@ -170,7 +170,7 @@ def warm_main(spec: dict[str, Any]) -> None:
     os.environ.update(cuda_env())
     fresh = _load(spec["cuda"])
     spec["ready"].set()
-    threading.Thread(target=_watch_parent, args=(spec["parent_pid"], spec["idle"], current),
+    threading.Thread(target=_watch_parent, args=(spec["parent_pid"], current),
                      daemon=True).start()
     while True:
         job = spec["jobs"].get()
@@ -236,8 +236,8 @@ def _run(job: dict[str, Any], spec: dict[str, Any], current: dict[str, Any]) -> 
         execute(job["config"], devices, job["run_id"], recorder, stop, job["t_launch"],
                 notes=job.get("notes", ()))
     finally:
+        recorder.close()  # summary.json: the run's record is whole from here
         current.pop("stop", None)
-        recorder.close()
 
 
 def _reset(fresh: dict[str, Any]) -> None:
@@ -261,8 +261,16 @@ def _reset(fresh: dict[str, Any]) -> None:
         torch.cuda.empty_cache()
 
 
-def _watch_parent(parent_pid: int, idle, current: dict[str, Any]) -> None:
-    """The parent gone: stop the run in flight gracefully (its record ends), or exit if idle."""
+ORPHAN_GRACE_S = 30.0  # how long a run whose parent died may take to end its record
+
+
+def _watch_parent(parent_pid: int, current: dict[str, Any]) -> None:
+    """The parent gone: stop the run in flight gracefully, let it end its record, then exit.
+
+    Only this process's own state is read here, never the shared ``idle`` event: a parent
+    killed while it held that event's lock (it reads it to choose a worker) leaves the lock
+    held for good, and a worker waiting on it outlived the app.
+    """
     while True:
         time.sleep(0.5)
         if os.getppid() == parent_pid:
@@ -270,5 +278,7 @@ def _watch_parent(parent_pid: int, idle, current: dict[str, Any]) -> None:
         stop = current.get("stop")
         if stop is not None:
             stop.request("the gputui process that launched the run exited")
-        if idle.is_set():
-            os._exit(0)
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while current.get("stop") is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os._exit(0)

@@ -77,7 +77,13 @@ def test_the_app_stops_its_run_gracefully_on_a_signal(tmp_path, how):
         else:  # the pane's shell is in the group too and dies: the exit status is tested below
             os.killpg(os.getpgid(app.pid), signal.SIGTERM)
             expected = "stopped by SIGTERM"
-        _wait(lambda: not tagged(tag), 60, "every process of the app to end")
+        try:
+            _wait(lambda: not tagged(tag), 60, "every process of the app to end")
+        except AssertionError as exc:  # name who is left, and in what state
+            left = [(p.pid, p.status(), p.ppid(), p.num_threads(),
+                     [f.path for f in p.open_files()], " ".join(p.cmdline())[:100])
+                    for p in tagged(tag)]
+            raise AssertionError(f"{exc}: {left}") from None
         last = read_events(run_dir)[-1]
         if last.kind != "run_finished":  # 30 epochs before the signal: nothing to stop
             assert (last.kind, last.reason) == ("run_stopped", expected), last
