@@ -96,12 +96,13 @@ def readable_events(run_dir: str | Path) -> list:
         return []
 
 
-def read_record(run_dir: str | Path) -> tuple[list, list, float | None, dict | None]:
+def read_record(run_dir: str | Path, events: list | None = None
+                ) -> tuple[list, list, float | None, dict | None]:
     """(loss curve, accuracy curve, mean comm share, mean step breakdown) from a record's
     readable events; the breakdown leaves the first metered step (warm-up) out when there
     are others."""
     loss, acc, shares, parts = [], [], [], []
-    events = readable_events(run_dir)
+    events = readable_events(run_dir) if events is None else events
     for ev in events:
         if ev.kind == "step":
             loss.append((ev.epoch - 1 + ev.step / max(ev.steps_per_epoch, 1), ev.loss))
@@ -115,11 +116,11 @@ def read_record(run_dir: str | Path) -> tuple[list, list, float | None, dict | N
     return loss, acc, share, breakdown.mean(parts[1:] if len(parts) > 1 else parts)
 
 
-def read_hw_figures(run_dir: str | Path) -> dict[str, Any]:
+def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str, Any]:
     """{"mfu", "flops_per_s", "train_mem", "memory"} from a record's readable events: the
     means over its log windows, and its last MemoryReport (None / [] where not recorded)."""
     mfus, rates, memory = [], [], []
-    events = readable_events(run_dir)
+    events = readable_events(run_dir) if events is None else events
     for ev in events:
         if ev.kind == "step":
             if getattr(ev, "mfu", None) is not None:
@@ -204,9 +205,10 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
     from gputui.trust import flags
 
     for row in rows:
-        loss, acc, share, parts = read_record(row.run_dir)
+        events = readable_events(row.run_dir)  # read once, for the curves and the figures
+        loss, acc, share, parts = read_record(row.run_dir, events)
         item = CompareRow(row=row, comm_share=share, breakdown=parts, loss_curve=loss,
-                          acc_curve=acc, **read_hw_figures(row.run_dir))
+                          acc_curve=acc, **read_hw_figures(row.run_dir, events))
         base, kind = find_baseline(row, pool, compared, item.refused)
         if base is not None and row.samples_per_s:
             item.speedup = row.samples_per_s / base.samples_per_s

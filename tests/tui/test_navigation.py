@@ -53,15 +53,25 @@ class SlowToStop(FakeHandle):
         self.stop_calls += 1
 
 
+def _app(tmp_path, presets, launcher):
+    """The app on the quickstart preset with a scripted launcher and a fixed inventory."""
+    return make_app(preset="quickstart", runs_dir=tmp_path / "runs", launcher=launcher,
+                    inventory=fixed_inventory(), presets=presets)
+
+
+async def _start_run(pilot, app) -> None:
+    """Ctrl+R on the set-up screen, then wait for the run screen."""
+    await pilot.pause()
+    await pilot.press("ctrl+r")
+    await wait_until(pilot, lambda: isinstance(app.screen, RunScreen), what="the run screen")
+
+
 async def test_every_key_sequence_with_a_run_active_keeps_the_app_and_the_run(tmp_path,
                                                                                presets):
     launcher = ScriptedLauncher(lambda cfg: SlowToStop(run_events(), hold_terminal=True))
-    app = make_app(preset="quickstart", runs_dir=tmp_path / "runs", launcher=launcher,
-                   inventory=fixed_inventory(), presets=presets)
+    app = _app(tmp_path, presets, launcher)
     async with app.run_test(size=(140, 44)) as pilot:
-        await pilot.pause()
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: isinstance(app.screen, RunScreen), what="the run screen")
+        await _start_run(pilot, app)
         seq = de_bruijn(len(KEYS), 3)
         for i in seq + seq[:2]:
             await pilot.press(KEYS[i])
@@ -86,12 +96,9 @@ async def test_every_key_sequence_with_a_run_active_keeps_the_app_and_the_run(tm
 async def test_f7_during_a_run_opens_the_sweep_and_says_why_it_cannot_start(tmp_path,
                                                                              presets):
     launcher = ScriptedLauncher()
-    app = make_app(preset="quickstart", runs_dir=tmp_path / "runs", launcher=launcher,
-                   inventory=fixed_inventory(), presets=presets)
+    app = _app(tmp_path, presets, launcher)
     async with app.run_test(size=(140, 44)) as pilot:
-        await pilot.pause()
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: isinstance(app.screen, RunScreen), what="the run screen")
+        await _start_run(pilot, app)
         await pilot.press("f7")
         await wait_until(pilot, lambda: isinstance(app.screen, SweepScreen), what="the sweep")
         await pilot.press("ctrl+r")
