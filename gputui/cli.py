@@ -20,18 +20,18 @@ from gputui.config import ConfigError
 def cmd_strategies(args) -> int:
     """``gputui strategies``: every strategy, its description, and whether it can run."""
     from gputui.config import RunConfig, apply_overrides
-    from gputui.devices import DeviceSpecError, resolve_devices
+    from gputui.devices import DeviceSpecError
+    from gputui.discovery import resolve_devices
     from gputui.training.strategies import registry
 
     try:
-        cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)],
-                              check=False)
+        cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)])
         devices = resolve_devices(args.devices)
     except (ConfigError, DeviceSpecError) as exc:
         return fail(f"--devices: {exc}")
     rows = []
     for info in registry.all_infos():
-        trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)], check=False)
+        trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)])
         reason = info.why_not(trial, devices)
         rows.append({"name": info.name, "description": info.description,
                      "multiprocess": info.multiprocess, "available": reason is None,

@@ -70,7 +70,7 @@ def load_preset_checked(path: str, overrides: list):
     from gputui.config import ConfigError, load_preset
     from gputui.training.datafiles import data_problem
 
-    cfg = load_preset(path, overrides, check=False)
+    cfg = load_preset(path, overrides)
     problem = data_problem(cfg)
     if problem:
         raise ConfigError(f"{path}: data: {problem}")

@@ -12,8 +12,9 @@ import json
 import os
 import sys
 
-from gputui.devices import (Device, DeviceSpecError, GpuInfo, busy_warnings, discover_gpus,
-                            human_bytes, no_gpu_sentence, parse_spec)
+from gputui.devices import (Device, DeviceSpecError, GpuInfo, human_bytes, no_gpu_sentence,
+                            parse_spec)
+from gputui.discovery import busy_warnings, discover_gpus
 
 EXIT_BAD_SPEC = 2
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.cli_common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
-from gputui.config import ConfigError, load_preset
+from gputui.config import ConfigError
 from gputui.filewrite import WriteFailed
 
 SHORT_FLAGS = {  # flag dest -> config key
@@ -51,8 +51,10 @@ def add_run_parser(sub) -> None:
 
 
 def resolve_config(args) -> Any:
-    """The preset, --set overrides and short flags, validated; raises ConfigError."""
+    """The preset, --set overrides and short flags, validated (``gputui.prepare.Prepared``:
+    the config and its devices, discovered once); raises ConfigError."""
     from gputui.config import parse_assignment
+    from gputui.prepare import load_checked
     from gputui.presets import resolve_preset
     from gputui.training.datafiles import data_problem
 
@@ -65,19 +67,20 @@ def resolve_config(args) -> Any:
         value = getattr(args, dest, None)
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
-    cfg = load_preset(path, overrides)
-    problem = data_problem(cfg)
+    prepared = load_checked(path, overrides)
+    problem = data_problem(prepared.config)
     if problem:
         raise ConfigError(f"{path}: data: {problem}")
-    return cfg
+    return prepared
 
 
 def cmd_run(args) -> int:
     """``gputui run PRESET``: train headless and print progress and a summary."""
     try:
-        cfg = resolve_config(args)
+        prepared = resolve_config(args)
     except ConfigError as exc:
         return fail(str(exc))
+    cfg = prepared.config
     if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
         from gputui.training import runlock
 
@@ -96,14 +99,15 @@ def cmd_run(args) -> int:
             print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
             print(cfg.to_toml(), end="")
         return EXIT_OK
+    from gputui.discovery import busy_warnings
     from gputui.printer import Printer
     from gputui.training.launcher import launch
     from gputui.training.runstore import read_summary
 
-    from gputui.devices import busy_warnings, resolve_with_note
-
-    devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
-    taken = busy_warnings([d for d in devices if d.kind == "cuda"]) if args.exclusive else []
+    # discovered once, in resolve_config: the warnings read the GPUs it saw
+    devices, device_note, gpus = prepared.devices, prepared.note, prepared.gpus
+    taken = busy_warnings([d for d in devices if d.kind == "cuda"], gpus) if args.exclusive \
+        else []
     if taken:  # NVML sees another process on a chosen GPU
         return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
                     f"(see `gputui devices`) or drop --exclusive")
@@ -111,7 +115,7 @@ def cmd_run(args) -> int:
     if problem:  # before any training: a record that cannot be written is lost work
         return fail(problem)
     printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
-    for warning in ([device_note] if device_note else []) + busy_warnings(devices):
+    for warning in ([device_note] if device_note else []) + busy_warnings(devices, gpus):
         printer.line(f"warning: {warning}")
     if code:
         printer.line(code)

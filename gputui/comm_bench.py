@@ -87,7 +87,8 @@ def run_bench(devices, sizes: list[int], iters: int, warmup: int, impls: list[st
 
 def cmd_bench_comm(args) -> int:
     """``gputui bench-comm``: measure, then print the nccl-tests style table."""
-    from gputui.devices import DeviceSpecError, resolve_devices
+    from gputui.devices import DeviceSpecError
+    from gputui.discovery import resolve_devices
 
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]

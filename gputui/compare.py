@@ -248,7 +248,7 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     from gputui.predict_measure import Measurer
     from gputui.trust import on_cpu
 
-    cfg = from_dict(read_config(Path(row.run_dir)), source="record", check=False)
+    cfg = from_dict(read_config(Path(row.run_dir)), source="record")
     kind = "cpu" if on_cpu(row) else "gpu"
     m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)
     p = predict(row.strategy, m.inputs(row.devices, [row.strategy]))

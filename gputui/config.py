@@ -1,7 +1,9 @@
-"""RunConfig: load a TOML preset, apply overrides, validate, serialise.
+"""RunConfig: load a TOML preset, coerce and check each value, apply overrides, serialise.
 
 Precedence is CLI > preset > defaults. Every problem is raised as :class:`ConfigError` whose
-message is one line naming the source (file or flag), the key and the fix.
+message is one line naming the source (file or flag), the key and the fix. The rules that
+join several keys, or a key and the devices, are ``gputui.plan``'s: this module asks neither
+the hardware nor the strategies.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class RunConfig:
 
     def replace(self, **changes: dict[str, Any]) -> "RunConfig":
         """A copy with some fields of some tables changed: ``cfg.replace(optim={"lr": 0.2})``."""
-        return from_dict(_merge(self.to_dict(), changes), source="replace", check=False)
+        return from_dict(_merge(self.to_dict(), changes), source="replace")
 
 
 def _merge(base: dict, changes: dict) -> dict:
@@ -122,8 +124,9 @@ def _suggest(word: str, known: list[str]) -> str:
     return f"known keys: {', '.join(known)}"
 
 
-def from_dict(data: dict[str, Any], source: str = "config", check: bool = True) -> RunConfig:
-    """Build a RunConfig from a TOML-shaped dict, refusing unknown tables and keys."""
+def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Build a RunConfig from a TOML-shaped dict, refusing unknown tables and keys and values
+    of the wrong type or out of bounds (each value on its own; see ``gputui.plan``)."""
     tables: dict[str, Any] = {}
     for table, values in data.items():
         if table not in SECTIONS:
@@ -140,15 +143,13 @@ def from_dict(data: dict[str, Any], source: str = "config", check: bool = True) 
                                   f"{_suggest(key, list(fields))}")
             kwargs[key] = _coerce(source, f"{table}.{key}", value, fields[key])
         tables[table] = cls(**kwargs)
-    cfg = RunConfig(**tables)
-    if check:
-        check_combinations(cfg, source)
-    return cfg
+    return RunConfig(**tables)
 
 
-def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
-                check: bool = True) -> RunConfig:
-    """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last."""
+def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = ()) -> RunConfig:
+    """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last.
+
+    Each value is checked; the cross-field rules are ``gputui.plan.validate``'s."""
     from gputui import safeio
 
     path = Path(path)
@@ -169,8 +170,8 @@ def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = (),
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
-    cfg = anchor_code_paths(from_dict(data, source=str(path), check=False), path.parent)
-    return apply_overrides(cfg, overrides, check=check, preset_source=str(path))
+    cfg = anchor_code_paths(from_dict(data, source=str(path)), path.parent)
+    return apply_overrides(cfg, overrides, preset_source=str(path))
 
 
 def anchor_code_paths(cfg: RunConfig, folder: Path) -> RunConfig:
@@ -212,105 +213,21 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
-                    check: bool = True, preset_source: str = "config") -> RunConfig:
-    """Apply (source, "table.key", value) overrides in order, then run the combination checks."""
+                    preset_source: str = "config") -> RunConfig:
+    """Apply (source, "table.key", value) overrides in order; a bad value is blamed on its
+    source, the rest on ``preset_source``."""
     data = cfg.to_dict()
-    origins: dict[str, str] = {}
     for source, key, value in overrides:
         table, _, name = key.partition(".")
-        from_dict({table: {name: value}}, source=source, check=False)  # one-line errors
+        from_dict({table: {name: value}}, source=source)  # one-line errors
         data[table][name] = value
-        origins[key] = source
-    cfg = from_dict(data, source=preset_source, check=False)
-    if check:
-        check_combinations(cfg, preset_source, origins)
-    return cfg
+    return from_dict(data, source=preset_source)
 
 
-def check_combinations(cfg: RunConfig, source: str,
-                       origins: dict[str, str] | None = None) -> None:
-    """Cross-field rules, all in one place; raises ConfigError on the first broken one.
-
-    ``origins`` maps each overridden "table.key" to where its value came from ("--devices",
-    "--set optim.lr=0.2"): a broken rule is blamed on the flags that set its keys, and on
-    ``source`` (the preset) only when none of them was overridden."""
-    from gputui.devices import DeviceSpecError, resolve_devices
-    from gputui.training.strategies import registry
-    from gputui.usercode import CODE_KEYS, find_problem
-
-    def blame(*keys: str, text: str = "") -> str:
-        """The flags that set the rule's ``keys`` or a key its message names."""
-        named = [k for k in origins or {} if k in text]
-        flags = list(dict.fromkeys(origins[k] for k in (*keys, *named) if k in (origins or {})))
-        return ", ".join(flags) if flags else source
-
-    # the [dist] table's own rules first: they hold whatever the strategy
-    if cfg.dist.node_rank >= cfg.dist.nnodes:
-        where = blame("dist.node_rank", "dist.nnodes")
-        raise ConfigError(f"{where}: dist.node_rank ({cfg.dist.node_rank}) must be below "
-                          f"dist.nnodes ({cfg.dist.nnodes})")
-    if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
-        where = blame("dist.nnodes", "dist.rdzv_endpoint")
-        raise ConfigError(f"{where}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
-                          f"(--rdzv-endpoint)")
-    for key in CODE_KEYS:  # the factories' files and functions exist (read, never run)
-        table, name = key.split(".")
-        spec = getattr(getattr(cfg, table), name)
-        problem = find_problem(spec, key) if spec else None
-        if problem:
-            raise ConfigError(f"{blame(key)}: {problem}")
-    try:
-        devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
-    except DeviceSpecError as exc:
-        where = blame("devices.spec", "devices.fallback")
-        # the message quotes the value; a preset file is named with the key that holds it
-        raise ConfigError(f"{where}: {exc}" if where != source else
-                          f"{source}: devices.spec: {exc}") from None
-    info = registry.get(cfg.strategy.name)
-    if info is None:
-        names = ", ".join(registry.names())
-        raise ConfigError(f"{blame('strategy.name')}: strategy.name must be one of {names}; "
-                          f"got {cfg.strategy.name!r}")
-    reason = info.why_not(cfg, devices)
-    if reason:
-        raise ConfigError(f"{blame('strategy.name', 'devices.spec', text=reason)}: {reason}")
-    n = len(devices)
-    batch = effective_batch_size(cfg, n)
-    if batch < cfg.optim.micro_batches:
-        where = blame("optim.batch_size", "optim.micro_batches", "optim.scale_with_devices")
-        raise ConfigError(f"{where}: optim.batch_size ({batch}) is smaller than "
-                          f"optim.micro_batches ({cfg.optim.micro_batches}); lower micro_batches")
-    weights = cfg.strategy.split_weights
-    if weights:
-        if len(weights) != n:
-            where = blame("strategy.split_weights", "devices.spec")
-            raise ConfigError(f"{where}: strategy.split_weights has {len(weights)} entries for "
-                              f"{n} devices; give one weight per device")
-        if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0 for w in weights):
-            raise ConfigError(f"{blame('strategy.split_weights')}: strategy.split_weights must "
-                              f"be positive numbers, got {weights!r}")
-    if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
-        raise ConfigError(f"{blame('run.precision', 'devices.spec')}: run.precision = 'fp16' "
-                          f"needs CUDA devices; use 'bf16' on CPU")
-    from gputui.training.runstore import CHECKPOINT_NAME
-
-    resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
-    if resume is not None and not (resume / CHECKPOINT_NAME if resume.is_dir()
-                                   else resume).is_file():
-        raise ConfigError(f"{blame('run.resume_from')}: run.resume_from: no checkpoint at "
-                          f"{resume}; give a run folder holding {CHECKPOINT_NAME} (see `gputui "
-                          f"resume`)")
-    if _path_like(cfg.run.name):
-        raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "
-                          f"use a plain name of letters, digits, '-', '_' and '.' (e.g. "
-                          f"'lenet-2dev')")
-
-
-def _path_like(name: str) -> bool:
-    """A run name that could point outside the runs folder or hide itself: separators, a
-    leading dot or tilde, control characters."""
-    return any(c in name for c in "/\\:") or name.startswith((".", "~")) or \
-        any(ord(c) < 32 or ord(c) == 127 for c in name)
+def override_origins(overrides: list[tuple[str, str, Any]] = ()) -> dict[str, str]:
+    """"table.key" -> the source of the override that set it last ("--devices", "--set
+    optim.lr=0.2"): what ``gputui.plan`` blames a broken rule on."""
+    return {key: source for source, key, _ in overrides}
 
 
 def field_help(table: str, key: str) -> str:

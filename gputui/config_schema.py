@@ -3,7 +3,7 @@
 ``help`` in a field's metadata is its documentation (the app's field tooltips and its help
 line show it); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
 :mod:`gputui.config` when a preset or an override is loaded. Cross-field rules live in
-``gputui.config.check_combinations``, in one place.
+``gputui.plan.validate``, in one place.
 """
 
 from __future__ import annotations

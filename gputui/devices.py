@@ -1,13 +1,12 @@
 """Device choice: parse what users write ("0,2", "all", "2", "cuda:*", "cpu*4") into devices.
 
-GPU discovery goes through NVML (``gputui.telemetry.nvml``), never through torch, so the UI
-process can resolve a spec without initialising CUDA. Indices are CUDA ordinals as the run
-will see them (CUDA_VISIBLE_DEVICES applied), mapped from NVML by UUID/PCI bus id.
+Pure parsing against a list of GPUs someone else discovered: nothing here asks the hardware
+(``gputui.discovery`` does, through NVML). Indices are CUDA ordinals as the run will see them
+(CUDA_VISIBLE_DEVICES applied).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -143,70 +142,21 @@ def requested_count(spec: str) -> int:
     return len([p for p in text.split(",") if p.strip()])
 
 
-def discover_gpus() -> tuple[list[GpuInfo], str]:
-    """The GPUs the run can use (CUDA ordinals) and, when there are none, the reason why.
-
-    The reason is a clause ("the NVIDIA driver is not loaded"); :func:`no_gpu_sentence`
-    turns it into the sentence shown to users. Never raises and never initialises CUDA.
-    """
-    from gputui.telemetry import nvml
-
-    return nvml.cuda_gpus()
-
-
 def no_gpu_sentence(reason: str) -> str:
     """The one plain sentence explaining why no GPU is listed."""
     why = reason or "no NVIDIA GPU was found"
     return f"No GPU is listed because {why}; CPU virtual devices (cpu, cpu*N) are used instead."
 
 
-def busy_warnings(devices: list[Device], gpus: list[GpuInfo] | None = None,
-                  own_pids: set[int] | frozenset = frozenset(),
-                  cpu_cores: int | None = None) -> list[str]:
-    """Warning lines for the chosen devices: GPUs other processes are using, and CPU virtual
-    devices that outnumber the cores (they then take turns, which skews per-device timings).
-    ``own_pids`` are the run's own processes, not counted as "other"."""
-    lines: list[str] = []
-    cuda = [d for d in devices if d.kind == "cuda"]
-    if cuda:
-        if gpus is None:
-            gpus, _ = discover_gpus()
-        by_index = {g.index: g for g in gpus}
-        for dev in cuda:
-            gpu = by_index.get(dev.index)
-            others = [p for p in gpu.processes if p.pid not in own_pids] if gpu else []
-            if gpu is not None and (others or (gpu.busy and not gpu.processes)):
-                listed = ", ".join(p.describe() for p in others[:3])
-                more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-                who = f"{len(others)} other process(es): {listed}{more}" if others else \
-                    "another process"
-                lines.append(f"{dev.name} ({gpu.name}) is busy, used by {who}; training "
-                             f"will share its memory and compute")
-    n_cpu = sum(1 for d in devices if d.kind == "cpu")
-    cores = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
-    if n_cpu > cores:
-        lines.append(f"{n_cpu} CPU virtual devices share {cores} CPU core(s), so they take "
-                     f"turns; per-device speed will be lower than on separate devices")
-    return lines
-
-
-def resolve_devices(spec: str, fallback: str = "none",
-                    gpus: list[GpuInfo] | None = None, reason: str = "") -> list[Device]:
-    """Parse ``spec``; with fallback 'cpu', GPUs that are missing become CPU virtual devices."""
-    return resolve_with_note(spec, fallback, gpus, reason)[0]
-
-
-def resolve_with_note(spec: str, fallback: str = "none", gpus: list[GpuInfo] | None = None,
-                      reason: str = "") -> tuple[list[Device], str]:
-    """The devices ``spec`` gives here, and a one-line note when ``fallback`` replaced them.
+def resolve_spec(spec: str, fallback: str, gpus: list[GpuInfo],
+                 reason: str = "") -> tuple[list[Device], str]:
+    """The devices ``spec`` gives among ``gpus``, and a one-line note when ``fallback``
+    replaced them (``reason``: why there is no GPU, as discovery said).
 
     With fallback 'cpu', a spec naming GPUs that are not all there (none at all, fewer than
     asked, an index that does not exist) runs on as many CPU virtual devices as it asked
     for, and the note says so. A spec that is wrong on any machine ("0,0", "cpu,1") is
     refused whatever the fallback."""
-    if gpus is None and wants_gpus(spec):
-        gpus, reason = discover_gpus()
-    gpus = gpus or []
     try:
         return parse_spec(spec, gpus, reason), ""
     except DeviceSpecError:

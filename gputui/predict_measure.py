@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui.config import RunConfig, apply_overrides
+from gputui.config import RunConfig
 from gputui.predict import Inputs
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
@@ -92,6 +92,7 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     the cores) and return rank 0's steady step time, its noise, the parameters and (GPU) the
     peak device memory; raises RuntimeError (one line) when a run fails."""
     from gputui.history import row_for
+    from gputui.prepare import override_checked
     from gputui.training import runstore
     from gputui.training.launcher import launch
 
@@ -101,8 +102,9 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
                "data.train_size": batch * MEASURE_STEPS, "data.test_size": min(batch, 256),
                "run.checkpoint": False, "run.resume_from": "", "run.name": "predict-measure",
                "telemetry.enabled": False}
-    m = apply_overrides(cfg, [("predict", k, v) for k, v in changes.items()])
-    handles = [launch(m, runs_dir) for _ in range(copies)]
+    ready = override_checked(cfg, [("predict", k, v) for k, v in changes.items()])
+    m = ready.config  # its devices resolved once, for every copy
+    handles = [launch(m, runs_dir, ready.devices, ready.note) for _ in range(copies)]
     try:
         while not all(h.done for h in handles):
             for h in handles:
@@ -174,7 +176,7 @@ class Measurer:
         self.cores = cores()
         self._gpu_label = ""
         if kind == "gpu":
-            from gputui.devices import discover_gpus
+            from gputui.discovery import discover_gpus
 
             gpus, _ = discover_gpus()
             self._gpu_label = gpus[0].name if gpus else "gpu"

@@ -60,7 +60,7 @@ def preset_problem(path: Path) -> str | None:
     from gputui.config import load_preset
 
     try:
-        load_preset(path, check=False)
+        load_preset(path)
     except ConfigError as exc:
         return str(exc).removeprefix(f"{path}: ")
     return None

@@ -3,9 +3,10 @@
 Fast-path axes multiply the grid: run.precision, run.compile and run.channels_last can each
 take several values (``AXES``), so one sweep shows what each buys on the user's hardware.
 
-Each point is checked before it starts (the strategy registry's ``why_not`` and the config's
-cross-field rules); a point that cannot run here is recorded as skipped with the reason. Every
-run goes through ``launcher.launch`` (a spawned process, so this module never imports torch)
+Each point is checked before it starts: its devices are resolved once (``gputui.prepare``),
+then the strategy registry's ``why_not`` and the config's cross-field rules are checked against
+them; a point that cannot run here is recorded as skipped with the reason. Every run goes
+through ``launcher.launch``, handed the devices already resolved (a spawned process, so this module never imports torch)
 and leaves its normal record under the runs folder. The sweep's manifest,
 ``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of state, so an
 interrupted sweep resumes where it stopped: finished points are never run again.
@@ -22,7 +23,8 @@ from typing import Any, Callable
 
 from gputui import safeio
 from gputui.filewrite import WriteFailed, write_atomic
-from gputui.config import ConfigError, RunConfig, check_combinations, load_preset
+from gputui.config import ConfigError, RunConfig, load_preset
+from gputui.devices import Device
 from gputui.training import runstore
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
@@ -183,7 +185,8 @@ def resolve_kind(kind: str, preset_spec: str, gpus: list | None = None,
     "auto" is GPUs when the preset names GPUs and this machine has some, else CPU virtual
     devices; the line then says how to scale over the GPUs that are there. "gpu" on a machine
     without one is refused (ConfigError, one line)."""
-    from gputui.devices import discover_gpus, wants_gpus
+    from gputui.devices import wants_gpus
+    from gputui.discovery import discover_gpus
 
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind}: must be one of {', '.join(KINDS)}")
@@ -222,7 +225,7 @@ class Sweep:
         # headless: the process's Supervisor (signals.py), which turns SIGINT, SIGTERM and
         # SIGHUP into the current point's graceful stop, then the kill; None in the app
         self.supervisor = None
-        self.base = load_preset(manifest.preset, overrides, check=False)
+        self.base = load_preset(manifest.preset, overrides)
         if not manifest.points:  # repetitions outermost: each pass measures the whole grid
             reps = range(1, manifest.repeat + 1) if manifest.repeat > 1 else [0]
             manifest.points = [Point(s, d, spec_for(d, manifest.kind), settings=dict(a),
@@ -236,7 +239,7 @@ class Sweep:
             axes: dict | None = None, repeat: int = 1) -> "Sweep":
         """A fresh sweep (not saved until ``run``); ``kind`` as :func:`resolve_kind` gave,
         ``axes`` the fast-path axes (see ``AXES``), ``repeat`` the runs of each point."""
-        name = load_preset(preset, overrides, check=False).run.name
+        name = load_preset(preset, overrides).run.name
         sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:30]}-{secrets.token_hex(2)}"
         manifest = Manifest(sweep_id, str(preset), list(sets), list(devices), list(strategies),
                             scale, kind, axes=dict(axes or {}), repeat=max(1, repeat))
@@ -267,29 +270,38 @@ class Sweep:
         if self.manifest.scale_with_devices:
             changes.append(("--scale-with-devices", "optim.scale_with_devices", True))
         changes += [("sweep", key, value) for key, value in point.settings.items()]
-        return load_preset(self.manifest.preset, [*self.overrides, *changes], check=False)
+        return load_preset(self.manifest.preset, [*self.overrides, *changes])
 
     def why_not(self, point: Point, cfg: RunConfig) -> str | None:
         """None when the point can run here, else the reason (one line)."""
-        from gputui.devices import DeviceSpecError, resolve_devices
+        return self.check(point, cfg)[2]
+
+    def check(self, point: Point, cfg: RunConfig) -> tuple[list[Device], str, str | None]:
+        """The point's devices (resolved once: discovery runs at most once per point), the
+        fallback's note, and None when it can run here, else the reason (one line)."""
+        from gputui.devices import DeviceSpecError, resolve_spec, wants_gpus
+        from gputui.discovery import discover_gpus
+        from gputui.plan import check_files, validate
         from gputui.training.strategies import registry
 
         info = registry.get(point.strategy)
         if info is None:
-            return (f"strategy '{point.strategy}' is not available in this build "
-                    f"(known: {', '.join(registry.names())})")
+            return [], "", (f"strategy '{point.strategy}' is not available in this build "
+                            f"(known: {', '.join(registry.names())})")
+        gpus, no_gpu = discover_gpus() if wants_gpus(cfg.devices.spec) else ([], "")
         try:
-            devices = resolve_devices(cfg.devices.spec, fallback=cfg.devices.fallback)
+            devices, note = resolve_spec(cfg.devices.spec, cfg.devices.fallback, gpus, no_gpu)
         except DeviceSpecError as exc:
-            return str(exc)
+            return [], "", str(exc)
         reason = info.why_not(cfg, devices)
         if reason:
-            return reason
+            return devices, note, reason
         try:
-            check_combinations(cfg, "sweep")
+            validate(cfg, devices, "sweep")
+            check_files(cfg, "sweep")
         except ConfigError as exc:
-            return str(exc).removeprefix("sweep: ")
-        return None
+            return devices, note, str(exc).removeprefix("sweep: ")
+        return devices, note, None
 
     def request_stop(self) -> None:
         """Stop the running point gracefully and run no further point."""
@@ -314,15 +326,15 @@ class Sweep:
             if point.status == "finished" or self.stop_requested:
                 continue
             cfg = self.config_for(point)
-            reason = self.why_not(point, cfg)
+            devices, note, reason = self.check(point, cfg)
             if reason:
                 point.status, point.reason, point.run_id = "skipped", reason, ""
                 self.save()
                 on_point(point)
                 continue
-            self._warm(point)
+            self._warm(point, devices)
             try:
-                handle = launch(cfg, self.runs_dir)
+                handle = launch(cfg, self.runs_dir, devices, note)
             except (OSError, ValueError) as exc:  # e.g. the runs folder is not writable
                 point.status, point.reason = "failed", f"could not start: {exc}"
                 self.save()
@@ -342,15 +354,16 @@ class Sweep:
         self.save()
         return "interrupted" if self.stop_requested else "finished"
 
-    def _warm(self, point: Point) -> None:
+    def _warm(self, point: Point, devices: list[Device]) -> None:
         """Single-process points run in one warm worker, reused from point to point (torch is
-        imported once per sweep, not per point); ddp/fsdp ranks always start fresh."""
+        imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
+        worker's GPUs are the point's, as resolved for it."""
         from gputui.training import warm
         from gputui.training.strategies import registry
 
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:
-            warm.prepare(cuda=warm.cuda_indices(point.spec))
+            warm.prepare(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False

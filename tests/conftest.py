@@ -20,7 +20,7 @@ def _runs_dir(tmp_path, monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked gpu on machines without CUDA (checked through NVML, not torch)."""
-    from gputui.devices import discover_gpus
+    from gputui.discovery import discover_gpus
 
     gpus, reason = discover_gpus()
     if gpus:

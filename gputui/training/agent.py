@@ -204,7 +204,7 @@ def check_user_code(config: dict, data_file: Path) -> tuple[str, str] | None:
     from gputui.training.data import load_from_config
     from gputui.training.userfactory import cause
 
-    cfg = from_dict(config, source="run", check=False)
+    cfg = from_dict(config, source="run")
     try:
         ds = load_from_config(cfg.data)
         shared_data.publish(ds, data_file)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gputui.config import RunConfig
-from gputui.devices import Device, resolve_with_note
+from gputui.devices import Device
+from gputui.discovery import resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
 from gputui.filewrite import WriteFailed, write_atomic
 from gputui.proctree import adopt_orphans, kill_tree, own_tracker

@@ -36,7 +36,7 @@ def start_prefetch(data: dict[str, Any], path: Path) -> threading.Thread:
     from gputui.config import from_dict
     from gputui.training.data import load_from_config  # imported here, not in the thread
 
-    section = from_dict({"data": data}, source="run", check=False).data
+    section = from_dict({"data": data}, source="run").data
 
     def work() -> None:
         try:

@@ -130,7 +130,7 @@ def cuda_indices(spec: str) -> tuple[int, ...]:
     if spec.strip().startswith("cpu"):
         return ()
     try:
-        from gputui.devices import resolve_devices
+        from gputui.discovery import resolve_devices
 
         return tuple(d.index for d in resolve_devices(spec) if d.kind == "cuda")
     except Exception:  # noqa: BLE001 - a warm start is an optimisation, never an error

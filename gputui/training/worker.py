@@ -164,7 +164,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
     is given in each process of a multi-process run; ``load_data`` replaces
     ``data.load_from_config`` (the ranks map the copy their agent loaded). ``notes`` are the
     launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
-    cfg = from_dict(cfg_dict, source="run", check=False)
+    cfg = from_dict(cfg_dict, source="run")
     emit = recorder.emit
     started = False
     try:

@@ -109,7 +109,7 @@ class GpuTuiApp(SignalExit, App[int]):
             return RunConfig(), None, ""
         try:
             path = resolve_preset_path(self.preset_arg)
-            return load_preset(path, check=False), path, ""
+            return load_preset(path), path, ""
         except ConfigError as exc:
             return RunConfig(), None, str(exc)
 

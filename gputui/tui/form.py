@@ -1,8 +1,10 @@
 """The set-up form's model: which fields it shows and how its text becomes a RunConfig.
 
 Every value goes through the config module exactly as a CLI ``--set table.key=value`` does
-(``parse_assignment`` then ``apply_overrides``), so the form shows the CLI's own one-line
-``ConfigError`` messages. Pure Python: no Textual, tested directly.
+(``parse_assignment`` then ``apply_overrides``, then ``gputui.plan``'s rules), so the form
+shows the CLI's own one-line ``ConfigError`` messages. Pure Python: no Textual, tested
+directly. The rules need the devices (the app passes those of its last discovery) and never
+the disk; what the config names on disk is :func:`files_problem`'s, checked apart.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputui.config import ConfigError, RunConfig, apply_overrides, parse_assignment
+from gputui import plan
+from gputui.config import (ConfigError, RunConfig, apply_overrides, override_origins,
+                           parse_assignment)
 from gputui.config_schema import SECTIONS
+from gputui.devices import Device
 
 SOURCE = "form"
 
@@ -128,7 +133,7 @@ def parse_field(key: str, raw: Any) -> Any:
 def check_field(base: RunConfig, key: str, raw: Any) -> str | None:
     """The one-line error for this field's value, or None when it is valid on its own."""
     try:
-        apply_overrides(base, [(SOURCE, key, parse_field(key, raw))], check=False)
+        apply_overrides(base, [(SOURCE, key, parse_field(key, raw))])
     except ConfigError as exc:
         return str(exc)
     return None
@@ -154,6 +159,7 @@ class FormResult:
     config: RunConfig | None  # None when something is wrong
     field_errors: dict[str, str] = field(default_factory=dict)  # key -> message
     error: str = ""  # a cross-field or extra-override problem, one line
+    origins: dict[str, str] = field(default_factory=dict)  # key -> the source that set it
 
     @property
     def ok(self) -> bool:
@@ -162,8 +168,12 @@ class FormResult:
 
 
 def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: str,
-          extra: str = "", check: bool = True) -> FormResult:
-    """Validate every field, then the whole config (the CLI's combination checks)."""
+          extra: str = "", check: bool = True, devices: list[Device] | None = None,
+          files: bool = True) -> FormResult:
+    """Validate every field, then (``check``) the whole config as the CLI does: the
+    cross-field rules against ``devices`` (the app passes those of its last discovery; None:
+    resolved here, which asks NVML when the spec names GPUs), then, with ``files``, what it
+    names on disk (:func:`files_problem`)."""
     errors: dict[str, str] = {}
     overrides: list[tuple[str, str, Any]] = []
     for key, raw in values.items():
@@ -179,15 +189,41 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
     if errors:
         return FormResult(None, errors)
     overrides += [(SOURCE, "devices.spec", devices_spec), (SOURCE, "strategy.name", strategy)]
+    origins = override_origins(overrides)
     try:
-        cfg = apply_overrides(base, overrides, check=check, preset_source=SOURCE)
+        cfg = apply_overrides(base, overrides, preset_source=SOURCE)
+        if check and devices is None:  # discovery, then the rules
+            from gputui.prepare import prepare
+
+            prepare(cfg, SOURCE, origins, files=False)
+        elif check:
+            plan.validate(cfg, devices, SOURCE, origins)
     except ConfigError as exc:
-        return FormResult(None, errors, str(exc))
-    if check:
-        problem = data_problem(cfg)
+        return FormResult(None, errors, str(exc), origins)
+    if check and files:
+        problem = files_problem(cfg, origins)
         if problem:
-            return FormResult(None, errors, f"{SOURCE}: data: {problem}")
-    return FormResult(cfg)
+            return FormResult(None, errors, problem, origins)
+    return FormResult(cfg, origins=origins)
+
+
+def files_problem(cfg: RunConfig, origins: dict[str, str] | None = None) -> str | None:
+    """What the disk says of the files the config names (factories, the checkpoint to resume,
+    the dataset), as the CLI says it before a run, or None. Reads the disk: the app calls it
+    off the UI thread, and at Start."""
+    try:
+        plan.check_files(cfg, SOURCE, origins)
+    except ConfigError as exc:
+        return str(exc)
+    problem = data_problem(cfg)
+    return f"{SOURCE}: data: {problem}" if problem else None
+
+
+def reads_disk(cfg: RunConfig) -> bool:
+    """True when :func:`files_problem` would read the disk for this config: a factory, a
+    checkpoint to resume, or a dataset other than the embedded synthetic one."""
+    return bool(cfg.model.factory or cfg.data.factory or cfg.run.resume_from
+                or cfg.data.name != "synthetic")
 
 
 def data_problem(cfg: RunConfig) -> str | None:

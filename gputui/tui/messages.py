@@ -95,6 +95,16 @@ class InventoryReady(Message):
         return isinstance(message, InventoryReady)
 
 
+class FilesChecked(Message):
+    """What the disk said of the files a form's config names (``key`` says which config's
+    files: see ``SetupScreen``), as one line, or None when all is there."""
+
+    def __init__(self, key: str, problem: str | None) -> None:
+        super().__init__()
+        self.key = key
+        self.problem = problem
+
+
 class SummaryRead(Message):
     """The run record's summary, read after the run ended (None when it has none)."""
 

@@ -45,7 +45,7 @@ def build(name: str, spec: str):
     """The scenario's config, data and a set-up strategy on this rank."""
     import torch.distributed as dist
 
-    from gputui.devices import resolve_devices
+    from gputui.discovery import resolve_devices
     from gputui.training.strategies import registry
     from strategy_harness import make_config, small_data
 
@@ -116,7 +116,7 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
     per_device rows (each rank's breakdown, gathered)."""
     import torch.distributed as dist
 
-    from gputui.devices import resolve_devices
+    from gputui.discovery import resolve_devices
     from gputui.training.data import TensorBatches
     from gputui.training.loop import train
     from gputui.training.strategies import registry

@@ -7,7 +7,7 @@ import itertools
 import torch
 
 from gputui.config import RunConfig, apply_overrides
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.training.data import TensorBatches, load_dataset
 from gputui.training.strategies import registry
 

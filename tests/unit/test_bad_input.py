@@ -12,6 +12,7 @@ import pytest
 
 from gputui import cli
 from gputui.config import ConfigError, load_preset
+from gputui.prepare import load_checked
 from gputui.training import runstore
 from gputui.training.strategies import registry
 
@@ -57,7 +58,7 @@ def preset(tmp_path: Path, text: str) -> Path:
 def test_absurd_and_tricky_preset_values(tmp_path, text, error):
     path = preset(tmp_path, text)
     with pytest.raises(ConfigError) as info:
-        load_preset(path)
+        load_checked(path)
     message = str(info.value)
     assert message.startswith(f"{path}: ") and error in message and "\n" not in message
 

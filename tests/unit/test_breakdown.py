@@ -9,7 +9,7 @@ from statistics import median
 import pytest
 
 from gputui import breakdown
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.training.data import TensorBatches
 from gputui.training.loop import train
 from gputui.training.strategies import registry

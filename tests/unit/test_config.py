@@ -10,7 +10,8 @@ import pytest
 from gputui.config import (ConfigError, RunConfig, apply_overrides, field_help, from_dict,
                            load_preset, parse_assignment)
 from gputui.config_schema import SECTIONS
-from gputui.devices import discover_gpus
+from gputui.discovery import discover_gpus
+from gputui.prepare import load_checked
 from gputui.presets import list_presets, resolve_preset
 from gputui.training.strategies import registry
 
@@ -22,10 +23,10 @@ def test_every_shipped_preset_loads():
     presets = list((ROOT / "presets").glob("*.toml"))
     assert len(presets) >= 5
     for path in presets:
-        cfg = load_preset(path)
+        cfg = load_checked(path).config
         assert cfg.run.epochs >= 1, path
         # and each runs on the embedded dataset, as the README promises
-        load_preset(path, [("--set", "data.name", "synthetic")])
+        load_checked(path, [("--set", "data.name", "synthetic")])
 
 
 def test_quickstart_is_what_the_readme_says():
@@ -44,7 +45,7 @@ def test_bad_preset_gives_exact_error(path):
     expected = first[len("# expect: "):].format(
         path=path, nogpu=reason, strategies=", ".join(registry.names()))
     with pytest.raises(ConfigError) as info:
-        load_preset(path)
+        load_checked(path)
     message = str(info.value)
     assert "\n" not in message
     assert message == expected

@@ -11,7 +11,8 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputui.config import ConfigError, RunConfig, apply_overrides, load_preset, parse_assignment
+from gputui.config import ConfigError, RunConfig, load_preset, parse_assignment
+from gputui.prepare import load_checked, override_checked
 from gputui.config_schema import SECTIONS
 from gputui.tui.form import FIELDS as FORM_FIELDS
 from gputui.tui.form import build as form_build
@@ -68,7 +69,7 @@ def test_random_documents_give_a_config_or_config_error(tmp_path, doc):
     path = tmp_path / "p.toml"
     path.write_text(tomli_w.dumps(doc), encoding="utf-8")
     try:
-        cfg = load_preset(path)
+        cfg = load_checked(path).config
     except ConfigError as exc:
         assert "\n" not in str(exc) and str(exc).startswith(str(path))
         return
@@ -81,7 +82,7 @@ def test_random_text_gives_a_config_or_config_error(tmp_path, text):
     path = tmp_path / "p.toml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     try:
-        load_preset(path)
+        load_checked(path)
     except ConfigError as exc:
         assert "\n" not in str(exc)
 
@@ -101,7 +102,7 @@ def test_random_overrides_give_a_config_or_config_error(tmp_path, pairs):
         for key, raw in pairs:
             k, v = parse_assignment(f"{key}={raw}")
             overrides.append((f"--set {key}={raw}", k, v))
-        cfg = apply_overrides(RunConfig(), overrides)
+        cfg = override_checked(RunConfig(), overrides).config
     except ConfigError as exc:
         assert "\n" not in str(exc)
         return

@@ -8,13 +8,14 @@ import signal
 
 import pytest
 
-from gputui.config import ConfigError, RunConfig, apply_overrides
+from gputui.config import ConfigError, RunConfig
+from gputui.prepare import override_checked
 from gputui.training.agent import failure_event
 from gputui.training.ranks import write_failure
 
 
 def _cfg(**changes) -> RunConfig:
-    return apply_overrides(RunConfig(), [("config", k, v) for k, v in changes.items()])
+    return override_checked(RunConfig(), [("config", k, v) for k, v in changes.items()]).config
 
 
 @pytest.mark.parametrize("changes,message", [

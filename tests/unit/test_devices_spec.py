@@ -2,8 +2,9 @@
 
 import pytest
 
-from gputui.devices import (DeviceSpecError, GpuInfo, GpuProcess, busy_warnings, cpu_devices,
-                            parse_spec, requested_count, resolve_devices, wants_gpus)
+from gputui.devices import (DeviceSpecError, GpuInfo, GpuProcess, cpu_devices, parse_spec,
+                            requested_count, wants_gpus)
+from gputui.discovery import busy_warnings, resolve_devices
 
 GPUS = [GpuInfo(0, "NVIDIA A100"), GpuInfo(1, "NVIDIA A100"), GpuInfo(2, "NVIDIA T4")]
 HELP = "'cpu', 'cpu*N', GPU indices '0,2', 'all', a count 'N', 'cuda:*' or 'cuda:1'"

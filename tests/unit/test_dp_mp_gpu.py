@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from gputui.devices import discover_gpus, resolve_devices
+from gputui.discovery import discover_gpus, resolve_devices
 from gputui.training.data import TensorBatches
 from gputui.training.strategies import registry
 from strategy_harness import assert_params_close, make_config, params, small_data

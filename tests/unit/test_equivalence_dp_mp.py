@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.training.data import TensorBatches
 from gputui.training.loop import evaluate
 from gputui.training.models import build_model

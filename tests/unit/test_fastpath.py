@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.training.data import TensorBatches
 from gputui.training.runstore import read_events
 from gputui.training.strategies import fastpath, registry

@@ -22,7 +22,7 @@ def _cfg(**changes) -> RunConfig:
     base = {"strategy.name": "scratch", "devices.spec": "cpu*2", "data.train_size": 2048,
             "data.test_size": 256, "run.epochs": 50, "run.log_every": 2, "model.init": "default"}
     base.update(changes)
-    return apply_overrides(RunConfig(), [("test", k, v) for k, v in base.items()], check=False)
+    return apply_overrides(RunConfig(), [("test", k, v) for k, v in base.items()])
 
 
 def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):

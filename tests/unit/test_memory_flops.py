@@ -15,7 +15,7 @@ from gputui.events import FlopsInfo, MemoryReport, StepMetrics
 from gputui.training import flops, memory
 from gputui.training.data import TensorBatches
 from gputui.training.loop import train
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.training.strategies import registry
 from strategy_harness import make_config, small_data
 

@@ -106,12 +106,12 @@ def test_model_parallel_refuses_what_it_cannot_run(spec, model, extra, message):
 def test_split_points_are_checked_in_the_training_process_too():
     """The worker rebuilds the config without the combination checks; setup still refuses."""
     from gputui.config import RunConfig, apply_overrides
-    from gputui.devices import resolve_devices
+    from gputui.discovery import resolve_devices
     from gputui.training.strategies.model_parallel import ModelParallel
 
     cfg = apply_overrides(RunConfig(), [("t", "strategy.name", "model_parallel"),
                                         ("t", "devices.spec", "cpu*2"),
-                                        ("t", "strategy.split_points", [3, 1])], check=False)
+                                        ("t", "strategy.split_points", [3, 1])])
     with pytest.raises(ConfigError, match=r"^strategy.split_points has 2 entries for 2 devices"):
         ModelParallel(cfg, resolve_devices("cpu*2")).setup()
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gputui.devices import DeviceSpecError, discover_gpus, no_gpu_sentence, resolve_devices
+from gputui.devices import DeviceSpecError, no_gpu_sentence
+from gputui.discovery import discover_gpus, resolve_devices
 from gputui.telemetry import nvml
 from fakes.nvml import FakeGpu, FakeNvml
 

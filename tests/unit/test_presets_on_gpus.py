@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gputui.config import ConfigError, load_preset
-from gputui.devices import DeviceSpecError, requested_count, resolve_with_note, wants_gpus
+from gputui.config import ConfigError
+from gputui.devices import DeviceSpecError, requested_count, wants_gpus
+from gputui.discovery import resolve_with_note
+from gputui.prepare import load_checked
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "presets").glob("*.toml"))
 
@@ -18,9 +20,11 @@ PRESETS = sorted((Path(__file__).resolve().parents[2] / "presets").glob("*.toml"
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_loads_on_this_many_gpus(fake_gpus, path, n_gpus):
     fake_gpus(n_gpus)
-    cfg = load_preset(path)  # the full checks, devices resolved against the fake
+    prepared = load_checked(path)  # the full checks, devices resolved against the fake
+    cfg = prepared.config
     spec, fallback = cfg.devices.spec, cfg.devices.fallback
     devices, note = resolve_with_note(spec, fallback)
+    assert (prepared.devices, prepared.note) == (devices, note)
     if not wants_gpus(spec):
         assert {d.kind for d in devices} == {"cpu"} and note == ""
         return
@@ -62,6 +66,6 @@ def test_a_preset_without_fallback_is_refused_in_one_line(fake_gpus, tmp_path):
     p = tmp_path / "two.toml"
     p.write_text('[devices]\nspec = "2"\n', encoding="utf-8")
     with pytest.raises(ConfigError) as err:
-        load_preset(p)
+        load_checked(p)
     assert str(err.value) == (f"{p}: devices.spec: '2' asks for 2 GPUs but this machine has "
                               f"only 1; use a count up to 1, or 'all'")

@@ -21,7 +21,7 @@ from procs import tagged
 import torch
 
 from gputui import cli
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.telemetry import nvml
 from fakes.nvml import FakeGpu, FakeNvml
 from gputui.training.data import TensorBatches
@@ -256,7 +256,7 @@ def test_exclusive_refuses_a_busy_gpu(busy_gpu, capsys, tmp_path):
 
 
 def test_without_exclusive_a_busy_gpu_is_only_a_warning(busy_gpu):
-    from gputui.devices import busy_warnings
+    from gputui.discovery import busy_warnings
 
     lines = busy_warnings(resolve_devices("0,1"))
     assert len(lines) == 1 and lines[0].startswith("cuda:0 (NVIDIA A100) is busy")

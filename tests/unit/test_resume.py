@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gputui.config import load_preset
-from gputui.devices import resolve_devices
+from gputui.discovery import resolve_devices
 from gputui.training import checkpoint as ckpt
 from gputui.training.data import TensorBatches
 from gputui.training.loop import train

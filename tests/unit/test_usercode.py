@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gputui.config import ConfigError, RunConfig, apply_overrides, load_preset
+from gputui.config import ConfigError, RunConfig, apply_overrides
+from gputui.prepare import load_checked, override_checked
 from gputui.usercode import code_line, find_problem, parse
 
 GPUTUI = [sys.executable, "-m", "gputui"]
@@ -56,7 +57,7 @@ def test_specs_parse_into_their_kinds():
 
 
 def test_a_preset_naming_code_loads_without_running_it(project):
-    cfg = load_preset(project / "own.toml")
+    cfg = load_checked(project / "own.toml").config  # every check, the files read
     assert cfg.model.kwargs == {"width": 8}
     # relative to the preset's folder, made absolute so a resume finds it from anywhere
     assert cfg.model.factory == f"{project / 'nets.py'}:build"
@@ -80,7 +81,7 @@ def test_a_factory_that_cannot_be_found_is_one_line(project, spec, expected):
     problem = find_problem(spec, "model.factory")
     assert problem is not None and expected in problem, problem
     with pytest.raises(ConfigError, match="^--set: model.factory = ") as err:  # the flag's
-        apply_overrides(RunConfig(), [("--set", "model.factory", spec)], preset_source="form")
+        override_checked(RunConfig(), [("--set", "model.factory", spec)], preset_source="form")
     assert "\n" not in str(err.value)
     assert not (project / "IMPORTED").exists()
 

@@ -19,12 +19,12 @@ from gputui.training.userfactory import UserCodeError, adapt_input_channels, bui
 
 def data_section(spec: str, **kwargs):
     return apply_overrides(RunConfig(), [("t", "data.factory", spec),
-                                         ("t", "data.kwargs", kwargs)], check=False).data
+                                         ("t", "data.kwargs", kwargs)]).data
 
 
 def model_section(spec: str, **kwargs):
     return apply_overrides(RunConfig(), [("t", "model.factory", spec),
-                                         ("t", "model.kwargs", kwargs)], check=False).model
+                                         ("t", "model.kwargs", kwargs)]).model
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Sta
 from gputui.filewrite import write_atomic
 from gputui.config import ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset
 from gputui.events import plural
-from gputui.tui.form import FIELD_BY_KEY, FormResult, build
+from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.messages import InventoryReady
+from gputui.tui.messages import FilesChecked, InventoryReady
 from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
@@ -55,6 +55,10 @@ class SetupScreen(Screen):
         self.presets = presets if presets is not None else available_presets()
         self.result: FormResult | None = None
         self._revalidate_due = False
+        # The files a config names are checked off the UI thread: the key of the config last
+        # sent to be checked, and the last answer as (key, problem).
+        self._files_asked: str | None = None
+        self._files_answer: tuple[str, str | None] | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -97,11 +101,16 @@ class SetupScreen(Screen):
         note = self.query_one(DevicePicker).set_inventory(message.inventory)
         if note:
             self.notify(note, severity="warning", timeout=8)
+        self._files_asked = None  # look at the disk again too: files may have come or gone
         self.revalidate()
 
     # ------------------------------------------------------------------ validation
     def revalidate(self) -> FormResult:
-        """Build the config from what the screen shows; update errors, strategies, summary."""
+        """Build the config from what the screen shows; update errors, strategies, summary.
+
+        Runs on every change (and every discovery): the rules are checked against the devices
+        of the last discovery, never asking NVML, and the disk is read only off this thread
+        (:meth:`check_files`)."""
         self._revalidate_due = False
         form = self.query_one(ParamForm)
         picker = self.query_one(DevicePicker)
@@ -112,13 +121,43 @@ class SetupScreen(Screen):
                                                f"'{picker.spec}'")
             self._show_summary(self.result, 0)
             return self.result
+        devices = picker.devices()
         loose = build(self.base, values, picker.spec, strategies.selected, extra, check=False)
-        strategies.refresh_for(loose.config or self.base, picker.devices())
-        result = build(self.base, values, picker.spec, strategies.selected, extra)
+        strategies.refresh_for(loose.config or self.base, devices)
+        result = self._with_files(build(self.base, values, picker.spec, strategies.selected,
+                                        extra, devices=devices, files=False))
         form.show_errors(result.field_errors, loose.error)
         self.result = result
         self._show_summary(result, len(picker.devices()))
         return result
+
+    def _with_files(self, result: FormResult) -> FormResult:
+        """``result`` with what the disk says of the files its config names. A config that
+        names none is checked here (no disk is read); otherwise the check runs off this thread
+        when the config's files change, and until it answers the last answer stands."""
+        if not result.ok:
+            return result
+        cfg = result.config
+        if not reads_disk(cfg):
+            problem = files_problem(cfg, result.origins)
+        else:
+            key = _files_key(result)
+            if key != self._files_asked:
+                self._files_asked = key
+                self.check_files(result, key)
+            problem = self._files_answer[1] if self._files_answer else None
+        return FormResult(None, {}, problem, result.origins) if problem else result
+
+    @work(thread=True, exclusive=True, group="files", exit_on_error=False)
+    def check_files(self, result: FormResult, key: str) -> None:
+        """Read the disk for the files ``result``'s config names (off the UI thread)."""
+        self.post_message(FilesChecked(key, files_problem(result.config, result.origins)))
+
+    def on_files_checked(self, message: FilesChecked) -> None:
+        """The disk's answer; an answer for a config since changed is dropped."""
+        if message.key == self._files_asked:
+            self._files_answer = (message.key, message.problem)
+            self.revalidate()
 
     def _show_summary(self, result: FormResult, n: int) -> None:
         summary = self.query_one("#summary", Static)
@@ -163,6 +202,11 @@ class SetupScreen(Screen):
     def action_start(self) -> None:
         """Start the run if the config is valid; otherwise say what is wrong."""
         result = self.revalidate()
+        if result.ok:  # the disk, read now whatever the last check said
+            key = _files_key(result)
+            self._files_asked, self._files_answer = key, (key, files_problem(
+                result.config, result.origins))
+            result = self.revalidate()
         if not result.ok:
             message = next(iter(result.field_errors.values()), "") or result.error
             self.notify(message, title="Cannot start", severity="error", timeout=8)
@@ -185,7 +229,7 @@ class SetupScreen(Screen):
     def load_preset(self, path: Path) -> bool:
         """Read a preset; a bad one is reported here and changes nothing."""
         try:
-            cfg = load_preset(path, check=False)
+            cfg = load_preset(path)
         except ConfigError as exc:
             self.notify(str(exc), title="Cannot load preset", severity="error", timeout=10)
             return False
@@ -231,3 +275,11 @@ class SetupScreen(Screen):
             self.notify(f"Saved {path}; run it with `gputui run {path}`", timeout=8)
 
         self.app.push_screen(SavePresetDialog(default), write)
+
+
+def _files_key(result: FormResult) -> str:
+    """What the file checks of a form's config depend on: its data, factories, batch size,
+    checkpoint to resume, and which source set each key (the message names it)."""
+    cfg = result.config
+    return repr((cfg.data, cfg.model.factory, cfg.optim.batch_size, cfg.run.resume_from,
+                 sorted(result.origins.items())))

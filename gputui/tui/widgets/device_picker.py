@@ -9,8 +9,7 @@ from textual.events import Click
 from textual.message import Message
 from textual.widgets import DataTable, Label, Select, Static
 
-from gputui.devices import (Device, DeviceSpecError, requested_count, resolve_with_note,
-                            wants_gpus)
+from gputui.devices import Device, DeviceSpecError, requested_count, resolve_spec, wants_gpus
 from gputui.events import plural
 from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory, gpu_indices
 
@@ -109,8 +108,8 @@ class DevicePicker(Vertical):
         if not self.inventory.discovered:
             return ""  # applied by set_inventory when the GPUs are known
         try:
-            chosen, note = resolve_with_note(spec, fallback, list(self.inventory.gpu_infos),
-                                             self.inventory.no_gpu_reason)
+            chosen, note = resolve_spec(spec, fallback, list(self.inventory.gpu_infos),
+                                        self.inventory.no_gpu_reason)
         except DeviceSpecError as exc:
             self.cpu_count = max(1, min(MAX_CPU_DEVICES, requested_count(spec)))
             return f"{exc}; showing {plural(self.cpu_count, 'CPU virtual device')} instead"
