@@ -18,7 +18,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
 TORCH_FREE = ["gputui.config", "gputui.config_schema", "gputui.events", "gputui.devices",
               "gputui.gpus", "gputui.presets", "gputui.cli_common", "gputui.filewrite",
               "gputui.proctree", "gputui.breakdown", "gputui.training.runstore", "gputui.cli",
-              "gputui.cli_run", "gputui.cli_output"]
+              "gputui.cli_run", "gputui.cli_output", "gputui.plan", "gputui.discovery",
+              "gputui.prepare"]
+# Modules that ask neither the hardware nor the strategies' code, not even lazily: what they
+# reach, through any gputui import, must not be NVML, discovery, torch or pynvml.
+HARDWARE_FREE = ["gputui.config", "gputui.plan", "gputui.devices"]
+HARDWARE = ("gputui.telemetry", "gputui.discovery", "gputui.prepare")
 
 
 def _modules() -> dict[str, Path]:
@@ -137,3 +142,50 @@ def test_torch_free_modules_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr.strip()
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others (lazy imports included)."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def external_imports(path: Path) -> set[str]:
+    """The top-level names of the non-gputui packages a module imports (lazily or not)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_only(tree)
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_reaching_hardware_is_caught():
+    graph = {"gputui.config": {"gputui.x"}, "gputui.x": {"gputui.telemetry.nvml"},
+             "gputui.telemetry.nvml": set()}
+    assert "gputui.telemetry.nvml" in reachable(graph, "gputui.config")
+
+
+def test_config_and_plan_reach_no_hardware_and_no_torch():
+    modules = _modules()
+    graph = import_graph(modules)
+    for name in HARDWARE_FREE:
+        reached = reachable(graph, name)
+        bad = sorted(m for m in reached if m.startswith(HARDWARE))
+        assert not bad, f"{name} reaches {bad}; hand it the devices discovery found instead"
+        heavy = {m: sorted(external_imports(modules[m]) & {"torch", "pynvml", "textual"})
+                 for m in {name, *reached}}
+        assert not any(heavy.values()), f"{name} reaches {heavy}"
+    # config is loading, coercion and overrides: the rules (plan, the strategies) sit above it
+    above = sorted(m for m in reachable(graph, "gputui.config")
+                   if m.startswith(("gputui.training", "gputui.plan")))
+    assert not above, f"gputui.config reaches {above}"

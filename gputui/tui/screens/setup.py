@@ -105,12 +105,12 @@ class SetupScreen(Screen):
         self.revalidate()
 
     # ------------------------------------------------------------------ validation
-    def revalidate(self) -> FormResult:
+    def revalidate(self, files_now: bool = False) -> FormResult:
         """Build the config from what the screen shows; update errors, strategies, summary.
 
         Runs on every change (and every discovery): the rules are checked against the devices
-        of the last discovery, never asking NVML, and the disk is read only off this thread
-        (:meth:`check_files`)."""
+        of the last discovery, never asking NVML, and the disk is read off this thread
+        (:meth:`check_files`), or here with ``files_now`` (Start)."""
         self._revalidate_due = False
         form = self.query_one(ParamForm)
         picker = self.query_one(DevicePicker)
@@ -125,21 +125,25 @@ class SetupScreen(Screen):
         loose = build(self.base, values, picker.spec, strategies.selected, extra, check=False)
         strategies.refresh_for(loose.config or self.base, devices)
         result = self._with_files(build(self.base, values, picker.spec, strategies.selected,
-                                        extra, devices=devices, files=False))
+                                        extra, devices=devices, files=False), files_now)
         form.show_errors(result.field_errors, loose.error)
         self.result = result
         self._show_summary(result, len(picker.devices()))
         return result
 
-    def _with_files(self, result: FormResult) -> FormResult:
+    def _with_files(self, result: FormResult, now: bool = False) -> FormResult:
         """``result`` with what the disk says of the files its config names. A config that
-        names none is checked here (no disk is read); otherwise the check runs off this thread
-        when the config's files change, and until it answers the last answer stands."""
+        names none is checked here (no disk is read), and so is any with ``now``; otherwise
+        the check runs off this thread when the config's files change, and until it answers
+        the last answer stands."""
         if not result.ok:
             return result
         cfg = result.config
-        if not reads_disk(cfg):
+        if now or not reads_disk(cfg):
             problem = files_problem(cfg, result.origins)
+            if now:
+                self._files_asked = key = _files_key(result)
+                self._files_answer = (key, problem)
         else:
             key = _files_key(result)
             if key != self._files_asked:
@@ -201,12 +205,7 @@ class SetupScreen(Screen):
 
     def action_start(self) -> None:
         """Start the run if the config is valid; otherwise say what is wrong."""
-        result = self.revalidate()
-        if result.ok:  # the disk, read now whatever the last check said
-            key = _files_key(result)
-            self._files_asked, self._files_answer = key, (key, files_problem(
-                result.config, result.origins))
-            result = self.revalidate()
+        result = self.revalidate(files_now=True)  # the disk, read now whatever it said before
         if not result.ok:
             message = next(iter(result.field_errors.values()), "") or result.error
             self.notify(message, title="Cannot start", severity="error", timeout=8)

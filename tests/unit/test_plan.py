@@ -1,0 +1,184 @@
+"""The cross-field rules (``gputui.plan``) ask neither the hardware nor the disk, and a run's
+devices are resolved once: per run on the command line, per point in a sweep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputui.config import ConfigError, RunConfig, apply_overrides
+from gputui.devices import Device, cpu_devices
+from gputui.plan import check_files, validate
+
+CPU1, CPU2 = [["cpu", 0]], [["cpu", 0], ["cpu", 1]]
+CUDA2 = [["cuda", 0, "NVIDIA H100"], ["cuda", 1, "NVIDIA H100"]]
+
+# (overrides, devices, what the refusal says, or None for a config that passes): every rule
+CASES = [
+    ({"dist.node_rank": 1}, CPU1, "t: dist.node_rank (1) must be below dist.nnodes (1)"),
+    ({"strategy.name": "ddp", "dist.nnodes": 2}, CPU1, "dist.nnodes > 1 needs dist.rdzv_endpoint"),
+    ({"strategy.name": "nope"}, CPU1, "strategy.name must be one of single, scratch"),
+    ({"strategy.name": "model_parallel"}, CPU1, "needs at least 2 devices"),
+    ({"devices.spec": "cpu*2"}, CPU2, "strategy 'single' uses 1 device"),
+    ({"strategy.name": "scratch", "dist.nnodes": 2, "dist.rdzv_endpoint": "h:1"}, CPU2,
+     "needs a multi-process strategy (ddp or fsdp), not 'scratch'"),
+    ({"strategy.name": "scratch", "optim.batch_size": 3, "optim.micro_batches": 2}, CPU2,
+     "must give every one of the 2 devices at least one example"),
+    ({"strategy.split_weights": [1]}, CPU1, "applies to scratch and ddp, not 'single'"),
+    ({"strategy.name": "ddp", "strategy.backend": "nccl"}, CPU2, "'nccl' needs CUDA devices"),
+    ({"strategy.name": "fsdp", "dist.nnodes": 2, "dist.rdzv_endpoint": "h"}, CPU2,
+     "dist.rdzv_endpoint must be HOST:PORT"),
+    ({"strategy.name": "ddp", "optim.batch_size": 1}, CPU2, "of the 2 ranks at least one"),
+    ({"strategy.name": "model_parallel", "model.name": "mlp"}, [["cpu", i] for i in range(4)],
+     "cuts mlp into at most 3 stages"),
+    ({"strategy.name": "model_parallel", "strategy.split_points": [9]}, CPU2,
+     "strategy.split_points must lie between 1 and 3"),
+    ({"strategy.name": "model_parallel", "strategy.pipeline_chunks": 1000}, CPU2,
+     "strategy.pipeline_chunks (1000) is more than"),
+    ({"optim.batch_size": 1, "optim.micro_batches": 2}, CPU1, "is smaller than optim.micro_batches"),
+    ({"strategy.name": "scratch", "strategy.split_weights": [1]}, CPU2,
+     "strategy.split_weights has 1 entries for 2 devices"),
+    ({"strategy.name": "scratch", "strategy.split_weights": [1, -1]}, CPU2,
+     "must be positive numbers"),
+    ({"run.precision": "fp16"}, CPU1, "run.precision = 'fp16' needs CUDA devices"),
+    ({"run.name": "../x"}, CPU1, "run.name '../x' looks like a path"),
+    # GPUs, and files named but not read: validate passes them without asking anyone
+    ({"strategy.name": "ddp", "devices.spec": "0,1", "run.precision": "fp16"}, CUDA2, None),
+    ({"model.factory": "{py}:build", "data.factory": "mypkg.data:load", "data.name": "mnist",
+      "run.resume_from": "{tmp}/no-run", "data.root": "{tmp}"}, CPU1, None),
+]
+
+PROBE = r"""
+import json, os, sys
+sys.modules["pynvml"] = None  # NVML, and discovery, cannot even be imported
+sys.modules["gputui.telemetry.nvml"] = sys.modules["gputui.discovery"] = None
+from gputui.config import ConfigError, RunConfig, apply_overrides
+from gputui.devices import Device
+from gputui import plan
+import gputui.training.strategies.mp_plan  # the registry's lazy import, loaded beforehand
+
+cases = [(apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()]),
+          [Device(*d) for d in devices]) for sets, devices in json.loads(sys.argv[1])]
+touched = []
+
+def hook(event, args):
+    if event in ("open", "os.listdir", "os.scandir"):
+        touched.append(f"{event} {args[0]!r}")
+        raise PermissionError(event)
+
+def stat(path, *a, **k):
+    touched.append(f"os.stat {path!r}")
+    raise PermissionError("stat")
+
+sys.addaudithook(hook)
+os.stat = os.lstat = stat  # pathlib's is_file/is_dir and os.path go through these
+out = []
+for cfg, devices in cases:
+    try:
+        plan.validate(cfg, devices, "t")
+        out.append(None)
+    except ConfigError as exc:
+        out.append(str(exc))
+print(json.dumps({"messages": out, "touched": touched}))
+"""
+
+
+def _cases(tmp_path: Path) -> list:
+    (tmp_path / "nets.py").write_text("def build():\n    pass\n")
+    fill = {"{py}": str(tmp_path / "nets.py"), "{tmp}": str(tmp_path)}
+
+    def sub(v):
+        for k, x in fill.items():
+            v = v.replace(k, x) if isinstance(v, str) else v
+        return v
+    return [({k: sub(v) for k, v in sets.items()}, devices, expected)
+            for sets, devices, expected in CASES]
+
+
+def test_validate_reads_no_file_and_asks_no_hardware(tmp_path):
+    cases = _cases(tmp_path)
+    arg = json.dumps([[sets, devices] for sets, devices, _ in cases])
+    out = subprocess.run([sys.executable, "-c", PROBE, arg], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["touched"] == []
+    for (sets, _, expected), message in zip(cases, got["messages"]):
+        if expected is None:
+            assert message is None, (sets, message)
+        else:
+            assert message is not None and expected in message, (sets, message)
+            assert message.startswith("t: ") and "\n" not in message
+
+
+def test_the_files_are_checked_apart_and_blamed_on_their_flag(tmp_path):
+    sets = _cases(tmp_path)[-1][0]
+    cfg = apply_overrides(RunConfig(), [("--set", k, v) for k, v in sets.items()])
+    validate(cfg, cpu_devices(1), "p.toml")  # the rules hold; the disk is another matter
+    with pytest.raises(ConfigError, match=r"^p.toml: data.factory = 'mypkg.data:load': no "
+                                          r"module named 'mypkg'"):
+        check_files(cfg, "p.toml")
+    found = cfg.replace(data={"factory": ""})
+    with pytest.raises(ConfigError) as err:
+        check_files(found, "p.toml", {"run.resume_from": "--set run.resume_from=x"})
+    assert str(err.value) == (f"--set run.resume_from=x: run.resume_from: no checkpoint at "
+                              f"{tmp_path / 'no-run'}; give a run folder holding checkpoint.pt "
+                              f"(see `gputui resume`)")
+    (tmp_path / "no-run").mkdir()
+    (tmp_path / "no-run" / "checkpoint.pt").write_bytes(b"")
+    check_files(found, "p.toml")
+
+
+def discoveries(fake) -> int:
+    """How many times GPUs were discovered: each discovery lists every GPU's processes."""
+    return fake.calls.count("nvmlDeviceGetComputeRunningProcesses") // len(fake.gpus)
+
+
+def test_a_run_discovers_its_gpus_once(fake_gpus, tmp_path, capsys):
+    from gputui import cli
+
+    fake = fake_gpus(2)
+    fake.gpus[1].processes.append((4242, 2 * 1024**3))  # someone else's job on GPU 1
+    preset = tmp_path / "p.toml"
+    preset.write_text('[devices]\nspec = "0,1"\n[strategy]\nname = "scratch"\n')
+    # the config checked, the devices resolved, busy GPUs found: one discovery for all three
+    assert cli.main(["run", str(preset), "--exclusive", "--runs-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("gputui: error: --exclusive: cuda:1 (NVIDIA H100 "
+                                              "80GB HBM3) is busy, used by 1 other process(es): "
+                                              "pid 4242")
+    assert discoveries(fake) == 1
+
+
+def test_a_sweep_discovers_once_per_point_at_most(fake_gpus, tmp_path):
+    """Two points on a one-GPU machine asking for GPUs 0 and 1: each falls back to two CPU
+    virtual devices; scratch runs there (a real run), single cannot and is skipped."""
+    from gputui.events import LogLine, RunStarted
+    from gputui.sweep import Sweep
+    from gputui.training import warm
+    from gputui.training.runstore import read_events
+
+    fake = fake_gpus(1)
+    preset = tmp_path / "p.toml"
+    preset.write_text('[run]\nepochs = 1\nlog_every = 4\n[data]\ntrain_size = 256\n'
+                      'test_size = 64\n[optim]\nbatch_size = 64\n[devices]\nspec = "0,1"\n'
+                      'fallback = "cpu"\n[telemetry]\nenabled = false\n')
+    sweep = Sweep.new(str(preset), [], ["0,1"], ["scratch", "single"], False, tmp_path / "runs",
+                      [], "cpu")
+    try:
+        assert sweep.run() == "finished"
+    finally:
+        warm.close_all()
+    ran, skipped = sweep.manifest.points
+    assert (ran.status, skipped.status) == ("finished", "skipped"), ran.reason
+    assert "strategy 'single' uses 1 device" in skipped.reason
+    assert discoveries(fake) <= len(sweep.manifest.points)
+    # the run got the devices, and the fallback's note, resolved for its point
+    events = read_events(tmp_path / "runs" / ran.run_id)
+    (started,) = [e for e in events if isinstance(e, RunStarted)]
+    assert [d["name"] for d in started.devices] == ["cpu:0", "cpu:1"]
+    assert any(isinstance(e, LogLine) and e.message.startswith(
+        "devices.spec '0,1' cannot be met (this machine has 1 GPU(s))") for e in events)
