@@ -6,8 +6,9 @@ import itertools
 
 import torch
 
-from gputui.config import RunConfig, apply_overrides
+from gputui.config import RunConfig
 from gputui.discovery import resolve_devices
+from gputui.prepare import override_checked
 from gputui.training.data import TensorBatches, load_dataset
 from gputui.training.strategies import registry
 
@@ -28,7 +29,7 @@ def make_config(strategy: str, spec: str, model: str, batch: int, **extra) -> Ru
                ("config", "model.init", "default"), ("config", "optim.lr", 0.1),
                ("config", "optim.momentum", 0.5), ("config", "run.seed", 3)]
     changes += [("config", k, v) for k, v in extra.items()]
-    return apply_overrides(RunConfig(), changes)
+    return override_checked(RunConfig(), changes).config
 
 
 def run_steps(cfg: RunConfig, steps: int = 5):
