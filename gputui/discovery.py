@@ -26,14 +26,22 @@ def discover_gpus() -> tuple[list[GpuInfo], str]:
     return nvml.cuda_gpus()
 
 
-def resolve_with_note(spec: str, fallback: str = "none", gpus: list[GpuInfo] | None = None,
-                      reason: str = "") -> tuple[list[Device], str]:
-    """The devices ``spec`` gives here, and a one-line note when ``fallback`` replaced them
-    (see :func:`gputui.devices.resolve_spec`). GPUs are discovered only when ``gpus`` is None
-    and the spec names GPUs; raises DeviceSpecError when the spec cannot be met."""
+def resolve_with_gpus(spec: str, fallback: str = "none", gpus: list[GpuInfo] | None = None,
+                      reason: str = "") -> tuple[list[Device], str, list[GpuInfo]]:
+    """The devices ``spec`` gives here, a one-line note when ``fallback`` replaced them (see
+    :func:`gputui.devices.resolve_spec`), and the GPUs they were chosen from. GPUs are
+    discovered (once) only when ``gpus`` is None and the spec names GPUs; [] otherwise.
+    Raises DeviceSpecError when the spec cannot be met."""
     if gpus is None and wants_gpus(spec):
         gpus, reason = discover_gpus()
-    return resolve_spec(spec, fallback, gpus or [], reason)
+    gpus = list(gpus or [])
+    return (*resolve_spec(spec, fallback, gpus, reason), gpus)
+
+
+def resolve_with_note(spec: str, fallback: str = "none", gpus: list[GpuInfo] | None = None,
+                      reason: str = "") -> tuple[list[Device], str]:
+    """The devices ``spec`` gives here, and the fallback's note (:func:`resolve_with_gpus`)."""
+    return resolve_with_gpus(spec, fallback, gpus, reason)[:2]
 
 
 def resolve_devices(spec: str, fallback: str = "none",

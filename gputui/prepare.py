@@ -15,8 +15,8 @@ from typing import Any
 
 from gputui import plan
 from gputui.config import RunConfig, apply_overrides, load_preset, override_origins
-from gputui.devices import Device, DeviceSpecError, GpuInfo, resolve_spec, wants_gpus
-from gputui.discovery import discover_gpus
+from gputui.devices import Device, DeviceSpecError, GpuInfo
+from gputui.discovery import resolve_with_gpus
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,11 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | None = None,
-            files: bool = True, gpus: list[GpuInfo] | None = None,
-            reason: str = "") -> Prepared:
-    """Resolve ``cfg``'s devices (discovery only when ``gpus`` is None and the spec names
-    GPUs), validate, then check its files unless ``files`` is False; raises ConfigError."""
-    if gpus is None and wants_gpus(cfg.devices.spec):
-        gpus, reason = discover_gpus()
-    gpus = list(gpus or [])
+            files: bool = True) -> Prepared:
+    """Resolve ``cfg``'s devices (discovery once, only when the spec names GPUs), validate,
+    then check its files unless ``files`` is False; raises ConfigError."""
     try:
-        devices, note = resolve_spec(cfg.devices.spec, cfg.devices.fallback, gpus, reason)
+        devices, note, gpus = resolve_with_gpus(cfg.devices.spec, cfg.devices.fallback)
     except DeviceSpecError as exc:
         raise plan.device_error(exc, source, origins) from None
     plan.validate(cfg, devices, source, origins)

@@ -279,8 +279,8 @@ class Sweep:
     def check(self, point: Point, cfg: RunConfig) -> tuple[list[Device], str, str | None]:
         """The point's devices (resolved once: discovery runs at most once per point), the
         fallback's note, and None when it can run here, else the reason (one line)."""
-        from gputui.devices import DeviceSpecError, resolve_spec, wants_gpus
-        from gputui.discovery import discover_gpus
+        from gputui.devices import DeviceSpecError
+        from gputui.discovery import resolve_with_note
         from gputui.plan import check_files, validate
         from gputui.training.strategies import registry
 
@@ -288,9 +288,8 @@ class Sweep:
         if info is None:
             return [], "", (f"strategy '{point.strategy}' is not available in this build "
                             f"(known: {', '.join(registry.names())})")
-        gpus, no_gpu = discover_gpus() if wants_gpus(cfg.devices.spec) else ([], "")
         try:
-            devices, note = resolve_spec(cfg.devices.spec, cfg.devices.fallback, gpus, no_gpu)
+            devices, note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
         except DeviceSpecError as exc:
             return [], "", str(exc)
         reason = info.why_not(cfg, devices)
