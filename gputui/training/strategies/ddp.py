@@ -58,13 +58,13 @@ class DDPStrategy(Strategy):
     control: dist.ProcessGroup | None  # gloo group of the control messages (None: the default)
     watch: Stopwatch
     comm: CommTimer | None
-    module: nn.Module  # the plain model: parameter names, evaluation, checkpoints
+    module: nn.Module
     model: nn.Module  # what a step calls: the module wrapped (ddp) or sharded (fsdp)
     opt: torch.optim.Optimizer
     weights: list[float] | None  # every rank's share of a batch (strategy.split_weights)
-    _shard: dict[int, tuple[int, int]]  # batch size -> (start, size) of this rank's slice
+    _shard: dict[int, tuple[int, int]]
     _rss: Any  # psutil.Process, made on first use
-    _stop_countdown: int  # see agree_stop
+    _stop_countdown: int
     _stop_every: int
     _stop_t: float
 
@@ -89,17 +89,17 @@ class DDPStrategy(Strategy):
         self.control = (dist.new_group(backend="gloo", timeout=timeout)
                         if self.backend != "gloo" else None)
         self.watch = Stopwatch(self.device)
-        self.comm = None  # set by wrap() for DDP (fsdp has no comm hook)
-        self.module = self.build_model().to(self.device)
+        self.comm: CommTimer | None = None  # set by wrap() for DDP (fsdp has no comm hook)
+        self.module = self.build_model().to(self.device)  # parameter names, eval, checkpoints
         self.model = self.wrap(self.module)
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
         weights = self.cfg.strategy.split_weights
         # split_weights name the local devices; every node has the same layout
         self.weights = [weights[r % n_local] for r in range(self.world_size)] if weights else None
-        self._shard = {}
+        self._shard: dict[int, tuple[int, int]] = {}  # batch size -> (start, size), once
         self._rss = None
-        self._stop_countdown = self._stop_every = 1
+        self._stop_countdown = self._stop_every = 1  # see agree_stop
         self._stop_t = time.perf_counter()
         if not self.cuda and self.rank == 0:
             self.notes.append(f"{self.world_size} {self.backend} ranks on the CPU, "
