@@ -30,15 +30,16 @@ SIZE, BATCH, STEPS = 8, 16, 2  # 8x8 images: a model of about a thousand paramet
 FIXTURES = HERE / "data" / "checkpoints_v1"
 
 
-def build(name: str):
-    """The strategy ``name`` set up on CASES[name] with the user model (user_model.NET)."""
+def build(name: str, cls=None):
+    """The strategy ``name`` (or its subclass ``cls``) set up on CASES[name] with the user
+    model (user_model.NET)."""
     from gputui.devices import resolve_devices
     from gputui.training.strategies import registry
 
     spec = CASES[name]
     extra = {"strategy.fsdp_wrap": ["Block"]} if name == "fsdp" else {}  # not a Sequential
     cfg = make_config(name, spec, "lenet", BATCH, **{"model.factory": user_model.NET}, **extra)
-    strategy = registry.get(name).load()(cfg, resolve_devices(spec), 1, SIZE, 10)
+    strategy = (cls or registry.get(name).load())(cfg, resolve_devices(spec), 1, SIZE, 10)
     strategy.setup()
     return strategy
 

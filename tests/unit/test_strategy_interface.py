@@ -119,3 +119,24 @@ def test_the_loop_writes_nothing_to_a_strategy(tmp_path, rng):
                  run_dir=tmp_path) == "finished"
     assert sum(e.kind == "step" for e in events) == 2 * STEPS
     assert outside == []
+
+
+@pytest.mark.parametrize("name", ["single", "scratch", "model_parallel", "ddp"])
+def test_the_grad_scaler_steps_every_optimizer_and_updates_once_per_step(name, group):
+    """fp16's path (a grad scaler; on CUDA only in a run) on the CPU: every optimizer steps
+    through the scaler, its scale grows once per step, and the update equals the unscaled
+    one (power-of-two scales are exact)."""
+    plain = build(name)
+    cls = type(plain)
+
+    class Scaled(cls):
+        def make_scaler(self, device):
+            self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+
+    scaled = build(name, cls=Scaled)
+    for x, y in batches():
+        plain.train_step(x, y)
+        scaled.train_step(x, y)
+    assert scaled.scaler.get_scale() == 1024.0 * 2 ** STEPS
+    for a, b in zip(plain.models(), scaled.models()):
+        assert_same(a.state_dict(), b.state_dict())
