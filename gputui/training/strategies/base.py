@@ -3,14 +3,17 @@
 What the loop (and the worker, checkpoints, the memory and FLOP figures, the fast path) calls
 on a strategy, and nothing else:
 
-- ``setup()`` once, then ``data_device()`` (where the batches go), ``compiles()``;
+- ``setup()`` once, then ``data_device()`` (where the batches go); ``compiles()`` and, after
+  a failed compile, ``use_eager()`` (the fast path);
 - ``train_step(x, y, data_s=None)``: one optimizer step on a global batch. The step is
   metered when ``data_s`` (the seconds the loop waited for the batch) is given;
   ``read_timing()`` reports the last metered step, at the log interval;
 - ``set_train(mode)`` and ``evaluate(x, y)`` around the test batches; ``reduce_metric(v)``;
-- ``device_stats()``, ``memory_rows(activations)``, ``memory_groups()`` (figures);
+- ``device_stats()``, ``memory_rows(activations)``, ``memory_groups()``, ``build_model()``
+  (the memory and FLOP figures);
 - ``models()``, ``optimizers()``, ``primary_model()``, ``state_dict()``,
   ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
+- multi-process strategies only: ``agree_stop(mine)`` (the worker's agreed stop);
 - read-only: ``cfg``, ``devices``, ``name``, ``rank``, ``local_rank``, ``world_size``,
   ``batch_size``, ``lr`` and ``notes`` (what the run should say once, at its start).
 
@@ -206,6 +209,17 @@ class Strategy:
         for opt in opts:
             scaler.step(opt)
         scaler.update()
+
+    def use_eager(self) -> int:
+        """Put the eager module back wherever this strategy holds a compiled one (after a
+        failed compile); returns how many were replaced."""
+        replaced = 0
+        for name, value in list(vars(self).items()):
+            value, n = fastpath.eager(value)
+            if n:
+                setattr(self, name, value)
+                replaced += n
+        return replaced
 
     # ---------------------------------------------------------------- what a subclass writes
     def setup(self) -> None:
