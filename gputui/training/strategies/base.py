@@ -89,6 +89,7 @@ class Strategy:
                  image_size: int = 28, num_classes: int = 10, rank: int = 0,
                  world_size: int = 1, height: int = 0):
         self.cfg, self.devices = cfg, devices
+        self.torch_devices = [torch.device(d.torch_device) for d in devices]
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
         self.height = height or image_size  # image_size is the width (built-in data: square)
         self.rank, self.world_size = rank, world_size
@@ -252,7 +253,7 @@ class Strategy:
     # ---------------------------------------------------------------- shared, overridable
     def data_device(self) -> torch.device:
         """Where the dataset tensors should live (the first device by default)."""
-        return torch.device(self.devices[0].torch_device)
+        return self.torch_devices[0]
 
     def compiles(self) -> bool:
         """Whether run.compile applies to this strategy (dp and fsdp say no, and why)."""
@@ -272,7 +273,7 @@ class Strategy:
         """Correct predictions on a test batch, split evenly over ``models()``, each on its
         device."""
         models = self.models()
-        devs = [torch.device(d.torch_device) for d in self.devices[:len(models)]]
+        devs = self.torch_devices[:len(models)]
         correct = no_correct(devs[0])
         for model, dev, xs, ys in zip(models, devs, torch.tensor_split(x, len(models)),
                                       torch.tensor_split(y, len(models))):
@@ -305,10 +306,9 @@ class Strategy:
         model_parallel and dp, is counted whole there)."""
         models, opts = self.models(), self.optimizers()
         if len(models) == len(opts) == len(self.devices) > 1:
-            return [(d.name, torch.device(d.torch_device), m, [o])
-                    for d, m, o in zip(self.devices, models, opts)]
-        first = self.devices[0]
-        return [(first.name, torch.device(first.torch_device), self.primary_model(), opts)]
+            return [(d.name, dev, m, [o])
+                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts)]
+        return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
 
     def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
         """Every device's memory (see events.MemoryReport), gathered over the processes (a

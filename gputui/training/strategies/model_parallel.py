@@ -32,7 +32,6 @@ class ModelParallel(Strategy):
     """One stage of consecutive layers per device; one optimizer over every stage."""
 
     name = "model_parallel"
-    torch_devices: list[torch.device]
     model: nn.Module  # the whole model, sharing its layers with the stages
     stages: list[nn.Sequential]  # one per device, each on its device (evaluation runs these)
     runners: list[nn.Module]  # what a training step calls: each stage (compiled)
@@ -41,7 +40,6 @@ class ModelParallel(Strategy):
     chunks: int  # strategy.pipeline_chunks
 
     def setup(self) -> None:
-        self.torch_devices = [torch.device(d.torch_device) for d in self.devices]
         n = len(self.devices)
         # The stages share their layers with ``self.model``: its parameter names are exactly
         # single's ("0.0.weight", ...), so it stands for the run in checkpoints and tests.

@@ -52,7 +52,6 @@ class Scratch(Strategy):
     """One replica and one optimizer per device; gradients all-reduced by hand."""
 
     name = "scratch"
-    torch_devices: list[torch.device]
     replicas: list[nn.Module]  # one per device, distinct copies
     steppers: list[nn.Module]  # what a step calls: each replica flattened (and compiled)
     params: list[list[nn.Parameter]]  # each replica's parameters, in the same order
@@ -62,7 +61,6 @@ class Scratch(Strategy):
     _sizes: dict[int, list[int]]  # batch size -> shard sizes, computed once
 
     def setup(self) -> None:
-        self.torch_devices = [torch.device(d.torch_device) for d in self.devices]
         master = self.build_model()
         # deepcopy, not .to(): on one physical device .to() would return the same tensors, the
         # replicas would alias, and the allreduce would add a gradient to itself.

@@ -19,7 +19,7 @@ class Single(Strategy):
     watch: Stopwatch
 
     def setup(self) -> None:
-        self.device = torch.device(self.devices[0].torch_device)
+        self.device = self.torch_devices[0]
         self.model = self.build_model().to(self.device)
         self.wrapped = self.fast(self.lean(self.model))
         self.opt = self.make_optimizer(self.model.parameters())
