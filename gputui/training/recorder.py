@@ -12,9 +12,9 @@ Every process that writes a record does it through :class:`Recorder`:
 
 Each event is one whole line or none (``runstore.EventLog`` over ``filewrite.AppendLog``).
 The terminal event is written in the space the run set aside (``runstore.reserve_space``), so
-it fits on a full disk. ``summary.json`` is written when a writer closes the record after its
-end: the summary of the events on disk, whoever wrote them, so the last writer to close leaves
-the summary of the whole record; its presence marks a closed record (``history._stale``). A
+it fits on a full disk. ``summary.json`` is written when a writer closes the record: the
+summary of the record as that writer knows it (the events it wrote; one that adds only the end
+reads the others from disk first). Its presence marks a closed record (``history._stale``). A
 summary that cannot be written is rebuilt from the events by ``runstore.read_summary``.
 Torch-free: the parent uses it too.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from gputui.events import Event, is_terminal
 from gputui.filewrite import WriteFailed, write_atomic
@@ -39,17 +39,20 @@ class Recorder:
     which ends the run; the terminal event uses the space the run set aside, and when even
     that fails it still reaches ``forward``, whose receiver ends the record."""
 
-    def __init__(self, run_dir: str | Path, forward: Callable[[Event], Any] | None = None):
+    def __init__(self, run_dir: str | Path, forward: Callable[[Event], Any] | None = None,
+                 written: Iterable[Event] = ()):
         self.run_dir = Path(run_dir)
         self.log = EventLog(self.run_dir / EVENTS_FILE)  # WriteFailed when it cannot be opened
         self.forward = forward
+        self.events: list[Event] = list(written)  # the record so far (``written``: on disk)
 
     def emit(self, event: Event) -> None:
         """Record ``event``, then forward it."""
         if is_terminal(event):
-            self.end(event)
+            self.end(event)  # kept in the summary even when the disk refused it
         else:
             self.log.write(event)
+        self.events.append(event)
         if self.forward is not None:
             try:
                 self.forward(event)
@@ -67,13 +70,13 @@ class Recorder:
         return True
 
     def close(self, summary: bool = True) -> None:
-        """Close the log; with ``summary``, first write summary.json (skipped when it cannot
-        be written or the events cannot be read: it is rebuilt from the events)."""
+        """Close the log; with ``summary``, first write summary.json (skipped on a full disk:
+        it is rebuilt from the events)."""
         if summary:
             release_space(self.run_dir)
             try:
-                write_summary(self.run_dir, summarize(read_events(self.run_dir)))
-            except OSError:  # WriteFailed included
+                write_summary(self.run_dir, summarize(self.events))
+            except WriteFailed:
                 pass
         self.log.close()
 
@@ -83,13 +86,12 @@ def add(run_dir: str | Path, event: Event,
     """Add one ``event`` to a record this process does not hold open; a terminal event also
     closes the record (summary.json). Never raises: True when the event is on disk.
     ``forward`` gets the event either way (the receiver may still record it)."""
-    written = False
-    try:
-        recorder = Recorder(run_dir)
-    except WriteFailed:
+    written, terminal = False, is_terminal(event)
+    try:  # the summary written with a terminal event needs the rest of the record
+        recorder = Recorder(run_dir, written=read_events(run_dir) if terminal else ())
+    except OSError:  # WriteFailed included: the receiver of ``forward`` may end the record
         recorder = None
     if recorder is not None:
-        terminal = is_terminal(event)
         try:
             if terminal:
                 written = recorder.end(event)
@@ -98,6 +100,8 @@ def add(run_dir: str | Path, event: Event,
                 written = True
         except WriteFailed:  # a full disk: the receiver of ``forward`` may end the record
             pass
+        if written:
+            recorder.events.append(event)
         recorder.close(summary=terminal and written)
     if forward is not None:
         try:
