@@ -17,13 +17,15 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from gputui import breakdown
-from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.rankinfo import RankInfo
+from gputui.training.strategies.base import Stopwatch, Strategy, no_correct
 from gputui.training.strategies.comm_timer import CommTimer
 from gputui.training.strategies.scratch import split_sizes
 
@@ -48,12 +50,30 @@ class DDPStrategy(Strategy):
     """The model wrapped in DistributedDataParallel on this rank's device."""
 
     name = "ddp"
+    local_world: int  # ranks on this machine
+    node: int  # this machine's place among the machines
+    device: torch.device
+    cuda: bool
+    backend: str  # the process group's: nccl or gloo
+    _owns_group: bool  # setup initialised the process group (close destroys it)
+    control: dist.ProcessGroup | None  # gloo group of the control messages (None: the default)
+    watch: Stopwatch
+    comm: CommTimer | None
+    module: nn.Module
+    model: nn.Module  # what a step calls: the module wrapped (ddp) or sharded (fsdp)
+    opt: torch.optim.Optimizer
+    weights: list[float] | None  # every rank's share of a batch (strategy.split_weights)
+    _shard: dict[int, tuple[int, int]]
+    _rss: Any  # psutil.Process, made on first use
+    _stop_countdown: int
+    _stop_every: int
+    _stop_t: float
 
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
         n_local = len(self.devices)
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank % n_local))
-        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", n_local))
+        me = RankInfo.of_process(n_local, self.rank, self.world_size)  # this rank's identity
+        self.local_rank, self.local_world = me.local_rank, me.local_world_size
         dev = self.devices[self.local_rank]
         self.device = torch.device(dev.torch_device)
         self.cuda = dev.kind == "cuda"
@@ -64,8 +84,7 @@ class DDPStrategy(Strategy):
         self._owns_group = not dist.is_initialized()
         if self._owns_group:  # a test may have set the group up already
             dist.init_process_group(self.backend, timeout=timeout)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.node = self.rank // self.local_world
+        self.rank, self.world_size, self.node = me.rank, me.world_size, me.node
         # control messages over gloo on the CPU; for a gloo job that is the default group
         self.control = (dist.new_group(backend="gloo", timeout=timeout)
                         if self.backend != "gloo" else None)
@@ -95,7 +114,7 @@ class DDPStrategy(Strategy):
 
         ids = [self.device.index] if self.cuda else None
         # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
-        # breaks its graph at DDP's own forward) model; local_module() is the model itself
+        # breaks its graph at DDP's own forward) model; self.module is the model itself
         ddp = DistributedDataParallel(self.fast(self.lean(model)), device_ids=ids,
                                       gradient_as_bucket_view=True)
         # times the gradient sync on metered steps (and delays it, under debug.comm_delay_s)
@@ -107,9 +126,11 @@ class DDPStrategy(Strategy):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
         return self.model.no_sync()
 
-    def local_module(self) -> nn.Module:
-        """The plain module this rank evaluates with (the model DDP runs flattened)."""
-        return self.module
+    def models(self) -> list[nn.Module]:
+        return [self.module]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
 
     def data_device(self) -> torch.device:
         return self.device
@@ -124,8 +145,9 @@ class DDPStrategy(Strategy):
         lo, n = cut
         return x[lo:lo + n], y[lo:lo + n]
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        start = self.watch.mark() if self.meter else None
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        start = self.watch.mark() if data_s is not None else None
         total = len(x)
         xs, ys = self.shard(x, y)
         self.opt.zero_grad(set_to_none=True)
@@ -137,11 +159,9 @@ class DDPStrategy(Strategy):
                                      before_last=self.no_sync)
         backward_end = self.watch.mark() if start is not None else None
         self.optimizer_step(self.opt)
-        if self.scaler is not None:
-            self.scaler.update()
         if start is not None:
             self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
-                           "end": self.watch.mark(), "samples": len(xs), "data_s": self.data_s}
+                           "end": self.watch.mark(), "samples": len(xs), "data_s": data_s}
         return loss
 
     def step_breakdown(self) -> dict:
@@ -185,9 +205,6 @@ class DDPStrategy(Strategy):
         return out / self.world_size
 
     # ---------------------------------------------------------------- evaluation
-    def eval_models(self):
-        return [(self.local_module(), self.device)]
-
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
         self.module.train(mode)  # the nested containers DDP's flattened model skips
@@ -196,7 +213,7 @@ class DDPStrategy(Strategy):
 
     def sync_buffers(self) -> None:
         """Before evaluating, every rank takes rank 0's buffers (BatchNorm statistics)."""
-        for buf in self.local_module().buffers():
+        for buf in self.module.buffers():
             dist.broadcast(buf, src=0)
 
     @torch.no_grad()
@@ -206,13 +223,10 @@ class DDPStrategy(Strategy):
         xs = torch.tensor_split(x, self.world_size)[self.rank]
         ys = torch.tensor_split(y, self.world_size)[self.rank]
         if len(xs) == 0:
-            return torch.zeros((), dtype=torch.long, device=self.device)
+            return no_correct(self.device)
         with self.autocast(self.device):
-            pred = self.eval_module()(xs).argmax(dim=1)
+            pred = self.module(xs).argmax(dim=1)
         return (pred == ys).sum() * self.world_size
-
-    def eval_module(self) -> nn.Module:
-        return self.local_module()
 
     # ---------------------------------------------------------------- figures
     def read_timing(self) -> dict:
@@ -265,7 +279,7 @@ class DDPStrategy(Strategy):
         name = self.devices[self.local_rank].name
         if self.node:
             name = f"{name}@node{self.node}"
-        return [(name, self.device, self.local_module(), [self.opt])]
+        return [(name, self.device, self.module, [self.opt])]
 
     def gather_rows(self, rows: list[dict]) -> list[dict]:
         """Every rank's rows, in rank order (a collective over the control group)."""
