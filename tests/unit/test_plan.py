@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gputui.config import ConfigError, RunConfig, apply_overrides
-from gputui.devices import Device, cpu_devices
+from gputui.devices import cpu_devices
 from gputui.plan import check_files, validate
 
 CPU1, CPU2 = [["cpu", 0]], [["cpu", 0], ["cpu", 1]]
