@@ -290,9 +290,6 @@ def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str,
         flat = item.flat()
         if item.flags:
             flat.update(speedup="flagged", efficiency="flagged")
-        if item.comm_gbps is not None and item.comm_peak_gbps:
-            flat["comm_gbps"] = (f"{item.comm_gbps:.2f} GB/s "
-                                 f"({item.comm_gbps / item.comm_peak_gbps:.0%} of peak)")
         out.append({k: flat[k] for k in columns})
     return out
 
@@ -322,7 +319,7 @@ def fmt(key: str, value: Any) -> str:
     if key == "predicted_speedup":
         return f"{value:.2f}x"
     if key == "comm_gbps":
-        return value if isinstance(value, str) else f"{value:.2f} GB/s"
+        return f"{value:.2f} GB/s"
     if key == "test_acc":
         return acc_text(value)
     if key == "lr":
@@ -349,6 +346,13 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"{it.efficiency:.0%} is not a result: {why}")
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
+        if it.comm_gbps is not None:
+            from gputui.comm_peak import text
+
+            lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} (its gradient "
+                         f"all-reduce, mean of the metered steps)"
+                         + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
+                            "these devices: `gputui bench-comm` measures one"))
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
                          f"steady-state steps ({RULE})")

@@ -280,6 +280,9 @@ class Measurer:
                 c = self.compute(share, threads, copies, name)
                 if c:
                     inp.t_own[name] = max(0.0, c["step_time_s"] - (c.get("comm_s") or 0.0))
+                elif inp.t_c is None:  # figures kept before t_own was: single's, if kept
+                    c = self.compute(share, threads, copies)
+                    inp.t_c = c["step_time_s"] if c else None
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None

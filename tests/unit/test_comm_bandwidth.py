@@ -39,3 +39,34 @@ def test_compare_averages_the_metered_steps_but_the_first():
     assert read_hw_figures("", steps)["comm_gbps"] == pytest.approx(0.5)
     assert read_hw_figures("", steps[:1])["comm_gbps"] == pytest.approx(0.01)
     assert read_hw_figures("", [])["comm_gbps"] is None
+
+
+def test_compare_shows_the_bandwidth_beside_the_kept_peak(tmp_path, monkeypatch):
+    import dataclasses
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.compare import compare, summary_lines, table_rows
+    from gputui.training.runstore import read_events
+
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
+    run = write_record(tmp_path / "runs", "ddp2", strategy="ddp", n=2, epochs=3)
+    lines = []
+    for ev in read_events(run):  # the record's steps as a ddp run writes them
+        if ev.kind == "step":
+            ev = dataclasses.replace(ev, comm_gbps=0.3 if ev.epoch == 1 else 0.6)
+        lines.append(ev.to_json())
+    (run / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (item,) = compare([run], tmp_path / "runs")
+    assert item.comm_gbps == pytest.approx(0.6) and item.comm_peak_gbps is None
+    assert table_rows([item])[0]["comm_gbps"] == pytest.approx(0.6)
+    assert any("allreduce 0.60 GB/s (its gradient" in line and "no bench-comm peak" in line
+               for line in summary_lines([item]))
+    comm_peak.keep(_result(1.2), "cpu")
+    (item,) = compare([run], tmp_path / "runs")
+    assert item.comm_peak_gbps == 1.2
+    assert any("allreduce 0.60 GB/s, 50% of bench-comm's 1.20" in line
+               for line in summary_lines([item]))
