@@ -1,6 +1,6 @@
 """The command line's entry point: ``gputui`` (the app), the ``strategies`` and ``presets``
 listings, and the parser, built from the command modules (cli_run, cli_devices, cli_compare,
-cli_sweep, cli_predict, comm_bench, cli_resume; what they share is in cli_common).
+cli_sweep, cli_predict, cli_bench_comm, cli_resume; what they share is in cli_common).
 
 Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
 the signal's number when a signal stopped the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
@@ -116,12 +116,12 @@ def build_parser() -> Parser:
     from gputui import cli_devices
 
     cli_devices.register(sub)
-    from gputui import cli_compare, cli_predict, cli_sweep, comm_bench
+    from gputui import cli_bench_comm, cli_compare, cli_predict, cli_sweep
 
     cli_compare.register(sub)  # runs, compare
     cli_sweep.register(sub)
     cli_predict.register(sub)
-    comm_bench.register(sub)
+    cli_bench_comm.register(sub)
     from gputui import cli_resume
 
     cli_resume.register(sub)

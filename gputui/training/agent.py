@@ -18,12 +18,13 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gputui.events import LogLine, RunFailed, RunStopped, is_terminal
-from gputui.training import runstore, shared_data, signals
-from gputui.training.handoff import quick_exit
+from gputui.events import Event, LogLine, RunFailed, RunStopped, is_terminal
+from gputui.training import recorder, runstore, shared_data, signals, stopping
+from gputui.training.handoff import LaunchSpec, quick_exit
 from gputui.usercode import code_named
 
 # What every rank needs before its first step, imported once in the fork server (below):
@@ -43,7 +44,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(spec: dict[str, Any], config_class=None):
+def launch_config(spec: LaunchSpec, config_class=None):
     """The elastic LaunchConfig of this node: nproc = local devices, min = max = nnodes.
 
     ``config_class`` is torch's ``LaunchConfig`` (a test passes an older signature). Arguments
@@ -53,14 +54,14 @@ def launch_config(spec: dict[str, Any], config_class=None):
     from torch.distributed.launcher.api import LaunchConfig
 
     config_class = config_class or LaunchConfig
-    dist = spec["config"]["dist"]
+    dist = spec.config["dist"]
     nnodes = dist["nnodes"]
     endpoint = dist["rdzv_endpoint"] or f"127.0.0.1:{free_port()}"
     # rank output (warnings, tracebacks) goes to files in the record, not over the progress
-    logs = Path(spec["run_dir"]) / "ranks"
+    logs = Path(spec.run_dir) / "ranks"
     return config_class(
-        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=len(spec["devices"]),
-        run_id=dist["rdzv_id"] if nnodes > 1 else spec["run_id"],
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=len(spec.devices),
+        run_id=dist["rdzv_id"] if nnodes > 1 else spec.run_id,
         rdzv_backend="c10d", rdzv_endpoint=endpoint,
         # The first node hosts the rendezvous store; on one node, this node always does.
         rdzv_configs={"is_host": dist["node_rank"] == 0},
@@ -118,44 +119,46 @@ def launcher_options(config_class) -> dict[str, Any]:
     return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
 
 
-def agent_main(spec: dict[str, Any]) -> None:
+def agent_main(spec: LaunchSpec) -> None:
     """Entry point of the spawned child for ddp/fsdp: run the elastic launch, end the record."""
     # First, before any thread or process starts (they inherit the blocked signals): a stop
-    # signal (SIGINT, SIGTERM, SIGHUP) is the graceful stop that the ranks agree on, never
-    # torch's handler that raises in this thread and tears the ranks down (see signals.py).
-    signals.watch(lambda signum, sender: ask_stop(spec, signals.stop_reason(signum)))
-    spec = dict(spec, agent_pid=os.getpid())  # a rank takes SIGTERM from here as the teardown
+    # signal (SIGINT, SIGTERM, SIGHUP) is the graceful stop that the ranks agree on, asked
+    # through the run's stop channel (stopping.py), never torch's handler that raises in this
+    # thread and tears the ranks down (see signals.py).
+    channel = spec.stop
+    signals.watch(lambda signum, sender: channel.ask(signals.stop_reason(signum)))
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
-    run_dir = Path(spec["run_dir"])
-    queue = spec["queue"]
+    run_dir = Path(spec.run_dir)
+    queue = spec.queue
     _log_to_file(run_dir / "ranks" / "agent.log")
     _start_fork_server()
     _Watchdog(spec).start()
     end = None
-    data_file = shared_data.path_for(spec["run_id"])
+    data_file = shared_data.path_for(spec.run_id)
+    # a rank takes SIGTERM from this process as torch's teardown, not as a stop
+    spec = replace(spec, agent_pid=os.getpid(), data_file=str(data_file))
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         from gputui.training.ranks import rank_main
 
-        spec = dict(spec, data_file=str(data_file))
-        if code_named(spec["config"]):
+        if code_named(spec.config):
             # the user's code builds the data and the model here, once, before any rank
             # starts: a factory that fails ends the run with one line naming it
-            problem = check_user_code(spec["config"], data_file)
+            problem = check_user_code(spec.config, data_file)
             if problem:
                 raise _Refused(problem)
         else:
             # the dataset loads here while the ranks start, once per node (see shared_data);
             # after the imports above, so the thread never imports torch alongside this one
-            shared_data.start_prefetch(spec["config"]["data"], data_file)
+            shared_data.start_prefetch(spec.config["data"], data_file)
 
         config = launch_config(spec)
         stop_survivors_promptly()
-        dist = spec["config"]["dist"]
+        dist = spec.config["dist"]
         if dist["nnodes"] > 1:
             _append(run_dir, queue, LogLine(
                 level="info", message=f"waiting for {dist['nnodes']} nodes at "
@@ -175,16 +178,6 @@ def agent_main(spec: dict[str, Any]) -> None:
         _append(run_dir, queue, end or RunFailed(reason="the ranks ended without a result"))
     stop_helpers()
     quick_exit(queue, 0)
-
-
-def ask_stop(spec: dict[str, Any], reason: str) -> None:
-    """Ask every rank to stop at the next agreed step (the parent's stop, with its reason)."""
-    from gputui.training.handoff import REASON_BYTES
-
-    box, event = spec.get("stop_reason"), spec["stop_event"]
-    if box is not None and not event.is_set():
-        box.value = reason.encode("utf-8")[:REASON_BYTES - 1]
-    event.set()
 
 
 class _Refused(Exception):
@@ -305,23 +298,10 @@ def _has_terminal(run_dir: Path) -> bool:
     return any(is_terminal(e) for e in runstore.read_events(run_dir))
 
 
-def _append(run_dir: Path, queue, event) -> None:
-    """Add one event to the record (and its summary) and to the parent's queue."""
-    try:
-        if is_terminal(event):
-            runstore.end_record(run_dir, event)
-        else:
-            log = runstore.EventLog(run_dir / "events.jsonl")
-            try:
-                log.write(event)
-            finally:
-                log.close()
-    except OSError:  # a full disk: the parent gets the event and ends the record if it can
-        pass
-    try:
-        queue.put(event)
-    except (OSError, ValueError):  # the parent is gone; the record still has it
-        pass
+def _append(run_dir: Path, queue, event: Event) -> None:
+    """Add one event to the record (a terminal one closes it) and to the parent's queue; on a
+    full disk the parent gets the event and ends the record if it can."""
+    recorder.add(run_dir, event, forward=queue.put)
 
 
 def _traceback() -> str:
@@ -331,33 +311,31 @@ def _traceback() -> str:
 
 
 class _Watchdog(threading.Thread):
-    """While no rank has started (e.g. waiting for other nodes at the rendezvous), a stop
-    request or the death of gputui ends the run here; once ranks run, they handle both."""
+    """The faults no rank can see yet: while no rank has started (e.g. waiting for other nodes
+    at the rendezvous), a stop asked through the channel or the death of gputui ends the run
+    here; once ranks run, they agree on the stop themselves (see stopping.py)."""
 
-    def __init__(self, spec: dict[str, Any]):
+    def __init__(self, spec: LaunchSpec):
         super().__init__(daemon=True)
         self.spec = spec
-        self.run_dir = Path(spec["run_dir"])
+        self.run_dir = Path(spec.run_dir)
 
     def run(self) -> None:
-        parent, stop = self.spec["parent_pid"], self.spec["stop_event"]
+        spec = self.spec
         while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                reason = "the gputui process that launched the run exited"
-            elif stop.is_set():
-                from gputui.training.worker import read_reason
-
-                asked = read_reason(self.spec.get("stop_reason")) or "stopped by user"
-                reason = f"{asked} before the ranks started"
+            time.sleep(stopping.PARENT_POLL_S)
+            if stopping.parent_gone(spec.parent_pid):
+                reason = stopping.PARENT_GONE
+            elif spec.stop.asked():
+                reason = f"{spec.stop.reason() or 'stopped by user'} before the ranks started"
             else:
                 continue
             if any(e.kind == "run_started" for e in runstore.read_events(self.run_dir)):
                 return  # the ranks are training: they agree on a step and stop there
-            _append(self.run_dir, self.spec["queue"], RunStopped(reason=reason))
+            _append(self.run_dir, spec.queue, RunStopped(reason=reason))
             _kill_children()
             stop_helpers()
-            shared_data.remove(shared_data.path_for(self.spec["run_id"]))
+            shared_data.remove(shared_data.path_for(spec.run_id))
             os._exit(0)
 
 

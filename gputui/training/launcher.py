@@ -1,8 +1,10 @@
 """Start a run in a spawned child process and receive its events without blocking.
 
 Shared by the headless CLI and the TUI. Importing this module does not import torch. The
-handle guarantees a record that ends with one terminal event: if the child dies without one
-(killed, crashed), the handle appends it, and rebuilds summary.json from the events.
+run starts from a typed :class:`~gputui.training.handoff.LaunchSpec`. The handle guarantees a
+record that ends with one terminal event: if the child dies without one (killed, crashed),
+the handle appends it through the one record writer (``recorder``). How a stop travels from
+``RunHandle.stop`` to the ranks is told in ``stopping.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import threading
 import time
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,8 @@ from gputui.devices import Device, resolve_with_note
 from gputui.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
 from gputui.filewrite import WriteFailed, write_atomic
 from gputui.proctree import adopt_orphans, kill_tree, own_tracker
-from gputui.training import runlock, runstore
-from gputui.training.handoff import REASON_BYTES, RankProcess
+from gputui.training import recorder, runlock, runstore
+from gputui.training.handoff import LaunchSpec, RankProcess, StopChannel
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
 
@@ -38,8 +41,7 @@ class RunHandle:
         self.run_id, self.run_dir, self.devices, self.cfg = run_id, run_dir, devices, cfg
         self.processes: list = []  # mp.Process objects (the child; more for multi-process)
         self._queue = None
-        self._stop_event = None
-        self._stop_reason = None  # a shared buffer: the reason of a stop asked by the parent
+        self._stop: StopChannel | None = None  # the run's stop channel (see stopping.py)
         self._samples: collections.deque = collections.deque(maxlen=4096)
         self._sampler = None
         self._telemetry_log = None
@@ -117,10 +119,8 @@ class RunHandle:
             else:
                 how = f"exited with code {code}"
             ev = RunFailed(reason=f"the training process {how} before the run ended")
-        try:
-            runstore.end_record(self.run_dir, ev)
-        except WriteFailed:  # a full disk: the record stays whole, readers judge it by its end
-            pass
+        # on a full disk the record stays whole and readers judge it by its end
+        recorder.add(self.run_dir, ev)
         return ev
 
     def _watch_tree(self, every_s: float = 0.25) -> None:
@@ -163,7 +163,9 @@ class RunHandle:
 
     def _finish(self, terminal: Event) -> None:
         self._done = True
-        self._end_record_if_open(terminal)
+        # a terminal event that reached the queue but not the disk (the child's write failed
+        # on a full disk) is appended here, where the run's reserved space may now be free
+        recorder.end_if_open(self.run_dir, terminal)
         self._status = {"run_finished": "finished", "run_failed": "failed",
                         "run_stopped": "stopped"}[terminal.kind]
         if getattr(terminal, "killed", False):
@@ -188,17 +190,6 @@ class RunHandle:
             lock.release()
         self._locks.clear()
         _LIVE.discard(self)
-
-    def _end_record_if_open(self, terminal: Event) -> None:
-        """A terminal event that reached the queue but not the disk (the child's write failed
-        on a full disk): append it here, where the run's reserved space may now be free."""
-        try:
-            events = runstore.read_events(self.run_dir)
-            if not any(is_terminal(e) for e in events):
-                runstore.end_record(self.run_dir, terminal)
-        except OSError:  # WriteFailed included: nothing more can be written there
-            pass
-        runstore.release_space(self.run_dir)
 
     # ------------------------------------------------------------------ control
     @property
@@ -227,13 +218,9 @@ class RunHandle:
 
     def stop(self, reason: str = "stopped by user") -> None:
         """Ask the run to stop at its next step; the record ends "stopped" with ``reason``
-        (the first reason asked is kept)."""
-        if self._stop_event is None:
-            return
-        box = self._stop_reason
-        if box is not None and not self._stop_event.is_set():
-            box.value = reason.encode("utf-8")[:REASON_BYTES - 1]
-        self._stop_event.set()
+        (the first reason asked is kept). The start of the one stop path: see stopping.py."""
+        if self._stop is not None:
+            self._stop.ask(reason)
 
     def kill(self, reason: str = "killed by user") -> None:
         """Kill the training processes (and their children) now."""
@@ -292,20 +279,18 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     handle.device_note = device_note
     info = registry.get(cfg.strategy.name)
     handle.multiprocess = bool(info and info.multiprocess)
-    spec = {"config": cfg.to_dict(), "devices": [d.to_dict() for d in devices],
-            "run_id": run_id, "run_dir": str(run_dir), "parent_pid": os.getpid(),
-            "t_launch": time.time(), "notes": [device_note] if device_note else []}
+    spec = LaunchSpec(config=cfg.to_dict(), devices=tuple(devices), run_id=run_id,
+                      run_dir=str(run_dir), parent_pid=os.getpid(), t_launch=time.time(),
+                      notes=(device_note,) if device_note else ())
     # a warm start (see warm.py): a prepared worker with torch loaded runs single-process runs
     ready = None if handle.multiprocess else warm.take()
     if ready is not None:
-        handle._queue, handle._stop_event = ready.queue, ready.stop_event
-        handle._stop_reason = ready.stop_reason
+        handle._queue, handle._stop = ready.queue, ready.stop
         handle.processes.append(ready.run(spec))
     else:
         ctx = mp.get_context("spawn")
-        handle._queue = spec["queue"] = ctx.Queue()
-        handle._stop_event = spec["stop_event"] = ctx.Event()
-        handle._stop_reason = spec["stop_reason"] = ctx.Array("c", REASON_BYTES)
+        handle._queue, handle._stop = ctx.Queue(), StopChannel.create(ctx)
+        spec = replace(spec, queue=handle._queue, stop=handle._stop)
         # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
         target = agent.agent_main if handle.multiprocess else worker.child_main
         proc = ctx.Process(target=target, args=(spec,), name=f"gputui-{run_id}")
@@ -334,7 +319,9 @@ def _start_sampler(handle: RunHandle) -> None:
 
 @atexit.register
 def _stop_all() -> None:
-    """Never orphan a run: on exit, stop live runs, then kill what does not stop."""
+    """The fault of an interpreter exiting with live runs (a script that never waited, an
+    exception): ask them to stop through the one stop path (``RunHandle.stop``), then kill
+    what has not ended within 10 s. Never orphan a run."""
     handles = list(_LIVE)
     for h in handles:
         h.stop()

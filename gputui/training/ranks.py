@@ -1,7 +1,7 @@
 """One rank of a multi-process run (ddp, fsdp): the function torch's elastic agent starts.
 
 Every rank runs the ordinary ``worker.execute`` path with its place in the job
-(:class:`~gputui.training.worker.RankInfo`). Local rank 0 of each node records (events.jsonl
+(:class:`~gputui.training.rankinfo.RankInfo`) and the stop every rank agrees on (``stopping``). Local rank 0 of each node records (events.jsonl
 and the parent's queue); the other ranks emit nothing, their figures reach the record through
 the strategy's gather at the log interval. A rank that fails does not write RunFailed itself:
 it writes its reason to ``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent
@@ -16,15 +16,15 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
-from gputui.devices import Device
 from gputui.events import Event
-from gputui.training import shared_data, signals
-from gputui.training.handoff import RankProcess, quick_exit
 from gputui.filewrite import write_atomic
-from gputui.training import runstore
-from gputui.training.worker import Recorder, RankInfo, StopFlag, execute
+from gputui.training import runstore, shared_data, signals
+from gputui.training.handoff import LaunchSpec, RankProcess, quick_exit
+from gputui.training.rankinfo import RankInfo
+from gputui.training.recorder import Recorder
+from gputui.training.stopping import StopFlag
+from gputui.training.worker import execute
 
 # Text of errors that come from a broken connection to another rank: their rank is more
 # likely a victim of a failure elsewhere than its cause.
@@ -58,7 +58,7 @@ class _RankStop(StopFlag):
     the elastic agent, which is torch tearing the job down after a failure: that ends the rank
     now, as torch expects."""
 
-    def __init__(self, agent_pid: int | None, **kwargs):
+    def __init__(self, agent_pid: int, **kwargs):
         self.agent_pid = agent_pid
         super().__init__(**kwargs)
 
@@ -68,25 +68,15 @@ class _RankStop(StopFlag):
         super().on_signal(signum, sender)
 
 
-def rank_info_from_env() -> RankInfo:
-    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK as the elastic agent sets them."""
-    env = os.environ
-    return RankInfo(rank=int(env["RANK"]), local_rank=int(env["LOCAL_RANK"]),
-                    world_size=int(env["WORLD_SIZE"]),
-                    local_world_size=int(env["LOCAL_WORLD_SIZE"]),
-                    node=int(env.get("GROUP_RANK", "0")))
-
-
-def rank_main(spec: dict[str, Any]) -> str:
+def rank_main(spec: LaunchSpec) -> str:
     """Train this rank's share; returns the status (the elastic agent collects it)."""
     # first: the stop signals are watched before any thread starts (see signals.watch)
-    stop = _RankStop(spec.get("agent_pid"), event=spec["stop_event"], parent_pid=os.getppid(),
-                     origin_pid=spec["parent_pid"], reason_box=spec.get("stop_reason"),
-                     signals=True)
-    info = rank_info_from_env()
-    run_dir = Path(spec["run_dir"])
-    devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
-    queue = spec["queue"]
+    stop = _RankStop(spec.agent_pid, channel=spec.stop, parent_pid=os.getppid(),
+                     origin_pid=spec.parent_pid, signals=True)
+    info = RankInfo.of_process(len(spec.devices))
+    run_dir = Path(spec.run_dir)
+    devices = list(spec.devices)
+    queue = spec.queue
     try:  # the sampler reads CPU% and RSS of this rank's device from this pid
         queue.put(RankProcess(devices[info.local_rank].name, os.getpid(), info.rank))
     except (OSError, ValueError):
@@ -94,9 +84,9 @@ def rank_main(spec: dict[str, Any]) -> str:
     recorder = Recorder(run_dir, forward=queue.put) if info.local_rank == 0 else None
     sink = _RankEmit(recorder, run_dir)
     try:
-        load = shared_data.loader(Path(spec["data_file"])) if spec.get("data_file") else None
-        status = execute(spec["config"], devices, spec["run_id"], sink, stop, spec["t_launch"],
-                         rank=info, load_data=load, notes=spec.get("notes", ()))
+        load = shared_data.loader(Path(spec.data_file)) if spec.data_file else None
+        status = execute(spec.config, devices, spec.run_id, sink, stop, spec.t_launch,
+                         rank=info, load_data=load, notes=spec.notes)
     finally:
         _destroy_group()
         if recorder is not None:

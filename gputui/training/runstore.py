@@ -1,8 +1,9 @@
 """The run record: ``runs/<run-id>/{config.toml, events.jsonl, telemetry.jsonl, summary.json}``.
 
-Events are appended one JSON line at a time and flushed as they happen, so a crash loses at
-most the step in flight. The summary is a pure function of the events (``summarize``), so it
-can always be rebuilt from a record whose writer died.
+Names, reading and the summary. Events are appended one JSON line at a time as they happen
+(by the one writer, ``gputui.training.recorder``), so a crash loses at most the step in flight.
+The summary is a pure function of the events (``summarize``), so it can always be rebuilt from
+a record whose writer died.
 """
 
 from __future__ import annotations
@@ -140,24 +141,6 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
     if first_t is not None:
         s["total_s"] = last_t - first_t
     return s
-
-
-def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
-    """Write summary.json atomically (a reader never sees half a file)."""
-    write_atomic(Path(run_dir) / "summary.json",
-                 json.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
-def end_record(run_dir: str | Path, event: Event, hint: str = "") -> None:
-    """Append the terminal ``event`` to events.jsonl and rewrite summary.json, using the space
-    the run set aside; WriteFailed when even that does not fit (the record is left whole)."""
-    release_space(run_dir)
-    log = EventLog(Path(run_dir) / "events.jsonl", hint)
-    try:
-        log.write(event)
-    finally:
-        log.close()
-    write_summary(run_dir, summarize(read_events(run_dir)))
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Training processes (:func:`watch`) block the three signals and take them in a th
 installs handlers that raise in its main thread; blocked signals never reach them), and the
 sender is known, so a rank can tell torch's own teardown (SIGTERM from its agent) from a stop.
 The parent (:class:`Supervisor`) notes the signals in a handler and acts in its poll loop.
+The whole stop path, from here to the step the ranks agree on, is told in ``stopping.py``.
 Torch-free: the CLI and the app use it.
 """
 

@@ -22,13 +22,27 @@ import multiprocessing.util as mp_util
 import os
 import threading
 import time
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-_POOL: list["WarmWorker"] = []
-from gputui.training import signals
+from gputui.training import signals, stopping
+from gputui.training.handoff import LaunchSpec, StopChannel
 
+_POOL: list["WarmWorker"] = []
 _LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class WarmChannels:
+    """What a warm worker shares with the parent for its life (spawn-context objects)."""
+
+    queue: Any  # multiprocessing.Queue: the runs' events (the handle polls it)
+    stop: StopChannel  # the stop of the run in flight (cleared before each run)
+    jobs: Any  # multiprocessing.Queue: the LaunchSpecs to run; None asks the worker to exit
+    ready: Any  # multiprocessing.Event: torch imported (and CUDA ready)
+    idle: Any  # multiprocessing.Event: no run in the worker
+    parent_pid: int  # the gputui process (the worker ends when it is gone)
+    cuda: tuple[int, ...]  # the GPUs whose CUDA context the worker creates
 
 
 class WarmWorker:
@@ -36,19 +50,15 @@ class WarmWorker:
 
     def __init__(self, cuda: tuple[int, ...] = ()):
         ctx = mp.get_context("spawn")
-        self.queue = ctx.Queue()  # the runs' events (the handle polls it)
-        self.stop_event = ctx.Event()
-        self.jobs = ctx.Queue()
-        self.ready = ctx.Event()  # torch imported (and CUDA ready)
-        self.idle = ctx.Event()  # no run in the worker
+        self.channels = WarmChannels(queue=ctx.Queue(), stop=StopChannel.create(ctx),
+                                     jobs=ctx.Queue(), ready=ctx.Event(), idle=ctx.Event(),
+                                     parent_pid=os.getpid(), cuda=tuple(cuda))
+        self.queue, self.stop = self.channels.queue, self.channels.stop
+        self.jobs, self.ready, self.idle = (self.channels.jobs, self.channels.ready,
+                                            self.channels.idle)
         self.idle.set()
-        from gputui.training.handoff import REASON_BYTES
-
-        self.stop_reason = ctx.Array("c", REASON_BYTES)  # why the parent asked for the stop
-        self.process = ctx.Process(target=warm_main, name="gputui-warm", args=({
-            "queue": self.queue, "stop_event": self.stop_event, "jobs": self.jobs,
-            "ready": self.ready, "idle": self.idle, "parent_pid": os.getpid(),
-            "cuda": list(cuda), "stop_reason": self.stop_reason}, ))
+        self.process = ctx.Process(target=warm_main, name="gputui-warm",
+                                   args=(self.channels,))
         self.process.start()
         self.cuda = tuple(cuda)
 
@@ -57,14 +67,12 @@ class WarmWorker:
         """Alive and waiting for a run."""
         return self.process.is_alive() and self.idle.is_set()
 
-    def run(self, spec: dict[str, Any]) -> "RunProxy":
-        """Hand a run to the worker; ``spec`` as launcher.launch builds it, minus the queue and
-        stop event (the worker's own are used: the handle must take them from here)."""
-        self.stop_event.clear()  # before the job is sent, so a stop asked at once is kept
-        self.stop_reason.value = b""
+    def run(self, spec: LaunchSpec) -> "RunProxy":
+        """Hand a run to the worker; ``spec`` as launcher.launch builds it, without its queue
+        and stop channel (the worker's own are used: the handle must take them from here)."""
+        self.stop.clear()  # before the job is sent, so a stop asked at once is kept
         self.idle.clear()
-        job = {k: v for k, v in spec.items() if k not in ("queue", "stop_event", "stop_reason")}
-        self.jobs.put(job)
+        self.jobs.put(replace(spec, queue=None, stop=None))
         return RunProxy(self)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -159,28 +167,28 @@ mp_util.Finalize(None, close_all, exitpriority=100)
 
 # ---------------------------------------------------------------------- the worker's side
 
-def warm_main(spec: dict[str, Any]) -> None:
+def warm_main(channels: WarmChannels) -> None:
     """Entry point of the warm worker: load torch, then run the jobs it is given."""
     # The stop signals, as in every training process (signals.py): the run in flight stops
     # gracefully with the signal named; an idle worker simply ends. First, before any thread.
     current: dict[str, Any] = {}
-    signals.watch(lambda signum, sender: _on_signal(current, spec["idle"], signum, sender))
+    signals.watch(lambda signum, sender: _on_signal(current, channels.idle, signum, sender))
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
-    fresh = _load(spec["cuda"])
-    spec["ready"].set()
-    threading.Thread(target=_watch_parent, args=(spec["parent_pid"], current),
+    fresh = _load(list(channels.cuda))
+    channels.ready.set()
+    threading.Thread(target=_watch_parent, args=(channels.parent_pid, current),
                      daemon=True).start()
     while True:
-        job = spec["jobs"].get()
+        job = channels.jobs.get()
         if job is None:
             return
         try:
-            _run(job, spec, current)
+            _run(job, channels, current)
         finally:
             _reset(fresh)
-            spec["idle"].set()
+            channels.idle.set()
 
 
 def _on_signal(current: dict[str, Any], idle, signum: int, sender: int) -> None:
@@ -224,17 +232,17 @@ def _warm_cuda(torch, device) -> None:
     (x.view(8, 64) @ x.view(8, 64).T).sum().item()  # cuBLAS
 
 
-def _run(job: dict[str, Any], spec: dict[str, Any], current: dict[str, Any]) -> None:
-    from gputui.devices import Device
-    from gputui.training.worker import Recorder, StopFlag, execute
+def _run(job: LaunchSpec, channels: WarmChannels, current: dict[str, Any]) -> None:
+    from gputui.training.recorder import Recorder
+    from gputui.training.worker import execute
 
-    recorder = Recorder(Path(job["run_dir"]), forward=spec["queue"].put)
-    stop = StopFlag(spec["stop_event"], reason_box=spec["stop_reason"])
+    recorder = Recorder(job.run_dir, forward=channels.queue.put)
+    # no parent watch here: the worker's own (_watch_parent) outlives the run
+    stop = stopping.StopFlag(channels.stop)
     current["stop"] = stop
-    devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in job["devices"]]
     try:
-        execute(job["config"], devices, job["run_id"], recorder, stop, job["t_launch"],
-                notes=job.get("notes", ()))
+        execute(job.config, list(job.devices), job.run_id, recorder, stop, job.t_launch,
+                notes=job.notes)
     finally:
         recorder.close()  # summary.json: the run's record is whole from here
         current.pop("stop", None)
@@ -265,19 +273,21 @@ ORPHAN_GRACE_S = 30.0  # how long a run whose parent died may take to end its re
 
 
 def _watch_parent(parent_pid: int, current: dict[str, Any]) -> None:
-    """The parent gone: stop the run in flight gracefully, let it end its record, then exit.
+    """The fault of a dead parent, for the worker's whole life (a run's StopFlag lives only for
+    that run): stop the run in flight gracefully through its flag, let it end its record,
+    then exit.
 
     Only this process's own state is read here, never the shared ``idle`` event: a parent
     killed while it held that event's lock (it reads it to choose a worker) leaves the lock
     held for good, and a worker waiting on it outlived the app.
     """
     while True:
-        time.sleep(0.5)
-        if os.getppid() == parent_pid:
+        time.sleep(stopping.PARENT_POLL_S)
+        if not stopping.parent_gone(parent_pid):
             continue
         stop = current.get("stop")
         if stop is not None:
-            stop.request("the gputui process that launched the run exited")
+            stop.request(stopping.PARENT_GONE)
         deadline = time.monotonic() + ORPHAN_GRACE_S
         while current.get("stop") is not None and time.monotonic() < deadline:
             time.sleep(0.1)

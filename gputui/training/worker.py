@@ -1,159 +1,28 @@
 """The training process: entry point of the spawned child, and the in-process ``execute``.
 
-A stop signal (SIGINT, SIGTERM, SIGHUP: see ``signals``) stops the child at its next step
-with a checkpoint; it watches its parent so a dead UI never leaves it training, records
-every event as it happens and ends the record with exactly one terminal event.
+A stop (the parent's, a stop signal, the parent's death: see ``stopping``) stops the child at
+its next step with a checkpoint; every event is recorded as it happens (``recorder``) and the
+record ends with exactly one terminal event.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from gputui.config import from_dict
 from gputui.devices import Device
-from gputui.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
-                           RunStopped, is_terminal)
+from gputui.events import InitDone, LogLine, RunFailed, RunFinished, RunStarted, RunStopped
 from gputui.filewrite import DISK_FULL, WriteFailed, os_error_in
-from gputui.training.runstore import EventLog, release_space, summarize, write_summary
+from gputui.training.handoff import LaunchSpec
+from gputui.training.rankinfo import RankInfo
+from gputui.training.recorder import Recorder
+from gputui.training.stopping import AgreedStop, StopFlag
 from gputui.usercode import code_named
-
-
-class Recorder:
-    """Writes each event to events.jsonl (one whole line, written before it is passed on) and
-    hands it to ``forward`` (a queue). A failed write of an event raises WriteFailed, which
-    ends the run; the terminal event uses the space the run set aside, and when even that
-    fails it still reaches ``forward``, whose receiver ends the record."""
-
-    def __init__(self, run_dir: Path, forward: Callable[[Event], None] | None = None):
-        self.run_dir = Path(run_dir)
-        self.log = EventLog(self.run_dir / "events.jsonl")
-        self.forward = forward
-        self.events: list[Event] = []
-
-    def emit(self, event: Event) -> None:
-        if is_terminal(event):
-            release_space(self.run_dir)
-            try:
-                self.log.write(event)
-            except WriteFailed:
-                pass  # the parent gets it from the queue and tries again
-        else:
-            self.log.write(event)
-        self.events.append(event)
-        if self.forward is not None:
-            try:
-                self.forward(event)
-            except Exception:  # noqa: BLE001 - a gone listener must not stop the record
-                self.forward = None
-
-    def close(self) -> None:
-        """Write summary.json (skipped on a full disk: it is rebuilt from the events) and
-        close the log."""
-        release_space(self.run_dir)
-        try:
-            write_summary(self.run_dir, summarize(self.events))
-        except WriteFailed:
-            pass
-        self.log.close()
-
-
-class StopFlag:
-    """Stop requests: from the parent (an mp.Event, with the reason in a shared buffer), from a
-    signal this process received (``request``) or from the parent's death."""
-
-    def __init__(self, event=None, parent_pid: int | None = None, origin_pid: int | None = None,
-                 reason_box=None, signals: bool = False):
-        self.event, self.parent_pid, self.origin_pid = event, parent_pid, origin_pid
-        self.reason_box = reason_box
-        self._reason = ""
-        self._local = threading.Event()
-        if signals:  # before any thread starts: threads inherit the blocked signals
-            from gputui.training import signals as signals_mod
-
-            signals_mod.watch(self.on_signal)
-        if parent_pid:
-            threading.Thread(target=self._watch_parent, daemon=True).start()
-
-    def request(self, reason: str) -> None:
-        """Stop at the next step; the first reason given is the one recorded."""
-        if not self._local.is_set():
-            self._reason = reason
-            self._local.set()
-
-    def on_signal(self, signum: int, sender: int) -> None:
-        """A stop signal reached this process (see ``signals.watch``)."""
-        from gputui.training.signals import stop_reason
-
-        self.request(stop_reason(signum))
-
-    @property
-    def reason(self) -> str:
-        if self._reason:
-            return self._reason
-        return read_reason(self.reason_box) or "stopped by user"
-
-    def _watch_parent(self) -> None:
-        # origin_pid: a rank's parent is the elastic agent; gputui is the agent's parent
-        while not self._local.wait(0.5):
-            if os.getppid() != self.parent_pid or (self.origin_pid and not _alive(self.origin_pid)):
-                self.request("the gputui process that launched the run exited")
-
-    def __call__(self) -> bool:
-        return self._local.is_set() or (self.event is not None and self.event.is_set())
-
-
-def read_reason(box) -> str:
-    """The stop reason the parent left in the shared buffer (empty when none)."""
-    if box is None:
-        return ""
-    try:
-        return box.value.decode("utf-8", "replace")
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """This process's place in a multi-process run (ddp, fsdp), from torch elastic's env."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node: int = 0
-
-
-class _AgreedStop:
-    """A stop every rank agrees on: each check is a tiny collective (MAX of the flags), so all
-    ranks leave the loop at the same step and none waits forever in a collective."""
-
-    def __init__(self, flag: Callable[[], bool], strategy):
-        self.flag, self.strategy = flag, strategy
-        self.reason = "stopped on another rank"
-
-    def __call__(self) -> bool:
-        agreed = self.strategy.agree_stop(bool(self.flag()))
-        # asked after the collective: a stop request set in between is this rank's own too
-        if agreed and self.flag():
-            self.reason = getattr(self.flag, "reason", "stopped by user")
-        return agreed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
@@ -205,7 +74,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         strategy.setup()
         start()
         if rank is not None:
-            should_stop = _AgreedStop(should_stop, strategy)
+            should_stop = AgreedStop(should_stop, strategy)
         batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
                                         strategy.data_device(), cfg.data.loader, cfg.data.workers,
                                         cfg.run.channels_last)
@@ -283,19 +152,16 @@ def _set_threads(torch, threads: int, processes: int) -> None:
     torch.set_num_threads(threads)
 
 
-def child_main(spec: dict[str, Any]) -> None:
+def child_main(spec: LaunchSpec) -> None:
     """Entry point of the spawned training process (single-process strategies)."""
     # CUDA must number GPUs the way discovery (NVML, PCI order) did, before torch loads CUDA.
     from gputui.telemetry.cuda_order import cuda_env
 
     os.environ.update(cuda_env())
-    queue = spec["queue"]
-    stop = StopFlag(spec["stop_event"], spec["parent_pid"], reason_box=spec.get("stop_reason"),
-                    signals=True)
-    recorder = Recorder(Path(spec["run_dir"]), forward=queue.put)
-    devices = [Device(d["kind"], d["index"], d.get("label", "")) for d in spec["devices"]]
+    stop = StopFlag(spec.stop, spec.parent_pid, signals=True)
+    recorder = Recorder(spec.run_dir, forward=spec.queue.put)
     try:
-        execute(spec["config"], devices, spec["run_id"], recorder, stop, spec["t_launch"],
-                notes=spec.get("notes", ()))
+        execute(spec.config, list(spec.devices), spec.run_id, recorder, stop, spec.t_launch,
+                notes=spec.notes)
     finally:
         recorder.close()

@@ -13,6 +13,7 @@ from scripted import FakeHandle, fixed_inventory, run_events
 
 from gputui.events import DeviceSample
 from gputui.training import runstore
+from gputui.training.recorder import write_summary
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
 
@@ -43,7 +44,7 @@ def test_run_screen_after_a_finished_run(snap_compare, presets, tmp_path, monkey
     events = run_events(run_id=RUN_ID, epochs=3, steps_per_epoch=20, log_every=2)
     run_dir = Path("runs") / RUN_ID
     run_dir.mkdir(parents=True)
-    runstore.write_summary(run_dir, runstore.summarize(events))
+    write_summary(run_dir, runstore.summarize(events))
     app = make_app(inventory=fixed_inventory(), presets=presets)
 
     async def show_run(pilot):

@@ -13,6 +13,7 @@ from pathlib import Path
 from gputui.config import RunConfig
 from gputui.events import EpochEnd, InitDone, RunFailed, RunFinished, RunStarted, StepMetrics
 from gputui.training import runstore
+from gputui.training.recorder import write_summary
 
 
 def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
@@ -55,7 +56,7 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
         log.write(ev)
     log.close()
     if summary:
-        runstore.write_summary(run_dir, runstore.summarize(events))
+        write_summary(run_dir, runstore.summarize(events))
     return run_dir
 
 

@@ -10,7 +10,8 @@ import sys
 import psutil
 import pytest
 
-from gputui.comm_bench import bandwidths, parse_size
+from gputui.cli_bench_comm import parse_size
+from gputui.comm_bench import bandwidths
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 
@@ -105,7 +106,8 @@ def test_bad_input_one_line_exit_2(args, needle, capsys):
 
 
 def test_table_layout(capsys):
-    from gputui.comm_bench import print_table, with_bandwidths
+    from gputui.cli_bench_comm import print_table
+    from gputui.comm_bench import with_bandwidths
 
     rows = with_bandwidths([{"size": 4096, "count": 1024, "seconds": 1e-5}], 2)
     print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": rows})

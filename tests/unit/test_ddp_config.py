@@ -76,15 +76,24 @@ def test_launch_config_per_node(tmp_path):
     cfg = _cfg(**{"strategy.name": "ddp", "devices.spec": "cpu*2", "dist.nnodes": 2,
                   "dist.node_rank": 1, "dist.rdzv_endpoint": "10.0.0.1:29400",
                   "dist.rdzv_id": "job7"})
-    spec = {"config": cfg.to_dict(), "devices": [{}, {}], "run_id": "r", "run_dir": str(tmp_path)}
+    spec = _spec(cfg, tmp_path)
     lc = launch_config(spec)
     assert (lc.min_nodes, lc.max_nodes, lc.nproc_per_node) == (2, 2, 2)
     assert (lc.rdzv_backend, lc.rdzv_endpoint, lc.run_id) == ("c10d", "10.0.0.1:29400", "job7")
     assert lc.rdzv_configs["is_host"] is False and lc.max_restarts == 0
     assert "SIGINT" not in lc.signals_to_handle  # Ctrl-C is a graceful, agreed stop
-    one = launch_config(dict(spec, config=_cfg(**{"strategy.name": "ddp"}).to_dict()))
+    one = launch_config(_spec(_cfg(**{"strategy.name": "ddp"}), tmp_path))
     assert one.rdzv_endpoint.startswith("127.0.0.1:") and one.rdzv_configs["is_host"] is True
     assert one.run_id == "r"  # a fresh rendezvous per run on one node
+
+
+def _spec(cfg, run_dir):
+    """The launch spec of a two-device node, as launcher.launch builds it (no channels)."""
+    from gputui.devices import cpu_devices
+    from gputui.training.handoff import LaunchSpec
+
+    return LaunchSpec(config=cfg.to_dict(), devices=tuple(cpu_devices(2)), run_id="r",
+                      run_dir=str(run_dir), parent_pid=0, t_launch=0.0)
 
 
 def _older_launch_config(*drop: str):
@@ -108,8 +117,7 @@ def test_newer_launcher_arguments_only_where_torch_has_them(tmp_path, drop, pass
 
     older = _older_launch_config(*drop)
     passed = passed & {f for f in OPTIONAL_LAUNCH_ARGS if f in older.__dataclass_fields__}
-    spec = {"config": _cfg(**{"strategy.name": "ddp"}).to_dict(), "devices": [{}, {}],
-            "run_id": "r", "run_dir": str(tmp_path)}
+    spec = _spec(_cfg(**{"strategy.name": "ddp"}), tmp_path)
     lc = launch_config(spec, config_class=older)  # an unknown keyword would raise TypeError
     assert lc.nproc_per_node == 2
     for name in OPTIONAL_LAUNCH_ARGS:

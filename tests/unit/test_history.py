@@ -124,7 +124,7 @@ def test_cli_runs_empty(tmp_path, capsys):
 def test_cli_modules_do_not_import_torch():
     code = ("import sys, gputui.cli as c; c.build_parser(); "
             "import gputui.history, gputui.compare, gputui.export, gputui.sweep, "
-            "gputui.sweep_progress, gputui.cli_sweep, gputui.comm_bench; "
+            "gputui.sweep_progress, gputui.cli_sweep, gputui.cli_bench_comm; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)

@@ -30,7 +30,8 @@ from gputui.training.loop import train
 from gputui.training.runstore import read_events
 from gputui.training.strategies import registry
 from gputui.training.strategies.single import Single
-from gputui.training.worker import Recorder, execute
+from gputui.training.recorder import Recorder
+from gputui.training.worker import execute
 from strategy_harness import make_config, small_data
 
 GPUTUI = [sys.executable, "-m", "gputui"]

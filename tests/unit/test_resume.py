@@ -24,7 +24,8 @@ from gputui.training.data import TensorBatches
 from gputui.training.loop import train
 from gputui.training.runstore import read_events
 from gputui.training.strategies import registry
-from gputui.training.worker import Recorder, execute
+from gputui.training.recorder import Recorder
+from gputui.training.worker import execute
 from strategy_harness import assert_params_close, make_config, params, small_data
 
 GPUTUI = [sys.executable, "-m", "gputui"]

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gputui import breakdown
+from gputui.training.rankinfo import RankInfo
 from gputui.training.strategies.base import Stopwatch, Strategy
 from gputui.training.strategies.comm_timer import CommTimer, gbps
 from gputui.training.strategies.scratch import split_sizes
@@ -52,8 +53,8 @@ class DDPStrategy(Strategy):
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
         n_local = len(self.devices)
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank % n_local))
-        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", n_local))
+        me = RankInfo.of_process(n_local, self.rank, self.world_size)  # this rank's identity
+        self.local_rank, self.local_world = me.local_rank, me.local_world_size
         dev = self.devices[self.local_rank]
         self.device = torch.device(dev.torch_device)
         self.cuda = dev.kind == "cuda"
@@ -64,8 +65,7 @@ class DDPStrategy(Strategy):
         self._owns_group = not dist.is_initialized()
         if self._owns_group:  # a test may have set the group up already
             dist.init_process_group(self.backend, timeout=timeout)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.node = self.rank // self.local_world
+        self.rank, self.world_size, self.node = me.rank, me.world_size, me.node
         # control messages over gloo on the CPU; for a gloo job that is the default group
         self.control = (dist.new_group(backend="gloo", timeout=timeout)
                         if self.backend != "gloo" else None)

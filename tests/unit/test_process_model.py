@@ -1,0 +1,106 @@
+"""The process model's seams: the typed hand-off crosses spawn whole, the stop channel carries
+the parent's reason, a rank's identity comes from one constructor, the record has one writer,
+and child code never imports the parent's."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from test_import_graph import _modules, import_graph
+
+from gputui.devices import Device, cpu_devices
+from gputui.events import LogLine, RunStopped
+from gputui.training import recorder
+from gputui.training.handoff import LaunchSpec, StopChannel
+from gputui.training.rankinfo import RankInfo
+from gputui.training.runstore import read_events, read_summary
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
+
+
+def _child(spec: LaunchSpec) -> None:
+    """A spawned child: report what arrived and what it had to import, then ask the stop."""
+    import gputui.training.rankinfo  # noqa: F401 - the child side's torch-free leaves
+    import gputui.training.recorder  # noqa: F401
+    import gputui.training.stopping as stopping
+
+    flag = stopping.StopFlag(spec.stop)
+    before = flag()
+    spec.stop.ask("asked by the child")
+    spec.stop.ask("a second reason is not kept")
+    plain = replace(spec, queue=None, stop=None)  # a queue is passed on only at a spawn
+    spec.queue.put((plain, before, flag(), flag.reason, "torch" in sys.modules))
+
+
+def test_a_launch_spec_crosses_spawn_whole_with_its_channels(tmp_path):
+    ctx = mp.get_context("spawn")
+    spec = LaunchSpec(config={"run": {"epochs": 1}}, devices=tuple(cpu_devices(2)),
+                      run_id="r", run_dir=str(tmp_path), parent_pid=1, t_launch=12.5,
+                      notes=("no GPU: ran on the CPU",), queue=ctx.Queue(),
+                      stop=StopChannel.create(ctx), data_file="/dev/shm/x")
+    proc = ctx.Process(target=_child, args=(spec,))
+    proc.start()
+    got, before, after, reason, torch_loaded = spec.queue.get(timeout=60)
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert (got.config, got.run_id, got.run_dir, got.t_launch, got.notes, got.data_file) == (
+        spec.config, spec.run_id, spec.run_dir, spec.t_launch, spec.notes, spec.data_file)
+    assert got.devices == spec.devices and isinstance(got.devices[0], Device)
+    assert (before, after, reason) == (False, True, "asked by the child")
+    # the child's ask reached the parent's side of the same channel
+    assert spec.stop.asked() and spec.stop.reason() == "asked by the child"
+    assert not torch_loaded  # the hand-off and the stop path load no torch
+
+
+def test_a_rank_identity_comes_from_torch_elastic_or_from_what_the_caller_gives():
+    elastic = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+               "GROUP_RANK": "1"}
+    assert RankInfo.of_process(2, env=elastic) == RankInfo(3, 1, 4, 2, 1)
+    # a test that starts its own processes: rank and world size given, 2 devices per node
+    assert RankInfo.of_process(2, rank=3, world_size=4, env={}) == RankInfo(3, 1, 4, 2, 1)
+
+
+def test_the_record_writer_ends_a_record_once_and_writes_its_summary(tmp_path):
+    forwarded = []
+    assert recorder.add(tmp_path, LogLine(level="info", message="note"), forwarded.append)
+    assert not (tmp_path / "summary.json").exists()  # the record is not closed yet
+    recorder.end_if_open(tmp_path, RunStopped(reason="stopped by user"))
+    recorder.end_if_open(tmp_path, RunStopped(reason="a second end is not written"))
+    assert [e.kind for e in read_events(tmp_path)] == ["log", "run_stopped"]
+    assert read_summary(tmp_path)["reason"] == "stopped by user"
+    assert [e.kind for e in forwarded] == ["log"]
+
+
+_WRITES_RECORD = re.compile(
+    r"(EventLog|AppendLog|open|write_atomic|write_with)\([^)]*"
+    r"(events\.jsonl|summary\.json|EVENTS_FILE|SUMMARY_FILE)")
+
+
+def test_the_record_has_one_writer():
+    """Only recorder.py opens events.jsonl or writes summary.json (a structural guard)."""
+    writers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                     if _WRITES_RECORD.search(p.read_text(encoding="utf-8"))
+                     or "def write_summary" in p.read_text(encoding="utf-8"))
+    assert writers == ["training/recorder.py"]
+
+
+CHILD = ["gputui.training.worker", "gputui.training.agent", "gputui.training.ranks",
+         "gputui.training.stopping", "gputui.training.recorder", "gputui.training.rankinfo",
+         "gputui.training.handoff"]
+PARENT = ("gputui.training.launcher", "gputui.sweep", "gputui.cli", "gputui.tui")
+
+
+def test_child_code_never_imports_the_parent():
+    graph = import_graph(_modules())
+    for start in CHILD:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        bad = sorted(m for m in seen if m.startswith(PARENT))
+        assert not bad, f"{start} imports parent code: {bad}"
