@@ -63,7 +63,7 @@ def unsupported(strategy: Strategy) -> str | None:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch without distributed tensors cannot have made one
         return None
-    for model, _ in strategy.eval_models():
+    for model in strategy.models():
         if any(isinstance(p, DTensor) for p in model.parameters()):
             return (f"strategy '{strategy.name}' shards its parameters and has no checkpoint "
                     f"hooks yet, so it cannot be checkpointed or resumed")

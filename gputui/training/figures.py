@@ -21,7 +21,7 @@ def flops_info(cfg: RunConfig, strategy: Strategy, ds: Dataset,
     """Count one step's FLOPs and find the devices' peak (emitted by FirstStep); None on the
     ranks that record nothing, or when the model cannot be built on the meta device (said in
     one line)."""
-    if getattr(strategy, "local_rank", 0) != 0:
+    if strategy.local_rank != 0:
         return None
     shape = (strategy.batch_size, *ds.train_x.shape[1:])
     try:

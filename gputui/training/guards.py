@@ -77,7 +77,7 @@ def largest_fitting_batch(strategy: Strategy, x: torch.Tensor, y: torch.Tensor) 
 
 def _release(strategy: Strategy) -> None:
     """Drop gradients and cached blocks so a probe starts from what the model itself needs."""
-    for model, _ in strategy.eval_models():
+    for model in strategy.models():
         model.zero_grad(set_to_none=True)
     if any(d.kind == "cuda" for d in strategy.devices) and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -60,7 +60,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
     def save(position: ckpt.Position) -> None:
         if saving:
             # every node keeps its own record, so each node's first rank writes its checkpoint
-            ckpt.save(path, strategy, position, write=getattr(strategy, "local_rank", 0) == 0)
+            ckpt.save(path, strategy, position, write=strategy.local_rank == 0)
 
     delay = cfg.debug.data_delay_s
     injected = [f"debug.{k} = {v:g} s" for k, v in (("comm_delay_s", cfg.debug.comm_delay_s),
@@ -123,7 +123,6 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         # fetch is timed too (its data part of the step breakdown, gputui.breakdown).
         marks = _marks(done_before, steps, log_every, every, global_step)
         next_mark = marks.pop() if marks else 0
-        strategy.meter = False
         source = iter(_delayed(batches.epoch(epoch, done_before), delay)
                       if delay else batches.epoch(epoch, done_before))
         while True:
@@ -139,19 +138,17 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 return "stopped"
             step += 1
             logged = step == next_mark
-            if logged:
-                strategy.data_s = time.perf_counter() - fetch
-                strategy.meter = True
+            # a logged step is metered: it gets the seconds its batch took to arrive
+            data_s = time.perf_counter() - fetch if logged else None
             try:
                 with first.context():
-                    loss = strategy.train_step(x, y)
+                    loss = strategy.train_step(x, y, data_s)
             except OOM_ERRORS as exc:
                 raise out_of_memory(exc, strategy, x, y) from None
             first.after_step(epoch)
             window.losses.append(loss)
             global_step += 1
             if logged:
-                strategy.meter = False
                 flush(step, True)
                 next_mark = marks.pop() if marks else 0
                 if every > 0 and global_step % every == 0 and step < steps:

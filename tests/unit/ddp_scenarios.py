@@ -95,7 +95,7 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
         for x, y in itertools.islice(batches.epoch(epoch), STEPS):
             losses.append(strategy.train_step(x, y))
     losses = strategy.reduce_metric(torch.stack(losses)).tolist()
-    model_ = strategy.full_model() if strategy_name == "fsdp" else strategy.local_module()
+    model_ = strategy.full_model() if strategy_name == "fsdp" else strategy.module
     acc = evaluate(strategy, ds)
     out = {"params": params(model_), "losses": losses, "acc": acc,
            "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0]),

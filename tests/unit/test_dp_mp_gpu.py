@@ -32,8 +32,7 @@ def run_on_devices(cfg, steps: int = STEPS, meter_last: bool = False):
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
                             strategy.data_device())
     for i, (x, y) in enumerate(itertools.islice(batches.epoch(1), steps)):
-        strategy.meter = meter_last and i == steps - 1
-        strategy.train_step(x, y)
+        strategy.train_step(x, y, 0.0 if meter_last and i == steps - 1 else None)
     torch.cuda.synchronize()
     return strategy
 

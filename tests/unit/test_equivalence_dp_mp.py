@@ -132,9 +132,8 @@ def test_model_parallel_metered_step_reports_stages_and_comm():
     cfg = make_config("model_parallel", "cpu*3", "lenet", 48, **{"strategy.pipeline_chunks": 4})
     strategy, _ = run_steps(cfg, 1)
     assert strategy.read_timing() == {}  # unmetered steps record nothing
-    strategy.meter = True
     ds = small_data()
-    strategy.train_step(ds.train_x[:48], ds.train_y[:48])
+    strategy.train_step(ds.train_x[:48], ds.train_y[:48], data_s=0.0)  # metered
     timing = strategy.read_timing()
     assert [d["device"] for d in timing["per_device"]] == ["cpu:0", "cpu:1", "cpu:2"]
     assert all(d["samples"] == 48 and d["compute_s"] > 0 for d in timing["per_device"])

@@ -84,9 +84,10 @@ class PoisonAt(Single):
 
     poison_step = 3
 
-    def train_step(self, x, y):
+    def train_step(self, x, y, data_s=None):
         self.calls = getattr(self, "calls", 0) + 1
-        return super().train_step(x * float("inf") if self.calls == self.poison_step else x, y)
+        return super().train_step(x * float("inf") if self.calls == self.poison_step else x, y,
+                                  data_s)
 
 
 def _train(cls, cfg, run_dir=None):
@@ -126,12 +127,12 @@ class OomAbove(Single):
 
     limit = 20
 
-    def train_step(self, x, y):
+    def train_step(self, x, y, data_s=None):
         if len(x) > self.limit:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {len(x)} MiB (GPU 0; 15.78 GiB total "
                 f"capacity; 14.90 GiB already allocated)\nmore detail on a second line")
-        return super().train_step(x, y)
+        return super().train_step(x, y, data_s)
 
 
 @dataclasses.dataclass(frozen=True)

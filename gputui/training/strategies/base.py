@@ -1,8 +1,28 @@
 """The common interface of every strategy, and what single-device training already does.
 
-A strategy builds its model(s) on its devices, runs one optimizer step on a global batch
-(``train_step``), and counts correct test predictions (``evaluate``). Subclasses hold only
-what differs from single-device training.
+What the loop (and the worker, checkpoints, the memory and FLOP figures, the fast path) calls
+on a strategy, and nothing else:
+
+- ``setup()`` once, then ``data_device()`` (where the batches go); ``compiles()`` and, after
+  a failed compile, ``use_eager()`` (the fast path);
+- ``train_step(x, y, data_s=None)``: one optimizer step on a global batch. The step is
+  metered when ``data_s`` (the seconds the loop waited for the batch) is given;
+  ``read_timing()`` reports the last metered step, at the log interval;
+- ``set_train(mode)`` and ``evaluate(x, y)`` around the test batches; ``reduce_metric(v)``;
+- ``device_stats()``, ``memory_rows(activations)``, ``memory_groups()``, ``build_model()``
+  (the memory and FLOP figures);
+- ``models()``, ``optimizers()``, ``primary_model()``, ``state_dict()``,
+  ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
+- multi-process strategies only: ``agree_stop(mine)`` (the worker's agreed stop);
+- read-only: ``cfg``, ``devices``, ``name``, ``rank``, ``local_rank``, ``world_size``,
+  ``batch_size``, ``lr`` and ``notes`` (what the run should say once, at its start).
+
+Nothing outside a strategy writes to it: its state (models, optimizers, the grad scaler,
+the metered step's marks) is its own. A subclass holds only what differs from single-device
+training: it builds its models in ``setup()`` (every attribute it creates there is declared on
+the class), says which ``models()`` and ``optimizers()`` it trains, in checkpoint order, and
+writes ``train_step`` and ``read_timing``; the loss, backward, update and evaluation it shares
+live here once.
 """
 
 from __future__ import annotations
@@ -45,6 +65,11 @@ class Stopwatch:
         return end - start
 
 
+def no_correct(device: torch.device) -> torch.Tensor:
+    """A count of correct predictions at zero, on ``device`` (what evaluate starts from)."""
+    return torch.zeros((), dtype=torch.long, device=device)
+
+
 def flat_layers(module: nn.Module) -> list[nn.Module]:
     """The layers of a plain Sequential, with nested plain Sequentials opened (subclasses,
     which may have their own forward, are kept whole)."""
@@ -55,8 +80,8 @@ def flat_layers(module: nn.Module) -> list[nn.Module]:
 
 
 class Strategy:
-    """Base class: configuration, model building, the optimizer and one micro-batched
-    forward/backward pass. ``meter`` is set by the loop on the steps it wants timed."""
+    """Base class: configuration, model building, the optimizer, the loss and one micro-batched
+    forward/backward pass, the update, evaluation and checkpoints (see the module doc)."""
 
     name = "base"
 
@@ -64,18 +89,18 @@ class Strategy:
                  image_size: int = 28, num_classes: int = 10, rank: int = 0,
                  world_size: int = 1, height: int = 0):
         self.cfg, self.devices = cfg, devices
+        self.torch_devices = [torch.device(d.torch_device) for d in devices]
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
         self.height = height or image_size  # image_size is the width (built-in data: square)
         self.rank, self.world_size = rank, world_size
+        self.local_rank = 0  # this process's rank on its machine (multi-process: set in setup)
         n = max(len(devices), world_size)
         self.batch_size = effective_batch_size(cfg, n)
         self.lr = effective_lr(cfg, n)
-        self.meter = False
-        self.data_s = 0.0  # the metered step's wait for its batch, set by the loop
         self.comm_delay_s = cfg.debug.comm_delay_s  # added to each communication (a test knob)
-        self.timing: dict[str, Any] = {}
-        self.notes: list[str] = []
-        self.scaler = None
+        self.notes: list[str] = []  # what the run says once at its start; only the strategy adds
+        self.timing: dict[str, Any] = {}  # the last metered step's marks (train_step writes them)
+        self.scaler: torch.amp.GradScaler | None = None  # fp16 on CUDA only (make_scaler)
         # decided once, not per step
         self.micro = cfg.optim.micro_batches
         self.amp_dtype = AMP_DTYPES.get(cfg.run.precision)
@@ -103,10 +128,6 @@ class Strategy:
         ``fastpath``); the eager module itself otherwise."""
         return fastpath.compile_module(module, self.cfg.run.compile)
 
-    def compiles(self) -> bool:
-        """Whether run.compile applies to this strategy (dp says no, and why)."""
-        return True
-
     def lean(self, model: nn.Module) -> nn.Module:
         """What a step calls: a Sequential of nested plain Sequentials flattened into one that
         shares their layers (one call per layer, none per nesting level); anything else as is.
@@ -129,10 +150,22 @@ class Strategy:
 
     def autocast(self, device: torch.device):
         """Autocast for bf16/fp16, a no-op context for fp32."""
-        dtype = AMP_DTYPES.get(self.cfg.run.precision)
-        if dtype is None:
+        if self.amp_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=dtype)
+        return torch.autocast(device_type=device.type, dtype=self.amp_dtype)
+
+    def scaled_loss(self, out: torch.Tensor, y: torch.Tensor, denom: float) -> torch.Tensor:
+        """The mean cross-entropy of a slice of the global batch, times the slice's share of
+        it (``len(y) / denom``, the multiplication skipped when that is 1): summed over the
+        slices, these give the full batch's mean loss and gradient. ``denom`` is the global
+        batch (over the world size where the ranks' gradients are averaged)."""
+        loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
+        share = len(y) / denom
+        return loss if share == 1.0 else loss * share
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss``, through the grad scaler when there is one."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                          denom: float, device: torch.device, before_last=None) -> torch.Tensor:
@@ -145,83 +178,111 @@ class Strategy:
         if self.graph_steps:
             torch.compiler.cudagraph_mark_step_begin()
         if self.micro == 1:
-            return self._pass(model, x, y, len(x) / denom, device)
+            return self._pass(model, x, y, denom, device)
         k = min(self.micro, len(x))
         total = None
         for i, (xm, ym) in enumerate(zip(torch.tensor_split(x, k), torch.tensor_split(y, k))):
             ctx = before_last() if before_last is not None and i < k - 1 else contextlib.nullcontext()
             with ctx:
-                part = self._pass(model, xm, ym, len(xm) / denom, device)
+                part = self._pass(model, xm, ym, denom, device)
             total = part if total is None else total + part
         return total
 
-    def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, share: float,
+    def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
               device: torch.device) -> torch.Tensor:
-        """One forward/backward: mean loss times ``share`` (skipped when it is 1)."""
+        """One forward/backward of a slice (see ``scaled_loss``); the detached loss."""
         if self.amp_dtype is None:
             out = model(x)
         else:
             with torch.autocast(device_type=device.type, dtype=self.amp_dtype):
                 out = model(x)
-            out = out.float()
-        loss = F.cross_entropy(out, y)
-        if share != 1.0:
-            loss = loss * share
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        loss = self.scaled_loss(out, y, denom)
+        self.backward(loss)
         return loss.detach()
 
-    def optimizer_step(self, opt: torch.optim.Optimizer) -> None:
-        """One update (through the grad scaler when there is one)."""
-        if self.scaler is not None:
-            self.scaler.step(opt)
-        else:
-            opt.step()
+    def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
+        """One update of each optimizer, then the grad scaler's update (when there is one)."""
+        scaler = self.scaler
+        if scaler is None:
+            for opt in opts:
+                opt.step()
+            return
+        for opt in opts:
+            scaler.step(opt)
+        scaler.update()
 
-    # ---------------------------------------------------------------- the interface
+    def use_eager(self) -> int:
+        """Put the eager module back wherever this strategy holds a compiled one (after a
+        failed compile); returns how many were replaced."""
+        replaced = 0
+        for name, value in list(vars(self).items()):
+            value, n = fastpath.eager(value)
+            if n:
+                setattr(self, name, value)
+                replaced += n
+        return replaced
+
+    # ---------------------------------------------------------------- what a subclass writes
     def setup(self) -> None:
         """Build models and optimizers on the devices."""
         raise NotImplementedError
 
-    def data_device(self) -> torch.device:
-        """Where the dataset tensors should live (the first device by default)."""
-        return torch.device(self.devices[0].torch_device)
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on a global batch; returns its mean loss, detached, unsynced."""
+    def models(self) -> list[nn.Module]:
+        """The models this process trains, in checkpoint order (each replica, or the one
+        model): what ``set_train`` switches, what checkpoints and memory rows hold and what
+        ``evaluate`` splits a test batch over, the i-th on the i-th device."""
         raise NotImplementedError
 
-    def eval_models(self) -> list[tuple[nn.Module, torch.device]]:
-        """(model, device) pairs the test batches are split over."""
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers, in checkpoint order (one per replica, or the one)."""
         raise NotImplementedError
 
-    def primary_model(self) -> nn.Module:
-        """The model whose parameters stand for the run (equivalence tests, checkpoints)."""
-        return self.eval_models()[0][0]
-
-    def set_train(self, mode: bool) -> None:
-        for model, _ in self.eval_models():
-            model.train(mode)
-
-    @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions on a test batch, split across the models' devices."""
-        pairs = self.eval_models()
-        first = pairs[0][1]
-        correct = torch.zeros((), dtype=torch.long, device=first)
-        for (model, dev), xs, ys in zip(pairs, torch.tensor_split(x, len(pairs)),
-                                        torch.tensor_split(y, len(pairs))):
-            if len(xs) == 0:
-                continue
-            with self.autocast(dev):
-                pred = model(xs.to(dev, non_blocking=True)).argmax(dim=1)
-            correct += (pred == ys.to(dev, non_blocking=True)).sum().to(first)
-        return correct
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        """One optimizer step on a global batch; returns its mean loss, detached, unsynced.
+        With ``data_s`` (the seconds the loop waited for this batch) the step is metered:
+        its marks go to ``timing``, for ``read_timing``."""
+        raise NotImplementedError
 
     def read_timing(self) -> dict:
         """Seconds of the last metered step: {"step_s", "comm_s", "per_device": [...]}, read at
         the log interval; {} when nothing was metered. Each per_device row holds the step's
         ``breakdown`` (``gputui.breakdown.make``)."""
         return {}
+
+    # ---------------------------------------------------------------- shared, overridable
+    def data_device(self) -> torch.device:
+        """Where the dataset tensors should live (the first device by default)."""
+        return self.torch_devices[0]
+
+    def compiles(self) -> bool:
+        """Whether run.compile applies to this strategy (dp and fsdp say no, and why)."""
+        return True
+
+    def primary_model(self) -> nn.Module:
+        """The model whose parameters stand for the run (parameter count, equivalence tests)."""
+        return self.models()[0]
+
+    def set_train(self, mode: bool) -> None:
+        """Training (True) or evaluation mode for every model."""
+        for model in self.models():
+            model.train(mode)
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions on a test batch, split evenly over ``models()``, each on its
+        device."""
+        models = self.models()
+        devs = self.torch_devices[:len(models)]
+        correct = no_correct(devs[0])
+        for model, dev, xs, ys in zip(models, devs, torch.tensor_split(x, len(models)),
+                                      torch.tensor_split(y, len(models))):
+            if len(xs) == 0:
+                continue
+            with self.autocast(dev):
+                pred = model(xs.to(dev, non_blocking=True)).argmax(dim=1)
+            correct += (pred == ys.to(dev, non_blocking=True)).sum().to(devs[0])
+        return correct
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Combine a metric over processes (identity for single-process strategies)."""
@@ -243,10 +304,11 @@ class Strategy:
         training state on: one per device when every device has its own model and optimizer
         (replicas), else everything on the first device (one model spread over several, as
         model_parallel and dp, is counted whole there)."""
-        pairs, opts = self.eval_models(), self.optimizers()
-        if len(pairs) == len(opts) == len(self.devices) > 1:
-            return [(d.name, dev, m, [o]) for d, (m, dev), o in zip(self.devices, pairs, opts)]
-        return [(self.devices[0].name, pairs[0][1], self.primary_model(), opts)]
+        models, opts = self.models(), self.optimizers()
+        if len(models) == len(opts) == len(self.devices) > 1:
+            return [(d.name, dev, m, [o])
+                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts)]
+        return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
 
     def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
         """Every device's memory (see events.MemoryReport), gathered over the processes (a
@@ -276,27 +338,18 @@ class Strategy:
         """Release resources (process groups, CUDA memory)."""
 
     # ---------------------------------------------------------------- checkpoints
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        """The strategy's optimizers, in a fixed order, for checkpoints. The default finds every
-        optimizer attribute (or list of them) of the strategy; override when that is wrong."""
-        found: list[torch.optim.Optimizer] = []
-        for value in vars(self).values():
-            items = value if isinstance(value, (list, tuple)) else [value]
-            found += [o for o in items if isinstance(o, torch.optim.Optimizer)]
-        return found
-
     def state_dict(self) -> dict[str, Any]:
-        """Everything training needs to continue exactly: every model of ``eval_models()``
-        (replicas, stages), every optimizer and the grad scaler. Tensors and plain containers
-        only, so a checkpoint loads with ``weights_only=True``. Multi-process strategies call
-        this on every rank (a sharded one gathers here); rank 0 writes the file."""
-        return {"models": [m.state_dict() for m, _ in self.eval_models()],
+        """Everything training needs to continue exactly: every model of ``models()``, every
+        optimizer and the grad scaler. Tensors and plain containers only, so a checkpoint
+        loads with ``weights_only=True``. Multi-process strategies call this on every rank
+        (a sharded one gathers here); rank 0 writes the file."""
+        return {"models": [m.state_dict() for m in self.models()],
                 "optimizers": [o.state_dict() for o in self.optimizers()],
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+                "scaler": self.scaler_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load what ``state_dict`` returned into the set-up models and optimizers."""
-        models, opts = [m for m, _ in self.eval_models()], self.optimizers()
+        models, opts = self.models(), self.optimizers()
         if len(state["models"]) != len(models) or len(state["optimizers"]) != len(opts):
             raise ValueError(f"{len(state['models'])} model(s) and {len(state['optimizers'])} "
                              f"optimizer(s) saved, {len(models)} and {len(opts)} here")
@@ -304,5 +357,13 @@ class Strategy:
             model.load_state_dict(saved)
         for opt, saved in zip(opts, state["optimizers"]):
             opt.load_state_dict(saved)
+        self.load_scaler_state(state)
+
+    def scaler_state(self) -> dict[str, Any] | None:
+        """The grad scaler's state for a checkpoint (None without one)."""
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_scaler_state(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's grad-scaler state, when both it and this run have one."""
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -84,6 +84,7 @@ class DataParallelStrategy(Single):
     """The model on the first device, wrapped in ``nn.DataParallel`` over every chosen GPU."""
 
     name = "dp"
+    cuda: bool  # DataParallel replicates over the GPUs (False: CPU devices, no replication)
 
     def setup(self) -> None:
         super().setup()  # the model, optimizer and scaler on the first device, as single has
@@ -145,8 +146,10 @@ class DataParallelStrategy(Single):
         and backward, counted in compute; 0.0 on the CPU, where it communicates nothing."""
         return None if self.cuda else 0.0
 
-    def eval_models(self):
-        return [(self.wrapped, self.device)]
+    def models(self) -> list[nn.Module]:
+        """The module a step calls (DataParallel around the model, or the model flattened):
+        checkpoints hold its state dict, parameter names as it gives them."""
+        return [self.wrapped]
 
     def primary_model(self) -> nn.Module:
         return self.model

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,8 +25,9 @@ from torch import nn
 
 from gputui import breakdown
 from gputui.training.rankinfo import RankInfo
-from gputui.training.strategies.base import Stopwatch, Strategy
+from gputui.training.strategies.base import Stopwatch, Strategy, no_correct
 from gputui.training.strategies.comm_timer import CommTimer, gbps
+from gputui.training.strategies.fsdp_comm import FSDPCommTimer
 from gputui.training.strategies.scratch import split_sizes
 
 STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
@@ -49,6 +51,24 @@ class DDPStrategy(Strategy):
     """The model wrapped in DistributedDataParallel on this rank's device."""
 
     name = "ddp"
+    local_world: int  # ranks on this machine
+    node: int  # this machine's place among the machines
+    device: torch.device
+    cuda: bool
+    backend: str  # the process group's: nccl or gloo
+    _owns_group: bool  # setup initialised the process group (close destroys it)
+    control: dist.ProcessGroup | None  # gloo group of the control messages (None: the default)
+    watch: Stopwatch
+    comm: CommTimer | FSDPCommTimer | None  # the comm hook's timer, or fsdp's collectives'
+    module: nn.Module
+    model: nn.Module  # what a step calls: the module wrapped (ddp) or sharded (fsdp)
+    opt: torch.optim.Optimizer
+    weights: list[float] | None  # every rank's share of a batch (strategy.split_weights)
+    _shard: dict[int, tuple[int, int]]
+    _rss: Any  # psutil.Process, made on first use
+    _stop_countdown: int
+    _stop_every: int
+    _stop_t: float
 
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -70,7 +90,7 @@ class DDPStrategy(Strategy):
         self.control = (dist.new_group(backend="gloo", timeout=timeout)
                         if self.backend != "gloo" else None)
         self.watch = Stopwatch(self.device)
-        self.comm: CommTimer | None = None  # set by wrap() (fsdp: its FSDPCommTimer, or None)
+        self.comm = None  # set by wrap() (fsdp: its FSDPCommTimer, or None)
         self.module = self.build_model().to(self.device)  # parameter names, eval, checkpoints
         self.model = self.wrap(self.module)
         self.opt = self.make_optimizer(self.model.parameters())
@@ -95,7 +115,7 @@ class DDPStrategy(Strategy):
 
         ids = [self.device.index] if self.cuda else None
         # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
-        # breaks its graph at DDP's own forward) model; local_module() is the model itself
+        # breaks its graph at DDP's own forward) model; self.module is the model itself
         ddp = DistributedDataParallel(self.fast(self.lean(model)), device_ids=ids,
                                       gradient_as_bucket_view=True)
         # times the gradient sync on metered steps (and delays it, under debug.comm_delay_s)
@@ -107,9 +127,11 @@ class DDPStrategy(Strategy):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
         return self.model.no_sync()
 
-    def local_module(self) -> nn.Module:
-        """The plain module this rank evaluates with (the model DDP runs flattened)."""
-        return self.module
+    def models(self) -> list[nn.Module]:
+        return [self.module]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
 
     def data_device(self) -> torch.device:
         return self.device
@@ -124,8 +146,9 @@ class DDPStrategy(Strategy):
         lo, n = cut
         return x[lo:lo + n], y[lo:lo + n]
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        start = self.watch.mark() if self.meter else None
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        start = self.watch.mark() if data_s is not None else None
         total = len(x)
         xs, ys = self.shard(x, y)
         self.opt.zero_grad(set_to_none=True)
@@ -137,11 +160,9 @@ class DDPStrategy(Strategy):
                                      before_last=self.no_sync)
         backward_end = self.watch.mark() if start is not None else None
         self.optimizer_step(self.opt)
-        if self.scaler is not None:
-            self.scaler.update()
         if start is not None:
             self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
-                           "end": self.watch.mark(), "samples": len(xs), "data_s": self.data_s}
+                           "end": self.watch.mark(), "samples": len(xs), "data_s": data_s}
         return loss
 
     def step_breakdown(self) -> dict:
@@ -187,9 +208,6 @@ class DDPStrategy(Strategy):
         return out / self.world_size
 
     # ---------------------------------------------------------------- evaluation
-    def eval_models(self):
-        return [(self.local_module(), self.device)]
-
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
         self.module.train(mode)  # the nested containers DDP's flattened model skips
@@ -198,7 +216,7 @@ class DDPStrategy(Strategy):
 
     def sync_buffers(self) -> None:
         """Before evaluating, every rank takes rank 0's buffers (BatchNorm statistics)."""
-        for buf in self.local_module().buffers():
+        for buf in self.module.buffers():
             dist.broadcast(buf, src=0)
 
     @torch.no_grad()
@@ -208,13 +226,10 @@ class DDPStrategy(Strategy):
         xs = torch.tensor_split(x, self.world_size)[self.rank]
         ys = torch.tensor_split(y, self.world_size)[self.rank]
         if len(xs) == 0:
-            return torch.zeros((), dtype=torch.long, device=self.device)
+            return no_correct(self.device)
         with self.autocast(self.device):
-            pred = self.eval_module()(xs).argmax(dim=1)
+            pred = self.module(xs).argmax(dim=1)
         return (pred == ys).sum() * self.world_size
-
-    def eval_module(self) -> nn.Module:
-        return self.local_module()
 
     # ---------------------------------------------------------------- figures
     def read_timing(self) -> dict:
@@ -276,7 +291,7 @@ class DDPStrategy(Strategy):
         name = self.devices[self.local_rank].name
         if self.node:
             name = f"{name}@node{self.node}"
-        return [(name, self.device, self.local_module(), [self.opt])]
+        return [(name, self.device, self.module, [self.opt])]
 
     def gather_rows(self, rows: list[dict]) -> list[dict]:
         """Every rank's rows, in rank order (a collective over the control group)."""

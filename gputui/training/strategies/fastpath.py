@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -48,28 +48,19 @@ def to_channels_last(model: nn.Module) -> nn.Module:
     return model.to(memory_format=torch.channels_last)
 
 
-def uncompile(strategy) -> int:
-    """Put the eager modules back wherever the strategy holds a compiled one (attributes and
-    lists of them); returns how many were replaced."""
-    replaced = 0
-
-    def eager(value):
-        nonlocal replaced
-        if isinstance(value, nn.Module) and hasattr(value, "_orig_mod"):
-            replaced += 1
-            return value._orig_mod
-        inner = getattr(value, "module", None)  # DDP around a compiled model: same parameters
-        if isinstance(value, nn.Module) and hasattr(inner, "_orig_mod"):
-            replaced += 1
-            value.module = inner._orig_mod
-        return value
-
-    for name, value in list(vars(strategy).items()):
-        if isinstance(value, list):
-            setattr(strategy, name, [eager(v) for v in value])
-        else:
-            setattr(strategy, name, eager(value))
-    return replaced
+def eager(value: Any) -> tuple[Any, int]:
+    """``value`` with its compiled modules put back eager (a list: each item; DDP around a
+    compiled model: the model inside, in place), and how many were."""
+    if isinstance(value, list):
+        pairs = [eager(v) for v in value]
+        return [v for v, _ in pairs], sum(n for _, n in pairs)
+    if isinstance(value, nn.Module) and hasattr(value, "_orig_mod"):
+        return value._orig_mod, 1
+    inner = getattr(value, "module", None)  # DDP around a compiled model: same parameters
+    if isinstance(value, nn.Module) and hasattr(inner, "_orig_mod"):
+        value.module = inner._orig_mod
+        return value, 1
+    return value, 0
 
 
 def _one_line(exc: BaseException) -> str:
@@ -81,16 +72,13 @@ def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step on (x, y) through the compiled modules, then every state put back."""
     saved = copy.deepcopy(strategy.state_dict())
     cuda = sorted({d.index for d in strategy.devices if d.kind == "cuda"})
-    meter, strategy.meter = strategy.meter, False
     try:
         with torch.random.fork_rng(devices=cuda):
-            strategy.train_step(x, y)
+            strategy.train_step(x, y)  # not metered: the run's timing starts with its steps
     finally:
-        strategy.meter = meter
         for opt in strategy.optimizers():
             opt.zero_grad(set_to_none=True)
         strategy.load_state_dict(saved)
-        strategy.timing = {}
 
 
 def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
@@ -114,7 +102,7 @@ def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
         if run.compile_fallback == "fail":
             raise CompileError(f"{what}; set run.compile = \"off\" or run.compile_fallback = "
                                f"\"eager\"") from None
-        uncompile(strategy)
+        strategy.use_eager()
         import torch._dynamo
 
         torch._dynamo.reset()

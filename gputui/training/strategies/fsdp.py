@@ -18,12 +18,15 @@ import torch
 from torch import nn
 
 from gputui.config import ConfigError
+from gputui.training.strategies.base import no_correct
 from gputui.training.strategies.ddp import DDPStrategy
 from gputui.training.strategies.fsdp_comm import FSDPCommTimer, install
 
 
 class FSDPStrategy(DDPStrategy):
-    """Every layer with parameters, and the whole model, wrapped in ``fully_shard``."""
+    """Every layer with parameters, and the whole model, wrapped in ``fully_shard``, which
+    shards the module in place: ``model`` and ``module`` are one object here, so ddp's
+    evaluation, buffer broadcast and memory rows serve fsdp as they are."""
 
     name = "fsdp"
 
@@ -64,9 +67,6 @@ class FSDPStrategy(DDPStrategy):
         finally:
             self.model.set_requires_gradient_sync(True)
 
-    def local_module(self) -> nn.Module:
-        return self.model
-
     @torch.no_grad()
     def full_model(self) -> nn.Module:
         """A new plain module holding the full parameters, gathered now (a collective: call on
@@ -80,26 +80,14 @@ class FSDPStrategy(DDPStrategy):
         return plain
 
     def set_train(self, mode: bool) -> None:
-        self.model.train(mode)
+        super().set_train(mode)
         if mode:
             self._reshard()  # the root's parameters stay gathered after a forward without backward
-        else:
-            self.sync_buffers()
 
     def _reshard(self) -> None:
         for module in self.model.modules():
             if hasattr(module, "reshard"):
                 module.reshard()
-
-    def sync_buffers(self) -> None:
-        for buf in self.model.buffers():
-            torch.distributed.broadcast(buf, src=0)
-
-    def eval_module(self) -> nn.Module:
-        return self.model
-
-    def eval_models(self):
-        return [(self.model, self.device)]
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -109,7 +97,7 @@ class FSDPStrategy(DDPStrategy):
         if len(xs) == 0:
             with self.autocast(self.device):
                 self.model(x[:1])
-            return torch.zeros((), dtype=torch.long, device=self.device)
+            return no_correct(self.device)
         return super().evaluate(x, y)
 
     def state_dict(self) -> dict[str, Any]:
@@ -123,8 +111,7 @@ class FSDPStrategy(DDPStrategy):
             full_state_dict=True, cpu_offload=rank0_only))
         if not rank0_only:
             model, optim = _to_cpu(model), _to_cpu(optim)
-        return {"models": [model], "optimizers": [optim], "scaler":
-                self.scaler.state_dict() if self.scaler is not None else None}
+        return {"models": [model], "optimizers": [optim], "scaler": self.scaler_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -132,8 +119,7 @@ class FSDPStrategy(DDPStrategy):
         set_state_dict(self.model, self.opt, model_state_dict=state["models"][0],
                        optim_state_dict=state["optimizers"][0],
                        options=StateDictOptions(full_state_dict=True))
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        self.load_scaler_state(state)
 
 
 def timed_collectives(model: nn.Module, watch, delay_s: float) -> FSDPCommTimer | None:

@@ -20,7 +20,6 @@ import time
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from gputui import breakdown
 from gputui.config import ConfigError
@@ -33,9 +32,14 @@ class ModelParallel(Strategy):
     """One stage of consecutive layers per device; one optimizer over every stage."""
 
     name = "model_parallel"
+    model: nn.Module  # the whole model, sharing its layers with the stages
+    stages: list[nn.Sequential]  # one per device, each on its device (evaluation runs these)
+    runners: list[nn.Module]  # what a training step calls: each stage (compiled)
+    opt: torch.optim.Optimizer
+    watches: list[Stopwatch]
+    chunks: int  # strategy.pipeline_chunks
 
     def setup(self) -> None:
-        self.torch_devices = [torch.device(d.torch_device) for d in self.devices]
         n = len(self.devices)
         # The stages share their layers with ``self.model``: its parameter names are exactly
         # single's ("0.0.weight", ...), so it stands for the run in checkpoints and tests.
@@ -128,8 +132,7 @@ class ModelParallel(Strategy):
                     continue
                 if s == n - 1:
                     begin = self.watches[s].mark() if meter else None
-                    loss = losses[i]
-                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                    self.backward(losses[i])
                 else:
                     grad = self._send(inputs[i][s + 1].grad, s + 1, s, comm)
                     inputs[i][s + 1] = None  # free the activation and its gradient early
@@ -144,19 +147,24 @@ class ModelParallel(Strategy):
         c = min(self.chunks, len(x))
         xs, ys = ((x, ), (y, )) if c == 1 else (torch.tensor_split(x, c), torch.tensor_split(y, c))
         inputs, outputs = self._forward(xs, meter)
-        losses = []
-        for out, yc in zip(outputs, ys):
-            loss = F.cross_entropy(out[-1] if self.amp_dtype is None else out[-1].float(), yc)
-            losses.append(loss if len(yc) == denom else loss * (len(yc) / denom))
+        losses = [self.scaled_loss(out[-1], yc, denom) for out, yc in zip(outputs, ys)]
         self._backward(inputs, outputs, losses, meter)
         if c == 1:
             return losses[0].detach()
         return torch.stack([loss.detach() for loss in losses]).sum()
 
     # ---------------------------------------------------------------- the interface
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def models(self) -> list[nn.Module]:
+        """The whole model (its layers live on the stages' devices)."""
+        return [self.model]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
         meter = None
-        if self.meter:
+        if data_s is not None:
             meter = {"start": self.watches[0].mark(), "comm": [],
                      "compute": [[] for _ in self.stages]}
         self.opt.zero_grad(set_to_none=True)
@@ -171,11 +179,9 @@ class ModelParallel(Strategy):
         if meter is not None:
             meter["update"] = self.watches[0].mark()
         self.optimizer_step(self.opt)
-        if self.scaler is not None:
-            self.scaler.update()
         if meter is not None:
             meter["end"], meter["samples"] = self.watches[0].mark(), len(x)
-            meter["data_s"] = self.data_s
+            meter["data_s"] = data_s
             self.timing = meter
         return loss
 
@@ -202,13 +208,6 @@ class ModelParallel(Strategy):
                                "breakdown": breakdown.make(step, t["data_s"], own, update,
                                                            sent, 0.0, wait)})
         return {"step_s": step, "comm_s": sum(sends), "per_device": per_device}
-
-    def eval_models(self):
-        """The whole model (its layers live on the stages' devices) for train/eval mode."""
-        return [(self.model, self.torch_devices[0])]
-
-    def primary_model(self) -> nn.Module:
-        return self.model
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import copy
 import time
 
 import torch
+from torch import nn
 
 from gputui import breakdown
 from gputui.training.strategies.base import Stopwatch, Strategy
@@ -51,9 +52,15 @@ class Scratch(Strategy):
     """One replica and one optimizer per device; gradients all-reduced by hand."""
 
     name = "scratch"
+    replicas: list[nn.Module]  # one per device, distinct copies
+    steppers: list[nn.Module]  # what a step calls: each replica flattened (and compiled)
+    params: list[list[nn.Parameter]]  # each replica's parameters, in the same order
+    opts: list[torch.optim.Optimizer]  # one per replica
+    watches: list[Stopwatch]
+    weights: list[float] | None  # strategy.split_weights
+    _sizes: dict[int, list[int]]  # batch size -> shard sizes, computed once
 
     def setup(self) -> None:
-        self.torch_devices = [torch.device(d.torch_device) for d in self.devices]
         master = self.build_model()
         # deepcopy, not .to(): on one physical device .to() would return the same tensors, the
         # replicas would alias, and the allreduce would add a gradient to itself.
@@ -64,43 +71,48 @@ class Scratch(Strategy):
         self.make_scaler(self.torch_devices[0])
         self.watches = [Stopwatch(dev) for dev in self.torch_devices]
         self.weights = self.cfg.strategy.split_weights or None
-        self._sizes: dict[int, list[int]] = {}  # batch size -> shard sizes, computed once
+        self._sizes = {}
         if all(d.kind == "cpu" for d in self.devices) and len(self.devices) > 1:
             self.notes.append(f"{len(self.devices)} CPU virtual devices: distinct replicas "
                               f"on the CPU, run one after another")
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def models(self) -> list[nn.Module]:
+        return list(self.replicas)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return list(self.opts)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
         total = len(x)
+        meter = data_s is not None
         sizes = self._sizes.get(total)
         if sizes is None:
             sizes = self._sizes[total] = split_sizes(total, len(self.replicas), self.weights)
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
-        start = self.watches[0].mark() if self.meter else None
+        start = self.watches[0].mark() if meter else None
         marks = []
         loss = None
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
         for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices)):
-            begin = self.watches[i].mark() if self.meter else None
+            begin = self.watches[i].mark() if meter else None
             part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
                                          ys[i].to(dev, non_blocking=True), total, dev)
             loss = part if loss is None else loss + part.to(loss.device)
             if begin is not None:
                 marks.append((begin, self.watches[i].mark()))
-        comm_begin = self.watches[0].mark() if self.meter else None
+        comm_begin = self.watches[0].mark() if meter else None
         if self.comm_delay_s:
             time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
         with torch.no_grad():
             for grads in zip(*[[p.grad for p in params] for params in self.params]):
                 allreduce(list(grads))
-        comm_end = self.watches[0].mark() if self.meter else None
-        for opt in self.opts:
-            self.optimizer_step(opt)
-        if self.scaler is not None:
-            self.scaler.update()
-        if self.meter:
+        comm_end = self.watches[0].mark() if meter else None
+        self.optimizer_step(*self.opts)
+        if meter:
             self.timing = {"start": start, "marks": marks, "comm": (comm_begin, comm_end),
-                           "sizes": sizes, "end": self.watches[0].mark(), "data_s": self.data_s}
+                           "sizes": sizes, "end": self.watches[0].mark(), "data_s": data_s}
         if self.cfg.strategy.check_replicas:
             self.check_replicas()
         return loss
@@ -136,15 +148,11 @@ class Scratch(Strategy):
                     raise ReplicaMismatch(f"replica {r} differs from replica 0 in '{name}' "
                                           f"(max |difference| {diff:.3g})")
 
-    def eval_models(self):
-        return list(zip(self.replicas, self.torch_devices))
-
     def state_dict(self) -> dict:
         """The first replica and its optimizer only: every replica is the same (the equivalence
         tests and check_replicas hold them to it), so a checkpoint need not hold N copies."""
         return {"models": [self.replicas[0].state_dict()],
-                "optimizers": [self.opts[0].state_dict()],
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+                "optimizers": [self.opts[0].state_dict()], "scaler": self.scaler_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Load the saved replica into every replica (and its optimizer state into every
@@ -153,8 +161,7 @@ class Scratch(Strategy):
         for model, opt in zip(self.replicas, self.opts):
             model.load_state_dict(state["models"][0])
             opt.load_state_dict(copy.deepcopy(state["optimizers"][0]))
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        self.load_scaler_state(state)
 
 
 STRATEGY = Scratch

@@ -12,23 +12,32 @@ class Single(Strategy):
     """One model, one optimizer, one device."""
 
     name = "single"
+    device: torch.device
+    model: torch.nn.Module
+    wrapped: torch.nn.Module  # what a step calls: the flattened model (dp wraps the model)
+    opt: torch.optim.Optimizer
+    watch: Stopwatch
 
     def setup(self) -> None:
-        self.device = torch.device(self.devices[0].torch_device)
+        self.device = self.torch_devices[0]
         self.model = self.build_model().to(self.device)
-        # what a step calls: the flattened model (dp wraps the model instead)
-        self.wrapped: torch.nn.Module = self.fast(self.lean(self.model))
+        self.wrapped = self.fast(self.lean(self.model))
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
         self.watch = Stopwatch(self.device)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not self.meter:
+    def models(self) -> list[torch.nn.Module]:
+        return [self.model]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        if data_s is None:
             self.opt.zero_grad(set_to_none=True)
             loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
             self.optimizer_step(self.opt)
-            if self.scaler is not None:
-                self.scaler.update()
             return loss
         w = self.watch
         start = w.mark()
@@ -37,10 +46,8 @@ class Single(Strategy):
         loss = self.forward_backward(self.wrapped, x, y, len(x), self.device)
         backward_end = w.mark()
         self.optimizer_step(self.opt)
-        if self.scaler is not None:
-            self.scaler.update()
         self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
-                       "end": w.mark(), "samples": len(x), "data_s": self.data_s}
+                       "end": w.mark(), "samples": len(x), "data_s": data_s}
         return loss
 
     def step_breakdown(self) -> tuple[float, dict]:
@@ -64,9 +71,6 @@ class Single(Strategy):
         return {"step_s": t, "comm_s": None,
                 "per_device": [{"device": self.devices[0].name, "samples": self.timing["samples"],
                                 "compute_s": t, "breakdown": bd}]}
-
-    def eval_models(self):
-        return [(self.model, self.device)]
 
 
 STRATEGY = Single
