@@ -16,7 +16,6 @@ ones; 0.5 MiB took 1.9 ms back to back and 3.3 ms between 28 ms of compute).
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue as queue_mod
 import subprocess
 import sys
@@ -33,7 +32,9 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str) -> float:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
-    local = int(os.environ.get("LOCAL_RANK", 0))
+    from gputui.training.rankinfo import RankInfo
+
+    local = RankInfo.of_process(1).local_rank
     device = torch.device(f"cuda:{local}" if kind == "cuda" else "cpu")
     if kind == "cuda":
         torch.cuda.set_device(device)
