@@ -5,13 +5,15 @@
 
 For each model it measures the prediction's inputs from scratch, in this invocation, into a
 fresh cache (``gputui.predict_measure``: one single-device run on the whole batch, N
-single-device runs at once on B/N each with the threads a rank gets, an allreduce of the
-gradient bytes), predicts the step time of ``--strategy`` on ``--devices`` CPU ranks
+one-rank runs of the strategy at once on B/N each with the threads a rank gets, an allreduce
+of the gradient bytes), predicts the step time of ``--strategy`` on ``--devices`` CPU ranks
 (``gputui.predict``), then trains that strategy for real, as users run it (launcher, elastic
-agent, gloo ranks), with the same data size, and reads its steady step time (warm-up
-excluded, ``gputui.steady``). It prints predicted, measured and their ratio (goal: within
-15 %, i.e. 0.85 to 1.15). The ratio of speedups equals the inverse ratio of step times (both
-divide the same measured one-device rate).
+agent, gloo ranks), for about as long (at least 100 steps, epochs of 100 up to ~1 s), and
+reads its steady step time (warm-up excluded, ``gputui.steady``). It prints predicted,
+measured and their ratio (goal: within 15 %, i.e. 0.85 to 1.15), and beside it the ratio the
+previous model gives in the same round (N ``single`` runs' t_c in place of the strategy's own
+t_own). The ratio of speedups equals the inverse ratio of step times (both divide the same
+measured one-device rate).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def base_config(model: str):
     return apply_overrides(RunConfig(), [("bench", k, v) for k, v in sets.items()])
 
 
-def measured(cfg, strategy: str, n: int, runs_dir: Path) -> dict:
+def measured(cfg, strategy: str, n: int, runs_dir: Path, epochs: int = 1) -> dict:
     """Train ``strategy`` on cpu*n with the data size of the prediction's measurements."""
     from gputui.config import apply_overrides
     from gputui.predict_measure import MEASURE_STEPS
@@ -49,7 +51,7 @@ def measured(cfg, strategy: str, n: int, runs_dir: Path) -> dict:
 
     b = cfg.optim.batch_size
     run = apply_overrides(cfg, [("bench", k, v) for k, v in {
-        "strategy.name": strategy, "devices.spec": f"cpu*{n}", "run.epochs": 1,
+        "strategy.name": strategy, "devices.spec": f"cpu*{n}", "run.epochs": epochs,
         "run.log_every": 10, "data.train_size": b * MEASURE_STEPS,
         "data.test_size": min(b, 256)}.items()])
     handle = launch(run, runs_dir)
@@ -63,8 +65,10 @@ def measured(cfg, strategy: str, n: int, runs_dir: Path) -> dict:
 
 
 def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
+    from dataclasses import replace
+
     from gputui.predict import predict
-    from gputui.predict_measure import Cache, Measurer
+    from gputui.predict_measure import Cache, Measurer, epochs_for
 
     cfg = base_config(model)
     cache = Cache(work / f"cache-{model}.json")  # fresh: everything measured in this round
@@ -72,13 +76,19 @@ def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
                  cache=cache, again=True)
     inp = m.inputs(n, [strategy])
     p = predict(strategy, inp)
-    steady = measured(cfg, strategy, n, work / "runs")
+    # the previous model, in the same round: single's compute in place of the strategy's own
+    c = m.compute(max(1, inp.batch // n), max(1, m.cores // n), n)
+    old = predict(strategy, replace(inp, t_own={}, t_c=c["step_time_s"]))
+    steady = measured(cfg, strategy, n, work / "runs", epochs_for(p.step_time_s))
     ratio = p.step_time_s / steady["step_time_s"]
     return {"model": model, "strategy": strategy, "devices": n,
-            "batch": cfg.optim.batch_size, "t_1_ms": inp.t_1 * 1e3, "t_c_ms": inp.t_c * 1e3,
-            "t_ar_ms": inp.t_ar * 1e3, "t_sync_ms": inp.t_sync * 1e3, "predicted_ms": p.step_time_s * 1e3,
-            "measured_ms": steady["step_time_s"] * 1e3, "measured_noise": steady["noise"],
+            "batch": cfg.optim.batch_size, "t_1_ms": inp.t_1 * 1e3,
+            "t_own_ms": inp.t_own[strategy] * 1e3, "t_c_ms": c["step_time_s"] * 1e3,
+            "t_ar_ms": inp.t_ar * 1e3, "t_sync_ms": inp.t_sync * 1e3,
+            "predicted_ms": p.step_time_s * 1e3, "measured_ms": steady["step_time_s"] * 1e3,
+            "measured_noise": steady["noise"], "measured_steps": steady["steps"],
             "ratio": ratio, "within_15pct": abs(ratio - 1) <= 0.15,
+            "old_ratio": old.step_time_s / steady["step_time_s"],
             "predicted_speedup": p.speedup,
             "measured_speedup": (inp.t_1 / steady["step_time_s"])}
 
@@ -100,18 +110,23 @@ def main() -> None:
                 row["round"] = r + 1
                 rows.append(row)
                 print(f"{model:9} {args.strategy}@cpu*{args.devices} batch {row['batch']}: "
-                      f"predicted {row['predicted_ms']:.2f} ms/step (t_c {row['t_c_ms']:.2f} + "
-                      f"t_ar {row['t_ar_ms']:.2f} + t_sync/10 {row['t_sync_ms'] / 10:.2f}), measured {row['measured_ms']:.2f} ms/step "
-                      f"(±{(row['measured_noise'] or 0):.0%}): predicted/measured "
+                      f"predicted {row['predicted_ms']:.2f} ms/step (t_own {row['t_own_ms']:.2f}"
+                      f" + t_ar {row['t_ar_ms']:.2f} + t_sync/10 {row['t_sync_ms'] / 10:.2f}), "
+                      f"measured {row['measured_ms']:.2f} ms/step over {row['measured_steps']} "
+                      f"steps (±{(row['measured_noise'] or 0):.0%}): predicted/measured "
                       f"{row['ratio']:.3f} {'(within 15 %)' if row['within_15pct'] else '(OUT)'}"
-                      f"; speedup predicted {row['predicted_speedup']:.2f}x, measured "
+                      f"; with single's t_c {row['t_c_ms']:.2f} in place of t_own: "
+                      f"{row['old_ratio']:.3f}; speedup predicted "
+                      f"{row['predicted_speedup']:.2f}x, measured "
                       f"{row['measured_speedup']:.2f}x", flush=True)
     from gputui.steady import spread
 
     for model in dict.fromkeys(r["model"] for r in rows):
         sp = spread([r["ratio"] for r in rows if r["model"] == model])
+        old = spread([r["old_ratio"] for r in rows if r["model"] == model])
         print(f"{model:9} predicted/measured over {sp['n']} round(s): median {sp['median']:.3f} "
-              f"(range {sp['min']:.3f}-{sp['max']:.3f})")
+              f"(range {sp['min']:.3f}-{sp['max']:.3f}); single's t_c in place of t_own: "
+              f"median {old['median']:.3f} (range {old['min']:.3f}-{old['max']:.3f})")
     if args.json:
         print(json.dumps(rows, indent=2))
 

@@ -6,9 +6,11 @@ A breakdown is a plain dict of seconds for one metered step of one device (or ra
 - ``compute_s``: forward and backward of this device, up to the moment its last gradient is
   ready (DDP: the last bucket's launch);
 - ``comm_exposed_s``: communication the step waits for after compute (DDP: from the last
-  bucket's launch to the end of the all-reduce wait; scratch: the hand-written allreduce;
+  bucket's launch to the end of the all-reduce wait; fsdp on the CPU: its all-gathers and
+  reduce-scatters, which block the training thread; scratch: the hand-written allreduce;
   model_parallel: the activation and gradient moves); ``None`` where the strategy's
-  communication runs inside calls gputui cannot split (dp on GPUs, fsdp), counted in compute;
+  communication runs inside calls gputui cannot split (dp on GPUs, fsdp on GPUs, where its
+  collectives' overlap with compute is not known), counted in compute;
 - ``optimizer_s``: the update (and the grad scaler's);
 - ``wait_s``: devices driven in turn by one process (CPU virtual devices of scratch and
   model_parallel): the time this device waits while the others compute;
@@ -71,6 +73,12 @@ def mean(breakdowns: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
         values = [b[key] for b in items if b.get(key) is not None]
         out[key] = sum(values) / len(values) if values else None
     return out
+
+
+def mean_of(rows: Iterable[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over the rows that have it (None where none has)."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def shares(bd: dict[str, Any] | None) -> dict[str, float | None]:

@@ -75,6 +75,13 @@ def cmd_bench_comm(args) -> int:
     except KeyboardInterrupt:
         print("bench-comm interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if "torch" in result and "error" not in result:
+        from gputui.comm_peak import keep
+
+        try:  # the peak is kept per machine, for the runs' achieved bandwidth to be shown against
+            keep(result, devices[0].kind)
+        except OSError as exc:
+            print(f"gputui: the bench-comm peak was not kept: {exc}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:

@@ -68,8 +68,10 @@ def rank_main(sizes: list[int], iters: int, warmup: int, kind: str, indices: lis
     """One rank: time all_reduce over every size; rank 0 returns the results."""
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    from gputui.training.rankinfo import RankInfo
+
+    me = RankInfo.of_process(len(indices))
+    rank, local, world = me.rank, me.local_rank, me.world_size
     torch.set_num_threads(threads)
     device = torch.device("cpu")
     if kind == "cuda":

@@ -32,7 +32,7 @@ from gputui.training import runstore
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "predicted_speedup", "efficiency", "comm_share",
-                 *breakdown.SHARE_COLUMNS, "mfu", "train_mem", "init_s", "test_acc", "status",
+                 *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc", "status",
                  "baseline", "check")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
 SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
@@ -53,6 +53,10 @@ class CompareRow:
     baseline_kind: str = ""  # "same batch per device" | "same global batch"
     mfu: float | None = None  # mean StepMetrics.mfu (achieved FLOP/s over the devices' peak)
     flops_per_s: float | None = None  # mean StepMetrics.flops_per_s
+    # the gradient all-reduce bandwidth achieved (mean StepMetrics.comm_gbps, GB/s; the first
+    # metered step, warm-up, left out when there are more), and bench-comm's kept peak
+    comm_gbps: float | None = None
+    comm_peak_gbps: float | None = None
     train_mem: int | None = None  # the largest device's params+grads+optim+activations, bytes
     memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
@@ -71,7 +75,8 @@ class CompareRow:
                    predicted_speedup=self.predicted_speedup, flags=list(self.flags),
                    warnings=list(self.warnings), refused=list(self.refused),
                    check=check_text(self), mfu=self.mfu, flops_per_s=self.flops_per_s,
-                   train_mem=self.train_mem)
+                   train_mem=self.train_mem, comm_gbps=self.comm_gbps,
+                   comm_peak_gbps=self.comm_peak_gbps)
         out.update(breakdown.shares(self.breakdown))
         return out
 
@@ -117,9 +122,10 @@ def read_record(run_dir: str | Path, events: list | None = None
 
 
 def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str, Any]:
-    """{"mfu", "flops_per_s", "train_mem", "memory"} from a record's readable events: the
-    means over its log windows, and its last MemoryReport (None / [] where not recorded)."""
-    mfus, rates, memory = [], [], []
+    """{"mfu", "flops_per_s", "comm_gbps", "train_mem", "memory"} from a record's readable
+    events: the means over its log windows (comm_gbps: its metered steps but the first, when
+    there are more), and its last MemoryReport (None / [] where not recorded)."""
+    mfus, rates, memory, gbps = [], [], [], []
     events = readable_events(run_dir) if events is None else events
     for ev in events:
         if ev.kind == "step":
@@ -127,12 +133,15 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
                 mfus.append(ev.mfu)
             if getattr(ev, "flops_per_s", None) is not None:
                 rates.append(ev.flops_per_s)
+            if getattr(ev, "comm_gbps", None) is not None:
+                gbps.append(ev.comm_gbps)
         elif ev.kind == "memory":
             memory = [dict(r) for r in ev.per_device]
     totals = [sum(r.get(k) or 0 for k in ("params", "grads", "optim", "activations"))
               for r in memory]
     return {"mfu": sum(mfus) / len(mfus) if mfus else None,
             "flops_per_s": sum(rates) / len(rates) if rates else None,
+            "comm_gbps": breakdown.mean_of([{"g": g} for g in gbps[1:] or gbps], "g"),
             "train_mem": max(totals) if totals else None, "memory": memory}
 
 
@@ -209,6 +218,8 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
         loss, acc, share, parts = read_record(row.run_dir, events)
         item = CompareRow(row=row, comm_share=share, breakdown=parts, loss_curve=loss,
                           acc_curve=acc, **read_hw_figures(row.run_dir, events))
+        if item.comm_gbps is not None:
+            item.comm_peak_gbps = kept_comm_peak(row)
         base, kind = find_baseline(row, pool, compared, item.refused)
         if base is not None and row.samples_per_s:
             item.speedup = row.samples_per_s / base.samples_per_s
@@ -218,6 +229,19 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
             add_prediction(item, base)
         out.append(item)
     return out
+
+
+def kept_comm_peak(row: RunRow) -> float | None:
+    """bench-comm's kept peak for the run's device kind and count over the backend "auto"
+    picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
+    from gputui.comm_peak import peak
+    from gputui.trust import on_cpu
+
+    cpu = on_cpu(row)
+    try:
+        return peak("cpu" if cpu else "cuda", row.devices, "gloo" if cpu else "nccl")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def add_prediction(item: CompareRow, base: RunRow) -> None:
@@ -294,6 +318,8 @@ def fmt(key: str, value: Any) -> str:
         return f"{value / 2**20:,.1f} MiB"
     if key == "predicted_speedup":
         return f"{value:.2f}x"
+    if key == "comm_gbps":
+        return f"{value:.2f} GB/s"
     if key == "test_acc":
         return acc_text(value)
     if key == "lr":
@@ -320,6 +346,13 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"{it.efficiency:.0%} is not a result: {why}")
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
+        if it.comm_gbps is not None:
+            from gputui.comm_peak import text
+
+            lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} (its gradient "
+                         f"all-reduce, mean of the metered steps)"
+                         + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
+                            "these devices: `gputui bench-comm` measures one"))
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
                          f"steady-state steps ({RULE})")

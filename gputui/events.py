@@ -102,6 +102,10 @@ class StepMetrics(Event):
     # compute, exposed and hidden comm, optimizer, data, wait, host; each per_device row holds
     # its own under "breakdown"); None when the strategy measured none
     breakdown: dict | None = None
+    # the gradient all-reduce bandwidth the metered step achieved, GB/s (1e9 bytes/s, as
+    # bench-comm's algbw): its bytes over the time a bucket was in flight, mean over the
+    # ranks (each per_device row holds its own comm_bytes, comm_s, comm_gbps); ddp only
+    comm_gbps: float | None = None
 
 
 @dataclass(frozen=True)

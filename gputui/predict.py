@@ -7,6 +7,11 @@ The model (README, "Predicted scaling") takes measured inputs only:
   and N such processes run at once while it is measured, so contention for the cores and
   memory is in the figure); on GPUs one process on one GPU. ``t_seq``: the same share trained
   by one process with every core (scratch's CPU replicas run one after another).
+- ``t_own``: like ``t_c``, but trained by the strategy itself on a world of one rank (N such
+  one-rank jobs at once on the CPU), less the communication that run measured (its step
+  breakdown's exposed comm): ``t_c`` plus the strategy's own per-step work (DDP's reducer:
+  autograd hooks, copies into its buckets, the optimizer over bucket views; the loop's
+  per-rank collectives). ddp and fsdp use it in place of ``t_c`` where it was measured.
 - ``t_ar``: the measured time of one allreduce of the gradient bytes G (= parameter bytes)
   over N ranks, issued as DDP issues it: once between two steps' compute, and for gradients
   above DDP's first bucket with every CPU core kept busy, as backward keeps them
@@ -15,8 +20,8 @@ The model (README, "Predicted scaling") takes measured inputs only:
 
 Per step, N devices:
 
-    ddp:     t_N = t_c + max(0, t_ar - overlap) + t_sync / log_every
-    fsdp:    t_N = t_c + max(0, 1.5 t_ar - overlap) + t_sync / log_every
+    ddp:     t_N = t_own + max(0, t_ar - overlap) + t_sync / log_every
+    fsdp:    t_N = t_own + max(0, 1.5 t_ar - overlap) + t_sync / log_every
              (fsdp: all-gather x2 + reduce-scatter; t_sync: the loop's one small all-reduce
              of the window's losses per log window, measured like t_ar)
     scratch: t_N = N t_seq + t_copy   on CPU (one process)   t_c + t_copy on GPUs
@@ -38,8 +43,8 @@ from typing import Any
 STRATEGIES = ("ddp", "fsdp", "scratch", "dp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
 FORMULAS = {
-    "ddp": "t_c + max(0, t_ar - overlap) + t_sync / log_every",
-    "fsdp": "t_c + max(0, 1.5 t_ar - overlap) + t_sync / log_every",
+    "ddp": "t_own + max(0, t_ar - overlap) + t_sync / log_every",
+    "fsdp": "t_own + max(0, 1.5 t_ar - overlap) + t_sync / log_every",
     "scratch": "N t_seq + t_copy (cpu) | t_c + t_copy (gpu)",
     "dp": "t_1 (cpu, no replication) | t_c + 2 t_copy (gpu)",
 }
@@ -57,6 +62,8 @@ class Inputs:
     t_1: float  # steady step time on one device, the whole batch_1
     t_c: float | None = None  # one process, its share B/N, its threads, N running at once
     t_seq: float | None = None  # one process with every core, the share B/N (CPU scratch)
+    # strategy -> its own step on one rank (B/N, a rank's threads, N at once), comm excluded
+    t_own: dict[str, float] = field(default_factory=dict)
     t_ar: float | None = None  # torch.distributed allreduce of grad_bytes over N ranks
     t_copy: float | None = None  # scratch allreduce of grad_bytes over N devices
     t_sync: float | None = None  # allreduce of the window's losses (log_every floats), N ranks
@@ -87,11 +94,13 @@ class Prediction:
         return asdict(self)
 
 
-def overlap(t_comm: float, inp: Inputs) -> float:
-    """The part of a gradient collective hidden behind backward (0 on the CPU)."""
-    if not inp.on_gpu or not inp.t_c or inp.grad_bytes <= BUCKET_BYTES:
+def overlap(t_comm: float, inp: Inputs, compute: float | None = None) -> float:
+    """The part of a gradient collective hidden behind backward (0 on the CPU); ``compute``:
+    the step's compute time (``inp.t_c`` when not given)."""
+    compute = inp.t_c if compute is None else compute
+    if not inp.on_gpu or not compute or inp.grad_bytes <= BUCKET_BYTES:
         return 0.0
-    return min(t_comm * (1 - BUCKET_BYTES / inp.grad_bytes), 2 / 3 * inp.t_c)
+    return min(t_comm * (1 - BUCKET_BYTES / inp.grad_bytes), 2 / 3 * compute)
 
 
 def static_bytes(inp: Inputs) -> int:
@@ -108,11 +117,18 @@ def predict(strategy: str, inp: Inputs) -> Prediction:
         t, p.formula = inp.t_1, "t_1 (measured)"
         need = {"t_1": inp.t_1}
     elif strategy in ("ddp", "fsdp"):
-        need = {"t_c": inp.t_c, "t_ar": inp.t_ar, "t_sync": inp.t_sync}
+        own = inp.t_own.get(strategy)
+        if own is None:  # not measured with the strategy itself: single's compute
+            p.formula = p.formula.replace("t_own", "t_c")
+            need = {"t_c": inp.t_c}
+        else:
+            need = {"t_own": own}
+        compute = own if own is not None else inp.t_c
+        need.update(t_ar=inp.t_ar, t_sync=inp.t_sync)
         comm = (inp.t_ar or 0.0) * (1.5 if strategy == "fsdp" else 1.0)
-        hidden = overlap(comm, inp) if inp.t_c else 0.0
+        hidden = overlap(comm, inp, compute) if compute else 0.0
         need["overlap"] = hidden
-        t = (inp.t_c or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(
+        t = (compute or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(
             1, inp.log_every)
     elif strategy == "scratch":
         p.formula = FORMULAS[strategy].split(" | ")[1 if inp.on_gpu else 0]

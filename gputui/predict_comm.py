@@ -3,8 +3,10 @@ processes only).
 
 ``gputui bench-comm`` times back-to-back calls, which keeps gloo's threads awake; a training
 step instead computes, then all-reduces its gradients once. Here each rank (the threads a
-rank gets) computes for ``gap`` seconds, then times one all_reduce of ``size`` bytes, and so on:
-the figure is the mean call time of the slowest rank. Gradients above DDP's first bucket
+rank gets) does a fixed amount of compute that takes about ``gap`` seconds, then one
+all_reduce of ``size`` bytes, and so on: the figure is the mean cycle (compute and all-reduce)
+less the slowest rank's mean compute, which is what the all-reduce adds to a step, the wait
+for a rank held up by the other processes on its cores included. Gradients above DDP's first bucket
 (1 MiB) are reduced while backward still runs on every core, so for those one spinning
 process per core keeps the cores busy during the whole measurement, as training does
 (measured here: 42 MiB over two gloo ranks took 28 ms on 2 idle cores, 61 ms on 2 busy
@@ -14,7 +16,6 @@ ones; 0.5 MiB took 1.9 ms back to back and 3.3 ms between 28 ms of compute).
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue as queue_mod
 import subprocess
 import sys
@@ -31,7 +32,9 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str) -> float:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
-    local = int(os.environ.get("LOCAL_RANK", 0))
+    from gputui.training.rankinfo import RankInfo
+
+    local = RankInfo.of_process(1).local_rank
     device = torch.device(f"cuda:{local}" if kind == "cuda" else "cpu")
     if kind == "cuda":
         torch.cuda.set_device(device)
@@ -39,26 +42,52 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str) -> float:
     try:
         grad = torch.ones(max(1, size // 4), device=device)
         work = torch.randn(128, 128, device=device)
-        took = []
+        k = _calibrate(work, gap, kind, device)
+        cycles, works = [], []
         for i in range(iters + 3):
-            end = time.perf_counter() + gap
-            while time.perf_counter() < end:  # the step's compute, on this rank's threads
-                work @ work
+            t0 = time.perf_counter()
+            for _ in range(k):  # the step's compute: a fixed amount of work on this rank's
+                work @ work     # threads, so a rank held up takes longer, as in training
             if kind == "cuda":
                 torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            dist.all_reduce(grad)
+            t1 = time.perf_counter()
+            # as DDP's default comm hook issues a bucket: averaged, asynchronous, its result
+            # taken in a callback on the collective's thread, waited for by the step
+            grad.div_(dist.get_world_size())
+            fut = dist.all_reduce(grad, async_op=True).get_future().then(lambda f: f.value())
+            fut.wait()
             if kind == "cuda":
                 torch.cuda.synchronize(device)
             if i >= 3:
-                took.append(time.perf_counter() - t0)
-        mean = torch.tensor([sum(took) / len(took)], dtype=torch.float64)
-        dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+                cycles.append(time.perf_counter() - t0)
+                works.append(t1 - t0)
+        # what the all-reduce adds to a step: the cycle (the same on every rank: they wait for
+        # each other) less the slowest rank's own compute, so the wait for a rank held up
+        # (the other processes on its cores) counts, as it does in training
+        figures = torch.tensor([sum(cycles) / len(cycles), sum(works) / len(works)],
+                               dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
         dist.barrier()
-        return float(mean.item())
+        return max(0.0, float(figures[0] - figures[1]))
     finally:
         time.sleep(0.1)  # see strategies.ddp.destroy_group
         dist.destroy_process_group()
+
+
+def _calibrate(work, gap: float, kind: str, device) -> int:
+    """How many ``work @ work`` take about ``gap`` seconds on this rank."""
+    import torch
+
+    n, took = 1, 0.0
+    while took < 0.02 and n < 2**20:
+        n *= 2
+        t0 = time.perf_counter()
+        for _ in range(n):
+            work @ work
+        if kind == "cuda":
+            torch.cuda.synchronize(device)
+        took = time.perf_counter() - t0
+    return max(1, round(gap / (took / n)))
 
 
 def _driver(n: int, size: int, gap: float, iters: int, threads: int, kind: str, q) -> None:
@@ -87,7 +116,8 @@ def allreduce_in_step(n: int, size: int, gap: float, kind: str, cores: int,
     compute (cores kept busy for sizes above DDP's first bucket, on the CPU); raises
     RuntimeError (one line) on failure. No process outlives the call."""
     threads = max(1, cores // n) if kind == "cpu" else 1
-    iters = max(5, min(30, int(3.0 / max(gap, 1e-3))))
+    # about 2 s of steps: short steps swing, and one slow call weighs on a short mean
+    iters = max(5, min(300, int(2.0 / max(gap, 1e-3))))
     busy = cores if kind == "cpu" and size > FIRST_BUCKET else 0
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(timeout)])
                 for _ in range(busy)]

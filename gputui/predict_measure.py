@@ -13,6 +13,7 @@ spawned processes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -24,7 +25,9 @@ from gputui.config import RunConfig
 from gputui.predict import Inputs
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
-MEASURE_STEPS = 100  # steps of a compute measurement (its first WARMUP_STEPS are warm-up)
+MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
+MEASURE_S = 1.0  # ... and more epochs of them (at most MAX_EPOCHS) where 100 steps take less
+MAX_EPOCHS = 5
 Line = Callable[[str], None]
 
 
@@ -71,34 +74,49 @@ class Cache:
         os.replace(tmp, self.path)
 
 
-def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str) -> str:
+def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
+                strategy: str = "single") -> str:
     """What a compute figure depends on: model, data, precision, fast path, per-process batch,
-    threads, the processes running at once, and the device."""
+    threads, the processes running at once, the device, and the strategy that trained it
+    (``single``, or a multi-process one on a world of one rank)."""
     from gputui.usercode import data_label, model_label
 
     d = cfg.to_dict()
-    return "|".join(map(str, ("compute", model_label(d), data_label(d), cfg.run.precision,
-                              cfg.run.compile, cfg.run.channels_last, f"b{batch}", f"t{threads}",
-                              f"x{copies}", device)))
+    parts = ["compute", model_label(d), data_label(d), cfg.run.precision, cfg.run.compile,
+             cfg.run.channels_last, f"b{batch}", f"t{threads}", f"x{copies}", device]
+    if strategy != "single":
+        parts.append(f"{strategy}@1")
+    return "|".join(map(str, parts))
 
 
 def comm_key(kind: str, n: int, size: int, label: str = "") -> str:
     return f"comm|{kind}{':' + label if label else ''}|n{n}|{size}"
 
 
+def epochs_for(step_s: float | None) -> int:
+    """Epochs of MEASURE_STEPS steps for about MEASURE_S seconds of steps of ``step_s``
+    (one where the step time is not known yet)."""
+    if not step_s:
+        return 1
+    return max(1, min(MAX_EPOCHS, math.ceil(MEASURE_S / (MEASURE_STEPS * step_s))))
+
+
 def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec: str,
-                    runs_dir: Path, line: Line) -> dict:
-    """Launch ``copies`` short single-device runs at once (``threads`` each, 0 = the share of
-    the cores) and return rank 0's steady step time, its noise, the parameters and (GPU) the
-    peak device memory; raises RuntimeError (one line) when a run fails."""
+                    runs_dir: Path, line: Line, strategy: str = "single",
+                    epochs: int = 1) -> dict:
+    """Launch ``copies`` short one-device runs of ``strategy`` at once (``threads`` each, 0 =
+    the share of the cores; ddp or fsdp on a world of one rank) and return the slowest
+    one's steady step time, its noise, its mean exposed communication (``comm_s``, from the
+    steady windows' step breakdowns; 0 for single), the parameters and (GPU) the peak device
+    memory; raises RuntimeError (one line) when a run fails."""
     from gputui.history import row_for
     from gputui.prepare import override_checked
     from gputui.training import runstore
     from gputui.training.launcher import launch
 
-    changes = {"strategy.name": "single", "devices.spec": spec, "devices.fallback": "none",
+    changes = {"strategy.name": strategy, "devices.spec": spec, "devices.fallback": "none",
                "run.threads": threads, "optim.batch_size": batch,
-               "optim.scale_with_devices": False, "run.epochs": 1, "run.log_every": 10,
+               "optim.scale_with_devices": False, "run.epochs": epochs, "run.log_every": 10,
                "data.train_size": batch * MEASURE_STEPS, "data.test_size": min(batch, 256),
                "run.checkpoint": False, "run.resume_from": "", "run.name": "predict-measure",
                "telemetry.enabled": False}
@@ -121,15 +139,30 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     steady = [runstore.read_summary(h.run_dir).get("steady") for h in handles]
     if not all(steady):
         raise RuntimeError("the measuring run was too short for a steady state")
-    times = sorted(s["step_time_s"] for s in steady)
+    # the slowest copy sets the pace of ranks that wait for each other
+    slowest = max(range(copies), key=lambda i: steady[i]["step_time_s"])
+    step = steady[slowest]["step_time_s"]
+    comm = _steady_comm(handles[slowest].run_dir)
     peak = _peak_memory(handles[0].run_dir)
     summary = runstore.read_summary(handles[0].run_dir)
-    line(f"  measured {copies} x single({batch} per step, {threads or 'auto'} threads) on "
-         f"{spec}: {times[-1] * 1000:.2f} ms per step")
-    # the slowest copy sets the pace of ranks that wait for each other
-    return {"step_time_s": times[-1], "noise": steady[0].get("noise"),
+    own = f", {comm * 1000:.2f} ms of it its own comm" if comm else ""
+    line(f"  measured {copies} x {strategy}({batch} per step, {threads or 'auto'} threads) on "
+         f"{spec}: {step * 1000:.2f} ms per step{own}")
+    return {"step_time_s": step, "noise": steady[slowest].get("noise"), "comm_s": comm,
             "params": summary.get("params") or 0, "peak_mem": peak,
             "threads": summary.get("threads") or threads}
+
+
+def _steady_comm(run_dir: Path) -> float:
+    """The mean exposed communication of a record's metered steps, warm-up (the first log
+    window, as gputui.steady) left out; 0.0 where none was measured."""
+    from gputui import breakdown
+    from gputui.training import runstore
+
+    parts = [ev.breakdown for ev in runstore.read_events(run_dir)
+             if getattr(ev, "kind", "") == "step" and ev.breakdown]
+    mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
+    return float((mean or {}).get("comm_exposed_s") or 0.0)
 
 
 def _peak_memory(run_dir: Path) -> int | None:
@@ -175,6 +208,7 @@ class Measurer:
         self.cache = cache or Cache()
         self.cores = cores()
         self._gpu_label = ""
+        self._step_s: float | None = None  # the one-device step, once known: sizes the rest
         if kind == "gpu":
             from gputui.discovery import discover_gpus
 
@@ -193,12 +227,17 @@ class Measurer:
         b = self.cfg.optim.batch_size
         return b * n if self.cfg.optim.scale_with_devices else b
 
-    def compute(self, batch: int, threads: int, copies: int) -> dict | None:
+    def compute(self, batch: int, threads: int, copies: int,
+                strategy: str = "single") -> dict | None:
         device = f"gpu:{self._gpu_label}" if self.kind == "gpu" else "cpu"
         spec = "0" if self.kind == "gpu" else "cpu"
-        key = compute_key(self.cfg, batch, threads, copies, device)
-        return self._get(key, lambda: measure_compute(self.cfg, batch, threads, copies, spec,
-                                                      self.runs_dir, self.line))
+        key = compute_key(self.cfg, batch, threads, copies, device, strategy)
+        epochs = epochs_for(self._step_s)
+        out = self._get(key, lambda: measure_compute(self.cfg, batch, threads, copies, spec,
+                                                     self.runs_dir, self.line, strategy, epochs))
+        if out and self._step_s is None:
+            self._step_s = out["step_time_s"]
+        return out
 
     def comm(self, n: int, size: int, gap: float) -> dict | None:
         """The allreduce of ``size`` bytes between ``gap`` seconds of compute (the gap is
@@ -232,14 +271,25 @@ class Measurer:
         if n == 1:
             return inp
         share = max(1, bn // n)
-        if any(s in strategies for s in ("ddp", "fsdp")) or on_gpu:
-            threads = 0 if on_gpu else max(1, self.cores // n)
-            c = self.compute(share, threads, 1 if on_gpu else n)
+        threads = 0 if on_gpu else max(1, self.cores // n)
+        copies = 1 if on_gpu else n
+        if on_gpu:
+            c = self.compute(share, threads, copies)
             inp.t_c = c["step_time_s"] if c else None
+        for name in ("ddp", "fsdp"):
+            if name in strategies:
+                # the strategy itself on one rank: its own per-step work, not its comm
+                c = self.compute(share, threads, copies, name)
+                if c:
+                    inp.t_own[name] = max(0.0, c["step_time_s"] - (c.get("comm_s") or 0.0))
+                elif inp.t_c is None:  # figures kept before t_own was: single's, if kept
+                    c = self.compute(share, threads, copies)
+                    inp.t_c = c["step_time_s"] if c else None
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None
-        gap = inp.t_c or inp.t_seq or inp.t_1  # the compute between two gradient syncs
+        # the compute between two gradient syncs
+        gap = inp.t_own.get("ddp") or inp.t_own.get("fsdp") or inp.t_c or inp.t_seq or inp.t_1
         if inp.grad_bytes and (any(s in strategies for s in ("ddp", "fsdp", "scratch"))
                                or on_gpu and "dp" in strategies):
             c = self.comm(n, inp.grad_bytes, gap)

@@ -113,7 +113,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 step_time_s=elapsed / n, lr=strategy.lr,
                 comm_share=_comm_share(timing), per_device=rows,
                 breakdown=breakdown.mean(r.get("breakdown") for r in rows),
-                flops_per_s=flops_s, mfu=mfu))
+                flops_per_s=flops_s, mfu=mfu, comm_gbps=breakdown.mean_of(rows, "comm_gbps")))
             window = _Window(step + 1)
 
         step = done_before

@@ -252,3 +252,33 @@ async def test_devices_driven_by_one_process_say_so(presets):
         assert text(cpu0, ".dev-extra") == "pid 4242 · one process with cpu:1"
         assert text(cpu1, ".dev-extra") == "pid 4242 · one process with cpu:0"
         assert cpu0.query_one(".dev-extra").content_region.width >= len(text(cpu0, ".dev-extra"))
+
+
+async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
+        presets, tmp_path, monkeypatch):
+    from gputui import comm_peak
+    from gputui.events import RunStarted
+
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path))
+    comm_peak.keep({"n": 2, "backend": "gloo", "devices": ["cpu:0", "cpu:1"],
+                    "torch": [{"size": 4096, "algbw_gbps": 0.2, "busbw_gbps": 0.2},
+                              {"size": 2**20, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]}, "cpu")
+    events = []
+    for ev in run_events(epochs=1, steps_per_epoch=10, log_every=5):
+        if isinstance(ev, RunStarted):
+            ev = dataclasses.replace(ev, world_size=2, strategy="ddp")
+        elif isinstance(ev, StepMetrics):  # rank 0 at 0.5 GB/s, rank 1 at 0.25
+            rows = tuple(dict(r, comm_bytes=10**6, comm_gbps=0.5 / (1 + i))
+                         for i, r in enumerate(ev.per_device))
+            ev = dataclasses.replace(ev, per_device=rows, comm_gbps=0.375)
+        events.append(ev)
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        assert not screen.display_errors
+        shown = [text(screen.query_one(f"#dev-cpu-{i}", DevicePanel), ".dev-breakdown")
+                 for i in (0, 1)]
+        assert shown[0].endswith("allreduce 0.50 GB/s, 50% of bench-comm's 1.00")
+        assert shown[1].endswith("allreduce 0.25 GB/s, 25% of bench-comm's 1.00")

@@ -106,9 +106,12 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
 
 
 DELAY = 0.05  # seconds injected by the breakdown scenarios
-# name -> config overrides of a ddp run through the real loop, every step metered
+FSDP_DELAY = 0.01  # ... on each of fsdp's collectives (several a step)
+# name -> config overrides of a ddp (or fsdp) run through the real loop, every step metered
 BREAKDOWN = {"plain": {}, "comm_delay": {"debug.comm_delay_s": DELAY},
-             "data_delay": {"debug.data_delay_s": DELAY}}
+             "data_delay": {"debug.data_delay_s": DELAY},
+             "fsdp_plain": {"strategy.name": "fsdp"},
+             "fsdp_comm_delay": {"strategy.name": "fsdp", "debug.comm_delay_s": FSDP_DELAY}}
 
 
 def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
@@ -122,10 +125,12 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
     from gputui.training.strategies import registry
     from strategy_harness import make_config, small_data
 
-    cfg = make_config("ddp", spec, "lenet", 32, **{"run.log_every": 1, "run.epochs": 1},
-                      **BREAKDOWN[name])
+    extra = dict(BREAKDOWN[name])
+    which = extra.pop("strategy.name", "ddp")
+    cfg = make_config(which, spec, "lenet", 32, **{"run.log_every": 1, "run.epochs": 1},
+                      **extra)
     ds = small_data()
-    strategy = registry.get("ddp").load()(
+    strategy = registry.get(which).load()(
         cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
     strategy.setup()

@@ -16,14 +16,21 @@ from gputui.comm_bench import bandwidths
 GPUTUI = [sys.executable, "-m", "gputui"]
 
 
-def gputui(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*GPUTUI, *args], capture_output=True, text=True, timeout=300)
+def gputui(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*GPUTUI, *args], capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 @pytest.fixture(scope="module")
-def bench():
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def bench(cache_dir):
     return gputui("bench-comm", "--devices", "cpu*2", "--sizes", "4K,256K", "--iters", "3",
-                  "--warmup", "1", "--json")
+                  "--warmup", "1", "--json",
+                  env=dict(os.environ, GPUTUI_CACHE_DIR=str(cache_dir)))
 
 
 @pytest.mark.slow
@@ -40,6 +47,19 @@ def test_two_cpu_ranks_report_a_bandwidth(bench):
             assert r["algbw_gbps"] > 0
             assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
             assert r["time_us"] == pytest.approx(r["seconds"] * 1e6)
+
+
+@pytest.mark.slow
+def test_the_peak_is_kept_for_this_machine(bench, cache_dir):
+    """The highest torch algbw is kept per machine, for runs to show theirs against it."""
+    from gputui.comm_peak import peak
+    from gputui.predict_measure import Cache
+
+    best = max(r["algbw_gbps"] for r in json.loads(bench.stdout)["torch"])
+    files = list(cache_dir.glob("predict-*.json"))
+    assert len(files) == 1
+    assert peak("cpu", 2, "gloo", Cache(files[0])) == pytest.approx(best)
+    assert peak("cpu", 4, "gloo", Cache(files[0])) is None
 
 
 @pytest.mark.slow

@@ -111,3 +111,27 @@ def test_ddp_split_compute_ends_at_the_last_bucket_launch():
     assert timer.seconds(0.0) == 6.0  # busy: 1-5 and 6-8
     timer.spans = []
     assert timer.split(0.0, 10.0) is None  # a no_sync step synced nothing
+
+
+class ScriptedMarks(ScriptedWatch):
+    """DeviceMarks with given times: each mark is one time per device."""
+
+    def seconds_on(self, i, start, end):
+        return end[i] - start[i]
+
+
+def test_dp_on_gpus_gives_every_device_its_own_breakdown():
+    from gputui.training.strategies.data_parallel import other_devices
+
+    # marks (start, begin, backward_end, end) as each of three GPUs' streams reached them:
+    # device 1 finished its replica's backward at 7 ms, device 2 at 9, the update ran to 10
+    timing = {"start": (0.0, 0.0, 0.0), "begin": (0.001, 0.001, 0.001),
+              "backward_end": (0.008, 0.007, 0.009), "end": (0.010, 0.010, 0.010),
+              "data_s": 0.002}
+    rows = other_devices(ScriptedMarks(), timing, 3)
+    assert len(rows) == 2
+    for bd, compute, wait in zip(rows, (0.006, 0.008), (0.003, 0.001)):
+        assert bd["compute_s"] == pytest.approx(compute) and bd["wait_s"] == pytest.approx(wait)
+        assert bd["optimizer_s"] == 0.0 and bd["comm_exposed_s"] is None
+        assert bd["step_s"] == pytest.approx(0.012)  # data and the span on its own clock
+        assert breakdown.total(bd) == pytest.approx(bd["step_s"])

@@ -60,6 +60,9 @@ def test_two_gpus_equal_one(name, extra):
     timing = strategy.read_timing()
     assert [d["device"] for d in timing["per_device"]] == ["cuda:0", "cuda:1"]
     assert sum(d["samples"] for d in timing["per_device"]) >= 32
+    if name == "dp":  # every GPU's own bar, from events on its own stream
+        for d in timing["per_device"]:
+            assert d["breakdown"]["compute_s"] > 0 and d["breakdown"]["step_s"] > 0
     if name == "model_parallel":
         assert {p.device for p in strategy.stages[1].parameters()} == {torch.device("cuda:1")}
         assert timing["comm_s"] > 0 and all(d["compute_s"] > 0 for d in timing["per_device"])

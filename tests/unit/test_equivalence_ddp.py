@@ -151,3 +151,53 @@ def test_a_delay_in_the_data_path_shows_as_data(ranks):
 
     grown = _median_part(ranks, "data_delay", "data_s") - _median_part(ranks, "plain", "data_s")
     assert grown >= 0.7 * DELAY, grown
+
+
+def test_ddp_allreduce_bandwidth_is_its_gradient_bytes_over_its_comm_time(ranks):
+    """Each rank all-reduces exactly the model's gradient bytes per step (LeNet fits one
+    bucket), its bandwidth is those bytes over the comm time, and a delay held on the bucket
+    lowers it to bytes / (time + delay)."""
+    from statistics import median
+
+    from ddp_scenarios import DELAY
+
+    model = build_model("lenet", 1, 28, 10, seed=3, init="default")
+    full = sum(p.numel() * 4 for p in model.parameters())
+
+    def rows(scenario):
+        return [row for rows in ranks[0]["breakdown"][scenario][1:] for row in rows]
+
+    for scenario in ("plain", "comm_delay"):
+        for row in rows(scenario):
+            assert row["comm_bytes"] == full, (scenario, row)
+            assert row["comm_gbps"] == pytest.approx(full / row["comm_s"] / 1e9)
+    plain = median(r["comm_s"] for r in rows("plain"))
+    slow = median(r["comm_gbps"] for r in rows("comm_delay"))
+    assert slow == pytest.approx(full / (plain + DELAY) / 1e9, rel=0.3)
+    assert slow < median(r["comm_gbps"] for r in rows("plain"))
+
+
+def test_a_delay_in_fsdps_collectives_shows_as_exposed_comm(ranks):
+    """fsdp's all-gathers and reduce-scatters, timed through torch's custom-collective API,
+    are split out of compute: each held back FSDP_DELAY grows the exposed part by as much,
+    compute stays."""
+    from statistics import median
+
+    from ddp_scenarios import FSDP_DELAY
+
+    def rows(scenario):
+        return [row for rows in ranks[0]["breakdown"][scenario][1:] for row in rows]
+
+    plain, slow = rows("fsdp_plain"), rows("fsdp_comm_delay")
+    counts = {row["comm_calls"] for row in plain + slow}
+    assert len(counts) == 1  # the same collectives every step, on every rank
+    (calls,) = counts
+    assert calls >= 3  # an all-gather for forward and for backward, a reduce-scatter at least
+    assert all(row["breakdown"]["comm_exposed_s"] > 0 for row in plain)
+    part = {name: {k: median(r["breakdown"][k] for r in rs) for k in ("comm_exposed_s",
+                                                                       "compute_s")}
+            for name, rs in (("plain", plain), ("slow", slow))}
+    grown = part["slow"]["comm_exposed_s"] - part["plain"]["comm_exposed_s"]
+    assert 0.7 * calls * FSDP_DELAY <= grown <= 2 * calls * FSDP_DELAY, (grown, calls)
+    assert part["slow"]["compute_s"] < part["plain"]["compute_s"] + 0.5 * calls * FSDP_DELAY
+    assert "comm_gbps" not in plain[0]  # no all-reduce: no bandwidth beside bench-comm's

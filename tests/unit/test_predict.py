@@ -27,6 +27,17 @@ def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
     assert p.mem_per_device == static_bytes(inp) == 1000 * 4 * 3  # params, grads, momentum
 
 
+def test_ddp_takes_its_own_one_rank_step_where_measured_and_says_which():
+    inp = Inputs(n=2, on_gpu=False, batch=256, batch_1=256, t_1=0.032, t_c=0.030,
+                 t_own={"ddp": 0.031}, t_ar=0.0025, t_sync=0.002, log_every=10)
+    ddp = predict("ddp", inp)
+    assert ddp.step_time_s == pytest.approx(0.031 + 0.0025 + 0.0002)
+    assert ddp.formula.startswith("t_own") and ddp.terms["t_own"] == 0.031
+    fsdp = predict("fsdp", inp)  # not measured with fsdp itself: single's t_c, said so
+    assert fsdp.step_time_s == pytest.approx(0.030 + 1.5 * 0.0025 + 0.0002)
+    assert fsdp.formula.startswith("t_c") and "t_own" not in fsdp.terms
+
+
 def test_gpu_overlap_hides_all_but_the_last_bucket_and_fsdp_shards_memory():
     g = 4 * BUCKET_BYTES
     inp = Inputs(n=2, on_gpu=True, batch=512, batch_1=256, t_1=0.01, t_c=0.01, t_ar=0.004,
@@ -152,3 +163,16 @@ def test_sweep_repeat_and_predict_bad_input_is_one_line(capsys):
     assert err.count("\n") == 1 and "--repeat 0" in err
     assert cli.main(["sweep", "quickstart", "--predict", "--strategies", "single"]) == 2
     assert "no strategy that has a prediction" in capsys.readouterr().err
+
+
+def test_the_one_rank_measurement_leaves_out_its_warm_up_comm(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.breakdown import make
+    from gputui.predict_measure import _steady_comm
+
+    parts = [make(0.010, 0.0, 0.002, 0.001, comm) for comm in (0.5, 0.002, 0.004)]
+    run = write_record(tmp_path, "r", strategy="ddp", epochs=3, breakdowns=parts)
+    assert _steady_comm(run) == pytest.approx(0.003)  # the first (warm-up) window left out
+    assert _steady_comm(write_record(tmp_path, "s", epochs=2)) == 0.0  # none measured

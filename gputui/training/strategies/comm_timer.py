@@ -35,11 +35,13 @@ class CommTimer:
         self.watch, self.group, self.delay_s = watch, group, delay_s
         self.active = False  # set by the strategy on the steps the loop meters
         self.spans: list[tuple[Any, Any]] = []
+        self.nbytes = 0  # bytes the metered step all-reduced (its buckets' sizes)
 
     def start_step(self, metered: bool) -> None:
         """Called before each step's backward: forget the last step's marks."""
         self.active = metered
         self.spans = []
+        self.nbytes = 0
 
     def hook(self, state, bucket):  # no annotations: DDP checks them, and they are strings here
         """The registered hook: DDP calls it once per bucket (a ``dist.GradBucket``) whose
@@ -48,6 +50,8 @@ class CommTimer:
             fut = default_hooks.allreduce_hook(self.group, bucket)
             return fut.then(self._late) if self.delay_s else fut
         start = self.watch.mark()
+        buffer = bucket.buffer()
+        self.nbytes += buffer.numel() * buffer.element_size()
         fut = default_hooks.allreduce_hook(self.group, bucket)
         if self.delay_s:
             fut = fut.then(self._late)
@@ -81,6 +85,14 @@ class CommTimer:
         from the step's start mark; 0.0 when the step synced nothing (e.g. no_sync only)."""
         return _merged([(self.watch.seconds(step_start, a), self.watch.seconds(step_start, b))
                         for a, b in self.spans])
+
+
+def gbps(nbytes: int, seconds: float | None) -> float | None:
+    """Achieved all-reduce bandwidth in GB/s (1e9 bytes/s, as bench-comm's algbw): the bytes
+    all-reduced over the time some bucket was in flight; None without either."""
+    if not nbytes or not seconds or seconds <= 0:
+        return None
+    return nbytes / seconds / 1e9
 
 
 def _merged(spans: list[tuple[float, float]]) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gputui import breakdown
 from gputui.training.strategies.single import Single
 
 
@@ -35,6 +36,50 @@ def accelerator_present() -> bool:
     return _get_available_device_type() is not None
 
 
+class DeviceMarks:
+    """A Stopwatch over every GPU of a DataParallel step: each mark is one CUDA event per
+    device, recorded on that device's current stream (no sync; read at the log interval), so
+    each device's part of the step is timed on its own clock. ``seconds`` reads the first
+    device's, as Single's breakdown expects."""
+
+    cuda = True
+
+    def __init__(self, devices: list[torch.device]):
+        self.devices = devices
+        self.device = devices[0]
+
+    def mark(self) -> tuple:
+        out = []
+        for d in self.devices:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(d))
+            out.append(ev)
+        return tuple(out)
+
+    def seconds(self, start, end) -> float:
+        return self.seconds_on(0, start, end)
+
+    def seconds_on(self, i: int, start, end) -> float:
+        end[i].synchronize()
+        return start[i].elapsed_time(end[i]) / 1000.0
+
+
+def other_devices(watch, timing: dict, n: int) -> list[dict]:
+    """The breakdowns of devices 2..n of a metered DataParallel step, each on its own clock:
+    compute from the step's begin mark to its backward-end mark on that device's stream
+    (its replica's forward and backward, and the copies DataParallel makes to and from it,
+    which are not split out: comm None), then the wait for the first device's update."""
+    t = timing
+    out = []
+    for i in range(1, n):
+        span = watch.seconds_on(i, t["start"], t["end"])
+        out.append(breakdown.make(span, t["data_s"], watch.seconds_on(i, t["begin"],
+                                                                      t["backward_end"]),
+                                  0.0, comm_exposed_s=None, comm_overlap_s=None,
+                                  wait_s=watch.seconds_on(i, t["backward_end"], t["end"])))
+    return out
+
+
 class DataParallelStrategy(Single):
     """The model on the first device, wrapped in ``nn.DataParallel`` over every chosen GPU."""
 
@@ -48,6 +93,7 @@ class DataParallelStrategy(Single):
         if self.cuda:
             ids = [d.index for d in self.devices]
             self.wrapped = nn.DataParallel(self.model, device_ids=ids, output_device=ids[0])
+            self.watch = DeviceMarks([torch.device(d.torch_device) for d in self.devices])
         elif not accelerator_present():
             # The same call as on GPUs; with no accelerator DataParallel forwards to the module.
             self.wrapped = nn.DataParallel(self.model)
@@ -72,8 +118,8 @@ class DataParallelStrategy(Single):
         return False
 
     def read_timing(self) -> dict:
-        """The metered step's seconds. On GPUs the replicas run in threads inside one call, so
-        only each device's share of the examples is known, not its own compute time."""
+        """The metered step's seconds: on GPUs every device's breakdown, from the CUDA events
+        of its own stream (``DeviceMarks``), and its share of the examples."""
         if not self.timing:
             return {}
         t, bd = self.step_breakdown()
@@ -90,7 +136,9 @@ class DataParallelStrategy(Single):
             for i, size in enumerate(scatter_sizes(part, len(self.devices))):
                 shares[i] += size
         rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares)]
-        rows[0]["breakdown"] = bd  # the step as the first device's stream runs it
+        # each device's step as its own stream ran it
+        for row, parts in zip(rows, [bd, *other_devices(self.watch, self.timing, len(rows))]):
+            row["breakdown"] = parts
         return {"step_s": t, "comm_s": None, "per_device": rows}
 
     def comm_in_compute(self) -> float | None:

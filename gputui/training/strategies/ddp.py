@@ -26,14 +26,15 @@ from torch import nn
 from gputui import breakdown
 from gputui.training.rankinfo import RankInfo
 from gputui.training.strategies.base import Stopwatch, Strategy, no_correct
-from gputui.training.strategies.comm_timer import CommTimer
+from gputui.training.strategies.comm_timer import CommTimer, gbps
+from gputui.training.strategies.fsdp_comm import FSDPCommTimer
 from gputui.training.strategies.scratch import split_sizes
 
 STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
 STOP_CHECK_MAX = 50  # ... but at least every 50 steps
 # the per-rank figures gathered at the log interval, in this order (float64)
 _FIELDS = ("rank", "node", "cuda", "index", "samples", "compute_s", "step_s", "mem_alloc",
-           "mem_reserved", "rss", "pid")
+           "mem_reserved", "rss", "pid", "comm_bytes", "comm_s", "comm_calls")
 # the rank's step breakdown (gputui.breakdown), gathered after _FIELDS; -1 = not measured
 _PARTS = ("step_s", "data_s", "compute_s", "comm_exposed_s", "comm_overlap_s", "optimizer_s",
           "wait_s", "host_s")
@@ -58,7 +59,7 @@ class DDPStrategy(Strategy):
     _owns_group: bool  # setup initialised the process group (close destroys it)
     control: dist.ProcessGroup | None  # gloo group of the control messages (None: the default)
     watch: Stopwatch
-    comm: CommTimer | None
+    comm: CommTimer | FSDPCommTimer | None  # the comm hook's timer, or fsdp's collectives'
     module: nn.Module
     model: nn.Module  # what a step calls: the module wrapped (ddp) or sharded (fsdp)
     opt: torch.optim.Optimizer
@@ -89,7 +90,7 @@ class DDPStrategy(Strategy):
         self.control = (dist.new_group(backend="gloo", timeout=timeout)
                         if self.backend != "gloo" else None)
         self.watch = Stopwatch(self.device)
-        self.comm: CommTimer | None = None  # set by wrap() for DDP (fsdp has no comm hook)
+        self.comm = None  # set by wrap() (fsdp: its FSDPCommTimer, or None)
         self.module = self.build_model().to(self.device)  # parameter names, eval, checkpoints
         self.model = self.wrap(self.module)
         self.opt = self.make_optimizer(self.model.parameters())
@@ -166,14 +167,16 @@ class DDPStrategy(Strategy):
 
     def step_breakdown(self) -> dict:
         """This rank's breakdown of the metered step (see CommTimer.split): compute up to the
-        last bucket's launch, exposed comm from there to the end of backward. fsdp, whose
-        collectives run inside fully_shard's hooks, counts them in compute (comm None)."""
+        last bucket's launch, exposed comm from there to the end of backward. fsdp's timer
+        (fsdp_comm.FSDPCommTimer) splits its collectives out the same way on the CPU; on GPUs,
+        and where torch cannot time them, they stay in compute (exposed 0 or None)."""
         t, w = self.timing, self.watch
         span = w.seconds(t["start"], t["end"])
         begin, backward = w.seconds(t["start"], t["begin"]), w.seconds(t["start"], t["backward_end"])
         split = self.comm.split(t["start"], t["backward_end"]) if self.comm is not None else None
-        if split is None:
-            exposed = overlap = None if self.comm is None else 0.0
+        if split is None:  # nothing synced (0), or comm that cannot be split here (None)
+            unsplit = self.comm is None or not getattr(self.comm, "splits", True)
+            exposed = overlap = None if unsplit else 0.0
             compute = backward - begin
         else:
             compute_end, exposed, overlap = split
@@ -241,14 +244,18 @@ class DDPStrategy(Strategy):
         dev = self.devices[self.local_rank]
         bd = self.step_breakdown() if t else {}
         parts = [-1.0 if bd.get(k) is None else bd[k] for k in _PARTS]
+        comm = self.comm.seconds(t["start"]) if t and self.comm is not None else None
+        nbytes = self.comm.nbytes if comm is not None else 0
         mine = torch.tensor([self.rank, self.node, float(self.cuda), dev.index,
                              t.get("samples", 0) if t else 0, compute, step, alloc, reserved,
-                             self._read_rss(), os.getpid(), *parts], dtype=torch.float64)
+                             self._read_rss(), os.getpid(), nbytes,
+                             -1.0 if comm is None else comm,
+                             len(self.comm.spans) if comm is not None else 0, *parts],
+                            dtype=torch.float64)
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.control)
         per_device = [self._row(dict(zip(_FIELDS, r.tolist())), r[len(_FIELDS):].tolist())
                       for r in rows]
-        comm = self.comm.seconds(t["start"]) if t and self.comm is not None else None
         return {"step_s": step, "comm_s": comm, "per_device": per_device}
 
     def _row(self, f: dict, parts: list[float]) -> dict:
@@ -262,6 +269,11 @@ class DDPStrategy(Strategy):
             row.update(mem_alloc=int(f["mem_alloc"]), mem_reserved=int(f["mem_reserved"]))
         if f["rss"] >= 0:
             row["rss"] = int(f["rss"])
+        if f["comm_s"] >= 0 and f["comm_calls"] > 0:  # the collectives it timed
+            row.update(comm_s=f["comm_s"], comm_calls=int(f["comm_calls"]))
+            if f["comm_bytes"] > 0:  # ddp's gradient all-reduce: its bandwidth
+                row.update(comm_bytes=int(f["comm_bytes"]),
+                           comm_gbps=gbps(int(f["comm_bytes"]), f["comm_s"]))
         if parts[0] >= 0:
             row["breakdown"] = {k: (None if v < 0 else v) for k, v in zip(_PARTS, parts)}
         return row

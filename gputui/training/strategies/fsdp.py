@@ -20,6 +20,7 @@ from torch import nn
 from gputui.config import ConfigError
 from gputui.training.strategies.base import no_correct
 from gputui.training.strategies.ddp import DDPStrategy
+from gputui.training.strategies.fsdp_comm import FSDPCommTimer, install
 
 
 class FSDPStrategy(DDPStrategy):
@@ -42,6 +43,7 @@ class FSDPStrategy(DDPStrategy):
         for layer in targets:
             fully_shard(layer, mesh=mesh)  # one all-gather per layer: one layer wide
         fully_shard(model, mesh=mesh)
+        self.comm = timed_collectives(model, self.watch, self.comm_delay_s)
         which = f"the {', '.join(names)} modules" if names else "each top-level block"
         self.notes.append(f"parameters, gradients and optimizer state sharded over the ranks: "
                           f"{len(targets)} fully_shard unit(s), {which}, and the whole model")
@@ -118,6 +120,13 @@ class FSDPStrategy(DDPStrategy):
                        optim_state_dict=state["optimizers"][0],
                        options=StateDictOptions(full_state_dict=True))
         self.load_scaler_state(state)
+
+
+def timed_collectives(model: nn.Module, watch, delay_s: float) -> FSDPCommTimer | None:
+    """fully_shard's all-gathers and reduce-scatters, timed on metered steps (and delayed
+    under debug.comm_delay_s); None where this torch cannot swap them (comm stays in compute)."""
+    timer = FSDPCommTimer(watch, delay_s=delay_s)
+    return timer if install(model, timer) else None
 
 
 def _to_cpu(value: Any) -> Any:

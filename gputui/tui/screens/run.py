@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
+from gputui import comm_peak
 from gputui.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
                            StepMetrics, acc_text, plural)
@@ -57,6 +58,8 @@ class RunScreen(RunControls, Screen):
         self.events_handled = 0
         self.batches_handled = 0
         self.display_errors: list[str] = []  # bugs caught while showing events (tests: empty)
+        self._started_ev: RunStarted | None = None
+        self._comm_peak: list[float | None] | None = None  # bench-comm's kept peak, read once
 
     @property
     def ended(self) -> bool:
@@ -194,6 +197,7 @@ class RunScreen(RunControls, Screen):
             plot.redraw()
 
     def _started(self, ev: RunStarted, status: RunStatus, log: RunLog) -> None:
+        self._started_ev = ev
         self.run_id = ev.run_id
         self.sub_title = f"run · {ev.run_id}"
         status.started(ev)
@@ -236,10 +240,30 @@ class RunScreen(RunControls, Screen):
         return panel
 
     def _show_breakdown(self, ev: StepMetrics) -> None:
-        """Each device's part of the metered step (rows only on the logged, timed steps)."""
+        """Each device's part of the metered step (rows only on the logged, timed steps), and
+        the all-reduce bandwidth its rank achieved beside bench-comm's peak where kept."""
         for row in ev.per_device:
             if row.get("device") and ("breakdown" in row or ev.breakdown is not None):
                 self._panel(row["device"]).update_breakdown(row.get("breakdown"))
+            if row.get("device") and row.get("comm_gbps") is not None:
+                self._panel(row["device"]).update_comm(
+                    comm_peak.text(row["comm_gbps"], self.comm_peak()))
+
+    def comm_peak(self) -> float | None:
+        """bench-comm's kept peak for this run's devices, kind and backend (read once)."""
+        if self._comm_peak is None:
+            self._comm_peak = [None]
+            ev = self._started_ev
+            if ev is not None and ev.devices:
+                kind = str(ev.devices[0].get("kind", "cpu"))
+                backend = str((ev.config.get("strategy") or {}).get("backend", "auto"))
+                if backend == "auto":
+                    backend = "nccl" if kind == "cuda" else "gloo"
+                try:
+                    self._comm_peak = [comm_peak.peak(kind, ev.world_size, backend)]
+                except (OSError, ValueError, KeyError, TypeError):
+                    pass  # no kept figure: the bandwidth is shown alone
+        return self._comm_peak[0]
 
     def show_sample(self, sample: DeviceSample) -> None:
         """Show one device reading (its panel appears on first sight)."""

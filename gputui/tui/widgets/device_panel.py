@@ -55,6 +55,7 @@ class StepBreakdown(Widget):
     DEFAULT_CSS = "StepBreakdown { height: auto; }"
     parts: reactive[dict | None] = reactive(None, layout=True)
     measured: reactive[bool] = reactive(True, layout=True)  # False: a device with no figures
+    comm: reactive[str] = reactive("", layout=True)  # the rank's all-reduce bandwidth line
 
     def render(self) -> Text:
         width = max(10, self.size.width)
@@ -78,6 +79,8 @@ class StepBreakdown(Widget):
                 line_len += 1
             out.append(word, style=style)
             line_len += len(word)
+        if self.comm:
+            out.append("\n" + self.comm, style=breakdown.STYLES["comm_exposed_s"])
         return out
 
 
@@ -112,6 +115,7 @@ class DevicePanel(Vertical):
         self.memory: dict | None = None
         self.step_parts: dict | None = None  # the last metered step's breakdown
         self.step_seen = False  # a StepMetrics has named this device
+        self.comm_text = ""  # the last all-reduce bandwidth line (ddp ranks)
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
@@ -132,6 +136,13 @@ class DevicePanel(Vertical):
             bar.measured = parts is not None
             bar.parts = parts
 
+    def update_comm(self, text: str) -> None:
+        """The all-reduce bandwidth this device's rank achieved on the metered step (a line
+        from ``comm_peak.text``), under the step bar."""
+        self.comm_text = text
+        if self.is_mounted and self.children:
+            self.query_one(StepBreakdown).comm = text
+
     def on_mount(self) -> None:
         if self.last is not None:  # a reading that arrived before the panel was composed
             self._show(self.last)
@@ -141,6 +152,8 @@ class DevicePanel(Vertical):
             self.update_memory(self.memory)
         if self.step_seen:
             self.update_breakdown(self.step_parts)
+        if self.comm_text:
+            self.update_comm(self.comm_text)
 
     def update_mfu(self, mfu: float | None) -> None:
         """The run's model FLOP utilization (StepMetrics.mfu)."""
