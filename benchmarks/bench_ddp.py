@@ -31,7 +31,7 @@ import multiprocessing as mp
 import statistics
 import time
 
-from gputui.config import RunConfig, apply_overrides
+from gputui.core.config import RunConfig, apply_overrides
 
 
 def config(strategy: str, spec: str, threads: int, epochs: int, batch: int) -> RunConfig:
@@ -52,10 +52,10 @@ def single_round(cfg: RunConfig, device: str = "cpu") -> float:
     """`single` through the loop in this process (its threads set by the config)."""
     import torch
 
-    from gputui.devices import Device
-    from gputui.training.data import load_dataset, make_batches
-    from gputui.training.loop import train
-    from gputui.training.strategies.single import Single
+    from gputui.core.devices import Device
+    from gputui.train.data import load_dataset, make_batches
+    from gputui.train.loop import train
+    from gputui.train.strategies.single import Single
 
     torch.set_num_threads(cfg.run.threads)
     ds = load_dataset("synthetic", train_size=cfg.data.train_size, test_size=cfg.data.test_size)
@@ -70,7 +70,7 @@ def single_round(cfg: RunConfig, device: str = "cpu") -> float:
 
 def ddp_round(cfg: RunConfig) -> tuple[float, float]:
     """(steady samples/s, seconds from launch to the first step) of a real ddp run."""
-    from gputui.training.launcher import launch
+    from gputui.runs.launcher import launch
 
     handle = launch(cfg, "/tmp/gputui-bench-runs")
     ends, init_s = [], None
@@ -99,7 +99,7 @@ def _plain_rank(epochs: int, batch: int, sync: bool = True, device: str = "cpu")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import plain
 
-    from gputui.training.data import load_dataset
+    from gputui.train.data import load_dataset
 
     torch.set_num_threads(1)
     cuda = device == "cuda"
@@ -141,7 +141,7 @@ def _bare_rank(t0: float) -> float:
 def _agent(fn, args: tuple, out, nproc: int = 2) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from gputui.training.agent import free_port
+    from gputui.train.agent import free_port
 
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="c10d",
                        rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="bench",

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gputui.events import StepMetrics
-from gputui.training.runstore import EventLog
+from gputui.core.events import StepMetrics
+from gputui.core.runstore import EventLog
 
 
 def _old(path: Path, events: list[StepMetrics]) -> float:

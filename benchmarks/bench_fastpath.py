@@ -20,12 +20,12 @@ import json
 
 import torch
 
-from gputui.config import RunConfig, apply_overrides
-from gputui.devices import Device
-from gputui.training.data import load_dataset, make_batches
-from gputui.training.loop import train
-from gputui.training.strategies import fastpath
-from gputui.training.strategies.single import Single
+from gputui.core.config import RunConfig, apply_overrides
+from gputui.core.devices import Device
+from gputui.train.data import load_dataset, make_batches
+from gputui.train.loop import train
+from gputui.train.strategies import fastpath
+from gputui.train.strategies.single import Single
 
 MODES = {"compile": "default", "reduce-overhead": "reduce-overhead",
          "max-autotune": "max-autotune"}

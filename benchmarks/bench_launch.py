@@ -1,4 +1,4 @@
-"""Launch to first step, cold and warm: what pressing Start costs (gputui.training.warm).
+"""Launch to first step, cold and warm: what pressing Start costs (gputui.train.warm).
 
     .venv/bin/python benchmarks/bench_launch.py [--rounds 3] [--device cpu|cuda] [--preset quickstart]
 
@@ -18,10 +18,10 @@ import json
 import statistics
 import time
 
-from gputui.config import apply_overrides, load_preset
-from gputui.presets import resolve_preset
-from gputui.training import warm
-from gputui.training.launcher import launch
+from gputui.core.config import apply_overrides, load_preset
+from gputui.core.presets import resolve_preset
+from gputui.runs.launcher import launch
+from gputui.train import warm
 
 RUNS = "/tmp/gputui-bench-launch"
 

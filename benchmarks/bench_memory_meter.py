@@ -1,13 +1,13 @@
 """The activation meter's cost: one LeNet step (batch 256, CPU) under
-``gputui.training.memory.ActivationMeter`` against the same step without it, in the same
+``gputui.train.memory.ActivationMeter`` against the same step without it, in the same
 process, alternating; medians of 15 each. The loop meters only a run's first step.
 
     .venv/bin/python benchmarks/bench_memory_meter.py
 """
 import statistics, time, torch
 from torch.nn import functional as F
-from gputui.training import memory
-from gputui.training.models import build_model
+from gputui.train import memory
+from gputui.train.models import build_model
 m = build_model("lenet", 1, 28, 10, seed=0)
 opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))

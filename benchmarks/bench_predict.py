@@ -4,12 +4,12 @@
         [--strategy ddp] [--devices 2]
 
 For each model it measures the prediction's inputs from scratch, in this invocation, into a
-fresh cache (``gputui.predict_measure``: one single-device run on the whole batch, N
+fresh cache (``gputui.runs.predict_measure``: one single-device run on the whole batch, N
 one-rank runs of the strategy at once on B/N each with the threads a rank gets, an allreduce
 of the gradient bytes), predicts the step time of ``--strategy`` on ``--devices`` CPU ranks
-(``gputui.predict``), then trains that strategy for real, as users run it (launcher, elastic
+(``gputui.runs.predict``), then trains that strategy for real, as users run it (launcher, elastic
 agent, gloo ranks), for about as long (at least 100 steps, epochs of 100 up to ~1 s), and
-reads its steady step time (warm-up excluded, ``gputui.steady``). It prints predicted,
+reads its steady step time (warm-up excluded, ``gputui.core.steady``). It prints predicted,
 measured and their ratio (goal: within 15 %, i.e. 0.85 to 1.15), and beside it the ratio the
 previous model gives in the same round (N ``single`` runs' t_c in place of the strategy's own
 t_own). The ratio of speedups equals the inverse ratio of step times (both divide the same
@@ -33,7 +33,7 @@ MODELS = {  # per-model batch: ResNet-18 is slow on a CPU (about 100 images/s on
 
 
 def base_config(model: str):
-    from gputui.config import RunConfig, apply_overrides
+    from gputui.core.config import RunConfig, apply_overrides
 
     sets = {"model.name": model, "model.init": "default", "data.name": "synthetic",
             "optim.momentum": 0.9, "optim.lr": 0.01, "run.checkpoint": False,
@@ -44,10 +44,10 @@ def base_config(model: str):
 
 def measured(cfg, strategy: str, n: int, runs_dir: Path, epochs: int = 1) -> dict:
     """Train ``strategy`` on cpu*n with the data size of the prediction's measurements."""
-    from gputui.config import apply_overrides
-    from gputui.predict_measure import MEASURE_STEPS
-    from gputui.training import runstore
-    from gputui.training.launcher import launch
+    from gputui.core import runstore
+    from gputui.core.config import apply_overrides
+    from gputui.runs.launcher import launch
+    from gputui.runs.predict_measure import MEASURE_STEPS
 
     b = cfg.optim.batch_size
     run = apply_overrides(cfg, [("bench", k, v) for k, v in {
@@ -67,8 +67,8 @@ def measured(cfg, strategy: str, n: int, runs_dir: Path, epochs: int = 1) -> dic
 def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
     from dataclasses import replace
 
-    from gputui.predict import predict
-    from gputui.predict_measure import Cache, Measurer, epochs_for
+    from gputui.runs.predict import predict
+    from gputui.runs.predict_measure import Cache, Measurer, epochs_for
 
     cfg = base_config(model)
     cache = Cache(work / f"cache-{model}.json")  # fresh: everything measured in this round
@@ -119,7 +119,7 @@ def main() -> None:
                       f"{row['old_ratio']:.3f}; speedup predicted "
                       f"{row['predicted_speedup']:.2f}x, measured "
                       f"{row['measured_speedup']:.2f}x", flush=True)
-    from gputui.steady import spread
+    from gputui.core.steady import spread
 
     for model in dict.fromkeys(r["model"] for r in rows):
         sp = spread([r["ratio"] for r in rows if r["model"] == model])

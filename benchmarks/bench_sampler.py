@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 
-from gputui.devices import cpu_devices
-from gputui.telemetry.sampler import Sampler
+from gputui.core.devices import cpu_devices
+from gputui.hw.sampler import Sampler
 
 
 class IdleLoop(threading.Thread):

@@ -25,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plain  # noqa: E402 - the benchmarks' own loop, beside this file
 
-from gputui.config import RunConfig, apply_overrides  # noqa: E402
-from gputui.devices import Device  # noqa: E402
-from gputui.training.data import load_dataset, make_batches  # noqa: E402
-from gputui.training.loop import train  # noqa: E402
-from gputui.training.strategies.single import Single  # noqa: E402
+from gputui.core.config import RunConfig, apply_overrides  # noqa: E402
+from gputui.core.devices import Device  # noqa: E402
+from gputui.train.data import load_dataset, make_batches  # noqa: E402
+from gputui.train.loop import train  # noqa: E402
+from gputui.train.strategies.single import Single  # noqa: E402
 
 
 def gputui_round(cfg: RunConfig, ds, device: Device):

@@ -1,7 +1,7 @@
 """The cross-field rules of a run's config, in one place.
 
 :func:`validate` checks a config against devices already resolved (once per run by
-``gputui.discovery``, or from the app's last discovery): pure, it asks neither the hardware
+``gputui.hw.discovery``, or from the app's last discovery): pure, it asks neither the hardware
 nor the disk, so the app runs it on every keystroke. :func:`check_files` checks what the config
 names on disk (the factories' files, the checkpoint to resume from): once, when a run or a
 sweep starts. Both raise :class:`ConfigError` with one line on the first broken rule.
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gputui.config import ConfigError, RunConfig
-from gputui.config_schema import effective_batch_size
-from gputui.devices import Device, DeviceSpecError
-from gputui.training.strategies import registry
+from gputui.core import registry
+from gputui.core.config import ConfigError, RunConfig
+from gputui.core.config_schema import effective_batch_size
+from gputui.core.devices import Device, DeviceSpecError
 
 
 def validate(cfg: RunConfig, devices: list[Device], source: str,
@@ -82,8 +82,8 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
     """The files the config names exist: each factory's file and function (read and parsed,
     never run) and the checkpoint ``run.resume_from`` resumes. Reads the disk: run it once
     when a run or sweep starts, not on every keystroke."""
-    from gputui.training.runstore import CHECKPOINT_NAME
-    from gputui.usercode import CODE_KEYS, find_problem
+    from gputui.core.runstore import CHECKPOINT_NAME
+    from gputui.core.usercode import CODE_KEYS, find_problem
 
     for key in CODE_KEYS:
         table, name = key.split(".")

@@ -20,7 +20,7 @@ def _runs_dir(tmp_path, monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked gpu on machines without CUDA (checked through NVML, not torch)."""
-    from gputui.discovery import discover_gpus
+    from gputui.hw.discovery import discover_gpus
 
     gpus, reason = discover_gpus()
     if gpus:
@@ -36,7 +36,7 @@ def fake_gpus(monkeypatch):
     """``fake_gpus(n)``: this process sees n GPUs through a fake pynvml (0 = a machine without
     a GPU: the driver is not loaded), whatever the machine really has; the real NVML comes
     back afterwards. CUDA_VISIBLE_DEVICES is cleared so the fake's order is the CUDA order."""
-    from gputui.telemetry import nvml
+    from gputui.hw import nvml
     from fakes.nvml import FakeGpu, FakeNvml
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -16,7 +16,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from gputui.config import ConfigError, RunConfig, load_preset
+from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.tui.inventory import Inventory, discover_inventory
 from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
 from gputui.tui.messages import LaunchFailed, RunEndedNotice, RunLaunched
@@ -90,7 +90,7 @@ class GpuTuiApp(SignalExit, App[int]):
 
     def prepare_warm_start(self, config: RunConfig) -> None:
         """While the user is on the set-up screen, a training process loads torch (and, on
-        GPUs, their CUDA context), so Start skips that (gputui.training.warm). Only with the
+        GPUs, their CUDA context), so Start skips that (gputui.train.warm). Only with the
         real launcher: a test's scripted launcher has no use for one."""
         if self._launcher is not None or not self.warm_start:
             return
@@ -99,7 +99,7 @@ class GpuTuiApp(SignalExit, App[int]):
 
     @work(thread=True, exclusive=True, group="warm", exit_on_error=False)
     def _spawn_warm(self, config: RunConfig) -> None:
-        from gputui.training import warm
+        from gputui.train import warm
 
         warm.prepare(cuda=warm.cuda_indices(config.devices.spec))
 
@@ -116,15 +116,15 @@ class GpuTuiApp(SignalExit, App[int]):
     @property
     def runs_path(self) -> Path:
         """Where run records go: --runs-dir, $GPUTUI_RUNS_DIR or ./runs."""
-        from gputui.training.runstore import default_runs_dir
+        from gputui.core.runstore import default_runs_dir
 
         return Path(self.runs_dir) if self.runs_dir else default_runs_dir()
 
     @property
     def launcher(self) -> Launcher:
-        """The launcher (imported lazily: gputui.training.launcher.launch by default)."""
+        """The launcher (imported lazily: gputui.runs.launcher.launch by default)."""
         if self._launcher is None:
-            from gputui.training.launcher import launch
+            from gputui.runs.launcher import launch
 
             self._launcher = launch
         return self._launcher
@@ -210,7 +210,7 @@ class GpuTuiApp(SignalExit, App[int]):
         if self._exception is not None:
             return f"stopped: {crash_line(self._exception).removeprefix('gputui: error: ')}"
         if self.stop_signal is not None:
-            from gputui.training.signals import stop_reason
+            from gputui.core.signals import stop_reason
 
             return stop_reason(self.stop_signal)
         return "stopped: the app exited"
@@ -258,7 +258,7 @@ class GpuTuiApp(SignalExit, App[int]):
     def action_open_sweep(self) -> None:
         """A sweep (F7) of the set-up's config over device counts x strategies (it starts
         only when no run is active)."""
-        from gputui.training.strategies import registry
+        from gputui.core import registry
         from gputui.tui.screens.sweep import SweepScreen
 
         setup = next((s for s in self.screen_stack if isinstance(s, SetupScreen)), None)
@@ -329,7 +329,7 @@ class GpuTuiApp(SignalExit, App[int]):
 
 def resolve_preset_path(name_or_path: str | Path) -> Path:
     """A preset name or path -> its file, exactly as `gputui run` resolves it."""
-    from gputui.presets import resolve_preset
+    from gputui.core.presets import resolve_preset
 
     return Path(resolve_preset(str(name_or_path)))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gputui.devices import human_bytes
+from gputui.core.devices import human_bytes
 
 # one formatter for bytes everywhere (the CLI's device table uses the same)
 fmt_bytes = human_bytes

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputui import plan
-from gputui.config import (ConfigError, RunConfig, apply_overrides, override_origins,
+from gputui.core.config import (ConfigError, RunConfig, apply_overrides, override_origins,
                            parse_assignment)
-from gputui.config_schema import SECTIONS
-from gputui.devices import Device
+from gputui.core.config_schema import SECTIONS
+from gputui.core.devices import Device
 
 SOURCE = "form"
 
@@ -90,13 +90,13 @@ def empty_meaning(key: str) -> str:
     """What an empty box means for fields whose default is 'nothing' (shown as the box's
     placeholder): 'all' for a train size of 0, the cache folder for an empty data root."""
     if key == "data.train_size":
-        from gputui.training.datafiles import SYNTHETIC_SIZES
+        from gputui.core.datafiles import SYNTHETIC_SIZES
 
         return f"all (synthetic: {SYNTHETIC_SIZES['train']})"
     if key == "data.root":
         from pathlib import Path
 
-        from gputui.config_schema import default_data_root
+        from gputui.core.config_schema import default_data_root
 
         root, home = default_data_root(), str(Path.home())
         return "~" + root[len(home):] if root.startswith(home + "/") else root
@@ -193,7 +193,7 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
     try:
         cfg = apply_overrides(base, overrides, preset_source=SOURCE)
         if check and devices is None:  # discovery, then the rules
-            from gputui.prepare import prepare
+            from gputui.runs.prepare import prepare
 
             prepare(cfg, SOURCE, origins, files=False)
         elif check:
@@ -228,6 +228,6 @@ def reads_disk(cfg: RunConfig) -> bool:
 
 def data_problem(cfg: RunConfig) -> str | None:
     """Why the dataset cannot be had as configured (the CLI's check before a run), or None."""
-    from gputui.training.datafiles import data_problem as problem
+    from gputui.core.datafiles import data_problem as problem
 
     return problem(cfg)

@@ -1,6 +1,6 @@
 """What the set-up screen's device table lists: GPUs (through NVML) and CPU virtual devices.
 
-Discovery goes through ``gputui.discovery.discover_gpus`` (NVML only, never torch) and psutil,
+Discovery goes through ``gputui.hw.discovery.discover_gpus`` (NVML only, never torch) and psutil,
 and is called from a thread worker. Tests and screenshots pass a fixed :class:`Inventory`
 instead, so nothing here varies between runs there. No Textual in this module.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from gputui.devices import Device, GpuInfo
+from gputui.core.devices import Device, GpuInfo
 from gputui.tui.fmt import fmt_bytes
 
 MAX_CPU_DEVICES = 8
@@ -92,7 +92,7 @@ def device_row(g: GpuInfo) -> DeviceRow:
 
 def discover_inventory() -> Inventory:
     """Ask NVML and psutil now (blocking: call from a thread worker)."""
-    from gputui.discovery import discover_gpus
+    from gputui.hw.discovery import discover_gpus
 
     try:
         gpus, reason = discover_gpus()

@@ -1,6 +1,6 @@
 """How the app ends when it is not asked to quit: a stop signal, or a crash.
 
-A stop signal (SIGINT, SIGTERM, SIGHUP: see ``gputui.training.signals``) stops the active run
+A stop signal (SIGINT, SIGTERM, SIGHUP: see ``gputui.core.signals``) stops the active run
 gracefully, with the signal named in its record, and the app leaves when the run has ended
 (exit status 128 + the signal's number); a second signal, or a stop that outlasts
 ``run.stop_grace_s``, kills the run. SIGHUP means the terminal is gone: the app's output goes
@@ -31,7 +31,7 @@ class SignalExit:
         """Take SIGINT, SIGTERM and SIGHUP in the app's event loop (main thread only)."""
         import asyncio
 
-        from gputui.training.signals import STOP_SIGNALS
+        from gputui.core.signals import STOP_SIGNALS
 
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
@@ -42,7 +42,7 @@ class SignalExit:
 
     def on_stop_signal(self, signum: int) -> None:
         """First signal: stop the run (or leave at once without one); then: kill it."""
-        from gputui.training.signals import describe, stop_reason
+        from gputui.core.signals import describe, stop_reason
 
         if signum == signal.SIGHUP:
             self._hang_up()

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from textual.message import Message
 
-from gputui.events import DeviceSample, Event
+from gputui.core.events import DeviceSample, Event
 
 
 class RunEventBatch(Message):

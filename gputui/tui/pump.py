@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from gputui.events import DeviceSample, Event, LogLine, StepMetrics, is_terminal
+from gputui.core.events import DeviceSample, Event, LogLine, StepMetrics, is_terminal
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch
 
 Post = Callable[[Any], bool]

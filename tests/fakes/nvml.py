@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the parts of ``pynvml`` that ``gputui.telemetry.nvml`` calls.
+"""An in-memory stand-in for the parts of ``pynvml`` that ``gputui.hw.nvml`` calls.
 
 Real NVML needs an NVIDIA driver, which CI and most development machines lack. Tests (and
 UI tests that want GPUs on screen) hand a :class:`FakeNvml` to ``nvml.use_module``. It mirrors

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gputui.training.runstore import read_events  # noqa: E402
+from gputui.core.runstore import read_events  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -58,7 +58,7 @@ def test_every_strategy_learns_on_one_gpu(tmp_path, strategy, precision):
     if strategy == "dp":
         assert not any("no CPU mode" in m for m in logs)  # the real DataParallel on CUDA
     # where each step went, from CUDA events: the parts add up to the step
-    from gputui.breakdown import total
+    from gputui.core.breakdown import total
 
     steps = [e for e in read_events(run_dir) if e.kind == "step"]
     assert steps and all(e.breakdown for e in steps)

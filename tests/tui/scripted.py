@@ -11,9 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from gputui import breakdown
-from gputui.devices import Device, cpu_devices
-from gputui.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
+from gputui.core import breakdown
+from gputui.core.devices import Device, cpu_devices
+from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
                            StepMetrics, is_terminal)
 from gputui.tui.inventory import DeviceRow, Inventory
@@ -26,7 +26,7 @@ def fixed_inventory(gpus: int = 0) -> Inventory:
     """No discovery: a host with 2 cores and optionally some GPUs."""
     rows = tuple(DeviceRow("cuda", i, "NVIDIA A100-SXM4-40GB", "1.0 GiB / 40.0 GiB", "3%",
                            "free") for i in range(gpus))
-    from gputui.devices import GpuInfo
+    from gputui.core.devices import GpuInfo
 
     infos = tuple(GpuInfo(i, "NVIDIA A100-SXM4-40GB") for i in range(gpus))
     reason = "" if gpus else "no NVIDIA driver could be loaded (NVML Shared Library Not Found)"

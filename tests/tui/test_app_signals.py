@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gputui.training.runstore import read_events
+from gputui.core.runstore import read_events
 from procs import tagged
 
 ROOT = Path(__file__).resolve().parents[2]

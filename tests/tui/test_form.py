@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputui.config import ConfigError, RunConfig, apply_overrides, parse_assignment
+from gputui.core.config import ConfigError, RunConfig, apply_overrides, parse_assignment
 from gputui.tui.form import (FIELDS, build, check_field, empty_meaning, field_text, parse_extra,
                              parse_field)
 

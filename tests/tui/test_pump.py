@@ -6,7 +6,7 @@ import threading
 
 from scripted import T0, FakeHandle, run_events
 
-from gputui.events import DeviceSample, LogLine, RunFinished, StepMetrics
+from gputui.core.events import DeviceSample, LogLine, RunFinished, StepMetrics
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch
 from gputui.tui.pump import EventPump
 

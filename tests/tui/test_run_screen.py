@@ -6,7 +6,7 @@ import dataclasses
 
 from scripted import GIB, T0, FakeHandle, ScriptedLauncher, fixed_inventory, run_events, wait_until
 
-from gputui.events import DeviceSample, StepMetrics
+from gputui.core.events import DeviceSample, StepMetrics
 from gputui.tui.app import make_app
 from gputui.tui.messages import DeviceSamples, RunEventBatch
 from gputui.tui.screens.dialogs import ChoiceDialog
@@ -256,8 +256,8 @@ async def test_devices_driven_by_one_process_say_so(presets):
 
 async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
         presets, tmp_path, monkeypatch):
-    from gputui import comm_peak
-    from gputui.events import RunStarted
+    from gputui.core.events import RunStarted
+    from gputui.runs import comm_peak
 
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path))
     comm_peak.keep({"n": 2, "backend": "gloo", "devices": ["cpu:0", "cpu:1"],

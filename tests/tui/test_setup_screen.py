@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scripted import ScriptedLauncher, fixed_inventory, wait_until
 
-from gputui.config import load_preset
+from gputui.core.config import load_preset
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
 from gputui.tui.screens.setup import SetupScreen

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from scripted import FakeHandle, fixed_inventory, run_events
 
-from gputui.events import DeviceSample
-from gputui.training import runstore
-from gputui.training.recorder import write_summary
+from gputui.core import runstore
+from gputui.core.events import DeviceSample
+from gputui.train.recorder import write_summary
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
 

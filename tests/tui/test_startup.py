@@ -15,7 +15,7 @@ def test_importing_and_building_the_app_does_not_import_torch():
             "from gputui.tui.app import make_app\n"
             "from gputui.cli import build_parser\n"
             "app = make_app()\n"
-            "import gputui.training.launcher, gputui.training.strategies.registry\n"
+            "import gputui.runs.launcher, gputui.core.registry\n"
             "bad = sorted(m for m in ('torch', 'torchvision', 'numpy') if m in sys.modules)\n"
             "print(','.join(bad) or 'clean')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

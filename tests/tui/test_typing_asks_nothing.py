@@ -9,7 +9,7 @@ import threading
 from scripted import wait_until
 from textual.widgets import DataTable
 
-from gputui.discovery import discover_gpus
+from gputui.hw.discovery import discover_gpus
 from gputui.tui import form
 from gputui.tui.app import make_app
 from gputui.tui.inventory import Inventory, device_row

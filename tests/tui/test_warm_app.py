@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from scripted import fixed_inventory, wait_until
 
+from gputui.core.runstore import read_events
+from gputui.train import warm
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
-from gputui.training import warm
-from gputui.training.runstore import read_events
 from textual.widgets import Input
 
 pytestmark = pytest.mark.slow

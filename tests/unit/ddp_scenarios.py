@@ -45,8 +45,8 @@ def build(name: str, spec: str):
     """The scenario's config, data and a set-up strategy on this rank."""
     import torch.distributed as dist
 
-    from gputui.discovery import resolve_devices
-    from gputui.training.strategies import registry
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
     from strategy_harness import make_config, small_data
 
     strategy_name, model, batch, extra, _ = SCENARIOS[name]
@@ -66,7 +66,7 @@ def checkpoint_round_trip(name: str, spec: str, trained, workdir: str) -> dict:
 
     import torch.distributed as dist
 
-    from gputui.training import checkpoint as ckpt
+    from gputui.train import checkpoint as ckpt
     from strategy_harness import params
 
     path = os.path.join(workdir, f"{name}.pt")
@@ -80,9 +80,9 @@ def checkpoint_round_trip(name: str, spec: str, trained, workdir: str) -> dict:
 def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
     """Train one scenario on this rank; returns params, losses, accuracy (on the CPU) and
     every rank's memory rows; fsdp also what its checkpoint restores into a fresh strategy."""
-    from gputui.training.data import TensorBatches
-    from gputui.training.loop import evaluate
-    from gputui.training.strategies import fastpath
+    from gputui.train.data import TensorBatches
+    from gputui.train.loop import evaluate
+    from gputui.train.strategies import fastpath
     from strategy_harness import params
 
     strategy_name, model, batch, extra, epochs = SCENARIOS[name]
@@ -119,10 +119,10 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
     per_device rows (each rank's breakdown, gathered)."""
     import torch.distributed as dist
 
-    from gputui.discovery import resolve_devices
-    from gputui.training.data import TensorBatches
-    from gputui.training.loop import train
-    from gputui.training.strategies import registry
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train.data import TensorBatches
+    from gputui.train.loop import train
     from strategy_harness import make_config, small_data
 
     extra = dict(BREAKDOWN[name])
@@ -159,7 +159,7 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
         out["breakdown"] = {name: run_breakdown(name, spec) for name in BREAKDOWN}
         return out
     finally:
-        from gputui.training.strategies.ddp import destroy_group
+        from gputui.train.strategies.ddp import destroy_group
 
         dist.barrier()
         destroy_group()
@@ -168,7 +168,7 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
 def main(out: str, spec: str = "cpu*2") -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from gputui.training.agent import free_port
+    from gputui.train.agent import free_port
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="scenarios",

@@ -33,8 +33,8 @@ FIXTURES = HERE / "data" / "checkpoints_v1"
 def build(name: str, cls=None):
     """The strategy ``name`` (or its subclass ``cls``) set up on CASES[name] with the user
     model (user_model.NET)."""
-    from gputui.discovery import resolve_devices
-    from gputui.training.strategies import registry
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
 
     spec = CASES[name]
     extra = {"strategy.fsdp_wrap": ["Block"]} if name == "fsdp" else {}  # not a Sequential
@@ -55,7 +55,7 @@ def world_of_one():
     """A gloo process group of this process alone (ddp and fsdp set up inside it)."""
     import torch.distributed as dist
 
-    from gputui.training.strategies.ddp import destroy_group
+    from gputui.train.strategies.ddp import destroy_group
 
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}",
@@ -67,7 +67,7 @@ def world_of_one():
 
 
 def write(out: Path) -> None:
-    from gputui.training import checkpoint as ckpt
+    from gputui.train import checkpoint as ckpt
 
     out.mkdir(parents=True, exist_ok=True)
     with world_of_one():

@@ -10,10 +10,10 @@ import os
 import time
 from pathlib import Path
 
-from gputui.config import RunConfig
-from gputui.events import EpochEnd, InitDone, RunFailed, RunFinished, RunStarted, StepMetrics
-from gputui.training import runstore
-from gputui.training.recorder import write_summary
+from gputui.core import runstore
+from gputui.core.config import RunConfig
+from gputui.core.events import EpochEnd, InitDone, RunFailed, RunFinished, RunStarted, StepMetrics
+from gputui.train.recorder import write_summary
 
 
 def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
@@ -39,7 +39,7 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
               InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0)]
     eff_batch = batch * (n if scale else 1)
     # one log window of 20 steps an epoch: the first is warm-up, the later ones are the
-    # steady state (gputui.steady), so records of 2+ epochs have steady figures
+    # steady state (gputui.core.steady), so records of 2+ epochs have steady figures
     steps = 20
     for e in range(1, epochs + 1):
         events.append(StepMetrics(epoch=e, step=steps, global_step=e * steps,

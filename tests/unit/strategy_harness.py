@@ -6,11 +6,11 @@ import itertools
 
 import torch
 
-from gputui.config import RunConfig
-from gputui.discovery import resolve_devices
-from gputui.prepare import override_checked
-from gputui.training.data import TensorBatches, load_dataset
-from gputui.training.strategies import registry
+from gputui.core import registry
+from gputui.core.config import RunConfig
+from gputui.hw.discovery import resolve_devices
+from gputui.runs.prepare import override_checked
+from gputui.train.data import TensorBatches, load_dataset
 
 _DATA = {}
 

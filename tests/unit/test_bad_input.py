@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from gputui import cli
-from gputui.config import ConfigError, load_preset
-from gputui.prepare import load_checked
-from gputui.training import runstore
-from gputui.training.strategies import registry
+from gputui.core import registry, runstore
+from gputui.core.config import ConfigError, load_preset
+from gputui.runs.prepare import load_checked
 
-PACKAGE = Path(cli.__file__).resolve().parent
+PACKAGE = Path(cli.__file__).resolve().parents[1]
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
@@ -99,14 +98,14 @@ def test_presets_are_data_only():
                 hits.append((path.relative_to(PACKAGE).as_posix(), pattern))
         for call in re.findall(r"torch\.load\([^)]*\)", text):
             assert "weights_only=True" in call, f"{path}: {call}"
-    assert sorted(hits) == [("training/strategies/registry.py", r"import_module\("),
-                            ("training/userfactory.py", r"import_module\("),
-                            ("training/userfactory.py", r"importlib\.util")]
+    assert sorted(hits) == [("core/registry.py", r"import_module\("),
+                            ("train/userfactory.py", r"import_module\("),
+                            ("train/userfactory.py", r"importlib\.util")]
     # only the training side reaches userfactory (the CLI and the app never import user code)
     users = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                    if re.search(r"import .*userfactory|userfactory import",
                                 p.read_text(encoding="utf-8")))
-    assert all(u.startswith("training/") for u in users), users
+    assert all(u.startswith("train/") for u in users), users
     for info in registry.all_infos():
         assert info.module.isidentifier(), info.module
     assert registry.get("os.system") is None

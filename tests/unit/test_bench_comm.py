@@ -10,8 +10,8 @@ import sys
 import psutil
 import pytest
 
-from gputui.cli_bench_comm import parse_size
-from gputui.comm_bench import bandwidths
+from gputui.cli.bench_comm import parse_size
+from gputui.runs.comm_bench import bandwidths
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 
@@ -52,8 +52,8 @@ def test_two_cpu_ranks_report_a_bandwidth(bench):
 @pytest.mark.slow
 def test_the_peak_is_kept_for_this_machine(bench, cache_dir):
     """The highest torch algbw is kept per machine, for runs to show theirs against it."""
-    from gputui.comm_peak import peak
-    from gputui.predict_measure import Cache
+    from gputui.runs.comm_peak import peak
+    from gputui.runs.predict_measure import Cache
 
     best = max(r["algbw_gbps"] for r in json.loads(bench.stdout)["torch"])
     files = list(cache_dir.glob("predict-*.json"))
@@ -106,8 +106,8 @@ def test_bad_input_one_line_exit_2(args, needle, capsys):
 
 
 def test_table_layout(capsys):
-    from gputui.cli_bench_comm import print_table
-    from gputui.comm_bench import with_bandwidths
+    from gputui.cli.bench_comm import print_table
+    from gputui.runs.comm_bench import with_bandwidths
 
     rows = with_bandwidths([{"size": 4096, "count": 1024, "seconds": 1e-5}], 2)
     print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": rows})

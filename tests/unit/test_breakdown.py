@@ -1,4 +1,4 @@
-"""Where a step's time goes (gputui.breakdown): the parts add up to the step for every
+"""Where a step's time goes (gputui.core.breakdown): the parts add up to the step for every
 single-process strategy, and a delay injected through the [debug] knobs shows up in the part
 it claims (ddp's are in test_equivalence_ddp.py, which shares one 2-rank launch)."""
 
@@ -8,11 +8,11 @@ from statistics import median
 
 import pytest
 
-from gputui import breakdown
-from gputui.discovery import resolve_devices
-from gputui.training.data import TensorBatches
-from gputui.training.loop import train
-from gputui.training.strategies import registry
+from gputui.core import breakdown
+from gputui.core import registry
+from gputui.hw.discovery import resolve_devices
+from gputui.train.data import TensorBatches
+from gputui.train.loop import train
 from strategy_harness import make_config, small_data
 
 DELAY = 0.05
@@ -101,7 +101,7 @@ class ScriptedWatch:
 
 
 def test_ddp_split_compute_ends_at_the_last_bucket_launch():
-    from gputui.training.strategies.comm_timer import CommTimer
+    from gputui.train.strategies.comm_timer import CommTimer
 
     timer = CommTimer(ScriptedWatch())
     # three buckets: two overlap backward's compute, the last is launched when it ends (6)
@@ -121,7 +121,7 @@ class ScriptedMarks(ScriptedWatch):
 
 
 def test_dp_on_gpus_gives_every_device_its_own_breakdown():
-    from gputui.training.strategies.data_parallel import other_devices
+    from gputui.train.strategies.data_parallel import other_devices
 
     # marks (start, begin, backward_end, end) as each of three GPUs' streams reached them:
     # device 1 finished its replica's backward at 7 ms, device 2 at 9, the update ran to 10

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputui.config import load_preset
-from gputui.training.runstore import read_events
+from gputui.core.config import load_preset
+from gputui.core.runstore import read_events
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import argparse
 import pytest
 
 from gputui import cli
-from gputui.events import acc_text, plural
-from gputui.presets import list_presets, preset_description
+from gputui.core.events import acc_text, plural
+from gputui.core.presets import list_presets, preset_description
 from run_records import write_record
 
 

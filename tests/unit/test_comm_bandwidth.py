@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from gputui import comm_peak
-from gputui.compare import read_hw_figures
-from gputui.events import StepMetrics
-from gputui.predict_measure import Cache
+from gputui.core.events import StepMetrics
+from gputui.runs import comm_peak
+from gputui.runs.compare import read_hw_figures
+from gputui.runs.predict_measure import Cache
 
 
 def _result(*algbw: float, n: int = 2) -> dict:
@@ -49,8 +49,8 @@ def test_compare_shows_the_bandwidth_beside_the_kept_peak(tmp_path, monkeypatch)
     sys.path.insert(0, os.path.dirname(__file__))
     from run_records import write_record
 
-    from gputui.compare import compare, summary_lines, table_rows
-    from gputui.training.runstore import read_events
+    from gputui.core.runstore import read_events
+    from gputui.runs.compare import compare, summary_lines, table_rows
 
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
     run = write_record(tmp_path / "runs", "ddp2", strategy="ddp", n=2, epochs=3)

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from gputui import cli, export
-from gputui.compare import TABLE_COLUMNS, compare, summary_lines, table_rows
+from gputui import cli
+from gputui.runs import export
+from gputui.runs.compare import TABLE_COLUMNS, compare, summary_lines, table_rows
 from run_records import truncate_record, write_record
 
 
@@ -195,7 +196,7 @@ def test_cli_compare_bad_input(runs, capsys):
 
 
 def test_step_breakdown_shares_in_the_table_and_every_export(tmp_path):
-    from gputui.breakdown import make
+    from gputui.core.breakdown import make
 
     base = tmp_path / "runs"
     warm = make(1.0, 0.0, 1.0, 0.0)  # the first metered step (warm-up): left out

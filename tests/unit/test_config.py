@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gputui.config import (ConfigError, RunConfig, apply_overrides, field_help, from_dict,
+from gputui.core.config import (ConfigError, RunConfig, apply_overrides, field_help, from_dict,
                            load_preset, parse_assignment)
-from gputui.config_schema import SECTIONS
-from gputui.discovery import discover_gpus
-from gputui.prepare import load_checked
-from gputui.presets import list_presets, resolve_preset
-from gputui.training.strategies import registry
+from gputui.core import registry
+from gputui.core.config_schema import SECTIONS
+from gputui.core.presets import list_presets, resolve_preset
+from gputui.hw.discovery import discover_gpus
+from gputui.runs.prepare import load_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "tests" / "data" / "bad_presets").glob("*.toml"))

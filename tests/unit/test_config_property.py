@@ -11,11 +11,10 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputui.config import ConfigError, RunConfig, load_preset, parse_assignment
-from gputui.prepare import load_checked, override_checked
-from gputui.config_schema import SECTIONS
-from gputui.tui.form import FIELDS as FORM_FIELDS
-from gputui.tui.form import build as form_build
+from gputui.core.config import ConfigError, RunConfig, load_preset, parse_assignment
+from gputui.core.config_schema import SECTIONS
+from gputui.runs.prepare import load_checked, override_checked
+from gputui.tui.form import build as form_build, FIELDS as FORM_FIELDS
 from gputui.tui.widgets.param_form import ConfigFieldValidator
 
 KNOWN = {table: [f.name for f in dataclasses.fields(cls)] for table, cls in SECTIONS.items()}

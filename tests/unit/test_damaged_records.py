@@ -22,9 +22,9 @@ import pytest
 
 from run_records import write_record
 
-from gputui import safeio
-from gputui.history import load_rows
-from gputui.training import runstore
+from gputui.core import safeio
+from gputui.core import runstore
+from gputui.runs.history import load_rows
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 TUI_TESTS = Path(__file__).resolve().parents[1] / "tui"

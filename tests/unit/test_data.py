@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from gputui.training import synthetic
-from gputui.training.data import (DataError, LoaderBatches, TensorBatches, load_dataset,
+from gputui.train import synthetic
+from gputui.train.data import (DataError, LoaderBatches, TensorBatches, load_dataset,
                                   make_batches)
-from gputui.training.datafiles import missing_data
+from gputui.core.datafiles import missing_data
 
 SHARED_MNIST = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -190,7 +190,7 @@ def test_tensor_and_loader_batches_give_the_same_batches():
 @pytest.mark.skipif(not (SHARED_MNIST / "MNIST" / "raw").is_dir(),
                     reason="../shared/data (the MNIST test set) is not beside this checkout")
 def test_lenet_learns_real_mnist_digits():
-    from gputui.training.models import build_model
+    from gputui.train.models import build_model
 
     ds = load_dataset("mnist", root=str(SHARED_MNIST), source="test-split",
                       train_size=8000, test_size=2000)

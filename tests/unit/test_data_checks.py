@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gputui.config import RunConfig, apply_overrides
-from gputui.training.datafiles import data_problem, missing_data
+from gputui.core.config import RunConfig, apply_overrides
+from gputui.core.datafiles import data_problem, missing_data
 
 from test_data import _write_idx
 

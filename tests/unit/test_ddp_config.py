@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
-from gputui.config import ConfigError, RunConfig
-from gputui.prepare import override_checked
-from gputui.training.agent import failure_event
-from gputui.training.ranks import write_failure
+from gputui.core.config import ConfigError, RunConfig
+from gputui.runs.prepare import override_checked
+from gputui.train.agent import failure_event
+from gputui.train.ranks import write_failure
 
 
 def _cfg(**changes) -> RunConfig:
@@ -72,7 +72,7 @@ def test_a_rank_that_raised_gives_its_own_reason_and_traceback(tmp_path):
 
 
 def test_launch_config_per_node(tmp_path):
-    from gputui.training.agent import launch_config
+    from gputui.train.agent import launch_config
 
     cfg = _cfg(**{"strategy.name": "ddp", "devices.spec": "cpu*2", "dist.nnodes": 2,
                   "dist.node_rank": 1, "dist.rdzv_endpoint": "10.0.0.1:29400",
@@ -90,8 +90,8 @@ def test_launch_config_per_node(tmp_path):
 
 def _spec(cfg, run_dir):
     """The launch spec of a two-device node, as launcher.launch builds it (no channels)."""
-    from gputui.devices import cpu_devices
-    from gputui.training.handoff import LaunchSpec
+    from gputui.core.devices import cpu_devices
+    from gputui.train.handoff import LaunchSpec
 
     return LaunchSpec(config=cfg.to_dict(), devices=tuple(cpu_devices(2)), run_id="r",
                       run_dir=str(run_dir), parent_pid=0, t_launch=0.0)
@@ -114,7 +114,7 @@ def _older_launch_config(*drop: str):
     (("shutdown_timeout", "signals_to_handle"), set()),  # before 2.9
 ])
 def test_newer_launcher_arguments_only_where_torch_has_them(tmp_path, drop, passed):
-    from gputui.training.agent import OPTIONAL_LAUNCH_ARGS, launch_config
+    from gputui.train.agent import OPTIONAL_LAUNCH_ARGS, launch_config
 
     older = _older_launch_config(*drop)
     passed = passed & {f for f in OPTIONAL_LAUNCH_ARGS if f in older.__dataclass_fields__}
@@ -130,7 +130,7 @@ def test_the_installed_torch_is_read_not_assumed():
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from gputui.training.agent import OPTIONAL_LAUNCH_ARGS, launcher_options
+    from gputui.train.agent import OPTIONAL_LAUNCH_ARGS, launcher_options
 
     accepted = set(inspect.signature(LaunchConfig).parameters)
     assert set(launcher_options(LaunchConfig)) == set(OPTIONAL_LAUNCH_ARGS) & accepted

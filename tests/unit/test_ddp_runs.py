@@ -14,11 +14,11 @@ import time
 import psutil
 import pytest
 
-from gputui.config import RunConfig, apply_overrides
-from gputui.training import shared_data
-from gputui.training.agent import free_port
-from gputui.training.launcher import launch
-from gputui.training.runstore import read_events, read_summary
+from gputui.core.config import RunConfig, apply_overrides
+from gputui.core.runstore import read_events, read_summary
+from gputui.runs.launcher import launch
+from gputui.train import shared_data
+from gputui.train.agent import free_port
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 SMALL = ["--set", "data.train_size=2048", "--set", "data.test_size=512", "--epochs", "1"]
@@ -54,7 +54,7 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     assert all(r["samples"] == 128 and r["step_time_s"] > 0 and r["samples_per_s"] > 0
                and r["rss"] > 10 * 2**20 for r in rows)
     # where each rank's metered step went, recorded and printed per rank
-    from gputui.breakdown import total
+    from gputui.core.breakdown import total
 
     for s in steps:
         assert s.breakdown is not None and s.breakdown["comm_exposed_s"] is not None

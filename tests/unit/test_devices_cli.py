@@ -7,8 +7,8 @@ import os
 import psutil
 import pytest
 
-from gputui import cli_devices
-from gputui.telemetry import nvml
+from gputui.cli import devices as cli_devices
+from gputui.hw import nvml
 from fakes.nvml import FakeGpu, FakeNvml
 
 NO_DRIVER_SENTENCE = ("No GPU is listed because the NVIDIA kernel driver is not loaded; CPU "

@@ -2,9 +2,9 @@
 
 import pytest
 
-from gputui.devices import (DeviceSpecError, GpuInfo, GpuProcess, cpu_devices, parse_spec,
+from gputui.core.devices import (DeviceSpecError, GpuInfo, GpuProcess, cpu_devices, parse_spec,
                             requested_count, wants_gpus)
-from gputui.discovery import busy_warnings, resolve_devices
+from gputui.hw.discovery import busy_warnings, resolve_devices
 
 GPUS = [GpuInfo(0, "NVIDIA A100"), GpuInfo(1, "NVIDIA A100"), GpuInfo(2, "NVIDIA T4")]
 HELP = "'cpu', 'cpu*N', GPU indices '0,2', 'all', a count 'N', 'cuda:*' or 'cuda:1'"

@@ -12,9 +12,9 @@ import itertools
 import pytest
 import torch
 
-from gputui.discovery import discover_gpus, resolve_devices
-from gputui.training.data import TensorBatches
-from gputui.training.strategies import registry
+from gputui.core import registry
+from gputui.hw.discovery import discover_gpus, resolve_devices
+from gputui.train.data import TensorBatches
 from strategy_harness import assert_params_close, make_config, params, small_data
 
 STEPS = 5

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ddp_scenarios import SCENARIOS, STEPS
-from gputui.training.loop import evaluate
-from gputui.training.models import build_model
+from gputui.train.loop import evaluate
+from gputui.train.models import build_model
 from strategy_harness import assert_params_close, make_config, params, run_steps, small_data
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def _median_part(ranks, scenario: str, part: str) -> float:
 
 
 def test_ddp_breakdown_parts_add_up_to_the_step_on_every_rank(ranks):
-    from gputui.breakdown import total
+    from gputui.core.breakdown import total
 
     for scenario, steps in ranks[0]["breakdown"].items():
         assert len(steps) == 10  # log_every 1: every step metered

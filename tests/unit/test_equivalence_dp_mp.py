@@ -14,12 +14,12 @@ import itertools
 import pytest
 import torch
 
-from gputui.discovery import resolve_devices
-from gputui.training.data import TensorBatches
-from gputui.training.loop import evaluate
-from gputui.training.models import build_model
-from gputui.training.strategies import registry
-from gputui.training.strategies.base import flat_layers
+from gputui.core import registry
+from gputui.hw.discovery import resolve_devices
+from gputui.train.data import TensorBatches
+from gputui.train.loop import evaluate
+from gputui.train.models import build_model
+from gputui.train.strategies.base import flat_layers
 from strategy_harness import (assert_params_close, make_config, params, run_steps,
                               small_data)
 
@@ -90,7 +90,7 @@ def test_stages_cover_every_layer_once_as_distinct_modules():
 @pytest.mark.parametrize("spec,extra", [("cpu*2", {}), ("cpu*3", {"optim.micro_batches": 4})])
 def test_dp_equals_single(model, spec, extra):
     strategy, losses = run_steps(make_config("dp", spec, model, 32, **extra), STEPS)
-    from gputui.training.strategies.data_parallel import accelerator_present
+    from gputui.train.strategies.data_parallel import accelerator_present
 
     if accelerator_present():  # CPU devices on a GPU machine: DataParallel would take the GPUs
         assert strategy.wrapped is strategy.model

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gputui.training.models import build_model
-from gputui.training.strategies.scratch import ReplicaMismatch, allreduce, split_sizes
+from gputui.train.models import build_model
+from gputui.train.strategies.scratch import ReplicaMismatch, allreduce, split_sizes
 from strategy_harness import assert_params_close, make_config, params, run_steps
 
 STEPS = 5

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import user_model
-from gputui.training.strategies.model_parallel import ModelParallel
+from gputui.train.strategies.model_parallel import ModelParallel
 from strategy_harness import assert_params_close, make_config, params, run_steps
 
 STEPS = 5

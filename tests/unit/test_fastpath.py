@@ -16,10 +16,11 @@ import sys
 import pytest
 import torch
 
-from gputui.discovery import resolve_devices
-from gputui.training.data import TensorBatches
-from gputui.training.runstore import read_events
-from gputui.training.strategies import fastpath, registry
+from gputui.core import registry
+from gputui.core.runstore import read_events
+from gputui.hw.discovery import resolve_devices
+from gputui.train.data import TensorBatches
+from gputui.train.strategies import fastpath
 from strategy_harness import assert_params_close, make_config, params, run_steps, small_data
 
 STEPS = 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gputui import cli
-from gputui.presets import resolve_preset
+from gputui.core.presets import resolve_preset
 
 QUICKSTART = resolve_preset("quickstart")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gputui import cli
-from gputui.filewrite import AppendLog, WriteFailed, write_atomic, write_with
-from gputui.training.runstore import RESERVE_BYTES, RESERVE_NAME
+from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic, write_with
+from gputui.core.runstore import RESERVE_BYTES, RESERVE_NAME
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 TINY = ["--devices", "cpu", "--strategy", "single", "--batch-size", "64", "--set",

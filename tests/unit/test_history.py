@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gputui import cli, history
+from gputui import cli
+from gputui.runs import history
 from run_records import truncate_record, write_record
 
 
@@ -123,8 +124,9 @@ def test_cli_runs_empty(tmp_path, capsys):
 
 def test_cli_modules_do_not_import_torch():
     code = ("import sys, gputui.cli as c; c.build_parser(); "
-            "import gputui.history, gputui.compare, gputui.export, gputui.sweep, "
-            "gputui.sweep_progress, gputui.cli_sweep, gputui.cli_bench_comm; "
+            "import gputui.runs.history, gputui.runs.compare, gputui.runs.export, "
+            "gputui.runs.sweep, gputui.runs.sweep_progress, gputui.cli.sweep, "
+            "gputui.cli.bench_comm; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)

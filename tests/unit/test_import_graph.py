@@ -1,4 +1,9 @@
-"""The package's import graph has no cycle, and the torch-free modules stay torch-free.
+"""The package's import graph points one way and has no cycle; the lower layers stay free of
+torch, Textual and NVML.
+
+The layers, lowest first (README, "How it fits together"): ``core`` (leaves), ``plan`` and
+``hw`` (each on core only), ``train`` (the child side), ``runs`` (the parent side), then ``tui``
+and ``cli``. A module may import its own layer and the layers listed for it in ``MAY_IMPORT``.
 
 Every ``import`` of a gputui module counts, at module level or inside a function (a lazy import
 is still a dependency; only ``if TYPE_CHECKING:`` blocks, which never run, are left out).
@@ -13,17 +18,26 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
 
-# Modules that the CLI, the app and config checks import: no torch, directly or through
-# another gputui module they import at module level.
-TORCH_FREE = ["gputui.config", "gputui.config_schema", "gputui.events", "gputui.devices",
-              "gputui.gpus", "gputui.presets", "gputui.cli_common", "gputui.filewrite",
-              "gputui.proctree", "gputui.breakdown", "gputui.training.runstore", "gputui.cli",
-              "gputui.cli_run", "gputui.cli_output", "gputui.plan", "gputui.discovery",
-              "gputui.prepare"]
+# layer -> the other layers its modules may import ("root" is gputui/__init__.py: the version)
+MAY_IMPORT = {
+    "root": set(),
+    "core": {"root"},
+    "plan": {"root", "core"},
+    "hw": {"root", "core"},
+    "train": {"root", "core", "plan", "hw"},
+    "runs": {"root", "core", "plan", "hw", "train"},
+    "tui": {"root", "core", "plan", "hw", "train", "runs"},
+    "cli": {"root", "core", "plan", "hw", "train", "runs", "tui"},
+}
+
+# Besides every module of core, plan and hw: the modules the command line imports before it
+# knows which command runs. None may bring torch, torchvision or Textual with it.
+TORCH_FREE_TOO = ["gputui.cli", "gputui.cli.common", "gputui.cli.run", "gputui.cli.output",
+                  "gputui.runs.launcher", "gputui.runs.prepare"]
 # Modules that ask neither the hardware nor the strategies' code, not even lazily: what they
 # reach, through any gputui import, must not be NVML, discovery, torch or pynvml.
-HARDWARE_FREE = ["gputui.config", "gputui.plan", "gputui.devices"]
-HARDWARE = ("gputui.telemetry", "gputui.discovery", "gputui.prepare")
+HARDWARE_FREE = ["gputui.core.config", "gputui.plan", "gputui.core.devices"]
+HARDWARE = ("gputui.hw",)
 
 
 def _modules() -> dict[str, Path]:
@@ -132,13 +146,79 @@ def test_no_import_cycle():
                        + ". Move the shared piece down into a module both can import.")
 
 
+def layer(module: str) -> str:
+    """The layer a module belongs to: the folder under gputui/ (``plan`` for plan.py)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "root"
+    if parts[1] == "__main__":
+        return "cli"
+    return parts[1]
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points the wrong way, as 'importer -> imported (why)'."""
+    bad = []
+    for name, targets in sorted(graph.items()):
+        mine = layer(name)
+        allowed = MAY_IMPORT.get(mine)
+        for target in sorted(targets):
+            theirs = layer(target)
+            if allowed is None:
+                bad.append(f"{name}: not in a known layer ({', '.join(MAY_IMPORT)})")
+                break
+            if theirs != mine and theirs not in allowed:
+                bad.append(f"{name} -> {target} ({mine} may import only "
+                           f"{', '.join(sorted(allowed - {'root'})) or 'its own layer'})")
+    return bad
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"gputui.core.config": {"gputui.core.events", "gputui"},
+             "gputui.plan": {"gputui.core.config"},
+             "gputui.runs.sweep": {"gputui.plan", "gputui.train.loop"}}
+    assert upward(graph) == []
+    graph["gputui.core.config"].add("gputui.hw.discovery")
+    graph["gputui.plan"].add("gputui.hw.nvml")
+    graph["gputui.train.loop"] = {"gputui.runs.launcher"}
+    assert upward(graph) == [
+        "gputui.core.config -> gputui.hw.discovery (core may import only its own layer)",
+        "gputui.plan -> gputui.hw.nvml (plan may import only core)",
+        "gputui.train.loop -> gputui.runs.launcher (train may import only core, hw, plan)"]
+
+
+def test_imports_point_one_way():
+    bad = upward(import_graph(_modules()))
+    assert not bad, ("imports against the layers:\n  " + "\n  ".join(bad)
+                     + "\nMove the shared piece down, or the importer up.")
+
+
+def torch_free() -> list[str]:
+    low = [m for m in _modules() if layer(m) in ("core", "plan", "hw")]
+    return sorted(low) + TORCH_FREE_TOO
+
+
 def test_torch_free_modules_import_no_torch():
+    names = torch_free()
+    assert "gputui.core.config" in names and "gputui.hw.nvml" in names
     code = ("import importlib, sys\n"
-            f"for name in {TORCH_FREE!r}:\n"
+            f"for name in {names!r}:\n"
             "    importlib.import_module(name)\n"
             "    heavy = [m for m in ('torch', 'torchvision', 'textual') if m in sys.modules]\n"
             "    if heavy:\n"
             "        sys.exit(f'{name} pulls in {heavy}')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr.strip()
+
+
+def test_core_and_plan_import_no_nvml():
+    names = [m for m in _modules() if layer(m) in ("core", "plan")]
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module(name)\n"
+            "    if 'pynvml' in sys.modules or 'gputui.hw' in sys.modules:\n"
+            "        sys.exit(f'{name} pulls in NVML or the hw layer')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr.strip()
@@ -170,9 +250,9 @@ def external_imports(path: Path) -> set[str]:
 
 
 def test_reaching_hardware_is_caught():
-    graph = {"gputui.config": {"gputui.x"}, "gputui.x": {"gputui.telemetry.nvml"},
-             "gputui.telemetry.nvml": set()}
-    assert "gputui.telemetry.nvml" in reachable(graph, "gputui.config")
+    graph = {"gputui.core.config": {"gputui.x"}, "gputui.x": {"gputui.hw.nvml"},
+             "gputui.hw.nvml": set()}
+    assert "gputui.hw.nvml" in reachable(graph, "gputui.core.config")
 
 
 def test_config_and_plan_reach_no_hardware_and_no_torch():
@@ -185,7 +265,3 @@ def test_config_and_plan_reach_no_hardware_and_no_torch():
         heavy = {m: sorted(external_imports(modules[m]) & {"torch", "pynvml", "textual"})
                  for m in {name, *reached}}
         assert not any(heavy.values()), f"{name} reaches {heavy}"
-    # config is loading, coercion and overrides: the rules (plan, the strategies) sit above it
-    above = sorted(m for m in reachable(graph, "gputui.config")
-                   if m.startswith(("gputui.training", "gputui.plan")))
-    assert not above, f"gputui.config reaches {above}"

@@ -10,10 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputui.config import RunConfig, apply_overrides
-from gputui.events import InitDone, RunFailed, RunStarted
-from gputui.training.launcher import launch
-from gputui.training.runstore import read_events, read_summary
+from gputui.core.config import RunConfig, apply_overrides
+from gputui.core.events import InitDone, RunFailed, RunStarted
+from gputui.core.runstore import read_events, read_summary
+from gputui.runs.launcher import launch
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +58,10 @@ def test_a_run_that_fails_in_the_child_says_why(tmp_path):
 
 
 @pytest.mark.parametrize("modules,forbidden", [
-    ("gputui.cli gputui.config gputui.events gputui.devices gputui.printer gputui.presets "
-     "gputui.training.launcher gputui.training.runstore gputui.training.strategies.registry "
-     "gputui.telemetry.sampler gputui.cli_devices", ("torch", "textual")),
-    ("gputui.training.worker gputui.training.loop gputui.training.strategies.scratch",
+    ("gputui.cli gputui.core.config gputui.core.events gputui.core.devices gputui.cli.printer "
+     "gputui.core.presets gputui.runs.launcher gputui.core.runstore gputui.core.registry "
+     "gputui.hw.sampler gputui.cli.devices", ("torch", "textual")),
+    ("gputui.train.worker gputui.train.loop gputui.train.strategies.scratch",
      ("textual",)),
 ])
 def test_imports_stay_light(modules, forbidden):
@@ -74,8 +74,8 @@ def test_imports_stay_light(modules, forbidden):
 def _ends_its_record_but_sends_nothing(run_dir: str) -> None:
     """A training process that has written its terminal event and exits before its queue
     carried it (what a warm worker going idle looks like to the parent)."""
-    from gputui.events import RunStopped
-    from gputui.training.runstore import EventLog
+    from gputui.core.events import RunStopped
+    from gputui.core.runstore import EventLog
 
     log = EventLog(Path(run_dir) / "events.jsonl")
     log.write(RunStopped(reason="stopped by SIGHUP (the terminal closed)"))
@@ -85,9 +85,9 @@ def _ends_its_record_but_sends_nothing(run_dir: str) -> None:
 def test_a_record_that_already_ends_is_never_ended_twice(tmp_path):
     import multiprocessing as mp
 
-    from gputui.config import RunConfig
-    from gputui.training.launcher import RunHandle
-    from gputui.training.runstore import read_events as read
+    from gputui.core.config import RunConfig
+    from gputui.core.runstore import read_events as read
+    from gputui.runs.launcher import RunHandle
 
     handle = RunHandle("r", tmp_path, [], RunConfig())
     ctx = mp.get_context("spawn")

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from gputui.events import FlopsInfo, MemoryReport, StepMetrics
-from gputui.training import flops, memory
-from gputui.training.data import TensorBatches
-from gputui.training.loop import train
-from gputui.discovery import resolve_devices
-from gputui.training.strategies import registry
+from gputui.core import registry
+from gputui.core.events import FlopsInfo, MemoryReport, StepMetrics
+from gputui.hw.discovery import resolve_devices
+from gputui.train import flops, memory
+from gputui.train.data import TensorBatches
+from gputui.train.loop import train
 from strategy_harness import make_config, small_data
 
 B, IN, HID, OUT = 8, 20, 16, 10
@@ -125,8 +125,8 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
 
 
 def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
-    from gputui.compare import fmt, read_hw_figures
-    from gputui.training import runstore
+    from gputui.core import runstore
+    from gputui.runs.compare import fmt, read_hw_figures
 
     step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
                 lr=0.1)

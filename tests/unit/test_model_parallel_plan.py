@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from gputui.config import ConfigError
-from gputui.training.strategies.mp_plan import MODEL_LAYERS, balance, check_split_points
+from gputui.core.config import ConfigError
+from gputui.core.mp_plan import MODEL_LAYERS, balance, check_split_points
 from strategy_harness import make_config
 
 GPUTUI = [sys.executable, "-m", "gputui"]
@@ -62,7 +62,7 @@ def test_balance_refuses_more_stages_than_layers():
 
 
 def test_model_layers_match_the_models():
-    from gputui.training.models import build_model
+    from gputui.train.models import build_model
 
     for name, layers in MODEL_LAYERS.items():
         assert len(list(build_model(name, 1, 28, 10, seed=0).children())) == layers
@@ -105,9 +105,9 @@ def test_model_parallel_refuses_what_it_cannot_run(spec, model, extra, message):
 
 def test_split_points_are_checked_in_the_training_process_too():
     """The worker rebuilds the config without the combination checks; setup still refuses."""
-    from gputui.config import RunConfig, apply_overrides
-    from gputui.discovery import resolve_devices
-    from gputui.training.strategies.model_parallel import ModelParallel
+    from gputui.core.config import RunConfig, apply_overrides
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train.strategies.model_parallel import ModelParallel
 
     cfg = apply_overrides(RunConfig(), [("t", "strategy.name", "model_parallel"),
                                         ("t", "devices.spec", "cpu*2"),
@@ -147,7 +147,7 @@ def test_bad_split_points_from_the_cli_exit_2_with_one_line():
 
 @pytest.mark.slow
 def test_model_parallel_pipelined_runs_end_to_end(tmp_path):
-    from gputui.training.runstore import read_events
+    from gputui.core.runstore import read_events
 
     proc = gputui("run", "quickstart", "--strategy", "model_parallel", "--epochs", "1",
                   "--set", "strategy.pipeline_chunks=4", "--set", "data.train_size=1024",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gputui.devices import DeviceSpecError, no_gpu_sentence
-from gputui.discovery import discover_gpus, resolve_devices
-from gputui.telemetry import nvml
+from gputui.core.devices import DeviceSpecError, no_gpu_sentence
+from gputui.hw import nvml
+from gputui.hw.discovery import discover_gpus, resolve_devices
 from fakes.nvml import FakeGpu, FakeNvml
 
 NO_DRIVER = "no NVIDIA driver is installed: libnvidia-ml.so.1 was not found"
@@ -93,7 +93,7 @@ def test_init_is_lazy_once_and_shutdown_is_clean(fake):
 def test_atexit_shuts_nvml_down():
     code = textwrap.dedent("""
         import atexit
-        from gputui.telemetry import nvml
+        from gputui.hw import nvml
         from fakes.nvml import FakeGpu, FakeNvml
         mod = FakeNvml([FakeGpu()])
         # Registered first, so it runs after nvml's own exit handler.

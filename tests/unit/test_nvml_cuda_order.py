@@ -2,7 +2,7 @@
 
 import pytest
 
-from gputui.telemetry.cuda_order import NvmlGpu, cuda_env, cuda_order, pci_key
+from gputui.hw.cuda_order import NvmlGpu, cuda_env, cuda_order, pci_key
 
 # NVML lists them in this order; their PCI bus ids put B (1A) first, then A (3B), then C (86).
 A = NvmlGpu(0, "GPU-aaaa1111-0000", "NVIDIA A100", "00000000:3B:00.0")

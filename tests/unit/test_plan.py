@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gputui.config import ConfigError, RunConfig, apply_overrides
-from gputui.devices import cpu_devices
+from gputui.core.config import ConfigError, RunConfig, apply_overrides
+from gputui.core.devices import cpu_devices
 from gputui.plan import check_files, validate
 
 CPU1, CPU2 = [["cpu", 0]], [["cpu", 0], ["cpu", 1]]
@@ -55,11 +55,11 @@ CASES = [
 PROBE = r"""
 import json, os, sys
 sys.modules["pynvml"] = None  # NVML, and discovery, cannot even be imported
-sys.modules["gputui.telemetry.nvml"] = sys.modules["gputui.discovery"] = None
-from gputui.config import ConfigError, RunConfig, apply_overrides
-from gputui.devices import Device
+sys.modules["gputui.hw.nvml"] = sys.modules["gputui.hw.discovery"] = None
 from gputui import plan
-import gputui.training.strategies.mp_plan  # the registry's lazy import, loaded beforehand
+from gputui.core.config import ConfigError, RunConfig, apply_overrides
+from gputui.core.devices import Device
+import gputui.core.mp_plan  # the registry's lazy import, loaded beforehand
 
 cases = [(apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()]),
           [Device(*d) for d in devices]) for sets, devices in json.loads(sys.argv[1])]
@@ -156,10 +156,10 @@ def test_a_run_discovers_its_gpus_once(fake_gpus, tmp_path, capsys):
 def test_a_sweep_discovers_once_per_point_at_most(fake_gpus, tmp_path):
     """Two points on a one-GPU machine asking for GPUs 0 and 1: each falls back to two CPU
     virtual devices; scratch runs there (a real run), single cannot and is skipped."""
-    from gputui.events import LogLine, RunStarted
-    from gputui.sweep import Sweep
-    from gputui.training import warm
-    from gputui.training.runstore import read_events
+    from gputui.core.events import LogLine, RunStarted
+    from gputui.core.runstore import read_events
+    from gputui.runs.sweep import Sweep
+    from gputui.train import warm
 
     fake = fake_gpus(1)
     preset = tmp_path / "p.toml"

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gputui.events import StepMetrics
-from gputui.predict import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
-from gputui.steady import WARMUP_STEPS, spread, steady_figures
-from gputui.trust import flags, refuse_baseline
+from gputui.core.events import StepMetrics
+from gputui.core.steady import WARMUP_STEPS, spread, steady_figures
+from gputui.core.trust import flags, refuse_baseline
+from gputui.runs.predict import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
 
 
 def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
@@ -126,9 +126,9 @@ def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from run_records import write_record
 
-    from gputui.compare import compare, summary_lines
-    from gputui.repeats import grouped
-    from gputui.sweep import Point
+    from gputui.runs.compare import compare, summary_lines
+    from gputui.runs.repeats import grouped
+    from gputui.runs.sweep import Point
 
     runs = tmp_path / "runs"
     resumed = write_record(runs, "20260101-090000-exp-res", "single", 1, sps=100)
@@ -169,8 +169,8 @@ def test_the_one_rank_measurement_leaves_out_its_warm_up_comm(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from run_records import write_record
 
-    from gputui.breakdown import make
-    from gputui.predict_measure import _steady_comm
+    from gputui.core.breakdown import make
+    from gputui.runs.predict_measure import _steady_comm
 
     parts = [make(0.010, 0.0, 0.002, 0.001, comm) for comm in (0.5, 0.002, 0.004)]
     run = write_record(tmp_path, "r", strategy="ddp", epochs=3, breakdowns=parts)

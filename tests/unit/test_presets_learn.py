@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from gputui.config import load_preset
-from gputui.presets import PACKAGE_PRESETS, preset_description
+from gputui.core.config import load_preset
+from gputui.core.presets import PACKAGE_PRESETS, preset_description
 
 pytestmark = pytest.mark.slow
 GPUTUI = [sys.executable, "-m", "gputui"]

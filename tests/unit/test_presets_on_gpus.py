@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gputui.config import ConfigError
-from gputui.devices import DeviceSpecError, requested_count, wants_gpus
-from gputui.discovery import resolve_with_note
-from gputui.prepare import load_checked
+from gputui.core.config import ConfigError
+from gputui.core.devices import DeviceSpecError, requested_count, wants_gpus
+from gputui.hw.discovery import resolve_with_note
+from gputui.runs.prepare import load_checked
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "presets").glob("*.toml"))
 

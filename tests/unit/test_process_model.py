@@ -12,21 +12,21 @@ from pathlib import Path
 
 from test_import_graph import _modules, import_graph
 
-from gputui.devices import Device, cpu_devices
-from gputui.events import LogLine, RunStopped
-from gputui.training import recorder
-from gputui.training.handoff import LaunchSpec, StopChannel
-from gputui.training.rankinfo import RankInfo
-from gputui.training.runstore import read_events, read_summary
+from gputui.core.devices import Device, cpu_devices
+from gputui.core.events import LogLine, RunStopped
+from gputui.core.runstore import read_events, read_summary
+from gputui.train import recorder
+from gputui.train.handoff import LaunchSpec, StopChannel
+from gputui.train.rankinfo import RankInfo
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
 
 
 def _child(spec: LaunchSpec) -> None:
     """A spawned child: report what arrived and what it had to import, then ask the stop."""
-    import gputui.training.rankinfo  # noqa: F401 - the child side's torch-free leaves
-    import gputui.training.recorder  # noqa: F401
-    import gputui.training.stopping as stopping
+    import gputui.train.rankinfo  # noqa: F401 - the child side's torch-free leaves
+    import gputui.train.recorder  # noqa: F401
+    import gputui.train.stopping as stopping
 
     flag = stopping.StopFlag(spec.stop)
     before = flag()
@@ -85,13 +85,13 @@ def test_the_record_has_one_writer():
     writers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if _WRITES_RECORD.search(p.read_text(encoding="utf-8"))
                      or "def write_summary" in p.read_text(encoding="utf-8"))
-    assert writers == ["training/recorder.py"]
+    assert writers == ["train/recorder.py"]
 
 
-CHILD = ["gputui.training.worker", "gputui.training.agent", "gputui.training.ranks",
-         "gputui.training.stopping", "gputui.training.recorder", "gputui.training.rankinfo",
-         "gputui.training.handoff"]
-PARENT = ("gputui.training.launcher", "gputui.sweep", "gputui.cli", "gputui.tui")
+CHILD = ["gputui.train.worker", "gputui.train.agent", "gputui.train.ranks",
+         "gputui.train.stopping", "gputui.train.recorder", "gputui.train.rankinfo",
+         "gputui.train.handoff"]
+PARENT = ("gputui.runs.launcher", "gputui.runs.sweep", "gputui.cli", "gputui.tui")
 
 
 def test_child_code_never_imports_the_parent():

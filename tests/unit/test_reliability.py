@@ -21,17 +21,17 @@ from procs import tagged
 import torch
 
 from gputui import cli
-from gputui.discovery import resolve_devices
-from gputui.telemetry import nvml
+from gputui.hw import nvml
+from gputui.hw.discovery import resolve_devices
 from fakes.nvml import FakeGpu, FakeNvml
-from gputui.training.data import TensorBatches
-from gputui.training.guards import Diverged, OutOfMemory, first_bad, largest_fitting_batch
-from gputui.training.loop import train
-from gputui.training.runstore import read_events
-from gputui.training.strategies import registry
-from gputui.training.strategies.single import Single
-from gputui.training.recorder import Recorder
-from gputui.training.worker import execute
+from gputui.core import registry
+from gputui.core.runstore import read_events
+from gputui.train.data import TensorBatches
+from gputui.train.guards import Diverged, OutOfMemory, first_bad, largest_fitting_batch
+from gputui.train.loop import train
+from gputui.train.recorder import Recorder
+from gputui.train.strategies.single import Single
+from gputui.train.worker import execute
 from strategy_harness import make_config, small_data
 
 GPUTUI = [sys.executable, "-m", "gputui"]
@@ -258,7 +258,7 @@ def test_exclusive_refuses_a_busy_gpu(busy_gpu, capsys, tmp_path):
 
 
 def test_without_exclusive_a_busy_gpu_is_only_a_warning(busy_gpu):
-    from gputui.discovery import busy_warnings
+    from gputui.hw.discovery import busy_warnings
 
     lines = busy_warnings(resolve_devices("0,1"))
     assert len(lines) == 1 and lines[0].startswith("cuda:0 (NVIDIA A100) is busy")

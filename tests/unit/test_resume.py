@@ -17,15 +17,15 @@ import psutil
 import pytest
 import torch
 
-from gputui.config import load_preset
-from gputui.discovery import resolve_devices
-from gputui.training import checkpoint as ckpt
-from gputui.training.data import TensorBatches
-from gputui.training.loop import train
-from gputui.training.runstore import read_events
-from gputui.training.strategies import registry
-from gputui.training.recorder import Recorder
-from gputui.training.worker import execute
+from gputui.core import registry
+from gputui.core.config import load_preset
+from gputui.core.runstore import read_events
+from gputui.hw.discovery import resolve_devices
+from gputui.train import checkpoint as ckpt
+from gputui.train.data import TensorBatches
+from gputui.train.loop import train
+from gputui.train.recorder import Recorder
+from gputui.train.worker import execute
 from strategy_harness import assert_params_close, make_config, params, small_data
 
 GPUTUI = [sys.executable, "-m", "gputui"]

@@ -9,11 +9,11 @@ import time
 import psutil
 import pytest
 
-from gputui.devices import Device, cpu_devices
-from gputui.events import DeviceSample
-from gputui.telemetry import nvml
+from gputui.core.devices import Device, cpu_devices
+from gputui.core.events import DeviceSample
+from gputui.hw import nvml
 from fakes.nvml import FakeGpu, FakeNvml
-from gputui.telemetry.sampler import HOST, Sampler
+from gputui.hw.sampler import HOST, Sampler
 
 BUSY = "while True: pass"
 IDLE = "import time; time.sleep(120)"

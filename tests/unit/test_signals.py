@@ -19,8 +19,8 @@ import psutil
 import pytest
 from procs import tagged
 
-from gputui.training.runstore import read_events
-from gputui.training.signals import stop_reason
+from gputui.core.runstore import read_events
+from gputui.core.signals import stop_reason
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 SMALL = ["--set", "data.train_size=3000", "--set", "data.test_size=200", "--set",
@@ -136,7 +136,7 @@ def test_the_global_runs_dir_holds_for_every_command(tmp_path):
 def test_a_run_still_active_cannot_be_resumed(tmp_path):
     """`gputui resume` of a run whose gputui is still training it refuses (one line, exit 2);
     once that run has stopped, its folder is free again."""
-    from gputui.training import runlock
+    from gputui.runs import runlock
 
     runs = tmp_path / "runs"
     proc, run_dir, tag = _start(runs, "--strategy", "single", "--devices", "cpu",
@@ -160,7 +160,7 @@ def test_sighup_to_a_sweeps_group_stops_the_point_and_skips_the_rest(tmp_path):
     """A closed terminal during `gputui sweep`: the running point stops gracefully with the
     signal named in its record, no further point runs, the manifest is readable and says
     interrupted, and the sweep exits 128 + SIGHUP."""
-    from gputui.sweep import load_manifest
+    from gputui.runs.sweep import load_manifest
 
     runs = tmp_path / "runs"
     tag = uuid.uuid4().hex

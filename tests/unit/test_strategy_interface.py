@@ -1,4 +1,4 @@
-"""The narrow Strategy interface (gputui.training.strategies.base): checkpoints written by the
+"""The narrow Strategy interface (gputui.train.strategies.base): checkpoints written by the
 code before it load exactly, the optimizers keep the order attribute scanning gave them,
 nothing appears on a strategy that its class does not declare, and the loop writes nothing to
 a strategy."""
@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from gputui.training import checkpoint as ckpt
-from gputui.training.dataset import Dataset
-from gputui.training.loop import train
-from gputui.training.strategies.data_parallel import accelerator_present
+from gputui.train import checkpoint as ckpt
+from gputui.train.dataset import Dataset
+from gputui.train.loop import train
+from gputui.train.strategies.data_parallel import accelerator_present
 from old_checkpoints import CASES, FIXTURES, SIZE, STEPS, batches, build, world_of_one
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gputui.sweep import Manifest, Point, load_manifest
-from gputui.training.runstore import read_events
-from gputui.training.strategies import registry
+from gputui.core import registry
+from gputui.core.runstore import read_events
+from gputui.runs.sweep import Manifest, Point, load_manifest
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ def test_sweep_exports_parse_back(sweep):
     proc, _, out = sweep
     n = len(json.loads(proc.stdout)["runs"])
     rows = list(csv.DictReader((out / "scaling.csv").open()))
-    # 8 steps are all warm-up (gputui.steady): the speedup is flagged, not shown as a result
+    # 8 steps are all warm-up (gputui.core.steady): the speedup is flagged, not shown as a result
     assert len(rows) == n and rows[0]["speedup"] == "flagged" and rows[0]["check"] == "FLAGGED"
     assert len(json.loads((out / "scaling.json").read_text())) == n
     md = (out / "scaling.md").read_text().splitlines()
@@ -238,7 +238,7 @@ def test_a_bad_fast_path_axis_is_one_line_and_exit_2(tiny, tmp_path, option, val
 ])
 def test_the_kind_of_device_a_sweep_scales_over(fake_gpus, asked, preset_spec, n_gpus, kind,
                                                 says):
-    from gputui.sweep import resolve_kind
+    from gputui.runs.sweep import resolve_kind
 
     fake_gpus(n_gpus)
     got, line = resolve_kind(asked, preset_spec)
@@ -246,7 +246,7 @@ def test_the_kind_of_device_a_sweep_scales_over(fake_gpus, asked, preset_spec, n
 
 
 def test_gpu_points_never_fall_back_to_the_cpu(fake_gpus, tmp_path):
-    from gputui.sweep import Sweep
+    from gputui.runs.sweep import Sweep
 
     fake_gpus(1)
     preset = tmp_path / "p.toml"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gputui.config import ConfigError, RunConfig, apply_overrides
-from gputui.prepare import load_checked, override_checked
-from gputui.usercode import code_line, find_problem, parse
+from gputui.core.config import ConfigError, RunConfig, apply_overrides
+from gputui.core.usercode import code_line, find_problem, parse
+from gputui.runs.prepare import load_checked, override_checked
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 REPO = Path(__file__).resolve().parents[2]

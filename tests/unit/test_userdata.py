@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from gputui.config import RunConfig, apply_overrides
-from gputui.training.data import Dataset, eval_batches, make_batches
-from gputui.training.userdata import SetData, load_user_data
-from gputui.training.userfactory import UserCodeError, adapt_input_channels, build_model
+from gputui.core.config import RunConfig, apply_overrides
+from gputui.train.data import Dataset, eval_batches, make_batches
+from gputui.train.userdata import SetData, load_user_data
+from gputui.train.userfactory import UserCodeError, adapt_input_channels, build_model
 
 
 def data_section(spec: str, **kwargs):
@@ -86,7 +86,7 @@ def test_a_lazy_dataset_is_read_through_a_loader_in_the_seeded_order(code):
     batches = make_batches(ds, 8, seed=1, device="cpu")
     assert batches.steps_per_epoch == 3
     seen = [int(x[j, 0, 0, 0]) for x, y in batches.epoch(1) for j in range(len(x))]
-    from gputui.training.data import epoch_permutation
+    from gputui.train.data import epoch_permutation
 
     assert seen == epoch_permutation(30, 1, 1).tolist()[:24]  # the order single would see
     tested = torch.cat([y for _, y in eval_batches(ds, 5, "cpu")])

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from gputui.config import RunConfig, apply_overrides
-from gputui.training import warm
-from gputui.training.launcher import launch
-from gputui.training.runstore import read_events
+from gputui.core.config import RunConfig, apply_overrides
+from gputui.core.runstore import read_events
+from gputui.runs.launcher import launch
+from gputui.train import warm
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gputui.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
+from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 
@@ -93,7 +93,7 @@ class CompareScreen(Screen):
         table = self.query_one(DataTable)
         table.clear()
         for it in message.items:
-            flat = table_rows([it])[0]  # a flagged speedup reads "flagged" (gputui.trust)
+            flat = table_rows([it])[0]  # a flagged speedup reads "flagged" (gputui.core.trust)
             table.add_row(*(fmt(k, flat.get(k)) for k in TABLE_COLUMNS), key=it.row.id)
         self.query_one("#compare-loss", OverlayPlot).set_series(
             {label(it): it.loss_curve for it in message.items})

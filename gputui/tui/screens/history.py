@@ -17,9 +17,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gputui.compare import fmt
-from gputui.events import plural
-from gputui.history import RunRow, load_rows
+from gputui.core.events import plural
+from gputui.runs.compare import fmt
+from gputui.runs.history import RunRow, load_rows
 
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
            ("devices", "devices"), ("batch", "batch"), ("lr", "lr"),

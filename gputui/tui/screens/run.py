@@ -17,8 +17,8 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
-from gputui import comm_peak
-from gputui.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
+from gputui.runs import comm_peak
+from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
                            StepMetrics, acc_text, plural)
 from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
@@ -293,7 +293,7 @@ class RunScreen(RunControls, Screen):
         if run_dir is None:
             return
         try:
-            from gputui.training.runstore import read_summary
+            from gputui.core.runstore import read_summary
 
             summary = read_summary(run_dir)
         except Exception as exc:  # no summary (yet) is shown, not raised

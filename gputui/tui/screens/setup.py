@@ -12,9 +12,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Static
 
-from gputui.filewrite import write_atomic
-from gputui.config import ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset
-from gputui.events import plural
+from gputui.core.config import (
+    ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset)
+from gputui.core.events import plural
+from gputui.core.filewrite import write_atomic
+from gputui.core.usercode import code_line, data_label, model_label
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
 from gputui.tui.messages import FilesChecked, InventoryReady
@@ -23,7 +25,6 @@ from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
 from gputui.tui.widgets.strategy_picker import StrategyPicker
-from gputui.usercode import code_line, data_label, model_label
 
 if TYPE_CHECKING:
     from gputui.tui.app import GpuTuiApp

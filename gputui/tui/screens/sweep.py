@@ -1,7 +1,7 @@
 """The sweep screen: the set-up's config over device counts x strategies, one run after
 another, with the state of every point, then the scaling comparison.
 
-The sweep runs in a thread worker (:class:`gputui.sweep.Sweep`, the engine behind
+The sweep runs in a thread worker (:class:`gputui.runs.sweep.Sweep`, the engine behind
 `gputui sweep`, so the same manifest and resume rules apply); it talks back only through
 messages. Leaving the app stops the sweep: no run is started after the screen goes away.
 """
@@ -18,11 +18,11 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Static
 
-from gputui.devices import wants_gpus
-from gputui.config import ConfigError, RunConfig
-from gputui.events import acc_text, plural
-from gputui.sweep import Point, Sweep, parse_devices
-from gputui.usercode import code_line, data_label, model_label
+from gputui.core.config import ConfigError, RunConfig
+from gputui.core.devices import wants_gpus
+from gputui.core.events import acc_text, plural
+from gputui.core.usercode import code_line, data_label, model_label
+from gputui.runs.sweep import Point, Sweep, parse_devices
 
 
 class PointChanged(Message):

@@ -12,8 +12,8 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from gputui import breakdown
-from gputui.events import DeviceSample
+from gputui.core import breakdown
+from gputui.core.events import DeviceSample
 from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
 from gputui.tui.widgets.hw_figures import TrainMemory, show_mfu
 
@@ -50,7 +50,7 @@ class Meter(Widget):
 
 class StepBreakdown(Widget):
     """The device's last metered step as a stacked bar (compute, exposed comm, optimizer,
-    data, wait, host: ``gputui.breakdown``) under its length, with a legend of the shares."""
+    data, wait, host: ``gputui.core.breakdown``) under its length, with a legend of the shares."""
 
     DEFAULT_CSS = "StepBreakdown { height: auto; }"
     parts: reactive[dict | None] = reactive(None, layout=True)

@@ -9,8 +9,8 @@ from textual.events import Click
 from textual.message import Message
 from textual.widgets import DataTable, Label, Select, Static
 
-from gputui.devices import Device, DeviceSpecError, requested_count, resolve_spec, wants_gpus
-from gputui.events import plural
+from gputui.core.devices import Device, DeviceSpecError, requested_count, resolve_spec, wants_gpus
+from gputui.core.events import plural
 from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory, gpu_indices
 
 COLUMNS = ("use", "device", "name", "memory", "util", "status")

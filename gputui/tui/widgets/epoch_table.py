@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from gputui.events import EpochEnd, acc_text
+from gputui.core.events import EpochEnd, acc_text
 from gputui.tui.fmt import fmt_rate
 
 

@@ -11,7 +11,7 @@ from textual.validation import ValidationResult, Validator
 from textual.widget import Widget
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
-from gputui.config import RunConfig
+from gputui.core.config import RunConfig
 from gputui.tui.form import (FIELDS, FieldSpec, check_field, current_value, empty_meaning,
                              field_text)
 

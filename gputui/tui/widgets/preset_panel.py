@@ -13,7 +13,7 @@ from textual.widgets.option_list import Option
 
 def available_presets() -> list[Path]:
     """The presets `gputui run` knows by name (./presets, then the project's presets/)."""
-    from gputui.presets import list_presets
+    from gputui.core.presets import list_presets
 
     return [Path(p) for p in list_presets()]
 

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, Static
 
-from gputui.events import EpochEnd, InitDone, RunStarted, StepMetrics
+from gputui.core.events import EpochEnd, InitDone, RunStarted, StepMetrics
 from gputui.tui.fmt import eta_seconds, fmt_duration, fmt_rate
 
 STATE_TEXT = {

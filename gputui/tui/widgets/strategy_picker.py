@@ -12,11 +12,11 @@ from textual.message import Message
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from gputui.training.strategies import registry
+from gputui.core import registry
 
 if TYPE_CHECKING:
-    from gputui.config import RunConfig
-    from gputui.devices import Device
+    from gputui.core.config import RunConfig
+    from gputui.core.devices import Device
 
 
 class StrategyPicker(Vertical):

@@ -1,0 +1,136 @@
+"""The command line's entry point: ``gputui`` (the app), the ``strategies`` and ``presets``
+listings, and the parser, built from one module per command family in
+this package (run, devices, compare, sweep, predict, bench_comm, resume; what they share is in
+``common``, their tables in ``output``).
+
+Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
+the signal's number when a signal stopped the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+Nothing here imports torch; training runs in a spawned child process.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gputui import __version__
+from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail
+from gputui.cli.run import add_run_parser, cmd_run, resolve_config  # noqa: F401 - also here
+from gputui.core.config import ConfigError
+
+# ------------------------------------------------------------------ listings
+def cmd_strategies(args) -> int:
+    """``gputui strategies``: every strategy, its description, and whether it can run."""
+    from gputui.core import registry
+    from gputui.core.config import RunConfig, apply_overrides
+    from gputui.core.devices import DeviceSpecError
+    from gputui.hw.discovery import resolve_devices
+
+    try:
+        cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)])
+        devices = resolve_devices(args.devices)
+    except (ConfigError, DeviceSpecError) as exc:
+        return fail(f"--devices: {exc}")
+    rows = []
+    for info in registry.all_infos():
+        trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)])
+        reason = info.why_not(trial, devices)
+        rows.append({"name": info.name, "description": info.description,
+                     "multiprocess": info.multiprocess, "available": reason is None,
+                     "reason": reason or ""})
+    if args.json:
+        print(json.dumps({"devices": [d.name for d in devices], "strategies": rows}, indent=2))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"strategies on {', '.join(d.name for d in devices)}")
+    for col in ("name", "can run", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], "yes" if r["available"] else f"no: {r['reason']}",
+                      r["description"])
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_presets(args) -> int:
+    """``gputui presets``: the preset files found, each with its whole description; a preset
+    that cannot be loaded is listed with the reason, and the others still are."""
+    from gputui.core.presets import list_presets, names_code, preset_description, preset_problem
+
+    presets = []
+    for p in list_presets():
+        problem = preset_problem(p)
+        try:
+            lines = preset_description(p) if problem is None else []
+        except (OSError, UnicodeDecodeError):  # changed since preset_problem looked
+            lines = []
+        presets.append((p, lines, names_code(p) if problem is None else [], problem))
+    if args.json:
+        print(json.dumps([{"name": p.stem, "path": str(p), "description": "\n".join(lines),
+                           "runs_code": code, "problem": problem or ""}
+                          for p, lines, code, problem in presets], indent=2))
+        return EXIT_OK
+    for p, lines, code, problem in presets:
+        if problem is not None:
+            print(f"{p.stem:24} [cannot be loaded: {problem}]")
+            continue
+        lines = lines or [""]
+        mark = f"  [runs your code: {'; '.join(code)}]" if code else ""
+        print(f"{p.stem:24} {lines[0]}{mark}".rstrip())
+        for line in lines[1:]:
+            print(f"{'':24} {line}".rstrip())
+    return EXIT_OK
+
+
+def cmd_tui(args) -> int:
+    """``gputui``: the app."""
+    from gputui.tui.app import run_tui
+
+    return run_tui(preset=args.preset, runs_dir=args.runs_dir)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="gputui", description="A terminal experiment runner for multi-GPU "
+                    "training. With no command, opens the app.")
+    parser.add_argument("--version", action="version", version=f"gputui {__version__}")
+    parser.add_argument("--preset", help="open the app with this preset loaded")
+    parser.add_argument("--runs-dir", dest="global_runs_dir", metavar="RUNS_DIR",
+                        help="where run records go, for the app and every command "
+                             "(default ./runs or $GPUTUI_RUNS_DIR)")
+    parser.set_defaults(func=cmd_tui)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    add_run_parser(sub)
+    p = sub.add_parser("strategies", help="list the strategies and whether they can run",
+                       description="Every parallelism strategy, what it does, and whether it "
+                                   "can run on the given devices (with the reason when not).")
+    p.add_argument("--devices", default="cpu*2", help="device choice to check against")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=cmd_strategies)
+    p = sub.add_parser("presets", help="list the presets and what each one runs",
+                       description="The preset files found in ./presets and in gputui's own "
+                                   "presets/ folder, each with its whole description (the "
+                                   "comment lines at its top). `gputui run NAME` runs one.")
+    p.add_argument("--json", action="store_true",
+                   help="print names, paths and descriptions as JSON")
+    p.set_defaults(func=cmd_presets)
+    from gputui.cli import bench_comm, compare, devices, predict, resume, sweep
+
+    # compare registers `runs` and `compare`; the order is the order of `gputui --help`
+    for family in (devices, compare, sweep, predict, bench_comm, resume):
+        family.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gputui`` console script."""
+    args = build_parser().parse_args(argv)
+    # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
+    if getattr(args, "runs_dir", None) is None:
+        args.runs_dir = args.global_runs_dir
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK

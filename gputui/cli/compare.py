@@ -1,0 +1,175 @@
+"""`gputui runs` and `gputui compare`.
+
+``register(subparsers)`` adds the two subcommands. Nothing here imports torch. Bad input is one
+line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gputui.cli.common import EXIT_OK, fail
+from gputui.cli.output import add_output, emit, form_of
+from gputui.core.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
+
+# history and compare are imported by the commands that use them: building the parser must
+# stay cheap, since `gputui` (the app) builds it before its first paint.
+
+
+def register(sub) -> None:
+    """Add runs and compare to an argparse subparsers object."""
+    p = sub.add_parser("runs", help="list recorded runs (filters, --json)",
+                       description="Every recorded run, newest first: id, name, strategy, "
+                                   "devices, batch, lr, time per epoch, samples/s, final test "
+                                   "accuracy, status, date.")
+    p.add_argument("--runs-dir", help="where run records are (default ./runs or $GPUTUI_RUNS_DIR)")
+    p.add_argument("--strategy", help="only these strategies (comma list)")
+    p.add_argument("--status", help="only these statuses: finished, failed, stopped, killed, "
+                                    "running, incomplete, unreadable (comma list)")
+    p.add_argument("--name", help="only runs whose name or id contains this")
+    p.add_argument("--last", type=int, metavar="N", help="only the newest N runs")
+    add_output(p)
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("compare", help="compare runs: speedup, scaling efficiency, comm share",
+                       description="Compare recorded runs. Speedup is against the matching "
+                                   "one-device run (same model, data and precision; same batch "
+                                   "per device, else same global batch).")
+    p.add_argument("runs", nargs="*", help="run ids (or unique parts of them) or run folders")
+    p.add_argument("--sweep", metavar="SWEEP_ID", help="compare every run of this sweep")
+    p.add_argument("--runs-dir", help="where run records are (default ./runs or "
+                                      "$GPUTUI_RUNS_DIR)")
+    p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
+                                                  "(needs matplotlib: pip install 'gputui[plots]')")
+    p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
+    add_output(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_runs(args) -> int:
+    """``gputui runs``: the run table, filtered."""
+    from gputui.runs import history
+
+    if args.last is not None and args.last < 1:
+        return fail(f"--last {args.last}: give a positive number of runs")
+    problem = outputs_problem(args.output)
+    if problem:
+        return fail(problem)
+    try:
+        rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy,
+                                   args.status, args.name, args.last)
+    except OSError as exc:
+        return fail(f"cannot read the runs folder: {exc}")
+    form = form_of(args)
+    if form == "table" and not rows:
+        print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not
+              args.status and not args.name else "no run matches the filters")
+        return EXIT_OK
+    plain = [r.to_dict() for r in rows]
+    try:
+        emit(plain, history.COLUMNS, form, args.output, "runs", json_data=plain)
+    except WriteFailed as exc:
+        return fail(str(exc))
+    if form == "table":  # what could not be read, under the table (--json has it per row)
+        for r in rows:
+            if r.problem:
+                print(f"{r.id}: {r.problem}")
+    return EXIT_OK
+
+
+def outputs_problem(output: str | None = None, plots: str | None = None,
+                    tensorboard: str | None = None) -> str | None:
+    """Why an output file or folder cannot be written, as one line naming its flag; checked
+    before the work whose result would go there."""
+    checks = [(output, file_problem, "--output"), (plots, folder_problem, "--plots"),
+              (tensorboard, folder_problem, "--tensorboard")]
+    for where, check, flag in checks:
+        problem = check(where, flag) if where else None
+        if problem:
+            return problem
+    return None
+
+
+def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) -> list[Path]:
+    """Run folders from ids/paths and/or a sweep; LookupError (one line) when one is unknown."""
+    from gputui.core.runstore import default_runs_dir, is_run_folder
+    from gputui.runs import history
+    from gputui.runs.sweep import load_manifest
+
+    dirs = [history.find_run(ref, runs_dir) for ref in refs]
+    if sweep_id:
+        base = Path(runs_dir) if runs_dir else default_runs_dir()
+        manifest = load_manifest(base, sweep_id)
+        dirs += [base / p.run_id for p in manifest.points
+                 if p.run_id and is_run_folder(base / p.run_id)]
+    return list(dict.fromkeys(dirs))
+
+
+def cmd_compare(args) -> int:
+    """``gputui compare RUN...``: the comparison table, exports and plots."""
+    from gputui.runs.compare import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
+    from gputui.runs.export import ExportError
+
+    if not args.runs and not args.sweep:
+        return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
+    problem = outputs_problem(args.output, args.plots, args.tensorboard)
+    if problem:
+        return fail(problem)
+    try:
+        dirs = resolve_runs(args.runs, args.sweep, args.runs_dir)
+    except LookupError as exc:
+        return fail(str(exc))
+    items = compare(dirs, args.runs_dir)
+    form = form_of(args)
+    try:
+        write_extras(items, dirs, args.plots, args.tensorboard)
+        groups = _repeat_groups(items, args.sweep, args.runs_dir)
+        if groups is not None:  # a sweep run with --repeat: one row per point, with the spread
+            from gputui.runs.repeats import COLUMNS
+
+            emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
+                 json_data={"groups": groups, "runs": as_plain(items)})
+        else:
+            emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
+                 json_data=as_plain(items))
+    except (ExportError, WriteFailed) as exc:
+        return fail(str(exc))
+    if form == "table":
+        for line in summary_lines(items):
+            print(line)
+    return EXIT_OK
+
+
+def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
+    """The grouped rows of a sweep run with --repeat (None otherwise)."""
+    if not sweep_id:
+        return None
+    from gputui.core.runstore import default_runs_dir
+    from gputui.runs.repeats import grouped, session_warnings
+    from gputui.runs.sweep import load_manifest
+
+    m = load_manifest(Path(runs_dir) if runs_dir else default_runs_dir(), sweep_id)
+    session_warnings(items, m.points)
+    return grouped(items, m.points) if m.repeat > 1 else None
+
+
+def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:
+    """PNG plots and TensorBoard scalars, when asked; returns the paths written."""
+    from gputui.runs.export import plot_curves, plot_speedup, to_tensorboard
+
+    out = []
+    if plots:
+        out.append(plot_curves(items, Path(plots) / "curves.png"))
+        out.append(plot_speedup(items, Path(plots) / "speedup.png"))
+    if tensorboard:
+        try:
+            out += to_tensorboard(dirs, tensorboard)
+        except OSError as exc:
+            cause = os_error_in(exc)
+            if cause is None or isinstance(exc, WriteFailed):
+                raise
+            raise WriteFailed(Path(cause.filename or tensorboard), cause) from None
+    for path in out:
+        print(f"wrote {path}", file=sys.stderr)
+    return out

@@ -1,0 +1,72 @@
+"""How the table-printing commands print: a rich table on the terminal, or csv/md/json to
+stdout or a file (written atomically). Shared by runs, compare, sweep and predict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gputui.core.filewrite import WriteFailed, write_atomic
+
+HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
+           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "step_ms": "step (ms)", "mem_per_device": "mem/device",
+           "predicted_speedup": "predicted",
+           "compute_share": "compute", "comm_exposed_share": "exposed",
+           "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
+           "host_share": "host", "train_mem": "train mem"}
+
+
+def add_output(p: argparse.ArgumentParser) -> None:
+    """--format, --json and --output, as every table-printing command takes them."""
+    p.add_argument("--format", choices=("table", "csv", "md", "json"), default="table",
+                   help="table (terminal), csv, md (Markdown) or json")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the csv/md/json there")
+
+
+def form_of(args) -> str:
+    """The output form a command's --format/--json flags ask for."""
+    return "json" if args.json else args.format
+
+
+def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, title: str,
+         json_data: Any = None) -> None:
+    """Print a table on the terminal, or write csv/md/json to stdout or ``output``."""
+    from gputui.runs.export import render, to_json
+
+    if form == "table":
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title)
+        for c in columns:
+            left = c in ("id", "name", "strategy", "status", "date", "baseline")
+            table.add_column(HEADERS.get(c, c), no_wrap=c in ("id", "date"),
+                             justify="left" if left else "right")
+        for r in rows:
+            table.add_row(*(_cell(c, r.get(c)) for c in columns))
+        # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
+        Console(width=None if sys.stdout.isatty() else 240).print(table)
+        return
+    text = to_json(json_data) if form == "json" and json_data is not None else render(
+        rows, columns, form)
+    if output:
+        try:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(Path(output).parent, exc) from None
+        write_atomic(output, text)  # WriteFailed: one line naming the file
+    else:
+        sys.stdout.write(text)
+
+
+def _cell(key: str, value: Any) -> str:
+    from gputui.runs.compare import fmt
+
+    if key == "baseline" and value:  # the full id is in the id column; its suffix finds it
+        return "…" + str(value).rsplit("-", 1)[-1]
+    return fmt(key, value)

@@ -1,0 +1,135 @@
+"""`gputui predict PRESET --devices 1,2 --strategies ddp,fsdp,scratch,dp [--json]`.
+
+Prints the predicted scaling table without training: step time, samples/s, speedup,
+efficiency and training memory per device for each strategy and device count, from this
+machine's measurements (:mod:`gputui.runs.predict_measure`: short single-device runs and an
+allreduce benchmark, kept per machine and measured when missing, with progress lines).
+``gputui sweep PRESET --predict`` prints the same table for the sweep's grid. Exit: 0, 1 a
+measurement failed, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail
+from gputui.core.config import ConfigError
+
+COLUMNS = ("strategy", "devices", "batch", "step_ms", "samples_per_s", "speedup",
+           "efficiency", "mem_per_device", "formula", "reason")
+
+
+def register(sub) -> None:
+    """Add the `predict` subcommand."""
+    p = sub.add_parser("predict", help="predicted scaling of a preset, without training",
+                       description="Predict step time, speedup, efficiency and memory per "
+                                   "device for each data-parallel strategy and device count, "
+                                   "from one measured single-device run and a measured "
+                                   "allreduce (kept per machine; measured when missing).")
+    p.add_argument("preset", help="a preset file or name")
+    p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (or cpu,cpu*2)")
+    p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="what the counts are (as for sweep)")
+    p.add_argument("--strategies", default="ddp,fsdp,scratch,dp",
+                   help="comma list of ddp, fsdp, scratch, dp")
+    p.add_argument("--scale-with-devices", action="store_true",
+                   help="batch times the device count (as for sweep)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override a preset key (repeatable)")
+    p.add_argument("--measure-again", action="store_true",
+                   help="measure every input again instead of using the kept figures")
+    p.add_argument("--runs-dir", help="where the measuring runs are recorded (default: "
+                                      "<cache>/predict-runs)")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=cmd_predict)
+
+
+def parse_strategies(text: str) -> list[str]:
+    """The strategies to predict; ConfigError (one line) for one without a model."""
+    from gputui.runs.predict import STRATEGIES
+
+    items = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    items = [s for s in items if s != "single"]  # the one-device row is always there
+    bad = [s for s in items if s not in STRATEGIES]
+    if bad or not items:
+        what = (f"{', '.join(map(repr, bad))} has no prediction" if bad
+                else "no strategy that has a prediction")
+        raise ConfigError(f"--strategies {text}: {what}; give some of {', '.join(STRATEGIES)}")
+    return items
+
+
+def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_dir: Path,
+                 line, again: bool = False, measure: bool = True) -> list[dict[str, Any]]:
+    """Prediction rows (dicts) for every count x strategy, the one-device row first."""
+    from gputui.runs.predict import predict
+    from gputui.runs.predict_measure import Measurer
+
+    m = Measurer(cfg, kind, runs_dir, line=line, measure=measure, again=again)
+    rows = []
+    for n in sorted(set(counts) | {1}):
+        inp = m.inputs(n, strategies)
+        for s in (["single"] if n == 1 else strategies):
+            p = predict(s, inp)
+            if n == 1 and not inp.t_1:
+                p.reason = "not measured: t_1"
+            rows.append(dict(p.to_dict(), devices=n, step_ms=(p.step_time_s or 0) * 1000
+                             if p.step_time_s else None))
+    return rows
+
+
+def counts_of(devices: list[str]) -> list[int]:
+    """Device counts from sweep-style items (1,2 or cpu,cpu*2)."""
+    out = []
+    for item in devices:
+        out.append(int(item) if item.isdigit() else 1 if item == "cpu" else int(item[4:]))
+    return out
+
+
+def cmd_predict(args) -> int:
+    """``gputui predict``: measure what is missing, print the predicted table."""
+    from gputui.cli.common import load_preset_checked, set_overrides
+    from gputui.core.presets import resolve_preset
+    from gputui.runs.sweep import parse_devices, resolve_kind
+
+    try:
+        path = str(resolve_preset(args.preset).resolve())
+        counts = counts_of(parse_devices(args.devices))
+        strategies = parse_strategies(args.strategies)
+        cfg = load_preset_checked(path, set_overrides(args.sets, None))
+        kind, _ = resolve_kind(args.kind, cfg.devices.spec)
+    except (ConfigError, LookupError) as exc:
+        return fail(str(exc))
+    if args.scale_with_devices:
+        cfg = cfg.replace(optim={"scale_with_devices": True})
+    return print_prediction(cfg, counts, strategies, kind, args.runs_dir, args.json,
+                            args.measure_again, Path(args.preset).stem)
+
+
+def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, again: bool,
+                     title: str) -> int:
+    """Measure, then print the table (or JSON on stdout; progress on stderr)."""
+    from gputui.cli.output import emit
+    from gputui.runs.predict import FORMULAS
+    from gputui.runs.predict_measure import cache_dir
+
+    out = sys.stderr if as_json else sys.stdout
+    where = Path(runs_dir) if runs_dir else cache_dir() / "predict-runs"
+
+    def line(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    line(f"predicting {title} on {kind} devices {', '.join(map(str, counts))}: measuring what "
+         f"this machine has not measured yet (kept in {cache_dir()})")
+    try:
+        rows = predict_grid(cfg, counts, strategies, kind, where, line, again)
+    except KeyboardInterrupt:
+        print("prediction interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except RuntimeError as exc:
+        print(f"gputui: prediction failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    emit(rows, COLUMNS, "json" if as_json else "table", None, f"predicted scaling: {title}",
+         json_data={"rows": rows, "formulas": FORMULAS, "kind": kind})
+    return EXIT_OK

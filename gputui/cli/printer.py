@@ -1,0 +1,190 @@
+"""The headless printer: live progress on a terminal, plain lines elsewhere, a summary table.
+
+It consumes the same events as the TUI and the run record. On a terminal it draws a rich
+progress bar (epoch, loss, samples/s) and prints log lines above it; otherwise it prints one
+plain line per event worth reading, so logs in CI stay greppable.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from gputui.core import breakdown
+from gputui.core.events import DeviceSample, Event, acc_text, plural
+
+
+def _mib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def device_line(samples: dict[str, DeviceSample]) -> str:
+    """A compact one-line view of the latest sample of each device."""
+    parts = []
+    for name, s in sorted(samples.items()):
+        if name == "cpu":  # the host line
+            if s.util is None:
+                continue
+            text = f"host {s.util:.0f}% ram {_mib(s.mem_used)}/{_mib(s.mem_total)}"
+        elif s.cpu_percent is not None:
+            text = f"{name} cpu {s.cpu_percent:.0f}% rss {_mib(s.rss)}"
+        elif s.util is not None:
+            text = f"{name} {s.util:.0f}% mem {_mib(s.mem_used)}/{_mib(s.mem_total)}"
+            if s.temp_c is not None:
+                text += f" {s.temp_c:.0f}C"
+            if s.power_w is not None:
+                text += f" {s.power_w:.0f}W"
+        else:
+            continue
+        parts.append(text)
+    return " | ".join(parts)
+
+
+def breakdown_lines(ev) -> list[str]:
+    """Where the metered step's time went, one line per device that measured it (each rank
+    of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'."""
+    return [f"{row['device']} {breakdown.line(row['breakdown'])}"
+            for row in ev.per_device if row.get("breakdown")]
+
+
+class Printer:
+    """Turns events into terminal output; ``close()`` prints the summary."""
+
+    def __init__(self, stream: TextIO | None = None, live: bool | None = None,
+                 quiet: bool = False):
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty() if live is None else live
+        self.quiet = quiet
+        self.console = Console(file=self.stream, highlight=False,
+                               force_terminal=self.live if live is not None else None)
+        self.samples: dict[str, DeviceSample] = {}
+        self.progress: Progress | None = None
+        self.display: Live | None = None  # the progress bar with the device line under it
+        self.devices_text = Text(style="dim")
+        self.task = None
+        self.epochs = 1
+        self.epochs_seen = 0  # the first epoch printed carries the warm-up
+
+    def line(self, text: str, always: bool = False) -> None:
+        """One line above the progress bar (or a plain line); ``always`` prints it under
+        ``quiet`` too (the summary and the record's path)."""
+        if self.quiet and not always:
+            return
+        if self.display is not None:
+            self.display.console.print(text, markup=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def handle(self, ev: Event) -> None:
+        """Print what one event means for the user."""
+        kind = ev.kind
+        if kind == "device_sample":
+            self.samples[ev.device] = ev
+        elif kind == "run_started":
+            devs = ", ".join(d["name"] for d in ev.devices)
+            self.epochs = ev.config.get("run", {}).get("epochs", 1)
+            self.line(f"run {ev.run_id}: strategy {ev.strategy} on {devs}")
+            for note in ev.notes:
+                self.line(f"note: {note}")
+        elif kind == "log":
+            self.line(f"{ev.level}: {ev.message}")
+        elif kind == "init_done":
+            compiled = f", compile {ev.compile_s:.2f} s" if ev.compile_s else ""
+            self.line(f"init {ev.seconds:.2f} s (torch import {ev.import_s:.2f} s, data "
+                      f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s{compiled}); "
+                      f"{ev.train_samples:,} training examples, "
+                      f"{plural(ev.steps_per_epoch, 'step')} per epoch")
+            self._start_progress(ev.steps_per_epoch * self.epochs)
+        elif kind == "step":
+            self._step(ev)
+        elif kind == "epoch_end":
+            warm = "" if self.epochs_seen else " (warm-up included)"
+            self.epochs_seen += 1
+            self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
+                      f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
+                      f"{ev.samples_per_s:,.0f} samples/s{warm}")
+        elif kind in ("run_finished", "run_stopped", "run_failed"):
+            self._stop_progress()
+            if kind == "run_failed":
+                self.line(f"run failed: {ev.reason}")
+            elif kind == "run_stopped":
+                self.line(f"run stopped: {ev.reason}")
+
+    def _step(self, ev) -> None:
+        comm = f", comm {ev.comm_share:.1%}" if ev.comm_share is not None else ""
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, completed=ev.global_step,
+                                 description=f"epoch {ev.epoch}/{self.epochs}",
+                                 info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s{comm}")
+            lines = [device_line(self.samples), *breakdown_lines(ev)]
+            self.devices_text.plain = "\n".join(t for t in lines if t)
+            return
+        self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
+                  f"{ev.samples_per_s:,.0f} samples/s, step {ev.step_time_s * 1000:.1f} ms{comm}")
+        devs = device_line(self.samples)
+        if devs:
+            self.line(f"  devices: {devs}")
+        for text in breakdown_lines(ev):
+            self.line(f"  {text}")
+
+    def _start_progress(self, total: int) -> None:
+        if not self.live or self.quiet:
+            return
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=30),
+            TextColumn("{task.completed}/{task.total} steps"), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console)
+        self.task = self.progress.add_task(f"epoch 1/{self.epochs}", total=total, info="")
+        self.display = Live(Group(self.progress, self.devices_text), console=self.console,
+                            transient=True, refresh_per_second=8)
+        self.display.start()
+
+    def _stop_progress(self) -> None:
+        if self.display is not None:
+            self.display.stop()
+            self.display = None
+            self.progress = None
+
+    def summary(self, s: dict[str, Any]) -> None:
+        """The end-of-run table (not under ``quiet``), then, always, the summary line and
+        where the record is."""
+        self._stop_progress()
+        table = Table(title=f"run {s.get('run_id', '?')}: {s.get('status')}", show_header=True)
+        table.add_column("epoch", justify="right")
+        table.add_column("time (s)", justify="right")
+        table.add_column("samples/s", justify="right")
+        table.add_column("train loss", justify="right")
+        table.add_column("test acc", justify="right")
+        for e in s.get("per_epoch", []):
+            table.add_row(str(e["epoch"]), f"{e['seconds']:.2f}", f"{e['samples_per_s']:,.0f}",
+                          f"{e['train_loss']:.4f}", acc_text(e['test_acc']))
+        if self.live and not self.quiet:  # plain mode has printed one line per epoch
+            self.console.print(table)
+        init = s.get("init_s")
+        parts = [f"status {s.get('status')}"]
+        if s.get("reason"):
+            parts.append(f"({s['reason']})")
+        if "time_per_epoch_s" in s:
+            steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
+            if steady:  # the steady state (gputui.core.steady): warm-up excluded
+                per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
+                noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
+                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
+                parts.append(f"{steady['samples_per_s']:,.0f} samples/s{noise} (steady state, "
+                             f"after {plural(steady['warmup_steps'], 'warm-up step')})")
+            else:
+                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
+                parts.append(f"{s['samples_per_s']:,.0f} samples/s (warm-up included: too "
+                             f"few steps for a steady state)")
+            parts.append(f"test acc {acc_text(s['test_acc'])}")
+        if init is not None:
+            parts.append(f"init {init:.2f} s")
+        self.line("summary: " + ", ".join(parts), always=True)
+        if s.get("run_dir"):
+            self.line(f"record: {s['run_dir']}", always=True)

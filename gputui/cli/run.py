@@ -1,0 +1,156 @@
+"""``gputui run PRESET``: train headless, print progress and a summary (also what ``gputui
+resume`` runs). Nothing here imports torch; training runs in a spawned child process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
+from gputui.core.config import ConfigError
+from gputui.core.filewrite import WriteFailed
+
+SHORT_FLAGS = {  # flag dest -> config key
+    "devices": "devices.spec", "strategy": "strategy.name", "epochs": "run.epochs",
+    "batch_size": "optim.batch_size", "lr": "optim.lr", "seed": "run.seed",
+    "nnodes": "dist.nnodes", "node_rank": "dist.node_rank", "rdzv_endpoint": "dist.rdzv_endpoint",
+}
+
+
+def add_run_parser(sub) -> None:
+    """Add ``gputui run`` to an argparse subparsers object."""
+    p = sub.add_parser("run", help="train from a preset, headless",
+                       description="Train from a preset without the app: live progress on a "
+                                   "terminal, plain lines otherwise, a record under the runs "
+                                   "folder. Precedence: flags > --set > preset > defaults.")
+    p.add_argument("preset", help="a preset file, or a name from `gputui presets`")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override any preset key, e.g. --set optim.lr=0.2 (repeatable)")
+    p.add_argument("--devices", help="device choice: cpu, cpu*4, 0,2, all, 2, cuda:*")
+    p.add_argument("--strategy", help="single, scratch, ...; see `gputui strategies`")
+    p.add_argument("--epochs", type=int, help="passes over the training set (run.epochs)")
+    p.add_argument("--batch-size", type=int, help="global batch size")
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument("--seed", type=int,
+                   help="seed of the parameter init and batch order (run.seed)")
+    p.add_argument("--nnodes", type=int, help="multi-node ddp/fsdp: number of machines")
+    p.add_argument("--node-rank", type=int, help="multi-node: this machine's rank")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: c10d rendezvous")
+    p.add_argument("--runs-dir", help="where run records go (default ./runs or $GPUTUI_RUNS_DIR)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary (or, with --dry-run, the config) as JSON on stdout")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress output: only the summary line and the record's path")
+    p.add_argument("--exclusive", action="store_true",
+                   help="refuse to start when a chosen GPU is busy with another process")
+    p.set_defaults(func=cmd_run)
+
+
+def resolve_config(args) -> Any:
+    """The preset, --set overrides and short flags, validated (``gputui.runs.prepare.Prepared``:
+    the config and its devices, discovered once); raises ConfigError."""
+    from gputui.core.config import parse_assignment
+    from gputui.core.datafiles import data_problem
+    from gputui.core.presets import resolve_preset
+    from gputui.runs.prepare import load_checked
+
+    path = resolve_preset(args.preset)
+    overrides = []
+    for text in args.sets:
+        key, value = parse_assignment(text)
+        overrides.append((f"--set {text}", key, value))
+    for dest, key in SHORT_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            overrides.append((f"--{dest.replace('_', '-')}", key, value))
+    prepared = load_checked(path, overrides)
+    problem = data_problem(prepared.config)
+    if problem:
+        raise ConfigError(f"{path}: data: {problem}")
+    return prepared
+
+
+def cmd_run(args) -> int:
+    """``gputui run PRESET``: train headless and print progress and a summary."""
+    try:
+        prepared = resolve_config(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    cfg = prepared.config
+    if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
+        from gputui.runs import runlock
+
+        folder = Path(cfg.run.resume_from)
+        active = runlock.holder(folder if folder.is_dir() else folder.parent)
+        if active:
+            return fail(f"run.resume_from: {folder.name} is {active}; stop that run first, "
+                        f"then resume")
+    from gputui.core.usercode import code_line
+
+    code = code_line(cfg)
+    if args.dry_run:  # shows the code a preset names; imports and runs none of it
+        if args.json:
+            print(json.dumps(cfg.to_dict(), indent=2), end="")
+        else:
+            print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
+            print(cfg.to_toml(), end="")
+        return EXIT_OK
+    from gputui.cli.printer import Printer
+    from gputui.core.runstore import read_summary
+    from gputui.hw.discovery import busy_warnings
+    from gputui.runs.launcher import launch
+
+    # discovered once, in resolve_config: the warnings read the GPUs it saw
+    devices, device_note, gpus = prepared.devices, prepared.note, prepared.gpus
+    taken = busy_warnings([d for d in devices if d.kind == "cuda"], gpus) if args.exclusive \
+        else []
+    if taken:  # NVML sees another process on a chosen GPU
+        return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
+                    f"(see `gputui devices`) or drop --exclusive")
+    problem = runs_dir_problem(args.runs_dir)
+    if problem:  # before any training: a record that cannot be written is lost work
+        return fail(problem)
+    printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
+    for warning in ([device_note] if device_note else []) + busy_warnings(devices, gpus):
+        printer.line(f"warning: {warning}")
+    if code:
+        printer.line(code)
+    # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
+    # stop outlasting run.stop_grace_s, kills (see gputui.core.signals)
+    from gputui.core.signals import Supervisor
+
+    sup = Supervisor(cfg.run.stop_grace_s).install()
+    try:
+        handle = launch(cfg, args.runs_dir, devices, device_note)
+    except OSError as exc:  # WriteFailed says which file and why in one line
+        return fail(str(exc) if isinstance(exc, WriteFailed) else
+                    f"cannot create the run folder ({exc})")
+    while not handle.done:
+        for ev in handle.poll(timeout=0.2):
+            _print(printer.handle, ev)
+        sup.check(handle, lambda text: _print(printer.line, text))
+    summary = read_summary(handle.run_dir)
+    summary["run_dir"] = str(handle.run_dir)
+    _print(printer.summary, summary)
+    if args.json:
+        _print(print, json.dumps(summary, indent=2, sort_keys=True))
+    if summary["status"] == "finished":
+        return EXIT_OK
+    if summary["status"] in ("stopped", "killed") and sup.first:
+        return sup.exit_code() or EXIT_INTERRUPTED
+    return EXIT_FAILED
+
+
+def _print(write, item) -> None:
+    """Progress output that cannot end the run: a terminal that hung up (EIO until SIGHUP
+    arrives) or a closed pipe loses the output, never the record."""
+    from gputui.core.signals import detach_output
+
+    try:
+        write(item)
+    except OSError:
+        detach_output()

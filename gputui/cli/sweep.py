@@ -1,0 +1,242 @@
+"""`gputui sweep PRESET --devices 1,2 --strategies single,scratch,ddp [--scale-with-devices]
+[--precisions fp32,bf16] [--compile off,default] [--channels-last off,on]`.
+
+Runs the grid one run after another with live progress, records every run, prints the
+scaling table. An interrupted sweep is resumed with ``--resume SWEEP_ID``, or automatically
+when the same sweep (same preset, overrides, devices, strategies) was left unfinished;
+``--fresh`` starts over instead. Exit: 0 every point finished or skipped, 1 a point failed,
+2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gputui.core.config import ConfigError
+from gputui.core.events import plural
+
+from gputui.cli.common import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail,
+                               load_preset_checked, set_overrides)
+
+
+def register(sub) -> None:
+    """Add the `sweep` subcommand."""
+    p = sub.add_parser("sweep", help="run a preset over devices x strategies, print the "
+                                     "scaling table",
+                       description="Run a preset on every device count x strategy, one run "
+                                   "after another. Points that cannot run here are skipped "
+                                   "with the reason. Interrupted sweeps resume.")
+    p.add_argument("preset", nargs="?", help="a preset file or name (optional with --resume)")
+    p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (of the kind "
+                                                    "--kind says), or cpu,cpu*2")
+    p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="what the counts are: gpu (GPUs), cpu (CPU virtual devices), or auto: "
+                        "GPUs when the preset names GPUs and this machine has some (default)")
+    p.add_argument("--strategies", default="single,scratch",
+                   help="comma list, e.g. single,scratch,dp,ddp,model_parallel")
+    p.add_argument("--scale-with-devices", action="store_true",
+                   help="batch and lr times the device count (256/0.1 on one, 512/0.2 on two)")
+    p.add_argument("--precisions", metavar="LIST", help="also sweep run.precision, e.g. "
+                                                         "fp32,bf16")
+    p.add_argument("--compile", metavar="LIST", help="also sweep run.compile, e.g. off,default")
+    p.add_argument("--channels-last", metavar="LIST", help="also sweep run.channels_last: off,on")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override a preset key for every run (repeatable)")
+    p.add_argument("--epochs", type=int, help="epochs of every run")
+    p.add_argument("--runs-dir", help="where run records go (default ./runs or $GPUTUI_RUNS_DIR)")
+    p.add_argument("--resume", metavar="SWEEP_ID", help="continue this sweep")
+    p.add_argument("--fresh", action="store_true", help="never resume automatically")
+    p.add_argument("--export", metavar="DIR", help="also write scaling.csv/.md/.json (and PNG "
+                                                    "plots when matplotlib is installed) there")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each point N times (passes over the grid, interleaved) and show "
+                        "the median and min-max")
+    p.add_argument("--predict", action="store_true",
+                   help="print the predicted scaling table without training (measures what "
+                        "this machine has not measured yet)")
+    p.add_argument("--json", action="store_true", help="print the final table as JSON")
+    p.set_defaults(func=cmd_sweep)
+
+
+def build(args, runs_dir: Path):
+    """The Sweep to run (new, resumed by id, or resumed automatically) and a note for the user;
+    raises ConfigError or LookupError with a one-line message."""
+    from gputui.core.presets import resolve_preset
+    from gputui.runs.sweep import (Sweep, list_manifests, load_manifest, parse_axis, parse_devices,
+                              resolve_kind)
+
+    if args.resume:
+        m = load_manifest(runs_dir, args.resume)
+        if args.preset and resolve_preset(args.preset).resolve() != Path(m.preset).resolve():
+            raise ConfigError(f"--resume {args.resume}: that sweep ran {m.preset}, not "
+                              f"{args.preset}; drop the preset argument")
+        return Sweep(m, runs_dir, set_overrides(m.sets, None)), (
+            f"resuming sweep {m.sweep_id} over {m.kind_words()}")
+    if not args.preset:
+        raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
+    path = str(resolve_preset(args.preset).resolve())
+    devices = parse_devices(args.devices)
+    axes = {key: parse_axis(option, key, text) for option, key, text in (
+        ("--precisions", "run.precision", args.precisions),
+        ("--compile", "run.compile", args.compile),
+        ("--channels-last", "run.channels_last", args.channels_last)) if text is not None}
+    strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",") if s.strip()))
+    if not strategies:
+        raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
+    from gputui.core import registry
+
+    unknown = [s for s in strategies if registry.get(s) is None]
+    if unknown:  # a typo is bad input; a known strategy that cannot run here is a skipped point
+        raise ConfigError(f"--strategies: unknown strategy {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(registry.names())}")
+    sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
+    overrides = set_overrides(sets, None)
+    base = load_preset_checked(path, overrides)
+    kind, kind_note = resolve_kind(args.kind, base.devices.spec)
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat {args.repeat}: give a number of runs per point, 1 or more")
+    sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,
+                      overrides, kind, axes, repeat=args.repeat)
+    if not args.fresh:
+        for old in list_manifests(runs_dir):
+            if old.state != "finished" and old.params() == sweep.manifest.params():
+                done = sum(p.status == "finished" for p in old.points)
+                return (Sweep(old, runs_dir, overrides),
+                        f"resuming unfinished sweep {old.sweep_id} ({done} of "
+                        f"{plural(len(old.points), 'point')} done; --fresh starts over); "
+                        f"{kind_note}")
+    return sweep, f"sweep {sweep.manifest.sweep_id}; {kind_note}"
+
+
+def cmd_sweep(args) -> int:
+    """``gputui sweep``: run the grid, then print the scaling table."""
+    from gputui.cli.common import runs_dir_problem
+    from gputui.core.filewrite import WriteFailed, folder_problem
+    from gputui.core.runstore import default_runs_dir
+
+    # before anything: records or exports that cannot be written would lose the sweep's work
+    problem = runs_dir_problem(args.runs_dir) or (
+        folder_problem(args.export, "--export") if args.export else None)
+    if problem:
+        return fail(problem)
+    runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
+    if args.predict:
+        return _predict(args)
+    try:
+        sweep, note = build(args, runs_dir)
+    except (ConfigError, LookupError) as exc:
+        return fail(str(exc))
+    try:
+        return _run_sweep(args, sweep, note, runs_dir)
+    except WriteFailed as exc:  # the disk filled up during the sweep: one line, exit 1
+        print(f"gputui: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
+    from gputui.cli.output import emit
+    from gputui.runs.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
+                                compare, table_rows)
+    from gputui.core.signals import Supervisor
+    from gputui.runs.sweep_progress import SweepProgress
+
+    out = sys.stderr if args.json else sys.stdout
+    m = sweep.manifest
+    # SIGINT, SIGTERM and SIGHUP (a closed terminal signals the whole group): the running
+    # point stops gracefully with the signal named in its record, no further point starts,
+    # the manifest says "interrupted"; a second signal kills the point (signals.Supervisor)
+    sup = sweep.supervisor = Supervisor(sweep.base.run.stop_grace_s).install()
+    progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
+    with progress:
+        keys = ", ".join(p.key for p in m.points)
+        progress.line(f"{note}: {plural(len(m.points), 'point')} ({keys}); "
+                      f"manifest {sweep.save()}")
+        state = sweep.run(progress.on_point, progress.on_event)
+    if state == "interrupted":
+        print(f"sweep interrupted; resume with: gputui sweep --resume {m.sweep_id}", file=out)
+    for p in m.points:
+        if p.status == "skipped":
+            print(f"skipped {p.key}: {p.reason}", file=out)
+    from gputui.runs.compare import summary_lines
+    from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS, grouped, session_warnings
+
+    items = compare(sweep.run_dirs(), runs_dir)
+    session_warnings(items, m.points)
+    groups = grouped(items, m.points) if m.repeat > 1 else None
+    if args.export:
+        _export(items, sweep.run_dirs(), Path(args.export), out, groups)
+    columns = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
+    rows = table_rows(items, columns)
+    title = f"sweep {m.sweep_id} over {m.kind_words()}"
+    if groups is not None:
+        rows, columns = groups, REPEAT_COLUMNS
+        title += f", each point {m.repeat} times (median, min–max)"
+    emit(rows, columns, "json" if args.json else "table", None, title,
+         json_data={"sweep": _manifest_dict(m), "runs": as_plain(items),
+                    **({"groups": groups} if groups is not None else {})})
+    if not args.json and any(it.breakdown for it in items):
+        print(BREAKDOWN_LEGEND)
+    for text in summary_lines(items):
+        if "FLAGGED" in text or "short of" in text:
+            print(text, file=out)
+    if state == "interrupted":
+        return sup.exit_code() or EXIT_INTERRUPTED
+    return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
+
+
+def _predict(args) -> int:
+    """``gputui sweep PRESET --predict``: the grid's predicted table, no training."""
+    from gputui.cli.predict import counts_of, parse_strategies, print_prediction
+    from gputui.core.presets import resolve_preset
+    from gputui.runs.sweep import parse_devices, resolve_kind
+
+    if not args.preset:
+        return fail("--predict: give a preset to predict")
+    try:
+        path = str(resolve_preset(args.preset).resolve())
+        counts = counts_of(parse_devices(args.devices))
+        wanted = [s for s in args.strategies.split(",") if s.strip() in
+                  ("ddp", "fsdp", "scratch", "dp")]
+        strategies = parse_strategies(",".join(wanted) or args.strategies)
+        cfg = load_preset_checked(path, set_overrides(args.sets, args.epochs))
+        kind, _ = resolve_kind(args.kind, cfg.devices.spec)
+    except (ConfigError, LookupError) as exc:
+        return fail(str(exc))
+    if args.scale_with_devices:
+        cfg = cfg.replace(optim={"scale_with_devices": True})
+    return print_prediction(cfg, counts, strategies, kind, None, args.json, False,
+                            Path(args.preset).stem)
+
+
+def _manifest_dict(m) -> dict:
+    from dataclasses import asdict
+
+    return asdict(m)
+
+
+def _export(items, dirs, folder: Path, out, groups=None) -> None:
+    from gputui.runs.compare import TABLE_COLUMNS, as_plain, table_rows
+    from gputui.runs.export import ExportError, plot_curves, plot_speedup, render, to_json
+    from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS
+
+    from gputui.core.filewrite import WriteFailed, write_atomic
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(folder, exc) from None
+    rows = table_rows(items)
+    write_atomic(folder / "scaling.csv", render(rows, TABLE_COLUMNS, "csv"))
+    write_atomic(folder / "scaling.md", render(rows, TABLE_COLUMNS, "md"))
+    write_atomic(folder / "scaling.json", to_json(as_plain(items)))
+    if groups is not None:  # --repeat: one row per point, median and min-max
+        write_atomic(folder / "scaling-repeats.csv", render(groups, REPEAT_COLUMNS, "csv"))
+        write_atomic(folder / "scaling-repeats.json", to_json(groups))
+    try:
+        plot_curves(items, folder / "curves.png")
+        plot_speedup(items, folder / "speedup.png")
+    except ExportError as exc:
+        print(f"no plots: {exc}", file=out)
+    print(f"exported to {folder}", file=out)
+

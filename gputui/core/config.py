@@ -1,0 +1,238 @@
+"""RunConfig: load a TOML preset, coerce and check each value, apply overrides, serialise.
+
+Precedence is CLI > preset > defaults. Every problem is raised as :class:`ConfigError` whose
+message is one line naming the source (file or flag), the key and the fix. The rules that
+join several keys, or a key and the devices, are ``gputui.plan``'s: this module asks neither
+the hardware nor the strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this module's API
+    DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
+    SECTIONS, StrategySection, TelemetrySection, effective_batch_size, effective_lr,
+)
+
+
+class ConfigError(ValueError):
+    """A bad preset, override or combination; the message is one line for the user."""
+
+    def __init__(self, message: object = ""):
+        # Messages echo the user's keys and values: escape control characters, so a key holding
+        # a newline still gives one line.
+        super().__init__(str(message).translate(_ESCAPES))
+
+
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in [*range(32), 127]}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole resolved configuration of a run: one attribute per TOML table."""
+
+    run: RunSection = dataclasses.field(default_factory=RunSection)
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    data: DataSection = dataclasses.field(default_factory=DataSection)
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    devices: DevicesSection = dataclasses.field(default_factory=DevicesSection)
+    strategy: StrategySection = dataclasses.field(default_factory=StrategySection)
+    dist: DistSection = dataclasses.field(default_factory=DistSection)
+    telemetry: TelemetrySection = dataclasses.field(default_factory=TelemetrySection)
+    debug: DebugSection = dataclasses.field(default_factory=DebugSection)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict, the shape of the TOML file."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        """The config as a TOML document that ``load_preset`` reads back unchanged."""
+        return tomli_w.dumps(self.to_dict())
+
+    def replace(self, **changes: dict[str, Any]) -> "RunConfig":
+        """A copy with some fields of some tables changed: ``cfg.replace(optim={"lr": 0.2})``."""
+        return from_dict(_merge(self.to_dict(), changes), source="replace")
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for table, values in changes.items():
+        out.setdefault(table, {}).update(values)
+    return out
+
+
+# ---------------------------------------------------------------- field checks
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               list: "a list", dict: "a table (e.g. { width = 64 })"}
+
+
+def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
+    """Check one value against its field's type and rules; return it normalised."""
+    ftype = {"int": int, "float": float, "str": str, "bool": bool, "list": list,
+             "dict": dict}[str(f.type)]
+    ok = isinstance(value, ftype) and not (ftype is int and isinstance(value, bool))
+    if ftype is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(f"{source}: {key} must be {_TYPE_NAMES[ftype]}, got {value!r}; "
+                          f"fix the value (e.g. {key} = {_example(f)})")
+    if ftype is float and value != value:  # NaN passes every min/max comparison
+        raise ConfigError(f"{source}: {key} must be a number, got nan; fix the value "
+                          f"(e.g. {key} = {_example(f)})")
+    meta = f.metadata
+    if "choices" in meta and value not in meta["choices"]:
+        choices = ", ".join(meta["choices"])
+        raise ConfigError(f"{source}: {key} must be one of {choices}; got {value!r}")
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{source}: {key} must be at least {meta['min']}, got {value!r}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{source}: {key} must be at most {meta['max']}, got {value!r}")
+    if "gt" in meta and value <= meta["gt"]:
+        raise ConfigError(f"{source}: {key} must be greater than {meta['gt']}, got {value!r}")
+    if ftype is list:
+        value = list(value)
+    if ftype is dict:
+        value = dict(value)
+    if meta.get("code") and value:
+        from gputui.core.usercode import spec_problem  # torch-free, runs no code
+
+        problem = spec_problem(value)
+        if problem:
+            raise ConfigError(f"{source}: {key} = {value!r}: {problem}")
+    return value
+
+
+def _example(f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return tomli_w.dumps({"x": default}).strip()[4:]
+
+
+def _suggest(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return f"known keys: {', '.join(known)}"
+
+
+def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Build a RunConfig from a TOML-shaped dict, refusing unknown tables and keys and values
+    of the wrong type or out of bounds (each value on its own; see ``gputui.plan``)."""
+    tables: dict[str, Any] = {}
+    for table, values in data.items():
+        if table not in SECTIONS:
+            raise ConfigError(f"{source}: unknown table [{table}]; "
+                              f"{_suggest(table, list(SECTIONS))}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: '{table}' must be a table ([{table}]), got {values!r}")
+        cls = SECTIONS[table]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in values.items():
+            if key not in fields:
+                raise ConfigError(f"{source}: unknown key '{table}.{key}'; "
+                                  f"{_suggest(key, list(fields))}")
+            kwargs[key] = _coerce(source, f"{table}.{key}", value, fields[key])
+        tables[table] = cls(**kwargs)
+    return RunConfig(**tables)
+
+
+def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = ()) -> RunConfig:
+    """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last.
+
+    Each value is checked; the cross-field rules are ``gputui.plan.validate``'s."""
+    from gputui.core import safeio
+
+    path = Path(path)
+    try:  # a regular file within a size bound: a fifo or /dev/zero is refused, never read
+        text = safeio.read_text(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise ConfigError(f"{path}: is a link to {os.readlink(path)}, which does not "
+                              f"exist; fix or remove the link") from None
+        raise ConfigError(f"{path}: no such preset file; give a path or a name from "
+                          f"`gputui presets`") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the preset ({safeio.reason(exc)})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: is not UTF-8 text, so not a TOML preset; give a .toml "
+                          f"file") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
+    cfg = anchor_code_paths(from_dict(data, source=str(path)), path.parent)
+    return apply_overrides(cfg, overrides, preset_source=str(path))
+
+
+def anchor_code_paths(cfg: RunConfig, folder: Path) -> RunConfig:
+    """A preset's relative factory file (or image folder) is found beside the preset: it is
+    made absolute when it exists there, so the run (and its record, and a resume) finds it from
+    any folder. Paths not found there stay relative to the folder gputui runs in."""
+    from gputui.core.usercode import CODE_KEYS, parse
+
+    changes: dict[str, dict[str, str]] = {}
+    for key in CODE_KEYS:
+        table, name = key.split(".")
+        spec = getattr(getattr(cfg, table), name)
+        try:
+            f = parse(spec) if spec else None
+        except ValueError:
+            continue  # the checks say what is wrong with it
+        if f is None or f.kind not in ("file", "imagefolder") or Path(f.target).is_absolute():
+            continue
+        there = folder / Path(f.target).expanduser()
+        if there.exists():
+            tail = f":{f.function}" if f.kind == "file" else ""
+            head = "imagefolder:" if f.kind == "imagefolder" else ""
+            changes.setdefault(table, {})[name] = f"{head}{there.resolve()}{tail}"
+    return cfg.replace(**changes) if changes else cfg
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse ``table.key=value`` (value as TOML, bare words as strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected table.key=value, e.g. --set optim.lr=0.2")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    if key.count(".") != 1:
+        raise ConfigError(f"--set {text}: the key must be table.key, e.g. optim.lr")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as synthetic or cpu*2
+    return key, value
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
+                    preset_source: str = "config") -> RunConfig:
+    """Apply (source, "table.key", value) overrides in order; a bad value is blamed on its
+    source, the rest on ``preset_source``."""
+    data = cfg.to_dict()
+    for source, key, value in overrides:
+        table, _, name = key.partition(".")
+        from_dict({table: {name: value}}, source=source)  # one-line errors
+        data[table][name] = value
+    return from_dict(data, source=preset_source)
+
+
+def override_origins(overrides: list[tuple[str, str, Any]] = ()) -> dict[str, str]:
+    """"table.key" -> the source of the override that set it last ("--devices", "--set
+    optim.lr=0.2"): what ``gputui.plan`` blames a broken rule on."""
+    return {key: source for source, key, _ in overrides}
+
+
+def field_help(table: str, key: str) -> str:
+    """The documentation of one field (for help text and the TUI)."""
+    for f in dataclasses.fields(SECTIONS[table]):
+        if f.name == key:
+            return f.metadata.get("help", "")
+    raise KeyError(f"{table}.{key}")

@@ -1,0 +1,231 @@
+"""The preset schema: one frozen dataclass per TOML table, each field documented.
+
+``help`` in a field's metadata is its documentation (the app's field tooltips and its help
+line show it); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
+:mod:`gputui.core.config` when a preset or an override is loaded. Cross-field rules live in
+``gputui.plan.validate``, in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gputui.core.config import RunConfig
+
+MODELS = ("lenet", "resnet18", "mlp")
+DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+
+
+def default_data_root() -> str:
+    """Where real datasets are looked for: ``$XDG_CACHE_HOME/gputui/data`` (or ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "gputui" / "data")
+
+
+def opt(default: Any, help: str, **checks: Any) -> Any:  # noqa: A002 - mirrors argparse
+    """A documented config field; ``checks`` are choices/min/max/gt rules."""
+    meta = {"help": help, **checks}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """[run]: what the run is called, how long it trains and how it reports."""
+
+    name: str = opt("run", "Short name used in the run id and the run folder.")
+    epochs: int = opt(2, "Number of passes over the training set.", min=1, max=100_000)
+    seed: int = opt(0, "Seed for parameter init and batch order (same seed, same run).", min=0,
+                    max=2**32 - 1)
+    log_every: int = opt(20, "Report step metrics every N optimizer steps (the only sync point).",
+                         min=1)
+    threads: int = opt(0, "torch intra-op threads per training process; 0 = the cores available "
+                          "divided by the number of processes.", min=0, max=1024)
+    precision: str = opt("fp32", "Numeric precision: fp32, bf16 autocast (CPU or CUDA) or fp16 "
+                                 "autocast with a grad scaler (CUDA only).", choices=PRECISIONS)
+    on_divergence: str = opt("stop", "A NaN or infinite loss: 'stop' ends the run as failed "
+                                     "(\"diverged at step N\"); 'continue' warns once and "
+                                     "trains on.", choices=("stop", "continue"))
+    checkpoint: bool = opt(True, "Write checkpoint.pt in the run folder at each epoch end and on "
+                                 "a stop, so `gputui resume` can continue the run.")
+    checkpoint_every: int = opt(0, "Also checkpoint every N optimizer steps (0 = only at epoch "
+                                   "ends and on a stop).", min=0)
+    stop_grace_s: float = opt(30.0, "Seconds a graceful stop (Ctrl-C, SIGTERM, SIGHUP) may take "
+                                    "before gputui kills the run instead.", gt=0.0, max=86_400.0)
+    resume_from: str = opt("", "A run folder (or checkpoint file) to continue from; set by "
+                               "`gputui resume`, empty = start fresh.")
+    compile: str = opt("off", "torch.compile the model a step runs: off, default, "
+                              "reduce-overhead (CUDA graphs) or max-autotune. Compiling happens "
+                              "before the first step and is reported apart (compile_s).",
+                       choices=COMPILE_MODES)
+    compile_fallback: str = opt("eager", "When compiling fails: 'eager' says so in one line "
+                                         "and trains uncompiled; 'fail' stops the run.",
+                                choices=("eager", "fail"))
+    channels_last: bool = opt(False, "Keep conv weights and images in channels_last memory "
+                                     "format (faster convolutions on recent GPUs; no effect on "
+                                     "mlp).")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """[model]: the network and its initialisation."""
+
+    name: str = opt("lenet", "lenet (the material's LeNet variant), resnet18 (its ResNet-18 "
+                             "variant) or mlp (a small multilayer perceptron); model.factory, "
+                             "when set, replaces it.", choices=MODELS)
+    factory: str = opt("", "Your own model (this runs your code): 'package.module:function' or "
+                           "'path/to/file.py:function', called as function(channels, height, "
+                           "width, classes, **model.kwargs) and returning an nn.Module; or "
+                           "'torchvision:NAME' (e.g. torchvision:resnet50), adapted to the "
+                           "data's channels and classes. Empty = model.name.", code=True)
+    kwargs: dict = opt({}, "Keyword arguments passed to model.factory, e.g. "
+                           "{ width = 64, depth = 4 }.")
+    init: str = opt("normal", "Weight init of the built-in models: 'normal' draws weights from "
+                              "N(0, init_std) as the material does; 'default' keeps PyTorch's "
+                              "usual init. A model.factory keeps the init its code does.",
+                    choices=("normal", "default"))
+    init_std: float = opt(0.01, "Standard deviation for init = 'normal'.", gt=0.0, max=10.0)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """[data]: the dataset and how it is fed."""
+
+    name: str = opt("synthetic", "synthetic (generated, embedded), mnist, fashion-mnist or "
+                                 "cifar10 (read from data.root); data.factory, when set, "
+                                 "replaces it.", choices=DATASETS)
+    factory: str = opt("", "Your own data (this runs your code): 'package.module:function' or "
+                           "'path/to/file.py:function', called as function(**data.kwargs) and "
+                           "returning (train, test), each an (images, labels) pair of tensors "
+                           "or a torch Dataset of (image, label); or 'imagefolder:PATH', a "
+                           "folder holding train/ and test/ in torchvision's ImageFolder "
+                           "layout. Channels, size and classes are taken from the data. "
+                           "Empty = data.name.", code=True)
+    kwargs: dict = opt({}, "Keyword arguments passed to data.factory, e.g. { n = 2048 }.")
+    root: str = opt("", "Folder holding real datasets in torchvision's layout; empty = "
+                        "the user cache dir (~/.cache/gputui/data).")
+    download: bool = opt(False, "Download a missing real dataset into data.root (needs internet).")
+    train_size: int = opt(0, "Training examples: for synthetic the number generated (0 = 12000); "
+                             "for real data a cap on the split (0 = all).", min=0)
+    test_size: int = opt(0, "Test examples: for synthetic the number generated (0 = 2000); for "
+                            "real data a cap (0 = all).", min=0)
+    source: str = opt("standard", "'standard' trains on the train split and tests on the test "
+                                  "split; 'test-split' carves both from the test split (for a "
+                                  "folder holding only the t10k files).",
+                      choices=("standard", "test-split"))
+    loader: str = opt("auto", "'tensors' keeps the whole set on the device and indexes it per "
+                              "batch; 'dataloader' uses torch's DataLoader; 'auto' picks tensors "
+                              "below 2 GiB.", choices=("auto", "tensors", "dataloader"))
+    workers: int = opt(0, "DataLoader worker processes (loader = 'dataloader' only).", min=0,
+                       max=64)
+
+
+@dataclass(frozen=True)
+class OptimSection:
+    """[optim]: minibatch SGD, as in the material."""
+
+    batch_size: int = opt(256, "Global batch size: the examples of one optimizer step, over all "
+                               "devices together.", min=1, max=1_000_000)
+    lr: float = opt(0.1, "Learning rate of the SGD update.", gt=0.0, max=100.0)
+    momentum: float = opt(0.0, "SGD momentum (0 = plain SGD, as the material uses).", min=0.0, max=0.999)
+    weight_decay: float = opt(0.0, "L2 weight decay.", min=0.0, max=1.0)
+    micro_batches: int = opt(1, "Split each batch into N micro-batches whose gradients are "
+                                "accumulated before one update (same update, less memory).",
+                             min=1, max=4096)
+    scale_with_devices: bool = opt(False, "Multiply batch_size and lr by the number of devices "
+                                          "(the material: 256/0.1 on one, 512/0.2 on two).")
+
+
+@dataclass(frozen=True)
+class DevicesSection:
+    """[devices]: which devices train."""
+
+    spec: str = opt("cpu", "Devices as users write them: 'cpu', 'cpu*4' (CPU virtual devices), "
+                           "indices '0,2', 'all', a count '2', or 'cuda:*'.")
+    fallback: str = opt("none", "When the GPUs asked for are not there: 'none' refuses to start, "
+                                "'cpu' uses the same number of CPU virtual devices instead.",
+                        choices=("none", "cpu"))
+
+
+@dataclass(frozen=True)
+class StrategySection:
+    """[strategy]: how the work is spread over the devices."""
+
+    name: str = opt("single", "single, scratch (from-scratch allreduce), dp (DataParallel), ddp, "
+                              "model_parallel or fsdp; `gputui strategies` lists them.")
+    check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
+                                      "equals the first (slow; a debugging aid).")
+    split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
+                                  "[0.8, 0.2] for a faster and a slower device; empty = even.")
+    split_points: list = opt([], "model_parallel: indices of the layers where a new stage "
+                                 "starts; empty = balanced by parameter count.")
+    fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
+                              "(e.g. ['Block'] for a model.factory's blocks); empty = every "
+                              "top-level block with parameters.")
+    pipeline_chunks: int = opt(1, "model_parallel: micro-batches that flow through the stages "
+                                  "as a pipeline (1 = no pipelining).", min=1, max=1024)
+    backend: str = opt("auto", "ddp/fsdp process-group backend: auto (nccl on CUDA, gloo on "
+                               "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
+    timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",
+                           gt=0.0, max=86_400.0)
+
+
+@dataclass(frozen=True)
+class DistSection:
+    """[dist]: multi-node ddp/fsdp through a c10d rendezvous (torchrun's engine)."""
+
+    nnodes: int = opt(1, "Number of machines (nodes) in the job.", min=1, max=4096)
+    node_rank: int = opt(0, "This machine's rank among the nodes (0 .. nnodes-1).", min=0)
+    rdzv_endpoint: str = opt("", "HOST:PORT of the c10d rendezvous; empty = a free local port "
+                                 "(single node only).")
+    rdzv_id: str = opt("gputui", "Job id shared by every node of one job.")
+
+
+@dataclass(frozen=True)
+class TelemetrySection:
+    """[telemetry]: live device sampling while the run trains."""
+
+    enabled: bool = opt(True, "Sample utilization, memory, temperature and power while training.")
+    interval_s: float = opt(1.0, "Seconds between samples (at least 0.25).", min=0.25, max=3600.0)
+
+
+@dataclass(frozen=True)
+class DebugSection:
+    """[debug]: knobs that slow a run down on purpose, to see a cost where the step breakdown
+    shows it (the tests use them; a run that sets one says so in its log)."""
+
+    comm_delay_s: float = opt(0.0, "Seconds added to every gradient communication: each DDP "
+                                   "bucket's all-reduce, scratch's allreduce, each "
+                                   "model_parallel transfer (0 = none).", min=0.0, max=60.0)
+    data_delay_s: float = opt(0.0, "Seconds added to the wait for every training batch "
+                                   "(0 = none).", min=0.0, max=60.0)
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "model": ModelSection,
+    "data": DataSection,
+    "optim": OptimSection,
+    "devices": DevicesSection,
+    "strategy": StrategySection,
+    "dist": DistSection,
+    "telemetry": TelemetrySection,
+    "debug": DebugSection,
+}
+
+
+def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
+    """The global batch size after ``optim.scale_with_devices``."""
+    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
+
+
+def effective_lr(cfg: RunConfig, n_devices: int) -> float:
+    """The learning rate after ``optim.scale_with_devices``."""
+    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)

@@ -1,0 +1,230 @@
+"""The event schema shared by the training processes, the run record, the printer and the TUI.
+
+Every event is a small frozen dataclass. On disk each is one JSON line whose ``type`` field
+names the class (``Event.kind``); :func:`event_from_dict` turns a line back into the event.
+This module imports nothing heavy (no torch, no textual), so any process can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def acc_text(acc: float) -> str:
+    """A test accuracy as every screen and table shows it: a percentage, '95.12%' (records,
+    JSON and CSV keep the fraction)."""
+    return f"{acc * 100:.2f}%"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 epoch', '2 epochs', '0 runs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event; ``t`` is the wall-clock time (seconds since the epoch)."""
+
+    kind: ClassVar[str] = "event"
+    t: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the event's ``type`` first."""
+        out: dict[str, Any] = {"type": self.kind}
+        for f in dataclasses.fields(self):
+            out[f.name] = getattr(self, f.name)
+        return out
+
+    def to_json(self) -> str:
+        """One line of JSON (no newline)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    """The run began: its id, resolved config (as a plain dict) and the devices it uses."""
+
+    kind: ClassVar[str] = "run_started"
+    run_id: str
+    config: dict
+    devices: tuple  # tuple of dicts: {"name": "cpu:0", "kind": "cpu", "label": "..."}
+    strategy: str
+    world_size: int = 1
+    notes: tuple = ()  # plain-language remarks, e.g. "DataParallel has no CPU mode"
+
+
+@dataclass(frozen=True)
+class InitDone(Event):
+    """Set-up finished: time spent before the first step, apart from step time."""
+
+    kind: ClassVar[str] = "init_done"
+    seconds: float  # process start (torch import included) to ready to train
+    import_s: float = 0.0
+    data_s: float = 0.0
+    model_s: float = 0.0
+    compile_s: float = 0.0  # torch.compile's warm-up (run.compile), apart from model_s
+    train_samples: int = 0
+    test_samples: int = 0
+    steps_per_epoch: int = 0
+    params: int = 0
+    threads: int = 0  # torch intra-op threads of this process (0: not recorded)
+    cores: int = 0  # cores this process may run on (0: not recorded)
+
+
+@dataclass(frozen=True)
+class StepMetrics(Event):
+    """Training metrics at the log interval (the only place the loop syncs for ``.item()``)."""
+
+    kind: ClassVar[str] = "step"
+    epoch: int  # 1-based
+    step: int  # 1-based within the epoch
+    global_step: int
+    steps_per_epoch: int
+    loss: float  # mean loss over the steps since the previous StepMetrics
+    samples_per_s: float  # over the steps since the previous StepMetrics
+    step_time_s: float  # mean wall time of one step over that window
+    lr: float
+    comm_share: float | None = None  # share of step time spent communicating, when measured
+    per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    flops_per_s: float | None = None  # FlopsInfo.flops_per_step x steps/s over the window
+    mfu: float | None = None  # flops_per_s / FlopsInfo.peak_flops (0..1)
+    # where the metered step's time went, mean over the devices (gputui.core.breakdown: seconds of
+    # compute, exposed and hidden comm, optimizer, data, wait, host; each per_device row holds
+    # its own under "breakdown"); None when the strategy measured none
+    breakdown: dict | None = None
+    # the gradient all-reduce bandwidth the metered step achieved, GB/s (1e9 bytes/s, as
+    # bench-comm's algbw): its bytes over the time a bucket was in flight, mean over the
+    # ranks (each per_device row holds its own comm_bytes, comm_s, comm_gbps); ddp only
+    comm_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class EpochEnd(Event):
+    """An epoch finished: its time, mean train loss and test accuracy."""
+
+    kind: ClassVar[str] = "epoch_end"
+    epoch: int
+    epochs: int
+    seconds: float  # training time of the epoch (evaluation excluded)
+    train_loss: float
+    test_acc: float
+    samples_per_s: float
+    eval_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceSample(Event):
+    """One telemetry reading of one device; None means "not available"."""
+
+    kind: ClassVar[str] = "device_sample"
+    device: str  # "cuda:0" (CUDA numbering of the run) or "cpu:0" (a virtual device)
+    name: str = ""
+    util: float | None = None  # percent
+    mem_used: int | None = None  # bytes
+    mem_total: int | None = None  # bytes
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    pid: int | None = None  # for CPU virtual devices: the rank's process
+    cpu_percent: float | None = None
+    rss: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryReport(Event):
+    """Each device's own training memory, in bytes, after the run's first step and at each
+    epoch's end. ``per_device``: dicts {"device", "params", "grads", "optim", "activations"}
+    (counted from the tensors; a shard counts its own bytes; "activations" is the peak of
+    what autograd saved for backward on the run's first step, None when not measured), plus
+    on CUDA the allocator's "alloc", "peak" (since the epoch began) and "reserved"."""
+
+    kind: ClassVar[str] = "memory"
+    epoch: int
+    per_device: tuple = ()
+
+
+@dataclass(frozen=True)
+class FlopsInfo(Event):
+    """What the run's FLOP/s are measured against, once before the first step:
+    ``flops_per_step`` (one forward and backward of a global batch, torch's flop counter),
+    ``peak_flops`` (dense FLOP/s of all the run's devices together for ``dtype``) and
+    where the peak comes from (``source``: a data sheet, or a measured matmul)."""
+
+    kind: ClassVar[str] = "flops"
+    flops_per_step: int
+    peak_flops: float | None = None
+    dtype: str = "fp32"
+    units: int = 1  # devices (GPUs, or CPU processes) the peak adds up
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class LogLine(Event):
+    """A line of the run's own output: info, warning or error."""
+
+    kind: ClassVar[str] = "log"
+    level: str  # "info" | "warning" | "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    """The run completed every epoch."""
+
+    kind: ClassVar[str] = "run_finished"
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunFailed(Event):
+    """The run ended with an error; ``reason`` is one line, ``detail`` may hold a traceback."""
+
+    kind: ClassVar[str] = "run_failed"
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RunStopped(Event):
+    """The run was stopped on request before it finished."""
+
+    kind: ClassVar[str] = "run_stopped"
+    reason: str = "stopped by user"
+    # True when the processes were killed (no graceful stop, nothing kept after the last
+    # checkpoint): the record's status is then "killed", not "stopped".
+    killed: bool = False
+
+
+TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})
+
+_REGISTRY: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (RunStarted, InitDone, StepMetrics, EpochEnd, DeviceSample, LogLine,
+                RunFinished, RunFailed, RunStopped, MemoryReport, FlopsInfo)
+}
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Rebuild an event from its dict form; unknown fields are ignored (newer writers)."""
+    data = dict(data)
+    cls = _REGISTRY.get(data.pop("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown event type in {data!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
+    return cls(**kwargs)
+
+
+def is_terminal(event: Event) -> bool:
+    """True for the events that end a run (finished, failed, stopped)."""
+    return event.kind in TERMINAL_KINDS

@@ -1,0 +1,91 @@
+"""Where ``model_parallel`` cuts a model into stages: balancing and checking split points.
+
+Torch-free on purpose: the registry (and through it the CLI and the TUI) checks a preset's
+``strategy.split_points`` before any training process starts. A stage is a run of the model's
+top-level blocks (``models.py`` builds every model as an ``nn.Sequential`` of coarse blocks);
+a split point is the index of the block where a new stage starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gputui.core.config import RunConfig
+    from gputui.core.devices import Device
+
+# Top-level blocks of each model in gputui.train.models (a unit test keeps these in step).
+MODEL_LAYERS = {"lenet": 4, "resnet18": 6, "mlp": 3}
+
+
+def balance(counts: list[int], n: int) -> list[int]:
+    """Split points cutting layers with ``counts`` parameters into ``n`` consecutive non-empty
+    stages so that the largest stage holds as few parameters as possible (the linear partition
+    problem, solved exactly by dynamic programming; ties go to the earliest cut)."""
+    layers = len(counts)
+    if not 1 <= n <= layers:
+        raise ValueError(f"cannot cut {layers} layers into {n} non-empty stages")
+    prefix = [0]
+    for c in counts:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[j][i]: the smallest possible largest stage when the first i layers form j stages.
+    best = [[inf] * (layers + 1) for _ in range(n + 1)]
+    cut = [[0] * (layers + 1) for _ in range(n + 1)]
+    best[0][0] = 0
+    for j in range(1, n + 1):
+        for i in range(j, layers + 1):
+            for a in range(j - 1, i):
+                cost = max(best[j - 1][a], prefix[i] - prefix[a])
+                if cost < best[j][i]:
+                    best[j][i], cut[j][i] = cost, a
+    points, i = [], layers
+    for j in range(n, 1, -1):
+        i = cut[j][i]
+        points.append(i)
+    return points[::-1]
+
+
+def check_split_points(points: list, n_layers: int, n_devices: int,
+                       model: str = "the model") -> str | None:
+    """None when ``points`` are valid split points for this many layers and devices, else a
+    one-line reason with the fix. An empty list means 'balance by parameter count'."""
+    if not points:
+        return None
+    if any(isinstance(p, bool) or not isinstance(p, int) for p in points):
+        return f"strategy.split_points must be whole numbers (layer indices), got {points!r}"
+    if len(points) != n_devices - 1:
+        return (f"strategy.split_points has {len(points)} entries for {n_devices} devices; "
+                f"give {n_devices - 1} (devices - 1), or [] to balance by parameter count")
+    if any(b <= a for a, b in zip(points, points[1:])):
+        return f"strategy.split_points must be strictly increasing, got {points!r}"
+    if points[0] < 1 or points[-1] > n_layers - 1:
+        return (f"strategy.split_points must lie between 1 and {n_layers - 1} ({model} has "
+                f"{n_layers} layers), got {points!r}")
+    return None
+
+
+def registry_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
+    """The registry's ``check`` for model_parallel: enough layers, valid split points, no
+    split_weights, and at least one example per pipeline chunk."""
+    from gputui.core.config_schema import effective_batch_size
+
+    n, model = len(devices), cfg.model.factory or cfg.model.name
+    # a model.factory's blocks are known once it is built: the training process checks them
+    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
+    if layers is not None and n > layers:
+        return (f"strategy 'model_parallel' cuts {model} into at most {layers} stages (one per "
+                f"layer), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
+    if cfg.strategy.split_weights:
+        return "strategy.split_weights applies to scratch and ddp, not 'model_parallel'; remove it"
+    # a factory's block count is not known here: only the points' own form is checked
+    reason = check_split_points(list(cfg.strategy.split_points),
+                                layers if layers is not None else 2**62, n, model)
+    if reason:
+        return reason
+    per_micro = effective_batch_size(cfg, n) // cfg.optim.micro_batches
+    chunks = cfg.strategy.pipeline_chunks
+    if chunks > 1 and chunks > per_micro:
+        return (f"strategy.pipeline_chunks ({chunks}) is more than the {per_micro} examples of "
+                f"each micro-batch; lower pipeline_chunks or raise optim.batch_size")
+    return None

@@ -1,0 +1,198 @@
+"""The run record: ``runs/<run-id>/{config.toml, events.jsonl, telemetry.jsonl, summary.json}``.
+
+Names, reading and the summary. Events are appended one JSON line at a time as they happen
+(by the one writer, ``gputui.train.recorder``), so a crash loses at most the step in flight.
+The summary is a pure function of the events (``summarize``), so it can always be rebuilt from
+a record whose writer died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from gputui.core import safeio
+from gputui.core.events import Event, event_from_dict
+from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
+from gputui.core.usercode import data_label, model_label
+
+ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
+RESERVE_NAME = ".space-reserve"
+CHECKPOINT_NAME = "checkpoint.pt"  # the run's one checkpoint (written by train/checkpoint.py)
+RESERVE_BYTES = 32 * 1024  # room for the terminal event and summary.json on a full disk
+
+
+def default_runs_dir() -> Path:
+    """``$GPUTUI_RUNS_DIR`` or ``./runs``."""
+    return Path(os.environ.get(ENV_RUNS_DIR) or "runs")
+
+
+def new_run_dir(runs_dir: str | Path | None, name: str) -> tuple[str, Path]:
+    """Create a fresh run folder; the id sorts by start time and names the run."""
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+    path = base / run_id
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+    return run_id, path
+
+
+def reserve_space(run_dir: str | Path) -> None:
+    """Set aside a little disk space in the run folder (a hidden file of zeros), freed by
+    :func:`release_space` just before the record's last writes: on a disk that fills up during
+    the run, the terminal event and summary.json still fit. WriteFailed when it cannot."""
+    write_atomic(Path(run_dir) / RESERVE_NAME, bytes(RESERVE_BYTES))
+
+
+def release_space(run_dir: str | Path) -> None:
+    """Free the space :func:`reserve_space` set aside (nothing when it is gone already)."""
+    try:
+        (Path(run_dir) / RESERVE_NAME).unlink()
+    except OSError:
+        pass
+
+
+class EventLog:
+    """Append-only JSON-lines writer; each event is one whole line on disk or none (a failed
+    append is cut back and raises WriteFailed, see ``filewrite.AppendLog``)."""
+
+    def __init__(self, path: str | Path, hint: str = ""):
+        self.path = Path(path)
+        self._log = AppendLog(self.path, hint)
+
+    def write(self, event: Event) -> None:
+        self._log.append(event.to_json() + "\n")
+
+    def close(self) -> None:
+        self._log.close()
+
+
+def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
+    """Every readable event of a record; a torn last line (a crash mid-write) is skipped, and
+    so is a line too long to be an event. A missing file gives no events; a file that cannot
+    be read (a folder, a fifo, no permission) raises OSError (``safeio.Unreadable`` for the
+    wrong kind of file). Never blocks: only a regular file is read, as a stream."""
+    out: list[Event] = []
+    try:
+        lines = safeio.iter_lines(Path(run_dir) / name)
+        for line in lines:
+            try:
+                out.append(event_from_dict(json.loads(line)))
+            except (ValueError, TypeError):
+                continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def summarize(events: Iterable[Event]) -> dict[str, Any]:
+    """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
+    from gputui.core.steady import steady_figures
+
+    events = list(events)
+    s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
+                         "per_epoch": []}
+    first_t = last_t = None
+    for ev in events:
+        first_t = ev.t if first_t is None else first_t
+        last_t = ev.t
+        kind = ev.kind
+        if kind == "run_started":
+            s.update(run_id=ev.run_id, strategy=ev.strategy, world_size=ev.world_size,
+                     devices=[d["name"] for d in ev.devices], notes=list(ev.notes),
+                     epochs=ev.config.get("run", {}).get("epochs"),
+                     model=model_label(ev.config), dataset=data_label(ev.config))
+        elif kind == "init_done":
+            s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
+                     steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
+                     cores=getattr(ev, "cores", 0))
+        elif kind == "epoch_end":
+            s["per_epoch"].append({"epoch": ev.epoch, "seconds": ev.seconds,
+                                   "train_loss": ev.train_loss, "test_acc": ev.test_acc,
+                                   "samples_per_s": ev.samples_per_s})
+            s["epochs_done"] = ev.epoch
+        elif kind == "step":
+            s["last_loss"] = ev.loss
+        elif kind == "log" and ev.level in ("info", "warning"):
+            s.setdefault("notes", []).append(ev.message)
+        elif kind == "run_finished":
+            s["status"] = "finished"
+        elif kind == "run_failed":
+            s.update(status="failed", reason=ev.reason)
+        elif kind == "run_stopped":
+            s.update(status="killed" if getattr(ev, "killed", False) else "stopped",
+                     reason=ev.reason)
+    epochs = s["per_epoch"]
+    if epochs:
+        s["time_per_epoch_s"] = sum(e["seconds"] for e in epochs) / len(epochs)
+        s["samples_per_s"] = sum(e["samples_per_s"] for e in epochs) / len(epochs)
+        s["test_acc"] = epochs[-1]["test_acc"]
+        s["best_test_acc"] = max(e["test_acc"] for e in epochs)
+        s["train_loss"] = epochs[-1]["train_loss"]
+    # the steady state (warm-up excluded, gputui.core.steady): what tables and summaries print
+    s["steady"] = steady_figures(events)
+    if first_t is not None:
+        s["total_s"] = last_t - first_t
+    return s
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """summary.json, or a summary rebuilt from the events when it is missing or unreadable;
+    status "unreadable" (with the reason) when neither can be read."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        data = json.loads(safeio.read_text(path))
+        if isinstance(data, dict):
+            return data
+    except (OSError, ValueError):
+        pass
+    try:
+        return summarize(read_events(run_dir))
+    except OSError as exc:
+        return {"status": "unreadable", "epochs_done": 0, "epochs": None, "per_epoch": [],
+                "reason": f"events.jsonl cannot be read ({safeio.reason(exc)})"}
+    except Exception as exc:  # noqa: BLE001 - events of the right type but the wrong shapes
+        return {"status": "unreadable", "epochs_done": 0, "epochs": None, "per_epoch": [],
+                "reason": f"the record cannot be summarised ({type(exc).__name__}: {exc})"}
+
+
+RECORD_FILES = ("events.jsonl", "summary.json", "config.toml", CHECKPOINT_NAME,
+                "telemetry.jsonl")
+NOT_RUNS = ("sweeps",)  # folders of the runs folder that hold no run (sweep manifests)
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """A folder holding any file of a record, or one that cannot be looked into (it is listed,
+    as unreadable, rather than hidden). Looks at names only: nothing is opened."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return False
+        names = os.listdir(path)
+    except OSError:
+        return True
+    return any(n in names for n in RECORD_FILES)
+
+
+def run_folders(runs_dir: str | Path | None = None) -> list[Path]:
+    """Every run folder under ``runs_dir`` (see :func:`is_run_folder`), newest first; [] when
+    the folder does not exist; OSError when it cannot be listed."""
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
+    try:
+        entries = sorted(os.listdir(base), reverse=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [base / name for name in entries
+            if not name.startswith(".") and name not in NOT_RUNS and is_run_folder(base / name)]
+
+
+def list_runs(runs_dir: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every run folder under ``runs_dir`` with its summary, newest first."""
+    return [(p, read_summary(p)) for p in run_folders(runs_dir)]

@@ -1,0 +1,53 @@
+"""The all-reduce bandwidth peak `gputui bench-comm` measured on this machine, kept beside the
+prediction's figures (``predict_measure.Cache``), so that a run's achieved all-reduce
+bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
+
+Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
+the peak is the highest torch.distributed figure over the sizes bench-comm measured for that
+device kind, device count and backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def key(kind: str, n: int, backend: str) -> str:
+    return f"bench-comm|{kind}|n{n}|{backend}"
+
+
+def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
+    """Keep the torch rows' peak of a bench-comm result (``comm_bench.run_bench``) when it
+    beats the one kept; returns what is kept for that key (None: nothing measured)."""
+    rows = [r for r in result.get("torch") or () if r.get("algbw_gbps")]
+    if not rows or "error" in result:
+        return None
+    from gputui.runs.predict_measure import Cache
+
+    cache = cache or Cache()
+    best = max(rows, key=lambda r: r["algbw_gbps"])
+    k = key(kind, int(result["n"]), str(result.get("backend", "")))
+    old = cache.get(k)
+    if old and old.get("algbw_gbps", 0) >= best["algbw_gbps"]:
+        return old
+    cache.put(k, {"algbw_gbps": best["algbw_gbps"], "busbw_gbps": best["busbw_gbps"],
+                  "size": best["size"], "devices": result.get("devices", [])})
+    return cache.get(k)
+
+
+def peak(kind: str, n: int, backend: str, cache=None) -> float | None:
+    """The kept peak algbw in GB/s for ``n`` devices of ``kind`` over ``backend``, or None."""
+    from gputui.runs.predict_measure import Cache
+
+    hit = (cache or Cache()).get(key(kind, n, backend))
+    return float(hit["algbw_gbps"]) if hit and hit.get("algbw_gbps") else None
+
+
+def text(gbps: float | None, peak_gbps: float | None) -> str:
+    """'allreduce 0.42 GB/s, 35% of bench-comm's 1.20' (or without the peak, or 'n/a')."""
+    if gbps is None:
+        return "allreduce n/a"
+    out = f"allreduce {gbps:.2f} GB/s"
+    if peak_gbps:
+        out += f", {100 * gbps / peak_gbps:.0f}% of bench-comm's {peak_gbps:.2f}"
+    return out

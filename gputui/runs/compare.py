@@ -1,0 +1,380 @@
+"""Comparison of recorded runs: speed, speedup, scaling efficiency, communication, accuracy.
+
+Speedup is measured against the *matching one-device run*: a finished run on one device with
+the same model, dataset, training-set size and precision, and
+
+1. preferably the same batch per device (the material's weak scaling: 256 on one device
+   against 512 on two, with ``--scale-with-devices``), else
+2. the same global batch (strong scaling: 256 on one device against 256 split over two).
+
+Among several matches: an eager run (no run.compile, no channels_last, so a compiled run's
+speedup includes what compiling bought), then a run among the compared ones (e.g. the same sweep) first, then a
+``single`` run over other one-device strategies, then the newest. Speedup is samples/s over
+the baseline's samples/s (an epoch is the same data for both, so it is also the ratio of
+epoch times); scaling efficiency is speedup / devices. Every speed figure is the steady
+state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an impossible
+speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes from this
+machine's kept measurements (``gputui.runs.predict``). Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputui.core import breakdown
+from gputui.core import runstore
+from gputui.core.devices import human_bytes
+from gputui.core.events import acc_text
+from gputui.core.steady import RULE
+from gputui.runs.history import RunRow, load_rows, row_for
+
+TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
+                 "speedup", "predicted_speedup", "efficiency", "comm_share",
+                 *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc", "status",
+                 "baseline", "check")
+# a sweep's table also names each run's fast path (precision, compile, channels_last)
+SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
+
+
+@dataclass
+class CompareRow:
+    """One run in a comparison: its row, the derived figures and its curves."""
+
+    row: RunRow
+    speedup: float | None = None
+    efficiency: float | None = None
+    comm_share: float | None = None  # mean StepMetrics.comm_share (None: not measured)
+    # where a step's time went: the mean breakdown of the run's metered steps (the first,
+    # warm-up, left out when there are more), over its devices (None: not measured)
+    breakdown: dict | None = None
+    baseline: str = ""  # id of the matching one-device run
+    baseline_kind: str = ""  # "same batch per device" | "same global batch"
+    mfu: float | None = None  # mean StepMetrics.mfu (achieved FLOP/s over the devices' peak)
+    flops_per_s: float | None = None  # mean StepMetrics.flops_per_s
+    # the gradient all-reduce bandwidth achieved (mean StepMetrics.comm_gbps, GB/s; the first
+    # metered step, warm-up, left out when there are more), and bench-comm's kept peak
+    comm_gbps: float | None = None
+    comm_peak_gbps: float | None = None
+    train_mem: int | None = None  # the largest device's params+grads+optim+activations, bytes
+    memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
+    loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
+    acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
+    flags: list = field(default_factory=list)  # why the speedup is not a result (gputui.core.trust)
+    warnings: list = field(default_factory=list)  # e.g. well short of its prediction
+    refused: list = field(default_factory=list)  # baselines refused, with why
+    predicted_speedup: float | None = None  # from this machine's kept measurements
+    predicted_reason: str = ""  # why there is no prediction
+
+    def flat(self) -> dict[str, Any]:
+        """Row and figures as one flat JSON-ready dict (curves left out)."""
+        out = self.row.to_dict()
+        out.update(speedup=self.speedup, efficiency=self.efficiency, comm_share=self.comm_share,
+                   baseline=self.baseline, baseline_kind=self.baseline_kind,
+                   predicted_speedup=self.predicted_speedup, flags=list(self.flags),
+                   warnings=list(self.warnings), refused=list(self.refused),
+                   check=check_text(self), mfu=self.mfu, flops_per_s=self.flops_per_s,
+                   train_mem=self.train_mem, comm_gbps=self.comm_gbps,
+                   comm_peak_gbps=self.comm_peak_gbps)
+        out.update(breakdown.shares(self.breakdown))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, curves included (the JSON export)."""
+        return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
+                    acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown,
+                    memory=[dict(r) for r in self.memory])
+
+
+def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
+    """(loss curve, accuracy curve, mean comm share) from a record's readable events."""
+    loss, acc, shares, _ = read_record(run_dir)
+    return loss, acc, shares
+
+
+def readable_events(run_dir: str | Path) -> list:
+    """The record's events, or none when they cannot be read (the row says why: RunRow.problem)."""
+    try:
+        return runstore.read_events(run_dir)
+    except OSError:
+        return []
+
+
+def read_record(run_dir: str | Path, events: list | None = None
+                ) -> tuple[list, list, float | None, dict | None]:
+    """(loss curve, accuracy curve, mean comm share, mean step breakdown) from a record's
+    readable events; the breakdown leaves the first metered step (warm-up) out when there
+    are others."""
+    loss, acc, shares, parts = [], [], [], []
+    events = readable_events(run_dir) if events is None else events
+    for ev in events:
+        if ev.kind == "step":
+            loss.append((ev.epoch - 1 + ev.step / max(ev.steps_per_epoch, 1), ev.loss))
+            if ev.comm_share is not None:
+                shares.append(ev.comm_share)
+            if ev.breakdown:
+                parts.append(ev.breakdown)
+        elif ev.kind == "epoch_end":
+            acc.append((ev.epoch, ev.test_acc))
+    share = sum(shares) / len(shares) if shares else None
+    return loss, acc, share, breakdown.mean(parts[1:] if len(parts) > 1 else parts)
+
+
+def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str, Any]:
+    """{"mfu", "flops_per_s", "comm_gbps", "train_mem", "memory"} from a record's readable
+    events: the means over its log windows (comm_gbps: its metered steps but the first, when
+    there are more), and its last MemoryReport (None / [] where not recorded)."""
+    mfus, rates, memory, gbps = [], [], [], []
+    events = readable_events(run_dir) if events is None else events
+    for ev in events:
+        if ev.kind == "step":
+            if getattr(ev, "mfu", None) is not None:
+                mfus.append(ev.mfu)
+            if getattr(ev, "flops_per_s", None) is not None:
+                rates.append(ev.flops_per_s)
+            if getattr(ev, "comm_gbps", None) is not None:
+                gbps.append(ev.comm_gbps)
+        elif ev.kind == "memory":
+            memory = [dict(r) for r in ev.per_device]
+    totals = [sum(r.get(k) or 0 for k in ("params", "grads", "optim", "activations"))
+              for r in memory]
+    return {"mfu": sum(mfus) / len(mfus) if mfus else None,
+            "flops_per_s": sum(rates) / len(rates) if rates else None,
+            "comm_gbps": breakdown.mean_of([{"g": g} for g in gbps[1:] or gbps], "g"),
+            "train_mem": max(totals) if totals else None, "memory": memory}
+
+
+def match_key(row: RunRow) -> tuple:
+    """What must be equal for two runs to be compared for speed."""
+    return (row.model, row.dataset, row.train_size, row.precision)
+
+
+def check_text(item: "CompareRow") -> str:
+    """The table's check cell: FLAGGED, below prediction, or empty."""
+    if item.flags:
+        return "FLAGGED"
+    if item.warnings:
+        return "below prediction"
+    return ""
+
+
+def find_baseline(row: RunRow, candidates: list[RunRow],
+                  compared: set[str] = frozenset(),
+                  refused: list | None = None) -> tuple[RunRow | None, str]:
+    """The matching one-device run of ``row`` (see the module docstring) and the match kind;
+    candidates not measured the way ``row`` was are refused (``gputui.core.trust``), and why is
+    appended to ``refused``."""
+    from gputui.core.trust import refuse_baseline
+
+    if not row.devices or not row.batch:
+        return None, ""
+    per_device = row.batch / row.devices
+    ranked = []
+    for c in candidates:
+        if (c.devices != 1 or c.status != "finished" or not c.samples_per_s
+                or match_key(c) != match_key(row)):
+            continue
+        why = refuse_baseline(row, c) if c.batch in (row.batch, per_device) else None
+        if why:
+            if refused is not None:
+                refused.append(why)
+            continue
+        if c.batch == per_device:
+            kind = 0
+        elif c.batch == row.batch:
+            kind = 1
+        else:
+            continue
+        plain = c.fast in ("", c.precision)  # eager, default memory format: preferred
+        ranked.append(((kind, not c.steady, not plain, c.id not in compared,
+                        c.strategy != "single",
+                        -_id_order(c)), c, kind))
+    if not ranked:
+        return None, ""
+    _, best, kind = min(ranked, key=lambda t: t[0])
+    return best, ("same batch per device", "same global batch")[kind]
+
+
+def _id_order(row: RunRow) -> float:
+    digits = "".join(ch for ch in row.id[:15] if ch.isdigit())
+    return float(digits or 0)
+
+
+def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
+    """Compare these runs; baselines are looked for among them and every run under runs_dir."""
+    rows = [row_for(p) for p in run_dirs]
+    compared = {r.id for r in rows}
+    try:
+        others = [r for r in load_rows(runs_dir) if r.id not in compared]
+    except OSError:  # a runs folder that cannot be listed holds no baseline we can use
+        others = []
+    pool = rows + others
+    out = []
+    from gputui.core.trust import flags
+
+    for row in rows:
+        events = readable_events(row.run_dir)  # read once, for the curves and the figures
+        loss, acc, share, parts = read_record(row.run_dir, events)
+        item = CompareRow(row=row, comm_share=share, breakdown=parts, loss_curve=loss,
+                          acc_curve=acc, **read_hw_figures(row.run_dir, events))
+        if item.comm_gbps is not None:
+            item.comm_peak_gbps = kept_comm_peak(row)
+        base, kind = find_baseline(row, pool, compared, item.refused)
+        if base is not None and row.samples_per_s:
+            item.speedup = row.samples_per_s / base.samples_per_s
+            item.efficiency = item.speedup / row.devices
+            item.baseline, item.baseline_kind = base.id, kind
+            item.flags = flags(row, base, item.speedup)
+            add_prediction(item, base)
+        out.append(item)
+    return out
+
+
+def kept_comm_peak(row: RunRow) -> float | None:
+    """bench-comm's kept peak for the run's device kind and count over the backend "auto"
+    picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
+    from gputui.core.trust import on_cpu
+    from gputui.runs.comm_peak import peak
+
+    cpu = on_cpu(row)
+    try:
+        return peak("cpu" if cpu else "cuda", row.devices, "gloo" if cpu else "nccl")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def add_prediction(item: CompareRow, base: RunRow) -> None:
+    """The predicted speedup of ``item`` from this machine's kept measurements (never
+    measures), and a warning when the measured one falls well short of it."""
+    from gputui.core.trust import noise_of
+    from gputui.runs.predict import STRATEGIES, SHORT_MARGIN, short_of
+
+    row = item.row
+    if row.strategy not in STRATEGIES or not row.devices or row.devices < 2:
+        return
+    try:
+        item.predicted_speedup, item.predicted_reason = predicted_speedup(row)
+    except Exception as exc:  # noqa: BLE001 - a prediction never breaks a comparison
+        item.predicted_reason = f"{type(exc).__name__}: {exc}"
+    if short_of(item.speedup, item.predicted_speedup, noise_of(row, base)):
+        item.warnings.append(
+            f"speedup {item.speedup:.2f}x is well short of its prediction "
+            f"{item.predicted_speedup:.2f}x (more than {SHORT_MARGIN:.0%} plus the noise "
+            f"below): a straggler, the data path or contention the model does not see")
+
+
+def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
+    """(predicted speedup, why none) for a recorded run, from kept measurements only."""
+    from gputui.core.config import from_dict
+    from gputui.core.trust import on_cpu
+    from gputui.runs.history import read_config
+    from gputui.runs.predict import predict
+    from gputui.runs.predict_measure import Measurer
+
+    cfg = from_dict(read_config(Path(row.run_dir)), source="record")
+    kind = "cpu" if on_cpu(row) else "gpu"
+    m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)
+    p = predict(row.strategy, m.inputs(row.devices, [row.strategy]))
+    if p.speedup is None:
+        return None, (p.reason or "no prediction") + (
+            "; `gputui predict PRESET` measures it on this machine")
+    return p.speedup, ""
+
+
+def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str, Any]]:
+    """The comparison as plain dicts with the table's columns, in order; a flagged speedup
+    and efficiency read "flagged" (the reasons are in ``summary_lines`` and the JSON)."""
+    out = []
+    for item in items:
+        flat = item.flat()
+        if item.flags:
+            flat.update(speedup="flagged", efficiency="flagged")
+        out.append({k: flat[k] for k in columns})
+    return out
+
+
+def fmt(key: str, value: Any) -> str:
+    """A cell as text for terminal and Markdown tables."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, str) and key in ("speedup", "efficiency"):
+        return value
+    if key in ("comm_share", "efficiency", "mfu"):
+        return f"{value:.1%}"
+    if key == "train_mem":
+        return human_bytes(value)
+    if key in breakdown.SHARE_COLUMNS:
+        return f"{value:.0%}"
+    if key == "speedup":
+        return f"{value:.2f}x"
+    if key in ("time_per_epoch_s", "init_s"):
+        return f"{value:.2f} s"
+    if key == "samples_per_s":
+        return f"{value:,.0f}"
+    if key == "step_ms":
+        return f"{value:.2f}"
+    if key == "mem_per_device":
+        return f"{value / 2**20:,.1f} MiB"
+    if key == "predicted_speedup":
+        return f"{value:.2f}x"
+    if key == "comm_gbps":
+        return f"{value:.2f} GB/s"
+    if key == "test_acc":
+        return acc_text(value)
+    if key == "lr":
+        return f"{value:g}"
+    return str(value)
+
+
+BREAKDOWN_LEGEND = ("step breakdown, as shares of a metered step (mean over its devices and "
+                    "steps): compute forward+backward, exposed communication the step waits "
+                    "for, hidden communication overlapped with compute (inside compute), "
+                    "optim the update, data waiting for the batch, host the rest (with the wait "
+                    "of devices one process drives in turn)")
+
+
+def summary_lines(items: list[CompareRow]) -> list[str]:
+    """Plain sentences under the table: what each baseline was, and what is missing."""
+    lines = [BREAKDOWN_LEGEND] if any(it.breakdown for it in items) else []
+    for it in items:
+        r = it.row
+        if r.problem:
+            lines.append(f"{r.id}: {r.problem}")
+        for why in it.flags:
+            lines.append(f"{r.id}: FLAGGED, speedup {it.speedup:.2f}x / efficiency "
+                         f"{it.efficiency:.0%} is not a result: {why}")
+        for why in it.warnings:
+            lines.append(f"{r.id}: {why}")
+        if it.comm_gbps is not None:
+            from gputui.runs.comm_peak import text
+
+            lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} (its gradient "
+                         f"all-reduce, mean of the metered steps)"
+                         + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
+                            "these devices: `gputui bench-comm` measures one"))
+        if it.baseline:
+            lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
+                         f"steady-state steps ({RULE})")
+        elif r.status != "finished" or not r.samples_per_s:
+            lines.append(f"{r.id}: no speed figures ({r.status}"
+                         f"{': ' + r.reason if r.reason else ''})")
+        else:
+            refused = f"; refused: {'; '.join(it.refused)}" if it.refused else ""
+            lines.append(f"{r.id}: no matching finished one-device run measured the same way, "
+                         f"so no speedup (run the same preset with {one_device_flags(r)})"
+                         f"{refused}")
+    return lines
+
+
+def one_device_flags(row: RunRow) -> str:
+    """The flags that give ``row``'s one-device baseline on the kind of device it ran on
+    (``--devices 1`` is refused where there is no GPU)."""
+    on_cpu = all(name.startswith("cpu") for name in row.device_names)
+    return f"--devices {'cpu' if on_cpu else '1'} --strategy single"
+
+
+def as_plain(items: list[CompareRow]) -> list[dict[str, Any]]:
+    """Every figure of every compared run, curves included."""
+    return [it.to_dict() for it in items]
+

@@ -1,0 +1,195 @@
+"""Exports for a report: tables as CSV, Markdown or JSON; PNG plots; TensorBoard scalars.
+
+Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbers (so they
+parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
+(the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
+own writer. Each missing extra raises :class:`ExportError` with one line saying what to
+install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless TensorBoard export asks for torch's writer.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from gputui.core.filewrite import WriteFailed, write_with
+from gputui.runs.compare import CompareRow, fmt
+
+FORMATS = ("table", "csv", "md", "json")
+
+
+def install_hint(extra: str) -> str:
+    """How to install one of gputui's extras, installed or from a clone (as the README says)."""
+    return (f"pip install 'gputui[{extra}]' (in a clone: .venv/bin/pip install -e "
+            f"'.[{extra}]')")
+
+
+class ExportError(RuntimeError):
+    """An export that cannot be made here; the message is one line with the fix."""
+
+
+def to_csv(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
+    """CSV text with a header line; None becomes an empty cell, lists are joined with ' '."""
+    columns = list(columns)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv_cell(row.get(k)) for k in columns})
+    return buf.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return value
+
+
+def to_markdown(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
+    """A GitHub-flavoured Markdown table (numbers right-aligned, cells formatted)."""
+    columns = list(columns)
+    numeric = {c for c in columns if any(isinstance(r.get(c), (int, float)) for r in rows)}
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join("---:" if c in numeric else "---" for c in columns) + "|"]
+    for row in rows:
+        cells = [fmt(c, row.get(c)).replace("|", "\\|") for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(data: Any) -> str:
+    """Indented JSON, keys sorted (stable for diffs)."""
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def render(rows: list[dict[str, Any]], columns: Iterable[str], form: str) -> str:
+    """One of the file formats: csv, md or json."""
+    if form == "csv":
+        return to_csv(rows, columns)
+    if form == "md":
+        return to_markdown(rows, columns)
+    if form == "json":
+        return to_json(rows)
+    raise ValueError(f"unknown format {form!r}; use one of csv, md, json")
+
+
+# ------------------------------------------------------------------ plots
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ExportError(f"PNG plots need matplotlib: {install_hint('plots')}") from None
+    matplotlib.use("Agg")  # files only: never open a window or need a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(item: CompareRow) -> str:
+    r = item.row
+    return f"{r.strategy} x{r.devices or '?'} ({r.id[-4:]})"
+
+
+def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
+    """Training loss (left) and test accuracy (right) of every run, overlaid, as a PNG."""
+    plt = _pyplot()
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for it in items:
+        if it.loss_curve:
+            ax_loss.plot(*zip(*it.loss_curve), label=_label(it))
+        if it.acc_curve:
+            ax_acc.plot(*zip(*it.acc_curve), marker="o", label=_label(it))
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    ax_acc.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    return _save(fig, plt, path)
+
+
+def plot_speedup(items: list[CompareRow], path: str | Path) -> Path:
+    """Speedup against the device count, one line per strategy, with the ideal line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    by_strategy: dict[str, list[tuple[int, float]]] = {}
+    for it in items:
+        if it.speedup is not None and it.row.devices:
+            by_strategy.setdefault(it.row.strategy, []).append((it.row.devices, it.speedup))
+    top = max([n for pts in by_strategy.values() for n, _ in pts] or [1])
+    ax.plot([1, top], [1, top], linestyle="--", color="grey", label="ideal")
+    for name, pts in sorted(by_strategy.items()):
+        pts.sort()
+        ax.plot([n for n, _ in pts], [s for _, s in pts], marker="o", label=name)
+    ax.set_xticks(sorted({1, top} | {n for pts in by_strategy.values() for n, _ in pts}))
+    ax.set(xlabel="devices", ylabel="speedup (samples/s vs one device)",
+           title="speedup against devices")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path: str | Path) -> Path:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        # atomic: a full disk leaves the previous plot and no temporary file (WriteFailed)
+        return write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+    except WriteFailed:
+        raise
+    except OSError as exc:
+        raise WriteFailed(path.parent, exc) from None
+    finally:
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------ TensorBoard
+def _summary_writer():
+    try:
+        from tensorboardX import SummaryWriter  # no torch needed
+        return SummaryWriter
+    except ImportError:
+        pass
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+        return SummaryWriter
+    except ImportError:
+        raise ExportError(f"TensorBoard export needs tensorboardX: "
+                          f"{install_hint('tensorboard')}") from None
+
+
+def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]:
+    """Each run's scalars (loss per step; accuracy, epoch time, samples/s per epoch) under
+    ``logdir/<run id>``; returns the folders written."""
+    from gputui.core import runstore
+
+    writer_cls = _summary_writer()
+    out = []
+    for run_dir in map(Path, run_dirs):
+        try:
+            events = runstore.read_events(run_dir)
+        except OSError:  # an unreadable record has nothing to plot (compare's table says why)
+            continue
+        target = Path(logdir) / run_dir.name
+        writer = writer_cls(log_dir=str(target))
+        try:
+            for ev in events:
+                if ev.kind == "step":
+                    writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
+                    writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,
+                                      walltime=ev.t)
+                elif ev.kind == "epoch_end":
+                    for tag, value in (("test/accuracy", ev.test_acc),
+                                       ("epoch/seconds", ev.seconds),
+                                       ("epoch/samples_per_s", ev.samples_per_s)):
+                        writer.add_scalar(tag, value, ev.epoch, walltime=ev.t)
+        finally:
+            writer.close()
+        out.append(target)
+    return out

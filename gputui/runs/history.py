@@ -1,0 +1,228 @@
+"""Run history: one row per recorded run, built from the run records, with filters.
+
+Every row comes from ``runs/<id>/summary.json`` (rebuilt from events.jsonl when it is missing
+or unreadable) and ``config.toml`` (or the config inside the RunStarted event). A record that
+cannot be read at all still gets a row, with status "unreadable" and the reason, so one
+damaged folder never hides the others. Torch-free: the CLI and the TUI import this.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gputui.core import runstore, safeio
+
+# A record without a terminal event whose files have not changed for this long is not
+# running any more: its writer died with its parent (e.g. a machine reset).
+STALE_S = 120.0
+
+COLUMNS = ("id", "name", "strategy", "devices", "batch", "lr", "time_per_epoch_s",
+           "samples_per_s", "test_acc", "status", "date")
+
+
+@dataclass
+class RunRow:
+    """What the run table shows about one run (plain values, JSON-ready)."""
+
+    id: str
+    name: str = ""
+    strategy: str = ""
+    devices: int | None = None  # number of devices (processes x devices for multi-node)
+    device_names: list = field(default_factory=list)
+    batch: int | None = None  # global batch after scale_with_devices
+    lr: float | None = None  # learning rate after scale_with_devices
+    time_per_epoch_s: float | None = None
+    samples_per_s: float | None = None
+    test_acc: float | None = None
+    status: str = "unknown"
+    date: str = ""
+    epochs_done: int = 0
+    epochs: int | None = None
+    init_s: float | None = None
+    model: str = ""
+    dataset: str = ""
+    train_size: int | None = None
+    precision: str = ""
+    fast: str = ""  # the fast path it ran: precision, then compile mode and channels_last if set
+    reason: str = ""
+    problem: str = ""  # what in the record cannot be read ("" when all of it reads)
+    run_dir: str = ""
+    steady: bool = False  # speed figures from steady-state steps (gputui.core.steady); else whole epochs
+    noise: float | None = None  # relative 95 % half-width of the steady samples/s
+    step_time_s: float | None = None  # steady mean step time
+    resumed: bool = False  # run.resume_from was set: a continuation, not a whole run
+    threads: int = 0  # intra-op threads per process (0: not recorded)
+    cores: int = 0  # cores the run's processes could use (0: not recorded)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a plain dict (every field)."""
+        return asdict(self)
+
+
+def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
+    """config.toml as a dict, else the config of the RunStarted event, else {}."""
+    try:
+        return tomllib.loads(safeio.read_text(run_dir / "config.toml"))
+    except (OSError, ValueError):
+        pass
+    try:
+        events = events if events is not None else runstore.read_events(run_dir)
+    except OSError:
+        return {}
+    for ev in events:
+        if ev.kind == "run_started" and isinstance(ev.config, dict):
+            return ev.config
+    return {}
+
+
+def run_state(run_dir: Path) -> dict[str, Any]:
+    """The run's summary as a listing shows it: ``runstore.read_summary``, with a record that
+    says "running" but has not moved for STALE_S (its writer is gone) shown as "incomplete"."""
+    summary = runstore.read_summary(run_dir)
+    if summary.get("status") == "running" and _stale(run_dir):
+        summary = dict(summary, status="incomplete",
+                       reason=summary.get("reason") or "the record ends without a final event")
+    return summary
+
+
+def _stale(run_dir: Path) -> bool:
+    if (run_dir / "summary.json").exists():  # written only when the writer closed the record
+        return True
+    times = []
+    for p in (run_dir / "events.jsonl", run_dir / "telemetry.jsonl"):
+        try:
+            times.append(p.stat().st_mtime)
+        except OSError:
+            continue
+    return not times or time.time() - max(times) > STALE_S
+
+
+def problems(run_dir: Path) -> str:
+    """What in a record cannot be read, one clause each ("" when every file reads): a file
+    of the wrong kind, one without permission, or events.jsonl missing. Opens, reads nothing."""
+    out = []
+    try:
+        names = set(os.listdir(run_dir))
+    except OSError as exc:
+        return f"the folder cannot be read ({safeio.reason(exc)})"
+    if "events.jsonl" not in names:
+        out.append("events.jsonl is missing")
+    for name in sorted(names & set(runstore.RECORD_FILES)):
+        try:
+            os.close(safeio.open_regular(run_dir / name))
+        except OSError as exc:
+            out.append(exc_text(name, exc))
+    return "; ".join(out)
+
+
+def exc_text(name: str, exc: OSError) -> str:
+    """"config.toml: Permission denied", or an Unreadable's own sentence (it names the file)."""
+    return str(exc) if isinstance(exc, safeio.Unreadable) else f"{name}: {safeio.reason(exc)}"
+
+
+def _date(run_id: str, run_dir: Path) -> str:
+    try:
+        return datetime.strptime(run_id[:15], "%Y%m%d-%H%M%S").strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        try:
+            mtime = (run_dir / "events.jsonl").stat().st_mtime
+        except OSError:
+            return ""
+        return datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def row_for(run_dir: str | Path) -> RunRow:
+    """The table row of one run folder; never raises for a damaged record."""
+    run_dir = Path(run_dir)
+    row = RunRow(id=run_dir.name, run_dir=str(run_dir), date=_date(run_dir.name, run_dir))
+    row.problem = problems(run_dir)
+    if row.problem.startswith("the folder cannot be read"):
+        row.status, row.reason = "unreadable", row.problem
+        return row
+    try:
+        s = run_state(run_dir)
+        cfg = read_config(run_dir)
+    except Exception as exc:  # noqa: BLE001 - a damaged record must not break the listing
+        row.status, row.reason = "unreadable", f"{type(exc).__name__}: {exc}"
+        return row
+    sect = lambda name: cfg.get(name) if isinstance(cfg.get(name), dict) else {}  # noqa: E731
+    run, optim, data = sect("run"), sect("optim"), sect("data")
+    names = s.get("devices") or []
+    n = max(len(names), int(s.get("world_size") or 0)) or None
+    scale = n if (optim.get("scale_with_devices") and n) else 1
+    row.name = str(run.get("name", ""))
+    row.strategy = str(s.get("strategy") or sect("strategy").get("name", ""))
+    row.devices, row.device_names = n, list(names)
+    row.batch = optim["batch_size"] * scale if isinstance(optim.get("batch_size"), int) else None
+    row.lr = optim["lr"] * scale if isinstance(optim.get("lr"), (int, float)) else None
+    steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
+    row.time_per_epoch_s = s.get("time_per_epoch_s")
+    row.samples_per_s = s.get("samples_per_s")
+    if steady and row.samples_per_s is not None:  # speed only for runs that trained epochs
+        row.steady, row.noise = True, steady.get("noise")
+        row.samples_per_s, row.step_time_s = steady["samples_per_s"], steady["step_time_s"]
+        if s.get("steps_per_epoch"):
+            row.time_per_epoch_s = steady["step_time_s"] * s["steps_per_epoch"]
+    row.resumed = bool(run.get("resume_from"))
+    row.threads, row.cores = int(s.get("threads") or 0), int(s.get("cores") or 0)
+    row.test_acc = s.get("test_acc")
+    row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
+    row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
+    row.init_s = s.get("init_s")
+    row.model = str(s.get("model") or sect("model").get("factory") or sect("model").get("name", ""))
+    row.dataset = str(s.get("dataset") or data.get("name", ""))
+    row.train_size = data.get("train_size")
+    row.precision = str(run.get("precision", "fp32"))
+    row.fast = fast_path_label(run)
+    return row
+
+
+def fast_path_label(run: dict) -> str:
+    """"bf16 compile=default channels_last": what a run's [run] table chose for speed."""
+    parts = [str(run.get("precision", "fp32"))]
+    if run.get("compile", "off") != "off":
+        parts.append(f"compile={run['compile']}")
+    if run.get("channels_last"):
+        parts.append("channels_last")
+    return " ".join(parts)
+
+
+def load_rows(runs_dir: str | Path | None = None) -> list[RunRow]:
+    """Every run under ``runs_dir`` (default: $GPUTUI_RUNS_DIR or ./runs), newest first."""
+    return [row_for(p) for p in runstore.run_folders(runs_dir)]
+
+
+def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | None = None,
+                name: str | None = None, last: int | None = None) -> list[RunRow]:
+    """Rows matching every given filter (strategy and status accept comma lists; name is a
+    substring of the run name or id); ``last`` keeps the newest N of those."""
+    def allowed(value: str, wanted: str | None) -> bool:
+        return wanted is None or value in {w.strip() for w in wanted.split(",")}
+
+    out = [r for r in rows if allowed(r.strategy, strategy) and allowed(r.status, status)
+           and (name is None or name.lower() in r.name.lower() or name.lower() in r.id.lower())]
+    return out[:last] if last is not None else out
+
+
+def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
+    """A run folder from a path, an id, or a unique id prefix/suffix; LookupError otherwise."""
+    path = Path(ref)
+    if runstore.is_run_folder(path):
+        return path
+    base = Path(runs_dir) if runs_dir else runstore.default_runs_dir()
+    if ref and runstore.is_run_folder(base / ref):
+        return base / ref
+    hits = [r.run_dir for r in load_rows(base) if r.id.startswith(ref) or r.id.endswith(ref)]
+    if len(hits) == 1:
+        return Path(hits[0])
+    if hits:
+        raise LookupError(f"run '{ref}' is ambiguous ({len(hits)} runs match); give more of "
+                          f"the id")
+    raise LookupError(f"no run '{ref}' under {base}; see `gputui runs` for the ids")
+

@@ -1,0 +1,186 @@
+"""Predicted scaling: step time, speedup, efficiency and memory per device before a run.
+
+The model (README, "Predicted scaling") takes measured inputs only:
+
+- ``t_c``: the steady step time of one process training its share of the batch (B/N per
+  device) with the threads it would get (on the CPU N ranks on C cores get C/N threads each,
+  and N such processes run at once while it is measured, so contention for the cores and
+  memory is in the figure); on GPUs one process on one GPU. ``t_seq``: the same share trained
+  by one process with every core (scratch's CPU replicas run one after another).
+- ``t_own``: like ``t_c``, but trained by the strategy itself on a world of one rank (N such
+  one-rank jobs at once on the CPU), less the communication that run measured (its step
+  breakdown's exposed comm): ``t_c`` plus the strategy's own per-step work (DDP's reducer:
+  autograd hooks, copies into its buckets, the optimizer over bucket views; the loop's
+  per-rank collectives). ddp and fsdp use it in place of ``t_c`` where it was measured.
+- ``t_ar``: the measured time of one allreduce of the gradient bytes G (= parameter bytes)
+  over N ranks, issued as DDP issues it: once between two steps' compute, and for gradients
+  above DDP's first bucket with every CPU core kept busy, as backward keeps them
+  (:mod:`gputui.runs.predict_comm`); ``t_copy``: the scratch allreduce (copies inside one process,
+  ``gputui bench-comm``).
+
+Per step, N devices:
+
+    ddp:     t_N = t_own + max(0, t_ar - overlap) + t_sync / log_every
+    fsdp:    t_N = t_own + max(0, 1.5 t_ar - overlap) + t_sync / log_every
+             (fsdp: all-gather x2 + reduce-scatter; t_sync: the loop's one small all-reduce
+             of the window's losses per log window, measured like t_ar)
+    scratch: t_N = N t_seq + t_copy   on CPU (one process)   t_c + t_copy on GPUs
+    dp:      t_N = t_1                on CPU (no replication) t_c + 2 t_copy on GPUs
+    overlap = 0 on the CPU (the ranks' cores do the reduction); on GPUs the buckets after
+              DDP's last one overlap backward: min(t_comm * (1 - 25 MiB / G)+, 2/3 t_c)
+
+speedup = (B_N / t_N) / (B_1 / t_1), efficiency = speedup / N. Memory per device (training
+bytes): parameters + gradients + optimizer state (P x 4 bytes each, momentum adds one) plus
+the activations measured on one device (its peak allocation minus those, GPUs only), split N
+ways by the batch; fsdp divides the first part by N. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STRATEGIES = ("ddp", "fsdp", "scratch", "dp")
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
+FORMULAS = {
+    "ddp": "t_own + max(0, t_ar - overlap) + t_sync / log_every",
+    "fsdp": "t_own + max(0, 1.5 t_ar - overlap) + t_sync / log_every",
+    "scratch": "N t_seq + t_copy (cpu) | t_c + t_copy (gpu)",
+    "dp": "t_1 (cpu, no replication) | t_c + 2 t_copy (gpu)",
+}
+SHORT_MARGIN = 0.15  # a measured point this far (plus its noise) below its prediction is flagged
+
+
+@dataclass
+class Inputs:
+    """The measured inputs of one prediction (seconds; bytes)."""
+
+    n: int
+    on_gpu: bool
+    batch: int  # global batch on N devices
+    batch_1: int  # global batch of the one-device run
+    t_1: float  # steady step time on one device, the whole batch_1
+    t_c: float | None = None  # one process, its share B/N, its threads, N running at once
+    t_seq: float | None = None  # one process with every core, the share B/N (CPU scratch)
+    # strategy -> its own step on one rank (B/N, a rank's threads, N at once), comm excluded
+    t_own: dict[str, float] = field(default_factory=dict)
+    t_ar: float | None = None  # torch.distributed allreduce of grad_bytes over N ranks
+    t_copy: float | None = None  # scratch allreduce of grad_bytes over N devices
+    t_sync: float | None = None  # allreduce of the window's losses (log_every floats), N ranks
+    log_every: int = 20
+    grad_bytes: int = 0
+    params: int = 0
+    momentum: bool = True
+    activations_1: int | None = None  # activation bytes of the one-device run (GPU)
+
+
+@dataclass
+class Prediction:
+    """One predicted point."""
+
+    strategy: str
+    n: int
+    batch: int
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    mem_per_device: int | None = None  # training bytes per device
+    formula: str = ""
+    terms: dict = field(default_factory=dict)
+    reason: str = ""  # why no prediction (an input that was not measured)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def overlap(t_comm: float, inp: Inputs, compute: float | None = None) -> float:
+    """The part of a gradient collective hidden behind backward (0 on the CPU); ``compute``:
+    the step's compute time (``inp.t_c`` when not given)."""
+    compute = inp.t_c if compute is None else compute
+    if not inp.on_gpu or not compute or inp.grad_bytes <= BUCKET_BYTES:
+        return 0.0
+    return min(t_comm * (1 - BUCKET_BYTES / inp.grad_bytes), 2 / 3 * compute)
+
+
+def static_bytes(inp: Inputs) -> int:
+    """Parameters, gradients and optimizer state of one full replica."""
+    return inp.params * 4 * (3 if inp.momentum else 2)
+
+
+def predict(strategy: str, inp: Inputs) -> Prediction:
+    """The prediction of ``strategy`` on ``inp.n`` devices from measured inputs."""
+    p = Prediction(strategy, inp.n, inp.batch, formula=FORMULAS.get(strategy, ""))
+    n = inp.n
+    need: dict[str, float | None]
+    if n == 1:
+        t, p.formula = inp.t_1, "t_1 (measured)"
+        need = {"t_1": inp.t_1}
+    elif strategy in ("ddp", "fsdp"):
+        own = inp.t_own.get(strategy)
+        if own is None:  # not measured with the strategy itself: single's compute
+            p.formula = p.formula.replace("t_own", "t_c")
+            need = {"t_c": inp.t_c}
+        else:
+            need = {"t_own": own}
+        compute = own if own is not None else inp.t_c
+        need.update(t_ar=inp.t_ar, t_sync=inp.t_sync)
+        comm = (inp.t_ar or 0.0) * (1.5 if strategy == "fsdp" else 1.0)
+        hidden = overlap(comm, inp, compute) if compute else 0.0
+        need["overlap"] = hidden
+        t = (compute or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(
+            1, inp.log_every)
+    elif strategy == "scratch":
+        p.formula = FORMULAS[strategy].split(" | ")[1 if inp.on_gpu else 0]
+        if inp.on_gpu:
+            need = {"t_c": inp.t_c, "t_copy": inp.t_copy}
+            t = (inp.t_c or 0.0) + (inp.t_copy or 0.0)
+        else:
+            need = {"t_seq": inp.t_seq, "t_copy": inp.t_copy}
+            t = n * (inp.t_seq or 0.0) + (inp.t_copy or 0.0)
+    elif strategy == "dp":
+        p.formula = FORMULAS[strategy].split(" | ")[1 if inp.on_gpu else 0]
+        if inp.on_gpu:
+            need = {"t_c": inp.t_c, "t_copy": inp.t_copy}
+            t = (inp.t_c or 0.0) + 2 * (inp.t_copy or 0.0)
+        else:
+            need = {"t_1": inp.t_1}
+            t = inp.t_1 * inp.batch / max(inp.batch_1, 1)
+    else:
+        p.reason = f"no model for strategy '{strategy}' (predicted: {', '.join(STRATEGIES)})"
+        return p
+    missing = [k for k, v in need.items() if v is None]
+    p.terms = {k: v for k, v in need.items() if v is not None}
+    if missing:
+        p.reason = f"not measured: {', '.join(missing)}"
+        return p
+    p.step_time_s = t
+    p.samples_per_s = inp.batch / t if t > 0 else None
+    base = inp.batch_1 / inp.t_1 if inp.t_1 > 0 else None
+    if p.samples_per_s and base:
+        p.speedup = p.samples_per_s / base
+        p.efficiency = p.speedup / n
+    p.mem_per_device = memory(strategy, inp)
+    return p
+
+
+def memory(strategy: str, inp: Inputs) -> int | None:
+    """Training bytes per device (None without the parameter count)."""
+    if not inp.params:
+        return None
+    static = static_bytes(inp)
+    if strategy == "fsdp" and inp.n > 1:
+        static = -(-static // inp.n)
+    if strategy == "dp" and not inp.on_gpu:
+        return static + (inp.activations_1 or 0)
+    act = 0 if inp.activations_1 is None else inp.activations_1 * inp.batch // (
+        inp.n * max(inp.batch_1, 1))
+    return static + act
+
+
+def short_of(measured: float | None, predicted: float | None, noise: float = 0.0) -> bool:
+    """True when a measured speedup falls well short of its prediction: below it by more than
+    SHORT_MARGIN plus the measurement's own noise."""
+    if measured is None or not predicted:
+        return False
+    return measured < predicted * (1 - SHORT_MARGIN - noise)

@@ -1,0 +1,300 @@
+"""The measured inputs of a prediction (:mod:`gputui.runs.predict`), kept per machine.
+
+Compute times come from short real ``single`` runs launched as users run them (the launcher,
+spawned processes), their steady step time read from the record (warm-up excluded, see
+:mod:`gputui.core.steady`); on the CPU the N copies a measurement needs run at once, each with the
+threads a rank would get. Allreduce times are measured at exactly the gradient bytes, as DDP
+issues them (:mod:`gputui.runs.predict_comm`); the scratch one by ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
+(``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
+only when missing (or when asked to measure again). Torch-free: the measuring happens in
+spawned processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui.core.config import RunConfig
+from gputui.runs.predict import Inputs
+
+SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
+MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
+MEASURE_S = 1.0  # ... and more epochs of them (at most MAX_EPOCHS) where 100 steps take less
+MAX_EPOCHS = 5
+Line = Callable[[str], None]
+
+
+def cache_dir() -> Path:
+    """Where per-machine measurements are kept."""
+    if os.environ.get("GPUTUI_CACHE_DIR"):
+        return Path(os.environ["GPUTUI_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gputui"
+
+
+def machine_id() -> str:
+    """This machine, as the cache names it: host name and core count (GPU names are part of
+    each GPU figure's key)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", platform.node() or "host")
+    return f"{host}-{cores or 1}cores"
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return n or 1
+
+
+class Cache:
+    """The measurements of this machine: a JSON dict of key -> figures, written atomically."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or cache_dir() / f"predict-{machine_id()}.json"
+        try:
+            self.data: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.data = {}
+
+    def get(self, key: str) -> dict | None:
+        return self.data.get(key)
+
+    def put(self, key: str, value: dict) -> None:
+        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
+                strategy: str = "single") -> str:
+    """What a compute figure depends on: model, data, precision, fast path, per-process batch,
+    threads, the processes running at once, the device, and the strategy that trained it
+    (``single``, or a multi-process one on a world of one rank)."""
+    from gputui.core.usercode import data_label, model_label
+
+    d = cfg.to_dict()
+    parts = ["compute", model_label(d), data_label(d), cfg.run.precision, cfg.run.compile,
+             cfg.run.channels_last, f"b{batch}", f"t{threads}", f"x{copies}", device]
+    if strategy != "single":
+        parts.append(f"{strategy}@1")
+    return "|".join(map(str, parts))
+
+
+def comm_key(kind: str, n: int, size: int, label: str = "") -> str:
+    return f"comm|{kind}{':' + label if label else ''}|n{n}|{size}"
+
+
+def epochs_for(step_s: float | None) -> int:
+    """Epochs of MEASURE_STEPS steps for about MEASURE_S seconds of steps of ``step_s``
+    (one where the step time is not known yet)."""
+    if not step_s:
+        return 1
+    return max(1, min(MAX_EPOCHS, math.ceil(MEASURE_S / (MEASURE_STEPS * step_s))))
+
+
+def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec: str,
+                    runs_dir: Path, line: Line, strategy: str = "single",
+                    epochs: int = 1) -> dict:
+    """Launch ``copies`` short one-device runs of ``strategy`` at once (``threads`` each, 0 =
+    the share of the cores; ddp or fsdp on a world of one rank) and return the slowest
+    one's steady step time, its noise, its mean exposed communication (``comm_s``, from the
+    steady windows' step breakdowns; 0 for single), the parameters and (GPU) the peak device
+    memory; raises RuntimeError (one line) when a run fails."""
+    from gputui.core import runstore
+    from gputui.runs.history import row_for
+    from gputui.runs.launcher import launch
+    from gputui.runs.prepare import override_checked
+
+    changes = {"strategy.name": strategy, "devices.spec": spec, "devices.fallback": "none",
+               "run.threads": threads, "optim.batch_size": batch,
+               "optim.scale_with_devices": False, "run.epochs": epochs, "run.log_every": 10,
+               "data.train_size": batch * MEASURE_STEPS, "data.test_size": min(batch, 256),
+               "run.checkpoint": False, "run.resume_from": "", "run.name": "predict-measure",
+               "telemetry.enabled": False}
+    ready = override_checked(cfg, [("predict", k, v) for k, v in changes.items()])
+    m = ready.config  # its devices resolved once, for every copy
+    handles = [launch(m, runs_dir, ready.devices, ready.note) for _ in range(copies)]
+    try:
+        while not all(h.done for h in handles):
+            for h in handles:
+                h.poll(timeout=0.1)
+    except BaseException:
+        for h in handles:
+            h.kill("prediction measurement interrupted")
+        raise
+    rows = [row_for(h.run_dir) for h in handles]
+    bad = next((r for r in rows if r.status != "finished"), None)
+    if bad is not None:
+        raise RuntimeError(f"the measuring run {bad.id} ended {bad.status}"
+                           f"{': ' + bad.reason if bad.reason else ''}")
+    steady = [runstore.read_summary(h.run_dir).get("steady") for h in handles]
+    if not all(steady):
+        raise RuntimeError("the measuring run was too short for a steady state")
+    # the slowest copy sets the pace of ranks that wait for each other
+    slowest = max(range(copies), key=lambda i: steady[i]["step_time_s"])
+    step = steady[slowest]["step_time_s"]
+    comm = _steady_comm(handles[slowest].run_dir)
+    peak = _peak_memory(handles[0].run_dir)
+    summary = runstore.read_summary(handles[0].run_dir)
+    own = f", {comm * 1000:.2f} ms of it its own comm" if comm else ""
+    line(f"  measured {copies} x {strategy}({batch} per step, {threads or 'auto'} threads) on "
+         f"{spec}: {step * 1000:.2f} ms per step{own}")
+    return {"step_time_s": step, "noise": steady[slowest].get("noise"), "comm_s": comm,
+            "params": summary.get("params") or 0, "peak_mem": peak,
+            "threads": summary.get("threads") or threads}
+
+
+def _steady_comm(run_dir: Path) -> float:
+    """The mean exposed communication of a record's metered steps, warm-up (the first log
+    window, as gputui.core.steady) left out; 0.0 where none was measured."""
+    from gputui.core import breakdown, runstore
+
+    parts = [ev.breakdown for ev in runstore.read_events(run_dir)
+             if getattr(ev, "kind", "") == "step" and ev.breakdown]
+    mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
+    return float((mean or {}).get("comm_exposed_s") or 0.0)
+
+
+def _peak_memory(run_dir: Path) -> int | None:
+    """The largest allocation a GPU run reported (None on the CPU)."""
+    from gputui.core import runstore
+
+    peak = None
+    for ev in runstore.read_events(run_dir):
+        for d in getattr(ev, "per_device", ()) or ():
+            if isinstance(d, dict) and d.get("mem_alloc") is not None:
+                peak = max(peak or 0, int(d["mem_alloc"]))
+    return peak
+
+
+def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) -> dict:
+    """Allreduce of ``size`` bytes over ``devices``: torch.distributed as DDP issues it (one
+    call between ``gap`` seconds of compute, :mod:`gputui.runs.predict_comm`) and the scratch
+    allreduce (inside the one training process, so timed on idle cores by bench-comm)."""
+    from gputui.runs.comm_bench import run_bench
+    from gputui.runs.predict_comm import FIRST_BUCKET, allreduce_in_step
+
+    kind = devices[0].kind
+    scratch = run_bench(devices, [size], iters=30, warmup=5, impls=["scratch"],
+                        backend="auto", timeout=600)
+    if "error" in scratch:
+        raise RuntimeError(f"bench-comm failed: {scratch['error']}")
+    torch_s = allreduce_in_step(len(devices), size, gap, kind, cores_)
+    out = {"torch_s": torch_s, "scratch_s": scratch["scratch"][0]["seconds"], "gap_s": gap}
+    busy = " with the cores busy" if kind == "cpu" and size > FIRST_BUCKET else ""
+    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices between "
+         f"{gap * 1000:.1f} ms of compute{busy}: {torch_s * 1000:.2f} ms, scratch "
+         f"{out['scratch_s'] * 1000:.2f} ms")
+    return out
+
+
+class Measurer:
+    """Gathers (from the cache, or by measuring) the inputs of a prediction."""
+
+    def __init__(self, cfg: RunConfig, kind: str, runs_dir: Path, line: Line = print,
+                 measure: bool = True, again: bool = False, cache: Cache | None = None):
+        self.cfg, self.kind, self.runs_dir, self.line = cfg, kind, Path(runs_dir), line
+        self.measure, self.again = measure, again
+        self.cache = cache or Cache()
+        self.cores = cores()
+        self._gpu_label = ""
+        self._step_s: float | None = None  # the one-device step, once known: sizes the rest
+        if kind == "gpu":
+            from gputui.hw.discovery import discover_gpus
+
+            gpus, _ = discover_gpus()
+            self._gpu_label = gpus[0].name if gpus else "gpu"
+
+    def _get(self, key: str, fn: Callable[[], dict]) -> dict | None:
+        hit = None if self.again else self.cache.get(key)
+        if hit is not None or not self.measure:
+            return hit
+        value = fn()
+        self.cache.put(key, value)
+        return value
+
+    def global_batch(self, n: int) -> int:
+        b = self.cfg.optim.batch_size
+        return b * n if self.cfg.optim.scale_with_devices else b
+
+    def compute(self, batch: int, threads: int, copies: int,
+                strategy: str = "single") -> dict | None:
+        device = f"gpu:{self._gpu_label}" if self.kind == "gpu" else "cpu"
+        spec = "0" if self.kind == "gpu" else "cpu"
+        key = compute_key(self.cfg, batch, threads, copies, device, strategy)
+        epochs = epochs_for(self._step_s)
+        out = self._get(key, lambda: measure_compute(self.cfg, batch, threads, copies, spec,
+                                                     self.runs_dir, self.line, strategy, epochs))
+        if out and self._step_s is None:
+            self._step_s = out["step_time_s"]
+        return out
+
+    def comm(self, n: int, size: int, gap: float) -> dict | None:
+        """The allreduce of ``size`` bytes between ``gap`` seconds of compute (the gap is
+        part of the key, rounded to 10 %)."""
+        import math
+
+        from gputui.core.devices import Device
+
+        label = (self._gpu_label if self.kind == "gpu" else "step") + \
+            f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms"
+        devices = [Device("cuda" if self.kind == "gpu" else "cpu", i) for i in range(n)]
+        return self._get(comm_key(self.kind, n, size, label),
+                         lambda: measure_comm(devices, size, gap, self.cores, self.line))
+
+    def inputs(self, n: int, strategies: list[str]) -> Inputs:
+        """The inputs for N devices (missing figures stay None when measuring is off)."""
+        on_gpu = self.kind == "gpu"
+        b1, bn = self.global_batch(1), self.global_batch(n)
+        one = self.compute(b1, 0 if on_gpu else self.cores, 1)
+        inp = Inputs(n=n, on_gpu=on_gpu, batch=bn, batch_1=b1,
+                     t_1=one["step_time_s"] if one else 0.0,
+                     momentum=self.cfg.optim.momentum > 0, log_every=self.cfg.run.log_every)
+        if one is None:
+            return inp
+        inp.params = int(one.get("params") or 0)
+        inp.grad_bytes = inp.params * 4
+        if one.get("peak_mem") is not None:
+            from gputui.runs.predict import static_bytes
+
+            inp.activations_1 = max(0, int(one["peak_mem"]) - static_bytes(inp))
+        if n == 1:
+            return inp
+        share = max(1, bn // n)
+        threads = 0 if on_gpu else max(1, self.cores // n)
+        copies = 1 if on_gpu else n
+        if on_gpu:
+            c = self.compute(share, threads, copies)
+            inp.t_c = c["step_time_s"] if c else None
+        for name in ("ddp", "fsdp"):
+            if name in strategies:
+                # the strategy itself on one rank: its own per-step work, not its comm
+                c = self.compute(share, threads, copies, name)
+                if c:
+                    inp.t_own[name] = max(0.0, c["step_time_s"] - (c.get("comm_s") or 0.0))
+                elif inp.t_c is None:  # figures kept before t_own was: single's, if kept
+                    c = self.compute(share, threads, copies)
+                    inp.t_c = c["step_time_s"] if c else None
+        if "scratch" in strategies and not on_gpu:
+            c = self.compute(share, self.cores, 1)
+            inp.t_seq = c["step_time_s"] if c else None
+        # the compute between two gradient syncs
+        gap = inp.t_own.get("ddp") or inp.t_own.get("fsdp") or inp.t_c or inp.t_seq or inp.t_1
+        if inp.grad_bytes and (any(s in strategies for s in ("ddp", "fsdp", "scratch"))
+                               or on_gpu and "dp" in strategies):
+            c = self.comm(n, inp.grad_bytes, gap)
+            if c:
+                inp.t_ar, inp.t_copy = c["torch_s"], c["scratch_s"]
+        if any(s in strategies for s in ("ddp", "fsdp")):
+            c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
+            inp.t_sync = c["torch_s"] if c else None
+        return inp

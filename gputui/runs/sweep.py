@@ -1,0 +1,390 @@
+"""Sweeps: a preset run over a grid of device counts x strategies, one run after another.
+
+Fast-path axes multiply the grid: run.precision, run.compile and run.channels_last can each
+take several values (``AXES``), so one sweep shows what each buys on the user's hardware.
+
+Each point is checked before it starts: its devices are resolved once (``gputui.runs.prepare``),
+then the strategy registry's ``why_not`` and the config's cross-field rules are checked against
+them; a point that cannot run here is recorded as skipped with the reason. Every run goes
+through ``launcher.launch``, handed the devices already resolved (a spawned process, so this module never imports torch)
+and leaves its normal record under the runs folder. The sweep's manifest,
+``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of state, so an
+interrupted sweep resumes where it stopped: finished points are never run again.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui.core import safeio
+from gputui.core import runstore
+from gputui.core.config import ConfigError, RunConfig, load_preset
+from gputui.core.devices import Device
+from gputui.core.filewrite import WriteFailed, write_atomic
+
+# fast-path axes: the config key a sweep varies, and how a point's key names it
+AXES = {"run.precision": "precision", "run.compile": "compile",
+        "run.channels_last": "channels_last"}
+
+
+@dataclass
+class Point:
+    """One cell of the grid and what became of it."""
+
+    strategy: str
+    devices: str  # the device choice as given ("2", "cpu*2")
+    spec: str  # the devices.spec the run uses
+    status: str = "pending"  # pending | running | finished | failed | stopped | skipped
+    run_id: str = ""
+    reason: str = ""
+    settings: dict = field(default_factory=dict)  # fast-path axis values, e.g. run.compile
+    rep: int = 0  # which repetition (1..N) under --repeat N; 0: the sweep measures once
+    session: int = 0  # the sweep invocation that ran it (a resumed sweep has several)
+
+    @property
+    def group(self) -> str:
+        """The grid cell, the same for every repetition."""
+        extra = "".join(f" {AXES[k]}={v}" for k, v in self.settings.items())
+        return f"{self.strategy}@{self.devices}{extra}"
+
+    @property
+    def key(self) -> str:
+        return self.group + (f" #{self.rep}" if self.rep else "")
+
+
+@dataclass
+class Manifest:
+    """The sweep's own record: its parameters and the state of every point."""
+
+    sweep_id: str
+    preset: str  # the preset file's path
+    sets: list = field(default_factory=list)  # the --set assignments, as typed
+    devices: list = field(default_factory=list)
+    strategies: list = field(default_factory=list)
+    scale_with_devices: bool = False
+    kind: str = "cpu"  # what the counts are: "gpu" (GPUs) or "cpu" (CPU virtual devices)
+    state: str = "running"  # running | interrupted | finished
+    created: float = field(default_factory=time.time)
+    points: list = field(default_factory=list)  # list[Point]
+    axes: dict = field(default_factory=dict)  # config key -> values swept (see AXES)
+    repeat: int = 1  # each point runs this many times (--repeat), repetitions interleaved
+    sessions: int = 0  # how many times the sweep was run (resumed: more than one)
+
+    def params(self) -> dict[str, Any]:
+        """What makes two sweeps the same experiment (for automatic resume)."""
+        return {"preset": self.preset, "sets": list(self.sets), "devices": list(self.devices),
+                "strategies": list(self.strategies), "scale": self.scale_with_devices,
+                "kind": self.kind, "axes": dict(self.axes), "repeat": self.repeat}
+
+    def kind_words(self) -> str:
+        """The kind of device the counts are, for titles: "GPUs" or "CPU virtual devices"."""
+        return KIND_WORDS[self.kind]
+
+    def save(self, runs_dir: Path) -> Path:
+        """Write the manifest atomically (a reader never sees half a file)."""
+        path = manifest_path(runs_dir, self.sweep_id)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(path.parent, exc) from None
+        return write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        points = [Point(**p) for p in data.pop("points", [])]
+        return cls(**data, points=points)
+
+
+def manifest_path(runs_dir: Path, sweep_id: str) -> Path:
+    """Where a sweep's manifest lives."""
+    return Path(runs_dir) / "sweeps" / f"{sweep_id}.json"
+
+
+def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
+    """A saved manifest; LookupError (one line) when missing or unreadable."""
+    path = manifest_path(runs_dir, sweep_id)
+    try:
+        return Manifest.from_dict(json.loads(safeio.read_text(path)))
+    except FileNotFoundError:
+        known = ", ".join(m.sweep_id for m in list_manifests(runs_dir)) or "none"
+        raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps; known: {known}") \
+            from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise LookupError(f"sweep manifest {path} is unreadable ({exc}); start a new sweep") \
+            from None
+
+
+def list_manifests(runs_dir: Path) -> list[Manifest]:
+    """Every readable sweep manifest, newest first."""
+    folder = Path(runs_dir) / "sweeps"
+    out = []
+    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
+        try:
+            out.append(Manifest.from_dict(json.loads(safeio.read_text(path))))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def parse_devices(text: str) -> list[str]:
+    """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    for item in items:
+        ok = item.isdigit() and int(item) > 0 or item == "cpu" or (
+            item.startswith("cpu*") and item[4:].isdigit() and int(item[4:]) > 0)
+        if not ok:
+            raise ConfigError(f"--devices {text}: '{item}' is not a device count; give counts "
+                              f"like 1,2 (or cpu,cpu*2)")
+    if not items:
+        raise ConfigError("--devices: give at least one device count, e.g. --devices 1,2")
+    return list(dict.fromkeys(items))
+
+
+def axis_grid(axes: dict) -> list[list[tuple[str, Any]]]:
+    """Every combination of the fast-path axes' values, as (key, value) lists ([[]]: none)."""
+    grid: list[list[tuple[str, Any]]] = [[]]
+    for key, values in axes.items():
+        grid = [[*combo, (key, v)] for combo in grid for v in values]
+    return grid
+
+
+def parse_axis(option: str, key: str, text: str) -> list:
+    """The values of one fast-path axis as typed (``--compile off,default``), checked against
+    the config field's choices; ConfigError (one line) otherwise."""
+    from gputui.core.config_schema import COMPILE_MODES, PRECISIONS
+
+    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if key == "run.channels_last":
+        words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
+        bad = [t for t in items if t.lower() not in words]
+        choices, values = "off, on", [words.get(t.lower()) for t in items]
+    else:
+        allowed = PRECISIONS if key == "run.precision" else COMPILE_MODES
+        bad = [t for t in items if t not in allowed]
+        choices, values = ", ".join(allowed), items
+    if bad or not items:
+        raise ConfigError(f"{option} {text}: {', '.join(map(repr, bad)) or 'nothing'} is not "
+                          f"one of {choices}; give a comma list, e.g. {option} "
+                          f"{choices.replace(' ', '')}")
+    return list(dict.fromkeys(values))
+
+
+KINDS = ("auto", "gpu", "cpu")
+KIND_WORDS = {"gpu": "GPUs", "cpu": "CPU virtual devices"}
+
+
+def resolve_kind(kind: str, preset_spec: str, gpus: list | None = None,
+                 no_gpu_reason: str = "") -> tuple[str, str]:
+    """What a sweep's device counts mean, "gpu" or "cpu", and a line for the user.
+
+    "auto" is GPUs when the preset names GPUs and this machine has some, else CPU virtual
+    devices; the line then says how to scale over the GPUs that are there. "gpu" on a machine
+    without one is refused (ConfigError, one line)."""
+    from gputui.core.devices import wants_gpus
+    from gputui.hw.discovery import discover_gpus
+
+    if kind not in KINDS:
+        raise ConfigError(f"--kind {kind}: must be one of {', '.join(KINDS)}")
+    if gpus is None:
+        gpus, no_gpu_reason = discover_gpus()
+    have = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+    if kind == "gpu":
+        if not gpus:
+            raise ConfigError(f"--kind gpu: no GPU is available "
+                              f"({no_gpu_reason or 'no NVIDIA GPU was found'}); use --kind cpu")
+        return "gpu", f"scaling over GPUs (this machine has {have})"
+    if kind == "cpu" or not gpus:
+        return "cpu", "scaling over CPU virtual devices" + (
+            f"; this machine has {have}: --kind gpu scales over them" if gpus else "")
+    if wants_gpus(preset_spec):
+        return "gpu", f"scaling over GPUs, as the preset names GPUs (this machine has {have})"
+    return "cpu", (f"scaling over CPU virtual devices, as the preset names CPU devices; this "
+                   f"machine has {have}: --kind gpu scales over them")
+
+
+def spec_for(item: str, kind: str) -> str:
+    """The devices.spec of a grid point: a count of GPUs or of CPU virtual devices."""
+    if not item.isdigit():
+        return item
+    if kind == "cpu":
+        return "cpu" if item == "1" else f"cpu*{item}"
+    return item  # the first N GPUs
+
+
+class Sweep:
+    """Plans and runs the grid; ``request_stop()`` (any thread) ends it after a graceful stop."""
+
+    def __init__(self, manifest: Manifest, runs_dir: Path, overrides: list[tuple[str, str, Any]]):
+        self.manifest, self.runs_dir, self.overrides = manifest, Path(runs_dir), overrides
+        self.stop_requested = False
+        # headless: the process's Supervisor (signals.py), which turns SIGINT, SIGTERM and
+        # SIGHUP into the current point's graceful stop, then the kill; None in the app
+        self.supervisor = None
+        self.base = load_preset(manifest.preset, overrides)
+        if not manifest.points:  # repetitions outermost: each pass measures the whole grid
+            reps = range(1, manifest.repeat + 1) if manifest.repeat > 1 else [0]
+            manifest.points = [Point(s, d, spec_for(d, manifest.kind), settings=dict(a),
+                                     rep=r)
+                               for r in reps for d in manifest.devices
+                               for s in manifest.strategies for a in axis_grid(manifest.axes)]
+
+    @classmethod
+    def new(cls, preset: str, sets: list[str], devices: list[str], strategies: list[str],
+            scale: bool, runs_dir: Path, overrides: list, kind: str = "cpu",
+            axes: dict | None = None, repeat: int = 1) -> "Sweep":
+        """A fresh sweep (not saved until ``run``); ``kind`` as :func:`resolve_kind` gave,
+        ``axes`` the fast-path axes (see ``AXES``), ``repeat`` the runs of each point."""
+        name = load_preset(preset, overrides).run.name
+        sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:30]}-{secrets.token_hex(2)}"
+        manifest = Manifest(sweep_id, str(preset), list(sets), list(devices), list(strategies),
+                            scale, kind, axes=dict(axes or {}), repeat=max(1, repeat))
+        return cls(manifest, runs_dir, overrides)
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, devices: list[str], strategies: list[str],
+                    scale: bool, runs_dir: Path, kind: str = "cpu") -> "Sweep":
+        """A fresh sweep of a config that has no preset file (the app's form): the config is
+        written beside the manifest, as ``<sweep id>.toml``, so the sweep can resume."""
+        sweep_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.name[:30]}-{secrets.token_hex(2)}"
+        path = Path(runs_dir) / "sweeps" / f"{sweep_id}.toml"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(path.parent, exc) from None
+        write_atomic(path, cfg.to_toml())
+        manifest = Manifest(sweep_id, str(path), [], list(devices), list(strategies), scale,
+                            kind)
+        return cls(manifest, runs_dir, [])
+
+    def config_for(self, point: Point) -> RunConfig:
+        """The point's config: the preset, the --set overrides, its strategy and devices."""
+        changes = [("sweep", "strategy.name", point.strategy),
+                   ("sweep", "devices.spec", point.spec)]
+        if self.manifest.kind == "gpu":  # a GPU point never runs quietly on the CPU instead
+            changes.append(("sweep", "devices.fallback", "none"))
+        if self.manifest.scale_with_devices:
+            changes.append(("--scale-with-devices", "optim.scale_with_devices", True))
+        changes += [("sweep", key, value) for key, value in point.settings.items()]
+        return load_preset(self.manifest.preset, [*self.overrides, *changes])
+
+    def why_not(self, point: Point, cfg: RunConfig) -> str | None:
+        """None when the point can run here, else the reason (one line)."""
+        return self.check(point, cfg)[2]
+
+    def check(self, point: Point, cfg: RunConfig) -> tuple[list[Device], str, str | None]:
+        """The point's devices (resolved once: discovery runs at most once per point), the
+        fallback's note, and None when it can run here, else the reason (one line)."""
+        from gputui.core import registry
+        from gputui.core.devices import DeviceSpecError
+        from gputui.hw.discovery import resolve_with_note
+        from gputui.plan import check_files, validate
+
+        info = registry.get(point.strategy)
+        if info is None:
+            return [], "", (f"strategy '{point.strategy}' is not available in this build "
+                            f"(known: {', '.join(registry.names())})")
+        try:
+            devices, note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
+        except DeviceSpecError as exc:
+            return [], "", str(exc)
+        reason = info.why_not(cfg, devices)
+        if reason:
+            return devices, note, reason
+        try:
+            validate(cfg, devices, "sweep")
+            check_files(cfg, "sweep")
+        except ConfigError as exc:
+            return devices, note, str(exc).removeprefix("sweep: ")
+        return devices, note, None
+
+    def request_stop(self) -> None:
+        """Stop the running point gracefully and run no further point."""
+        self.stop_requested = True
+
+    def save(self) -> Path:
+        return self.manifest.save(self.runs_dir)
+
+    def run(self, on_point: Callable[[Point], None] = lambda p: None,
+            on_event: Callable[[Point, Any], None] = lambda p, e: None) -> str:
+        """Run every point not done yet; returns "finished" or "interrupted". Ctrl-C
+        (KeyboardInterrupt) stops the current run gracefully, a second one kills it."""
+        from gputui.runs.launcher import launch
+
+        m = self.manifest
+        m.state = "running"
+        m.sessions += 1
+        self.save()
+        for point in m.points:
+            if self.supervisor is not None and self.supervisor.first is not None:
+                self.stop_requested = True  # a signal between two points: start no other
+            if point.status == "finished" or self.stop_requested:
+                continue
+            cfg = self.config_for(point)
+            devices, note, reason = self.check(point, cfg)
+            if reason:
+                point.status, point.reason, point.run_id = "skipped", reason, ""
+                self.save()
+                on_point(point)
+                continue
+            self._warm(point, devices)
+            try:
+                handle = launch(cfg, self.runs_dir, devices, note)
+            except (OSError, ValueError) as exc:  # e.g. the runs folder is not writable
+                point.status, point.reason = "failed", f"could not start: {exc}"
+                self.save()
+                on_point(point)
+                continue
+            point.status, point.run_id, point.reason = "running", handle.run_id, ""
+            point.session = m.sessions
+            self.save()
+            on_point(point)
+            self._follow(handle, point, on_event)
+            summary = runstore.read_summary(handle.run_dir)
+            point.status = handle.status if handle.done else "stopped"
+            point.reason = str(summary.get("reason") or "")
+            self.save()
+            on_point(point)
+        m.state = "interrupted" if self.stop_requested else "finished"
+        self.save()
+        return "interrupted" if self.stop_requested else "finished"
+
+    def _warm(self, point: Point, devices: list[Device]) -> None:
+        """Single-process points run in one warm worker, reused from point to point (torch is
+        imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
+        worker's GPUs are the point's, as resolved for it."""
+        from gputui.core import registry
+        from gputui.train import warm
+
+        info = registry.get(point.strategy)
+        if info is not None and not info.multiprocess:
+            warm.prepare(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+
+    def _follow(self, handle, point: Point, on_event) -> None:
+        interrupts, asked = 0, False
+        sup = self.supervisor
+        while not handle.done:
+            try:
+                if sup is not None and sup.first is not None:
+                    self.stop_requested = True
+                    sup.check(handle, lambda text: None)  # the stop, then the kill
+                    asked = True
+                if self.stop_requested and not asked:
+                    handle.stop()
+                    asked = True
+                for ev in handle.poll(timeout=0.2):
+                    on_event(point, ev)
+            except KeyboardInterrupt:
+                interrupts += 1
+                self.stop_requested = True
+                if interrupts > 1:
+                    handle.kill("killed by user (second Ctrl-C)")
+
+    def run_dirs(self) -> list[Path]:
+        """The record folders of the points that ran (in grid order)."""
+        return [self.runs_dir / p.run_id for p in self.manifest.points
+                if p.run_id and runstore.is_run_folder(self.runs_dir / p.run_id)]

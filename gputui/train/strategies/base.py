@@ -1,0 +1,369 @@
+"""The common interface of every strategy, and what single-device training already does.
+
+What the loop (and the worker, checkpoints, the memory and FLOP figures, the fast path) calls
+on a strategy, and nothing else:
+
+- ``setup()`` once, then ``data_device()`` (where the batches go); ``compiles()`` and, after
+  a failed compile, ``use_eager()`` (the fast path);
+- ``train_step(x, y, data_s=None)``: one optimizer step on a global batch. The step is
+  metered when ``data_s`` (the seconds the loop waited for the batch) is given;
+  ``read_timing()`` reports the last metered step, at the log interval;
+- ``set_train(mode)`` and ``evaluate(x, y)`` around the test batches; ``reduce_metric(v)``;
+- ``device_stats()``, ``memory_rows(activations)``, ``memory_groups()``, ``build_model()``
+  (the memory and FLOP figures);
+- ``models()``, ``optimizers()``, ``primary_model()``, ``state_dict()``,
+  ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
+- multi-process strategies only: ``agree_stop(mine)`` (the worker's agreed stop);
+- read-only: ``cfg``, ``devices``, ``name``, ``rank``, ``local_rank``, ``world_size``,
+  ``batch_size``, ``lr`` and ``notes`` (what the run should say once, at its start).
+
+Nothing outside a strategy writes to it: its state (models, optimizers, the grad scaler,
+the metered step's marks) is its own. A subclass holds only what differs from single-device
+training: it builds its models in ``setup()`` (every attribute it creates there is declared on
+the class), says which ``models()`` and ``optimizers()`` it trains, in checkpoint order, and
+writes ``train_step`` and ``read_timing``; the loss, backward, update and evaluation it shares
+live here once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gputui.core.config import RunConfig, effective_batch_size, effective_lr
+from gputui.core.devices import Device
+from gputui.train.models import build_model
+from gputui.train.strategies import fastpath
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Stopwatch:
+    """Time marks without sync points: perf_counter on CPU, CUDA events on GPU (read later,
+    at the log interval, where the loop synchronises anyway)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+
+def no_correct(device: torch.device) -> torch.Tensor:
+    """A count of correct predictions at zero, on ``device`` (what evaluate starts from)."""
+    return torch.zeros((), dtype=torch.long, device=device)
+
+
+def flat_layers(module: nn.Module) -> list[nn.Module]:
+    """The layers of a plain Sequential, with nested plain Sequentials opened (subclasses,
+    which may have their own forward, are kept whole)."""
+    out: list[nn.Module] = []
+    for child in module.children():
+        out += flat_layers(child) if type(child) is nn.Sequential else [child]
+    return out
+
+
+class Strategy:
+    """Base class: configuration, model building, the optimizer, the loss and one micro-batched
+    forward/backward pass, the update, evaluation and checkpoints (see the module doc)."""
+
+    name = "base"
+
+    def __init__(self, cfg: RunConfig, devices: list[Device], in_channels: int = 1,
+                 image_size: int = 28, num_classes: int = 10, rank: int = 0,
+                 world_size: int = 1, height: int = 0):
+        self.cfg, self.devices = cfg, devices
+        self.torch_devices = [torch.device(d.torch_device) for d in devices]
+        self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+        self.height = height or image_size  # image_size is the width (built-in data: square)
+        self.rank, self.world_size = rank, world_size
+        self.local_rank = 0  # this process's rank on its machine (multi-process: set in setup)
+        n = max(len(devices), world_size)
+        self.batch_size = effective_batch_size(cfg, n)
+        self.lr = effective_lr(cfg, n)
+        self.comm_delay_s = cfg.debug.comm_delay_s  # added to each communication (a test knob)
+        self.notes: list[str] = []  # what the run says once at its start; only the strategy adds
+        self.timing: dict[str, Any] = {}  # the last metered step's marks (train_step writes them)
+        self.scaler: torch.amp.GradScaler | None = None  # fp16 on CUDA only (make_scaler)
+        # decided once, not per step
+        self.micro = cfg.optim.micro_batches
+        self.amp_dtype = AMP_DTYPES.get(cfg.run.precision)
+        # CUDA graphs (compile "reduce-overhead") reuse their output memory: each step says
+        # where it begins, so the previous step's outputs are not taken for live ones.
+        self.graph_steps = cfg.run.compile == "reduce-overhead"
+
+    # ---------------------------------------------------------------- building blocks
+    def build_model(self) -> nn.Module:
+        """The configured model on the CPU, initialised from ``run.seed``: the built-in
+        model.name, or what model.factory builds (the user's code, see userfactory)."""
+        m = self.cfg.model
+        if m.factory:
+            from gputui.train.userfactory import build_model as build_user_model
+
+            model = build_user_model(m, self.in_channels, self.height, self.image_size,
+                                     self.num_classes, seed=self.cfg.run.seed)
+        else:
+            model = build_model(m.name, self.in_channels, self.image_size, self.num_classes,
+                                seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+        return fastpath.to_channels_last(model) if self.cfg.run.channels_last else model
+
+    def fast(self, module: nn.Module) -> nn.Module:
+        """The module a step calls, through torch.compile when run.compile asks for it (see
+        ``fastpath``); the eager module itself otherwise."""
+        return fastpath.compile_module(module, self.cfg.run.compile)
+
+    def lean(self, model: nn.Module) -> nn.Module:
+        """What a step calls: a Sequential of nested plain Sequentials flattened into one that
+        shares their layers (one call per layer, none per nesting level); anything else as is.
+        Parameter names, checkpoints and the optimizer stay on ``model`` itself."""
+        if type(model) is not nn.Sequential:
+            return model
+        leaves = flat_layers(model)
+        return nn.Sequential(*leaves) if len(leaves) != len(model) else model
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """Minibatch SGD with the configured lr, momentum and weight decay."""
+        o = self.cfg.optim
+        return torch.optim.SGD(params, lr=self.lr, momentum=o.momentum,
+                               weight_decay=o.weight_decay)
+
+    def make_scaler(self, device: torch.device) -> None:
+        """fp16 on CUDA needs a grad scaler; bf16 and fp32 do not."""
+        if self.cfg.run.precision == "fp16" and device.type == "cuda":
+            self.scaler = torch.amp.GradScaler("cuda")
+
+    def autocast(self, device: torch.device):
+        """Autocast for bf16/fp16, a no-op context for fp32."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.amp_dtype)
+
+    def scaled_loss(self, out: torch.Tensor, y: torch.Tensor, denom: float) -> torch.Tensor:
+        """The mean cross-entropy of a slice of the global batch, times the slice's share of
+        it (``len(y) / denom``, the multiplication skipped when that is 1): summed over the
+        slices, these give the full batch's mean loss and gradient. ``denom`` is the global
+        batch (over the world size where the ranks' gradients are averaged)."""
+        loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
+        share = len(y) / denom
+        return loss if share == 1.0 else loss * share
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss``, through the grad scaler when there is one."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         denom: float, device: torch.device, before_last=None) -> torch.Tensor:
+        """Forward and backward of (x, y) with the loss scaled to ``len(x) / denom`` of the
+        mean (``denom``: the global batch), so gradients add up to the full-batch mean; over
+        ``optim.micro_batches`` slices when there are several. ``before_last`` is a context
+        factory entered for all but the last micro-batch (DDP's no_sync). Returns the
+        detached loss contribution. One micro-batch (the usual case) costs what a
+        hand-written step does: forward, mean cross-entropy, backward."""
+        if self.graph_steps:
+            torch.compiler.cudagraph_mark_step_begin()
+        if self.micro == 1:
+            return self._pass(model, x, y, denom, device)
+        k = min(self.micro, len(x))
+        total = None
+        for i, (xm, ym) in enumerate(zip(torch.tensor_split(x, k), torch.tensor_split(y, k))):
+            ctx = before_last() if before_last is not None and i < k - 1 else contextlib.nullcontext()
+            with ctx:
+                part = self._pass(model, xm, ym, denom, device)
+            total = part if total is None else total + part
+        return total
+
+    def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
+              device: torch.device) -> torch.Tensor:
+        """One forward/backward of a slice (see ``scaled_loss``); the detached loss."""
+        if self.amp_dtype is None:
+            out = model(x)
+        else:
+            with torch.autocast(device_type=device.type, dtype=self.amp_dtype):
+                out = model(x)
+        loss = self.scaled_loss(out, y, denom)
+        self.backward(loss)
+        return loss.detach()
+
+    def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
+        """One update of each optimizer, then the grad scaler's update (when there is one)."""
+        scaler = self.scaler
+        if scaler is None:
+            for opt in opts:
+                opt.step()
+            return
+        for opt in opts:
+            scaler.step(opt)
+        scaler.update()
+
+    def use_eager(self) -> int:
+        """Put the eager module back wherever this strategy holds a compiled one (after a
+        failed compile); returns how many were replaced."""
+        replaced = 0
+        for name, value in list(vars(self).items()):
+            value, n = fastpath.eager(value)
+            if n:
+                setattr(self, name, value)
+                replaced += n
+        return replaced
+
+    # ---------------------------------------------------------------- what a subclass writes
+    def setup(self) -> None:
+        """Build models and optimizers on the devices."""
+        raise NotImplementedError
+
+    def models(self) -> list[nn.Module]:
+        """The models this process trains, in checkpoint order (each replica, or the one
+        model): what ``set_train`` switches, what checkpoints and memory rows hold and what
+        ``evaluate`` splits a test batch over, the i-th on the i-th device."""
+        raise NotImplementedError
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers, in checkpoint order (one per replica, or the one)."""
+        raise NotImplementedError
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        """One optimizer step on a global batch; returns its mean loss, detached, unsynced.
+        With ``data_s`` (the seconds the loop waited for this batch) the step is metered:
+        its marks go to ``timing``, for ``read_timing``."""
+        raise NotImplementedError
+
+    def read_timing(self) -> dict:
+        """Seconds of the last metered step: {"step_s", "comm_s", "per_device": [...]}, read at
+        the log interval; {} when nothing was metered. Each per_device row holds the step's
+        ``breakdown`` (``gputui.core.breakdown.make``)."""
+        return {}
+
+    # ---------------------------------------------------------------- shared, overridable
+    def data_device(self) -> torch.device:
+        """Where the dataset tensors should live (the first device by default)."""
+        return self.torch_devices[0]
+
+    def compiles(self) -> bool:
+        """Whether run.compile applies to this strategy (dp and fsdp say no, and why)."""
+        return True
+
+    def primary_model(self) -> nn.Module:
+        """The model whose parameters stand for the run (parameter count, equivalence tests)."""
+        return self.models()[0]
+
+    def set_train(self, mode: bool) -> None:
+        """Training (True) or evaluation mode for every model."""
+        for model in self.models():
+            model.train(mode)
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions on a test batch, split evenly over ``models()``, each on its
+        device."""
+        models = self.models()
+        devs = self.torch_devices[:len(models)]
+        correct = no_correct(devs[0])
+        for model, dev, xs, ys in zip(models, devs, torch.tensor_split(x, len(models)),
+                                      torch.tensor_split(y, len(models))):
+            if len(xs) == 0:
+                continue
+            with self.autocast(dev):
+                pred = model(xs.to(dev, non_blocking=True)).argmax(dim=1)
+            correct += (pred == ys.to(dev, non_blocking=True)).sum().to(devs[0])
+        return correct
+
+    def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
+        """Combine a metric over processes (identity for single-process strategies)."""
+        return value
+
+    def device_stats(self) -> list[dict]:
+        """Per-device figures for StepMetrics at the log interval (memory from torch)."""
+        out = []
+        for d in self.devices:
+            entry: dict[str, Any] = {"device": d.name}
+            if d.kind == "cuda":
+                entry["mem_alloc"] = torch.cuda.memory_allocated(d.index)
+                entry["mem_reserved"] = torch.cuda.memory_reserved(d.index)
+            out.append(entry)
+        return out
+
+    def memory_groups(self) -> list[tuple[str, torch.device, nn.Module, list]]:
+        """(device name, torch device, model, optimizers) for each device this process holds
+        training state on: one per device when every device has its own model and optimizer
+        (replicas), else everything on the first device (one model spread over several, as
+        model_parallel and dp, is counted whole there)."""
+        models, opts = self.models(), self.optimizers()
+        if len(models) == len(opts) == len(self.devices) > 1:
+            return [(d.name, dev, m, [o])
+                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts)]
+        return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
+
+    def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
+        """Every device's memory (see events.MemoryReport), gathered over the processes (a
+        collective in multi-process strategies: call on every rank). ``activations``: an
+        ActivationMeter's peaks by torch device, shared evenly by the virtual devices that
+        share one torch device."""
+        from gputui.train import memory
+
+        groups = self.memory_groups()
+        sharing = {}
+        for _, dev, _, _ in groups:
+            sharing[str(dev)] = sharing.get(str(dev), 0) + 1
+        rows = []
+        for name, dev, model, opts in groups:
+            row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}
+            act = activations.get(str(dev)) if activations is not None else None
+            row["activations"] = act // sharing[str(dev)] if act is not None else None
+            row.update(memory.allocator(dev))
+            rows.append(row)
+        return self.gather_rows(rows)
+
+    def gather_rows(self, rows: list[dict]) -> list[dict]:
+        """Every process's rows, in rank order (this process's alone here)."""
+        return rows
+
+    def close(self) -> None:
+        """Release resources (process groups, CUDA memory)."""
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything training needs to continue exactly: every model of ``models()``, every
+        optimizer and the grad scaler. Tensors and plain containers only, so a checkpoint
+        loads with ``weights_only=True``. Multi-process strategies call this on every rank
+        (a sharded one gathers here); rank 0 writes the file."""
+        return {"models": [m.state_dict() for m in self.models()],
+                "optimizers": [o.state_dict() for o in self.optimizers()],
+                "scaler": self.scaler_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what ``state_dict`` returned into the set-up models and optimizers."""
+        models, opts = self.models(), self.optimizers()
+        if len(state["models"]) != len(models) or len(state["optimizers"]) != len(opts):
+            raise ValueError(f"{len(state['models'])} model(s) and {len(state['optimizers'])} "
+                             f"optimizer(s) saved, {len(models)} and {len(opts)} here")
+        for model, saved in zip(models, state["models"]):
+            model.load_state_dict(saved)
+        for opt, saved in zip(opts, state["optimizers"]):
+            opt.load_state_dict(saved)
+        self.load_scaler_state(state)
+
+    def scaler_state(self) -> dict[str, Any] | None:
+        """The grad scaler's state for a checkpoint (None without one)."""
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_scaler_state(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's grad-scaler state, when both it and this run have one."""
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

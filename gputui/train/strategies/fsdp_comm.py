@@ -1,0 +1,117 @@
+"""How long fsdp's collectives take, split out of compute (the CPU), timed on metered steps.
+
+FSDP2 (``fully_shard``) all-gathers each unit's parameters before its forward and backward
+and reduce-scatters its gradients after backward, inside its own hooks. torch lets a
+``FSDPModule`` swap those two collectives for its own (``set_custom_all_gather``,
+``set_custom_reduce_scatter``, torch 2.8 and later: feature-detected); :class:`FSDPCommTimer`
+installs wrappers that call torch's default collectives and, on metered steps, mark when each
+call starts and returns. On the CPU (gloo) every call is synchronous on the training thread
+(fully_shard issues them with ``async_op=False`` there), so its span is communication the
+step waits for: exposed, and compute is the backward span less it. On GPUs the calls are
+only enqueued on fsdp's communication streams (marks there time them, see
+:class:`~gputui.train.strategies.base.Stopwatch`), and which part overlaps compute is not
+known: the total is reported (``seconds``), the split is not (compute keeps it).
+``delay_s`` (debug.comm_delay_s) holds back each collective that long, on every step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from gputui.train.strategies.base import Stopwatch
+from gputui.train.strategies.comm_timer import _merged
+
+
+def _defaults():
+    """torch's default all-gather and reduce-scatter classes (None where this torch has no
+    custom-collective API)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather, DefaultReduceScatter)
+    except ImportError:
+        return None
+    return DefaultAllGather, DefaultReduceScatter
+
+
+class FSDPCommTimer:
+    """The marks of a metered step's collectives; the interface of ``CommTimer`` (start_step,
+    split, seconds, nbytes) so the ddp strategy's breakdown reads either."""
+
+    def __init__(self, watch: Stopwatch, delay_s: float = 0.0):
+        self.watch, self.delay_s = watch, delay_s
+        self.active = False
+        self.spans: list[tuple[Any, Any]] = []
+        self.nbytes = 0  # no all-reduce: no bandwidth to set beside bench-comm's all-reduce peak
+        self.splits = not watch.cuda  # the calls block the training thread: their span is exposed
+
+    def start_step(self, metered: bool) -> None:
+        self.active = metered
+        self.spans = []
+
+    def timed(self, inner, output: torch.Tensor, input_tensor: torch.Tensor, *args, **kwargs):
+        """Run one collective of torch's (``inner``), marked on metered steps."""
+        if not self.active:
+            work = inner(output, input_tensor, *args, **kwargs)
+            self._late(work)
+            return work
+        start = self.watch.mark()
+        work = inner(output, input_tensor, *args, **kwargs)
+        self._late(work)
+        self.spans.append((start, self.watch.mark()))
+        return work
+
+    def _late(self, work) -> None:
+        if self.delay_s:
+            if work is not None:
+                work.wait()
+            time.sleep(self.delay_s)
+
+    def split(self, step_start: Any, backward_end: Any) -> tuple[float, float, float] | None:
+        """(end of compute, exposed, overlapped) in seconds from the step's start, as
+        ``CommTimer.split``: on the CPU every collective's span is exposed, so compute "ends"
+        that long before backward does; None on GPUs (the overlap is not known) and when the
+        step ran no collective."""
+        if not self.spans or not self.splits:
+            return None
+        exposed = self.seconds(step_start)
+        return self.watch.seconds(step_start, backward_end) - exposed, exposed, 0.0
+
+    def seconds(self, step_start: Any) -> float:
+        """Seconds during which some collective ran (overlaps merged); 0.0 with none."""
+        return _merged([(self.watch.seconds(step_start, a), self.watch.seconds(step_start, b))
+                        for a, b in self.spans])
+
+
+def install(model: nn.Module, timer: FSDPCommTimer) -> bool:
+    """Give every fully_shard unit of ``model`` the timed collectives; False (nothing done)
+    where this torch has no custom-collective API."""
+    defaults = _defaults()
+    if defaults is None:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units or not hasattr(units[0], "set_custom_all_gather"):
+        return False
+    gather_cls, scatter_cls = defaults
+
+    class TimedAllGather(gather_cls):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            inner = super().__call__
+            return timer.timed(lambda o, i, **kw: inner(o, i, **kw), output_tensor,
+                               input_tensor, group=group, async_op=async_op)
+
+    class TimedReduceScatter(scatter_cls):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            inner = super().__call__
+            return timer.timed(lambda o, i, **kw: inner(o, i, **kw), output_tensor,
+                               input_tensor, group=group, op=op, async_op=async_op)
+
+    for unit in units:
+        unit.set_custom_all_gather(TimedAllGather())
+        unit.set_custom_reduce_scatter(TimedReduceScatter())
+    return True

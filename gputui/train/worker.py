@@ -1,0 +1,167 @@
+"""The training process: entry point of the spawned child, and the in-process ``execute``.
+
+A stop (the parent's, a stop signal, the parent's death: see ``stopping``) stops the child at
+its next step with a checkpoint; every event is recorded as it happens (``recorder``) and the
+record ends with exactly one terminal event.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from gputui.core.config import from_dict
+from gputui.core.devices import Device
+from gputui.core.events import InitDone, LogLine, RunFailed, RunFinished, RunStarted, RunStopped
+from gputui.core.filewrite import DISK_FULL, WriteFailed, os_error_in
+from gputui.core.usercode import code_named
+from gputui.train.handoff import LaunchSpec
+from gputui.train.rankinfo import RankInfo
+from gputui.train.recorder import Recorder
+from gputui.train.stopping import AgreedStop, StopFlag
+
+
+def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
+            should_stop: Callable[[], bool], t_launch: float,
+            rank: RankInfo | None = None, load_data: Callable | None = None,
+            notes: list[str] | tuple = ()) -> str:
+    """Train one run in this process; returns the terminal status. Never raises. ``rank``
+    is given in each process of a multi-process run; ``load_data`` replaces
+    ``data.load_from_config`` (the ranks map the copy their agent loaded). ``notes`` are the
+    launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
+    cfg = from_dict(cfg_dict, source="run")
+    emit = recorder.emit
+    started = False
+    try:
+        from gputui.core import registry
+
+        info = registry.get(cfg.strategy.name)
+
+        def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                emit(RunStarted(run_id=run_id, config=cfg_dict,
+                                devices=tuple(d.to_dict() for d in devices),
+                                strategy=cfg.strategy.name,
+                                world_size=rank.world_size if rank else 1))
+                for note in notes:
+                    emit(LogLine(level="warning", message=note))
+
+        # A preset naming the user's code starts only once that code has built the data and
+        # the model: a factory that fails ends the record with one line and no run_started.
+        if not code_named(cfg):
+            start()
+        t0 = time.perf_counter()
+        import torch
+
+        from gputui.train import data as data_mod
+        from gputui.train.loop import train
+        from gputui.train.models import count_params
+
+        import_s = time.perf_counter() - t0
+        _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
+        t1 = time.perf_counter()
+        ds = (load_data or data_mod.load_from_config)(cfg.data)
+        t2 = time.perf_counter()
+        where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}
+        strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes,
+                               height=ds.height, **where)
+        strategy.setup()
+        start()
+        if rank is not None:
+            should_stop = AgreedStop(should_stop, strategy)
+        batches = data_mod.make_batches(ds, strategy.batch_size, cfg.run.seed,
+                                        strategy.data_device(), cfg.data.loader, cfg.data.workers,
+                                        cfg.run.channels_last)
+        t3 = time.perf_counter()
+        from gputui.train.strategies import fastpath
+
+        compile_s = fastpath.prepare(strategy, ds, emit)  # before the first step, timed apart
+        for note in strategy.notes:
+            emit(LogLine(level="info", message=note))
+        emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
+                      model_s=t3 - t2, compile_s=compile_s, train_samples=ds.n_train,
+                      test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
+                      params=count_params(strategy.primary_model()),
+                      threads=torch.get_num_threads(), cores=_cores()))
+        t_train = time.time()
+        status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
+        strategy.close()
+        if status == "stopped":
+            emit(RunStopped(reason=getattr(should_stop, "reason", "stopped by user")))
+        else:
+            emit(RunFinished(seconds=time.time() - t_train))
+        return status
+    except WriteFailed as exc:  # a full disk or a refused write: one line, no traceback
+        if exc.disk_full:
+            exc.hint = disk_hint(recorder.run_dir, run_id)
+        emit(RunFailed(reason=str(exc)))
+        return "failed"
+    except Exception as exc:  # noqa: BLE001 - every failure must end the record
+        cause = os_error_in(exc) if not isinstance(exc, OSError) else None
+        if cause is not None and cause.errno in DISK_FULL:  # e.g. a user's code writing files
+            emit(RunFailed(reason=f"{_one_line(exc)}: {cause.strerror} "
+                                  f"({disk_hint(recorder.run_dir, run_id)})"))
+            return "failed"
+        emit(RunFailed(reason=_one_line(exc), detail=traceback.format_exc()))
+        return "failed"
+
+
+def disk_hint(run_dir: Path, run_id: str = "") -> str:
+    """What to do after a full disk ended a run: resume when a checkpoint was written."""
+    from gputui.train.checkpoint import CHECKPOINT_NAME
+
+    if (Path(run_dir) / CHECKPOINT_NAME).is_file():
+        return f"free space, then `gputui resume {run_dir}` continues from the last checkpoint"
+    return "free space on that disk and run it again"
+
+
+# gloo's and NCCL's words for a collective that waited past its timeout
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms|collective operation timeout", re.I)
+
+
+def _one_line(exc: BaseException) -> str:
+    timeout = _COLLECTIVE_TIMEOUT.search(str(exc))
+    if timeout:
+        after = f" after {int(timeout.group(1)) / 1000:g} s" if timeout.group(1) else ""
+        return (f"a collective timed out{after} (strategy.timeout_s): another rank stopped "
+                f"responding; raise strategy.timeout_s if the ranks are only slow")
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
+                                   "OutOfMemory", "CheckpointError", "UserCodeError",
+                                   "CompileError"}
+    return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
+def _set_threads(torch, threads: int, processes: int) -> None:
+    """Give each process its share of the cores unless run.threads says otherwise."""
+    if threads <= 0:
+        threads = max(1, _cores() // max(1, processes))
+    torch.set_num_threads(threads)
+
+
+def child_main(spec: LaunchSpec) -> None:
+    """Entry point of the spawned training process (single-process strategies)."""
+    # CUDA must number GPUs the way discovery (NVML, PCI order) did, before torch loads CUDA.
+    from gputui.hw.cuda_order import cuda_env
+
+    os.environ.update(cuda_env())
+    stop = StopFlag(spec.stop, spec.parent_pid, signals=True)
+    recorder = Recorder(spec.run_dir, forward=spec.queue.put)
+    try:
+        execute(spec.config, list(spec.devices), spec.run_id, recorder, stop, spec.t_launch,
+                notes=spec.notes)
+    finally:
+        recorder.close()

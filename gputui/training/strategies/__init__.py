@@ -1,5 +1,0 @@
-"""Training strategies: one module each behind ``base.Strategy``; ``registry`` is torch-free."""
-
-from gputui.training.strategies import registry
-
-__all__ = ["registry"]
