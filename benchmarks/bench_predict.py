@@ -1,4 +1,4 @@
-"""Predicted against measured: ddp on two CPU ranks for LeNet, the MLP and ResNet-18.
+"""Predicted against measured: ddp (or fsdp) on two CPU ranks for LeNet, the MLP and ResNet-18.
 
     .venv/bin/python benchmarks/bench_predict.py [--models lenet,mlp,resnet18] [--rounds 1]
         [--strategy ddp] [--devices 2]
@@ -12,7 +12,8 @@ agent, gloo ranks), for about as long (at least 100 steps, epochs of 100 up to ~
 reads its steady step time (warm-up excluded, ``gputui.core.steady``). It prints predicted,
 measured and their ratio (goal: within 15 %, i.e. 0.85 to 1.15), and beside it the ratio the
 previous model gives in the same round (N ``single`` runs' t_c in place of the strategy's own
-t_own). The ratio of speedups equals the inverse ratio of step times (both divide the same
+t_own) and, for fsdp, the ratio with the older comm term (1.5 t_ar in place of the measured
+t_fsdp). The ratio of speedups equals the inverse ratio of step times (both divide the same
 measured one-device rate).
 """
 
@@ -79,6 +80,8 @@ def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
     # the previous model, in the same round: single's compute in place of the strategy's own
     c = m.compute(max(1, inp.batch // n), max(1, m.cores // n), n)
     old = predict(strategy, replace(inp, t_own={}, t_c=c["step_time_s"]))
+    # fsdp's previous comm term, in the same round: 1.5 t_ar in place of the measured t_fsdp
+    prev = predict(strategy, replace(inp, t_fsdp=None)) if strategy == "fsdp" else None
     steady = measured(cfg, strategy, n, work / "runs", epochs_for(p.step_time_s))
     ratio = p.step_time_s / steady["step_time_s"]
     return {"model": model, "strategy": strategy, "devices": n,
@@ -89,6 +92,8 @@ def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
             "measured_noise": steady["noise"], "measured_steps": steady["steps"],
             "ratio": ratio, "within_15pct": abs(ratio - 1) <= 0.15,
             "old_ratio": old.step_time_s / steady["step_time_s"],
+            "t_fsdp_ms": None if inp.t_fsdp is None else inp.t_fsdp * 1e3,
+            "ratio_1p5_t_ar": prev.step_time_s / steady["step_time_s"] if prev else None,
             "predicted_speedup": p.speedup,
             "measured_speedup": (inp.t_1 / steady["step_time_s"])}
 
@@ -109,16 +114,20 @@ def main() -> None:
                 row = one_round(model, args.strategy, args.devices, Path(tmp))
                 row["round"] = r + 1
                 rows.append(row)
+                comm = (f"t_fsdp {row['t_fsdp_ms']:.2f}" if row["t_fsdp_ms"] is not None
+                        else f"t_ar {row['t_ar_ms']:.2f}")
+                prev = ("" if row["ratio_1p5_t_ar"] is None else
+                        f"; with 1.5 t_ar in place of t_fsdp: {row['ratio_1p5_t_ar']:.3f}")
                 print(f"{model:9} {args.strategy}@cpu*{args.devices} batch {row['batch']}: "
                       f"predicted {row['predicted_ms']:.2f} ms/step (t_own {row['t_own_ms']:.2f}"
-                      f" + t_ar {row['t_ar_ms']:.2f} + t_sync/10 {row['t_sync_ms'] / 10:.2f}), "
+                      f" + {comm} + t_sync/10 {row['t_sync_ms'] / 10:.2f}), "
                       f"measured {row['measured_ms']:.2f} ms/step over {row['measured_steps']} "
                       f"steps (±{(row['measured_noise'] or 0):.0%}): predicted/measured "
                       f"{row['ratio']:.3f} {'(within 15 %)' if row['within_15pct'] else '(OUT)'}"
                       f"; with single's t_c {row['t_c_ms']:.2f} in place of t_own: "
                       f"{row['old_ratio']:.3f}; speedup predicted "
                       f"{row['predicted_speedup']:.2f}x, measured "
-                      f"{row['measured_speedup']:.2f}x", flush=True)
+                      f"{row['measured_speedup']:.2f}x{prev}", flush=True)
     from gputui.core.steady import spread
 
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -127,6 +136,12 @@ def main() -> None:
         print(f"{model:9} predicted/measured over {sp['n']} round(s): median {sp['median']:.3f} "
               f"(range {sp['min']:.3f}-{sp['max']:.3f}); single's t_c in place of t_own: "
               f"median {old['median']:.3f} (range {old['min']:.3f}-{old['max']:.3f})")
+        prev = [r["ratio_1p5_t_ar"] for r in rows if r["model"] == model
+                and r["ratio_1p5_t_ar"] is not None]
+        if prev:
+            pv = spread(prev)
+            print(f"{model:9} with 1.5 t_ar in place of t_fsdp: median {pv['median']:.3f} "
+                  f"(range {pv['min']:.3f}-{pv['max']:.3f})")
     if args.json:
         print(json.dumps(rows, indent=2))
 

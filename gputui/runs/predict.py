@@ -17,13 +17,19 @@ The model (README, "Predicted scaling") takes measured inputs only:
   above DDP's first bucket with every CPU core kept busy, as backward keeps them
   (:mod:`gputui.runs.predict_comm`); ``t_copy``: the scratch allreduce (copies inside one process,
   ``gputui bench-comm``).
+- ``t_fsdp``: what one step's fsdp collectives add to it, timed between ranks
+  (:func:`gputui.runs.predict_comm.fsdp_in_step`): the model's fully_shard units counted, each
+  all-gathered before its forward and again before its backward (the root only once) and its
+  gradients reduce-scattered, each call at its unit's flat bytes, with the step's compute
+  (t_own) cut into slices between the calls.
 
 Per step, N devices:
 
     ddp:     t_N = t_own + max(0, t_ar - overlap) + t_sync / log_every
-    fsdp:    t_N = t_own + max(0, 1.5 t_ar - overlap) + t_sync / log_every
-             (fsdp: all-gather x2 + reduce-scatter; t_sync: the loop's one small all-reduce
-             of the window's losses per log window, measured like t_ar)
+    fsdp:    t_N = t_own + max(0, t_fsdp - overlap) + t_sync / log_every
+             (t_sync: the loop's one small all-reduce of the window's losses per log
+             window, measured like t_ar; where t_fsdp was not measured, figures kept before
+             it was: 1.5 t_ar, two all-gathers and a reduce-scatter of G)
     scratch: t_N = N t_seq + t_copy   on CPU (one process)   t_c + t_copy on GPUs
     dp:      t_N = t_1                on CPU (no replication) t_c + 2 t_copy on GPUs
     overlap = 0 on the CPU (the ranks' cores do the reduction); on GPUs the buckets after
@@ -44,7 +50,7 @@ STRATEGIES = ("ddp", "fsdp", "scratch", "dp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
 FORMULAS = {
     "ddp": "t_own + max(0, t_ar - overlap) + t_sync / log_every",
-    "fsdp": "t_own + max(0, 1.5 t_ar - overlap) + t_sync / log_every",
+    "fsdp": "t_own + max(0, t_fsdp - overlap) + t_sync / log_every",
     "scratch": "N t_seq + t_copy (cpu) | t_c + t_copy (gpu)",
     "dp": "t_1 (cpu, no replication) | t_c + 2 t_copy (gpu)",
 }
@@ -66,6 +72,7 @@ class Inputs:
     t_own: dict[str, float] = field(default_factory=dict)
     t_ar: float | None = None  # torch.distributed allreduce of grad_bytes over N ranks
     t_copy: float | None = None  # scratch allreduce of grad_bytes over N devices
+    t_fsdp: float | None = None  # one step's fsdp all-gathers and reduce-scatters, N ranks
     t_sync: float | None = None  # allreduce of the window's losses (log_every floats), N ranks
     log_every: int = 20
     grad_bytes: int = 0
@@ -124,8 +131,14 @@ def predict(strategy: str, inp: Inputs) -> Prediction:
         else:
             need = {"t_own": own}
         compute = own if own is not None else inp.t_c
-        need.update(t_ar=inp.t_ar, t_sync=inp.t_sync)
-        comm = (inp.t_ar or 0.0) * (1.5 if strategy == "fsdp" else 1.0)
+        if strategy == "fsdp" and inp.t_fsdp is not None:
+            need.update(t_fsdp=inp.t_fsdp, t_sync=inp.t_sync)
+            comm = inp.t_fsdp
+        else:
+            if strategy == "fsdp":  # kept figures without t_fsdp: the older estimate
+                p.formula = p.formula.replace("t_fsdp", "1.5 t_ar")
+            need.update(t_ar=inp.t_ar, t_sync=inp.t_sync)
+            comm = (inp.t_ar or 0.0) * (1.5 if strategy == "fsdp" else 1.0)
         hidden = overlap(comm, inp, compute) if compute else 0.0
         need["overlap"] = hidden
         t = (compute or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(

@@ -197,6 +197,20 @@ def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) 
     return out
 
 
+def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
+                 line: Line) -> dict:
+    """One step's fsdp all-gathers and reduce-scatters over ``n`` ranks, issued as fully_shard
+    issues them between ``gap`` seconds of compute (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
+    from gputui.runs.predict_comm import fsdp_in_step
+
+    out = fsdp_in_step(cfg_dict, n, gap, "cuda" if kind == "gpu" else "cpu", cores_)
+    line(f"  measured fsdp's {out['calls']} collectives per step ({out['bytes'] / 2**20:.2f} "
+         f"MiB) over {n} ranks between {gap * 1000:.1f} ms of compute: "
+         f"{out['seconds'] * 1000:.2f} ms")
+    return {"torch_s": out["seconds"], "calls": out["calls"], "bytes": out["bytes"],
+            "gap_s": gap}
+
+
 class Measurer:
     """Gathers (from the cache, or by measuring) the inputs of a prediction."""
 
@@ -251,6 +265,21 @@ class Measurer:
         return self._get(comm_key(self.kind, n, size, label),
                          lambda: measure_comm(devices, size, gap, self.cores, self.line))
 
+    def fsdp_comm(self, n: int, gap: float) -> dict | None:
+        """One step's fsdp collectives over ``n`` ranks between ``gap`` seconds of compute
+        (the model's units counted in the measuring process; model, data shape, wrap and gap
+        in the key)."""
+        import math
+
+        from gputui.core.usercode import data_label, model_label
+
+        d = self.cfg.to_dict()
+        label = (f"fsdp:{model_label(d)}|{data_label(d)}|"
+                 f"{','.join(self.cfg.strategy.fsdp_wrap)}|{self._gpu_label or 'step'}"
+                 f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms")
+        return self._get(comm_key(self.kind, n, 0, label),
+                         lambda: measure_fsdp(d, n, gap, self.kind, self.cores, self.line))
+
     def inputs(self, n: int, strategies: list[str]) -> Inputs:
         """The inputs for N devices (missing figures stay None when measuring is off)."""
         on_gpu = self.kind == "gpu"
@@ -294,6 +323,9 @@ class Measurer:
             c = self.comm(n, inp.grad_bytes, gap)
             if c:
                 inp.t_ar, inp.t_copy = c["torch_s"], c["scratch_s"]
+        if "fsdp" in strategies and inp.params:
+            c = self.fsdp_comm(n, inp.t_own.get("fsdp") or inp.t_c or inp.t_1)
+            inp.t_fsdp = c["torch_s"] if c else None
         if any(s in strategies for s in ("ddp", "fsdp")):
             c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
