@@ -58,7 +58,7 @@ def fsdp_calls(units: list[int], root: int = 0) -> list[Call]:
 
 def padded_bytes(shapes: list[tuple[int, ...]], n: int, itemsize: int = 4) -> int:
     """The flat bytes of one fsdp unit on ``n`` ranks: each parameter is sharded on its first
-    dimension, padded to a multiple of ``n`` rows."""
+    dimension (a scalar: one row), padded to a multiple of ``n`` rows."""
     total = 0
     for shape in shapes:
         rows = shape[0] if shape else 1

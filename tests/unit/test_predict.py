@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ from gputui.core.events import StepMetrics
 from gputui.core.steady import WARMUP_STEPS, spread, steady_figures
 from gputui.core.trust import flags, refuse_baseline
 from gputui.runs.predict import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
+from gputui.runs.predict_comm import fsdp_calls, padded_bytes
 
 
 def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
@@ -36,6 +38,34 @@ def test_ddp_takes_its_own_one_rank_step_where_measured_and_says_which():
     fsdp = predict("fsdp", inp)  # not measured with fsdp itself: single's t_c, said so
     assert fsdp.step_time_s == pytest.approx(0.030 + 1.5 * 0.0025 + 0.0002)
     assert fsdp.formula.startswith("t_c") and "t_own" not in fsdp.terms
+
+
+def test_fsdp_takes_its_measured_collectives_in_place_of_the_allreduce_estimate():
+    inp = Inputs(n=2, on_gpu=False, batch=256, batch_1=256, t_1=0.004,
+                 t_own={"fsdp": 0.0045}, t_ar=0.003, t_fsdp=0.0135, t_sync=0.002,
+                 log_every=10)
+    p = predict("fsdp", inp)
+    assert p.step_time_s == pytest.approx(0.0045 + 0.0135 + 0.0002)
+    assert p.speedup == pytest.approx((256 / 0.0182) / (256 / 0.004))
+    assert "t_fsdp" in p.formula and p.terms["t_fsdp"] == 0.0135 and "t_ar" not in p.terms
+    kept = predict("fsdp", replace(inp, t_fsdp=None))  # figures kept before t_fsdp was
+    assert kept.step_time_s == pytest.approx(0.0045 + 1.5 * 0.003 + 0.0002)
+    assert "1.5 t_ar" in kept.formula and "t_fsdp" not in kept.formula
+    assert predict("ddp", replace(inp, t_own={"ddp": 0.0045})).step_time_s == pytest.approx(
+        0.0045 + 0.003 + 0.0002)  # ddp never reads t_fsdp
+
+
+def test_fsdp_calls_follow_fully_shard_and_units_are_padded_per_parameter():
+    # three units, no root parameters: the MLP's 9 collectives per step (its fsdp record's
+    # comm_calls); a root with parameters adds its forward all-gather and last reduce-scatter
+    ag, rs = "all_gather", "reduce_scatter"
+    assert fsdp_calls([30, 20, 10]) == [(ag, 30), (ag, 20), (ag, 10), (ag, 10), (rs, 10),
+                                        (ag, 20), (rs, 20), (ag, 30), (rs, 30)]
+    with_root = fsdp_calls([30, 0, 10], root=8)  # a unit without parameters: no collective
+    assert with_root[0] == (ag, 8) and with_root[-1] == (rs, 8) and len(with_root) == 8
+    # a 5x3 weight and 5 biases over 2 ranks: each padded to 6 rows
+    assert padded_bytes([(5, 3), (5,)], 2) == (6 * 3 + 6) * 4
+    assert padded_bytes([(4, 3)], 2) == 48 and padded_bytes([()], 3) == 12
 
 
 def test_gpu_overlap_hides_all_but_the_last_bucket_and_fsdp_shards_memory():
