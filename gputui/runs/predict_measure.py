@@ -4,7 +4,9 @@ Compute times come from short real ``single`` runs launched as users run them (t
 spawned processes), their steady step time read from the record (warm-up excluded, see
 :mod:`gputui.core.steady`); on the CPU the N copies a measurement needs run at once, each with the
 threads a rank would get. Allreduce times are measured at exactly the gradient bytes, as DDP
-issues them (:mod:`gputui.runs.predict_comm`); the scratch one by ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
+issues them (:mod:`gputui.runs.predict_comm`); fsdp's all-gathers and reduce-scatters at
+its units' sizes, as fully_shard issues them (the same module); the scratch one by
+``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
 (``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
 only when missing (or when asked to measure again). Torch-free: the measuring happens in
 spawned processes.
