@@ -9,7 +9,7 @@ from gputui.core import safeio
 from gputui.core.config import ConfigError
 
 # presets/ sits beside the package in the repository (and in an editable install).
-PACKAGE_PRESETS = Path(__file__).resolve().parent.parent / "presets"
+PACKAGE_PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
 def preset_dirs() -> list[Path]:
