@@ -206,3 +206,16 @@ def test_the_one_rank_measurement_leaves_out_its_warm_up_comm(tmp_path):
     run = write_record(tmp_path, "r", strategy="ddp", epochs=3, breakdowns=parts)
     assert _steady_comm(run) == pytest.approx(0.003)  # the first (warm-up) window left out
     assert _steady_comm(write_record(tmp_path, "s", epochs=2)) == 0.0  # none measured
+
+
+def test_fsdp_units_are_the_mlps_three_layers_as_the_fsdp_strategy_wraps_them():
+    from gputui.core.config import RunConfig, apply_overrides
+    from gputui.runs.predict_comm import fsdp_units
+
+    cfg = apply_overrides(RunConfig(), [("t", "model.name", "mlp"),
+                                        ("t", "data.name", "synthetic")])
+    # Linear 784->256, 256->128, 128->10 (weights and biases, float32), no root parameters
+    assert fsdp_units(cfg.to_dict(), 2) == ([(256 * 784 + 256) * 4, (128 * 256 + 128) * 4,
+                                             (10 * 128 + 10) * 4], 0)
+    units, _ = fsdp_units(cfg.to_dict(), 3)  # 256 rows padded to 258, 10 to 12
+    assert units[0] == (258 * 784 + 258) * 4 and units[2] == (12 * 128 + 12) * 4
