@@ -198,30 +198,33 @@ def torch_free() -> list[str]:
     return sorted(low) + TORCH_FREE_TOO
 
 
-def test_torch_free_modules_import_no_torch():
-    names = torch_free()
-    assert "gputui.core.config" in names and "gputui.hw.nvml" in names
+def first_import_pulling_in(names: list[str], forbidden: tuple[str, ...]) -> str:
+    """Imports ``names`` one after another in a fresh interpreter; '' when none brings any
+    ``forbidden`` module into sys.modules, else which one brought which."""
     code = ("import importlib, sys\n"
             f"for name in {names!r}:\n"
             "    importlib.import_module(name)\n"
-            "    heavy = [m for m in ('torch', 'torchvision', 'textual') if m in sys.modules]\n"
+            f"    heavy = [m for m in {forbidden!r} if m in sys.modules]\n"
             "    if heavy:\n"
             "        sys.exit(f'{name} pulls in {heavy}')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
-    assert out.returncode == 0, out.stderr.strip()
+    return out.stderr.strip() or ("" if out.returncode == 0 else f"exit {out.returncode}")
+
+
+def test_the_fresh_import_check_sees_a_heavy_import():
+    assert "pulls in ['torch']" in first_import_pulling_in(["gputui.train.loop"], ("torch",))
+
+
+def test_torch_free_modules_import_no_torch():
+    names = torch_free()
+    assert "gputui.core.config" in names and "gputui.hw.nvml" in names
+    assert first_import_pulling_in(names, ("torch", "torchvision", "textual")) == ""
 
 
 def test_core_and_plan_import_no_nvml():
     names = [m for m in _modules() if layer(m) in ("core", "plan")]
-    code = ("import importlib, sys\n"
-            f"for name in {names!r}:\n"
-            "    importlib.import_module(name)\n"
-            "    if 'pynvml' in sys.modules or 'gputui.hw' in sys.modules:\n"
-            "        sys.exit(f'{name} pulls in NVML or the hw layer')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr.strip()
+    assert first_import_pulling_in(names, ("pynvml", "gputui.hw")) == ""
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
