@@ -95,7 +95,7 @@ def fsdp_units(cfg_dict: dict, n: int) -> tuple[list[int], int]:
                                   ps[0].element_size() if ps else 4))
     units = owned[::-1] if names else owned  # forward order (named: modules() reversed)
     rest = [p for p in model.parameters() if id(p) not in seen]
-    root = padded_bytes([tuple(p.shape) for p in rest], n) if rest else 0
+    root = padded_bytes([tuple(p.shape) for p in rest], n, rest[0].element_size()) if rest else 0
     return units, root
 
 
@@ -136,14 +136,7 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str,
             if i >= 3:
                 cycles.append(time.perf_counter() - t0)
                 works.append(t1 - t0)
-        # what the all-reduce adds to a step: the cycle (the same on every rank: they wait for
-        # each other) less the slowest rank's own compute, so the wait for a rank held up
-        # (the other processes on its cores) counts, as it does in training
-        figures = torch.tensor([sum(cycles) / len(cycles), sum(works) / len(works)],
-                               dtype=torch.float64)
-        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
-        dist.barrier()
-        return max(0.0, float(figures[0] - figures[1]))
+        return _added(cycles, works)
     finally:
         time.sleep(0.1)  # see strategies.ddp.destroy_group
         dist.destroy_process_group()
@@ -151,10 +144,15 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str,
 
 def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
     """fsdp's step: the compute (``k`` matmuls) cut into equal slices, one before each
-    collective, as fully_shard issues them on the CPU (synchronous); what they add to a step,
-    as for the all-reduce: the mean cycle less the slowest rank's mean compute."""
+    collective, as fully_shard issues them on the CPU (synchronous; on CUDA each slice and
+    each call is synchronized, so the figure is the work, not its queueing); what they add to
+    a step, as for the all-reduce: the mean cycle less the slowest rank's mean compute."""
     import torch
     import torch.distributed as dist
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     n = dist.get_world_size()
     bufs = []
@@ -172,6 +170,7 @@ def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
             w0 = time.perf_counter()
             for _ in range(cut):
                 work @ work
+            sync()
             busy += time.perf_counter() - w0
             # with fsdp's own copies around each call, into buffers allocated per call as it
             # allocates them (on the CPU, fresh pages: part of the cost)
@@ -187,9 +186,20 @@ def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
                 out = torch.empty(numel // n, device=device)
                 dist.reduce_scatter_single(output=out, input=inp)  # as DefaultReduceScatter
                 shard.copy_(out)
+            sync()
         if i >= 3:
             cycles.append(time.perf_counter() - t0)
             works.append(busy)
+    return _added(cycles, works)
+
+
+def _added(cycles: list[float], works: list[float]) -> float:
+    """What the collectives add to a step: the mean cycle (the same on every rank: they wait
+    for each other) less the slowest rank's mean compute, so the wait for a rank held up (the
+    other processes on its cores) counts, as it does in training."""
+    import torch
+    import torch.distributed as dist
+
     figures = torch.tensor([sum(cycles) / len(cycles), sum(works) / len(works)],
                            dtype=torch.float64)
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
@@ -235,7 +245,7 @@ def _driver(n: int, size: int, gap: float, iters: int, threads: int, kind: str, 
         out = elastic_launch(config, _rank)(size, gap, iters, threads, kind, calls)
         q.put({"seconds": out[0], "calls": len(calls or [1]), "bytes": size})
     except Exception as exc:  # noqa: BLE001 - one line for the parent
-        q.put({"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0:1]}"})
+        q.put({"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"})
 
 
 def allreduce_in_step(n: int, size: int, gap: float, kind: str, cores: int,

@@ -34,11 +34,12 @@ class CommTimer:
                  delay_s: float = 0.0):
         self.watch, self.group, self.delay_s = watch, group, delay_s
         self.active = False  # set by the strategy on the steps the loop meters
+        self.splits = True  # its marks split the step into compute and exposed comm
         self.spans: list[tuple[Any, Any]] = []
         self.nbytes = 0  # bytes the metered step all-reduced (its buckets' sizes)
 
     def start_step(self, metered: bool) -> None:
-        """Called before each step's backward: forget the last step's marks."""
+        """Called before each step's forward: forget the last step's marks."""
         self.active = metered
         self.spans = []
         self.nbytes = 0

@@ -93,7 +93,7 @@ class DataParallelStrategy(Single):
         if self.cuda:
             ids = [d.index for d in self.devices]
             self.wrapped = nn.DataParallel(self.model, device_ids=ids, output_device=ids[0])
-            self.watch = DeviceMarks([torch.device(d.torch_device) for d in self.devices])
+            self.watch = DeviceMarks(self.torch_devices)
         elif not accelerator_present():
             # The same call as on GPUs; with no accelerator DataParallel forwards to the module.
             self.wrapped = nn.DataParallel(self.model)

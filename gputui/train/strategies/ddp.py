@@ -76,7 +76,7 @@ class DDPStrategy(Strategy):
         me = RankInfo.of_process(n_local, self.rank, self.world_size)  # this rank's identity
         self.local_rank, self.local_world = me.local_rank, me.local_world_size
         dev = self.devices[self.local_rank]
-        self.device = torch.device(dev.torch_device)
+        self.device = self.torch_devices[self.local_rank]
         self.cuda = dev.kind == "cuda"
         if self.cuda:
             torch.cuda.set_device(self.device)
@@ -159,6 +159,8 @@ class DDPStrategy(Strategy):
         loss = self.forward_backward(self.model, xs, ys, total / self.world_size, self.device,
                                      before_last=self.no_sync)
         backward_end = self.watch.mark() if start is not None else None
+        if self.comm is not None:
+            self.comm.active = False  # the step's collectives are done: evaluation is not marked
         self.optimizer_step(self.opt)
         if start is not None:
             self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
@@ -175,7 +177,7 @@ class DDPStrategy(Strategy):
         begin, backward = w.seconds(t["start"], t["begin"]), w.seconds(t["start"], t["backward_end"])
         split = self.comm.split(t["start"], t["backward_end"]) if self.comm is not None else None
         if split is None:  # nothing synced (0), or comm that cannot be split here (None)
-            unsplit = self.comm is None or not getattr(self.comm, "splits", True)
+            unsplit = self.comm is None or not self.comm.splits
             exposed = overlap = None if unsplit else 0.0
             compute = backward - begin
         else:

@@ -38,8 +38,9 @@ def _defaults():
 
 
 class FSDPCommTimer:
-    """The marks of a metered step's collectives; the interface of ``CommTimer`` (start_step,
-    split, seconds, nbytes) so the ddp strategy's breakdown reads either."""
+    """The marks of a metered step's collectives; the interface of ``CommTimer`` (active,
+    start_step, split, seconds, spans, nbytes, splits) so the ddp strategy's breakdown reads
+    either."""
 
     def __init__(self, watch: Stopwatch, delay_s: float = 0.0):
         self.watch, self.delay_s = watch, delay_s
