@@ -27,22 +27,37 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from gputui.train.strategies.base import Stopwatch
 
 
-class CommTimer:
-    """DDP communication hook: the default all-reduce, with marks on metered steps."""
+class SpanTimer:
+    """What the ddp strategy reads of a communication timer: the (start, end) marks of the
+    metered step's collectives, the bytes they moved, and whether they split the step."""
 
-    def __init__(self, watch: Stopwatch, group: dist.ProcessGroup | None = None,
-                 delay_s: float = 0.0):
-        self.watch, self.group, self.delay_s = watch, group, delay_s
+    def __init__(self, watch: Stopwatch, delay_s: float = 0.0, splits: bool = True):
+        self.watch, self.delay_s = watch, delay_s
         self.active = False  # set by the strategy on the steps the loop meters
-        self.splits = True  # its marks split the step into compute and exposed comm
+        self.splits = splits  # its marks split the step into compute and exposed comm
         self.spans: list[tuple[Any, Any]] = []
-        self.nbytes = 0  # bytes the metered step all-reduced (its buckets' sizes)
+        self.nbytes = 0  # bytes the metered step all-reduced (0: none, no bandwidth)
 
     def start_step(self, metered: bool) -> None:
         """Called before each step's forward: forget the last step's marks."""
         self.active = metered
         self.spans = []
         self.nbytes = 0
+
+    def seconds(self, step_start: Any) -> float:
+        """Seconds during which some collective ran (overlaps merged), measured from the step's
+        start mark; 0.0 when the step ran none (e.g. no_sync only)."""
+        return _merged([(self.watch.seconds(step_start, a), self.watch.seconds(step_start, b))
+                        for a, b in self.spans])
+
+
+class CommTimer(SpanTimer):
+    """DDP communication hook: the default all-reduce, with marks on metered steps."""
+
+    def __init__(self, watch: Stopwatch, group: dist.ProcessGroup | None = None,
+                 delay_s: float = 0.0):
+        super().__init__(watch, delay_s)
+        self.group = group
 
     def hook(self, state, bucket):  # no annotations: DDP checks them, and they are strings here
         """The registered hook: DDP calls it once per bucket (a ``dist.GradBucket``) whose
@@ -80,12 +95,6 @@ class CommTimer:
         end = self.watch.seconds(step_start, backward_end)
         hidden = _merged([(a, min(b, compute_end)) for a, b in spans if a < compute_end])
         return compute_end, max(0.0, end - compute_end), hidden
-
-    def seconds(self, step_start: Any) -> float:
-        """Seconds during which some bucket was being all-reduced (overlaps merged), measured
-        from the step's start mark; 0.0 when the step synced nothing (e.g. no_sync only)."""
-        return _merged([(self.watch.seconds(step_start, a), self.watch.seconds(step_start, b))
-                        for a, b in self.spans])
 
 
 def gbps(nbytes: int, seconds: float | None) -> float | None:

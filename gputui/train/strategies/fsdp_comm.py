@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gputui.train.strategies.base import Stopwatch
-from gputui.train.strategies.comm_timer import _merged
+from gputui.train.strategies.comm_timer import SpanTimer
 
 
 def _defaults():
@@ -37,21 +37,14 @@ def _defaults():
     return DefaultAllGather, DefaultReduceScatter
 
 
-class FSDPCommTimer:
-    """The marks of a metered step's collectives; the interface of ``CommTimer`` (active,
-    start_step, split, seconds, spans, nbytes, splits) so the ddp strategy's breakdown reads
-    either."""
+class FSDPCommTimer(SpanTimer):
+    """The marks of a metered step's all-gathers and reduce-scatters, read by the ddp
+    strategy's breakdown as ``CommTimer``'s are. ``nbytes`` stays 0: no all-reduce, so no
+    bandwidth to set beside bench-comm's all-reduce peak."""
 
     def __init__(self, watch: Stopwatch, delay_s: float = 0.0):
-        self.watch, self.delay_s = watch, delay_s
-        self.active = False
-        self.spans: list[tuple[Any, Any]] = []
-        self.nbytes = 0  # no all-reduce: no bandwidth to set beside bench-comm's all-reduce peak
-        self.splits = not watch.cuda  # the calls block the training thread: their span is exposed
-
-    def start_step(self, metered: bool) -> None:
-        self.active = metered
-        self.spans = []
+        # on the CPU the calls block the training thread: their span is exposed
+        super().__init__(watch, delay_s, splits=not watch.cuda)
 
     def timed(self, inner, output: torch.Tensor, input_tensor: torch.Tensor, *args, **kwargs):
         """Run one collective of torch's (``inner``), marked on metered steps."""
@@ -80,11 +73,6 @@ class FSDPCommTimer:
             return None
         exposed = self.seconds(step_start)
         return self.watch.seconds(step_start, backward_end) - exposed, exposed, 0.0
-
-    def seconds(self, step_start: Any) -> float:
-        """Seconds during which some collective ran (overlaps merged); 0.0 with none."""
-        return _merged([(self.watch.seconds(step_start, a), self.watch.seconds(step_start, b))
-                        for a, b in self.spans])
 
 
 def install(model: nn.Module, timer: FSDPCommTimer) -> bool:
