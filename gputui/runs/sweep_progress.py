@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gputui.core.events import acc_text
+from gputui.core.scores import score_text, speed_text
 from gputui.runs.sweep import Point
 
 
@@ -89,8 +89,9 @@ class SweepProgress:
         elif kind == "epoch_end":
             warm = " (warm-up included)" if ev.epoch == 1 else ""
             self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
-                      f"{ev.samples_per_s:,.0f} samples/s{warm}, loss {ev.train_loss:.4f}, "
-                      f"test acc {acc_text(ev.test_acc)}")
+                      f"{speed_text(ev.samples_per_s, getattr(ev, 'tokens_per_s', None))}{warm}, "
+                      f"loss {ev.train_loss:.4f}, "
+                      f"{score_text(getattr(ev, 'task', 'classify'), ev.test_acc, getattr(ev, 'val_loss', None))}")
         elif kind == "log" and ev.level in ("warning", "error"):
             self.line(f"{self._tag(point)}: {ev.level}: {ev.message}")
 
