@@ -95,7 +95,8 @@ class StepMetrics(Event):
     step_time_s: float  # mean wall time of one step over that window
     lr: float
     comm_share: float | None = None  # share of step time spent communicating, when measured
-    per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    per_device: tuple = ()
     flops_per_s: float | None = None  # FlopsInfo.flops_per_step x steps/s over the window
     mfu: float | None = None  # flops_per_s / FlopsInfo.peak_flops (0..1)
     # where the metered step's time went, mean over the devices (gputui.core.breakdown: seconds of

@@ -8,13 +8,13 @@ the same model, dataset, training-set size and precision, and
 2. the same global batch (strong scaling: 256 on one device against 256 split over two).
 
 Among several matches: an eager run (no run.compile, no channels_last, so a compiled run's
-speedup includes what compiling bought), then a run among the compared ones (e.g. the same sweep) first, then a
-``single`` run over other one-device strategies, then the newest. Speedup is samples/s over
-the baseline's samples/s (an epoch is the same data for both, so it is also the ratio of
-epoch times); scaling efficiency is speedup / devices. Every speed figure is the steady
-state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an impossible
-speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes from this
-machine's kept measurements (``gputui.runs.predict``). Torch-free.
+speedup includes what compiling bought), then a run among the compared ones (e.g. the same
+sweep) first, then a ``single`` run over other one-device strategies, then the newest. Speedup
+is samples/s over the baseline's samples/s (an epoch is the same data for both, so it is also
+the ratio of epoch times); scaling efficiency is speedup / devices. Every speed figure is the
+steady state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an
+impossible speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes
+from this machine's kept measurements (``gputui.runs.predict``). Torch-free.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "predicted_speedup", "efficiency", "comm_share",
-                 *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc", "status",
-                 "baseline", "check")
+                 *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc",
+                 "status", "baseline", "check")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
 SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
 

@@ -4,7 +4,8 @@ Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbe
 parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
 (the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
 own writer. Each missing extra raises :class:`ExportError` with one line saying what to
-install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless TensorBoard export asks for torch's writer.
+install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless
+TensorBoard export asks for torch's writer.
 """
 
 from __future__ import annotations
@@ -101,9 +102,9 @@ def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for it in items:
         if it.loss_curve:
-            ax_loss.plot(*zip(*it.loss_curve), label=_label(it))
+            ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
         if it.acc_curve:
-            ax_acc.plot(*zip(*it.acc_curve), marker="o", label=_label(it))
+            ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
     ax_acc.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
     for ax in (ax_loss, ax_acc):

@@ -53,7 +53,8 @@ class RunRow:
     reason: str = ""
     problem: str = ""  # what in the record cannot be read ("" when all of it reads)
     run_dir: str = ""
-    steady: bool = False  # speed figures from steady-state steps (gputui.core.steady); else whole epochs
+    # speed figures from steady-state steps (gputui.core.steady); else whole epochs
+    steady: bool = False
     noise: float | None = None  # relative 95 % half-width of the steady samples/s
     step_time_s: float | None = None  # steady mean step time
     resumed: bool = False  # run.resume_from was set: a continuation, not a whole run

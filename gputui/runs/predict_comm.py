@@ -166,7 +166,7 @@ def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
     for i in range(iters + 3):
         t0 = time.perf_counter()
         busy = 0.0
-        for (op, numel, full, shard), cut in zip(bufs, cuts):
+        for (op, numel, full, shard), cut in zip(bufs, cuts, strict=True):
             w0 = time.perf_counter()
             for _ in range(cut):
                 work @ work
@@ -286,7 +286,8 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
                 break
             except queue_mod.Empty:
                 if not proc.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError("the allreduce measurement ended without a result")
+                    raise RuntimeError(
+                        "the allreduce measurement ended without a result") from None
     finally:
         from gputui.core.proctree import kill_tree
 

@@ -202,7 +202,8 @@ def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) 
 def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
                  line: Line) -> dict:
     """One step's fsdp all-gathers and reduce-scatters over ``n`` ranks, issued as fully_shard
-    issues them between ``gap`` seconds of compute (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
+    issues them between ``gap`` seconds of compute
+    (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
     from gputui.runs.predict_comm import fsdp_in_step
 
     out = fsdp_in_step(cfg_dict, n, gap, "cuda" if kind == "gpu" else "cpu", cores_)

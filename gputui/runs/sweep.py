@@ -6,10 +6,10 @@ take several values (``AXES``), so one sweep shows what each buys on the user's 
 Each point is checked before it starts: its devices are resolved once (``gputui.runs.prepare``),
 then the strategy registry's ``why_not`` and the config's cross-field rules are checked against
 them; a point that cannot run here is recorded as skipped with the reason. Every run goes
-through ``launcher.launch``, handed the devices already resolved (a spawned process, so this module never imports torch)
-and leaves its normal record under the runs folder. The sweep's manifest,
-``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of state, so an
-interrupted sweep resumes where it stopped: finished points are never run again.
+through ``launcher.launch``, handed the devices already resolved (a spawned process, so this
+module never imports torch) and leaves its normal record under the runs folder. The sweep's
+manifest, ``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of
+state, so an interrupted sweep resumes where it stopped: finished points are never run again.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """One rank of a multi-process run (ddp, fsdp): the function torch's elastic agent starts.
 
 Every rank runs the ordinary ``worker.execute`` path with its place in the job
-(:class:`~gputui.train.rankinfo.RankInfo`) and the stop every rank agrees on (``stopping``). Local rank 0 of each node records (events.jsonl
-and the parent's queue); the other ranks emit nothing, their figures reach the record through
-the strategy's gather at the log interval. A rank that fails does not write RunFailed itself:
-it writes its reason to ``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent
-tears the job down and the gputui agent names the root cause once (``agent.failure_event``).
+(:class:`~gputui.train.rankinfo.RankInfo`) and the stop every rank agrees on (``stopping``).
+Local rank 0 of each node records (events.jsonl and the parent's queue); the other ranks emit
+nothing, their figures reach the record through the strategy's gather at the log interval. A
+rank that fails does not write RunFailed itself: it writes its reason to
+``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent tears the job down and
+the gputui agent names the root cause once (``agent.failure_event``).
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) != expected:
         raise FormatError(f"{path}: IDX data is {len(raw) - header} bytes, the header "
                           f"{shape} says {expected - header}; the file is damaged")
-    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+    data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    return data.astype(dtype.newbyteorder("="))
 
 
 def read_idx_pair(images: str | Path, labels: str | Path) -> tuple[np.ndarray, np.ndarray]:

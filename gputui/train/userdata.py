@@ -92,7 +92,8 @@ def _unpack(spec: str, got: Any):
     if all(isinstance(p, torch.Tensor) for p in got):
         raise UserCodeError(f"data.factory '{spec}' returned one (images, labels) pair; return "
                             f"(train, test), each an (images, labels) pair")
-    parts = [_as_tensors(spec, part, which) for part, which in zip(got, ("train", "test"))]
+    parts = [_as_tensors(spec, part, which)
+             for part, which in zip(got, ("train", "test"), strict=True)]
     if all(p is not None for p in parts):
         return parts[0], parts[1], classes
     return None, None, classes

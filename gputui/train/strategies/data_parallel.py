@@ -135,9 +135,10 @@ class DataParallelStrategy(Single):
             part = total // k + (1 if j < total % k else 0)
             for i, size in enumerate(scatter_sizes(part, len(self.devices))):
                 shares[i] += size
-        rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares)]
+        rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares, strict=True)]
         # each device's step as its own stream ran it
-        for row, parts in zip(rows, [bd, *other_devices(self.watch, self.timing, len(rows))]):
+        others = other_devices(self.watch, self.timing, len(rows))
+        for row, parts in zip(rows, [bd, *others], strict=True):
             row["breakdown"] = parts
         return {"step_s": t, "comm_s": None, "per_device": rows}
 

@@ -174,7 +174,8 @@ class DDPStrategy(Strategy):
         and where torch cannot time them, they stay in compute (exposed 0 or None)."""
         t, w = self.timing, self.watch
         span = w.seconds(t["start"], t["end"])
-        begin, backward = w.seconds(t["start"], t["begin"]), w.seconds(t["start"], t["backward_end"])
+        begin = w.seconds(t["start"], t["begin"])
+        backward = w.seconds(t["start"], t["backward_end"])
         split = self.comm.split(t["start"], t["backward_end"]) if self.comm is not None else None
         if split is None:  # nothing synced (0), or comm that cannot be split here (None)
             unsplit = self.comm is None or not self.comm.splits
@@ -256,7 +257,8 @@ class DDPStrategy(Strategy):
                             dtype=torch.float64)
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.control)
-        per_device = [self._row(dict(zip(_FIELDS, r.tolist())), r[len(_FIELDS):].tolist())
+        per_device = [self._row(dict(zip(_FIELDS, r[:len(_FIELDS)].tolist(), strict=True)),
+                                r[len(_FIELDS):].tolist())
                       for r in rows]
         return {"step_s": step, "comm_s": comm, "per_device": per_device}
 
@@ -277,7 +279,8 @@ class DDPStrategy(Strategy):
                 row.update(comm_bytes=int(f["comm_bytes"]),
                            comm_gbps=gbps(int(f["comm_bytes"]), f["comm_s"]))
         if parts[0] >= 0:
-            row["breakdown"] = {k: (None if v < 0 else v) for k, v in zip(_PARTS, parts)}
+            row["breakdown"] = {k: (None if v < 0 else v)
+                                for k, v in zip(_PARTS, parts, strict=True)}
         return row
 
     def _read_rss(self) -> float:

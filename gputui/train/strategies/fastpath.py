@@ -103,9 +103,7 @@ def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
             raise CompileError(f"{what}; set run.compile = \"off\" or run.compile_fallback = "
                                f"\"eager\"") from None
         strategy.use_eager()
-        import torch._dynamo
-
-        torch._dynamo.reset()
+        torch.compiler.reset()
         emit(LogLine(level="warning", message=f"{what}; training eager instead "
                                               f"(run.compile_fallback = \"eager\")"))
     return time.perf_counter() - t0

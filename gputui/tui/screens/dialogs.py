@@ -80,7 +80,7 @@ class SavePresetDialog(ModalScreen[Path | None]):
             return
         path = Path(raw).expanduser()
         if path.suffix != ".toml":
-            path = path.with_suffix(path.suffix + ".toml") if path.suffix else path.with_suffix(".toml")
+            path = path.with_suffix(path.suffix + ".toml" if path.suffix else ".toml")
         if not path.parent.exists():
             self._error(f"the folder {path.parent} does not exist")
             return

@@ -171,7 +171,7 @@ class DevicePicker(Vertical):
             self._row_keys = keys
         else:
             for r, on in rows:
-                for col, value in zip(COLUMNS, self._cells(r, on)):
+                for col, value in zip(COLUMNS, self._cells(r, on), strict=True):
                     table.update_cell(r.name, col, value, update_width=True)
         self.query_one("#no-gpu-note", Static).update(self.inventory.gpu_note())
         self.set_class(not self.inventory.gpus, "-no-gpu")
