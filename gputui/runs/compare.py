@@ -19,6 +19,7 @@ from this machine's kept measurements (``gputui.runs.predict``). Torch-free.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,7 @@ def check_text(item: "CompareRow") -> str:
 
 
 def find_baseline(row: RunRow, candidates: list[RunRow],
-                  compared: set[str] = frozenset(),
+                  compared: Collection[str] = frozenset(),
                   refused: list | None = None) -> tuple[RunRow | None, str]:
     """The matching one-device run of ``row`` (see the module docstring) and the match kind;
     candidates not measured the way ``row`` was are refused (``gputui.core.trust``), and why is
@@ -201,7 +202,7 @@ def _id_order(row: RunRow) -> float:
     return float(digits or 0)
 
 
-def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
+def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
     """Compare these runs; baselines are looked for among them and every run under runs_dir."""
     rows = [row_for(p) for p in run_dirs]
     compared = {r.id for r in rows}
@@ -221,7 +222,7 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
         if item.comm_gbps is not None:
             item.comm_peak_gbps = kept_comm_peak(row)
         base, kind = find_baseline(row, pool, compared, item.refused)
-        if base is not None and row.samples_per_s:
+        if base is not None and row.samples_per_s and base.samples_per_s and row.devices:
             item.speedup = row.samples_per_s / base.samples_per_s
             item.efficiency = item.speedup / row.devices
             item.baseline, item.baseline_kind = base.id, kind
@@ -238,6 +239,8 @@ def kept_comm_peak(row: RunRow) -> float | None:
     from gputui.runs.comm_peak import peak
 
     cpu = on_cpu(row)
+    if not row.devices:
+        return None
     try:
         return peak("cpu" if cpu else "cuda", row.devices, "gloo" if cpu else "nccl")
     except (OSError, ValueError, KeyError, TypeError):
@@ -272,6 +275,8 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     from gputui.runs.predict import predict
     from gputui.runs.predict_measure import Measurer
 
+    if not row.devices:
+        return None, "the record names no devices"
     cfg = from_dict(read_config(Path(row.run_dir)), source="record")
     kind = "cpu" if on_cpu(row) else "gpu"
     m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)

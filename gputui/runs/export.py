@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
 from gputui.runs.compare import CompareRow, fmt
 
@@ -181,11 +182,11 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
         writer = writer_cls(log_dir=str(target))
         try:
             for ev in events:
-                if ev.kind == "step":
+                if isinstance(ev, StepMetrics):
                     writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
                     writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,
                                       walltime=ev.t)
-                elif ev.kind == "epoch_end":
+                elif isinstance(ev, EpochEnd):
                     for tag, value in (("test/accuracy", ev.test_acc),
                                        ("epoch/seconds", ev.seconds),
                                        ("epoch/samples_per_s", ev.samples_per_s)):

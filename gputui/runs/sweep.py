@@ -162,7 +162,8 @@ def parse_axis(option: str, key: str, text: str) -> list:
     if key == "run.channels_last":
         words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
         bad = [t for t in items if t.lower() not in words]
-        choices, values = "off, on", [words.get(t.lower()) for t in items]
+        choices = "off, on"
+        values: list[Any] = [words.get(t.lower()) for t in items]
     else:
         allowed = PRECISIONS if key == "run.precision" else COMPILE_MODES
         bad = [t for t in items if t not in allowed]
@@ -263,7 +264,7 @@ class Sweep:
 
     def config_for(self, point: Point) -> RunConfig:
         """The point's config: the preset, the --set overrides, its strategy and devices."""
-        changes = [("sweep", "strategy.name", point.strategy),
+        changes: list[tuple[str, str, Any]] = [("sweep", "strategy.name", point.strategy),
                    ("sweep", "devices.spec", point.spec)]
         if self.manifest.kind == "gpu":  # a GPU point never runs quietly on the CPU instead
             changes.append(("sweep", "devices.fallback", "none"))
@@ -309,7 +310,7 @@ class Sweep:
     def save(self) -> Path:
         return self.manifest.save(self.runs_dir)
 
-    def run(self, on_point: Callable[[Point], None] = lambda p: None,
+    def run(self, on_point: Callable[[Point], object] = lambda p: None,
             on_event: Callable[[Point, Any], None] = lambda p, e: None) -> str:
         """Run every point not done yet; returns "finished" or "interrupted". Ctrl-C
         (KeyboardInterrupt) stops the current run gracefully, a second one kills it."""

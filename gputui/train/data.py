@@ -106,8 +106,8 @@ def _read_cifar(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor
             raise DataError(f"cifar10: cannot read {folder / fname} ({exc.strerror})") from None
         xs.append(x)
         ys.append(y)
-    x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
-    return x, torch.from_numpy(np.concatenate(ys))
+    images = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
+    return images, torch.from_numpy(np.concatenate(ys))
 
 
 def _download(name: str, root: str) -> None:

@@ -57,7 +57,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         emit(LogLine(level="warning", message=f"{cannot}; no checkpoint is written"))
 
     def save(position: ckpt.Position) -> None:
-        if saving:
+        if saving and path is not None:
             # every node keeps its own record, so each node's first rank writes its checkpoint
             ckpt.save(path, strategy, position, write=strategy.local_rank == 0)
 

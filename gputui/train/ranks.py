@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from gputui.core import runstore, signals
-from gputui.core.events import Event
+from gputui.core.events import Event, RunFailed
 from gputui.core.filewrite import write_atomic
 from gputui.train import shared_data
 from gputui.train.handoff import LaunchSpec, RankProcess, quick_exit
@@ -46,10 +46,10 @@ class _RankEmit:
 
     def __init__(self, recorder: Recorder | None, run_dir: Path):
         self.recorder, self.run_dir = recorder, run_dir
-        self.failed: Event | None = None
+        self.failed: RunFailed | None = None
 
     def emit(self, event: Event) -> None:
-        if event.kind == "run_failed":
+        if isinstance(event, RunFailed):
             self.failed = event
         elif self.recorder is not None:
             self.recorder.emit(event)

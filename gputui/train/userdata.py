@@ -177,8 +177,8 @@ class FolderSet(torch.utils.data.Dataset):
         from PIL import Image
 
         path, label = self.samples[i]
-        with Image.open(path) as im:
-            im = im.convert(self.mode)
+        with Image.open(path) as opened:
+            im = opened.convert(self.mode)
             if im.size != self.size:
                 im = im.resize(self.size)
             arr = np.asarray(im, dtype=np.uint8)

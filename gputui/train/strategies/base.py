@@ -180,7 +180,7 @@ class Strategy:
         if self.micro == 1:
             return self._pass(model, x, y, denom, device)
         k = min(self.micro, len(x))
-        total = None
+        total: torch.Tensor | None = None
         pieces = zip(torch.tensor_split(x, k), torch.tensor_split(y, k), strict=True)
         for i, (xm, ym) in enumerate(pieces):
             last = before_last is None or i == k - 1
@@ -188,6 +188,7 @@ class Strategy:
             with ctx:
                 part = self._pass(model, xm, ym, denom, device)
             total = part if total is None else total + part
+        assert total is not None  # k >= 1 slices
         return total
 
     def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
@@ -321,7 +322,7 @@ class Strategy:
         from gputui.train import memory
 
         groups = self.memory_groups()
-        sharing = {}
+        sharing: dict[str, int] = {}
         for _, dev, _, _ in groups:
             sharing[str(dev)] = sharing.get(str(dev), 0) + 1
         rows = []

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
+from gputui.train.strategies.base import Stopwatch
 from gputui.train.strategies.single import Single
 
 
@@ -36,7 +37,7 @@ def accelerator_present() -> bool:
     return _get_available_device_type() is not None
 
 
-class DeviceMarks:
+class DeviceMarks(Stopwatch):
     """A Stopwatch over every GPU of a DataParallel step: each mark is one CUDA event per
     device, recorded on that device's current stream (no sync; read at the log interval), so
     each device's part of the step is timed on its own clock. ``seconds`` reads the first

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -125,7 +125,9 @@ class DDPStrategy(Strategy):
 
     def no_sync(self):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
-        return self.model.no_sync()
+        from torch.nn.parallel import DistributedDataParallel
+
+        return cast(DistributedDataParallel, self.model).no_sync()  # what wrap made
 
     def models(self) -> list[nn.Module]:
         return [self.module]
@@ -247,13 +249,14 @@ class DDPStrategy(Strategy):
         dev = self.devices[self.local_rank]
         bd = self.step_breakdown() if t else {}
         parts = [-1.0 if bd.get(k) is None else bd[k] for k in _PARTS]
-        comm = self.comm.seconds(t["start"]) if t and self.comm is not None else None
-        nbytes = self.comm.nbytes if comm is not None else 0
+        timer = self.comm if t else None
+        comm = timer.seconds(t["start"]) if timer is not None else None
+        nbytes = timer.nbytes if timer is not None else 0
         mine = torch.tensor([self.rank, self.node, float(self.cuda), dev.index,
                              t.get("samples", 0) if t else 0, compute, step, alloc, reserved,
                              self._read_rss(), os.getpid(), nbytes,
                              -1.0 if comm is None else comm,
-                             len(self.comm.spans) if comm is not None else 0, *parts],
+                             len(timer.spans) if timer is not None else 0, *parts],
                             dtype=torch.float64)
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.control)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -40,12 +40,15 @@ def compile_module(module: nn.Module, mode: str) -> nn.Module:
     """``module`` through torch.compile in ``mode`` ("off": the module itself)."""
     if mode == "off":
         return module
-    return torch.compile(module, **compile_args(mode))
+    # torch.compile is typed as returning a callable; given a module it returns a module
+    # (an OptimizedModule around it)
+    return cast(nn.Module, torch.compile(module, **compile_args(mode)))
 
 
 def to_channels_last(model: nn.Module) -> nn.Module:
     """4-D parameters and buffers (conv weights) in channels_last; the rest as it is."""
-    return model.to(memory_format=torch.channels_last)
+    # Module.to's typed overloads omit memory_format, which it documents and accepts
+    return model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
 
 def eager(value: Any) -> tuple[Any, int]:
@@ -57,7 +60,7 @@ def eager(value: Any) -> tuple[Any, int]:
     if isinstance(value, nn.Module) and hasattr(value, "_orig_mod"):
         return value._orig_mod, 1
     inner = getattr(value, "module", None)  # DDP around a compiled model: same parameters
-    if isinstance(value, nn.Module) and hasattr(inner, "_orig_mod"):
+    if isinstance(value, nn.Module) and inner is not None and hasattr(inner, "_orig_mod"):
         value.module = inner._orig_mod
         return value, 1
     return value, 0

@@ -17,6 +17,7 @@ single-device one; BatchNorm is the exception, its batch statistics being per ch
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -98,8 +99,10 @@ class ModelParallel(Strategy):
         be run (and timed) on its own and the gradient sent back explicitly."""
         n, c = len(self.stages), len(xs)
         stages = stages or self.runners
-        inputs = [[None] * n for _ in range(c)]
-        outputs = [[None] * n for _ in range(c)]
+        # [chunk][stage]: a slot holds its tensor from the tick that makes it until the
+        # backward frees it (None before and after)
+        inputs: list[list[Any]] = [[None] * n for _ in range(c)]
+        outputs: list[list[Any]] = [[None] * n for _ in range(c)]
         comm = meter["comm"] if meter else None
         for t in range(c + n - 1):
             # Downstream stages first: their inputs are ready, and on CUDA their kernels are

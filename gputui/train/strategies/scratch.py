@@ -92,7 +92,7 @@ class Scratch(Strategy):
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
         start = self.watches[0].mark() if meter else None
         marks = []
-        loss = None
+        loss: torch.Tensor | None = None
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
         for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices, strict=True)):
@@ -110,6 +110,7 @@ class Scratch(Strategy):
                 allreduce(list(grads))
         comm_end = self.watches[0].mark() if meter else None
         self.optimizer_step(*self.opts)
+        assert loss is not None  # one replica at least
         if meter:
             self.timing = {"start": start, "marks": marks, "comm": (comm_begin, comm_end),
                            "sizes": sizes, "end": self.watches[0].mark(), "data_s": data_s}
