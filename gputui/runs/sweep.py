@@ -363,7 +363,7 @@ class Sweep:
 
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:
-            warm.prepare(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+            warm.ensure_worker(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False

@@ -91,7 +91,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: EventS
         t3 = time.perf_counter()
         from gputui.train.strategies import fastpath
 
-        compile_s = fastpath.prepare(strategy, ds, emit)  # before the first step, timed apart
+        compile_s = fastpath.compile_ahead(strategy, ds, emit)  # before the first step, timed apart
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,

@@ -84,7 +84,7 @@ def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
         strategy.load_state_dict(saved)
 
 
-def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
+def compile_ahead(strategy, ds, emit: Callable[[Event], None]) -> float:
     """Compile before the first step (see the module doc); returns the seconds it took (0.0
     when run.compile is off or does not apply). Raises CompileError on a failed compile
     with run.compile_fallback = "fail"."""
