@@ -29,7 +29,7 @@ from gputui.train import recorder, shared_data, stopping
 from gputui.train.handoff import LaunchSpec, quick_exit
 
 # What every rank needs before its first step, imported once in the fork server (below):
-# torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
+# torch, DDP's own import of torch._dynamo (a large part of a rank's start-up), the training
 # path. A module that fails to import here is simply imported later by the rank.
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.train.ranks",
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",

@@ -208,7 +208,7 @@ def _load(cuda: list[int]) -> dict[str, Any]:
     import numpy as np
     import torch
     # The first optimizer a process builds imports torch._dynamo (torch.optim's __init__ is
-    # wrapped by torch._disable_dynamo): 1.1-1.4 s of a cold run's "model" time on the CPU here.
+    # wrapped by torch._disable_dynamo): a large part of a cold run's "model" time.
     import torch._dynamo  # noqa: F401
 
     from gputui.core import registry  # noqa: F401
