@@ -88,12 +88,6 @@ class CompareRow:
                     memory=[dict(r) for r in self.memory])
 
 
-def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
-    """(loss curve, accuracy curve, mean comm share) from a record's readable events."""
-    loss, acc, shares, _ = read_record(run_dir)
-    return loss, acc, shares
-
-
 def readable_events(run_dir: str | Path) -> list:
     """The record's events, or none when they cannot be read (the row says why: RunRow.problem)."""
     try:
