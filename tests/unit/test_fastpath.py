@@ -132,22 +132,34 @@ def _combination(compile_mode: str, channels_last: bool, precision: str):
                         id=f"{compile_mode}-{'cl' if channels_last else 'nchw'}-{precision}")
 
 
-# fp16 is refused on CPU devices (plan.validate); its combinations run in tests/gpu
+# fp16 is refused on CPU devices (plan.validate); its combinations run on a GPU (below)
 @pytest.mark.parametrize("compile_mode,channels_last,precision", [
     _combination(c, cl, p) for c, cl, p in itertools.product(("off", "default"), (False, True),
                                                                ("fp32", "bf16"))])
 def test_every_fast_path_combination_trains_a_conv_model(compile_mode, channels_last,
                                                          precision):
+    check_combination("cpu", compile_mode, channels_last, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_mode,channels_last", itertools.product(("off", "default"),
+                                                                         (False, True)))
+def test_every_fp16_fast_path_combination_trains_a_conv_model_on_a_gpu(compile_mode,
+                                                                        channels_last):
+    check_combination("cuda:0", compile_mode, channels_last, "fp16")
+
+
+def check_combination(spec: str, compile_mode: str, channels_last: bool, precision: str):
     """What the README says composes (run.compile x run.channels_last x run.precision), on
-    LeNet: the run compiles (or not) without falling back, and its first step's loss is the
+    LeNet: the run compiles (or not) without falling back, and its first steps' losses are the
     plain run's of the same precision."""
-    _, eager_losses = run_steps(make_config("single", "cpu", "lenet", 32,
+    _, eager_losses = run_steps(make_config("single", spec, "lenet", 32,
                                             **{"run.precision": precision}), 2)
     before = graphs()
     got, losses, seconds, events = compiled_steps(make_config(
-        "single", "cpu", "lenet", 32, **{"run.compile": compile_mode,
-                                         "run.channels_last": channels_last,
-                                         "run.precision": precision}), 2)
+        "single", spec, "lenet", 32, **{"run.compile": compile_mode,
+                                        "run.channels_last": channels_last,
+                                        "run.precision": precision}), 2)
     assert [e.message for e in events if e.kind == "log"] == []  # no fallback to eager
     if compile_mode == "off":
         assert seconds == 0.0
@@ -155,5 +167,5 @@ def test_every_fast_path_combination_trains_a_conv_model(compile_mode, channels_
         assert seconds > 0 and graphs() > before
     conv = got.model[1][0].weight  # the first conv (one input channel: both formats)
     assert conv.is_contiguous(memory_format=torch.channels_last) == channels_last
-    tolerance = 1e-5 if precision == "fp32" else 2e-2  # bf16 rounds each kernel's output
+    tolerance = 1e-5 if precision == "fp32" else 2e-2  # bf16/fp16 round each kernel's output
     assert losses == pytest.approx(eager_losses, rel=tolerance)
