@@ -4,7 +4,8 @@ Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbe
 parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
 (the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
 own writer. Each missing extra raises :class:`ExportError` with one line saying what to
-install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless TensorBoard export asks for torch's writer.
+install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless
+TensorBoard export asks for torch's writer.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
 from gputui.core.scores import perplexity
 from gputui.runs.compare import CompareRow, fmt
@@ -104,9 +106,9 @@ def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
     lm = {it.row.task for it in items} == {"lm"}
     for it in items:
         if it.loss_curve:
-            ax_loss.plot(*zip(*it.loss_curve), label=_label(it))
+            ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
         if it.acc_curve:
-            ax_acc.plot(*zip(*it.acc_curve), marker="o", label=_label(it))
+            ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
     baselines = {it.row.baseline_loss for it in items if it.row.baseline_loss is not None}
     if lm and len(baselines) == 1:
         ax_acc.axhline(baselines.pop(), linestyle="--", color="grey", label="unigram baseline")
@@ -190,15 +192,15 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
         writer = writer_cls(log_dir=str(target))
         try:
             for ev in events:
-                if ev.kind == "step":
+                if isinstance(ev, StepMetrics):
                     writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
                     writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,
                                       walltime=ev.t)
-                    if getattr(ev, "tokens_per_s", None):
+                    if ev.tokens_per_s:
                         writer.add_scalar("train/tokens_per_s", ev.tokens_per_s,
                                           ev.global_step, walltime=ev.t)
-                elif ev.kind == "epoch_end":
-                    lm = getattr(ev, "task", "classify") == "lm"
+                elif isinstance(ev, EpochEnd):
+                    lm = ev.task == "lm"
                     score = ((("val/loss", ev.val_loss), ("val/perplexity",
                                                           perplexity(ev.val_loss)),
                               ("epoch/tokens_per_s", ev.tokens_per_s))

@@ -11,7 +11,7 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gputui.core.scores import score_text, speed_text
 from gputui.runs.sweep import Point
@@ -29,7 +29,8 @@ class SweepProgress:
         self.done = sum(p.status == "finished" for p in points)
         self.console = Console(file=self.stream, highlight=False)
         self.progress: Progress | None = None
-        self.grid_task = self.run_task = None
+        self.grid_task: TaskID | None = None
+        self.run_task: TaskID | None = None
 
     def __enter__(self) -> "SweepProgress":
         if self.live:
@@ -74,7 +75,7 @@ class SweepProgress:
             extra = f": {point.reason}" if point.reason else ""
             self.line(f"{tag}: {point.status}{extra}")
         self.done += 1
-        if self.progress is not None:
+        if self.progress is not None and self.grid_task is not None:
             self.progress.update(self.grid_task, completed=self.done)
 
     def on_event(self, point: Point, ev: Any) -> None:
@@ -88,10 +89,10 @@ class SweepProgress:
                                  info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s")
         elif kind == "epoch_end":
             warm = " (warm-up included)" if ev.epoch == 1 else ""
+            speed = speed_text(ev.samples_per_s, ev.tokens_per_s)
+            score = score_text(ev.task, ev.test_acc, ev.val_loss)
             self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
-                      f"{speed_text(ev.samples_per_s, getattr(ev, 'tokens_per_s', None))}{warm}, "
-                      f"loss {ev.train_loss:.4f}, "
-                      f"{score_text(getattr(ev, 'task', 'classify'), ev.test_acc, getattr(ev, 'val_loss', None))}")
+                      f"{speed}{warm}, loss {ev.train_loss:.4f}, {score}")
         elif kind == "log" and ev.level in ("warning", "error"):
             self.line(f"{self._tag(point)}: {ev.level}: {ev.message}")
 

@@ -29,7 +29,7 @@ class EpochTable(DataTable):
         loss and perplexity, its speed tokens/s."""
         self.clear(columns=True)
         self.labels = ("epoch", "time", "eval", "loss", "val loss (ppl)", "tokens/s")
-        for name, label in zip(self.COLUMNS, self.labels):
+        for name, label in zip(self.COLUMNS, self.labels, strict=True):
             self.add_column(label, key=name)
 
     def add_epoch(self, ev: EpochEnd) -> None:
@@ -42,7 +42,7 @@ class EpochTable(DataTable):
                           else ev.samples_per_s))
         key = str(ev.epoch)
         if ev.epoch in self.rows_by_epoch:
-            for name, value in zip(self.COLUMNS, cells):
+            for name, value in zip(self.COLUMNS, cells, strict=True):
                 self.update_cell(key, name, value)
         else:
             self.add_row(*cells, key=key)
