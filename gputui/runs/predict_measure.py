@@ -163,7 +163,7 @@ def _steady_comm(run_dir: Path) -> float:
     parts = [ev.breakdown for ev in runstore.read_events(run_dir)
              if getattr(ev, "kind", "") == "step" and ev.breakdown]
     mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
-    return float((mean or {}).get("comm_exposed_s") or 0.0)
+    return float(mean.comm_exposed_s or 0.0) if mean else 0.0
 
 
 def _peak_memory(run_dir: Path) -> int | None:
@@ -172,9 +172,11 @@ def _peak_memory(run_dir: Path) -> int | None:
 
     peak = None
     for ev in runstore.read_events(run_dir):
-        for d in getattr(ev, "per_device", ()) or ():
-            if isinstance(d, dict) and d.get("mem_alloc") is not None:
-                peak = max(peak or 0, int(d["mem_alloc"]))
+        if getattr(ev, "kind", "") != "step":
+            continue
+        for d in ev.per_device:
+            if d.mem_alloc is not None:
+                peak = max(peak or 0, int(d.mem_alloc))
     return peak
 
 
