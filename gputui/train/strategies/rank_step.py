@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -24,8 +24,11 @@ from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.strategies.comm_timer import SpanTimer, gbps
 from gputui.train.strategies.meter import Meter
 
+if TYPE_CHECKING:
+    from gputui.train.strategies.process_group import RankStrategy
 
-def gather(strategy: Any) -> StepReport:
+
+def gather(strategy: RankStrategy) -> StepReport:
     """Every rank's metered step, in rank order (a collective: call on every rank); the
     report's step and comm seconds are this rank's."""
     m, timer = strategy.meter, strategy.comm
@@ -38,10 +41,9 @@ def gather(strategy: Any) -> StepReport:
     return StepReport(step_s=m.step_s() if m.measured else 0.0, comm_s=comm, devices=devices)
 
 
-def row(strategy: Any) -> DeviceStep:
+def row(strategy: RankStrategy) -> DeviceStep:
     """This rank's metered step (samples and seconds 0 before its first)."""
-    m: Meter = strategy.meter
-    timer: SpanTimer | None = strategy.comm
+    m, timer = strategy.meter, strategy.comm
     out = DeviceStep(strategy.devices[strategy.local_rank].name, rank=strategy.rank,
                      pid=os.getpid(), rss=_rss(), compute_s=0.0, step_time_s=0.0)
     if strategy.cuda:
