@@ -23,7 +23,7 @@ not added again. Torch-free: the printer, the app and compare use it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 # the parts that add up to step_s, in the order they are shown
@@ -66,17 +66,20 @@ class Breakdown:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Breakdown:
         """From the record's form (parts a record lacks are None; unknown keys ignored)."""
-        return cls(**{f.name: _seconds(data.get(f.name), f.name in _MAY_LACK)
-                       for f in fields(cls)})
+        def get(key: str) -> float:
+            value = _seconds(data.get(key))
+            if value is None:
+                raise TypeError(f"the step part {key} is missing")
+            return value
+
+        return cls(step_s=get("step_s"), data_s=get("data_s"), compute_s=get("compute_s"),
+                   comm_exposed_s=_seconds(data.get("comm_exposed_s")),
+                   optimizer_s=get("optimizer_s"), wait_s=get("wait_s"), host_s=get("host_s"),
+                   comm_overlap_s=_seconds(data.get("comm_overlap_s")))
 
 
-_MAY_LACK = ("comm_exposed_s", "comm_overlap_s")  # the parts a strategy may not measure
-
-
-def _seconds(value: Any, may_lack: bool = True) -> float | None:
+def _seconds(value: Any) -> float | None:
     if value is None:
-        if not may_lack:
-            raise TypeError("a step part is missing")
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"a step part must be seconds, not {value!r}")

@@ -159,9 +159,10 @@ def _steady_comm(run_dir: Path) -> float:
     """The mean exposed communication of a record's metered steps, warm-up (the first log
     window, as gputui.core.steady) left out; 0.0 where none was measured."""
     from gputui.core import breakdown, runstore
+    from gputui.core.events import StepMetrics
 
     parts = [ev.breakdown for ev in runstore.read_events(run_dir)
-             if getattr(ev, "kind", "") == "step" and ev.breakdown]
+             if isinstance(ev, StepMetrics) and ev.breakdown]
     mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
     return float(mean.comm_exposed_s or 0.0) if mean else 0.0
 
@@ -169,10 +170,11 @@ def _steady_comm(run_dir: Path) -> float:
 def _peak_memory(run_dir: Path) -> int | None:
     """The largest allocation a GPU run reported (None on the CPU)."""
     from gputui.core import runstore
+    from gputui.core.events import StepMetrics
 
     peak = None
     for ev in runstore.read_events(run_dir):
-        if getattr(ev, "kind", "") != "step":
+        if not isinstance(ev, StepMetrics):
             continue
         for d in ev.per_device:
             if d.mem_alloc is not None:
