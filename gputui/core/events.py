@@ -245,7 +245,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event type in {data!r}")
     names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
+    kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in data.items() if k in names}
     return cls.from_fields(kwargs)
 
 

@@ -140,7 +140,8 @@ class DataParallelStrategy(Single):
                 shares[i] += size
         parts = [first, *other_devices(m, len(names))]
         return StepReport(step_s=step, comm_s=None, devices=tuple(
-            DeviceStep(name, samples=n, breakdown=bd) for name, n, bd in zip(names, shares, parts)))
+            DeviceStep(name, samples=n, breakdown=bd) for name, n, bd in zip(names, shares, parts,
+                                                                          strict=True)))
 
     def models(self) -> list[nn.Module]:
         """The module a step calls (DataParallel around the model, or the model flattened):

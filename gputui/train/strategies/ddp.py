@@ -14,6 +14,8 @@ rank's metered step (a ``DeviceStep``) is gathered whole at the log interval.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -68,7 +70,9 @@ class DDPStrategy(RankStrategy):
 
     def no_sync(self):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
-        return self.model.no_sync()
+        from torch.nn.parallel import DistributedDataParallel
+
+        return cast(DistributedDataParallel, self.model).no_sync()  # what wrap made
 
     def models(self) -> list[nn.Module]:
         return [self.module]

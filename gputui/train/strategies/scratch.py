@@ -91,10 +91,10 @@ class Scratch(Strategy):
             sizes = self._sizes[total] = split_sizes(total, len(self.replicas), self.weights)
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
         m = self.meter.begin(data_s)
-        loss = None
+        loss: torch.Tensor | None = None
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
-        for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices)):
+        for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices, strict=True)):
             with m.lanes[i].compute:  # on device i's clock
                 part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
                                              ys[i].to(dev, non_blocking=True), total, dev)
@@ -103,11 +103,13 @@ class Scratch(Strategy):
             if self.comm_delay_s:
                 time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
             with torch.no_grad():
-                for grads in zip(*[[p.grad for p in params] for params in self.params]):
+                for grads in zip(*[[p.grad for p in params] for params in self.params],
+                                 strict=True):
                     allreduce(list(grads))
         with m.optimizer:
             self.optimizer_step(*self.opts)
         m.finish(samples=total)
+        assert loss is not None  # one replica at least
         if self.cfg.strategy.check_replicas:
             self.check_replicas()
         return loss
@@ -123,7 +125,7 @@ class Scratch(Strategy):
         # CPU virtual devices run one after another: each waits while the others compute
         in_turn = all(d.kind == "cpu" for d in self.devices)
         rows = []
-        for d, size, own in zip(self.devices, self._sizes[m.samples], computes):
+        for d, size, own in zip(self.devices, self._sizes[m.samples], computes, strict=True):
             wait = sum(computes) - own if in_turn else 0.0
             rows.append(DeviceStep(d.name, samples=size, compute_s=own, breakdown=breakdown.make(
                 step, m.data_s, own, update, comm, 0.0, wait)))
@@ -134,7 +136,7 @@ class Scratch(Strategy):
         """Raise ReplicaMismatch unless every replica equals the first, parameter by parameter."""
         names = [name for name, _ in self.replicas[0].named_parameters()]
         for r, params in enumerate(self.params[1:], start=1):
-            for name, p0, p in zip(names, self.params[0], params):
+            for name, p0, p in zip(names, self.params[0], params, strict=True):
                 if not torch.equal(p0, p.to(p0.device)):
                     diff = (p0 - p.to(p0.device)).abs().max().item()
                     raise ReplicaMismatch(f"replica {r} differs from replica 0 in '{name}' "
@@ -150,7 +152,7 @@ class Scratch(Strategy):
         """Load the saved replica into every replica (and its optimizer state into every
         optimizer, each its own copy: on one device ``.to()`` would share the momentum buffers
         and every replica's step would update them)."""
-        for model, opt in zip(self.replicas, self.opts):
+        for model, opt in zip(self.replicas, self.opts, strict=True):
             model.load_state_dict(state["models"][0])
             opt.load_state_dict(copy.deepcopy(state["optimizers"][0]))
         self.load_scaler_state(state)
