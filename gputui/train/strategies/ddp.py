@@ -1,15 +1,16 @@
 """``ddp``: DistributedDataParallel, one process per device, launched by torch's elastic agent.
 
 Each rank (see ``gputui.train.ranks``) walks the same global batches ``single`` sees and
-takes its shard (even, or by ``split_weights``). The process group, the agreed stop and the
-gathered figures are every rank strategy's (``process_group.RankStrategy``). Its loss is summed and divided by the global
+takes its shard (even, or by ``split_weights``). Its loss is summed and divided by the global
 batch over the world size, so DDP's gradient averaging yields exactly the full-batch gradient,
 even for uneven shards. With micro-batches, DDP's gradient sync runs on the last one only
 (``no_sync``).
 
-Metrics are combined as means over ranks: each rank reports its share scaled to the whole
-(share x world size), so ``reduce_metric`` (sum / world size) gives the global figure; each
-rank's metered step (a ``DeviceStep``) is gathered whole at the log interval.
+The process group, the agreed stop and the gathered figures are every rank strategy's
+(``process_group.RankStrategy``). Metrics are combined as means over ranks: each rank reports
+its share scaled to the whole (share x world size), so ``reduce_metric`` (sum / world size)
+gives the global figure; each rank's metered step (a ``DeviceStep``) is gathered whole at the
+log interval.
 """
 
 from __future__ import annotations
