@@ -93,7 +93,7 @@ def _spec(cfg, run_dir):
     from gputui.core.devices import cpu_devices
     from gputui.train.handoff import LaunchSpec
 
-    return LaunchSpec(config=cfg.to_dict(), devices=tuple(cpu_devices(2)), run_id="r",
+    return LaunchSpec(config=cfg, devices=tuple(cpu_devices(2)), run_id="r",
                       run_dir=str(run_dir), parent_pid=0, t_launch=0.0)
 
 

@@ -27,7 +27,7 @@ def config(**extra) -> RunConfig:
 def run(cfg: RunConfig, runs) -> tuple[dict, int, list]:
     """(final parameters, the pid that trained, events) of one real run."""
     handle = launch(cfg, runs)
-    pid = handle.processes[0].pid
+    pid = handle.host.process.pid
     assert handle.wait(timeout=240) == "finished", read_events(handle.run_dir)[-1]
     state = torch.load(handle.run_dir / "checkpoint.pt", weights_only=True)
     return state["state"]["models"][0], pid, read_events(handle.run_dir)
@@ -69,7 +69,7 @@ def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path
         assert handle.wait(timeout=60) == "killed"
         assert not worker.process.is_alive() and warm.take() is None
         cold = launch(config(), tmp_path)  # the next run starts cold
-        assert cold.processes[0].pid != worker.process.pid
+        assert cold.host.process.pid != worker.process.pid
         assert cold.wait(timeout=240) == "finished"
     finally:
         warm.close_all()
@@ -87,7 +87,7 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
     try:
         assert worker.ready.wait(120)
         handle = launch(config(**{"run.epochs": 50}), tmp_path)
-        assert handle.processes[0].pid == worker.process.pid
+        assert handle.host.process.pid == worker.process.pid
         while not any(e.kind == "step" for e in read_events(handle.run_dir)):
             handle.poll(timeout=0.2)
         if how == "parent":
@@ -101,7 +101,7 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
         assert (handle.run_dir / "checkpoint.pt").is_file()
         assert worker.process.is_alive()  # a graceful stop keeps the worker for the next run
         again = launch(config(), tmp_path)
-        assert again.processes[0].pid == worker.process.pid
+        assert again.host.process.pid == worker.process.pid
         assert again.wait(timeout=240) == "finished"
         assert read_events(again.run_dir)[-1].kind == "run_finished"  # no stale stop reason
     finally:
