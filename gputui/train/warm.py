@@ -54,6 +54,11 @@ class Host:
         return self.channels.stop
 
     @property
+    def ready(self):
+        """Set once the host has loaded what it preloads (multiprocessing.Event)."""
+        return self.channels.ready
+
+    @property
     def usable(self) -> bool:
         """A warm host, alive and waiting for a run."""
         return self.warm and not self.busy and self.process.is_alive()

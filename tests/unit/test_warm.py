@@ -1,5 +1,6 @@
-"""The warm start: a prepared worker runs single-process runs without a new interpreter, one
-after another, and a run in a reused worker trains exactly as a cold one (no state leaks)."""
+"""The warm start: a run host started early runs single-process runs without a new
+interpreter, one after another, and a run in a reused host trains exactly as a cold one (no
+state leaks)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
                               tmp_path)
         again, pid, events = run(config(), tmp_path)
         assert first_pid == pid == worker.process.pid != cold_pid  # reused, not re-spawned
-        assert worker.process.is_alive() and worker.idle.is_set()  # waiting for the next run
+        assert worker.usable  # alive and waiting for the next run
         assert cold.keys() == again.keys()
         for name in cold:
             assert torch.equal(cold[name], again[name]), name  # bit for bit
