@@ -354,9 +354,9 @@ class Sweep:
         return "interrupted" if self.stop_requested else "finished"
 
     def _warm(self, point: Point, devices: list[Device]) -> None:
-        """Single-process points run in one warm worker, reused from point to point (torch is
+        """Single-process points run in one warm run host, reused from point to point (torch is
         imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
-        worker's GPUs are the point's, as resolved for it."""
+        host's GPUs are the point's, as resolved for it."""
         from gputui.core import registry
         from gputui.train import warm
 

@@ -76,10 +76,10 @@ def launch_config(spec: LaunchSpec, config_class=None):
 
 
 # Launcher arguments that only newer torch accepts, with what gputui wants of them:
-# signals_to_handle (torch 2.9+): SIGINT left out. The agent and its ranks block the stop
+# signals_to_handle (torch 2.9+): SIGINT left out. The host and its ranks block the stop
 #   signals and take them in a thread (core/signals.py), so torch's own handlers never run
 #   and a stop stays graceful with or without this argument; it is passed where it exists so
-#   the agent's set-up matches. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the
+#   the host's set-up matches. shutdown_timeout (torch 2.12+): SIGTERM to SIGKILL for the
 #   surviving ranks after a failure (older torch waits its fixed 30 s, which only a rank that
 #   ignores SIGTERM ever uses).
 OPTIONAL_LAUNCH_ARGS = {"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
@@ -94,7 +94,7 @@ def stop_survivors_promptly(context_class: Any = None) -> None:
     rank has failed, sends SIGTERM to the others and gives them ``grace_period`` (30 s when
     none is given, and the agent gives none in torch 2.11 to 2.13) before SIGKILL. A rank that
     cannot take SIGTERM (frozen, or stuck in a kernel call) kept a failed run waiting 30 s.
-    Only this agent process, which exists for one launch, is changed: its joins get half the
+    Only this host process, which exits after its launch, is changed: its joins get half the
     timeout to exit on their own, then half after SIGTERM.
     """
     if context_class is None:
@@ -126,7 +126,8 @@ def launcher_options(config_class) -> dict[str, Any]:
 def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
               leave: Callable[[], None]) -> None:
     """In the host: run the elastic launch of this node's ranks, record what they send, end
-    the record when they did not. ``leave`` ends the host (a stop before any rank started)."""
+    the record when they did not. ``leave`` ends the host (a stop before any rank started).
+    The host calls :func:`stop_helpers` once the record is closed."""
     import multiprocessing as mp
 
     run_dir = Path(spec.run_dir)
@@ -180,7 +181,6 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     shared_data.remove(data_file)
     # the ranks' own end, when they sent one, is the record's (a second one is not recorded)
     recorder.emit(end or RunFailed(reason="the ranks ended without a result"))
-    stop_helpers()
 
 
 class _Relay(threading.Thread):

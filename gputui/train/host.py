@@ -82,6 +82,10 @@ def host_main(channels: HostChannels) -> None:
             _host(job, channels)
         finally:
             life.running = False
+        if job.multiprocess:  # the ranks' fork server and resource tracker go with the host
+            from gputui.train.agent import stop_helpers
+
+            stop_helpers()
         if fresh is None or job.multiprocess:
             break
         _reset(fresh)
