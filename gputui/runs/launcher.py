@@ -36,7 +36,7 @@ from gputui.train.handoff import LaunchSpec, RankProcess, RecordClosed
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
 
 
-CLOSE_WAIT_S = 10.0  # how long a host may take from its terminal event to the record closed
+CLOSE_WAIT_S = 10.0  # how long a host may take to close the record, then to exit
 
 
 class RunHandle:
@@ -218,8 +218,8 @@ class RunHandle:
         host = self.host
         if host.warm and self._closed is not None and host.process.is_alive():
             host.release()
-        else:
-            host.process.join(timeout=5)
+        else:  # a host that closed the record ends its helpers (a fork server) on its way out
+            host.process.join(timeout=CLOSE_WAIT_S if self._closed is not None else 5)
             if host.process.is_alive():  # the run has ended; a host stuck on its way out
                 kill_tree(host.process.pid)
                 host.process.join(timeout=5)
