@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from gputui.core.config import RunConfig
 from gputui.core.events import LogLine, RunFailed, RunStopped
+from gputui.core.filewrite import WriteFailed
 from gputui.core.usercode import code_named
 from gputui.train import shared_data, stopping
 from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
@@ -135,7 +136,7 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     _start_fork_server()
     cfg = spec.config
     data_file = shared_data.path_for(spec.run_id)
-    relay = _Relay(mp.get_context("spawn").Queue(), recorder)
+    relay = _Relay(mp.get_context("spawn").Queue(), recorder, stop)
     relay.start()
     watchdog = _Watchdog(recorder, stop, data_file, leave)
     watchdog.start()
@@ -184,11 +185,13 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
 
 
 class _Relay(threading.Thread):
-    """Records what the ranks send the host (events, and their pids for the sampler)."""
+    """Records what the ranks send the host (events, and their pids for the sampler). A
+    write the disk refuses ends the run as it does in one process: failed, with the disk's
+    line, and the ranks are asked to stop."""
 
-    def __init__(self, queue: Any, recorder: Recorder):
+    def __init__(self, queue: Any, recorder: Recorder, stop: StopChannel):
         super().__init__(name="gputui-ranks-relay", daemon=True)
-        self.queue, self.recorder = queue, recorder
+        self.queue, self.recorder, self.stop = queue, recorder, stop
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -201,14 +204,19 @@ class _Relay(threading.Thread):
                 continue
             except (EOFError, OSError):
                 return
+            if isinstance(item, RankProcess):
+                if self.recorder.forward is not None:
+                    self.recorder.forward(item)
+                continue
             try:
-                if isinstance(item, RankProcess):
-                    if self.recorder.forward is not None:
-                        self.recorder.forward(item)
-                else:
-                    self.recorder.emit(item)
-            except Exception:  # noqa: BLE001 - a full disk: the host's end reports it
-                pass
+                self.recorder.emit(item)
+            except WriteFailed as exc:
+                if exc.disk_full:
+                    from gputui.train.worker import disk_hint
+
+                    exc.hint = disk_hint(self.recorder.run_dir)
+                self.recorder.emit(RunFailed(reason=str(exc)))
+                self.stop.ask(str(exc))
 
     def finish(self, timeout: float = 10.0) -> None:
         """The ranks have exited: take what they left in the queue, then stop."""

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from gputui.core.config import RunConfig, apply_overrides
-from gputui.core.events import InitDone, RunFailed, RunStarted
+from gputui.core.events import DeviceSample, InitDone, RunFailed, RunStarted
 from gputui.core.runstore import read_events, read_summary
 from gputui.runs.launcher import launch
 
@@ -32,6 +32,10 @@ def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):
     while not any(e.kind == "step" for e in seen) and time.monotonic() < deadline:
         seen += handle.poll(timeout=0.2)
     assert isinstance(seen[0], RunStarted) and any(isinstance(e, InitDone) for e in seen)
+    # two streams: the events never carry the samples, which come from their own
+    assert not any(isinstance(e, DeviceSample) for e in seen)
+    sampled = handle.samples()
+    assert sampled and all(isinstance(s, DeviceSample) for s in sampled)
     pid = handle.host.process.pid
     handle.kill()
     assert handle.wait(timeout=30) == "killed"
