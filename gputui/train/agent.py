@@ -13,13 +13,10 @@ the others; the host then ends the record with one RunFailed that names the root
 
 from __future__ import annotations
 
-import json
 import os
 import queue as queue_mod
-import signal
 import socket
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -39,7 +36,6 @@ RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.trai
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",
                 "gputui.train.strategies.ddp", "gputui.train.strategies.fsdp"]
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
-FAILURES_DIR = "rank-failures"  # each failing rank writes <rank>.json here (reason, detail)
 
 
 def free_port() -> int:
@@ -148,7 +144,7 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
-        from gputui.train.ranks import rank_main
+        from gputui.train.ranks import failure_event, rank_main
 
         if code_named(cfg):
             # the user's code builds the data and the model here, once, before any rank
@@ -293,47 +289,6 @@ def _log_to_file(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-
-
-def failure_event(failures: dict, run_dir: Path) -> RunFailed:
-    """One RunFailed naming the root cause among the failed ranks.
-
-    A rank that raised writes its reason to ``rank-failures/<rank>.json``; a rank killed by a
-    signal leaves only its exit code. A rank whose own error is a broken connection was most
-    likely a victim of another's death, so real errors and kills are preferred as the cause,
-    then the earliest."""
-    causes = []
-    folder = run_dir / FAILURES_DIR
-    written = {int(p.stem) for p in folder.glob("*.json")} if folder.is_dir() else set()
-    for rank in sorted(set(failures) | written):  # torch reports only the first rank it saw
-        f = failures.get(rank)
-        info = _read_failure(run_dir, rank)
-        if info:
-            reason, detail, comm = f"rank {rank}: {info['reason']}", info["detail"], info["comm"]
-            t = info["t"]
-        else:
-            if f.exitcode < 0:
-                how = f"was killed by {f.signal_name()}"
-            else:
-                how = f"exited with code {f.exitcode}"
-            reason, detail, t = f"rank {rank} (pid {f.pid}) {how}", "", f.timestamp
-            # SIGTERM is how the elastic agent tears the other ranks down after a failure
-            comm = f.exitcode == -signal.SIGTERM
-        causes.append((comm, t, rank, reason, detail))
-    if not causes:
-        return RunFailed(reason="a rank failed without saying why")
-    comm, _, _, reason, detail = min(causes)
-    if len(causes) > 1:
-        others = "; ".join(c[3] for c in sorted(causes) if c[3] != reason)
-        detail = f"{detail}\nother ranks: {others}".strip()
-    return RunFailed(reason=reason, detail=detail)
-
-
-def _read_failure(run_dir: Path, rank: int) -> dict | None:
-    try:
-        return json.loads((run_dir / FAILURES_DIR / f"{rank}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _traceback() -> str:

@@ -7,7 +7,7 @@ on (``stopping``). Local rank 0 of each node sends the run's events to its host,
 them; the other ranks emit nothing, their figures reach the record through the strategy's
 gather at the log interval. A rank that fails does not send RunFailed: it writes its reason
 to ``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent tears the job down
-and the host names the root cause once (``agent.failure_event``).
+and the host names the root cause once (:func:`failure_event`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import runstore, signals
-from gputui.core.events import Event
+from gputui.core.events import Event, RunFailed
 from gputui.core.filewrite import write_atomic
 from gputui.train import shared_data, stopping
 from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel, quick_exit
@@ -36,6 +36,7 @@ COMM_MARKERS = ("DistBackendError", "DistNetworkError", "DistStoreError", "Conne
 
 
 COMM_GRACE_S = 3.0
+FAILURES_DIR = "rank-failures"  # each failing rank writes <rank>.json here (reason, detail)
 
 
 class RankFailed(RuntimeError):
@@ -112,7 +113,7 @@ def rank_main(spec: LaunchSpec) -> str:
 def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> bool:
     """Leave this rank's failure for the agent (atomic: the agent may read at any moment);
     True when it looks like a broken connection to another rank."""
-    folder = run_dir / "rank-failures"
+    folder = run_dir / FAILURES_DIR
     comm = any(m in reason for m in COMM_MARKERS)
     text = json.dumps({"rank": rank, "pid": os.getpid(), "reason": reason, "detail": detail,
                        "comm": comm, "t": time.time()})
@@ -137,3 +138,44 @@ def _destroy_group() -> None:
             destroy_group()
     except Exception:  # noqa: BLE001 - the group may be broken after a peer died
         pass
+
+
+def failure_event(failures: dict, run_dir: Path) -> RunFailed:
+    """One RunFailed naming the root cause among the failed ranks.
+
+    A rank that raised writes its reason to ``rank-failures/<rank>.json``; a rank killed by a
+    signal leaves only its exit code. A rank whose own error is a broken connection was most
+    likely a victim of another's death, so real errors and kills are preferred as the cause,
+    then the earliest."""
+    causes = []
+    folder = run_dir / FAILURES_DIR
+    written = {int(p.stem) for p in folder.glob("*.json")} if folder.is_dir() else set()
+    for rank in sorted(set(failures) | written):  # torch reports only the first rank it saw
+        f = failures.get(rank)
+        info = _read_failure(run_dir, rank)
+        if info:
+            reason, detail, comm = f"rank {rank}: {info['reason']}", info["detail"], info["comm"]
+            t = info["t"]
+        else:
+            if f.exitcode < 0:
+                how = f"was killed by {f.signal_name()}"
+            else:
+                how = f"exited with code {f.exitcode}"
+            reason, detail, t = f"rank {rank} (pid {f.pid}) {how}", "", f.timestamp
+            # SIGTERM is how the elastic agent tears the other ranks down after a failure
+            comm = f.exitcode == -signal.SIGTERM
+        causes.append((comm, t, rank, reason, detail))
+    if not causes:
+        return RunFailed(reason="a rank failed without saying why")
+    comm, _, _, reason, detail = min(causes)
+    if len(causes) > 1:
+        others = "; ".join(c[3] for c in sorted(causes) if c[3] != reason)
+        detail = f"{detail}\nother ranks: {others}".strip()
+    return RunFailed(reason=reason, detail=detail)
+
+
+def _read_failure(run_dir: Path, rank: int) -> dict | None:
+    try:
+        return json.loads((run_dir / FAILURES_DIR / f"{rank}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

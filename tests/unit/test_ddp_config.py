@@ -10,7 +10,7 @@ import pytest
 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.runs.prepare import override_checked
-from gputui.train.agent import failure_event
+from gputui.train.ranks import failure_event
 from gputui.train.ranks import write_failure
 
 
