@@ -30,7 +30,7 @@ from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
 from gputui.train.recorder import Recorder
 
 # What every rank needs before its first step, imported once in the fork server (below):
-# torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
+# torch, DDP's own import of torch._dynamo (a large part of a rank's start-up), the training
 # path. A module that fails to import here is simply imported later by the rank.
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.train.ranks",
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",
@@ -105,7 +105,7 @@ def stop_survivors_promptly(context_class: Any = None) -> None:
             grace_period = SHUTDOWN_TIMEOUT_S / 2
         return original(self, timeout, grace_period)
 
-    join.gputui_prompt = True
+    join.gputui_prompt = True  # type: ignore[attr-defined]  # a mark on a function object
     context_class.join = join
 
 
@@ -121,9 +121,10 @@ def launcher_options(config_class) -> dict[str, Any]:
 
 
 def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
-              leave: Callable[[], None]) -> None:
+              note: Callable[[RankProcess], Any], leave: Callable[[], None]) -> None:
     """In the host: run the elastic launch of this node's ranks, record what they send, end
-    the record when they did not. ``leave`` ends the host (a stop before any rank started).
+    the record when they did not. ``note`` passes a rank's pid on to the parent; ``leave``
+    ends the host (a stop before any rank started).
     The host calls :func:`stop_helpers` once the record is closed."""
     import multiprocessing as mp
 
@@ -132,7 +133,7 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     _start_fork_server()
     cfg = spec.config
     data_file = shared_data.path_for(spec.run_id)
-    relay = _Relay(mp.get_context("spawn").Queue(), recorder, stop)
+    relay = _Relay(mp.get_context("spawn").Queue(), recorder, stop, note)
     relay.start()
     watchdog = _Watchdog(recorder, stop, data_file, leave)
     watchdog.start()
@@ -185,9 +186,10 @@ class _Relay(threading.Thread):
     write the disk refuses ends the run as it does in one process: failed, with the disk's
     line, and the ranks are asked to stop."""
 
-    def __init__(self, queue: Any, recorder: Recorder, stop: StopChannel):
+    def __init__(self, queue: Any, recorder: Recorder, stop: StopChannel,
+                 note: Callable[[RankProcess], Any]):
         super().__init__(name="gputui-ranks-relay", daemon=True)
-        self.queue, self.recorder, self.stop = queue, recorder, stop
+        self.queue, self.recorder, self.stop, self.note = queue, recorder, stop, note
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -201,8 +203,10 @@ class _Relay(threading.Thread):
             except (EOFError, OSError):
                 return
             if isinstance(item, RankProcess):
-                if self.recorder.forward is not None:
-                    self.recorder.forward(item)
+                try:
+                    self.note(item)
+                except (OSError, ValueError):  # the parent is gone; the record goes on
+                    pass
                 continue
             try:
                 self.recorder.emit(item)
@@ -262,6 +266,8 @@ def stop_helpers() -> None:
 
     for owner in (getattr(forkserver, "_forkserver", None),
                   getattr(resource_tracker, "_resource_tracker", None)):
+        if owner is None:
+            continue
         try:
             owner._stop()
         except Exception:  # noqa: BLE001 - not running, or a Python without _stop

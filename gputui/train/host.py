@@ -106,7 +106,8 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
         if spec.multiprocess:
             from gputui.train.agent import run_ranks
 
-            run_ranks(spec, recorder, channels.stop, leave=lambda: _leave(recorder, channels))
+            run_ranks(spec, recorder, channels.stop, note=channels.queue.put,
+                      leave=lambda: _leave(recorder, channels))
         else:
             from gputui.train.worker import execute
 
@@ -135,7 +136,7 @@ def _load(cuda: list[int]) -> dict[str, Any]:
     import numpy as np
     import torch
     # The first optimizer a process builds imports torch._dynamo (torch.optim's __init__ is
-    # wrapped by torch._disable_dynamo): 1.1-1.4 s of a cold run's "model" time on a CPU.
+    # wrapped by torch._disable_dynamo): a large part of a cold run's "model" time.
     import torch._dynamo  # noqa: F401
 
     from gputui.core import registry  # noqa: F401

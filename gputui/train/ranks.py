@@ -49,10 +49,10 @@ class _RankEmit:
 
     def __init__(self, queue: Any | None):
         self.queue = queue
-        self.failed: Event | None = None
+        self.failed: RunFailed | None = None
 
     def emit(self, event: Event) -> None:
-        if event.kind == "run_failed":
+        if isinstance(event, RunFailed):
             self.failed = event
         elif self.queue is not None:
             self.queue.put(event)
@@ -81,7 +81,9 @@ def _watch_stop(stop: StopChannel, host_pid: int) -> None:
 
 def rank_main(spec: LaunchSpec) -> str:
     """Train this rank's share; returns the status (the elastic agent collects it)."""
-    _watch_stop(spec.stop, spec.host_pid)  # first: before any thread starts
+    stop = spec.stop
+    assert stop is not None, "the host gives its ranks the run's stop flag"
+    _watch_stop(stop, spec.host_pid)  # first: before any thread starts
     info = RankInfo.of_process(len(spec.devices))
     run_dir = Path(spec.run_dir)
     devices = list(spec.devices)
@@ -94,7 +96,7 @@ def rank_main(spec: LaunchSpec) -> str:
     try:
         load = shared_data.loader(Path(spec.data_file)) if spec.data_file else None
         status = execute(spec.config, devices, spec.run_id, sink.emit, run_dir,
-                         stopping.RunStop(spec.stop), spec.t_launch, rank=info,
+                         stopping.RunStop(stop), spec.t_launch, rank=info,
                          load_data=load, notes=spec.notes)
     finally:
         _destroy_group()
@@ -156,7 +158,7 @@ def failure_event(failures: dict, run_dir: Path) -> RunFailed:
         if info:
             reason, detail, comm = f"rank {rank}: {info['reason']}", info["detail"], info["comm"]
             t = info["t"]
-        else:
+        elif f is not None:
             if f.exitcode < 0:
                 how = f"was killed by {f.signal_name()}"
             else:
@@ -164,6 +166,8 @@ def failure_event(failures: dict, run_dir: Path) -> RunFailed:
             reason, detail, t = f"rank {rank} (pid {f.pid}) {how}", "", f.timestamp
             # SIGTERM is how the elastic agent tears the other ranks down after a failure
             comm = f.exitcode == -signal.SIGTERM
+        else:  # a failure file that cannot be read, for a rank torch did not report
+            continue
         causes.append((comm, t, rank, reason, detail))
     if not causes:
         return RunFailed(reason="a rank failed without saying why")

@@ -2,7 +2,7 @@
 
 Every run is hosted by one spawned :class:`Host`. ``launcher.launch`` starts one for the run
 (cold) unless an idle warm host is waiting (``take``): the app starts one while the user is
-on its set-up screen, and a sweep keeps one between its points (``prepare``). A warm host has
+on its set-up screen, and a sweep keeps one between its points (``ensure_host``). A warm host has
 imported torch and gputui's training code (and, on GPUs, created the CUDA context and loaded
 cuBLAS/cuDNN on the chosen devices), so the run starts without the interpreter's start and
 torch's import; after each run it puts back what a run changes and waits for the next. ddp
@@ -88,7 +88,7 @@ class Host:
             self.process.join(timeout)
 
 
-def prepare(cuda: tuple[int, ...] = ()) -> Host:
+def ensure_host(cuda: tuple[int, ...] = ()) -> Host:
     """Have one warm host ready (start it unless one is alive); returns it. ``cuda``: the
     GPU indices whose CUDA context the host creates ahead of a run."""
     with _LOCK:

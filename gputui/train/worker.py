@@ -16,7 +16,8 @@ from typing import Callable
 
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device
-from gputui.core.events import Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted, RunStopped
+from gputui.core.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
+                                RunStopped)
 from gputui.core.filewrite import DISK_FULL, WriteFailed, os_error_in
 from gputui.core.usercode import code_named
 from gputui.train.rankinfo import RankInfo
@@ -37,6 +38,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
         from gputui.core import registry
 
         info = registry.get(cfg.strategy.name)
+        assert info is not None, "plan.validate checked the strategy name"
 
         def start() -> None:
             nonlocal started
@@ -78,7 +80,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
         t3 = time.perf_counter()
         from gputui.train.strategies import fastpath
 
-        compile_s = fastpath.prepare(strategy, ds, emit)  # before the first step, timed apart
+        compile_s = fastpath.compile_ahead(strategy, ds, emit)  # before the first step, timed apart
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
