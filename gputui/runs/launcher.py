@@ -72,6 +72,13 @@ class RunHandle:
 
     def start(self, host: Any, spec: LaunchSpec) -> None:
         """Hand the run to ``host`` (a warm.Host) and start sampling its devices."""
+        # the folder, and the one this run resumes, are in use until the run ends (gputui
+        # resume refuses a folder in use; the kernel frees the lock if this process dies)
+        resumed = [Path(self.cfg.run.resume_from)] if self.cfg.run.resume_from else []
+        for folder in [self.run_dir, *resumed]:
+            lock = runlock.hold(folder if folder.is_dir() else folder.parent, self.run_id)
+            if lock is not None:
+                self._locks.append(lock)
         self.host = host
         host.run(spec)
         _LIVE.add(self)
@@ -324,12 +331,6 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     info = registry.get(cfg.strategy.name)
     multiprocess = bool(info and info.multiprocess)
     handle = RunHandle(run_id, run_dir, devices, cfg, multiprocess, device_note)
-    # the folder, and the one this run resumes, are in use until the run ends (gputui resume
-    # refuses a folder in use; the kernel frees the lock if this process dies)
-    for folder in [run_dir] + ([Path(cfg.run.resume_from)] if cfg.run.resume_from else []):
-        lock = runlock.hold(folder if folder.is_dir() else folder.parent, run_id)
-        if lock is not None:
-            handle._locks.append(lock)
     adopt_orphans()
     own_tracker()
     spec = LaunchSpec(config=cfg, devices=tuple(devices), run_id=run_id, run_dir=str(run_dir),
