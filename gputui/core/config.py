@@ -22,9 +22,10 @@ from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this m
     DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
     SECTIONS, StrategySection, TelemetrySection, effective_batch_size, effective_lr,
 )
+from gputui.core.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad preset, override or combination; the message is one line for the user."""
 
     def __init__(self, message: object = ""):

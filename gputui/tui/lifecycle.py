@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from gputui.core.errors import fault_line
+
 KILL_WAIT_S = 5.0
 
 
@@ -143,5 +145,4 @@ def crash_line(exc: BaseException | None) -> str:
     """The one line a crash leaves on stderr."""
     if exc is None:
         return "gputui: error: the app ended with an internal error"
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"gputui: error: the app crashed: {type(exc).__name__}: {first}".rstrip(": ")
+    return f"gputui: error: the app crashed: {fault_line(exc)}"

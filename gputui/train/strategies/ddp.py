@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gputui.core import breakdown
+from gputui.core.devices import backend_for
 from gputui.train.rankinfo import RankInfo
 from gputui.train.strategies.base import Stopwatch, Strategy, no_correct
 from gputui.train.strategies.comm_timer import CommTimer, gbps
@@ -38,13 +39,6 @@ _FIELDS = ("rank", "node", "cuda", "index", "samples", "compute_s", "step_s", "m
 # the rank's step breakdown (gputui.core.breakdown), gathered after _FIELDS; -1 = not measured
 _PARTS = ("step_s", "data_s", "compute_s", "comm_exposed_s", "comm_overlap_s", "optimizer_s",
           "wait_s", "host_s")
-
-
-def backend_for(requested: str, device_kind: str) -> str:
-    """The process-group backend: "auto" is nccl on CUDA devices, gloo on CPU ones."""
-    if requested != "auto":
-        return requested
-    return "nccl" if device_kind == "cuda" else "gloo"
 
 
 class DDPStrategy(Strategy):

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
+from gputui.core.errors import UserError
 from gputui.train.strategies.base import Stopwatch, Strategy
 
 
-class ReplicaMismatch(RuntimeError):
+class ReplicaMismatch(UserError, RuntimeError):
     """check_replicas found a replica that no longer equals the first."""
 
 
