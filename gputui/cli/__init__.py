@@ -24,6 +24,7 @@ def cmd_strategies(args) -> int:
     from gputui.core.config import RunConfig, apply_overrides
     from gputui.core.devices import DeviceSpecError
     from gputui.hw.discovery import resolve_devices
+    from gputui.plan import why_not
 
     try:
         cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)])
@@ -33,7 +34,7 @@ def cmd_strategies(args) -> int:
     rows = []
     for info in registry.all_infos():
         trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)])
-        reason = info.why_not(trial, devices)
+        reason = why_not(trial, devices)
         rows.append({"name": info.name, "description": info.description,
                      "multiprocess": info.multiprocess, "available": reason is None,
                      "reason": reason or ""})

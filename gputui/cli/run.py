@@ -54,7 +54,6 @@ def resolve_config(args) -> Any:
     """The preset, --set overrides and short flags, validated (``gputui.runs.prepare.Prepared``:
     the config and its devices, discovered once); raises ConfigError."""
     from gputui.core.config import parse_assignment
-    from gputui.core.datafiles import data_problem
     from gputui.core.presets import resolve_preset
     from gputui.runs.prepare import load_checked
 
@@ -67,11 +66,7 @@ def resolve_config(args) -> Any:
         value = getattr(args, dest, None)
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
-    prepared = load_checked(path, overrides)
-    problem = data_problem(prepared.config)
-    if problem:
-        raise ConfigError(f"{path}: data: {problem}")
-    return prepared
+    return load_checked(path, overrides)
 
 
 def cmd_run(args) -> int:

@@ -104,6 +104,9 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         value = list(value)
     if ftype is dict:
         value = dict(value)
+    problem = meta["check"](value) if "check" in meta else None
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
     if meta.get("code") and value:
         from gputui.core.usercode import spec_problem  # torch-free, runs no code
 
