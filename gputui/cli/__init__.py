@@ -16,6 +16,7 @@ from gputui import __version__
 from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail
 from gputui.cli.run import add_run_parser, cmd_run, resolve_config  # noqa: F401 - also here
 from gputui.core.config import ConfigError
+from gputui.core.errors import UserError, describe
 
 # ------------------------------------------------------------------ listings
 def cmd_strategies(args) -> int:
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         args.runs_dir = args.global_runs_dir
     try:
         return args.func(args)
+    except UserError as exc:  # bad input found wherever: its one line, exit 2
+        return fail(describe(exc))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
-from gputui.core.config import ConfigError
 from gputui.core.filewrite import WriteFailed
 
 SHORT_FLAGS = {  # flag dest -> config key
@@ -71,10 +70,7 @@ def resolve_config(args) -> Any:
 
 def cmd_run(args) -> int:
     """``gputui run PRESET``: train headless and print progress and a summary."""
-    try:
-        prepared = resolve_config(args)
-    except ConfigError as exc:
-        return fail(str(exc))
+    prepared = resolve_config(args)  # a ConfigError is main's one line, exit 2
     cfg = prepared.config
     if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
         from gputui.runs import runlock

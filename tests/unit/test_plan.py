@@ -83,7 +83,6 @@ sys.modules["gputui.hw.nvml"] = sys.modules["gputui.hw.discovery"] = None
 from gputui import plan
 from gputui.core.config import ConfigError, RunConfig, apply_overrides
 from gputui.core.devices import Device
-import gputui.core.mp_plan  # the registry's lazy import, loaded beforehand
 
 cases = [(apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()]),
           [Device(*d) for d in devices]) for sets, devices in json.loads(sys.argv[1])]

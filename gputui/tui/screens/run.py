@@ -140,6 +140,7 @@ class RunScreen(RunControls, Screen):
         self.notify(f"Lost contact with the run: {message.error}", severity="error")
         if not self.ended:
             self.state = "failed"
+            self.app.post_message(RunEndedNotice(self))
 
     # ------------------------------------------------------------------ events -> widgets
     def apply_events(self, events: tuple[Event, ...] | list[Event]) -> None:
