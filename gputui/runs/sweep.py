@@ -280,8 +280,12 @@ class Sweep:
         """The point's devices (resolved once: discovery runs at most once per point), the
         fallback's note, and None when it can run here, else the reason (one line): the path
         of every run (``gputui.runs.prepare``), its refusal kept as the point's reason."""
+        from gputui.core import registry
         from gputui.runs.prepare import prepare
 
+        if registry.get(point.strategy) is None:  # e.g. a manifest from another build
+            return [], "", (f"strategy '{point.strategy}' is not available in this build "
+                            f"(known: {', '.join(registry.names())})")
         try:
             ready = prepare(cfg, "sweep")
         except ConfigError as exc:

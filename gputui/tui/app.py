@@ -335,23 +335,9 @@ class GpuTuiApp(SignalExit, App[int]):
     # ------------------------------------------------------------------ command palette
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The main actions of the current screen, then Textual's own commands."""
-        from gputui.tui.screens.run import RunScreen
+        from gputui.tui.palette import screen_commands
 
-        if isinstance(screen, SetupScreen):
-            yield SystemCommand("Start run", "Launch a run with this set-up (ctrl+r)",
-                                screen.action_start)
-            yield SystemCommand("Save as preset", "Write the form as a preset TOML file "
-                                "(ctrl+s)", screen.action_save_preset)
-            for path in screen.presets:
-                yield SystemCommand(f"Load preset: {path.stem}", str(path),
-                                    lambda p=path: screen.load_preset(p))
-        elif isinstance(screen, RunScreen):
-            yield SystemCommand("Stop run", "Stop at the next step, keep the record (s)",
-                                screen.action_stop)
-            yield SystemCommand("Kill run", "End the training processes now (k)",
-                                screen.action_kill)
-            yield SystemCommand("Back to set-up", "Leave the run screen (escape)",
-                                screen.action_back)
+        yield from screen_commands(screen)
         yield SystemCommand("Run history", "Past runs, their plots, comparisons (f6)",
                             self.action_open_history)
         yield SystemCommand("Sweep", "The set-up over device counts x strategies (f7)",
