@@ -10,6 +10,7 @@ the GPUs seen are handed on, so the launch and its warnings ask the hardware no 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def check_disk(cfg: RunConfig, source: str = "config",
     _check_data(cfg, source)
 
 
-def load_base(path: str | Path, overrides: list[tuple[str, str, Any]] = ()) -> RunConfig:
+def load_base(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
     """The preset a sweep or a prediction varies, with its overrides: its values and its
     dataset checked. Its own strategy and devices are replaced point by point, so the
     cross-field rules wait for each point's :func:`prepare`."""
@@ -70,14 +71,14 @@ def _check_data(cfg: RunConfig, source: str) -> None:
         raise ConfigError(f"{source}: data: {problem}")
 
 
-def load_checked(path: str | Path, overrides: list[tuple[str, str, Any]] = ()) -> Prepared:
+def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> Prepared:
     """A preset with its overrides (CLI last), prepared: every rule checked, the flags that
     broke one named."""
     cfg = load_preset(path, overrides)
     return prepare(cfg, str(path), override_origins(overrides))
 
 
-def override_checked(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
+def override_checked(cfg: RunConfig, overrides: Sequence[tuple[str, str, Any]] = (),
                      preset_source: str = "config") -> Prepared:
     """``cfg`` with ``overrides`` applied, prepared (``config.apply_overrides`` plus every
     rule)."""

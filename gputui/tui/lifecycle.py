@@ -50,14 +50,14 @@ class SignalExit:
             self._hang_up()
             return
         first = self.stop_signal is None
-        if first:
-            self.stop_signal = signum
-        code = 128 + self.stop_signal
+        stop_signal = signum if self.stop_signal is None else self.stop_signal
+        self.stop_signal = stop_signal
+        code = 128 + stop_signal
         run = getattr(self, "run_control", None)  # the app's RunController
         if not self.run_active or run is None or run.handle is None:  # type: ignore[attr-defined]
             self.exit(code, return_code=code)  # type: ignore[attr-defined]
             return
-        self.quit_after_run, self.quit_code = True, code  # type: ignore[attr-defined]
+        self.quit_after_run, self.quit_code = True, code
         if first:
             run.stop(stop_reason(signum), note=f"{describe(signum)}: stopping the run, then "
                                                f"quitting")
@@ -89,7 +89,7 @@ class SignalExit:
         if not run.active:
             return
         run.kill(f"killed: {why}", note=f"{why}: killing the run")
-        code = self.quit_code  # type: ignore[attr-defined]
+        code = self.quit_code
         self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))  # type: ignore[attr-defined]
 
 
@@ -97,6 +97,8 @@ def detach_terminal() -> None:
     """The terminal hung up: point every descriptor the app draws on at /dev/null."""
     fds = {0, 1, 2}
     for stream in (sys.__stdin__, sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+        if stream is None:
+            continue
         try:
             fds.add(stream.fileno())
         except (AttributeError, OSError, ValueError):

@@ -17,7 +17,7 @@ STOP_NOTE = "stop requested: the run stops at its next step and keeps its record
 class RunController:
     """One run's handle and config, whether a stop or kill was asked, and whether it ended."""
 
-    def __init__(self, handle: Any, config: Any, tell: Callable[[str, str], None],
+    def __init__(self, handle: Any, config: Any, tell: Callable[[str, str], object],
                  in_thread: Callable[[Callable[[], None]], Any]) -> None:
         self.handle = handle
         self.config = config
