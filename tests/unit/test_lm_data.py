@@ -94,15 +94,15 @@ def test_a_missing_text_path_is_refused_before_the_run(tmp_path):
 
 def test_model_parallel_refuses_a_tied_gpt_across_gpus_only():
     from gputui.core.devices import Device
-    from gputui.core.mp_plan import registry_check
+    from gputui.plan import why_not
 
     cfg = _cfg(**{"model.name": "gpt", "data.name": "pystdlib", "strategy.name":
                   "model_parallel", "devices.spec": "cpu*2"})
     gpus = [Device("cuda", 0, "gpu"), Device("cuda", 1, "gpu")]
-    assert "model.tie = false" in registry_check(cfg, gpus)
-    assert registry_check(cfg, cpu_devices(2)) is None
+    assert "model.tie = false" in why_not(cfg, gpus)
+    assert why_not(cfg, cpu_devices(2)) is None
     untied = _cfg(**{"model.name": "gpt", "data.name": "pystdlib", "model.tie": False,
                      "strategy.name": "model_parallel", "devices.spec": "cpu*2"})
-    assert registry_check(untied, gpus) is None
+    assert why_not(untied, gpus) is None
     # gpt's blocks: the embedding, n_layer blocks, the head
-    assert "at most 6 stages" in registry_check(untied, [Device("cuda", i, "g") for i in range(7)])
+    assert "at most 6 stages" in why_not(untied, [Device("cuda", i, "g") for i in range(7)])
