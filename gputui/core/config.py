@@ -99,6 +99,10 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         raise ConfigError(f"{source}: {key} must be at most {meta['max']}, got {value!r}")
     if "gt" in meta and value <= meta["gt"]:
         raise ConfigError(f"{source}: {key} must be greater than {meta['gt']}, got {value!r}")
+    if "check" in meta:
+        problem = meta["check"](value)
+        if problem:
+            raise ConfigError(f"{source}: {key} {problem}")
     if ftype is list:
         value = list(value)
     if ftype is dict:

@@ -76,6 +76,9 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         emit(LogLine(level="info", message=(
             f"resumed from {cfg.run.resume_from}: epoch {position.epoch}, step {position.step} "
             f"done (global step {global_step})")))
+    # the lr schedule spans the whole run and continues from the steps already taken
+    strategy.updater.plan(cfg.run.epochs * steps,
+                          strategy.updater.steps if cfg.run.resume_from else 0)
 
     flop_info = figures.flops_info(cfg, strategy, ds, emit)
     first = figures.FirstStep(cfg, strategy, emit, flop_info)
@@ -109,7 +112,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
                 loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
-                step_time_s=elapsed / n, lr=strategy.lr,
+                step_time_s=elapsed / n, lr=strategy.updater.last_lr(),
                 comm_share=_comm_share(timing), per_device=rows,
                 breakdown=breakdown.mean(r.get("breakdown") for r in rows),
                 flops_per_s=flops_s, mfu=mfu, comm_gbps=breakdown.mean_of(rows, "comm_gbps")))
