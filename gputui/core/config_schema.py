@@ -259,6 +259,12 @@ SECTIONS: dict[str, type] = {
 }
 
 
+def lr_scheduled(optim: dict[str, Any]) -> bool:
+    """Whether the lr of a run with these [optim] values changes over the run (a schedule
+    other than constant, or a warm-up): the printer and the run screen then show it."""
+    return optim.get("schedule", "constant") != "constant" or bool(optim.get("warmup_steps", 0))
+
+
 def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
     """The global batch size after ``optim.scale_with_devices``."""
     return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)

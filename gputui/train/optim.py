@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 import torch
 
 from gputui.core.config import ConfigError
-from gputui.core.config_schema import OptimSection
+from gputui.core.config_schema import OptimSection, lr_scheduled
 
 
 def make_optimizer(o: OptimSection, params: Iterable, lr: float) -> torch.optim.Optimizer:
@@ -51,11 +51,6 @@ def lr_factor(o: OptimSection, step: int, total: int) -> float:
     return floor + (1.0 - floor) * (1.0 - progress)  # linear
 
 
-def varies(o: OptimSection) -> bool:
-    """Whether the lr ever differs from ``optim.lr`` (else it is never written)."""
-    return o.schedule != "constant" or o.warmup_steps > 0
-
-
 class Updater:
     """A strategy's schedule and clipping, and the count of optimizer steps taken (the
     run's global step): ``before(opts, scaler)`` just before the optimizer steps,
@@ -63,7 +58,7 @@ class Updater:
 
     def __init__(self, o: OptimSection, base_lr: float):
         self.o, self.base_lr = o, base_lr
-        self.varies = varies(o)
+        self.varies = lr_scheduled({"schedule": o.schedule, "warmup_steps": o.warmup_steps})
         self.steps = 0  # optimizer steps taken; the next one is step number `steps`
         self.total = 0  # the run's optimizer steps (plan), 0 = not known: no decay
         # pp's stages hold different parameters: it adds the other stages' squared norms

@@ -282,3 +282,20 @@ async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
                  for i in (0, 1)]
         assert shown[0].endswith("allreduce 0.50 GB/s, 50% of bench-comm's 1.00")
         assert shown[1].endswith("allreduce 0.25 GB/s, 25% of bench-comm's 1.00")
+
+
+async def test_a_scheduled_lr_shows_in_the_status_strip(presets):
+    """A run whose lr follows a schedule shows the last logged step's lr; a constant lr
+    (every other test here) shows none."""
+    events = run_events(epochs=1, steps_per_epoch=10, log_every=5)
+    first = events[0]
+    events[0] = dataclasses.replace(first, config={**first.config, "optim": {
+        "schedule": "cosine", "warmup_steps": 2}})
+    events = [dataclasses.replace(e, lr=0.1 / e.global_step) if isinstance(e, StepMetrics)
+              else e for e in events]
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        assert "· step 10 · lr 0.01 · elapsed" in text(screen, "#status-meta")

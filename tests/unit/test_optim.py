@@ -89,7 +89,7 @@ def test_clipping_and_the_schedule_change_the_run():
     single trains to other parameters."""
     ref, _ = run_steps(make_config("single", "cpu", "mlp", 32, **ADAMW), 5)
     assert [ref.updater.lr_at(s) for s in range(5)] == pytest.approx(
-        [0.0005, 0.001, 0.001, 0.000775, 0.000325])
+        [0.00025, 0.0005, 0.0005, 0.0003875, 0.0001625])
     for change in ({"optim.clip_grad_norm": 0.0}, {"optim.schedule": "constant",
                                                     "optim.warmup_steps": 0}):
         other, _ = run_steps(make_config("single", "cpu", "mlp", 32, **{**ADAMW, **change}), 5)
@@ -154,7 +154,7 @@ def test_a_run_stopped_mid_schedule_resumes_to_the_uninterrupted_runs_parameters
     lrs = {e.global_step: e.lr for e in events if e.kind == "step"}
     ref_lrs = {e.global_step: e.lr for e in ref_events if e.kind == "step"}
     assert lrs and all(ref_lrs[s] == pytest.approx(lr) for s, lr in lrs.items())
-    assert ref_lrs[2] == pytest.approx(0.001 * 2 / 8)  # the warm-up, as the record shows it
+    assert ref_lrs[2] == pytest.approx(0.0005 * 2 / 8)  # the warm-up, as the record shows it
     assert len(set(ref_lrs.values())) > 5
 
 
@@ -173,3 +173,25 @@ def test_a_checkpoint_without_a_schedule_resumes_from_its_global_step(tmp_path):
 def test_the_default_config_is_sgd_constant_and_unclipped():
     o = RunConfig().optim
     assert (o.name, o.schedule, o.warmup_steps, o.clip_grad_norm) == ("sgd", "constant", 0, 0.0)
+
+
+def test_the_printer_shows_a_scheduled_lr_only():
+    import io
+
+    from gputui.cli.printer import Printer
+    from gputui.core.events import RunStarted, StepMetrics
+
+    def printed(optim: dict) -> str:
+        out = io.StringIO()
+        printer = Printer(stream=out, live=False)
+        printer.handle(RunStarted(run_id="r", config={"run": {"epochs": 1}, "optim": optim},
+                                  devices=(), strategy="single", world_size=1))
+        printer.handle(StepMetrics(epoch=1, step=5, global_step=5, steps_per_epoch=10,
+                                   loss=2.0, samples_per_s=100.0, step_time_s=0.01,
+                                   lr=0.00025))
+        return out.getvalue().splitlines()[-1]
+
+    assert printed({"schedule": "cosine"}) == ("epoch 1 step 5/10: loss 2.0000, lr 0.00025, "
+                                               "100 samples/s, step 10.0 ms")
+    assert "lr" not in printed({"schedule": "constant", "warmup_steps": 0})
+    assert ", lr 0.00025" in printed({"warmup_steps": 3})
