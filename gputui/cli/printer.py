@@ -125,7 +125,8 @@ class Printer:
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
-                                 info=f"loss {ev.loss:.4f}{lr}  {ev.samples_per_s:,.0f} samples/s{comm}")
+                                 info=f"loss {ev.loss:.4f}{lr}  {ev.samples_per_s:,.0f} "
+                                      f"samples/s{comm}")
             lines = [device_line(self.samples), *breakdown_lines(ev)]
             self.devices_text.plain = "\n".join(t for t in lines if t)
             return

@@ -15,7 +15,7 @@ plain SGD loop.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -121,7 +121,7 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float,
     ``reduce_sq``, for strategies whose ranks hold different parameters outside any mesh
     (pp's stages), sums the squared norm over those ranks."""
     params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # (the same list, typed)
     if not grads:
         return torch.tensor(0.0)
     utils = torch.nn.utils

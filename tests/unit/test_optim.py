@@ -195,3 +195,32 @@ def test_the_printer_shows_a_scheduled_lr_only():
                                                "100 samples/s, step 10.0 ms")
     assert "lr" not in printed({"schedule": "constant", "warmup_steps": 0})
     assert ", lr 0.00025" in printed({"warmup_steps": 3})
+
+
+def test_clipping_under_a_grad_scaler_clips_the_unscaled_gradients():
+    """fp16's grad scaler (CUDA runs; its CPU form here): the gradients are unscaled before
+    the norm is taken, and the step after is the unscaled run's."""
+    o = section(name="adamw", clip_grad_norm=0.1, schedule="linear", warmup_steps=1)
+
+    def one_step(scaler):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        opt = make_optimizer(o, model.parameters(), 0.01)
+        updater = Updater(o, 0.01)
+        updater.plan(4)
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        (scaler.scale(loss) if scaler else loss).backward()
+        updater.before((opt,), scaler)
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        return norm.item(), params(model)
+
+    norm, plain = one_step(None)
+    scaled_norm, scaled = one_step(torch.amp.GradScaler("cpu", init_scale=1024.0))
+    # clipped to 0.1 (less a hair: the coefficient is max_norm / (norm + 1e-6))
+    assert norm == pytest.approx(0.1, rel=1e-4) and scaled_norm == pytest.approx(0.1, rel=1e-4)
+    assert_params_close(scaled, plain)
