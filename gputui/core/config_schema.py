@@ -259,6 +259,14 @@ SECTIONS: dict[str, type] = {
 }
 
 
+def optimizer_states(optim: OptimSection) -> int:
+    """Tensors of optimizer state per parameter: Adam's two moments, SGD's momentum buffer
+    (none without momentum). What the memory prediction counts."""
+    if optim.name in ("adam", "adamw"):
+        return 2
+    return 1 if optim.momentum > 0 else 0
+
+
 def lr_scheduled(optim: dict[str, Any]) -> bool:
     """Whether the lr of a run with these [optim] values changes over the run (a schedule
     other than constant, or a warm-up): the printer and the run screen then show it."""

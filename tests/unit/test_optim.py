@@ -224,3 +224,10 @@ def test_clipping_under_a_grad_scaler_clips_the_unscaled_gradients():
     # clipped to 0.1 (less a hair: the coefficient is max_norm / (norm + 1e-6))
     assert norm == pytest.approx(0.1, rel=1e-4) and scaled_norm == pytest.approx(0.1, rel=1e-4)
     assert_params_close(scaled, plain)
+
+
+def test_the_memory_prediction_counts_each_optimizers_state():
+    from gputui.core.config_schema import optimizer_states
+
+    assert [optimizer_states(section(**kw)) for kw in (
+        {}, {"momentum": 0.9}, {"name": "adam"}, {"name": "adamw", "momentum": 0.9})] == [0, 1, 2, 2]
