@@ -67,6 +67,24 @@ def validate(cfg: RunConfig, devices: list[Device], source: str,
         raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "
                           f"use a plain name of letters, digits, '-', '_' and '.' (e.g. "
                           f"'lenet-2dev')")
+    steps = planned_steps(cfg, batch)
+    if steps is not None and cfg.optim.warmup_steps >= steps:
+        where = blame("optim.warmup_steps", "run.epochs", "optim.batch_size", "data.train_size")
+        raise ConfigError(f"{where}: optim.warmup_steps ({cfg.optim.warmup_steps}) is not "
+                          f"shorter than the run ({steps} optimizer steps); lower it or train "
+                          f"longer")
+
+
+def planned_steps(cfg: RunConfig, batch: int) -> int | None:
+    """The run's optimizer steps where the config alone fixes them (the embedded synthetic
+    set: its size is data.train_size); None for data read from disk or built by code, whose
+    size the run checks once it is loaded."""
+    if cfg.data.name != "synthetic" or cfg.data.factory:
+        return None
+    from gputui.core.datafiles import SYNTHETIC_SIZES
+
+    n_train = cfg.data.train_size or SYNTHETIC_SIZES["train"]
+    return cfg.run.epochs * (n_train // batch) if batch <= n_train else None
 
 
 def device_error(exc: DeviceSpecError, source: str,

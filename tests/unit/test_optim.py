@@ -231,3 +231,18 @@ def test_the_memory_prediction_counts_each_optimizers_state():
 
     assert [optimizer_states(section(**kw)) for kw in (
         {}, {"momentum": 0.9}, {"name": "adam"}, {"name": "adamw", "momentum": 0.9})] == [0, 1, 2, 2]
+
+
+def test_a_warmup_longer_than_a_synthetic_run_is_refused_before_it_starts(tmp_path):
+    """The embedded set's size is in the config: 1024 examples of 256 over 2 epochs are 8
+    optimizer steps, so a warm-up of 8 is refused at once, blamed on its flag."""
+    from gputui.runs.prepare import load_checked
+
+    preset = tmp_path / "p.toml"
+    preset.write_text("[data]\ntrain_size = 1024\n[run]\nepochs = 2\n")
+    load_checked(preset, [("--set optim.warmup_steps=7", "optim.warmup_steps", 7)])
+    with pytest.raises(ConfigError) as info:
+        load_checked(preset, [("--set optim.warmup_steps=8", "optim.warmup_steps", 8)])
+    assert str(info.value) == ("--set optim.warmup_steps=8: optim.warmup_steps (8) is not "
+                               "shorter than the run (8 optimizer steps); lower it or train "
+                               "longer")
