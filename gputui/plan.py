@@ -18,6 +18,7 @@ from pathlib import Path
 from gputui.core import registry
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import effective_batch_size
+from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError
 
 
@@ -81,8 +82,6 @@ def planned_steps(cfg: RunConfig, batch: int) -> int | None:
     size the run checks once it is loaded."""
     if cfg.data.name != "synthetic" or cfg.data.factory:
         return None
-    from gputui.core.datafiles import SYNTHETIC_SIZES
-
     n_train = cfg.data.train_size or SYNTHETIC_SIZES["train"]
     return cfg.run.epochs * (n_train // batch) if batch <= n_train else None
 
