@@ -117,21 +117,32 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float,
     """Scale the gradients of ``params`` in place so their global L2 norm is at most
     ``max_norm``; returns the norm before clipping. Gradients may lie on several devices
     (model_parallel) or be DTensor shards (fsdp, tp): a sharded norm is made whole with
-    ``full_tensor()``, an all-reduce over the mesh, so every rank clips by the same norm.
-    ``reduce_sq``, for strategies whose ranks hold different parameters outside any mesh
-    (pp's stages), sums the squared norm over those ranks."""
+    ``full_tensor()``, an all-reduce over the mesh, so every rank clips by the same norm;
+    plain gradients beside DTensor ones (a layer tp leaves whole, the same on every rank) add
+    their own norm once. ``reduce_sq``, for strategies whose ranks hold different parameters
+    outside any mesh (pp's stages), sums the squared norm over those ranks."""
     params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in params if p.grad is not None]  # (the same list, typed)
-    if not grads:
+    if not params:
         return torch.tensor(0.0)
     utils = torch.nn.utils
     if not hasattr(utils, "get_total_norm"):  # torch < 2.6: the one-call form
         return utils.clip_grad_norm_(params, max_norm)
-    total = utils.get_total_norm(grads, 2.0)
-    full = getattr(total, "full_tensor", None)
-    if full is not None:  # a DTensor: each rank's partial norm, reduced over the mesh
-        total = full()
+    # DTensor and plain gradients apart: torch's foreach kernels take one kind at a time
+    groups = [[p for p in params if hasattr(p.grad, "full_tensor") == sharded]
+              for sharded in (True, False)]
+    groups = [g for g in groups if g]
+    parts = [_whole(utils.get_total_norm([p.grad for p in g if p.grad is not None], 2.0))
+             for g in groups]
+    total = parts[0] if len(parts) == 1 else torch.linalg.vector_norm(
+        torch.stack([parts[0], parts[1].to(parts[0].device)]))
     if reduce_sq is not None:
         total = reduce_sq(total.pow(2)).sqrt()
-    utils.clip_grads_with_norm_(params, max_norm, total)
+    for group in groups:
+        utils.clip_grads_with_norm_(group, max_norm, total)
     return total
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    """A norm of DTensor shards made whole (an all-reduce over the mesh); a plain one as is."""
+    full = getattr(norm, "full_tensor", None)
+    return full() if full is not None else norm

@@ -246,3 +246,21 @@ def test_a_warmup_longer_than_a_synthetic_run_is_refused_before_it_starts(tmp_pa
     assert str(info.value) == ("--set optim.warmup_steps=8: optim.warmup_steps (8) is not "
                                "shorter than the run (8 optimizer steps); lower it or train "
                                "longer")
+
+
+def test_clipping_takes_dtensor_shards_and_plain_gradients_together():
+    """A DTensor gradient (fsdp's and tp's shards; here on a mesh of this process alone)
+    beside a plain one: one global norm over both, each scaled by it."""
+    from old_checkpoints import world_of_one
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    with world_of_one():
+        mesh = init_device_mesh("cpu", (1,))
+        a = torch.nn.Parameter(distribute_tensor(torch.zeros(2), mesh, [Shard(0)]))
+        a.grad = distribute_tensor(torch.tensor([3.0, 0.0]), mesh, [Shard(0)])
+        b = torch.nn.Parameter(torch.zeros(1))
+        b.grad = torch.tensor([4.0])
+        assert clip_grad_norm([a, b], 1.0).item() == pytest.approx(5.0)
+        assert torch.allclose(a.grad.full_tensor(), torch.tensor([0.6, 0.0]))
+        assert torch.allclose(b.grad, torch.tensor([0.8]))
