@@ -74,6 +74,7 @@ def _one_line(exc: BaseException) -> str:
 def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step on (x, y) through the compiled modules, then every state put back."""
     saved = copy.deepcopy(strategy.state_dict())
+    steps = strategy.updater.steps  # the lr schedule's count: this step is not the run's
     cuda = sorted({d.index for d in strategy.devices if d.kind == "cuda"})
     try:
         with torch.random.fork_rng(devices=cuda):
@@ -82,6 +83,7 @@ def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
         for opt in strategy.optimizers():
             opt.zero_grad(set_to_none=True)
         strategy.load_state_dict(saved)
+        strategy.updater.steps = steps
 
 
 def compile_ahead(strategy, ds, emit: Callable[[Event], None]) -> float:
