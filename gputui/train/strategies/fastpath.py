@@ -9,9 +9,9 @@ triggers a compile of its own. Two exceptions say so in a note and train eager: 
 
 torch.compile is lazy: the work happens at the first forward and backward. ``warm_up`` runs
 that first step before training, on the first examples of the set, and then puts back every
-parameter, buffer, optimizer and grad-scaler state (and the RNG), so the compile time is
-reported apart from step time (InitDone.compile_s) and the run's steps are exactly those of
-the eager run. A failed compile says so in one line and trains eager (run.compile_fallback =
+parameter, buffer, optimizer, grad-scaler and lr-schedule state (and the RNG), so the compile
+time is reported apart from step time (InitDone.compile_s) and the run's steps are exactly
+those of the eager run. A failed compile says so in one line and trains eager (run.compile_fallback =
 "eager") or stops the run ("fail").
 """
 
