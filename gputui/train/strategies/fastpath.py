@@ -11,8 +11,8 @@ torch.compile is lazy: the work happens at the first forward and backward. ``war
 that first step before training, on the first examples of the set, and then puts back every
 parameter, buffer, optimizer, grad-scaler and lr-schedule state (and the RNG), so the compile
 time is reported apart from step time (InitDone.compile_s) and the run's steps are exactly
-those of the eager run. A failed compile says so in one line and trains eager (run.compile_fallback =
-"eager") or stops the run ("fail").
+those of the eager run. A failed compile says so in one line and trains eager
+(run.compile_fallback = "eager") or stops the run ("fail").
 """
 
 from __future__ import annotations
