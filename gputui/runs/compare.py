@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import breakdown
+from gputui.core.breakdown import Breakdown
 from gputui.core import runstore
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
@@ -49,7 +50,7 @@ class CompareRow:
     comm_share: float | None = None  # mean StepMetrics.comm_share (None: not measured)
     # where a step's time went: the mean breakdown of the run's metered steps (the first,
     # warm-up, left out when there are more), over its devices (None: not measured)
-    breakdown: dict | None = None
+    breakdown: Breakdown | None = None
     baseline: str = ""  # id of the matching one-device run
     baseline_kind: str = ""  # "same batch per device" | "same global batch"
     mfu: float | None = None  # mean StepMetrics.mfu (achieved FLOP/s over the devices' peak)
@@ -84,7 +85,8 @@ class CompareRow:
     def to_dict(self) -> dict[str, Any]:
         """Everything, curves included (the JSON export)."""
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
-                    acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown,
+                    acc_curve=[list(p) for p in self.acc_curve],
+                    breakdown=self.breakdown.to_dict() if self.breakdown else None,
                     memory=[dict(r) for r in self.memory])
 
 
@@ -97,7 +99,7 @@ def readable_events(run_dir: str | Path) -> list:
 
 
 def read_record(run_dir: str | Path, events: list | None = None
-                ) -> tuple[list, list, float | None, dict | None]:
+                ) -> tuple[list, list, float | None, Breakdown | None]:
     """(loss curve, accuracy curve, mean comm share, mean step breakdown) from a record's
     readable events; the breakdown leaves the first metered step (warm-up) out when there
     are others."""
@@ -136,7 +138,7 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
               for r in memory]
     return {"mfu": sum(mfus) / len(mfus) if mfus else None,
             "flops_per_s": sum(rates) / len(rates) if rates else None,
-            "comm_gbps": breakdown.mean_of([{"g": g} for g in gbps[1:] or gbps], "g"),
+            "comm_gbps": breakdown.mean_value(gbps[1:] or gbps),
             "train_mem": max(totals) if totals else None, "memory": memory}
 
 

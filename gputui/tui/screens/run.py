@@ -243,11 +243,11 @@ class RunScreen(RunControls, Screen):
         """Each device's part of the metered step (rows only on the logged, timed steps), and
         the all-reduce bandwidth its rank achieved beside bench-comm's peak where kept."""
         for row in ev.per_device:
-            if row.get("device") and ("breakdown" in row or ev.breakdown is not None):
-                self._panel(row["device"]).update_breakdown(row.get("breakdown"))
-            if row.get("device") and row.get("comm_gbps") is not None:
-                self._panel(row["device"]).update_comm(
-                    comm_peak.text(row["comm_gbps"], self.comm_peak()))
+            if row.breakdown is not None or ev.breakdown is not None:
+                self._panel(row.device).update_breakdown(row.breakdown)
+            if row.comm_gbps is not None:
+                self._panel(row.device).update_comm(comm_peak.text(row.comm_gbps,
+                                                                   self.comm_peak()))
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""
