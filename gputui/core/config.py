@@ -23,9 +23,10 @@ from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this m
     DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
     SECTIONS, StrategySection, TelemetrySection, effective_batch_size, effective_lr,
 )
+from gputui.core.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad preset, override or combination; the message is one line for the user."""
 
     def __init__(self, message: object = ""):
@@ -100,14 +101,13 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         raise ConfigError(f"{source}: {key} must be at most {meta['max']}, got {value!r}")
     if "gt" in meta and value <= meta["gt"]:
         raise ConfigError(f"{source}: {key} must be greater than {meta['gt']}, got {value!r}")
-    if "check" in meta:
-        problem = meta["check"](value)
-        if problem:
-            raise ConfigError(f"{source}: {key} {problem}")
     if ftype is list:
         value = list(value)
     if ftype is dict:
         value = dict(value)
+    problem = meta["check"](value) if "check" in meta else None
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
     if meta.get("code") and value:
         from gputui.core.usercode import spec_problem  # torch-free, runs no code
 

@@ -231,6 +231,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) 
 def kept_comm_peak(row: RunRow) -> float | None:
     """bench-comm's kept peak for the run's device kind and count over the backend "auto"
     picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
+    from gputui.core.devices import backend_for
     from gputui.core.trust import on_cpu
     from gputui.runs.comm_peak import peak
 
@@ -238,7 +239,8 @@ def kept_comm_peak(row: RunRow) -> float | None:
     if not row.devices:
         return None
     try:
-        return peak("cpu" if cpu else "cuda", row.devices, "gloo" if cpu else "nccl")
+        kind = "cpu" if cpu else "cuda"
+        return peak(kind, row.devices, backend_for("auto", kind))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -22,18 +22,13 @@ from gputui.core.steps import StepReport
 from gputui.train.rankinfo import RankInfo
 from gputui.train.strategies import rank_step
 from gputui.train.strategies.base import Strategy
+from gputui.core.devices import backend_for
 from gputui.train.strategies.comm_timer import SpanTimer
 from gputui.train.strategies.meter import Meter
 
 STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
 STOP_CHECK_MAX = 50  # ... but at least every 50 steps
 
-
-def backend_for(requested: str, device_kind: str) -> str:
-    """The process-group backend: "auto" is nccl on CUDA devices, gloo on CPU ones."""
-    if requested != "auto":
-        return requested
-    return "nccl" if device_kind == "cuda" else "gloo"
 
 class RankStrategy(Strategy):
     """One process per device, in one process group (see the module doc)."""

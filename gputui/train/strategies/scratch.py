@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
+from gputui.core.errors import UserError
 from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.strategies.base import Strategy
 from gputui.train.strategies.meter import Meter
 
 
-class ReplicaMismatch(RuntimeError):
+class ReplicaMismatch(UserError, RuntimeError):
     """check_replicas found a replica that no longer equals the first."""
 
 
