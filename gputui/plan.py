@@ -22,6 +22,7 @@ from typing import Iterator
 from gputui.core import registry
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
+from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
@@ -74,6 +75,12 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
         yield (("run.precision", "devices.spec"),
                "run.precision = 'fp16' needs CUDA devices; use 'bf16' on CPU")
+    steps = planned_steps(cfg, effective_batch_size(cfg, n))
+    if steps is not None and cfg.optim.warmup_steps >= steps:
+        yield (("optim.warmup_steps", "run.epochs", "optim.batch_size", "data.train_size"),
+               f"optim.warmup_steps ({cfg.optim.warmup_steps}) is not shorter than the run "
+               f"({steps} optimizer steps); lower it or train longer")
+
     yield from _task_problems(cfg)
 
 
@@ -95,6 +102,16 @@ def _task_problems(cfg: RunConfig) -> Iterator[Problem]:
     if text and d.name == "text" and not d.path:
         yield (("data.name", "data.path"), "data.name = 'text' needs data.path: a text file "
                                            "or a folder of them")
+
+
+def planned_steps(cfg: RunConfig, batch: int) -> int | None:
+    """The run's optimizer steps where the config alone fixes them (the embedded synthetic
+    set: its size is data.train_size); None for data read from disk or built by code, whose
+    size the run checks once it is loaded (``gputui.train.optim.Updater.plan``)."""
+    if cfg.data.name != "synthetic" or cfg.data.factory:
+        return None
+    n_train = cfg.data.train_size or SYNTHETIC_SIZES["train"]
+    return cfg.run.epochs * (n_train // batch) if batch <= n_train else None
 
 
 def _strategy_problems(cfg: RunConfig, devices: list[Device],

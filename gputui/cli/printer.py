@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gputui.core import breakdown
+from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
                                  RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
                                  plural)
@@ -74,6 +75,7 @@ class Printer:
         self.task: TaskID | None = None
         self.epochs = 1
         self.epochs_seen = 0  # the first epoch printed carries the warm-up
+        self.show_lr = False  # a scheduled lr is printed with the loss
 
     def line(self, text: str, always: bool = False) -> None:
         """One line above the progress bar (or a plain line); ``always`` prints it under
@@ -92,6 +94,7 @@ class Printer:
         elif isinstance(ev, RunStarted):
             devs = ", ".join(d["name"] for d in ev.devices)
             self.epochs = ev.config.get("run", {}).get("epochs", 1)
+            self.show_lr = lr_scheduled(ev.config.get("optim", {}))
             self.line(f"run {ev.run_id}: strategy {ev.strategy} on {devs}")
             for note in ev.notes:
                 self.line(f"note: {note}")
@@ -124,14 +127,15 @@ class Printer:
     def _step(self, ev: StepMetrics) -> None:
         comm = f", comm {ev.comm_share:.1%}" if ev.comm_share is not None else ""
         speed = speed_text(ev.samples_per_s, getattr(ev, "tokens_per_s", None))
+        lr = f", lr {ev.lr:.3g}" if self.show_lr else ""
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
-                                 info=f"loss {ev.loss:.4f}  {speed}{comm}")
+                                 info=f"loss {ev.loss:.4f}{lr}  {speed}{comm}")
             lines = [device_line(self.samples), *breakdown_lines(ev)]
             self.devices_text.plain = "\n".join(t for t in lines if t)
             return
-        self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
+        self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}{lr}, "
                   f"{speed}, step {ev.step_time_s * 1000:.1f} ms{comm}")
         devs = device_line(self.samples)
         if devs:

@@ -24,6 +24,8 @@ TEXT_DATASETS = ("pystdlib", "text")
 LOSSES = ("cross_entropy", "nll")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "linear", "step")
 
 
 def default_data_root() -> str:
@@ -33,7 +35,7 @@ def default_data_root() -> str:
 
 
 def opt(default: Any, help: str, **checks: Any) -> Any:  # noqa: A002 - mirrors argparse
-    """A documented config field; ``checks`` are choices/min/max/gt rules."""
+    """A documented config field; ``checks`` are choices/min/max/gt/check rules."""
     meta = {"help": help, **checks}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -179,16 +181,51 @@ class DataSection:
                        max=64)
 
 
+def _betas_problem(value: list) -> str | None:
+    """Why a betas list is not two numbers in [0, 1), or None."""
+    ok = (len(value) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                  and 0.0 <= b < 1.0 for b in value))
+    return None if ok else (f"optim.betas must be two numbers in [0, 1), e.g. [0.9, 0.999]; "
+                            f"got {value!r}")
+
+
 @dataclass(frozen=True)
 class OptimSection:
-    """[optim]: minibatch SGD, as in the material."""
+    """[optim]: the optimizer, its learning-rate schedule and gradient clipping. The defaults
+    are the material's minibatch SGD at a constant lr, unclipped."""
 
     batch_size: int = opt(256, "Global batch size: the examples of one optimizer step, over all "
                                "devices together.", min=1, max=1_000_000)
-    lr: float = opt(0.1, "Learning rate of the SGD update.", gt=0.0, max=100.0)
-    momentum: float = opt(0.0, "SGD momentum (0 = plain SGD, as the material uses).",
-                          min=0.0, max=0.999)
-    weight_decay: float = opt(0.0, "L2 weight decay.", min=0.0, max=1.0)
+    name: str = opt("sgd", "The optimizer: sgd (torch.optim.SGD, with momentum), adam "
+                           "(torch.optim.Adam) or adamw (torch.optim.AdamW, decoupled weight "
+                           "decay).", choices=OPTIMIZERS)
+    lr: float = opt(0.1, "Learning rate: the peak of the schedule (reached at the end of the "
+                         "warm-up).", gt=0.0, max=100.0)
+    momentum: float = opt(0.0, "sgd: momentum (0 = plain SGD, as the material uses).", min=0.0,
+                          max=0.999)
+    weight_decay: float = opt(0.0, "Weight decay: an L2 term for sgd and adam, decoupled for "
+                                    "adamw (0 = none).", min=0.0, max=1.0)
+    betas: list = opt([0.9, 0.999], "adam/adamw: the decay rates of the moving averages of the "
+                                     "gradient and of its square, two numbers in [0, 1).",
+                      check=_betas_problem)
+    eps: float = opt(1e-8, "adam/adamw: the term added to the denominator for stability.",
+                     gt=0.0, max=1.0)
+    schedule: str = opt("constant", "How the lr changes per optimizer step, after the warm-up: "
+                                    "constant, cosine (decay to min_lr_ratio x lr at the run's "
+                                    "end), linear (the same, in a straight line) or step "
+                                    "(times gamma every step_size steps).", choices=SCHEDULES)
+    warmup_steps: int = opt(0, "Optimizer steps of linear warm-up from lr/warmup_steps to lr "
+                               "before the schedule (0 = none); fewer than the run's steps.",
+                            min=0, max=10_000_000)
+    min_lr_ratio: float = opt(0.0, "cosine/linear: the lr at the run's end, as a fraction of "
+                                   "lr.", min=0.0, max=1.0)
+    step_size: int = opt(1000, "step: optimizer steps between two multiplications by gamma.",
+                         min=1, max=10_000_000)
+    gamma: float = opt(0.1, "step: the factor applied to the lr every step_size steps.", gt=0.0,
+                       max=1.0)
+    clip_grad_norm: float = opt(0.0, "Scale the gradients down so their global L2 norm (over "
+                                     "every device's shard) is at most this, before each "
+                                     "update (0 = no clipping).", min=0.0, max=1e9)
     micro_batches: int = opt(1, "Split each batch into N micro-batches whose gradients are "
                                 "accumulated before one update (same update, less memory).",
                              min=1, max=4096)
@@ -279,6 +316,20 @@ def task_of(cfg: RunConfig) -> str:
     """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
     'classify' (accuracy)."""
     return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
+
+
+def optimizer_states(optim: OptimSection) -> int:
+    """Tensors of optimizer state per parameter: Adam's two moments, SGD's momentum buffer
+    (none without momentum). What the memory prediction counts."""
+    if optim.name in ("adam", "adamw"):
+        return 2
+    return 1 if optim.momentum > 0 else 0
+
+
+def lr_scheduled(optim: dict[str, Any]) -> bool:
+    """Whether the lr of a run with these [optim] values changes over the run (a schedule
+    other than constant, or a warm-up): the printer and the run screen then show it."""
+    return optim.get("schedule", "constant") != "constant" or bool(optim.get("warmup_steps", 0))
 
 
 def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:

@@ -36,9 +36,9 @@ Per step, N devices:
               DDP's last one overlap backward: min(t_comm * (1 - 25 MiB / G)+, 2/3 t_c)
 
 speedup = (B_N / t_N) / (B_1 / t_1), efficiency = speedup / N. Memory per device (training
-bytes): parameters + gradients + optimizer state (P x 4 bytes each, momentum adds one) plus
-the activations measured on one device (its peak allocation minus those, GPUs only), split N
-ways by the batch; fsdp divides the first part by N. Torch-free.
+bytes): parameters + gradients + optimizer state (P x 4 bytes each; momentum adds one, Adam
+two) plus the activations measured on one device (its peak allocation minus those, GPUs only),
+split N ways by the batch; fsdp divides the first part by N. Torch-free.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class Inputs:
     grad_bytes: int = 0
     params: int = 0
     momentum: bool = True
+    optim_states: int | None = None  # state tensors per parameter (adam: 2); None: momentum's
     activations_1: int | None = None  # activation bytes of the one-device run (GPU)
 
 
@@ -112,7 +113,8 @@ def overlap(t_comm: float, inp: Inputs, compute: float | None = None) -> float:
 
 def static_bytes(inp: Inputs) -> int:
     """Parameters, gradients and optimizer state of one full replica."""
-    return inp.params * 4 * (3 if inp.momentum else 2)
+    states = inp.optim_states if inp.optim_states is not None else int(inp.momentum)
+    return inp.params * 4 * (2 + states)
 
 
 def predict(strategy: str, inp: Inputs) -> Prediction:

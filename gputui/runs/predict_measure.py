@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui.core.config import RunConfig
+from gputui.core.config_schema import optimizer_states
 from gputui.runs.predict import Inputs
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
@@ -297,7 +298,9 @@ class Measurer:
         one = self.compute(b1, 0 if on_gpu else self.cores, 1)
         inp = Inputs(n=n, on_gpu=on_gpu, batch=bn, batch_1=b1,
                      t_1=one["step_time_s"] if one else 0.0,
-                     momentum=self.cfg.optim.momentum > 0, log_every=self.cfg.run.log_every)
+                     momentum=self.cfg.optim.momentum > 0,
+                     optim_states=optimizer_states(self.cfg.optim),
+                     log_every=self.cfg.run.log_every)
         if one is None:
             return inp
         inp.params = int(one.get("params") or 0)

@@ -78,6 +78,9 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         emit(LogLine(level="info", message=(
             f"resumed from {cfg.run.resume_from}: epoch {position.epoch}, step {position.step} "
             f"done (global step {global_step})")))
+    # the lr schedule spans the whole run and continues from the steps already taken
+    strategy.updater.plan(cfg.run.epochs * steps,
+                          strategy.updater.steps if cfg.run.resume_from else 0)
 
     tokens = ds.image_size if strategy.task == "lm" else 0  # tokens per example (a window)
     flop_info = figures.flops_info(cfg, strategy, ds, emit)
@@ -114,7 +117,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
                 loss=window_sum / n, samples_per_s=samples_s,
                 tokens_per_s=samples_s * tokens if tokens else None,
-                step_time_s=elapsed / n, lr=strategy.lr,
+                step_time_s=elapsed / n, lr=strategy.updater.last_lr(),
                 comm_share=report.comm_share() if report else None, per_device=rows,
                 breakdown=breakdown.mean(r.breakdown for r in rows),
                 flops_per_s=flops_s, mfu=mfu,

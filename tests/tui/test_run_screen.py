@@ -320,3 +320,20 @@ async def test_a_language_models_run_shows_loss_perplexity_and_tokens(presets):
         assert "tokens/s" in text(screen, "#status-meta")
         log = screen.query_one(RunLog).plain
         assert any("train loss 0.5000, val loss 2.0000 / ppl 7.39" in line for line in log)
+
+
+async def test_a_scheduled_lr_shows_in_the_status_strip(presets):
+    """A run whose lr follows a schedule shows the last logged step's lr; a constant lr
+    (every other test here) shows none."""
+    events = run_events(epochs=1, steps_per_epoch=10, log_every=5)
+    first = events[0]
+    events[0] = dataclasses.replace(first, config={**first.config, "optim": {
+        "schedule": "cosine", "warmup_steps": 2}})
+    events = [dataclasses.replace(e, lr=0.1 / e.global_step) if isinstance(e, StepMetrics)
+              else e for e in events]
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        assert "· step 10 · lr 0.01 · elapsed" in text(screen, "#status-meta")

@@ -30,9 +30,9 @@ def ranks(tmp_path_factory):
     return torch.load(out, weights_only=False)
 
 
-def single_reference(model: str, batch: int):
+def single_reference(model: str, batch: int, **extra):
     """The single-device run of the same global batches: params, losses, test accuracy."""
-    cfg = make_config("single", "cpu", model, batch)
+    cfg = make_config("single", "cpu", model, batch, **extra)
     strategy, losses = run_steps(cfg, STEPS)
     return params(strategy.model), losses, evaluate(strategy, data_for(cfg))
 
@@ -63,6 +63,26 @@ def test_equals_single(ranks, name):
         # evaluation split over the ranks and all-reduced (a language model's validation
         # loss is a sum of floats in another order: equal within rounding)
         assert got["acc"] == pytest.approx(ref_acc, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ddp_adamw", "fsdp_adamw"])
+def test_adamw_with_warmup_cosine_and_clipping_equals_single(ranks, name):
+    """AdamW at a warm-up then cosine lr, clipped on every step: ddp by its averaged
+    gradients, fsdp by the norm of its gradient shards (a DTensor norm made whole over the
+    mesh), both as single clips by its full gradient."""
+    _, model, batch, extra, _ = SCENARIOS[name]
+    reference, ref_losses, _ = single_reference(model, batch, **extra)
+    for rank in (0, 1):
+        got = ranks[rank][name]
+        assert_params_close(got["params"], reference)
+        assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
+
+
+def test_fsdp_adamw_checkpoint_restores_the_optimizer_and_the_schedule(ranks):
+    for rank in (0, 1):
+        got = ranks[rank]["fsdp_adamw"]
+        assert_params_close(got["resumed_params"], got["params"], rtol=0, atol=0)
+        assert got["resumed_steps"] == STEPS and got["resumed_opt_steps"] == [float(STEPS)]
 
 
 @pytest.mark.parametrize("name", ["ddp_user", "fsdp_user"])

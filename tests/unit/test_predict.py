@@ -27,6 +27,7 @@ def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
     assert p.speedup == pytest.approx(0.032 / 0.0327)
     assert p.efficiency == pytest.approx(p.speedup / 2)
     assert p.mem_per_device == static_bytes(inp) == 1000 * 4 * 3  # params, grads, momentum
+    assert static_bytes(replace(inp, optim_states=2)) == 1000 * 4 * 4  # Adam's two moments
 
 
 def test_ddp_takes_its_own_one_rank_step_where_measured_and_says_which():

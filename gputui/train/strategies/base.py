@@ -15,7 +15,9 @@ on a strategy, and nothing else:
   ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
 - multi-process strategies only: ``agree_stop(mine)`` (the worker's agreed stop);
 - read-only: ``cfg``, ``devices``, ``name``, ``rank``, ``local_rank``, ``world_size``,
-  ``batch_size``, ``lr`` and ``notes`` (what the run should say once, at its start).
+  ``batch_size``, ``lr`` (the base lr) and ``notes`` (what the run should say once, at its
+  start); ``updater`` (the lr schedule, clipping and optimizer-step count, see
+  ``gputui.train.optim``), whose ``plan(total, done)`` the loop calls before the first step.
 
 Nothing outside a strategy writes to it: its state (models, optimizers, the grad scaler,
 its meter) is its own. A subclass holds only what differs from single-device training: it
@@ -61,6 +63,7 @@ from gputui.core.config_schema import task_of
 from gputui.core.devices import Device
 from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.models import build_model, gpt_shape
+from gputui.train.optim import Updater, make_optimizer
 from gputui.train.strategies import fastpath
 from gputui.train.strategies.meter import Meter
 from gputui.train.task import batch_score, mean_loss, zero_score
@@ -102,6 +105,7 @@ class Strategy:
         n = max(len(devices), world_size)
         self.batch_size = effective_batch_size(cfg, n)
         self.lr = effective_lr(cfg, n)
+        self.updater = Updater(cfg.optim, self.lr)  # schedule, clipping: optimizer_step's
         self.comm_delay_s = cfg.debug.comm_delay_s  # added to each communication (a test knob)
         self.notes: list[str] = []  # what the run says once at its start; only the strategy adds
         self.scaler: torch.amp.GradScaler | None = None  # fp16 on CUDA only (make_scaler)
@@ -149,10 +153,8 @@ class Strategy:
         return nn.Sequential(*leaves) if len(leaves) != len(model) else model
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
-        """Minibatch SGD with the configured lr, momentum and weight decay."""
-        o = self.cfg.optim
-        return torch.optim.SGD(params, lr=self.lr, momentum=o.momentum,
-                               weight_decay=o.weight_decay)
+        """The configured optimizer (optim.name: sgd, adam or adamw) at the base lr."""
+        return make_optimizer(self.cfg.optim, params, self.lr)
 
     def make_scaler(self, device: torch.device) -> None:
         """fp16 on CUDA needs a grad scaler; bf16 and fp32 do not."""
@@ -219,15 +221,19 @@ class Strategy:
         return loss.detach()
 
     def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
-        """One update of each optimizer, then the grad scaler's update (when there is one)."""
+        """One update of each optimizer at the schedule's lr, after clipping (``updater``),
+        then the grad scaler's update (when there is one). Every strategy's update is this
+        call, once per optimizer step."""
         scaler = self.scaler
+        self.updater.before(opts, scaler)
         if scaler is None:
             for opt in opts:
                 opt.step()
-            return
-        for opt in opts:
-            scaler.step(opt)
-        scaler.update()
+        else:
+            for opt in opts:
+                scaler.step(opt)
+            scaler.update()
+        self.updater.after()
 
     def use_eager(self) -> int:
         """Put the eager module back wherever this strategy holds a compiled one (after a
