@@ -147,3 +147,41 @@ register(StrategyInfo(
     "fsdp", "Fully sharded data parallel (fully_shard): like ddp, but parameters, gradients and "
             "optimizer state are sharded over the ranks.", "fsdp",
     multiprocess=True, check=_distributed_check("fsdp")))
+
+
+def _tp_check(name: str) -> Callable:
+    """tp and fsdp_tp: what ddp needs, and a GPT whose heads split over the tp ranks."""
+    base = _distributed_check(name)
+
+    def check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
+        reason = base(cfg, devices)
+        if reason:
+            return reason
+        if cfg.model.factory or cfg.model.name != "gpt":
+            return (f"strategy '{name}' shards the built-in GPT's attention and MLP: set "
+                    f"model.name = 'gpt' (model.factory models are not split)")
+        if cfg.strategy.split_weights:
+            return f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
+        ranks = len(devices) * cfg.dist.nnodes
+        tp = ranks
+        if name == "fsdp_tp":
+            tp = cfg.strategy.tp_size or 2
+            if ranks % tp or ranks == tp:
+                return (f"strategy 'fsdp_tp' needs the {ranks} ranks to be several groups of "
+                        f"strategy.tp_size = {tp}; e.g. --devices cpu*4 with tp_size 2")
+        heads = getattr(cfg.model, "n_head", None)
+        if heads is not None and heads % tp:
+            return (f"model.n_head = {heads} does not split over {tp} tensor-parallel ranks; "
+                    f"use a head count divisible by {tp}")
+        return None
+    return check
+
+
+register(StrategyInfo(
+    "tp", "Tensor parallelism (Megatron style) of the built-in GPT: each block's heads and MLP "
+          "width split over the ranks, activations all-reduced, every rank on the whole batch.",
+    "tp", multiprocess=True, min_devices=2, check=_tp_check("tp")))
+register(StrategyInfo(
+    "fsdp_tp", "fsdp x tp on a 2-D mesh: tensor parallelism inside groups of "
+               "strategy.tp_size ranks, fully_shard over the groups (4 devices or more).",
+    "fsdp_tp", multiprocess=True, min_devices=2, check=_tp_check("fsdp_tp")))

@@ -1,0 +1,66 @@
+"""Tensor parallelism and fsdp x tp of the GPT (gputui.train.parallelize) against one plain
+model: same init, same batches, AdamW, the same parameters after several steps (fp32), on 4
+gloo ranks launched once (tp_ranks.py); and the all-reduces tp's timer marks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tp_ranks
+from strategy_harness import assert_params_close
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The plain model trained on the whole batches: (losses, parameters)."""
+    m = tp_ranks.model()
+    losses = tp_ranks.train(m)
+    return losses, {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp") / "ranks.pt"
+    proc = subprocess.run([sys.executable, str(HERE / "tp_ranks.py"), str(out)],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tp", "fsdp_tp"])
+def test_equals_one_model(ranks, reference, name):
+    ref_losses, ref_params = reference
+    init = {k: v.detach() for k, v in tp_ranks.model().named_parameters()}
+    assert max((ref_params[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
+    for rank in range(4):
+        got = ranks[rank][name]
+        assert_params_close(got["params"], ref_params, rtol=1e-4, atol=1e-5)
+        if name == "tp":  # every rank of a tp group computes the whole batch's loss
+            assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_timer_marks_four_all_reduces_per_block(ranks):
+    shape = tp_ranks.SHAPE
+    per_block = 4  # forward: attention and MLP outputs; backward: their inputs' gradients
+    activation = tp_ranks.BATCH * shape["context"] * shape["n_embd"] * 4  # fp32 bytes
+    for rank in range(4):
+        assert ranks[rank]["spans"] == per_block * shape["n_layer"]  # the metered step only
+        assert ranks[rank]["nbytes"] == per_block * shape["n_layer"] * activation
+
+
+def test_why_not_names_the_model_and_the_heads():
+    from gputui.train.gpt import GPTShape, gpt
+    from gputui.train.parallelize import why_not_tp
+
+    assert "built-in GPT" in why_not_tp(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2)
+    assert "3 attention heads" in why_not_tp(gpt(GPTShape(n_head=3, n_embd=48, n_layer=1)), 2)
+    assert why_not_tp(gpt(GPTShape(n_layer=1)), 2) is None
