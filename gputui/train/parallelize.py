@@ -141,6 +141,8 @@ class TPCommTimer(FSDPCommTimer):
     def __init__(self, watch: Stopwatch, delay_s: float = 0.0, count_bytes: bool = True):
         super().__init__(watch, delay_s)
         self.count_bytes = count_bytes
+        self._t0: Any = None  # the running forward all-reduce's start mark
+        self._t1: Any = None  # ... and the backward one's
 
     def attach(self, block: nn.Module) -> None:
         """Hooks on a parallelized block (after torch's own, around them)."""

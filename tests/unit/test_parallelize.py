@@ -64,3 +64,16 @@ def test_why_not_names_the_model_and_the_heads():
     assert "built-in GPT" in why_not_tp(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2)
     assert "3 attention heads" in why_not_tp(gpt(GPTShape(n_head=3, n_embd=48, n_layer=1)), 2)
     assert why_not_tp(gpt(GPTShape(n_layer=1)), 2) is None
+
+
+def test_the_registry_says_why_tp_cannot_run():
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
+    from strategy_harness import make_config
+
+    tp, both = registry.get("tp"), registry.get("fsdp_tp")
+    lenet = make_config("tp", "cpu*2", "lenet", 32)
+    assert "model.name = 'gpt'" in tp.why_not(lenet, resolve_devices("cpu*2"))
+    assert "at least 2 devices" in tp.why_not(lenet, resolve_devices("cpu"))
+    two = make_config("fsdp_tp", "cpu*2", "lenet", 32)
+    assert both.why_not(two, resolve_devices("cpu*2"))  # not the GPT, and only one group
