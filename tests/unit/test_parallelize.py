@@ -57,6 +57,28 @@ def test_timer_marks_four_all_reduces_per_block(ranks):
         assert ranks[rank]["nbytes"] == per_block * shape["n_layer"] * activation
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(tp_ranks.SCENARIOS))
+def test_the_strategy_equals_single(ranks, name):
+    from gputui.train.loop import evaluate
+    from strategy_harness import data_for, make_config, params, run_steps
+
+    which, size, extra = tp_ranks.SCENARIOS[name]
+    extra = {k: v for k, v in extra.items() if not k.startswith("strategy.")}
+    cfg = make_config("single", "cpu", "gpt", size, **extra)
+    single, losses = run_steps(cfg, tp_ranks.STEPS)
+    reference, score = params(single.model), evaluate(single, data_for(cfg))
+    for rank in range(4):
+        got = ranks[rank]["strategies"][name]
+        assert got["batch_size"] == size  # the global batch
+        assert_params_close(got["params"], reference)
+        assert got["losses"] == pytest.approx(losses, rel=1e-5)
+        assert got["score"] == pytest.approx(score, rel=1e-5)  # validation loss, all ranks
+        assert_params_close(got["resumed_params"], got["params"])  # its checkpoint, restored
+    rows = ranks[0]["strategies"][name]["memory"]
+    assert len(rows) == 4 and all(r["params"] > 0 for r in rows)
+
+
 def test_why_not_names_the_model_and_the_heads():
     from gputui.train.gpt import GPTShape, gpt
     from gputui.train.parallelize import why_not_tp

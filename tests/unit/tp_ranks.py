@@ -1,6 +1,8 @@
-"""Tensor parallelism and fsdp x tp of the GPT as functions (gputui.train.parallelize), on 4
-real gloo ranks in ONE elastic launch: each rank trains the same tiny GPT from the same init
-on the same batches and returns the full parameters and losses (test_parallelize.py).
+"""Tensor parallelism and fsdp x tp of the GPT on 4 real gloo ranks in ONE elastic launch
+(test_parallelize.py): as functions (gputui.train.parallelize: each rank trains the same tiny
+GPT from the same init on the same batches), and as the strategies a run builds (registry,
+config, the text data; SCENARIOS, compared with ``single`` by the test). Each returns the full
+parameters and the losses.
 
     python tests/unit/tp_ranks.py OUT.pt
 
@@ -11,6 +13,8 @@ pair takes half of the batch).
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 
 import torch
@@ -55,7 +59,56 @@ def train(m: torch.nn.Module, dp: int = 1, dp_rank: int = 0, timer=None) -> list
     return losses
 
 
-def rank_fn() -> dict:
+# name -> (strategy, global batch, config overrides): the GPT of strategy_harness.GPT_SMALL
+SCENARIOS = {
+    "tp4": ("tp", 16, {"model.n_head": 4}),  # 4 heads over the 4 ranks, the whole batch each
+    "fsdp_tp": ("fsdp_tp", 16, {"strategy.tp_size": 2}),  # 2 x 2, half the batch per group
+}
+
+
+def strategy_scenario(name: str, workdir: str) -> dict:
+    """Train a scenario's strategy STEPS steps as a run does; its full parameters, losses
+    (reduced over the ranks), test score, memory rows, and what its checkpoint restores."""
+    import os
+
+    import torch.distributed as dist
+
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train import checkpoint as ckpt
+    from gputui.train.data import TensorBatches
+    from gputui.train.loop import evaluate
+    from strategy_harness import data_for, make_config, params
+
+    which, size, extra = SCENARIOS[name]
+
+    def build():
+        s = registry.get(which).load()(cfg, resolve_devices("cpu*4"), ds.in_channels,
+                                       ds.image_size, ds.num_classes, rank=dist.get_rank(),
+                                       world_size=dist.get_world_size())
+        s.setup()
+        return s
+
+    cfg = make_config(which, "cpu*4", "gpt", size, **extra)
+    ds = data_for(cfg)
+    strategy = build()
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
+                            strategy.data_device())
+    losses = [strategy.train_step(x, y) for x, y in
+              itertools.islice(batches.epoch(1), STEPS)]
+    out = {"losses": strategy.reduce_metric(torch.stack(losses)).tolist(),
+           "params": params(strategy.full_model()), "score": evaluate(strategy, ds),
+           "memory": strategy.memory_rows(None), "batch_size": strategy.batch_size}
+    path = os.path.join(workdir, f"{name}.pt")
+    ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
+    dist.barrier()
+    fresh = build()
+    ckpt.restore(fresh, ckpt.load(path))
+    out["resumed_params"] = params(fresh.full_model())
+    return out
+
+
+def rank_fn(workdir: str) -> dict:
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -77,6 +130,7 @@ def rank_fn() -> dict:
         both = par.fsdp_tp(model(), mesh)
         out["fsdp_tp"] = {"losses": train(both, 2, dp_rank),
                           "params": par.full_parameters(both)}
+        out["strategies"] = {name: strategy_scenario(name, workdir) for name in SCENARIOS}
         return out
     finally:
         dist.barrier()
@@ -92,7 +146,7 @@ def main(out: str) -> None:
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="tp",
                           rdzv_configs={"is_host": True}, max_restarts=0,
                           start_method="spawn", monitor_interval=0.1)
-    torch.save(elastic_launch(config, rank_fn)(), out)
+    torch.save(elastic_launch(config, rank_fn)(os.path.dirname(os.path.abspath(out))), out)
 
 
 if __name__ == "__main__":
