@@ -48,9 +48,10 @@ class TPStrategy(FSDPStrategy):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.rank == 0:
+            sees = "every rank sees the whole batch" if self.dp == 1 else \
+                "each tensor-parallel group sees its slice of the batch"
             self.notes.append(f"attention heads and MLP width split over {self.tp} ranks "
-                              f"(q, k, v, fc column-wise; the projections row-wise); every "
-                              f"rank sees the whole batch")
+                              f"(q, k, v, fc column-wise; the projections row-wise); {sees}")
         return model
 
     def compiles(self) -> bool:
