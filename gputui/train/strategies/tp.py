@@ -95,17 +95,17 @@ class TPStrategy(FSDPStrategy):
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions on this group's slice of the test batch, times dp (the mean
-        over ranks is then the batch's count); a group with an empty slice still runs a
-        forward (on one example, counted nowhere): every forward is a collective."""
+        """The score (``score``) of this group's slice of the test batch, times dp (the mean
+        over ranks is then the batch's); a group with an empty slice still runs a forward (on
+        one example, counted nowhere): every forward is a collective."""
         xs = torch.tensor_split(x, self.dp)[self.dp_rank]
         ys = torch.tensor_split(y, self.dp)[self.dp_rank]
         with self.autocast(self.device):
             if len(xs) == 0:
                 self.model(x[:1])
                 return no_correct(self.device)
-            pred = self.model(xs).argmax(dim=1)
-        return (pred == ys).sum() * self.dp
+            out = self.model(xs)
+        return self.score(out, ys) * self.dp
 
 
 STRATEGY = TPStrategy
