@@ -98,3 +98,24 @@ def test_the_registry_says_why_tp_cannot_run():
     assert "model.name = 'gpt'" in tp.why_not(lenet, resolve_devices("cpu*2"))
     assert "at least 2 devices" in tp.why_not(lenet, resolve_devices("cpu"))
     assert "model.name = 'gpt'" in both.why_not(lenet, resolve_devices("cpu*4"))
+
+
+def test_activation_meter_counts_a_tp_models_saved_shards(tmp_path):
+    """The first step's saved-tensor hooks see DTensors in a tp model (one rank here)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gputui.train.gpt import GPTShape, gpt
+    from gputui.train.memory import ActivationMeter
+    from gputui.train.parallelize import parallelize_gpt
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        model = parallelize_gpt(gpt(GPTShape(context=8, n_layer=1, n_embd=32)),
+                                init_device_mesh("cpu", (1,)))
+        with ActivationMeter() as meter:
+            model(torch.zeros(2, 8, dtype=torch.long)).sum().backward()
+        assert meter.peak["cpu"] > 2 * 8 * 32 * 4  # at least one saved activation
+    finally:
+        dist.destroy_process_group()
