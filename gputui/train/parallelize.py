@@ -63,8 +63,11 @@ def why_not_tp(model: nn.Module, tp: int) -> str | None:
 def tp_plan() -> dict[str, Any]:
     """One block's plan: column-wise q, k, v, fc; row-wise projections; replicated inputs."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
 
     plan: dict[str, Any] = {name: PrepareModuleInput(input_layouts=(Replicate(),),
                                                      desired_input_layouts=(Replicate(),))

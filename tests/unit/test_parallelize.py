@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import tp_ranks
 from strategy_harness import assert_params_close
 
@@ -29,7 +28,7 @@ def reference():
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp") / "ranks.pt"
     proc = subprocess.run([sys.executable, str(HERE / "tp_ranks.py"), str(out)],
-                          capture_output=True, text=True, timeout=400)
+                          capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
@@ -60,10 +59,11 @@ def test_timer_marks_four_all_reduces_per_block(ranks):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(tp_ranks.SCENARIOS))
 def test_the_strategy_equals_single(ranks, name):
-    from gputui.train.loop import evaluate
     from strategy_harness import data_for, make_config, params, run_steps
 
-    which, size, extra = tp_ranks.SCENARIOS[name]
+    from gputui.train.loop import evaluate
+
+    _, size, extra = tp_ranks.SCENARIOS[name]
     extra = {k: v for k, v in extra.items() if not k.startswith("strategy.")}
     cfg = make_config("single", "cpu", "gpt", size, **extra)
     single, losses = run_steps(cfg, tp_ranks.STEPS)
@@ -89,9 +89,10 @@ def test_why_not_names_the_model_and_the_heads():
 
 
 def test_the_registry_says_why_tp_cannot_run():
+    from strategy_harness import make_config
+
     from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
-    from strategy_harness import make_config
 
     tp, both = registry.get("tp"), registry.get("fsdp_tp")
     lenet = make_config("single", "cpu", "lenet", 32)  # the config checks refuse tp with it

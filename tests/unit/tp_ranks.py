@@ -20,7 +20,7 @@ import sys
 import torch
 
 STEPS = 4
-SHAPE = dict(vocab_size=64, context=16, n_layer=2, n_head=4, n_embd=32)
+SHAPE = {"vocab_size": 64, "context": 16, "n_layer": 2, "n_head": 4, "n_embd": 32}
 BATCH = 8
 
 
@@ -72,13 +72,13 @@ def strategy_scenario(name: str, workdir: str) -> dict:
     import os
 
     import torch.distributed as dist
+    from strategy_harness import data_for, make_config, params
 
     from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
     from gputui.train import checkpoint as ckpt
     from gputui.train.data import TensorBatches
     from gputui.train.loop import evaluate
-    from strategy_harness import data_for, make_config, params
 
     which, size, extra = SCENARIOS[name]
 

@@ -35,15 +35,15 @@ class FSDPTPStrategy(TPStrategy):
         from torch.distributed.fsdp import fully_shard
 
         from gputui.train.parallelize import blocks
-
-        from gputui.train.strategies.fsdp_comm import install
+        from gputui.train.strategies.fsdp_comm import FSDPCommTimer, install
 
         model = super().wrap(model)
         mesh = self.mesh_of_ranks
         for block in blocks(model):
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
-        install(model, self.comm)  # fully_shard's collectives on the same timer (torch 2.8+)
+        if isinstance(self.comm, FSDPCommTimer):  # fully_shard's collectives on the same timer
+            install(model, self.comm)  # (torch 2.8+; where it cannot, they stay in compute)
         if self.rank == 0:
             self.notes.append(f"{self.dp} x {self.tp} mesh: fully_shard over {self.dp} "
                               f"data-parallel group(s) of {self.tp} tensor-parallel ranks")

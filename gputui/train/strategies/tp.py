@@ -13,6 +13,7 @@ and reduce-scatters, as fsdp). Evaluation runs the sharded model on every rank o
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ class TPStrategy(FSDPStrategy):
     dp: int  # data-parallel groups (1 for tp)
     dp_rank: int  # this rank's group
     tp: int  # ranks per tensor-parallel group
-    mesh_of_ranks: object  # the DeviceMesh (1-D "tp", or 2-D "dp" x "tp")
+    mesh_of_ranks: Any  # the DeviceMesh (1-D "tp", or 2-D "dp" x "tp")
 
     def mesh(self):
         """The device mesh: 1-D over every rank for tp."""
