@@ -53,7 +53,7 @@ def why_not_tp(model: nn.Module, tp: int) -> str | None:
     if not found:
         return "tensor parallelism needs the built-in GPT (model.name = 'gpt'): its blocks' " \
                "q, k, v and MLP layers are what it shards"
-    attn = found[0].attn
+    attn: Any = found[0].attn
     heads = attn.q.out_features // attn.head_dim
     if heads % tp:
         return f"the GPT's {heads} attention heads do not split over {tp} tensor-parallel ranks"
