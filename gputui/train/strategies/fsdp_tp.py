@@ -7,11 +7,10 @@ fully_shard's all-gathers and reduce-scatters, on one timer.
 
 from __future__ import annotations
 
-import contextlib
-
 from torch import nn
 
 from gputui.core.config import ConfigError
+from gputui.train.strategies.fsdp import FSDPStrategy
 from gputui.train.strategies.tp import TPStrategy
 
 
@@ -49,14 +48,9 @@ class FSDPTPStrategy(TPStrategy):
                               f"data-parallel group(s) of {self.tp} tensor-parallel ranks")
         return model
 
-    @contextlib.contextmanager
     def no_sync(self):
-        """Accumulate without reduce-scattering (FSDP2's no_sync)."""
-        self.model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self.model.set_requires_gradient_sync(True)
+        """Accumulate without reduce-scattering: fsdp's no_sync (tp's has nothing to hold)."""
+        return FSDPStrategy.no_sync(self)
 
 
 def tp_size(asked: int, world: int) -> int:
