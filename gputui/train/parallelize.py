@@ -20,7 +20,7 @@ over ``dp`` with ``fully_shard`` (FSDP2 takes the DTensor parameters as they are
 :class:`TPCommTimer` marks those all-reduces on metered steps with module hooks around the
 ones torch registers (forward: the row-wise layers' outputs; backward: an identity autograd
 node on each side of the input's redistribution), in the shape the ddp strategy's breakdown
-reads (:class:`~gputui.train.strategies.comm_timer.SpanTimer`).
+reads (``meter.comm``, :mod:`~gputui.train.strategies.meter`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gputui.train.strategies.base import Stopwatch
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer
+from gputui.train.strategies.meter import Meter
 
 # the linears tensor parallelism shards in each block, and how (GPT's module names)
 COLWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc")
@@ -134,15 +134,16 @@ class _Tap(torch.autograd.Function):
 
 
 class TPCommTimer(FSDPCommTimer):
-    """The marks of a metered step's tensor-parallel all-reduces (4 per block), and their
-    bytes (``count_bytes``; off where fully_shard's collectives share the timer, which would
-    make a bandwidth of them meaningless). On the CPU (gloo) the training thread waits for
-    each (exposed, as fsdp's, whose ``split`` it keeps); on GPUs the marks are CUDA events on
-    the compute stream and the split is not claimed. ``delay_s`` (debug.comm_delay_s) holds
-    back each all-reduce that long, on every step."""
+    """The marks of a metered step's tensor-parallel all-reduces (4 per block) in the
+    strategy's meter (``meter.comm``), and their bytes (``count_bytes``; off where fully_shard's
+    collectives share the timer, which would make a bandwidth of them meaningless). On the
+    CPU (gloo) the training thread waits for each (exposed, as fsdp's, whose ``split`` it
+    keeps); on GPUs the marks are CUDA events on the compute stream and the split is not
+    claimed. ``delay_s`` (debug.comm_delay_s) holds back each all-reduce that long, on every
+    step."""
 
-    def __init__(self, watch: Stopwatch, delay_s: float = 0.0, count_bytes: bool = True):
-        super().__init__(watch, delay_s)
+    def __init__(self, meter: Meter, delay_s: float = 0.0, count_bytes: bool = True):
+        super().__init__(meter, delay_s)
         self.count_bytes = count_bytes
         self._t0: Any = None  # the running forward all-reduce's start mark
         self._t1: Any = None  # ... and the backward one's
@@ -159,11 +160,11 @@ class TPCommTimer(FSDPCommTimer):
             sub.register_forward_pre_hook(self._backward_start)
 
     def _on(self) -> bool:
-        return self.active or self.delay_s > 0
+        return self.meter.on or self.delay_s > 0
 
     def _forward_start(self, module, args, out):
         if self._on():
-            self._t0 = self.watch.mark()
+            self._t0 = self.meter.clock.mark()
 
     def _forward_end(self, module, args, out):
         if not self._on():
@@ -182,7 +183,7 @@ class TPCommTimer(FSDPCommTimer):
         return (_Tap.apply(args[0], self._grad_reduced), *args[1:])
 
     def _grad_ready(self, grad) -> None:
-        self._t1 = self.watch.mark()
+        self._t1 = self.meter.clock.mark()
 
     def _grad_reduced(self, grad) -> None:
         _wait(grad)
@@ -191,7 +192,8 @@ class TPCommTimer(FSDPCommTimer):
     def _done(self, start: Any, value: torch.Tensor) -> None:
         if self.delay_s:
             time.sleep(self.delay_s)
-        if self.active:
-            self.spans.append((start, self.watch.mark()))
+        m = self.meter
+        if m.on:
+            m.comm.add(start, m.clock.mark())
             if self.count_bytes:
-                self.nbytes += value.numel() * value.element_size()
+                m.comm_bytes += value.numel() * value.element_size()

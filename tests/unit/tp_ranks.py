@@ -41,7 +41,7 @@ def optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1)
 
 
-def train(m: torch.nn.Module, dp: int = 1, dp_rank: int = 0, timer=None) -> list[float]:
+def train(m: torch.nn.Module, dp: int = 1, dp_rank: int = 0, meter=None) -> list[float]:
     """STEPS steps of m on this data-parallel slice of each batch; the slice losses."""
     from gputui.train.gpt import lm_loss
 
@@ -49,12 +49,14 @@ def train(m: torch.nn.Module, dp: int = 1, dp_rank: int = 0, timer=None) -> list
     losses = []
     for step in range(STEPS):
         x, y = (t.tensor_split(dp)[dp_rank] for t in batch(step))
-        if timer is not None:
-            timer.start_step(step == STEPS - 1)
+        if meter is not None:  # the last step metered
+            meter.begin(0.0 if step == STEPS - 1 else None)
         opt.zero_grad()
         loss = lm_loss(m(x), y)
         loss.backward()
         opt.step()
+        if meter is not None:
+            meter.finish()
         losses.append(loss.item())
     return losses
 
@@ -115,17 +117,17 @@ def rank_fn(workdir: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from gputui.train import parallelize as par
-    from gputui.train.strategies.base import Stopwatch
+    from gputui.train.strategies.meter import Meter
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        timer = par.TPCommTimer(Stopwatch(torch.device("cpu")))
-        tp_model = par.parallelize_gpt(model(), mesh["tp"], timer)
-        out = {"tp": {"losses": train(tp_model, timer=timer),
+        meter = Meter([torch.device("cpu")])
+        tp_model = par.parallelize_gpt(model(), mesh["tp"], par.TPCommTimer(meter))
+        out = {"tp": {"losses": train(tp_model, meter=meter),
                       "params": par.full_parameters(tp_model)},
-               "spans": len(timer.spans), "nbytes": timer.nbytes}
+               "spans": len(meter.comm.marks), "nbytes": meter.comm_bytes}
         dp_rank = mesh["dp"].get_local_rank()
         both = par.fsdp_tp(model(), mesh)
         out["fsdp_tp"] = {"losses": train(both, 2, dp_rank),

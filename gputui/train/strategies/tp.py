@@ -43,7 +43,7 @@ class TPStrategy(FSDPStrategy):
         from gputui.train.parallelize import TPCommTimer, parallelize_gpt
 
         mesh = self.mesh_of_ranks = self.mesh()
-        self.comm = TPCommTimer(self.watch, delay_s=self.comm_delay_s, count_bytes=self.dp == 1)
+        self.comm = TPCommTimer(self.meter, delay_s=self.comm_delay_s, count_bytes=self.dp == 1)
         try:
             parallelize_gpt(model, mesh["tp"], self.comm)
         except ValueError as exc:
@@ -75,23 +75,17 @@ class TPStrategy(FSDPStrategy):
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor,
                    data_s: float | None = None) -> torch.Tensor:
-        start = self.watch.mark() if data_s is not None else None
+        m = self.meter.begin(data_s)  # the comm timer marks while the meter is on
         total = len(x)
         xs, ys = self.shard(x, y)
         self.opt.zero_grad(set_to_none=True)
-        if self.comm is not None:
-            self.comm.start_step(start is not None)
-        begin = self.watch.mark() if start is not None else None
-        # the dp groups' gradients are averaged (fully_shard), tp's are not synced at all
-        loss = self.forward_backward(self.model, xs, ys, total / self.dp, self.device,
-                                     before_last=self.no_sync)
-        backward_end = self.watch.mark() if start is not None else None
-        if self.comm is not None:
-            self.comm.active = False  # evaluation's all-reduces are not marked
-        self.optimizer_step(self.opt)
-        if start is not None:
-            self.timing = {"start": start, "begin": begin, "backward_end": backward_end,
-                           "end": self.watch.mark(), "samples": len(xs), "data_s": data_s}
+        with m.compute:  # tp's all-reduces run inside forward and backward (TPCommTimer)
+            # the dp groups' gradients are averaged (fully_shard), tp's are not synced at all
+            loss = self.forward_backward(self.model, xs, ys, total / self.dp, self.device,
+                                         before_last=self.no_sync)
+        with m.optimizer:
+            self.optimizer_step(self.opt)
+        m.finish(samples=len(xs))
         return loss
 
     @torch.no_grad()
