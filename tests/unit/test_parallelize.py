@@ -88,17 +88,22 @@ def test_why_not_names_the_model_and_the_heads():
     assert why_not_tp(gpt(GPTShape(n_layer=1)), 2) is None
 
 
-def test_the_registry_says_why_tp_cannot_run():
+def test_the_plan_says_why_tp_cannot_run():
+    from gputui.hw.discovery import resolve_devices
+    from gputui.plan import why_not
     from strategy_harness import make_config
 
-    from gputui.core import registry
-    from gputui.hw.discovery import resolve_devices
-
-    tp, both = registry.get("tp"), registry.get("fsdp_tp")
     lenet = make_config("single", "cpu", "lenet", 32)  # the config checks refuse tp with it
-    assert "model.name = 'gpt'" in tp.why_not(lenet, resolve_devices("cpu*2"))
-    assert "at least 2 devices" in tp.why_not(lenet, resolve_devices("cpu"))
-    assert "model.name = 'gpt'" in both.why_not(lenet, resolve_devices("cpu*4"))
+    gpt = make_config("single", "cpu", "gpt", 16)  # 2 heads
+    for name, cfg, spec, reason in [
+            ("tp", lenet, "cpu*2", "model.name = 'gpt'"),
+            ("tp", gpt, "cpu", "at least 2 devices"),
+            ("tp", gpt, "cpu*4", "model.n_head = 2 does not split over 4"),
+            ("fsdp_tp", lenet, "cpu*4", "model.name = 'gpt'"),
+            ("fsdp_tp", gpt, "cpu*2", "several groups of strategy.tp_size = 2")]:
+        assert reason in why_not(cfg.replace(strategy={"name": name}), resolve_devices(spec))
+    assert why_not(gpt.replace(strategy={"name": "tp"}), resolve_devices("cpu*2")) is None
+    assert why_not(gpt.replace(strategy={"name": "fsdp_tp"}), resolve_devices("cpu*4")) is None
 
 
 def test_activation_meter_counts_a_tp_models_saved_shards(tmp_path):
