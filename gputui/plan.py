@@ -137,6 +137,8 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
             yield CHOICE, nccl
     if name == "model_parallel":
         yield from _stage_problems(cfg, devices)
+    elif name in ("tp", "fsdp_tp"):
+        yield from _tp_problems(cfg, devices, name)
     elif cfg.strategy.split_weights and not info.weighted:
         yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
     batch = _batch_problem(cfg, devices, info)
@@ -170,6 +172,26 @@ def _stage_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
                                 layers if layers is not None else 2**62, n, model)
     if reason:
         yield CHOICE, reason
+
+
+def _tp_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[Problem]:
+    """tp and fsdp_tp: the built-in GPT, whose heads split over the tensor-parallel ranks
+    (fsdp_tp: several groups of strategy.tp_size ranks)."""
+    if cfg.model.factory or cfg.model.name != "gpt":
+        yield CHOICE, (f"strategy '{name}' shards the built-in GPT's attention and MLP: set "
+                       f"model.name = 'gpt' (model.factory models are not split)")
+        return
+    ranks = len(devices) * cfg.dist.nnodes
+    tp = ranks
+    if name == "fsdp_tp":
+        tp = cfg.strategy.tp_size or 2
+        if ranks % tp or ranks == tp:
+            yield CHOICE, (f"strategy 'fsdp_tp' needs the {ranks} ranks to be several groups "
+                           f"of strategy.tp_size = {tp}; e.g. --devices cpu*4 with tp_size 2")
+            return
+    if cfg.model.n_head % tp:
+        yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {tp} "
+                       f"tensor-parallel ranks; use a head count divisible by {tp}")
 
 
 def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) -> Problem | None:

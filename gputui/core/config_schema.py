@@ -249,7 +249,8 @@ class StrategySection:
     """[strategy]: how the work is spread over the devices."""
 
     name: str = opt("single", "single, scratch (from-scratch allreduce), dp (DataParallel), ddp, "
-                              "model_parallel or fsdp; `gputui strategies` lists them.")
+                              "model_parallel, fsdp, tp (tensor parallel) or fsdp_tp; "
+                              "`gputui strategies` lists them.")
     check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
@@ -262,6 +263,8 @@ class StrategySection:
                               "top-level block with parameters.")
     pipeline_chunks: int = opt(1, "model_parallel: micro-batches that flow through the stages "
                                   "as a pipeline (1 = no pipelining).", min=1, max=1024)
+    tp_size: int = opt(0, "fsdp_tp: ranks per tensor-parallel group (the rest of the ranks "
+                          "form the data-parallel dimension); 0 = 2.", min=0, max=4096)
     backend: str = opt("auto", "ddp/fsdp process-group backend: auto (nccl on CUDA, gloo on "
                                "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
     timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",

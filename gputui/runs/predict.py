@@ -30,6 +30,12 @@ Per step, N devices:
              (t_sync: the loop's one small all-reduce of the window's losses per log
              window, measured like t_ar; where t_fsdp was not measured, figures kept before
              it was: 1.5 t_ar, two all-gathers and a reduce-scatter of G)
+    tp:      t_N = t_c + 4 L t_act + t_sync / log_every
+             (the GPT's L blocks each all-reduce the B x T x E activation twice in forward
+             and twice in backward; t_act: one such all-reduce over N ranks, measured like
+             t_ar between slices of compute; t_c, the step of B/N examples on the whole
+             model, stands in for the whole batch on 1/N of each block: the same block FLOPs,
+             but the embeddings, norms and head are not split, so it is a lower bound)
     scratch: t_N = N t_seq + t_copy   on CPU (one process)   t_c + t_copy on GPUs
     dp:      t_N = t_1                on CPU (no replication) t_c + 2 t_copy on GPUs
     overlap = 0 on the CPU (the ranks' cores do the reduction); on GPUs the buckets after
@@ -38,7 +44,8 @@ Per step, N devices:
 speedup = (B_N / t_N) / (B_1 / t_1), efficiency = speedup / N. Memory per device (training
 bytes): parameters + gradients + optimizer state (P x 4 bytes each; momentum adds one, Adam
 two) plus the activations measured on one device (its peak allocation minus those, GPUs only),
-split N ways by the batch; fsdp divides the first part by N. Torch-free.
+split N ways by the batch; fsdp and tp (a lower bound there: the embeddings, norms and head
+are replicated) divide the first part by N. Torch-free.
 """
 
 from __future__ import annotations
@@ -46,11 +53,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STRATEGIES = ("ddp", "fsdp", "scratch", "dp")
+STRATEGIES = ("ddp", "fsdp", "tp", "scratch", "dp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
 FORMULAS = {
     "ddp": "t_own + max(0, t_ar - overlap) + t_sync / log_every",
     "fsdp": "t_own + max(0, t_fsdp - overlap) + t_sync / log_every",
+    "tp": "t_c + 4 L t_act + t_sync / log_every",
     "scratch": "N t_seq + t_copy (cpu) | t_c + t_copy (gpu)",
     "dp": "t_1 (cpu, no replication) | t_c + 2 t_copy (gpu)",
 }
@@ -74,6 +82,8 @@ class Inputs:
     t_copy: float | None = None  # scratch allreduce of grad_bytes over N devices
     t_fsdp: float | None = None  # one step's fsdp all-gathers and reduce-scatters, N ranks
     t_sync: float | None = None  # allreduce of the window's losses (log_every floats), N ranks
+    t_act: float | None = None  # tp: one allreduce of a B x T x E activation over N ranks
+    tp_blocks: int = 0  # tp: the GPT's blocks (L); 0 when the model is not the GPT
     log_every: int = 20
     grad_bytes: int = 0
     params: int = 0
@@ -145,6 +155,14 @@ def predict(strategy: str, inp: Inputs) -> Prediction:
         need["overlap"] = hidden
         t = (compute or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(
             1, inp.log_every)
+    elif strategy == "tp":
+        if not inp.tp_blocks:
+            p.reason = "tp predicts the built-in GPT only (model.name = 'gpt')"
+            return p
+        need = {"t_c": inp.t_c, "t_act": inp.t_act, "t_sync": inp.t_sync,
+                "L": float(inp.tp_blocks)}
+        t = (inp.t_c or 0.0) + 4 * inp.tp_blocks * (inp.t_act or 0.0) + (
+            inp.t_sync or 0.0) / max(1, inp.log_every)
     elif strategy == "scratch":
         p.formula = FORMULAS[strategy].split(" | ")[1 if inp.on_gpu else 0]
         if inp.on_gpu:
@@ -184,7 +202,7 @@ def memory(strategy: str, inp: Inputs) -> int | None:
     if not inp.params:
         return None
     static = static_bytes(inp)
-    if strategy == "fsdp" and inp.n > 1:
+    if strategy in ("fsdp", "tp") and inp.n > 1:  # tp: a lower bound (embeddings replicated)
         static = -(-static // inp.n)
     if strategy == "dp" and not inp.on_gpu:
         return static + (inp.activations_1 or 0)

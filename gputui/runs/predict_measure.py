@@ -339,7 +339,24 @@ class Measurer:
         if "fsdp" in strategies and inp.params:
             c = self.fsdp_comm(n, inp.t_own.get("fsdp") or inp.t_c or inp.t_1)
             inp.t_fsdp = c["torch_s"] if c else None
-        if any(s in strategies for s in ("ddp", "fsdp")):
+        if "tp" in strategies:
+            self.tp_inputs(inp, n, share, threads, copies)
+        if any(s in strategies for s in ("ddp", "fsdp", "tp")):
             c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
         return inp
+
+    def tp_inputs(self, inp: Inputs, n: int, share: int, threads: int, copies: int) -> None:
+        """tp's inputs (the built-in GPT only): t_c, and t_act, one all-reduce of the whole
+        batch's B x T x E fp32 activation over N ranks between the compute of two of the
+        step's 4 L all-reduces."""
+        m = self.cfg.model
+        if m.factory or m.name != "gpt":
+            return
+        if inp.t_c is None:
+            c = self.compute(share, threads, copies)
+            inp.t_c = c["step_time_s"] if c else None
+        inp.tp_blocks = m.n_layer
+        act = inp.batch * self.cfg.data.context * m.n_embd * 4
+        c = self.comm(n, act, (inp.t_c or inp.t_1) / (4 * m.n_layer))
+        inp.t_act = c["torch_s"] if c else None
