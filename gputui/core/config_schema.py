@@ -159,7 +159,8 @@ class StrategySection:
     """[strategy]: how the work is spread over the devices."""
 
     name: str = opt("single", "single, scratch (from-scratch allreduce), dp (DataParallel), ddp, "
-                              "model_parallel or fsdp; `gputui strategies` lists them.")
+                              "model_parallel, fsdp or pp (pipeline parallel); `gputui "
+                              "strategies` lists them.")
     check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
@@ -169,9 +170,12 @@ class StrategySection:
     fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
                               "(e.g. ['Block'] for a model.factory's blocks); empty = every "
                               "top-level block with parameters.")
-    pipeline_chunks: int = opt(1, "model_parallel: micro-batches that flow through the stages "
-                                  "as a pipeline (1 = no pipelining).", min=1, max=1024)
-    backend: str = opt("auto", "ddp/fsdp process-group backend: auto (nccl on CUDA, gloo on "
+    pipeline_chunks: int = opt(1, "model_parallel and pp: micro-batches that flow through the "
+                                  "stages as a pipeline (1 = no pipelining).", min=1, max=1024)
+    schedule: str = opt("1f1b", "pp: the pipeline schedule, gpipe (every forward, then every "
+                                "backward) or 1f1b (one forward, one backward in steady state).",
+                        choices=("gpipe", "1f1b"))
+    backend: str = opt("auto", "ddp/fsdp/pp process-group backend: auto (nccl on CUDA, gloo on "
                                "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
     timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",
                            gt=0.0, max=86_400.0)

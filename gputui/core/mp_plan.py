@@ -89,3 +89,31 @@ def registry_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
         return (f"strategy.pipeline_chunks ({chunks}) is more than the {per_micro} examples of "
                 f"each micro-batch; lower pipeline_chunks or raise optim.batch_size")
     return None
+
+
+def pp_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
+    """The registry's ``check`` for pp (one rank per device and stage): a block per stage at
+    least, valid split points, a batch the micro-batches divide evenly, no fp16."""
+    from gputui.core.config_schema import effective_batch_size
+
+    n, model = len(devices) * cfg.dist.nnodes, cfg.model.factory or cfg.model.name
+    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
+    if layers is not None and n > layers:
+        return (f"strategy 'pp' cuts {model} into at most {layers} stages (one per block), "
+                f"devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
+    if cfg.strategy.split_weights:
+        return "strategy.split_weights applies to scratch and ddp, not 'pp'; remove it"
+    reason = check_split_points(list(cfg.strategy.split_points),
+                                layers if layers is not None else 2**62, n, model)
+    if reason:
+        return reason
+    batch, micro, chunks = (effective_batch_size(cfg, n), cfg.optim.micro_batches,
+                            cfg.strategy.pipeline_chunks)
+    if batch % (micro * chunks):
+        return (f"strategy 'pp' splits each batch into optim.micro_batches x "
+                f"strategy.pipeline_chunks = {micro} x {chunks} equal micro-batches; "
+                f"optim.batch_size ({batch}) is not divisible by {micro * chunks}")
+    if cfg.run.precision == "fp16":
+        return ("strategy 'pp' does not apply fp16's grad scaler to its stages' backward; use "
+                "run.precision = 'bf16' or 'fp32'")
+    return None

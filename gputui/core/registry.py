@@ -147,3 +147,15 @@ register(StrategyInfo(
     "fsdp", "Fully sharded data parallel (fully_shard): like ddp, but parameters, gradients and "
             "optimizer state are sharded over the ranks.", "fsdp",
     multiprocess=True, check=_distributed_check("fsdp")))
+
+
+def _pp_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
+    from gputui.core.mp_plan import pp_check  # torch-free
+
+    return _distributed_check("pp")(cfg, devices) or pp_check(cfg, devices)
+
+
+register(StrategyInfo(
+    "pp", "Pipeline parallel (torch.distributed.pipelining): consecutive blocks as stages on "
+          "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
+          "bubble.", "pp", multiprocess=True, min_devices=2, check=_pp_check))

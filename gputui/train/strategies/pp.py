@@ -1,0 +1,305 @@
+"""``pp``: pipeline parallelism with ``torch.distributed.pipelining``, one stage per rank.
+
+The model's top-level blocks (as ``model_parallel`` cuts them: balanced by parameter count,
+or at ``strategy.split_points``) become consecutive stages, one per rank, launched like ddp
+(gloo on CPU, NCCL on GPUs). Each batch is cut into ``strategy.pipeline_chunks`` equal
+micro-batches that flow through the stages on ``strategy.schedule``: ``gpipe`` (every
+forward, then every backward) or ``1f1b`` (after a warm-up, one forward and one backward in
+turn, so a stage holds at most ``stages`` micro-batches' activations). ``optim.micro_batches``
+runs that schedule once per slice, accumulating gradients.
+
+Each micro-batch's loss is its mean times its share of the global batch, so the stages'
+gradients are exactly single's. A weight shared by blocks on different stages (the GPT's head
+tied to its token embedding) is kept as a copy on each of those stages, and their gradients
+are summed every step before the update (Megatron's embedding group), so the copies stay
+equal. The loss exists on the last stage only: ``train_step`` returns it times the world size
+there and zero elsewhere, so ``reduce_metric`` (the ranks' mean) gives it on every rank, and
+rank 0 records it; evaluation does the same with its counts.
+
+What a step costs (``pp_meter``): each stage's compute, its sends and receives, and the
+bubble, the time it sits idle waiting for the other stages, against the theory's
+(p - 1) / (m + p - 1).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gputui.core.config import ConfigError
+from gputui.core.mp_plan import balance, check_split_points
+from gputui.train.models import count_params
+from gputui.train.strategies.base import no_correct
+from gputui.train.strategies.ddp import DDPStrategy
+from gputui.train.strategies.model_parallel import stage_blocks
+from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+class PipelineParallel(DDPStrategy):
+    """This rank's stage of the model, driven by a torch pipelining schedule. Process group,
+    stop agreement, metric reduction and memory rows are ddp's."""
+
+    name = "pp"
+    bounds: list[int]  # the blocks of stage s are bounds[s]:bounds[s + 1]
+    stage: TimedStage  # torch's PipelineStage, marked on metered steps
+    schedule: Any  # ScheduleGPipe or Schedule1F1B around ``stage``
+    chunks: int  # micro-batches per schedule step (strategy.pipeline_chunks)
+    ties: list[tuple[nn.Parameter, Any]]  # this stage's shared weights and their groups
+    meter: PipeMeter
+    _denom: float  # the global batch of the step in flight (the loss's scale)
+
+    # ---------------------------------------------------------------- set-up
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Cut the whole model (built on every rank from the same seed) into stages; keep this
+        rank's (parameter names as in the whole model, "3.attn.q.weight") and build its
+        PipelineStage and schedule."""
+        from torch.distributed import pipelining
+
+        p, s = self.world_size, self.rank
+        label = self.cfg.model.factory or self.cfg.model.name
+        blocks = stage_blocks(model, label)
+        if p > len(blocks):
+            raise ConfigError(f"strategy 'pp' cuts {label} into at most {len(blocks)} stages "
+                              f"(one per block), {p} ranks given; use fewer devices")
+        counts = [count_params(b) for b in blocks]
+        given = list(self.cfg.strategy.split_points)
+        points = given or balance(counts, p)
+        reason = check_split_points(points, len(blocks), p, label)
+        if reason:
+            raise ConfigError(reason)
+        self.bounds = [0, *points, len(blocks)]
+        a, b = self.bounds[s], self.bounds[s + 1]
+        names = [str(i) for i in range(len(blocks))]
+        if isinstance(model, nn.Sequential):
+            names = list(model._modules)
+        mine = nn.Sequential(OrderedDict((names[i], blocks[i]) for i in range(a, b)))
+        self.ties = self._tie_groups(blocks)
+        self.chunks = self.cfg.strategy.pipeline_chunks
+        self.meter = PipeMeter(self.watch, s, p, self.chunks)
+        self.module = mine  # what this rank trains, evaluates, checkpoints and counts
+        self.stage = TimedStage(mine, s, p, self.device)
+        self.stage.meter = self.meter
+        kind = getattr(pipelining, SCHEDULES[self.cfg.strategy.schedule])
+        # scale_grads=False: the loss is already scaled to its share of the global batch
+        self.schedule = kind(self.stage, self.chunks, loss_fn=self._loss, scale_grads=False)
+        self._denom = 1.0
+        if s == 0:
+            how = "at strategy.split_points" if given else "balanced by parameter count"
+            sizes = ", ".join(f"stage {i} blocks {lo}-{hi - 1} ({sum(counts[lo:hi]):,} params)"
+                              for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])))
+            self.notes.append(f"pp: {label} cut into {p} stages {how} (split points {points}): "
+                              f"{sizes}; {self.chunks} micro-batch(es) per step on the "
+                              f"{self.cfg.strategy.schedule} schedule; theoretical bubble "
+                              f"(p-1)/(m+p-1) = {self.meter.theory:.0%}")
+            if self.ties:
+                self.notes.append("pp: a weight shared across stages (the head tied to the "
+                                  "embedding) is a copy on each; their gradients are summed "
+                                  "every step, as Megatron's embedding group does")
+        return mine
+
+    def _tie_groups(self, blocks: list[nn.Module]) -> list[tuple[nn.Parameter, Any]]:
+        """Parameters held by blocks of several stages: a process group of those stages for
+        each (every rank creates every group, in the same order, as new_group requires); the
+        ones this rank holds, with their group."""
+        where: dict[int, tuple[nn.Parameter, set[int]]] = {}
+        for s, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
+            for block in blocks[lo:hi]:
+                for param in block.parameters():
+                    where.setdefault(id(param), (param, set()))[1].add(s)
+        out = []
+        for param, stages in where.values():
+            if len(stages) < 2:
+                continue
+            group = dist.new_group(sorted(stages))
+            if self.rank in stages:
+                out.append((param, group))
+        return out
+
+    def compiles(self) -> bool:
+        """Not here: the schedule calls the stage's module itself, chunk by chunk."""
+        if self.cfg.run.compile != "off" and self.rank == 0:
+            self.notes.append("run.compile does not apply to pp here: the pipelining stage "
+                              "runs its module eagerly")
+        return False
+
+    def no_sync(self):  # pragma: no cover - pp never calls forward_backward
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- training
+    def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The schedule's loss_fn (last stage): a micro-batch's mean loss times its share of
+        the global batch, timed as compute."""
+        with self.meter.computing():
+            return self.scaled_loss(out, y, self._denom)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        metered = data_s is not None
+        start = self.watch.mark() if metered else None
+        self.opt.zero_grad(set_to_none=True)
+        self._denom = float(len(x))
+        self.meter.start_step(metered)
+        first, last = self.stage.is_first, self.stage.is_last
+        losses: list[torch.Tensor] = []
+        k = min(self.micro, len(x))
+        xs, ys = (x,), (y,)
+        if k > 1:
+            xs, ys = torch.tensor_split(x, k), torch.tensor_split(y, k)
+        with self.autocast(self.device):
+            for xm, ym in zip(xs, ys):
+                mine: list[torch.Tensor] = []  # the schedule refills the list it is given
+                self.schedule.step(*((xm,) if first else ()), target=ym if last else None,
+                                   losses=mine if last else None, return_outputs=False)
+                losses += mine
+        self.meter.end_pipeline()
+        self._sum_tied_grads()
+        self.meter.end_ties()
+        self.optimizer_step(self.opt)
+        if metered:
+            self.timing = {"start": start, "end": self.watch.mark(), "samples": len(x),
+                           "data_s": data_s}
+        if last:
+            return torch.stack([loss.detach().float() for loss in losses]).sum() * self.world_size
+        return torch.zeros((), device=self.device)
+
+    def _sum_tied_grads(self) -> None:
+        """Sum the gradients of the weights shared across stages, over those stages."""
+        for param, group in self.ties:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)
+
+    # ---------------------------------------------------------------- evaluation
+    def set_train(self, mode: bool) -> None:
+        """Every stage switches its own module (no buffers to share: stages differ)."""
+        self.module.train(mode)
+
+    @torch.no_grad()
+    def forward_only(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The batch through every stage (plain sends and receives, a header with the shape
+        first); the output on the last stage, None on the others."""
+        h = x if self.stage.is_first else recv_tensor(self.rank - 1, self.device)
+        with self.autocast(self.device):
+            out = self.module(h)
+        if self.stage.is_last:
+            return out
+        send_tensor(out, self.rank + 1)
+        return None
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions of the test batch, counted on the last stage times the world
+        size (zero elsewhere), so ``reduce_metric``'s mean over ranks is the batch's count."""
+        out = self.forward_only(x)
+        if out is None:
+            return no_correct(self.device)
+        return (out.argmax(dim=1) == y).sum() * self.world_size
+
+    # ---------------------------------------------------------------- figures
+    def read_timing(self) -> dict:
+        """Every stage's figures of the metered step (a collective: every rank calls it)."""
+        if not self.timing:
+            return {}
+        t = self.timing
+        step = self.watch.seconds(t["start"], t["end"])
+        self.meter.calibrate()  # once: the link's transfer time, from a ping-pong
+        mine = self.meter.row(t, step)
+        mine.update(device=self._device_name(), rank=self.rank, pid=_pid(),
+                    step_time_s=step, samples=t["samples"])
+        rss = self._read_rss()
+        if rss >= 0:
+            mine["rss"] = int(rss)
+        if self.cuda:
+            mine.update(mem_alloc=torch.cuda.memory_allocated(self.device),
+                        mem_reserved=torch.cuda.memory_reserved(self.device))
+        rows: list = [None] * self.world_size
+        dist.all_gather_object(rows, mine, group=self.control)
+        comm = sum(r["breakdown"]["comm_exposed_s"] or 0.0 for r in rows) / len(rows)
+        return {"step_s": step, "comm_s": comm, "per_device": rows}
+
+    def _device_name(self) -> str:
+        name = self.devices[self.local_rank].name
+        return f"{name}@node{self.node}" if self.node else name
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The whole model's parameters (every stage's, gathered onto every rank, on the
+        CPU; names as in the whole model) and every stage's optimizer state, in stage order."""
+        mine = {"model": _cpu(self.module.state_dict()), "opt": _cpu(self.opt.state_dict())}
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, mine, group=self.control)
+        model: dict[str, Any] = {}
+        for part in parts:
+            model.update(part["model"])
+        return {"models": [model], "optimizers": [part["opt"] for part in parts],
+                "scaler": None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["optimizers"]
+        if len(saved) != self.world_size:
+            raise ValueError(f"{len(saved)} pipeline stage(s) saved, {self.world_size} here")
+        full = state["models"][0]
+        keys = self.module.state_dict().keys()
+        missing = [k for k in keys if k not in full]
+        if missing:
+            raise ValueError(f"the checkpoint lacks {', '.join(missing[:3])}")
+        self.module.load_state_dict({k: full[k] for k in keys})
+        self.opt.load_state_dict(saved[self.rank])
+
+    @torch.no_grad()
+    def full_model(self) -> nn.Module:
+        """A new plain module with every stage's parameters (a collective; tests and tools)."""
+        plain = self.build_model()
+        plain.load_state_dict(self.state_dict()["models"][0])
+        return plain
+
+
+def _cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu(v) for v in value)
+    return value
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
+_HEADER = 9  # dtype, number of dimensions, up to 7 sizes
+
+
+def send_tensor(t: torch.Tensor, dst: int) -> None:
+    """Send a tensor of any shape: a header (dtype and shape), then the data."""
+    if t.dim() > _HEADER - 2:
+        raise ValueError(f"cannot send a {t.dim()}-dimensional activation between stages")
+    head = torch.zeros(_HEADER, dtype=torch.int64)
+    head[0], head[1] = _DTYPES.index(t.dtype), t.dim()
+    head[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    dist.send(head.to(t.device), dst)
+    dist.send(t.contiguous(), dst)
+
+
+def recv_tensor(src: int, device: torch.device) -> torch.Tensor:
+    """Receive what ``send_tensor`` sent."""
+    head = torch.zeros(_HEADER, dtype=torch.int64, device=device)
+    dist.recv(head, src)
+    head = head.cpu()
+    shape = head[2:2 + int(head[1])].tolist()
+    out = torch.empty(shape, dtype=_DTYPES[int(head[0])], device=device)
+    dist.recv(out, src)
+    return out
+
+
+STRATEGY = PipelineParallel

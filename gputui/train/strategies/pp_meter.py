@@ -1,0 +1,166 @@
+"""What a pipeline step costs each stage: compute, sends, receives and the bubble.
+
+On a metered step, the stage (:class:`TimedStage`, torch's ``PipelineStage`` with its public
+per-chunk methods wrapped) marks each micro-batch's forward and backward (and the loss) as
+compute, and notes every message it sends or receives (peer and bytes). Inside the
+schedule's span, whatever is not compute is time the stage waits on the other stages: idle.
+Part of that idle is the messages' own transfer, estimated from a ping-pong of the same size
+between the two neighbours, measured once (the first time the figures are read); the rest is
+the **bubble**, the wait that the schedule's fill and drain impose. With p stages of equal
+cost, m micro-batches and free communication, theory says each stage idles
+(p - 1) / (m + p - 1) of the span (GPipe and 1F1B alike; 1F1B saves activation memory, not
+time). The summed gradients of weights shared across stages (a tied head) are comm too.
+
+Breakdown (``gputui.core.breakdown``): compute is the stage's compute, comm (exposed) its
+sends, receives and tied-gradient sums, wait is the bubble, optim the update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+from gputui.core import breakdown
+from gputui.train.strategies.base import Stopwatch
+
+PING_REPS = 5  # round trips of the calibration (after one to warm up)
+
+
+class PipeMeter:
+    """One stage's marks of the metered step, and the link's transfer time."""
+
+    def __init__(self, watch: Stopwatch, stage: int, stages: int, chunks: int):
+        self.watch, self.stage, self.stages, self.chunks = watch, stage, stages, chunks
+        self.theory = (stages - 1) / (chunks + stages - 1)
+        self.active = False
+        self.compute: list[tuple[Any, Any]] = []
+        self.messages: list[tuple[bool, int, int]] = []  # (sent, peer, bytes)
+        self.marks: dict[str, Any] = {}
+        self.one_way: dict[int, float] | None = None  # peer -> seconds per message (calibrate)
+        self.sizes: dict[int, int] = {}  # peer -> largest message seen (bytes)
+
+    def start_step(self, metered: bool) -> None:
+        """Before the step's first schedule: forget the last step's marks."""
+        self.active = metered
+        self.compute, self.messages = [], []
+        self.marks = {"begin": self.watch.mark()} if metered else {}
+
+    @contextlib.contextmanager
+    def computing(self):
+        """Around a micro-batch's forward, backward or loss."""
+        if not self.active:
+            yield
+            return
+        begin = self.watch.mark()
+        try:
+            yield
+        finally:
+            self.compute.append((begin, self.watch.mark()))
+
+    def note(self, ops: list, sent: bool) -> None:
+        """The P2P operations a stage is about to post (their tensors' bytes, per peer)."""
+        if not self.active:
+            return
+        for op in ops:
+            nbytes = op.tensor.numel() * op.tensor.element_size()
+            self.messages.append((sent, op.peer, nbytes))
+            self.sizes[op.peer] = max(self.sizes.get(op.peer, 0), nbytes)
+
+    def end_pipeline(self) -> None:
+        if self.active:
+            self.marks["pipeline"] = self.watch.mark()
+
+    def end_ties(self) -> None:
+        if self.active:
+            self.marks["ties"] = self.watch.mark()
+        self.active = False
+
+    def calibrate(self) -> None:
+        """Once, on every rank together: each link (s, s+1) in turn times PING_REPS round
+        trips of its largest message; a message's transfer is half a round trip."""
+        if self.one_way is not None:
+            return
+        self.one_way = {}
+        device = self.watch.device
+        for s in range(self.stages - 1):
+            if self.stage not in (s, s + 1):
+                continue
+            peer = s + 1 if self.stage == s else s
+            nbytes = max(4, self.sizes.get(peer, 4))
+            buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+            begin = None
+            for i in range(PING_REPS + 1):
+                if i == 1:
+                    begin = self.watch.mark()
+                if self.stage == s:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+            total = self.watch.seconds(begin, self.watch.mark())
+            self.one_way[peer] = total / (2 * PING_REPS)
+
+    def row(self, timing: dict, step_s: float) -> dict:
+        """This stage's figures of the metered step: its breakdown and the bubble's."""
+        w, m = self.watch, self.marks
+        span = w.seconds(m["begin"], m["pipeline"])
+        compute = sum(w.seconds(a, b) for a, b in self.compute)
+        idle = max(0.0, span - compute)
+        one_way = self.one_way or {}
+        sends = sum(one_way.get(peer, 0.0) for sent, peer, _ in self.messages if sent)
+        recvs = sum(one_way.get(peer, 0.0) for sent, peer, _ in self.messages if not sent)
+        if sends + recvs > idle > 0:  # the estimate cannot exceed what was idle
+            sends, recvs = sends * idle / (sends + recvs), recvs * idle / (sends + recvs)
+        elif idle == 0:
+            sends = recvs = 0.0
+        bubble = idle - sends - recvs
+        tied = w.seconds(m["pipeline"], m["ties"])
+        optim = w.seconds(m["ties"], timing["end"])
+        bd = breakdown.make(step_s, timing["data_s"], compute, optim, sends + recvs + tied, 0.0,
+                            bubble)
+        return {"compute_s": compute, "breakdown": bd, "stage": self.stage,
+                "pipeline_s": span, "bubble_s": bubble, "send_s": sends, "recv_s": recvs,
+                "tied_s": tied, "bubble_share": bubble / span if span > 0 else None,
+                "idle_share": idle / span if span > 0 else None, "bubble_theory": self.theory,
+                "p2p_bytes": sum(b for _, _, b in self.messages),
+                "p2p_messages": len(self.messages)}
+
+
+class TimedStage(PipelineStage):
+    """torch's PipelineStage whose per-chunk compute and P2P posts a PipeMeter records (the
+    schedules call these public methods; the overrides only add marks)."""
+
+    meter: PipeMeter
+
+    def forward_one_chunk(self, *args, **kwargs):
+        with self.meter.computing():
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        with self.meter.computing():
+            return super().backward_one_chunk(*args, **kwargs)
+
+    def get_fwd_recv_ops(self, *args, **kwargs):
+        ops = super().get_fwd_recv_ops(*args, **kwargs)
+        self.meter.note(ops, sent=False)
+        return ops
+
+    def get_bwd_recv_ops(self, *args, **kwargs):
+        ops = super().get_bwd_recv_ops(*args, **kwargs)
+        self.meter.note(ops, sent=False)
+        return ops
+
+    def get_fwd_send_ops(self, *args, **kwargs):
+        ops = super().get_fwd_send_ops(*args, **kwargs)
+        self.meter.note(ops, sent=True)
+        return ops
+
+    def get_bwd_send_ops(self, *args, **kwargs):
+        ops = super().get_bwd_send_ops(*args, **kwargs)
+        self.meter.note(ops, sent=True)
+        return ops
