@@ -135,3 +135,16 @@ def bar(bd: dict[str, Any] | None, width: int) -> list[tuple[str, str]]:
     if edge < width:
         out.append(("▔" * (width - edge), STYLES["host_s"]))
     return out
+
+
+def pipeline_line(row: dict[str, Any]) -> str | None:
+    """A pp stage's pipeline figures of its metered step (a per_device row from
+    ``gputui.train.strategies.pp_meter``), e.g. 'stage 0: bubble 41% of the pipeline (theory
+    20%) · sends 1.2 ms · receives 1.1 ms'; None for a row of another strategy."""
+    if row.get("bubble_share") is None:
+        return None
+    text = f"stage {row.get('stage', '?')}: bubble {row['bubble_share']:.0%} of the pipeline"
+    if row.get("bubble_theory") is not None:
+        text += f" (theory {row['bubble_theory']:.0%})"
+    return (text + f" · sends {1000 * (row.get('send_s') or 0.0):.1f} ms · receives "
+            f"{1000 * (row.get('recv_s') or 0.0):.1f} ms")

@@ -22,7 +22,6 @@ STEPS = 4
 # name -> (model, batch, config overrides)
 SCENARIOS = {
     "gpipe_mlp": ("mlp", 32, {"strategy.schedule": "gpipe", "strategy.pipeline_chunks": 4}),
-    "1f1b_mlp": ("mlp", 32, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 4}),
     "1f1b_lenet": ("lenet", 24, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 3,
                                  "optim.micro_batches": 2}),
     "gpipe_gpt": ("gpt", 8, {"strategy.schedule": "gpipe", "strategy.pipeline_chunks": 4}),
@@ -50,7 +49,8 @@ def run_scenario(name: str, spec: str, workdir: str) -> dict:
     out = {"params": params(strategy.full_model()), "losses": losses,
            "acc": evaluate(strategy, ds) if model != "gpt" else None,
            "rows": timing["per_device"], "notes": list(strategy.notes),
-           "memory": strategy.memory_rows(None)}
+           "memory": strategy.memory_rows(None),
+           "state": strategy.state_dict()["models"][0]}  # every stage's own tensors
     path = os.path.join(workdir, f"{name}.pt")
     ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
     dist.barrier()

@@ -1,0 +1,133 @@
+"""pp's figures without processes: the prediction's bubble term and stage memory, the meter's
+split of a stage's idle time into transfers and bubble (its marks given), the line the printer
+and the app show, and compare's bubble column read from a record."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from gputui.core import breakdown
+from gputui.runs.predict import Inputs, predict, static_bytes
+
+
+def test_pp_prediction_is_compute_stretched_by_the_bubble():
+    inp = Inputs(n=2, on_gpu=False, batch=256, batch_1=256, t_1=0.032, t_c=0.020,
+                 t_sync=0.002, log_every=10, params=1000, chunks=4)
+    p = predict("pp", inp)
+    # (m + N - 1) / m = 5 / 4: each stage idles 1/5 of the step, the bubble
+    assert p.step_time_s == pytest.approx(0.020 * 5 / 4 + 0.0002)
+    assert p.formula == "t_c (m + N - 1) / m + t_sync / log_every"
+    assert p.mem_per_device == -(-static_bytes(inp) // 2)  # each stage holds half the layers
+    assert predict("pp", Inputs(n=2, on_gpu=False, batch=256, batch_1=256, t_1=0.03)
+                   ).reason == "not measured: t_c, t_sync"
+
+
+def test_1f1b_keeps_at_most_n_micro_batches_of_activations():
+    inp = Inputs(n=2, on_gpu=True, batch=256, batch_1=256, t_1=0.03, t_c=0.02, t_sync=0.001,
+                 params=1000, chunks=8, activations_1=8000, schedule="gpipe")
+    gpipe = predict("pp", inp).mem_per_device
+    ofb = predict("pp", Inputs(**{**inp.__dict__, "schedule": "1f1b"})).mem_per_device
+    static = -(-static_bytes(inp) // 2)
+    assert gpipe - static == 8000 // 2  # all 8 micro-batches of its half of the layers
+    assert ofb - static == 8000 // 2 * 2 // 8  # 2 in flight of 8
+
+
+class _Watch:
+    """perf_counter marks, as the Stopwatch gives them on the CPU."""
+
+    device = None
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+
+class _Op:
+    def __init__(self, peer: int, nbytes: int):
+        import torch
+
+        self.peer, self.tensor = peer, torch.zeros(nbytes // 4)
+
+
+def test_the_meter_splits_idle_into_transfers_and_bubble():
+    pytest.importorskip("torch.distributed.pipelining")
+    from gputui.train.strategies.pp_meter import PipeMeter
+
+    meter = PipeMeter(_Watch(), stage=1, stages=2, chunks=4)
+    assert meter.theory == pytest.approx(1 / 5)
+    meter.start_step(True)
+    meter.marks["begin"] = 0.0
+    meter.compute = [(1.0, 2.0), (3.0, 4.0)]  # 2 s of compute in a 10 s pipeline
+    meter.note([_Op(0, 400)], sent=False)
+    meter.note([_Op(0, 400)], sent=True)
+    meter.marks.update(pipeline=10.0, ties=10.5)
+    meter.one_way = {0: 0.25}  # the calibration's half round trip to stage 0
+    row = meter.row({"end": 11.0, "data_s": 0.0}, step_s=11.0)
+    assert row["recv_s"] == row["send_s"] == 0.25
+    assert row["bubble_s"] == pytest.approx(10 - 2 - 0.5)
+    assert row["bubble_share"] == pytest.approx(7.5 / 10) and row["idle_share"] == 0.8
+    bd = row["breakdown"]
+    assert bd["wait_s"] == pytest.approx(7.5) and bd["compute_s"] == 2.0
+    assert bd["comm_exposed_s"] == pytest.approx(0.5 + 0.5)  # sends, receives, tied grads
+    assert bd["optimizer_s"] == 0.5 and bd["step_s"] == pytest.approx(11.0)
+    assert row["p2p_bytes"] == 800 and row["p2p_messages"] == 2
+
+
+def test_transfers_never_exceed_the_idle_time():
+    pytest.importorskip("torch.distributed.pipelining")
+    from gputui.train.strategies.pp_meter import PipeMeter
+
+    meter = PipeMeter(_Watch(), stage=0, stages=2, chunks=2)
+    meter.start_step(True)
+    meter.marks.update(begin=0.0, pipeline=1.0, ties=1.0)
+    meter.compute = [(0.0, 0.9)]
+    meter.note([_Op(1, 40)] * 4, sent=True)
+    meter.one_way = {1: 1.0}  # a slow calibration: 4 s of sends in 0.1 s idle
+    row = meter.row({"end": 1.0, "data_s": 0.0}, step_s=1.0)
+    assert row["send_s"] == pytest.approx(0.1) and row["bubble_s"] == pytest.approx(0.0)
+
+
+def test_metering_off_records_nothing():
+    pytest.importorskip("torch.distributed.pipelining")
+    from gputui.train.strategies.pp_meter import PipeMeter
+
+    meter = PipeMeter(_Watch(), stage=0, stages=2, chunks=2)
+    meter.start_step(False)
+    with meter.computing():
+        pass
+    meter.note([_Op(1, 40)], sent=True)
+    assert meter.compute == [] and meter.messages == [] and meter.marks == {}
+
+
+ROW = {"device": "cpu:1", "stage": 1, "bubble_share": 0.41, "bubble_theory": 0.2,
+       "send_s": 0.0012, "recv_s": 0.0011}
+
+
+def test_the_pipeline_line():
+    assert breakdown.pipeline_line(ROW) == ("stage 1: bubble 41% of the pipeline (theory 20%) "
+                                            "· sends 1.2 ms · receives 1.1 ms")
+    assert breakdown.pipeline_line({"device": "cpu:0", "comm_s": 0.1}) is None
+
+
+def test_compare_reads_the_bubble_from_a_record(tmp_path):
+    from gputui.core.events import StepMetrics, event_from_dict
+    from gputui.runs.compare import fmt, read_hw_figures
+
+    def step(share: float) -> dict:
+        ev = StepMetrics(epoch=1, step=1, global_step=1, steps_per_epoch=1, loss=1.0,
+                         samples_per_s=1.0, step_time_s=1.0, lr=0.1,
+                         per_device=(dict(ROW, bubble_share=share), dict(ROW, stage=0,
+                                                                         bubble_share=share)))
+        return ev.to_dict()
+
+    events = [step(0.9), step(0.5), step(0.3)]  # the first (warm-up) left out
+    figures = read_hw_figures(tmp_path, [event_from_dict(json.loads(json.dumps(e)))
+                                         for e in events])
+    assert figures["bubble_share"] == pytest.approx(0.4)
+    assert figures["bubble_theory"] == pytest.approx(0.2)
+    assert fmt("bubble_share", 0.4) == "40%"
