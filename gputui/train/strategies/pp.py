@@ -148,7 +148,8 @@ class PipelineParallel(DDPStrategy):
         first, last = self.stage.is_first, self.stage.is_last
         losses: list[torch.Tensor] = []
         k = min(self.micro, len(x))
-        xs, ys = (x,), (y,)
+        xs: tuple[torch.Tensor, ...] = (x,)
+        ys: tuple[torch.Tensor, ...] = (y,)
         if k > 1:
             xs, ys = torch.tensor_split(x, k), torch.tensor_split(y, k)
         with self.autocast(self.device):
