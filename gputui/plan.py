@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gputui.core import registry
 from gputui.core.config import ConfigError, RunConfig
-from gputui.core.config_schema import effective_batch_size
+from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.devices import Device, DeviceSpecError
 
 
@@ -63,10 +63,35 @@ def validate(cfg: RunConfig, devices: list[Device], source: str,
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
         raise ConfigError(f"{blame('run.precision', 'devices.spec')}: run.precision = 'fp16' "
                           f"needs CUDA devices; use 'bf16' on CPU")
+    reason = _task_rule(cfg)
+    if reason:
+        keys, text = reason
+        raise ConfigError(f"{blame(*keys)}: {text}")
     if path_like(cfg.run.name):
         raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "
                           f"use a plain name of letters, digits, '-', '_' and '.' (e.g. "
                           f"'lenet-2dev')")
+
+
+def _task_rule(cfg: RunConfig) -> tuple[tuple[str, ...], str] | None:
+    """The model and the data agree on the task: gpt reads text, the image models images;
+    gpt's heads divide its width; the text dataset has its path. (keys, message) or None."""
+    m, d = cfg.model, cfg.data
+    text = d.name in TEXT_DATASETS and not d.factory
+    if not m.factory and m.name == "gpt" and not text and not d.factory:
+        return (("model.name", "data.name"), f"model.name = 'gpt' reads text; set data.name "
+                                             f"to pystdlib or text (got {d.name!r})")
+    if text and not m.factory and m.name != "gpt":
+        return (("model.name", "data.name"), f"data.name = {d.name!r} is text (byte tokens); "
+                                             f"use model.name = 'gpt' or a model.factory that "
+                                             f"reads tokens (got model.name = {m.name!r})")
+    if not m.factory and m.name == "gpt" and m.n_embd % m.n_head:
+        return (("model.n_embd", "model.n_head"), f"model.n_head ({m.n_head}) must divide "
+                                                  f"model.n_embd ({m.n_embd})")
+    if text and d.name == "text" and not d.path:
+        return (("data.name", "data.path"), "data.name = 'text' needs data.path: a text file "
+                                            "or a folder of them")
+    return None
 
 
 def device_error(exc: DeviceSpecError, source: str,
@@ -91,6 +116,10 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
         problem = find_problem(spec, key) if spec else None
         if problem:
             raise ConfigError(f"{_blame(source, origins, key)}: {problem}")
+    if cfg.data.name == "text" and cfg.data.path and not cfg.data.factory \
+            and not Path(cfg.data.path).expanduser().exists():
+        raise ConfigError(f"{_blame(source, origins, 'data.path')}: data.path: no file or "
+                          f"folder at {cfg.data.path}")
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
     if resume is not None and not (resume / CHECKPOINT_NAME if resume.is_dir()
                                    else resume).is_file():

@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
 
-MODELS = ("lenet", "resnet18", "mlp")
-DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
+MODELS = ("lenet", "resnet18", "mlp", "gpt")
+DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10", "pystdlib", "text")
+# byte-level language-modelling data (vocab 256): windows of data.context tokens
+TEXT_DATASETS = ("pystdlib", "text")
+LOSSES = ("cross_entropy", "nll")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 
@@ -78,8 +81,9 @@ class ModelSection:
     """[model]: the network and its initialisation."""
 
     name: str = opt("lenet", "lenet (the material's LeNet variant), resnet18 (its ResNet-18 "
-                             "variant) or mlp (a small multilayer perceptron); model.factory, "
-                             "when set, replaces it.", choices=MODELS)
+                             "variant), mlp (a small multilayer perceptron) or gpt (a GPT-style "
+                             "transformer sized by model.n_layer/n_head/n_embd, for text data); "
+                             "model.factory, when set, replaces it.", choices=MODELS)
     factory: str = opt("", "Your own model (this runs your code): 'package.module:function' or "
                            "'path/to/file.py:function', called as function(channels, height, "
                            "width, classes, **model.kwargs) and returning an nn.Module; or "
@@ -92,6 +96,15 @@ class ModelSection:
                               "usual init. A model.factory keeps the init its code does.",
                     choices=("normal", "default"))
     init_std: float = opt(0.01, "Standard deviation for init = 'normal'.", gt=0.0, max=10.0)
+    n_layer: int = opt(4, "gpt: transformer blocks.", min=1, max=256)
+    n_head: int = opt(4, "gpt: attention heads per block (must divide model.n_embd).", min=1,
+                      max=256)
+    n_embd: int = opt(128, "gpt: embedding width.", min=1, max=65_536)
+    tie: bool = opt(True, "gpt: the output head shares the token embedding's weight (GPT-2).")
+    loss: str = opt("cross_entropy", "The training loss on the model's output: cross_entropy "
+                                     "(logits) or nll (a model ending in log_softmax). A forward "
+                                     "may return a tensor or an object with .logits "
+                                     "(HuggingFace style).", choices=LOSSES)
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,11 @@ class DataSection:
     """[data]: the dataset and how it is fed."""
 
     name: str = opt("synthetic", "synthetic (generated, embedded), mnist, fashion-mnist or "
-                                 "cifar10 (read from data.root); data.factory, when set, "
-                                 "replaces it.", choices=DATASETS)
+                                 "cifar10 (read from data.root): images to classify; pystdlib "
+                                 "(this Python's standard library source, no download) or text "
+                                 "(the file or folder data.path names): bytes for language "
+                                 "modelling. data.factory, when set, replaces it.",
+                      choices=DATASETS)
     factory: str = opt("", "Your own data (this runs your code): 'package.module:function' or "
                            "'path/to/file.py:function', called as function(**data.kwargs) and "
                            "returning (train, test), each an (images, labels) pair of tensors "
@@ -113,9 +129,15 @@ class DataSection:
                         "the user cache dir (~/.cache/gputui/data).")
     download: bool = opt(False, "Download a missing real dataset into data.root (needs internet).")
     train_size: int = opt(0, "Training examples: for synthetic the number generated (0 = 12000); "
-                             "for real data a cap on the split (0 = all).", min=0)
+                             "for real data a cap on the split (0 = all); for text the windows "
+                             "of data.context tokens (0 = all).", min=0)
     test_size: int = opt(0, "Test examples: for synthetic the number generated (0 = 2000); for "
-                            "real data a cap (0 = all).", min=0)
+                            "real data a cap (0 = all); for text the validation windows.",
+                         min=0)
+    context: int = opt(128, "Text data: tokens (bytes) per example window; the model predicts "
+                            "each next byte.", min=2, max=1_048_576)
+    path: str = opt("", "data.name = 'text': a text file, or a folder whose files are read in "
+                        "sorted order; its last tenth is the validation split.")
     source: str = opt("standard", "'standard' trains on the train split and tests on the test "
                                   "split; 'test-split' carves both from the test split (for a "
                                   "folder holding only the t10k files).",
@@ -223,6 +245,12 @@ SECTIONS: dict[str, type] = {
     "telemetry": TelemetrySection,
     "debug": DebugSection,
 }
+
+
+def task_of(cfg: RunConfig) -> str:
+    """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
+    'classify' (accuracy)."""
+    return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
 
 
 def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:

@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 MODEL_LAYERS = {"lenet": 4, "resnet18": 6, "mlp": 3}
 
 
+def model_layers(cfg: "RunConfig") -> int | None:
+    """Top-level blocks of the built-in model the config names (gpt: embedding, n_layer
+    blocks, head); None for a model.factory."""
+    if cfg.model.factory:
+        return None
+    if cfg.model.name == "gpt":
+        return cfg.model.n_layer + 2
+    return MODEL_LAYERS.get(cfg.model.name)
+
+
 def balance(counts: list[int], n: int) -> list[int]:
     """Split points cutting layers with ``counts`` parameters into ``n`` consecutive non-empty
     stages so that the largest stage holds as few parameters as possible (the linear partition
@@ -72,7 +82,10 @@ def registry_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
 
     n, model = len(devices), cfg.model.factory or cfg.model.name
     # a model.factory's blocks are known once it is built: the training process checks them
-    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
+    layers = None if cfg.model.factory else model_layers(cfg)
+    if model == "gpt" and cfg.model.tie and len({d.torch_device for d in devices}) > 1:
+        return ("strategy 'model_parallel' puts gpt's embedding and head on different devices, "
+                "which cannot share one weight; set model.tie = false")
     if layers is not None and n > layers:
         return (f"strategy 'model_parallel' cuts {model} into at most {layers} stages (one per "
                 f"layer), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")

@@ -77,6 +77,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             f"resumed from {cfg.run.resume_from}: epoch {position.epoch}, step {position.step} "
             f"done (global step {global_step})")))
 
+    tokens = ds.image_size if strategy.task == "lm" else 0  # tokens per example (a window)
     flop_info = figures.flops_info(cfg, strategy, ds, emit)
     first = figures.FirstStep(cfg, strategy, emit, flop_info)
     for epoch in range(first_epoch, cfg.run.epochs + 1):
@@ -106,9 +107,11 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             timing = strategy.read_timing() if timed else {}
             flops_s, mfu = figures.rate(flop_info, n, elapsed)
             rows = _per_device(strategy, timing)
+            samples_s = n * strategy.batch_size / elapsed
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
-                loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
+                loss=window_sum / n, samples_per_s=samples_s,
+                tokens_per_s=samples_s * tokens if tokens else None,
                 step_time_s=elapsed / n, lr=strategy.lr,
                 comm_share=_comm_share(timing), per_device=rows,
                 breakdown=breakdown.mean(r.get("breakdown") for r in rows),
@@ -156,13 +159,15 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         epoch_s = time.perf_counter() - t_epoch
         train_loss = epoch_sum / steps if steps else float("nan")
         t_eval = time.perf_counter()
-        acc = evaluate(strategy, ds)
+        score = evaluate(strategy, ds)
         first.report(epoch)  # a collective on every rank, like evaluate's
+        samples_s = (steps - done_before) * strategy.batch_size / max(epoch_s, 1e-9)
+        lm = strategy.task == "lm"
         emit(EpochEnd(epoch=epoch, epochs=cfg.run.epochs, seconds=epoch_s,
-                      train_loss=train_loss, test_acc=acc,
-                      samples_per_s=(steps - done_before) * strategy.batch_size
-                      / max(epoch_s, 1e-9),
-                      eval_s=time.perf_counter() - t_eval))
+                      train_loss=train_loss, test_acc=float("nan") if lm else score,
+                      samples_per_s=samples_s, eval_s=time.perf_counter() - t_eval,
+                      task=strategy.task, val_loss=score if lm else None,
+                      tokens_per_s=samples_s * tokens if lm else None))
         save(ckpt.Position(epoch, steps, global_step, epoch_sum, epoch_done=True))
         if should_stop():
             return "stopped" if epoch < cfg.run.epochs else "finished"
@@ -201,7 +206,8 @@ def _diverged(cfg: RunConfig, emit, warned: list, global_step: int, epoch: int, 
 
 
 def evaluate(strategy: Strategy, ds: Dataset) -> float:
-    """Test accuracy, with the test batches split across the strategy's devices."""
+    """The test score, with the test batches split across the strategy's devices: accuracy,
+    or for a language model the mean validation loss per token (``Strategy.score``)."""
     strategy.set_train(False)
     device = strategy.data_device()
     correct = None

@@ -38,6 +38,10 @@ SCENARIOS = {
     "ddp_user": ("ddp", "lenet", 32, {"model.factory": user_model.NET}, 1),
     "fsdp_user": ("fsdp", "lenet", 32, {"model.factory": user_model.NET,
                                         "strategy.fsdp_wrap": ["Block"]}, 1),
+    # the built-in GPT on text (strategy_harness.GPT_SMALL): its tied head stays in the root
+    # unit of fsdp, the blocks get a unit each
+    "ddp_gpt": ("ddp", "gpt", 16, {}, 1),
+    "fsdp_gpt": ("fsdp", "gpt", 16, {}, 1),
 }
 
 
@@ -47,11 +51,11 @@ def build(name: str, spec: str):
 
     from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
-    from strategy_harness import make_config, small_data
+    from strategy_harness import data_for, make_config
 
     strategy_name, model, batch, extra, _ = SCENARIOS[name]
     cfg = make_config(strategy_name, spec, model, batch, **extra)
-    ds = small_data()
+    ds = data_for(cfg)
     strategy = registry.get(strategy_name).load()(
         cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())

@@ -36,9 +36,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from gputui.core.config import RunConfig, effective_batch_size, effective_lr
+from gputui.core.config_schema import task_of
 from gputui.core.devices import Device
-from gputui.train.models import build_model
+from gputui.train.models import build_model, gpt_shape
 from gputui.train.strategies import fastpath
+from gputui.train.task import batch_score, mean_loss, zero_score
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -66,8 +68,9 @@ class Stopwatch:
 
 
 def no_correct(device: torch.device) -> torch.Tensor:
-    """A count of correct predictions at zero, on ``device`` (what evaluate starts from)."""
-    return torch.zeros((), dtype=torch.long, device=device)
+    """A test score at zero, on ``device`` (what evaluate starts from): float64, which holds
+    a count of correct predictions exactly and a sum of losses."""
+    return zero_score(device)
 
 
 def flat_layers(module: nn.Module) -> list[nn.Module]:
@@ -104,6 +107,10 @@ class Strategy:
         # decided once, not per step
         self.micro = cfg.optim.micro_batches
         self.amp_dtype = AMP_DTYPES.get(cfg.run.precision)
+        self.task = task_of(cfg)  # "classify" (accuracy) or "lm" (loss per token)
+        self.loss_name = cfg.model.loss
+        self.plain_loss = self.task == "classify" and self.loss_name == "cross_entropy" \
+            and not cfg.model.factory
         # CUDA graphs (compile "reduce-overhead") reuse their output memory: each step says
         # where it begins, so the previous step's outputs are not taken for live ones.
         self.graph_steps = cfg.run.compile == "reduce-overhead"
@@ -119,8 +126,11 @@ class Strategy:
             model = build_user_model(m, self.in_channels, self.height, self.image_size,
                                      self.num_classes, seed=self.cfg.run.seed)
         else:
+            shape = (gpt_shape(m, self.cfg.data.context, self.num_classes)
+                     if m.name == "gpt" else None)
             model = build_model(m.name, self.in_channels, self.image_size, self.num_classes,
-                                seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+                                seed=self.cfg.run.seed, init=m.init, init_std=m.init_std,
+                                shape=shape)
         return fastpath.to_channels_last(model) if self.cfg.run.channels_last else model
 
     def fast(self, module: nn.Module) -> nn.Module:
@@ -155,11 +165,15 @@ class Strategy:
         return torch.autocast(device_type=device.type, dtype=self.amp_dtype)
 
     def scaled_loss(self, out: torch.Tensor, y: torch.Tensor, denom: float) -> torch.Tensor:
-        """The mean cross-entropy of a slice of the global batch, times the slice's share of
+        """The mean loss (cross-entropy, or what model.loss names; per token for a language
+        model, see ``gputui.train.task``) of a slice of the global batch, times the slice's share of
         it (``len(y) / denom``, the multiplication skipped when that is 1): summed over the
         slices, these give the full batch's mean loss and gradient. ``denom`` is the global
         batch (over the world size where the ranks' gradients are averaged)."""
-        loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
+        if self.plain_loss:  # a classifier's logits: exactly what a hand-written step does
+            loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
+        else:
+            loss = mean_loss(out, y, self.loss_name)
         share = len(y) / denom
         return loss if share == 1.0 else loss * share
 
@@ -270,8 +284,8 @@ class Strategy:
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions on a test batch, split evenly over ``models()``, each on its
-        device."""
+        """The test batch's summed score (``score``), split evenly over ``models()``, each on
+        its device."""
         models = self.models()
         devs = self.torch_devices[:len(models)]
         correct = no_correct(devs[0])
@@ -280,9 +294,14 @@ class Strategy:
             if len(xs) == 0:
                 continue
             with self.autocast(dev):
-                pred = model(xs.to(dev, non_blocking=True)).argmax(dim=1)
-            correct += (pred == ys.to(dev, non_blocking=True)).sum().to(devs[0])
+                out = model(xs.to(dev, non_blocking=True))
+            correct += self.score(out, ys.to(dev, non_blocking=True)).to(devs[0])
         return correct
+
+    def score(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+        """A test batch's summed score (float64): correct predictions when classifying, the
+        sum of the examples' mean loss per token for language modelling (``task``)."""
+        return batch_score(out, y, self.task, self.loss_name)
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Combine a metric over processes (identity for single-process strategies)."""
