@@ -110,7 +110,7 @@ def pp_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
     from gputui.core.config_schema import effective_batch_size
 
     n, model = len(devices) * cfg.dist.nnodes, cfg.model.factory or cfg.model.name
-    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
+    layers = model_layers(cfg)
     if layers is not None and n > layers:
         return (f"strategy 'pp' cuts {model} into at most {layers} stages (one per block), "
                 f"devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")

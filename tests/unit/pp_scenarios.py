@@ -5,9 +5,8 @@
 Used by test_equivalence_pp.py. Every rank builds the strategy exactly as a run does
 (registry, config, rank and world size), walks the same global batches ``single`` sees in
 strategy_harness, and returns the whole model's parameters (gathered from the stages), the
-per-step losses reduced over ranks, the test accuracy through the loop's evaluate, and what a
-checkpoint restores into a fresh strategy. The GPT scenarios build ``gpt(GPTShape(...))``
-directly (gpt_harness) on random tokens.
+per-step losses reduced over ranks, the test score through the loop's evaluate (accuracy, or
+the GPT's validation loss on text), and what a checkpoint restores into a fresh strategy.
 """
 
 from __future__ import annotations
@@ -29,6 +28,23 @@ SCENARIOS = {
 }
 
 
+def build(strategy: str, spec: str, model: str, batch: int, extra: dict, rank: int = 0,
+          world_size: int = 1):
+    """(set-up strategy, an iterator of its global batches, the dataset) as a run has them."""
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train.data import TensorBatches
+    from strategy_harness import data_for, make_config
+
+    cfg = make_config(strategy, spec, model, batch, **extra)
+    ds = data_for(cfg)
+    s = registry.get(strategy).load()(cfg, resolve_devices(spec), ds.in_channels,
+                                      ds.image_size, ds.num_classes, rank=rank,
+                                      world_size=world_size)
+    s.setup()
+    return s, TensorBatches(ds.train_x, ds.train_y, s.batch_size, cfg.run.seed).epoch(1), ds
+
+
 def run_scenario(name: str, spec: str, workdir: str) -> dict:
     import os
 
@@ -37,24 +53,23 @@ def run_scenario(name: str, spec: str, workdir: str) -> dict:
     from gputui.train import checkpoint as ckpt
     from gputui.train.loop import evaluate
     from strategy_harness import params
-    import gpt_harness
 
     model, batch, extra = SCENARIOS[name]
-    strategy, batches, ds = gpt_harness.build("pp", spec, model, batch, extra,
+    strategy, batches, ds = build("pp", spec, model, batch, extra,
                                               rank=dist.get_rank(),
                                               world_size=dist.get_world_size())
     losses = [strategy.train_step(x, y, data_s=0.0) for x, y in itertools.islice(batches, STEPS)]
     losses = strategy.reduce_metric(torch.stack(losses)).tolist()
     timing = strategy.read_timing()
     out = {"params": params(strategy.full_model()), "losses": losses,
-           "acc": evaluate(strategy, ds) if model != "gpt" else None,
+           "score": evaluate(strategy, ds),
            "rows": timing["per_device"], "notes": list(strategy.notes),
            "memory": strategy.memory_rows(None),
            "state": strategy.state_dict()["models"][0]}  # every stage's own tensors
     path = os.path.join(workdir, f"{name}.pt")
     ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
     dist.barrier()
-    fresh, _, _ = gpt_harness.build("pp", spec, model, batch, extra, rank=dist.get_rank(),
+    fresh, _, _ = build("pp", spec, model, batch, extra, rank=dist.get_rank(),
                                     world_size=dist.get_world_size())
     ckpt.restore(fresh, ckpt.load(path))
     out["resumed"] = params(fresh.full_model())

@@ -1,6 +1,7 @@
 """pp on 2 real gloo ranks against single: same global batches, same init, the same
 parameters after several steps (fp32), for GPipe and 1F1B, on the MLP, LeNet with
-accumulation and the tied GPT (its head's weight summed across the first and last stage);
+accumulation and the built-in tied GPT on text (its head's weight summed across the first and
+last stage);
 the loss from the last stage reaches every rank; a checkpoint restores every stage; each
 stage reports its compute, sends, receives and bubble. All scenarios share one elastic launch
 (pp_scenarios.py)."""
@@ -15,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import gpt_harness
 from gputui.core import breakdown
 from gputui.train.loop import evaluate
-from pp_scenarios import SCENARIOS, STEPS
+from pp_scenarios import SCENARIOS, STEPS, build
 from strategy_harness import assert_params_close, params
 
 pytestmark = pytest.mark.slow
@@ -38,24 +38,23 @@ def ranks(tmp_path_factory):
 def single_reference(name: str):
     model, batch, extra = SCENARIOS[name]
     same = {k: v for k, v in extra.items() if k.startswith("optim.")}
-    strategy, batches, ds = gpt_harness.build("single", "cpu", model, batch, same)
+    strategy, batches, ds = build("single", "cpu", model, batch, same)
     losses = [strategy.train_step(x, y).item() for x, y in itertools.islice(batches, STEPS)]
-    acc = evaluate(strategy, ds) if model != "gpt" else None
-    return params(strategy.model), losses, acc
+    return params(strategy.model), losses, evaluate(strategy, ds)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_equals_single(ranks, name):
-    reference, ref_losses, ref_acc = single_reference(name)
+    reference, ref_losses, ref_score = single_reference(name)
     model, batch, _ = SCENARIOS[name]
-    init, _, _ = gpt_harness.build("single", "cpu", model, batch, {})
+    init, _, _ = build("single", "cpu", model, batch, {})
     start = params(init.model)
     assert max((reference[k] - start[k]).abs().max().item() for k in start) > 1e-3  # trained
     for rank in (0, 1):  # the whole model, gathered from both stages
         got = ranks[rank][name]
         assert_params_close(got["params"], reference)
         assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)  # from the last stage
-        assert got["acc"] == ref_acc
+        assert got["score"] == pytest.approx(ref_score, rel=1e-6)  # accuracy, or val loss
         assert_params_close(got["resumed"], reference)  # the checkpoint holds every stage
 
 

@@ -53,6 +53,7 @@ class PipelineParallel(DDPStrategy):
     ties: list[tuple[nn.Parameter, Any]]  # this stage's shared weights and their groups
     meter: PipeMeter
     _denom: float  # the global batch of the step in flight (the loss's scale)
+    _whole: nn.Module | None  # the whole model on the meta device (primary_model)
 
     # ---------------------------------------------------------------- set-up
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -89,6 +90,7 @@ class PipelineParallel(DDPStrategy):
         # scale_grads=False: the loss is already scaled to its share of the global batch
         self.schedule = kind(self.stage, self.chunks, loss_fn=self._loss, scale_grads=False)
         self._denom = 1.0
+        self._whole = None
         if s == 0:
             how = "at strategy.split_points" if given else "balanced by parameter count"
             sizes = ", ".join(f"stage {i} blocks {lo}-{hi - 1} ({sum(counts[lo:hi]):,} params)"
@@ -120,6 +122,14 @@ class PipelineParallel(DDPStrategy):
             if self.rank in stages:
                 out.append((param, group))
         return out
+
+    def primary_model(self) -> nn.Module:
+        """The whole model, on the meta device (no memory): what stands for the run, e.g. its
+        parameter count; this rank trains only ``module``, its stage."""
+        if self._whole is None:
+            with torch.device("meta"):
+                self._whole = self.build_model()
+        return self._whole
 
     def compiles(self) -> bool:
         """Not here: the schedule calls the stage's module itself, chunk by chunk."""
@@ -195,12 +205,13 @@ class PipelineParallel(DDPStrategy):
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions of the test batch, counted on the last stage times the world
-        size (zero elsewhere), so ``reduce_metric``'s mean over ranks is the batch's count."""
+        """The test batch's score (``score``: correct predictions, or summed loss per token),
+        on the last stage times the world size (zero elsewhere), so ``reduce_metric``'s mean
+        over ranks is the batch's."""
         out = self.forward_only(x)
         if out is None:
             return no_correct(self.device)
-        return (out.argmax(dim=1) == y).sum() * self.world_size
+        return self.score(out, y) * self.world_size
 
     # ---------------------------------------------------------------- figures
     def read_timing(self) -> dict:
