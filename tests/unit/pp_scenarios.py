@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+import user_model
+
 STEPS = 4
 
 # name -> (model, batch, config overrides)
@@ -25,6 +27,9 @@ SCENARIOS = {
                                  "optim.micro_batches": 2}),
     "gpipe_gpt": ("gpt", 8, {"strategy.schedule": "gpipe", "strategy.pipeline_chunks": 4}),
     "1f1b_gpt": ("gpt", 8, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 2}),
+    # the user's own model, not a Sequential: its gputui_blocks() are the stages' blocks
+    "gpipe_user": ("lenet", 16, {"model.factory": user_model.NET, "strategy.schedule": "gpipe",
+                                 "strategy.pipeline_chunks": 2}),
 }
 
 

@@ -23,6 +23,8 @@ bubble, the time it sits idle waiting for the other stages, against the theory's
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -36,6 +38,7 @@ from gputui.train.models import count_params
 from gputui.train.strategies.base import no_correct
 from gputui.train.strategies.ddp import DDPStrategy
 from gputui.train.strategies.model_parallel import stage_blocks
+from gputui.train.strategies.pp_comm import cpu_copy, recv_tensor, send_tensor
 from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
@@ -54,6 +57,8 @@ class PipelineParallel(DDPStrategy):
     meter: PipeMeter
     _denom: float  # the global batch of the step in flight (the loss's scale)
     _whole: nn.Module | None  # the whole model on the meta device (primary_model)
+    _step_kw: dict[str, Any]  # schedule.step's optional arguments this torch has
+    _prefixes: dict[str, str]  # the stage's child names -> their names in the whole model
 
     # ---------------------------------------------------------------- set-up
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -76,10 +81,11 @@ class PipelineParallel(DDPStrategy):
             raise ConfigError(reason)
         self.bounds = [0, *points, len(blocks)]
         a, b = self.bounds[s], self.bounds[s + 1]
-        names = [str(i) for i in range(len(blocks))]
-        if isinstance(model, nn.Sequential):
-            names = list(model._modules)
-        mine = nn.Sequential(OrderedDict((names[i], blocks[i]) for i in range(a, b)))
+        # the stage's children keep their index in the whole model ("3.attn.q.weight"); a
+        # model that declares gputui_blocks() maps them back to its own names (_full_names)
+        mine = nn.Sequential(OrderedDict((str(i), blocks[i]) for i in range(a, b)))
+        where = {id(m): name for name, m in model.named_modules()}
+        self._prefixes = {str(i): where.get(id(blocks[i]), str(i)) for i in range(a, b)}
         self.ties = self._tie_groups(blocks)
         self.chunks = self.cfg.strategy.pipeline_chunks
         self.meter = PipeMeter(self.watch, s, p, self.chunks)
@@ -89,6 +95,9 @@ class PipelineParallel(DDPStrategy):
         kind = getattr(pipelining, SCHEDULES[self.cfg.strategy.schedule])
         # scale_grads=False: the loss is already scaled to its share of the global batch
         self.schedule = kind(self.stage, self.chunks, loss_fn=self._loss, scale_grads=False)
+        # the last stage's merged outputs are not needed (torch 2.13 can skip keeping them)
+        self._step_kw = ({"return_outputs": False}
+                         if "return_outputs" in inspect.signature(kind.step).parameters else {})
         self._denom = 1.0
         self._whole = None
         if s == 0:
@@ -166,7 +175,7 @@ class PipelineParallel(DDPStrategy):
             for xm, ym in zip(xs, ys):
                 mine: list[torch.Tensor] = []  # the schedule refills the list it is given
                 self.schedule.step(*((xm,) if first else ()), target=ym if last else None,
-                                   losses=mine if last else None, return_outputs=False)
+                                   losses=mine if last else None, **self._step_kw)
                 losses += mine
         self.meter.end_pipeline()
         self._sum_tied_grads()
@@ -222,7 +231,7 @@ class PipelineParallel(DDPStrategy):
         step = self.watch.seconds(t["start"], t["end"])
         self.meter.calibrate()  # once: the link's transfer time, from a ping-pong
         mine = self.meter.row(t, step)
-        mine.update(device=self._device_name(), rank=self.rank, pid=_pid(),
+        mine.update(device=self._device_name(), rank=self.rank, pid=os.getpid(),
                     step_time_s=step, samples=t["samples"])
         rss = self._read_rss()
         if rss >= 0:
@@ -243,7 +252,8 @@ class PipelineParallel(DDPStrategy):
     def state_dict(self) -> dict[str, Any]:
         """The whole model's parameters (every stage's, gathered onto every rank, on the
         CPU; names as in the whole model) and every stage's optimizer state, in stage order."""
-        mine = {"model": _cpu(self.module.state_dict()), "opt": _cpu(self.opt.state_dict())}
+        mine = {"model": self._full_names(cpu_copy(self.module.state_dict())),
+                "opt": cpu_copy(self.opt.state_dict())}
         parts: list = [None] * self.world_size
         dist.all_gather_object(parts, mine, group=self.control)
         model: dict[str, Any] = {}
@@ -257,12 +267,20 @@ class PipelineParallel(DDPStrategy):
         if len(saved) != self.world_size:
             raise ValueError(f"{len(saved)} pipeline stage(s) saved, {self.world_size} here")
         full = state["models"][0]
-        keys = self.module.state_dict().keys()
-        missing = [k for k in keys if k not in full]
+        names = self._full_names(self.module.state_dict())  # whole-model name -> tensor here
+        missing = [k for k in names if k not in full]
         if missing:
             raise ValueError(f"the checkpoint lacks {', '.join(missing[:3])}")
-        self.module.load_state_dict({k: full[k] for k in keys})
+        self.module.load_state_dict(dict(zip(self.module.state_dict(), (full[k] for k in names))))
         self.opt.load_state_dict(saved[self.rank])
+
+    def _full_names(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A stage's state dict under the whole model's names (in the same order)."""
+        out = {}
+        for key, value in state.items():
+            head, _, rest = key.partition(".")
+            out[f"{self._prefixes[head]}.{rest}"] = value
+        return out
 
     @torch.no_grad()
     def full_model(self) -> nn.Module:
@@ -270,48 +288,6 @@ class PipelineParallel(DDPStrategy):
         plain = self.build_model()
         plain.load_state_dict(self.state_dict()["models"][0])
         return plain
-
-
-def _cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu(v) for v in value)
-    return value
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
-
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
-_HEADER = 9  # dtype, number of dimensions, up to 7 sizes
-
-
-def send_tensor(t: torch.Tensor, dst: int) -> None:
-    """Send a tensor of any shape: a header (dtype and shape), then the data."""
-    if t.dim() > _HEADER - 2:
-        raise ValueError(f"cannot send a {t.dim()}-dimensional activation between stages")
-    head = torch.zeros(_HEADER, dtype=torch.int64)
-    head[0], head[1] = _DTYPES.index(t.dtype), t.dim()
-    head[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    dist.send(head.to(t.device), dst)
-    dist.send(t.contiguous(), dst)
-
-
-def recv_tensor(src: int, device: torch.device) -> torch.Tensor:
-    """Receive what ``send_tensor`` sent."""
-    head = torch.zeros(_HEADER, dtype=torch.int64, device=device)
-    dist.recv(head, src)
-    head = head.cpu()
-    shape = head[2:2 + int(head[1])].tolist()
-    out = torch.empty(shape, dtype=_DTYPES[int(head[0])], device=device)
-    dist.recv(out, src)
-    return out
 
 
 STRATEGY = PipelineParallel
