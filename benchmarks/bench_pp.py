@@ -47,13 +47,15 @@ def figures(record: Path) -> dict:
     """Steady throughput (epochs after the first), and per stage the mean breakdown and
     bubble of the metered steps but the first."""
     events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
-    ends = [e for e in events if e["kind"] == "epoch_end"][1:]
+    ends = [e for e in events if e["type"] == "epoch_end"]
+    ends = ends[1:] or ends  # one epoch only: warm-up included
     secs = sum(e["seconds"] for e in ends)
     out = {"samples_per_s": sum(e["samples_per_s"] * e["seconds"] for e in ends) / secs}
     tokens = [e.get("tokens_per_s") for e in ends]
     if all(t is not None for t in tokens) and tokens:
         out["tokens_per_s"] = sum(t * e["seconds"] for t, e in zip(tokens, ends)) / secs
-    steps = [e for e in events if e["kind"] == "step"][1:]
+    steps = [e for e in events if e["type"] == "step"]
+    steps = steps[1:] or steps
     stages: dict[str, list] = {}
     for ev in steps:
         for row in ev["per_device"]:
@@ -81,6 +83,8 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--schedules", default="gpipe,1f1b")
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--runs-dir", default="", help="keep the records here (default: a "
+                                                  "temporary folder, removed)")
     args = ap.parse_args()
     kinds = [("single", "cpu", [])] + [
         (f"pp {s}", "cpu*2", [f"strategy.schedule={s}",
@@ -88,7 +92,8 @@ def main() -> None:
         for s in args.schedules.split(",")]
     results: dict[str, list[dict]] = {k: [] for k, _, _ in kinds}
     with tempfile.TemporaryDirectory() as tmp:
-        runs_dir = Path(tmp)
+        runs_dir = Path(args.runs_dir or tmp)
+        runs_dir.mkdir(parents=True, exist_ok=True)
         for r in range(args.rounds):
             for label, spec, extra in kinds:
                 f = figures(run(args.preset, runs_dir, label.split()[0], spec, args.epochs,

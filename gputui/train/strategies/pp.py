@@ -53,7 +53,9 @@ class PipelineParallel(DDPStrategy):
     stage: TimedStage  # torch's PipelineStage, marked on metered steps
     schedule: Any  # ScheduleGPipe or Schedule1F1B around ``stage``
     chunks: int  # micro-batches per schedule step (strategy.pipeline_chunks)
-    ties: list[tuple[nn.Parameter, Any]]  # this stage's shared weights and their groups
+    # this stage's weights shared with other stages: (weight, their group, this stage is the
+    # first holding it: the one that counts it in a norm over the stages)
+    ties: list[tuple[nn.Parameter, Any, bool]]
     meter: PipeMeter
     _denom: float  # the global batch of the step in flight (the loss's scale)
     _whole: nn.Module | None  # the whole model on the meta device (primary_model)
@@ -114,10 +116,10 @@ class PipelineParallel(DDPStrategy):
                                   "every step, as Megatron's embedding group does")
         return mine
 
-    def _tie_groups(self, blocks: list[nn.Module]) -> list[tuple[nn.Parameter, Any]]:
+    def _tie_groups(self, blocks: list[nn.Module]) -> list[tuple[nn.Parameter, Any, bool]]:
         """Parameters held by blocks of several stages: a process group of those stages for
         each (every rank creates every group, in the same order, as new_group requires); the
-        ones this rank holds, with their group."""
+        ones this rank holds, with their group and whether this is the first stage holding it."""
         where: dict[int, tuple[nn.Parameter, set[int]]] = {}
         for s, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
             for block in blocks[lo:hi]:
@@ -129,7 +131,7 @@ class PipelineParallel(DDPStrategy):
                 continue
             group = dist.new_group(sorted(stages))
             if self.rank in stages:
-                out.append((param, group))
+                out.append((param, group, self.rank == min(stages)))
         return out
 
     def primary_model(self) -> nn.Module:
@@ -190,7 +192,7 @@ class PipelineParallel(DDPStrategy):
 
     def _sum_tied_grads(self) -> None:
         """Sum the gradients of the weights shared across stages, over those stages."""
-        for param, group in self.ties:
+        for param, group, _ in self.ties:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)
