@@ -53,7 +53,7 @@ def measure(variant: str, base: dict, ds, device: Device) -> tuple[float, float]
     strategy.setup()
     batches = make_batches(ds, strategy.batch_size, cfg.run.seed, strategy.data_device(),
                            channels_last=cfg.run.channels_last)
-    compile_s = fastpath.prepare(strategy, ds, lambda ev: print(f"  {variant}: {ev.message}"))
+    compile_s = fastpath.compile_ahead(strategy, ds, lambda ev: print(f"  {variant}: {ev.message}"))
     ends = []
     train(cfg, strategy, batches, ds, lambda ev: ends.append(ev) if ev.kind == "epoch_end"
           else None, lambda: False)

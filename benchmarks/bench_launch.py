@@ -62,7 +62,7 @@ def main() -> None:
     for r in range(args.rounds):
         warm.close_all()  # cold: no worker waiting
         res["cold"].append(one(cfg))
-        worker = warm.prepare(cuda)  # what the app does when its set-up screen opens
+        worker = warm.ensure_worker(cuda)  # what the app does when its set-up screen opens
         worker.ready.wait(300)  # the user is still choosing
         res["warm"].append(one(cfg))
         # and a second run in the same worker (a sweep's next point, the app's next Start)

@@ -38,7 +38,8 @@ def run(preset: str, runs_dir: Path, strategy: str, spec: str, epochs: int,
     before = set(runs_dir.iterdir()) if runs_dir.exists() else set()
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        raise SystemExit(f"{strategy} on {spec} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(f"{strategy} on {spec} failed:\n{proc.stdout[-2000:]}"
+                         f"{proc.stderr[-2000:]}")
     (new,) = [p for p in runs_dir.iterdir() if p not in before and p.is_dir()]
     return new
 
@@ -53,7 +54,8 @@ def figures(record: Path) -> dict:
     out = {"samples_per_s": sum(e["samples_per_s"] * e["seconds"] for e in ends) / secs}
     tokens = [e.get("tokens_per_s") for e in ends]
     if all(t is not None for t in tokens) and tokens:
-        out["tokens_per_s"] = sum(t * e["seconds"] for t, e in zip(tokens, ends)) / secs
+        pairs = zip(tokens, ends, strict=True)
+        out["tokens_per_s"] = sum(t * e["seconds"] for t, e in pairs) / secs
     steps = [e for e in events if e["type"] == "step"]
     steps = steps[1:] or steps
     stages: dict[str, list] = {}

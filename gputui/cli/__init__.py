@@ -11,6 +11,7 @@ Nothing here imports torch; training runs in a spawned child process.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gputui import __version__
 from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail
@@ -30,7 +31,7 @@ def cmd_strategies(args) -> int:
         devices = resolve_devices(args.devices)
     except (ConfigError, DeviceSpecError) as exc:
         return fail(f"--devices: {exc}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for info in registry.all_infos():
         trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)])
         reason = info.why_not(trial, devices)

@@ -12,12 +12,15 @@ from typing import Any, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 from rich.text import Text
 
 from gputui.core import breakdown
-from gputui.core.events import DeviceSample, Event, acc_text, plural
+from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
+                                 RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
+                                 plural)
 
 
 def _mib(n: int | None) -> str:
@@ -74,7 +77,7 @@ class Printer:
         self.progress: Progress | None = None
         self.display: Live | None = None  # the progress bar with the device line under it
         self.devices_text = Text(style="dim")
-        self.task = None
+        self.task: TaskID | None = None
         self.epochs = 1
         self.epochs_seen = 0  # the first epoch printed carries the warm-up
 
@@ -90,45 +93,45 @@ class Printer:
 
     def handle(self, ev: Event) -> None:
         """Print what one event means for the user."""
-        kind = ev.kind
-        if kind == "device_sample":
+        if isinstance(ev, DeviceSample):
             self.samples[ev.device] = ev
-        elif kind == "run_started":
+        elif isinstance(ev, RunStarted):
             devs = ", ".join(d["name"] for d in ev.devices)
             self.epochs = ev.config.get("run", {}).get("epochs", 1)
             self.line(f"run {ev.run_id}: strategy {ev.strategy} on {devs}")
             for note in ev.notes:
                 self.line(f"note: {note}")
-        elif kind == "log":
+        elif isinstance(ev, LogLine):
             self.line(f"{ev.level}: {ev.message}")
-        elif kind == "init_done":
+        elif isinstance(ev, InitDone):
             compiled = f", compile {ev.compile_s:.2f} s" if ev.compile_s else ""
             self.line(f"init {ev.seconds:.2f} s (torch import {ev.import_s:.2f} s, data "
                       f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s{compiled}); "
                       f"{ev.train_samples:,} training examples, "
                       f"{plural(ev.steps_per_epoch, 'step')} per epoch")
             self._start_progress(ev.steps_per_epoch * self.epochs)
-        elif kind == "step":
+        elif isinstance(ev, StepMetrics):
             self._step(ev)
-        elif kind == "epoch_end":
+        elif isinstance(ev, EpochEnd):
             warm = "" if self.epochs_seen else " (warm-up included)"
             self.epochs_seen += 1
             self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
                       f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
                       f"{ev.samples_per_s:,.0f} samples/s{warm}")
-        elif kind in ("run_finished", "run_stopped", "run_failed"):
+        elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
             self._stop_progress()
-            if kind == "run_failed":
+            if isinstance(ev, RunFailed):
                 self.line(f"run failed: {ev.reason}")
-            elif kind == "run_stopped":
+            elif isinstance(ev, RunStopped):
                 self.line(f"run stopped: {ev.reason}")
 
-    def _step(self, ev) -> None:
+    def _step(self, ev: StepMetrics) -> None:
         comm = f", comm {ev.comm_share:.1%}" if ev.comm_share is not None else ""
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
-                                 info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s{comm}")
+                                 info=f"loss {ev.loss:.4f}  "
+                                      f"{ev.samples_per_s:,.0f} samples/s{comm}")
             lines = [device_line(self.samples), *breakdown_lines(ev)]
             self.devices_text.plain = "\n".join(t for t in lines if t)
             return

@@ -92,8 +92,8 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError(f"{run_dir.name} already finished its {plural(planned, 'epoch')}; pass "
                           f"--epochs N with N > {done} to train it further")
     if args.epochs is not None and args.epochs <= done:
-        raise ConfigError(f"--epochs {args.epochs}: the run already has {plural(done, 'epoch')} done; "
-                          f"give a larger total")
+        raise ConfigError(f"--epochs {args.epochs}: the run already has "
+                          f"{plural(done, 'epoch')} done; give a larger total")
     return argparse.Namespace(
         preset=str(run_dir / "config.toml"),
         sets=[f"run.resume_from={json.dumps(str(run_dir))}"],

@@ -166,7 +166,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     groups = grouped(items, m.points) if m.repeat > 1 else None
     if args.export:
         _export(items, sweep.run_dirs(), Path(args.export), out, groups)
-    columns = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
+    columns: tuple[str, ...] = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
     rows = table_rows(items, columns)
     title = f"sweep {m.sweep_id} over {m.kind_words()}"
     if groups is not None:

@@ -51,8 +51,9 @@ def make(span_s: float, data_s: float, compute_s: float, optimizer_s: float,
              "optimizer_s": max(0.0, optimizer_s), "wait_s": max(0.0, wait_s)}
     known = sum(v for v in parts.values() if v is not None)
     step = max(0.0, data_s) + max(0.0, span_s)
-    parts["host_s"] = max(0.0, step - known)
-    parts["step_s"] = known + parts["host_s"]
+    host = max(0.0, step - known)
+    parts["host_s"] = host
+    parts["step_s"] = known + host
     parts["comm_overlap_s"] = None if comm_overlap_s is None else max(0.0, comm_overlap_s)
     return parts
 

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import os
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
 
 
 def _example(f: dataclasses.Field) -> str:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    default = f.default_factory() if callable(f.default_factory) else f.default
     return tomli_w.dumps({"x": default}).strip()[4:]
 
 
@@ -146,7 +147,7 @@ def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
     return RunConfig(**tables)
 
 
-def load_preset(path: str | Path, overrides: list[tuple[str, str, Any]] = ()) -> RunConfig:
+def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
     """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last.
 
     Each value is checked; the cross-field rules are ``gputui.plan.validate``'s."""
@@ -212,7 +213,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def apply_overrides(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
+def apply_overrides(cfg: RunConfig, overrides: Sequence[tuple[str, str, Any]] = (),
                     preset_source: str = "config") -> RunConfig:
     """Apply (source, "table.key", value) overrides in order; a bad value is blamed on its
     source, the rest on ``preset_source``."""
@@ -224,7 +225,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
     return from_dict(data, source=preset_source)
 
 
-def override_origins(overrides: list[tuple[str, str, Any]] = ()) -> dict[str, str]:
+def override_origins(overrides: Sequence[tuple[str, str, Any]] = ()) -> dict[str, str]:
     """"table.key" -> the source of the override that set it last ("--devices", "--set
     optim.lr=0.2"): what ``gputui.plan`` blames a broken rule on."""
     return {key: source for source, key, _ in overrides}

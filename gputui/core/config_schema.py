@@ -156,7 +156,8 @@ class OptimSection:
     batch_size: int = opt(256, "Global batch size: the examples of one optimizer step, over all "
                                "devices together.", min=1, max=1_000_000)
     lr: float = opt(0.1, "Learning rate of the SGD update.", gt=0.0, max=100.0)
-    momentum: float = opt(0.0, "SGD momentum (0 = plain SGD, as the material uses).", min=0.0, max=0.999)
+    momentum: float = opt(0.0, "SGD momentum (0 = plain SGD, as the material uses).",
+                          min=0.0, max=0.999)
     weight_decay: float = opt(0.0, "L2 weight decay.", min=0.0, max=1.0)
     micro_batches: int = opt(1, "Split each batch into N micro-batches whose gradients are "
                                 "accumulated before one update (same update, less memory).",

@@ -97,7 +97,7 @@ def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[
         elif part == "" and len(parts) == 2:
             continue  # "1," means GPU 1 (a lone "1" is a count)
         elif _CPU.match(part.lower()) and all(_CPU.match(q.lower()) for q in parts):
-            n = sum(int(_CPU.match(q.lower()).group(1) or 1) for q in parts)
+            n = sum(int(m.group(1) or 1) for q in parts if (m := _CPU.match(q.lower())))
             raise DeviceSpecError(f"'{spec}' lists CPU devices with commas, which are for GPU "
                                   f"indices; write cpu*{n} for {n} CPU virtual devices")
         elif _CPU.match(part.lower()):

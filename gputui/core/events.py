@@ -98,7 +98,8 @@ class StepMetrics(Event):
     step_time_s: float  # mean wall time of one step over that window
     lr: float
     comm_share: float | None = None  # share of step time spent communicating, when measured
-    per_device: tuple = ()  # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
+    per_device: tuple = ()
     flops_per_s: float | None = None  # FlopsInfo.flops_per_step x steps/s over the window
     mfu: float | None = None  # flops_per_s / FlopsInfo.peak_flops (0..1)
     # where the metered step's time went, mean over the devices (gputui.core.breakdown: seconds of
@@ -229,7 +230,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event type in {data!r}")
     names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
+    kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in data.items() if k in names}
     return cls(**kwargs)
 
 

@@ -72,7 +72,7 @@ def os_error_in(exc: BaseException) -> OSError | None:
     return None
 
 
-def write_with(path: str | Path, fill: Callable[[BinaryIO], None], hint: str = "") -> Path:
+def write_with(path: str | Path, fill: Callable[[BinaryIO], object], hint: str = "") -> Path:
     """Write ``path`` atomically: ``fill`` writes the bytes to a temporary file beside it,
     which is fsynced and renamed over ``path``. On any failure the temporary file is removed
     and ``path`` keeps its previous content; a failure of the disk raises WriteFailed."""

@@ -8,6 +8,7 @@ a split point is the index of the block where a new stage starts.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def check_split_points(points: list, n_layers: int, n_devices: int,
     if len(points) != n_devices - 1:
         return (f"strategy.split_points has {len(points)} entries for {n_devices} devices; "
                 f"give {n_devices - 1} (devices - 1), or [] to balance by parameter count")
-    if any(b <= a for a, b in zip(points, points[1:])):
+    if any(b <= a for a, b in pairwise(points)):
         return f"strategy.split_points must be strictly increasing, got {points!r}"
     if points[0] < 1 or points[-1] > n_layers - 1:
         return (f"strategy.split_points must lie between 1 and {n_layers - 1} ({model} has "

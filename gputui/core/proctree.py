@@ -51,7 +51,8 @@ def own_tracker() -> None:
 
     def stop() -> None:
         try:
-            resource_tracker._resource_tracker._stop()  # private: a missing one is harmless
+            # private, so absent from typeshed's stubs; a missing one is harmless
+            resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001
             pass
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.core import safeio
-from gputui.core.events import Event, event_from_dict
+from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunFinished,
+                                 RunStarted, RunStopped, StepMetrics, event_from_dict)
 from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
 from gputui.core.usercode import data_label, model_label
 
@@ -99,34 +100,34 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
     events = list(events)
     s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
                          "per_epoch": []}
-    first_t = last_t = None
+    first_t: float | None = None
+    last_t = 0.0
     for ev in events:
         first_t = ev.t if first_t is None else first_t
         last_t = ev.t
-        kind = ev.kind
-        if kind == "run_started":
+        if isinstance(ev, RunStarted):
             s.update(run_id=ev.run_id, strategy=ev.strategy, world_size=ev.world_size,
                      devices=[d["name"] for d in ev.devices], notes=list(ev.notes),
                      epochs=ev.config.get("run", {}).get("epochs"),
                      model=model_label(ev.config), dataset=data_label(ev.config))
-        elif kind == "init_done":
+        elif isinstance(ev, InitDone):
             s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
                      steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
                      cores=getattr(ev, "cores", 0))
-        elif kind == "epoch_end":
+        elif isinstance(ev, EpochEnd):
             s["per_epoch"].append({"epoch": ev.epoch, "seconds": ev.seconds,
                                    "train_loss": ev.train_loss, "test_acc": ev.test_acc,
                                    "samples_per_s": ev.samples_per_s})
             s["epochs_done"] = ev.epoch
-        elif kind == "step":
+        elif isinstance(ev, StepMetrics):
             s["last_loss"] = ev.loss
-        elif kind == "log" and ev.level in ("info", "warning"):
+        elif isinstance(ev, LogLine) and ev.level in ("info", "warning"):
             s.setdefault("notes", []).append(ev.message)
-        elif kind == "run_finished":
+        elif isinstance(ev, RunFinished):
             s["status"] = "finished"
-        elif kind == "run_failed":
+        elif isinstance(ev, RunFailed):
             s.update(status="failed", reason=ev.reason)
-        elif kind == "run_stopped":
+        elif isinstance(ev, RunStopped):
             s.update(status="killed" if getattr(ev, "killed", False) else "stopped",
                      reason=ev.reason)
     epochs = s["per_epoch"]

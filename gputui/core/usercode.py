@@ -106,7 +106,8 @@ def find_problem(spec: str, key: str = "factory") -> str | None:
         if names is None:
             return f"{key} = {spec!r}: {source} is not valid Python; fix its syntax"
         if names and f.function not in names:
-            return f"{key} = {spec!r}: {source} defines no '{f.function}'; name a function it defines"
+            return (f"{key} = {spec!r}: {source} defines no '{f.function}'; "
+                    f"name a function it defines")
     return None
 
 

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,11 +66,12 @@ def init() -> bool:
             mod = _override[0]
         else:
             try:
-                import pynvml as mod
+                import pynvml
             except ImportError:
                 _state.update(ready=False, reason="the nvidia-ml-py package that provides "
                                                   "pynvml is not installed")
                 return False
+            mod = pynvml
         try:
             mod.nvmlInit()
         except mod.NVMLError as exc:
@@ -231,7 +233,7 @@ def _proc_name(pid: int) -> str:
         return ""  # gone, or another container's pid namespace
 
 
-def order(env: dict[str, str] | None = None) -> CudaOrder:
+def order(env: Mapping[str, str] | None = None) -> CudaOrder:
     """NVML's GPUs in CUDA's numbering for the given environment (default: this process's)."""
     env = os.environ if env is None else env
     out = cuda_order(nvml_gpus(), env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))

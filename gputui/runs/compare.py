@@ -8,17 +8,18 @@ the same model, dataset, training-set size and precision, and
 2. the same global batch (strong scaling: 256 on one device against 256 split over two).
 
 Among several matches: an eager run (no run.compile, no channels_last, so a compiled run's
-speedup includes what compiling bought), then a run among the compared ones (e.g. the same sweep) first, then a
-``single`` run over other one-device strategies, then the newest. Speedup is samples/s over
-the baseline's samples/s (an epoch is the same data for both, so it is also the ratio of
-epoch times); scaling efficiency is speedup / devices. Every speed figure is the steady
-state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an impossible
-speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes from this
-machine's kept measurements (``gputui.runs.predict``). Torch-free.
+speedup includes what compiling bought), then a run among the compared ones (e.g. the same
+sweep) first, then a ``single`` run over other one-device strategies, then the newest. Speedup
+is samples/s over the baseline's samples/s (an epoch is the same data for both, so it is also
+the ratio of epoch times); scaling efficiency is speedup / devices. Every speed figure is the
+steady state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an
+impossible speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes
+from this machine's kept measurements (``gputui.runs.predict``). Torch-free.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,8 @@ from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "predicted_speedup", "efficiency", "comm_share", "bubble_share",
-                 *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc", "status",
-                 "baseline", "check")
+                 *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc",
+                 "status", "baseline", "check")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
 SWEEP_COLUMNS = TABLE_COLUMNS[:4] + ("fast", ) + TABLE_COLUMNS[4:]
 
@@ -90,12 +91,6 @@ class CompareRow:
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
                     acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown,
                     memory=[dict(r) for r in self.memory])
-
-
-def read_curves(run_dir: str | Path) -> tuple[list, list, float | None]:
-    """(loss curve, accuracy curve, mean comm share) from a record's readable events."""
-    loss, acc, shares, _ = read_record(run_dir)
-    return loss, acc, shares
 
 
 def readable_events(run_dir: str | Path) -> list:
@@ -171,7 +166,7 @@ def check_text(item: "CompareRow") -> str:
 
 
 def find_baseline(row: RunRow, candidates: list[RunRow],
-                  compared: set[str] = frozenset(),
+                  compared: Collection[str] = frozenset(),
                   refused: list | None = None) -> tuple[RunRow | None, str]:
     """The matching one-device run of ``row`` (see the module docstring) and the match kind;
     candidates not measured the way ``row`` was are refused (``gputui.core.trust``), and why is
@@ -212,7 +207,7 @@ def _id_order(row: RunRow) -> float:
     return float(digits or 0)
 
 
-def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
+def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
     """Compare these runs; baselines are looked for among them and every run under runs_dir."""
     rows = [row_for(p) for p in run_dirs]
     compared = {r.id for r in rows}
@@ -232,7 +227,7 @@ def compare(run_dirs: list[str | Path], runs_dir: str | Path | None = None) -> l
         if item.comm_gbps is not None:
             item.comm_peak_gbps = kept_comm_peak(row)
         base, kind = find_baseline(row, pool, compared, item.refused)
-        if base is not None and row.samples_per_s:
+        if base is not None and row.samples_per_s and base.samples_per_s and row.devices:
             item.speedup = row.samples_per_s / base.samples_per_s
             item.efficiency = item.speedup / row.devices
             item.baseline, item.baseline_kind = base.id, kind
@@ -249,6 +244,8 @@ def kept_comm_peak(row: RunRow) -> float | None:
     from gputui.runs.comm_peak import peak
 
     cpu = on_cpu(row)
+    if not row.devices:
+        return None
     try:
         return peak("cpu" if cpu else "cuda", row.devices, "gloo" if cpu else "nccl")
     except (OSError, ValueError, KeyError, TypeError):
@@ -283,6 +280,8 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     from gputui.runs.predict import predict
     from gputui.runs.predict_measure import Measurer
 
+    if not row.devices:
+        return None, "the record names no devices"
     cfg = from_dict(read_config(Path(row.run_dir)), source="record")
     kind = "cpu" if on_cpu(row) else "gpu"
     m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)

@@ -4,7 +4,8 @@ Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbe
 parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
 (the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
 own writer. Each missing extra raises :class:`ExportError` with one line saying what to
-install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless TensorBoard export asks for torch's writer.
+install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless
+TensorBoard export asks for torch's writer.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
 from gputui.runs.compare import CompareRow, fmt
 
@@ -101,9 +103,9 @@ def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for it in items:
         if it.loss_curve:
-            ax_loss.plot(*zip(*it.loss_curve), label=_label(it))
+            ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
         if it.acc_curve:
-            ax_acc.plot(*zip(*it.acc_curve), marker="o", label=_label(it))
+            ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
     ax_acc.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
     for ax in (ax_loss, ax_acc):
@@ -180,11 +182,11 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
         writer = writer_cls(log_dir=str(target))
         try:
             for ev in events:
-                if ev.kind == "step":
+                if isinstance(ev, StepMetrics):
                     writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
                     writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,
                                       walltime=ev.t)
-                elif ev.kind == "epoch_end":
+                elif isinstance(ev, EpochEnd):
                     for tag, value in (("test/accuracy", ev.test_acc),
                                        ("epoch/seconds", ev.seconds),
                                        ("epoch/samples_per_s", ev.samples_per_s)):

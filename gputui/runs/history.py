@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import runstore, safeio
+from gputui.core.events import RunStarted
 
 # A record without a terminal event whose files have not changed for this long is not
 # running any more: its writer died with its parent (e.g. a machine reset).
@@ -53,7 +54,8 @@ class RunRow:
     reason: str = ""
     problem: str = ""  # what in the record cannot be read ("" when all of it reads)
     run_dir: str = ""
-    steady: bool = False  # speed figures from steady-state steps (gputui.core.steady); else whole epochs
+    # speed figures from steady-state steps (gputui.core.steady); else whole epochs
+    steady: bool = False
     noise: float | None = None  # relative 95 % half-width of the steady samples/s
     step_time_s: float | None = None  # steady mean step time
     resumed: bool = False  # run.resume_from was set: a continuation, not a whole run
@@ -76,7 +78,7 @@ def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     except OSError:
         return {}
     for ev in events:
-        if ev.kind == "run_started" and isinstance(ev.config, dict):
+        if isinstance(ev, RunStarted) and isinstance(ev.config, dict):
             return ev.config
     return {}
 
@@ -151,7 +153,11 @@ def row_for(run_dir: str | Path) -> RunRow:
     except Exception as exc:  # noqa: BLE001 - a damaged record must not break the listing
         row.status, row.reason = "unreadable", f"{type(exc).__name__}: {exc}"
         return row
-    sect = lambda name: cfg.get(name) if isinstance(cfg.get(name), dict) else {}  # noqa: E731
+
+    def sect(name: str) -> dict[str, Any]:
+        table = cfg.get(name)
+        return table if isinstance(table, dict) else {}
+
     run, optim, data = sect("run"), sect("optim"), sect("data")
     names = s.get("devices") or []
     n = max(len(names), int(s.get("world_size") or 0)) or None

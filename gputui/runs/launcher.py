@@ -21,7 +21,7 @@ import time
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputui.core import runstore
 from gputui.core.config import RunConfig
@@ -34,6 +34,11 @@ from gputui.runs import runlock
 from gputui.train import recorder
 from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
 
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    from gputui.hw.sampler import Sampler
+
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
 
 
@@ -43,11 +48,11 @@ class RunHandle:
     def __init__(self, run_id: str, run_dir: Path, devices: list[Device], cfg: RunConfig):
         self.run_id, self.run_dir, self.devices, self.cfg = run_id, run_dir, devices, cfg
         self.processes: list = []  # mp.Process objects (the child; more for multi-process)
-        self._queue = None
+        self._queue: Queue | None = None  # the child's events, set by launch
         self._stop: StopChannel | None = None  # the run's stop channel (see stopping.py)
         self._samples: collections.deque = collections.deque(maxlen=4096)
-        self._sampler = None
-        self._telemetry_log = None
+        self._sampler: Sampler | None = None
+        self._telemetry_log: runstore.EventLog | None = None
         self._done = False
         self._status = "running"
         self._kill_reason = ""
@@ -65,6 +70,7 @@ class RunHandle:
         out: list[Event] = []
         if self._done:
             return out
+        assert self._queue is not None, "launch sets the queue before the handle is returned"
         try:
             if timeout > 0:
                 out.append(self._queue.get(timeout=timeout))
@@ -91,6 +97,7 @@ class RunHandle:
 
     def _drain_after_exit(self) -> list[Event]:
         out: list[Event] = []
+        assert self._queue is not None, "launch sets the queue before the handle is returned"
         try:
             while True:
                 out.append(self._queue.get(timeout=0.2))
@@ -316,8 +323,9 @@ def _start_sampler(handle: RunHandle) -> None:
         handle._telemetry_log = runstore.EventLog(handle.run_dir / "telemetry.jsonl")
     except WriteFailed:  # telemetry is optional for the record; the panels still get samples
         handle._telemetry_log = None
-    handle._sampler = Sampler(handle.devices, tel.interval_s, handle._on_sample, handle.pids)
-    handle._sampler.start()
+    sampler = Sampler(handle.devices, tel.interval_s, handle._on_sample, handle.pids)
+    handle._sampler = sampler
+    sampler.start()
 
 
 @atexit.register

@@ -8,9 +8,9 @@ all_reduce of ``size`` bytes, and so on: the figure is the mean cycle (compute a
 less the slowest rank's mean compute, which is what the all-reduce adds to a step, the wait
 for a rank held up by the other processes on its cores included. Gradients above DDP's first bucket
 (1 MiB) are reduced while backward still runs on every core, so for those one spinning
-process per core keeps the cores busy during the whole measurement, as training does
-(measured here: 42 MiB over two gloo ranks took 28 ms on 2 idle cores, 61 ms on 2 busy
-ones; 0.5 MiB took 1.9 ms back to back and 3.3 ms between 28 ms of compute).
+process per core keeps the cores busy during the whole measurement, as training does (on
+busy cores a gloo all-reduce can take twice what it takes on idle ones, and a small one takes
+longer between compute than back to back).
 
 fsdp (``fully_shard``) issues no all-reduce but one collective per unit and pass: a unit's
 all-gather before its forward, again before its backward (every unit but the root reshards
@@ -166,7 +166,7 @@ def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
     for i in range(iters + 3):
         t0 = time.perf_counter()
         busy = 0.0
-        for (op, numel, full, shard), cut in zip(bufs, cuts):
+        for (op, numel, full, shard), cut in zip(bufs, cuts, strict=True):
             w0 = time.perf_counter()
             for _ in range(cut):
                 work @ work
@@ -286,7 +286,8 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
                 break
             except queue_mod.Empty:
                 if not proc.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError("the allreduce measurement ended without a result")
+                    raise RuntimeError(
+                        "the allreduce measurement ended without a result") from None
     finally:
         from gputui.core.proctree import kill_tree
 

@@ -138,9 +138,12 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     if bad is not None:
         raise RuntimeError(f"the measuring run {bad.id} ended {bad.status}"
                            f"{': ' + bad.reason if bad.reason else ''}")
-    steady = [runstore.read_summary(h.run_dir).get("steady") for h in handles]
-    if not all(steady):
-        raise RuntimeError("the measuring run was too short for a steady state")
+    steady: list[dict[str, Any]] = []
+    for h in handles:
+        got = runstore.read_summary(h.run_dir).get("steady")
+        if not got:
+            raise RuntimeError("the measuring run was too short for a steady state")
+        steady.append(got)
     # the slowest copy sets the pace of ranks that wait for each other
     slowest = max(range(copies), key=lambda i: steady[i]["step_time_s"])
     step = steady[slowest]["step_time_s"]
@@ -159,9 +162,10 @@ def _steady_comm(run_dir: Path) -> float:
     """The mean exposed communication of a record's metered steps, warm-up (the first log
     window, as gputui.core.steady) left out; 0.0 where none was measured."""
     from gputui.core import breakdown, runstore
+    from gputui.core.events import StepMetrics
 
     parts = [ev.breakdown for ev in runstore.read_events(run_dir)
-             if getattr(ev, "kind", "") == "step" and ev.breakdown]
+             if isinstance(ev, StepMetrics) and ev.breakdown]
     mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
     return float((mean or {}).get("comm_exposed_s") or 0.0)
 
@@ -202,7 +206,8 @@ def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) 
 def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
                  line: Line) -> dict:
     """One step's fsdp all-gathers and reduce-scatters over ``n`` ranks, issued as fully_shard
-    issues them between ``gap`` seconds of compute (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
+    issues them between ``gap`` seconds of compute
+    (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
     from gputui.runs.predict_comm import fsdp_in_step
 
     out = fsdp_in_step(cfg_dict, n, gap, "cuda" if kind == "gpu" else "cpu", cores_)

@@ -9,6 +9,7 @@ so the launch and its warnings ask the hardware no second time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,14 +44,14 @@ def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | No
     return Prepared(cfg, devices, note, gpus)
 
 
-def load_checked(path: str | Path, overrides: list[tuple[str, str, Any]] = ()) -> Prepared:
+def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> Prepared:
     """A preset with its overrides (CLI last), prepared: every rule checked, the flags that
     broke one named."""
     cfg = load_preset(path, overrides)
     return prepare(cfg, str(path), override_origins(overrides))
 
 
-def override_checked(cfg: RunConfig, overrides: list[tuple[str, str, Any]] = (),
+def override_checked(cfg: RunConfig, overrides: Sequence[tuple[str, str, Any]] = (),
                      preset_source: str = "config") -> Prepared:
     """``cfg`` with ``overrides`` applied, prepared (``config.apply_overrides`` plus every
     rule)."""

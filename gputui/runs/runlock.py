@@ -20,7 +20,8 @@ class RunLock:
     """An exclusive hold on a run folder (``hold``); released by ``release`` or process end."""
 
     def __init__(self, run_dir: Path, fd: int):
-        self.run_dir, self._fd = run_dir, fd
+        self.run_dir = run_dir
+        self._fd: int | None = fd
 
     def release(self) -> None:
         """Give the folder back (idempotent)."""

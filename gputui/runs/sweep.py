@@ -6,10 +6,10 @@ take several values (``AXES``), so one sweep shows what each buys on the user's 
 Each point is checked before it starts: its devices are resolved once (``gputui.runs.prepare``),
 then the strategy registry's ``why_not`` and the config's cross-field rules are checked against
 them; a point that cannot run here is recorded as skipped with the reason. Every run goes
-through ``launcher.launch``, handed the devices already resolved (a spawned process, so this module never imports torch)
-and leaves its normal record under the runs folder. The sweep's manifest,
-``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of state, so an
-interrupted sweep resumes where it stopped: finished points are never run again.
+through ``launcher.launch``, handed the devices already resolved (a spawned process, so this
+module never imports torch) and leaves its normal record under the runs folder. The sweep's
+manifest, ``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of
+state, so an interrupted sweep resumes where it stopped: finished points are never run again.
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def parse_axis(option: str, key: str, text: str) -> list:
     if key == "run.channels_last":
         words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
         bad = [t for t in items if t.lower() not in words]
-        choices, values = "off, on", [words.get(t.lower()) for t in items]
+        choices = "off, on"
+        values: list[Any] = [words.get(t.lower()) for t in items]
     else:
         allowed = PRECISIONS if key == "run.precision" else COMPILE_MODES
         bad = [t for t in items if t not in allowed]
@@ -263,7 +264,7 @@ class Sweep:
 
     def config_for(self, point: Point) -> RunConfig:
         """The point's config: the preset, the --set overrides, its strategy and devices."""
-        changes = [("sweep", "strategy.name", point.strategy),
+        changes: list[tuple[str, str, Any]] = [("sweep", "strategy.name", point.strategy),
                    ("sweep", "devices.spec", point.spec)]
         if self.manifest.kind == "gpu":  # a GPU point never runs quietly on the CPU instead
             changes.append(("sweep", "devices.fallback", "none"))
@@ -309,7 +310,7 @@ class Sweep:
     def save(self) -> Path:
         return self.manifest.save(self.runs_dir)
 
-    def run(self, on_point: Callable[[Point], None] = lambda p: None,
+    def run(self, on_point: Callable[[Point], object] = lambda p: None,
             on_event: Callable[[Point, Any], None] = lambda p, e: None) -> str:
         """Run every point not done yet; returns "finished" or "interrupted". Ctrl-C
         (KeyboardInterrupt) stops the current run gracefully, a second one kills it."""
@@ -362,7 +363,7 @@ class Sweep:
 
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:
-            warm.prepare(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+            warm.ensure_worker(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False

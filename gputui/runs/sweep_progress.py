@@ -11,7 +11,7 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gputui.core.events import acc_text
 from gputui.runs.sweep import Point
@@ -29,7 +29,8 @@ class SweepProgress:
         self.done = sum(p.status == "finished" for p in points)
         self.console = Console(file=self.stream, highlight=False)
         self.progress: Progress | None = None
-        self.grid_task = self.run_task = None
+        self.grid_task: TaskID | None = None
+        self.run_task: TaskID | None = None
 
     def __enter__(self) -> "SweepProgress":
         if self.live:
@@ -74,7 +75,7 @@ class SweepProgress:
             extra = f": {point.reason}" if point.reason else ""
             self.line(f"{tag}: {point.status}{extra}")
         self.done += 1
-        if self.progress is not None:
+        if self.progress is not None and self.grid_task is not None:
             self.progress.update(self.grid_task, completed=self.done)
 
     def on_event(self, point: Point, ev: Any) -> None:

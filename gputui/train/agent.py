@@ -29,7 +29,7 @@ from gputui.train import recorder, shared_data, stopping
 from gputui.train.handoff import LaunchSpec, quick_exit
 
 # What every rank needs before its first step, imported once in the fork server (below):
-# torch, DDP's own import of torch._dynamo (about 1.5 s per process on 2 cores), the training
+# torch, DDP's own import of torch._dynamo (a large part of a rank's start-up), the training
 # path. A module that fails to import here is simply imported later by the rank.
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.train.ranks",
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",
@@ -105,7 +105,7 @@ def stop_survivors_promptly(context_class: Any = None) -> None:
             grace_period = SHUTDOWN_TIMEOUT_S / 2
         return original(self, timeout, grace_period)
 
-    join.gputui_prompt = True
+    join.gputui_prompt = True  # type: ignore[attr-defined]  # a mark on a function object
     context_class.join = join
 
 
@@ -127,6 +127,7 @@ def agent_main(spec: LaunchSpec) -> None:
     # through the run's stop channel (stopping.py), never torch's handler that raises in this
     # thread and tears the ranks down (see signals.py).
     channel = spec.stop
+    assert channel is not None, "launch gives a run's agent its stop channel"
     signals.watch(lambda signum, sender: channel.ask(signals.stop_reason(signum)))
     from gputui.hw.cuda_order import cuda_env
 
@@ -225,6 +226,8 @@ def stop_helpers() -> None:
 
     for owner in (getattr(forkserver, "_forkserver", None),
                   getattr(resource_tracker, "_resource_tracker", None)):
+        if owner is None:
+            continue
         try:
             owner._stop()
         except Exception:  # noqa: BLE001 - not running, or a Python without _stop
@@ -270,7 +273,7 @@ def failure_event(failures: dict, run_dir: Path) -> RunFailed:
         if info:
             reason, detail, comm = f"rank {rank}: {info['reason']}", info["detail"], info["comm"]
             t = info["t"]
-        else:
+        elif f is not None:
             if f.exitcode < 0:
                 how = f"was killed by {f.signal_name()}"
             else:
@@ -278,6 +281,8 @@ def failure_event(failures: dict, run_dir: Path) -> RunFailed:
             reason, detail, t = f"rank {rank} (pid {f.pid}) {how}", "", f.timestamp
             # SIGTERM is how the elastic agent tears the other ranks down after a failure
             comm = f.exitcode == -signal.SIGTERM
+        else:  # a failure file that cannot be read, for a rank torch did not report
+            continue
         causes.append((comm, t, rank, reason, detail))
     if not causes:
         return RunFailed(reason="a rank failed without saying why")
@@ -327,7 +332,7 @@ class _Watchdog(threading.Thread):
             time.sleep(stopping.PARENT_POLL_S)
             if stopping.parent_gone(spec.parent_pid):
                 reason = stopping.PARENT_GONE
-            elif spec.stop.asked():
+            elif spec.stop is not None and spec.stop.asked():
                 reason = f"{spec.stop.reason() or 'stopped by user'} before the ranks started"
             else:
                 continue

@@ -2,10 +2,11 @@
 
 One file per run, ``<run folder>/checkpoint.pt``, replaced atomically (written to a temporary
 file, fsynced, renamed: ``filewrite.write_with``), so a kill or a full disk at any moment leaves
-either the previous checkpoint or the new one, never half of one, and no temporary file. It holds the strategy's state (models, optimizers, grad scaler),
-the data position (epoch, step, global step, the epoch's loss so far) and the random states
-(torch, CUDA, Python, NumPy when loaded). Only tensors and plain containers are stored, so it
-loads with ``torch.load(..., weights_only=True)``: a checkpoint cannot run code.
+either the previous checkpoint or the new one, never half of one, and no temporary file. It
+holds the strategy's state (models, optimizers, grad scaler), the data position (epoch, step,
+global step, the epoch's loss so far) and the random states (torch, CUDA, Python, NumPy when
+loaded). Only tensors and plain containers are stored, so it loads with ``torch.load(...,
+weights_only=True)``: a checkpoint cannot run code.
 """
 
 from __future__ import annotations

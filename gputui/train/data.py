@@ -111,8 +111,8 @@ def _read_cifar(base, name: str, split: str) -> tuple[torch.Tensor, torch.Tensor
             raise DataError(f"cifar10: cannot read {folder / fname} ({exc.strerror})") from None
         xs.append(x)
         ys.append(y)
-    x = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
-    return x, torch.from_numpy(np.concatenate(ys))
+    images = torch.from_numpy(np.concatenate(xs)).float().div_(255.0)
+    return images, torch.from_numpy(np.concatenate(ys))
 
 
 def _download(name: str, root: str) -> None:
@@ -179,7 +179,7 @@ class TensorBatches:
         bx, by = self._bufs[0][:n], self._bufs[1][:n]
         torch.index_select(self.x, 0, perm, out=bx)
         torch.index_select(self.y, 0, perm, out=by)
-        return zip(bx.contiguous(memory_format=self.format).split(b), by.split(b))
+        return zip(bx.contiguous(memory_format=self.format).split(b), by.split(b), strict=True)
 
 
 class LoaderBatches:
@@ -224,7 +224,8 @@ def make_batches(ds: Dataset, batch_size: int, seed: int, device, loader: str = 
                          channels_last)
 
 
-def eval_batches(ds: Dataset, batch_size: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(ds: Dataset, batch_size: int,
+                 device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The test set in order, in batches, moved to ``device``."""
     if not isinstance(ds, Dataset):  # userdata.SetData: read through a DataLoader
         loader = torch.utils.data.DataLoader(ds.test_set, batch_size=batch_size)

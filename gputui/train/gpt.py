@@ -120,7 +120,9 @@ def gpt(shape: GPTShape) -> nn.Sequential:
             std = 0.02 / (2 * shape.n_layer) ** 0.5 if name.endswith("proj.weight") else 0.02
             nn.init.normal_(p, mean=0.0, std=std)
     if shape.tie:
-        model[-1].lm_head.weight = model[0].wte.weight
+        head, embed = model[-1].lm_head, model[0].wte
+        assert isinstance(head, nn.Linear) and isinstance(embed, nn.Embedding)
+        head.weight = embed.weight
     return model
 
 

@@ -57,7 +57,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         emit(LogLine(level="warning", message=f"{cannot}; no checkpoint is written"))
 
     def save(position: ckpt.Position) -> None:
-        if saving:
+        if saving and path is not None:
             # every node keeps its own record, so each node's first rank writes its checkpoint
             ckpt.save(path, strategy, position, write=strategy.local_rank == 0)
 
@@ -88,7 +88,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         t_epoch = time.perf_counter()
         window = _Window(done_before + 1)
 
-        def flush(step: int, timed: bool) -> None:
+        def flush(epoch: int, step: int, global_step: int, timed: bool) -> None:
             """Emit the window's StepMetrics and fold its losses into the epoch's."""
             nonlocal window, epoch_sum
             if not window.losses:
@@ -135,7 +135,8 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 break
             x, y = batch
             if should_stop():
-                flush(step, False)  # the window's steps since the last logged one: untimed
+                # the window's steps since the last logged one: untimed
+                flush(epoch, step, global_step, False)
                 save(ckpt.Position(epoch, step, global_step, epoch_sum))
                 return "stopped"
             step += 1
@@ -151,7 +152,7 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             window.losses.append(loss)
             global_step += 1
             if logged:
-                flush(step, True)
+                flush(epoch, step, global_step, True)
                 next_mark = marks.pop() if marks else 0
                 if every > 0 and global_step % every == 0 and step < steps:
                     save(ckpt.Position(epoch, step, global_step, epoch_sum))

@@ -1,11 +1,12 @@
 """One rank of a multi-process run (ddp, fsdp): the function torch's elastic agent starts.
 
 Every rank runs the ordinary ``worker.execute`` path with its place in the job
-(:class:`~gputui.train.rankinfo.RankInfo`) and the stop every rank agrees on (``stopping``). Local rank 0 of each node records (events.jsonl
-and the parent's queue); the other ranks emit nothing, their figures reach the record through
-the strategy's gather at the log interval. A rank that fails does not write RunFailed itself:
-it writes its reason to ``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent
-tears the job down and the gputui agent names the root cause once (``agent.failure_event``).
+(:class:`~gputui.train.rankinfo.RankInfo`) and the stop every rank agrees on (``stopping``).
+Local rank 0 of each node records (events.jsonl and the parent's queue); the other ranks emit
+nothing, their figures reach the record through the strategy's gather at the log interval. A
+rank that fails does not write RunFailed itself: it writes its reason to
+``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent tears the job down and
+the gputui agent names the root cause once (``agent.failure_event``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 from gputui.core import runstore, signals
-from gputui.core.events import Event
+from gputui.core.events import Event, RunFailed
 from gputui.core.filewrite import write_atomic
 from gputui.train import shared_data
 from gputui.train.handoff import LaunchSpec, RankProcess, quick_exit
@@ -45,10 +46,10 @@ class _RankEmit:
 
     def __init__(self, recorder: Recorder | None, run_dir: Path):
         self.recorder, self.run_dir = recorder, run_dir
-        self.failed: Event | None = None
+        self.failed: RunFailed | None = None
 
     def emit(self, event: Event) -> None:
-        if event.kind == "run_failed":
+        if isinstance(event, RunFailed):
             self.failed = event
         elif self.recorder is not None:
             self.recorder.emit(event)

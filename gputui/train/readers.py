@@ -22,7 +22,8 @@ import numpy as np
 try:  # numpy 2 moved the pickling helpers; files written by numpy 1 name the old module
     from numpy._core.multiarray import _reconstruct
 except ImportError:  # numpy 1
-    from numpy.core.multiarray import _reconstruct
+    # the same function from its numpy 1 home; mypy sees one name bound twice
+    from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
 
 # IDX type codes (the third byte of the magic number) and their big-endian numpy dtypes.
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -53,7 +54,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) != expected:
         raise FormatError(f"{path}: IDX data is {len(raw) - header} bytes, the header "
                           f"{shape} says {expected - header}; the file is damaged")
-    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+    data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    return data.astype(dtype.newbyteorder("="))
 
 
 def read_idx_pair(images: str | Path, labels: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -92,7 +92,8 @@ def _unpack(spec: str, got: Any):
     if all(isinstance(p, torch.Tensor) for p in got):
         raise UserCodeError(f"data.factory '{spec}' returned one (images, labels) pair; return "
                             f"(train, test), each an (images, labels) pair")
-    parts = [_as_tensors(spec, part, which) for part, which in zip(got, ("train", "test"))]
+    parts = [_as_tensors(spec, part, which)
+             for part, which in zip(got, ("train", "test"), strict=True)]
     if all(p is not None for p in parts):
         return parts[0], parts[1], classes
     return None, None, classes
@@ -176,8 +177,8 @@ class FolderSet(torch.utils.data.Dataset):
         from PIL import Image
 
         path, label = self.samples[i]
-        with Image.open(path) as im:
-            im = im.convert(self.mode)
+        with Image.open(path) as opened:
+            im = opened.convert(self.mode)
             if im.size != self.size:
                 im = im.resize(self.size)
             arr = np.asarray(im, dtype=np.uint8)

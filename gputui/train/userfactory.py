@@ -128,7 +128,9 @@ def adapt_input_channels(model, channels: int):
     name, conv = first
     parent_name, _, attr = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, attr, nn.Conv2d(channels, conv.out_channels, conv.kernel_size, conv.stride,
-                                    conv.padding, conv.dilation, conv.groups,
-                                    conv.bias is not None, conv.padding_mode))
+    # a Conv2d's sizes are pairs, but its base class (_ConvNd) declares them tuple[int, ...]
+    setattr(parent, attr, nn.Conv2d(channels, conv.out_channels,
+                                    conv.kernel_size, conv.stride,  # type: ignore[arg-type]
+                                    conv.padding, conv.dilation,  # type: ignore[arg-type]
+                                    conv.groups, conv.bias is not None, conv.padding_mode))
     return model

@@ -1,7 +1,7 @@
 """A warm start: a training process with torch imported before the user presses Start.
 
 The app prepares one while the user is on its set-up screen, and a sweep keeps one between its
-points: ``prepare()`` spawns a process that imports torch and gputui's training code (and, on
+points: ``ensure_worker()`` spawns a process that imports torch and gputui's training code (and, on
 GPUs, creates the CUDA context and loads cuBLAS/cuDNN on the chosen devices), then waits for
 a run. ``launch`` (launcher.py) hands a single-process run to an idle warm worker when there is
 one (``take``), so the run starts without the interpreter's start and torch's import. After
@@ -116,7 +116,7 @@ class RunProxy:
             self.worker.idle.wait(0.1 if left is None else min(0.1, left))
 
 
-def prepare(cuda: tuple[int, ...] = ()) -> WarmWorker:
+def ensure_worker(cuda: tuple[int, ...] = ()) -> WarmWorker:
     """Have one warm worker ready (start it unless one is alive); returns it. ``cuda``: the
     GPU indices whose CUDA context the worker creates ahead of a run."""
     with _LOCK:
@@ -208,7 +208,7 @@ def _load(cuda: list[int]) -> dict[str, Any]:
     import numpy as np
     import torch
     # The first optimizer a process builds imports torch._dynamo (torch.optim's __init__ is
-    # wrapped by torch._disable_dynamo): 1.1-1.4 s of a cold run's "model" time on the CPU here.
+    # wrapped by torch._disable_dynamo): a large part of a cold run's "model" time.
     import torch._dynamo  # noqa: F401
 
     from gputui.core import registry  # noqa: F401

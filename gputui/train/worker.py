@@ -12,11 +12,12 @@ import re
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from gputui.core.config import from_dict
 from gputui.core.devices import Device
-from gputui.core.events import InitDone, LogLine, RunFailed, RunFinished, RunStarted, RunStopped
+from gputui.core.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
+                                 RunStopped)
 from gputui.core.filewrite import DISK_FULL, WriteFailed, os_error_in
 from gputui.core.usercode import code_named
 from gputui.train.handoff import LaunchSpec
@@ -25,7 +26,15 @@ from gputui.train.recorder import Recorder
 from gputui.train.stopping import AgreedStop, StopFlag
 
 
-def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Recorder,
+class EventSink(Protocol):
+    """What execute records through: a Recorder, or a rank's filter in front of one."""
+
+    run_dir: Path
+
+    def emit(self, event: Event) -> None: ...
+
+
+def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: EventSink,
             should_stop: Callable[[], bool], t_launch: float,
             rank: RankInfo | None = None, load_data: Callable | None = None,
             notes: list[str] | tuple = ()) -> str:
@@ -40,6 +49,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         from gputui.core import registry
 
         info = registry.get(cfg.strategy.name)
+        assert info is not None, "plan.validate checked the strategy name"
 
         def start() -> None:
             nonlocal started
@@ -81,7 +91,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: Record
         t3 = time.perf_counter()
         from gputui.train.strategies import fastpath
 
-        compile_s = fastpath.prepare(strategy, ds, emit)  # before the first step, timed apart
+        compile_s = fastpath.compile_ahead(strategy, ds, emit)  # before the first step, timed apart
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
         if ds.source:

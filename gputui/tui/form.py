@@ -196,7 +196,7 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
             from gputui.runs.prepare import prepare
 
             prepare(cfg, SOURCE, origins, files=False)
-        elif check:
+        elif check and devices is not None:
             plan.validate(cfg, devices, SOURCE, origins)
     except ConfigError as exc:
         return FormResult(None, errors, str(exc), origins)

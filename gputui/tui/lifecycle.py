@@ -48,14 +48,14 @@ class SignalExit:
             self._hang_up()
             return
         first = self.stop_signal is None
-        if first:
-            self.stop_signal = signum
-        code = 128 + self.stop_signal
+        stop_signal = signum if self.stop_signal is None else self.stop_signal
+        self.stop_signal = stop_signal
+        code = 128 + stop_signal
         screen = getattr(self, "run_screen", None)
         if not self.run_active or screen is None or screen.handle is None:  # type: ignore[attr-defined]
             self.exit(code, return_code=code)  # type: ignore[attr-defined]
             return
-        self.quit_after_run, self.quit_code = True, code  # type: ignore[attr-defined]
+        self.quit_after_run, self.quit_code = True, code
         if first:
             screen.log_ui(f"{describe(signum)}: stopping the run, then quitting")
             screen.stop_with(stop_reason(signum))
@@ -88,7 +88,7 @@ class SignalExit:
             return
         screen.log_ui(f"{why}: killing the run")
         screen.kill_now(f"killed: {why}")
-        code = self.quit_code  # type: ignore[attr-defined]
+        code = self.quit_code
         self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))  # type: ignore[attr-defined]
 
 
@@ -96,6 +96,8 @@ def detach_terminal() -> None:
     """The terminal hung up: point every descriptor the app draws on at /dev/null."""
     fds = {0, 1, 2}
     for stream in (sys.__stdin__, sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+        if stream is None:
+            continue
         try:
             fds.add(stream.fileno())
         except (AttributeError, OSError, ValueError):

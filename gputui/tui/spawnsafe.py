@@ -66,15 +66,17 @@ def private_terminal() -> Iterator[bool]:
     tty_out = os.fdopen(os.dup(1), "w", buffering=1, encoding=enc, errors="replace")
     old = (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr)
     # Textual's driver writes to sys.__stderr__ and sizes the screen from sys.__stdout__
-    # (shutil.get_terminal_size): hand both the private copies of the terminal.
-    sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr = tty_out, tty_err, tty_out, tty_err
+    # (shutil.get_terminal_size): hand both the private copies of the terminal. (typeshed
+    # declares sys.__stdout__ and sys.__stderr__ Final: replacing them is the point here.)
+    sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr = (  # type: ignore[misc]
+        tty_out, tty_err, tty_out, tty_err)
     _state.update(private=True, routed=None)
     try:
         yield True
     finally:
         for f in (tty_out, tty_err):
             f.flush()
-        sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr = old
+        sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr = old  # type: ignore[misc]
         _state.update(private=False, routed=None)
         os.dup2(saved_out, 1)
         os.dup2(saved_err, 2)

@@ -91,7 +91,7 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
 
     strategy_name, model, batch, extra, epochs = SCENARIOS[name]
     cfg, ds, strategy = build(name, spec)
-    fastpath.prepare(strategy, ds, lambda event: None)  # compiles before the first step
+    fastpath.compile_ahead(strategy, ds, lambda event: None)  # compiles before the first step
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
                             strategy.data_device())
     losses = []

@@ -108,7 +108,7 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     proc = subprocess.Popen([*GPUTUI, "run", "quickstart", "--epochs", "50", "--runs-dir",
                              str(runs), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         dirs = list(runs.glob("*/events.jsonl")) if runs.exists() else []
         if dirs and any(e.kind == "step" for e in read_events(dirs[0].parent)):

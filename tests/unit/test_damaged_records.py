@@ -197,7 +197,7 @@ async def main():
                    presets=[])
     async with app.run_test(size=(160, 44)) as pilot:
         await pilot.press("f6")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240
         while not (isinstance(app.screen, HistoryScreen) and app.screen.loaded):
             assert time.monotonic() < deadline, "the history never loaded"
             await pilot.pause(0.05)

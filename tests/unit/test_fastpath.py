@@ -35,7 +35,7 @@ def compiled_steps(cfg, steps: int = STEPS):
                                                       ds.num_classes)
     strategy.setup()
     events = []
-    seconds = fastpath.prepare(strategy, ds, events.append)
+    seconds = fastpath.compile_ahead(strategy, ds, events.append)
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
                             channels_last=cfg.run.channels_last)
     losses = [strategy.train_step(x, y).item()
@@ -124,3 +124,48 @@ def test_strategies_that_do_not_compile_say_so_and_train_eager(strategy, spec):
     assert seconds == 0.0
     assert any("run.compile does not apply to dp" in n for n in got.notes)
     assert_params_close(params(got.primary_model()), params(eager.primary_model()))
+
+
+def _combination(compile_mode: str, channels_last: bool, precision: str):
+    marks = [pytest.mark.slow] if compile_mode != "off" else []  # inductor: seconds per graph
+    return pytest.param(compile_mode, channels_last, precision, marks=marks,
+                        id=f"{compile_mode}-{'cl' if channels_last else 'nchw'}-{precision}")
+
+
+# fp16 is refused on CPU devices (plan.validate); its combinations run on a GPU (below)
+@pytest.mark.parametrize("compile_mode,channels_last,precision", [
+    _combination(c, cl, p) for c, cl, p in itertools.product(("off", "default"), (False, True),
+                                                               ("fp32", "bf16"))])
+def test_every_fast_path_combination_trains_a_conv_model(compile_mode, channels_last,
+                                                         precision):
+    check_combination("cpu", compile_mode, channels_last, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_mode,channels_last", itertools.product(("off", "default"),
+                                                                         (False, True)))
+def test_every_fp16_fast_path_combination_trains_a_conv_model_on_a_gpu(compile_mode,
+                                                                        channels_last):
+    check_combination("cuda:0", compile_mode, channels_last, "fp16")
+
+
+def check_combination(spec: str, compile_mode: str, channels_last: bool, precision: str):
+    """What the README says composes (run.compile x run.channels_last x run.precision), on
+    LeNet: the run compiles (or not) without falling back, and its first steps' losses are the
+    plain run's of the same precision."""
+    _, eager_losses = run_steps(make_config("single", spec, "lenet", 32,
+                                            **{"run.precision": precision}), 2)
+    before = graphs()
+    got, losses, seconds, events = compiled_steps(make_config(
+        "single", spec, "lenet", 32, **{"run.compile": compile_mode,
+                                        "run.channels_last": channels_last,
+                                        "run.precision": precision}), 2)
+    assert [e.message for e in events if e.kind == "log"] == []  # no fallback to eager
+    if compile_mode == "off":
+        assert seconds == 0.0
+    else:
+        assert seconds > 0 and graphs() > before
+    conv = got.model[1][0].weight  # the first conv (one input channel: both formats)
+    assert conv.is_contiguous(memory_format=torch.channels_last) == channels_last
+    tolerance = 1e-5 if precision == "fp32" else 2e-2  # bf16/fp16 round each kernel's output
+    assert losses == pytest.approx(eager_losses, rel=tolerance)

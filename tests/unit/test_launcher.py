@@ -28,7 +28,7 @@ def _cfg(**changes) -> RunConfig:
 def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):
     handle = launch(_cfg(), tmp_path)
     seen = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240
     while not any(e.kind == "step" for e in seen) and time.monotonic() < deadline:
         seen += handle.poll(timeout=0.2)
     assert isinstance(seen[0], RunStarted) and any(isinstance(e, InitDone) for e in seen)

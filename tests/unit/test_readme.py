@@ -50,7 +50,13 @@ def test_the_set_up_lines_are_what_ci_runs_and_install_the_console_script():
                      "&& .venv/bin/gputui --preset quickstart"]
     after_marker = README.split("<!-- test-command -->\n", 1)[1].split("\n")
     assert after_marker[0] == "```sh" and after_marker[1] == tests[0]
-    assert tests[0].endswith(".venv/bin/python -m pytest -q") and "'.[test]'" in tests[0]
+    assert "'.[test]'" in tests[0]
+    # the static checks run before the suite, so CI fails on a lint or type error
+    assert tests[0].endswith(" && .venv/bin/ruff check gputui && .venv/bin/mypy gputui"
+                             " && .venv/bin/python -m pytest -q"), tests[0]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert {"ruff", "mypy"} <= {re.split(r"[<>=!~ ]", d)[0] for d in extras["test"]}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["gputui"] == "gputui.cli:main"
 

@@ -36,7 +36,7 @@ def run(cfg: RunConfig, runs) -> tuple[dict, int, list]:
 def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
     warm.close_all()
     cold, cold_pid, _ = run(config(), tmp_path)  # no warm worker: a fresh process
-    worker = warm.prepare()
+    worker = warm.ensure_worker()
     try:
         assert worker.ready.wait(120)  # torch loaded before the run is asked for
         # a run that changes what a process keeps: other seed, threads, precision, dropout-
@@ -59,7 +59,7 @@ def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
 
 def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path):
     warm.close_all()
-    worker = warm.prepare()
+    worker = warm.ensure_worker()
     try:
         assert worker.ready.wait(120)
         handle = launch(config(**{"run.epochs": 50}), tmp_path)
@@ -83,7 +83,7 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
     import signal as signal_mod
 
     warm.close_all()
-    worker = warm.prepare()
+    worker = warm.ensure_worker()
     try:
         assert worker.ready.wait(120)
         handle = launch(config(**{"run.epochs": 50}), tmp_path)

@@ -194,12 +194,15 @@ class Strategy:
         if self.micro == 1:
             return self._pass(model, x, y, denom, device)
         k = min(self.micro, len(x))
-        total = None
-        for i, (xm, ym) in enumerate(zip(torch.tensor_split(x, k), torch.tensor_split(y, k))):
-            ctx = before_last() if before_last is not None and i < k - 1 else contextlib.nullcontext()
+        total: torch.Tensor | None = None
+        pieces = zip(torch.tensor_split(x, k), torch.tensor_split(y, k), strict=True)
+        for i, (xm, ym) in enumerate(pieces):
+            last = before_last is None or i == k - 1
+            ctx = contextlib.nullcontext() if last else before_last()
             with ctx:
                 part = self._pass(model, xm, ym, denom, device)
             total = part if total is None else total + part
+        assert total is not None  # k >= 1 slices
         return total
 
     def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
@@ -290,7 +293,7 @@ class Strategy:
         devs = self.torch_devices[:len(models)]
         correct = no_correct(devs[0])
         for model, dev, xs, ys in zip(models, devs, torch.tensor_split(x, len(models)),
-                                      torch.tensor_split(y, len(models))):
+                                      torch.tensor_split(y, len(models)), strict=True):
             if len(xs) == 0:
                 continue
             with self.autocast(dev):
@@ -326,7 +329,8 @@ class Strategy:
         models, opts = self.models(), self.optimizers()
         if len(models) == len(opts) == len(self.devices) > 1:
             return [(d.name, dev, m, [o])
-                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts)]
+                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts,
+                                            strict=True)]
         return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
 
     def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
@@ -337,7 +341,7 @@ class Strategy:
         from gputui.train import memory
 
         groups = self.memory_groups()
-        sharing = {}
+        sharing: dict[str, int] = {}
         for _, dev, _, _ in groups:
             sharing[str(dev)] = sharing.get(str(dev), 0) + 1
         rows = []
@@ -372,9 +376,9 @@ class Strategy:
         if len(state["models"]) != len(models) or len(state["optimizers"]) != len(opts):
             raise ValueError(f"{len(state['models'])} model(s) and {len(state['optimizers'])} "
                              f"optimizer(s) saved, {len(models)} and {len(opts)} here")
-        for model, saved in zip(models, state["models"]):
+        for model, saved in zip(models, state["models"], strict=True):
             model.load_state_dict(saved)
-        for opt, saved in zip(opts, state["optimizers"]):
+        for opt, saved in zip(opts, state["optimizers"], strict=True):
             opt.load_state_dict(saved)
         self.load_scaler_state(state)
 

@@ -62,13 +62,15 @@ class CommTimer(SpanTimer):
     def hook(self, state, bucket):  # no annotations: DDP checks them, and they are strings here
         """The registered hook: DDP calls it once per bucket (a ``dist.GradBucket``) whose
         gradients are ready; returns the future of the averaged bucket."""
+        # allreduce_hook is typed ProcessGroup, but takes None as the default group (as
+        # register_comm_hook's own docs do): the two calls below pass self.group, maybe None
         if not self.active:
-            fut = default_hooks.allreduce_hook(self.group, bucket)
+            fut = default_hooks.allreduce_hook(self.group, bucket)  # type: ignore[arg-type]
             return fut.then(self._late) if self.delay_s else fut
         start = self.watch.mark()
         buffer = bucket.buffer()
         self.nbytes += buffer.numel() * buffer.element_size()
-        fut = default_hooks.allreduce_hook(self.group, bucket)
+        fut = default_hooks.allreduce_hook(self.group, bucket)  # type: ignore[arg-type]
         if self.delay_s:
             fut = fut.then(self._late)
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
+from gputui.train.strategies.base import Stopwatch
 from gputui.train.strategies.single import Single
 
 
@@ -36,7 +37,7 @@ def accelerator_present() -> bool:
     return _get_available_device_type() is not None
 
 
-class DeviceMarks:
+class DeviceMarks(Stopwatch):
     """A Stopwatch over every GPU of a DataParallel step: each mark is one CUDA event per
     device, recorded on that device's current stream (no sync; read at the log interval), so
     each device's part of the step is timed on its own clock. ``seconds`` reads the first
@@ -135,9 +136,10 @@ class DataParallelStrategy(Single):
             part = total // k + (1 if j < total % k else 0)
             for i, size in enumerate(scatter_sizes(part, len(self.devices))):
                 shares[i] += size
-        rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares)]
+        rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares, strict=True)]
         # each device's step as its own stream ran it
-        for row, parts in zip(rows, [bd, *other_devices(self.watch, self.timing, len(rows))]):
+        others = other_devices(self.watch, self.timing, len(rows))
+        for row, parts in zip(rows, [bd, *others], strict=True):
             row["breakdown"] = parts
         return {"step_s": t, "comm_s": None, "per_device": rows}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -125,7 +125,9 @@ class DDPStrategy(Strategy):
 
     def no_sync(self):
         """Context for every micro-batch but the last: accumulate without all-reducing."""
-        return self.model.no_sync()
+        from torch.nn.parallel import DistributedDataParallel
+
+        return cast(DistributedDataParallel, self.model).no_sync()  # what wrap made
 
     def models(self) -> list[nn.Module]:
         return [self.module]
@@ -174,7 +176,8 @@ class DDPStrategy(Strategy):
         and where torch cannot time them, they stay in compute (exposed 0 or None)."""
         t, w = self.timing, self.watch
         span = w.seconds(t["start"], t["end"])
-        begin, backward = w.seconds(t["start"], t["begin"]), w.seconds(t["start"], t["backward_end"])
+        begin = w.seconds(t["start"], t["begin"])
+        backward = w.seconds(t["start"], t["backward_end"])
         split = self.comm.split(t["start"], t["backward_end"]) if self.comm is not None else None
         if split is None:  # nothing synced (0), or comm that cannot be split here (None)
             unsplit = self.comm is None or not self.comm.splits
@@ -246,17 +249,19 @@ class DDPStrategy(Strategy):
         dev = self.devices[self.local_rank]
         bd = self.step_breakdown() if t else {}
         parts = [-1.0 if bd.get(k) is None else bd[k] for k in _PARTS]
-        comm = self.comm.seconds(t["start"]) if t and self.comm is not None else None
-        nbytes = self.comm.nbytes if comm is not None else 0
+        timer = self.comm if t else None
+        comm = timer.seconds(t["start"]) if timer is not None else None
+        nbytes = timer.nbytes if timer is not None else 0
         mine = torch.tensor([self.rank, self.node, float(self.cuda), dev.index,
                              t.get("samples", 0) if t else 0, compute, step, alloc, reserved,
                              self._read_rss(), os.getpid(), nbytes,
                              -1.0 if comm is None else comm,
-                             len(self.comm.spans) if comm is not None else 0, *parts],
+                             len(timer.spans) if timer is not None else 0, *parts],
                             dtype=torch.float64)
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.control)
-        per_device = [self._row(dict(zip(_FIELDS, r.tolist())), r[len(_FIELDS):].tolist())
+        per_device = [self._row(dict(zip(_FIELDS, r[:len(_FIELDS)].tolist(), strict=True)),
+                                r[len(_FIELDS):].tolist())
                       for r in rows]
         return {"step_s": step, "comm_s": comm, "per_device": per_device}
 
@@ -277,7 +282,8 @@ class DDPStrategy(Strategy):
                 row.update(comm_bytes=int(f["comm_bytes"]),
                            comm_gbps=gbps(int(f["comm_bytes"]), f["comm_s"]))
         if parts[0] >= 0:
-            row["breakdown"] = {k: (None if v < 0 else v) for k, v in zip(_PARTS, parts)}
+            row["breakdown"] = {k: (None if v < 0 else v)
+                                for k, v in zip(_PARTS, parts, strict=True)}
         return row
 
     def _read_rss(self) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -40,12 +40,15 @@ def compile_module(module: nn.Module, mode: str) -> nn.Module:
     """``module`` through torch.compile in ``mode`` ("off": the module itself)."""
     if mode == "off":
         return module
-    return torch.compile(module, **compile_args(mode))
+    # torch.compile is typed as returning a callable; given a module it returns a module
+    # (an OptimizedModule around it)
+    return cast(nn.Module, torch.compile(module, **compile_args(mode)))
 
 
 def to_channels_last(model: nn.Module) -> nn.Module:
     """4-D parameters and buffers (conv weights) in channels_last; the rest as it is."""
-    return model.to(memory_format=torch.channels_last)
+    # Module.to's typed overloads omit memory_format, which it documents and accepts
+    return model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
 
 def eager(value: Any) -> tuple[Any, int]:
@@ -57,7 +60,7 @@ def eager(value: Any) -> tuple[Any, int]:
     if isinstance(value, nn.Module) and hasattr(value, "_orig_mod"):
         return value._orig_mod, 1
     inner = getattr(value, "module", None)  # DDP around a compiled model: same parameters
-    if isinstance(value, nn.Module) and hasattr(inner, "_orig_mod"):
+    if isinstance(value, nn.Module) and inner is not None and hasattr(inner, "_orig_mod"):
         value.module = inner._orig_mod
         return value, 1
     return value, 0
@@ -81,7 +84,7 @@ def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
         strategy.load_state_dict(saved)
 
 
-def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
+def compile_ahead(strategy, ds, emit: Callable[[Event], None]) -> float:
     """Compile before the first step (see the module doc); returns the seconds it took (0.0
     when run.compile is off or does not apply). Raises CompileError on a failed compile
     with run.compile_fallback = "fail"."""
@@ -103,9 +106,7 @@ def prepare(strategy, ds, emit: Callable[[Event], None]) -> float:
             raise CompileError(f"{what}; set run.compile = \"off\" or run.compile_fallback = "
                                f"\"eager\"") from None
         strategy.use_eager()
-        import torch._dynamo
-
-        torch._dynamo.reset()
+        torch.compiler.reset()
         emit(LogLine(level="warning", message=f"{what}; training eager instead "
                                               f"(run.compile_fallback = \"eager\")"))
     return time.perf_counter() - t0

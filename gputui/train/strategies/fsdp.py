@@ -12,7 +12,7 @@ state-dict API only while it is written, onto the CPU of the rank that writes it
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from gputui.core.config import ConfigError
 from gputui.train.strategies.base import no_correct
 from gputui.train.strategies.ddp import DDPStrategy
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer, install
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 class FSDPStrategy(DDPStrategy):
@@ -61,11 +64,12 @@ class FSDPStrategy(DDPStrategy):
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate unsharded gradients without reduce-scattering (FSDP2's no_sync)."""
-        self.model.set_requires_gradient_sync(False)
+        model = cast("FSDPModule", self.model)  # what wrap made: fully_shard's module
+        model.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            self.model.set_requires_gradient_sync(True)
+            model.set_requires_gradient_sync(True)
 
     @torch.no_grad()
     def full_model(self) -> nn.Module:
@@ -76,7 +80,8 @@ class FSDPStrategy(DDPStrategy):
 
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         plain = self.build_model()
-        plain.load_state_dict({k: v.cpu() for k, v in full.items()})
+        plain.load_state_dict({k: v.cpu() if isinstance(v, torch.Tensor) else v
+                               for k, v in full.items()})
         return plain
 
     def set_train(self, mode: bool) -> None:
@@ -85,8 +90,10 @@ class FSDPStrategy(DDPStrategy):
             self._reshard()  # the root's parameters stay gathered after a forward without backward
 
     def _reshard(self) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
         for module in self.model.modules():
-            if hasattr(module, "reshard"):
+            if isinstance(module, FSDPModule):
                 module.reshard()
 
     @torch.no_grad()

@@ -88,13 +88,15 @@ def install(model: nn.Module, timer: FSDPCommTimer) -> bool:
         return False
     gather_cls, scatter_cls = defaults
 
-    class TimedAllGather(gather_cls):
+    # the bases are the classes this torch provides, found at run time: mypy cannot check a
+    # class whose base is a variable
+    class TimedAllGather(gather_cls):  # type: ignore[valid-type, misc]
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             inner = super().__call__
             return timer.timed(lambda o, i, **kw: inner(o, i, **kw), output_tensor,
                                input_tensor, group=group, async_op=async_op)
 
-    class TimedReduceScatter(scatter_cls):
+    class TimedReduceScatter(scatter_cls):  # type: ignore[valid-type, misc]
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             inner = super().__call__
             return timer.timed(lambda o, i, **kw: inner(o, i, **kw), output_tensor,

@@ -17,6 +17,7 @@ single-device one; BatchNorm is the exception, its batch statistics being per ch
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,8 @@ class ModelParallel(Strategy):
         bounds = [0, *points, len(layers)]
         # each stage runs its blocks' layers flattened (one call per layer)
         self.stages = [nn.Sequential(*flat_layers(nn.Sequential(*layers[a:b]))).to(dev)
-                       for a, b, dev in zip(bounds, bounds[1:], self.torch_devices)]
+                       for a, b, dev in zip(bounds[:-1], bounds[1:], self.torch_devices,
+                                          strict=True)]
         self.runners = [self.fast(stage) for stage in self.stages]  # what a training step calls
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.torch_devices[-1])
@@ -68,7 +70,7 @@ class ModelParallel(Strategy):
         self.chunks = self.cfg.strategy.pipeline_chunks
         how = "at strategy.split_points" if given else "balanced by parameter count"
         sizes = ", ".join(f"{d.name} layers {a}-{b - 1} ({sum(counts[a:b]):,} params)"
-                          for a, b, d in zip(bounds, bounds[1:], self.devices))
+                          for a, b, d in zip(bounds[:-1], bounds[1:], self.devices, strict=True))
         self.notes.append(f"model_parallel: {label} cut into {n} stages {how}, "
                           f"split points {points}: {sizes}")
         if all(d.kind == "cpu" for d in self.devices):
@@ -98,8 +100,10 @@ class ModelParallel(Strategy):
         be run (and timed) on its own and the gradient sent back explicitly."""
         n, c = len(self.stages), len(xs)
         stages = stages or self.runners
-        inputs = [[None] * n for _ in range(c)]
-        outputs = [[None] * n for _ in range(c)]
+        # [chunk][stage]: a slot holds its tensor from the tick that makes it until the
+        # backward frees it (None before and after)
+        inputs: list[list[Any]] = [[None] * n for _ in range(c)]
+        outputs: list[list[Any]] = [[None] * n for _ in range(c)]
         comm = meter["comm"] if meter else None
         for t in range(c + n - 1):
             # Downstream stages first: their inputs are ready, and on CUDA their kernels are
@@ -148,7 +152,7 @@ class ModelParallel(Strategy):
         c = min(self.chunks, len(x))
         xs, ys = ((x, ), (y, )) if c == 1 else (torch.tensor_split(x, c), torch.tensor_split(y, c))
         inputs, outputs = self._forward(xs, meter)
-        losses = [self.scaled_loss(out[-1], yc, denom) for out, yc in zip(outputs, ys)]
+        losses = [self.scaled_loss(out[-1], yc, denom) for out, yc in zip(outputs, ys, strict=True)]
         self._backward(inputs, outputs, losses, meter)
         if c == 1:
             return losses[0].detach()
@@ -175,7 +179,8 @@ class ModelParallel(Strategy):
         else:
             k = min(self.micro, len(x))
             parts = [self._pipeline(xm, ym, len(x), meter)
-                     for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k))]
+                     for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k),
+                                       strict=True)]
             loss = torch.stack(parts).sum()
         if meter is not None:
             meter["update"] = self.watches[0].mark()
@@ -195,7 +200,7 @@ class ModelParallel(Strategy):
         first = self.watches[0]
         step, update = first.seconds(t["start"], t["end"]), first.seconds(t["update"], t["end"])
         computes = [sum(w.seconds(a, b) for a, b in marks)
-                    for w, marks in zip(self.watches, t["compute"])]
+                    for w, marks in zip(self.watches, t["compute"], strict=True)]
         sends = [0.0] * len(self.stages)  # each stage's outgoing moves: its exposed comm
         for src, a, b in t["comm"]:
             sends[src] += self.watches[src].seconds(a, b)
@@ -203,7 +208,7 @@ class ModelParallel(Strategy):
         in_turn = all(d.kind == "cpu" for d in self.devices)
         busy = sum(computes) + sum(sends)
         per_device = []
-        for d, own, sent in zip(self.devices, computes, sends):
+        for d, own, sent in zip(self.devices, computes, sends, strict=True):
             wait = busy - own - sent if in_turn else 0.0
             per_device.append({"device": d.name, "samples": t["samples"], "compute_s": own,
                                "breakdown": breakdown.make(step, t["data_s"], own, update,

@@ -24,6 +24,7 @@ bubble, the time it sits idle waiting for the other stages, against the theory's
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 from collections import OrderedDict
 from typing import Any
@@ -105,7 +106,7 @@ class PipelineParallel(DDPStrategy):
         if s == 0:
             how = "at strategy.split_points" if given else "balanced by parameter count"
             sizes = ", ".join(f"stage {i} blocks {lo}-{hi - 1} ({sum(counts[lo:hi]):,} params)"
-                              for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])))
+                              for i, (lo, hi) in enumerate(itertools.pairwise(self.bounds)))
             self.notes.append(f"pp: {label} cut into {p} stages {how} (split points {points}): "
                               f"{sizes}; {self.chunks} micro-batch(es) per step on the "
                               f"{self.cfg.strategy.schedule} schedule; theoretical bubble "
@@ -121,7 +122,7 @@ class PipelineParallel(DDPStrategy):
         each (every rank creates every group, in the same order, as new_group requires); the
         ones this rank holds, with their group and whether this is the first stage holding it."""
         where: dict[int, tuple[nn.Parameter, set[int]]] = {}
-        for s, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
+        for s, (lo, hi) in enumerate(itertools.pairwise(self.bounds)):
             for block in blocks[lo:hi]:
                 for param in block.parameters():
                     where.setdefault(id(param), (param, set()))[1].add(s)
@@ -174,7 +175,7 @@ class PipelineParallel(DDPStrategy):
         if k > 1:
             xs, ys = torch.tensor_split(x, k), torch.tensor_split(y, k)
         with self.autocast(self.device):
-            for xm, ym in zip(xs, ys):
+            for xm, ym in zip(xs, ys, strict=True):
                 mine: list[torch.Tensor] = []  # the schedule refills the list it is given
                 self.schedule.step(*((xm,) if first else ()), target=ym if last else None,
                                    losses=mine if last else None, **self._step_kw)
@@ -273,7 +274,8 @@ class PipelineParallel(DDPStrategy):
         missing = [k for k in names if k not in full]
         if missing:
             raise ValueError(f"the checkpoint lacks {', '.join(missing[:3])}")
-        self.module.load_state_dict(dict(zip(self.module.state_dict(), (full[k] for k in names))))
+        self.module.load_state_dict(dict(zip(self.module.state_dict(), (full[k] for k in names),
+                                             strict=True)))
         self.opt.load_state_dict(saved[self.rank])
 
     def _full_names(self, state: dict[str, Any]) -> dict[str, Any]:

@@ -92,10 +92,10 @@ class Scratch(Strategy):
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
         start = self.watches[0].mark() if meter else None
         marks = []
-        loss = None
+        loss: torch.Tensor | None = None
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
-        for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices)):
+        for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices, strict=True)):
             begin = self.watches[i].mark() if meter else None
             part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
                                          ys[i].to(dev, non_blocking=True), total, dev)
@@ -106,10 +106,11 @@ class Scratch(Strategy):
         if self.comm_delay_s:
             time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
         with torch.no_grad():
-            for grads in zip(*[[p.grad for p in params] for params in self.params]):
+            for grads in zip(*[[p.grad for p in params] for params in self.params], strict=True):
                 allreduce(list(grads))
         comm_end = self.watches[0].mark() if meter else None
         self.optimizer_step(*self.opts)
+        assert loss is not None  # one replica at least
         if meter:
             self.timing = {"start": start, "marks": marks, "comm": (comm_begin, comm_end),
                            "sizes": sizes, "end": self.watches[0].mark(), "data_s": data_s}
@@ -126,11 +127,11 @@ class Scratch(Strategy):
         comm = first.seconds(*t["comm"])
         step = first.seconds(t["start"], t["end"])
         update = first.seconds(t["comm"][1], t["end"])
-        computes = [w.seconds(a, b) for w, (a, b) in zip(self.watches, t["marks"])]
+        computes = [w.seconds(a, b) for w, (a, b) in zip(self.watches, t["marks"], strict=True)]
         # CPU virtual devices run one after another: each waits while the others compute
         in_turn = all(d.kind == "cpu" for d in self.devices)
         per_device = []
-        for d, size, own in zip(self.devices, t["sizes"], computes):
+        for d, size, own in zip(self.devices, t["sizes"], computes, strict=True):
             wait = sum(computes) - own if in_turn else 0.0
             per_device.append({"device": d.name, "samples": size, "compute_s": own,
                                "breakdown": breakdown.make(step, t["data_s"], own, update,
@@ -142,7 +143,7 @@ class Scratch(Strategy):
         """Raise ReplicaMismatch unless every replica equals the first, parameter by parameter."""
         names = [name for name, _ in self.replicas[0].named_parameters()]
         for r, params in enumerate(self.params[1:], start=1):
-            for name, p0, p in zip(names, self.params[0], params):
+            for name, p0, p in zip(names, self.params[0], params, strict=True):
                 if not torch.equal(p0, p.to(p0.device)):
                     diff = (p0 - p.to(p0.device)).abs().max().item()
                     raise ReplicaMismatch(f"replica {r} differs from replica 0 in '{name}' "
@@ -158,7 +159,7 @@ class Scratch(Strategy):
         """Load the saved replica into every replica (and its optimizer state into every
         optimizer, each its own copy: on one device ``.to()`` would share the momentum buffers
         and every replica's step would update them)."""
-        for model, opt in zip(self.replicas, self.opts):
+        for model, opt in zip(self.replicas, self.opts, strict=True):
             model.load_state_dict(state["models"][0])
             opt.load_state_dict(copy.deepcopy(state["optimizers"][0]))
         self.load_scaler_state(state)

@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+from textual.widgets.button import ButtonVariant
 
 
 class ChoiceDialog(ModalScreen[str | None]):
@@ -17,7 +18,8 @@ class ChoiceDialog(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, title: str, message: str,
-                 choices: list[tuple[str, str, str]], *, dialog_id: str = "choice") -> None:
+                 choices: list[tuple[str, str, ButtonVariant]], *,
+                 dialog_id: str = "choice") -> None:
         super().__init__(id=f"{dialog_id}-dialog")
         self.title_text = title
         self.message = message
@@ -80,7 +82,7 @@ class SavePresetDialog(ModalScreen[Path | None]):
             return
         path = Path(raw).expanduser()
         if path.suffix != ".toml":
-            path = path.with_suffix(path.suffix + ".toml") if path.suffix else path.with_suffix(".toml")
+            path = path.with_suffix(path.suffix + ".toml" if path.suffix else ".toml")
         if not path.parent.exists():
             self._error(f"the folder {path.parent} does not exist")
             return

@@ -93,8 +93,8 @@ class HistoryScreen(Screen):
         elif not message.rows:
             note.update(f"No runs recorded in {self.runs_dir} yet.")
         else:
-            note.update(f"{plural(len(message.rows), 'run')} in {self.runs_dir}. Enter opens a run, "
-                        f"space marks runs, c compares the marked ones.")
+            note.update(f"{plural(len(message.rows), 'run')} in {self.runs_dir}. "
+                        f"Enter opens a run, space marks runs, c compares the marked ones.")
         self.loaded = True
 
     def _cells(self, row: RunRow) -> list[str]:

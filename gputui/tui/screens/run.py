@@ -220,7 +220,7 @@ class RunScreen(RunControls, Screen):
             self.state = "killed" if ev.killed else "stopped"
             log.add("warning", f"run {self.state}: {ev.reason}", ev.t)
             self.notify(f"Run {self.state} ({ev.reason})", timeout=5)
-        else:
+        elif isinstance(ev, RunFailed):  # the terminal kinds are these three
             self.state = "failed"
             log.add("error", f"run failed: {ev.reason}", ev.t)
             if ev.detail:  # a traceback: kept in the record for a bug report, not shown here

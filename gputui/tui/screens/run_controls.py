@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from textual import work
 
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.widgets.run_log import RunLog
 
+if TYPE_CHECKING:  # what the mixin is checked against; at run time RunScreen brings Screen
+    from textual.screen import Screen
 
-class RunControls:
+    _Base = Screen
+else:
+    _Base = object
+
+
+class RunControls(_Base):
     """Mixed into RunScreen, which provides ``handle``, ``state``, ``ended`` and ``log_ui``."""
+
+    if TYPE_CHECKING:
+        handle: Any
+        state: str
+
+        @property
+        def ended(self) -> bool: ...
+
+        def log_ui(self, message: str, level: str = "ui") -> None: ...
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("stop", "kill") and (self.ended or self.handle is None):

@@ -137,9 +137,9 @@ class SetupScreen(Screen):
         names none is checked here (no disk is read), and so is any with ``now``; otherwise
         the check runs off this thread when the config's files change, and until it answers
         the last answer stands."""
-        if not result.ok:
-            return result
         cfg = result.config
+        if cfg is None:  # not ok
+            return result
         if now or not reads_disk(cfg):
             problem = files_problem(cfg, result.origins)
             if now:
@@ -156,6 +156,7 @@ class SetupScreen(Screen):
     @work(thread=True, exclusive=True, group="files", exit_on_error=False)
     def check_files(self, result: FormResult, key: str) -> None:
         """Read the disk for the files ``result``'s config names (off the UI thread)."""
+        assert result.config is not None  # _with_files asks only for a valid config
         self.post_message(FilesChecked(key, files_problem(result.config, result.origins)))
 
     def on_files_checked(self, message: FilesChecked) -> None:
@@ -172,8 +173,8 @@ class SetupScreen(Screen):
         marker = self.query_one("#code-marker", Static)
         marker.update(f"⚠ {code}" if code else "")
         marker.set_class(not code, "-none")
-        if result.ok:
-            cfg = result.config
+        cfg = result.config
+        if cfg is not None:  # ok
             d = cfg.to_dict()
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
                     f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
@@ -207,7 +208,7 @@ class SetupScreen(Screen):
     def action_start(self) -> None:
         """Start the run if the config is valid; otherwise say what is wrong."""
         result = self.revalidate(files_now=True)  # the disk, read now whatever it said before
-        if not result.ok:
+        if result.config is None:  # not ok
             message = next(iter(result.field_errors.values()), "") or result.error
             self.notify(message, title="Cannot start", severity="error", timeout=8)
             return
@@ -250,10 +251,10 @@ class SetupScreen(Screen):
     def action_save_preset(self) -> None:
         """Ask for a file name and write the form as a preset."""
         result = self.revalidate()
-        if not result.ok:
+        cfg = result.config
+        if cfg is None:  # not ok
             self.notify("Fix the form before saving it as a preset", severity="error")
             return
-        cfg = result.config
         folder = self.preset.parent if self.preset else Path.cwd()
         default = folder / f"{cfg.run.name}.toml"
         n = 2
@@ -281,5 +282,6 @@ def _files_key(result: FormResult) -> str:
     """What the file checks of a form's config depend on: its data, factories, batch size,
     checkpoint to resume, and which source set each key (the message names it)."""
     cfg = result.config
+    assert cfg is not None  # asked only for a valid config
     return repr((cfg.data, cfg.model.factory, cfg.optim.batch_size, cfg.run.resume_from,
                  sorted(result.origins.items())))

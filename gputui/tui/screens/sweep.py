@@ -186,8 +186,9 @@ class SweepScreen(Screen):
         """Say how the sweep ended; ctrl+e compares its runs."""
         self.state = message.state
         self._set_running(False)
+        sweep_id = self.sweep.manifest.sweep_id if self.sweep is not None else "?"
         text = {"finished": "finished", "interrupted": "stopped (resume it with "
-                f"gputui sweep --resume {self.sweep.manifest.sweep_id})",
+                f"gputui sweep --resume {sweep_id})",
                 "failed": f"failed: {message.error}"}.get(message.state, message.state)
         self.query_one("#sweep-status", Static).update(f"sweep {text}. ctrl+e compares the "
                                                        f"runs.")

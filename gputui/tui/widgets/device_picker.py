@@ -36,7 +36,7 @@ class DevicePicker(Vertical):
     all there is on a machine without GPUs; the sentence under the table says why.
     """
 
-    BINDINGS = [Binding("space", "toggle", "Toggle device")]
+    BINDINGS = [Binding("space", "toggle_device", "Toggle device")]
 
     class Changed(Message):
         """The device choice changed; ``spec`` is what ``devices.spec`` will say."""
@@ -83,7 +83,7 @@ class DevicePicker(Vertical):
     def spec(self) -> str:
         """The devices.spec for the current choice: 'cuda:1', '0,2', 'cpu' or 'cpu*4' (the
         preset's own while it waits for discovery)."""
-        if self.waiting:
+        if self.waiting and self.wanted is not None:  # waiting: a wanted spec, undiscovered
             return self.wanted[0]
         if self.selected_gpus:
             idx = sorted(self.selected_gpus)
@@ -171,7 +171,7 @@ class DevicePicker(Vertical):
             self._row_keys = keys
         else:
             for r, on in rows:
-                for col, value in zip(COLUMNS, self._cells(r, on)):
+                for col, value in zip(COLUMNS, self._cells(r, on), strict=True):
                     table.update_cell(r.name, col, value, update_width=True)
         self.query_one("#no-gpu-note", Static).update(self.inventory.gpu_note())
         self.set_class(not self.inventory.gpus, "-no-gpu")
@@ -181,7 +181,7 @@ class DevicePicker(Vertical):
         return ("✔" if on else "·", r.name, r.label, r.memory, r.util, r.status)
 
     # ------------------------------------------------------------------ input
-    def action_toggle(self) -> None:
+    def action_toggle_device(self) -> None:
         """Space toggles the row under the cursor, as Enter does."""
         self.query_one("#device-table", DataTable).action_select_cursor()
 

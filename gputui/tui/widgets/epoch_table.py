@@ -27,7 +27,7 @@ class EpochTable(DataTable):
                  f"{ev.train_loss:.4f}", acc_text(ev.test_acc), fmt_rate(ev.samples_per_s))
         key = str(ev.epoch)
         if ev.epoch in self.rows_by_epoch:
-            for name, value in zip(self.COLUMNS, cells):
+            for name, value in zip(self.COLUMNS, cells, strict=True):
                 self.update_cell(key, name, value)
         else:
             self.add_row(*cells, key=key)

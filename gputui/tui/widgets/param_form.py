@@ -66,12 +66,19 @@ class ParamForm(VerticalScroll):
                      validate_on=["changed", "submitted"])
 
     # ------------------------------------------------------------------ values
+    def _mounted_editor(self, spec: FieldSpec) -> Input | Select | Checkbox:
+        """The field's editor, of the kind _editor made."""
+        if spec.kind == "select":
+            return self.query_one(f"#{spec.dom_id}", Select)
+        if spec.kind == "switch":
+            return self.query_one(f"#{spec.dom_id}", Checkbox)
+        return self.query_one(f"#{spec.dom_id}", Input)
+
     def values(self) -> dict[str, Any]:
         """Raw values by config key: input text, a select's choice, a checkbox's bool."""
         out: dict[str, Any] = {}
         for spec in FIELDS:
-            widget = self.query_one(f"#{spec.dom_id}")
-            out[spec.key] = widget.value
+            out[spec.key] = self._mounted_editor(spec).value
         return out
 
     def extra(self) -> str:
@@ -82,11 +89,11 @@ class ParamForm(VerticalScroll):
         """Show a config's values (after loading a preset)."""
         self.base = config
         for spec in FIELDS:
-            widget = self.query_one(f"#{spec.dom_id}")
+            widget = self._mounted_editor(spec)
             value = current_value(config, spec.key)
-            if spec.kind == "input":
+            if isinstance(widget, Input):
                 widget.value = field_text(spec.key, value)
-            elif spec.kind == "switch":
+            elif isinstance(widget, Checkbox):
                 widget.value = bool(value)
             else:
                 widget.value = value
@@ -114,7 +121,7 @@ class ParamForm(VerticalScroll):
         elif message:
             self.mount(Static(message, id=f"{dom_id}-error", classes="field-error -shown",
                               markup=False),
-                       after=editor.parent)
+                       after=editor.parent if isinstance(editor.parent, Widget) else None)
 
     def error_text(self, key: str) -> str:
         """The message shown under a field (for tests)."""
