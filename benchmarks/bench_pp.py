@@ -5,10 +5,11 @@ run of this script: tokens/s (or samples/s), each stage's bubble and step breakd
         [--chunks 4] [--schedules gpipe,1f1b] [--set KEY=VALUE ...]
 
 Every run is a real `gputui run` (launcher, run host, ranks), with the preset's config and only
-the strategy, devices and epochs changed: `single` on `cpu` (its threads: every core), `pp` on
-`cpu*2` (each rank its share of the cores). Rounds alternate (single, pp gpipe, pp 1f1b,
-single, ...). Throughput is the steady state of the record's epochs after the first (warm-up):
-training time only, evaluation excluded. The bubble and the breakdown are the means of the
+the strategy, devices and epochs changed: `single` on `cpu` with every core and with one
+thread (what each pp rank gets on two cores), `pp` on `cpu*2` (each rank its share of the
+cores). Rounds alternate (single, single 1t, pp gpipe, pp 1f1b, single, ...). Throughput is
+the steady state of the record's epochs after the first (warm-up): training time only,
+evaluation excluded. The bubble and the breakdown are the means of the
 metered steps but the first, per stage (``per_device`` rows of the record's ``step`` events).
 Prints one line per run and the medians, with pp / single.
 """
@@ -88,17 +89,18 @@ def main() -> None:
     ap.add_argument("--runs-dir", default="", help="keep the records here (default: a "
                                                   "temporary folder, removed)")
     args = ap.parse_args()
-    kinds = [("single", "cpu", [])] + [
-        (f"pp {s}", "cpu*2", [f"strategy.schedule={s}",
-                              f"strategy.pipeline_chunks={args.chunks}"])
-        for s in args.schedules.split(",")]
-    results: dict[str, list[dict]] = {k: [] for k, _, _ in kinds}
+    # single with every core (the baseline), and with one thread (what each pp rank has)
+    kinds = [("single", "single", "cpu", []), ("single 1t", "single", "cpu", ["run.threads=1"])]
+    kinds += [(f"pp {s}", "pp", "cpu*2", [f"strategy.schedule={s}",
+                                          f"strategy.pipeline_chunks={args.chunks}"])
+              for s in args.schedules.split(",")]
+    results: dict[str, list[dict]] = {k[0]: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir = Path(args.runs_dir or tmp)
         runs_dir.mkdir(parents=True, exist_ok=True)
         for r in range(args.rounds):
-            for label, spec, extra in kinds:
-                f = figures(run(args.preset, runs_dir, label.split()[0], spec, args.epochs,
+            for label, strategy, spec, extra in kinds:
+                f = figures(run(args.preset, runs_dir, strategy, spec, args.epochs,
                                 args.sets + extra))
                 results[label].append(f)
                 unit = "tokens/s" if "tokens_per_s" in f else "samples/s"
