@@ -132,6 +132,8 @@ def cmd_run(args) -> int:
     while not handle.done:
         for ev in handle.poll(timeout=0.2):
             _print(printer.handle, ev)
+        for sample in handle.samples():
+            _print(printer.handle, sample)
         sup.check(handle, lambda text: _print(printer.line, text))
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)

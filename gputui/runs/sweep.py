@@ -355,15 +355,15 @@ class Sweep:
         return "interrupted" if self.stop_requested else "finished"
 
     def _warm(self, point: Point, devices: list[Device]) -> None:
-        """Single-process points run in one warm worker, reused from point to point (torch is
+        """Single-process points run in one warm run host, reused from point to point (torch is
         imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
-        worker's GPUs are the point's, as resolved for it."""
+        host's GPUs are the point's, as resolved for it."""
         from gputui.core import registry
         from gputui.train import warm
 
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:
-            warm.ensure_worker(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+            warm.ensure_host(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False

@@ -101,7 +101,7 @@ class GpuTuiApp(SignalExit, App[int]):
     def _spawn_warm(self, config: RunConfig) -> None:
         from gputui.train import warm
 
-        warm.ensure_worker(cuda=warm.cuda_indices(config.devices.spec))
+        warm.ensure_host(cuda=warm.cuda_indices(config.devices.spec))
 
     def _initial_config(self) -> tuple[RunConfig, Path | None, str]:
         """The preset given on the command line, or the defaults (with the reason)."""

@@ -108,6 +108,7 @@ class FakeHandle:
         self.stop_calls = 0
         self.kill_calls = 0
         self.polls = 0
+        self._sampled: list[DeviceSample] = []
 
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
         self.polls += 1
@@ -120,9 +121,15 @@ class FakeHandle:
                 del self._events[: len(ready)]
                 if any(is_terminal(e) for e in ready):
                     self._done = True
-                return ready
+                # the handle's second stream: the samples come through ``samples``
+                self._sampled.extend(e for e in ready if isinstance(e, DeviceSample))
+                return [e for e in ready if not isinstance(e, DeviceSample)]
         time.sleep(min(timeout, 0.05))
         return []
+
+    def samples(self) -> list[DeviceSample]:
+        out, self._sampled = self._sampled, []
+        return out
 
     _stopping = False
 

@@ -204,9 +204,9 @@ class Burst(FakeHandle):
             out.append(StepMetrics(epoch=1, step=i, global_step=i, steps_per_epoch=10**9,
                                    loss=1.0 / i, samples_per_s=float(i), step_time_s=0.001,
                                    lr=0.1, t=T0 + i * 1e-3))
-            out.append(DeviceSample(device=f"cpu:{i % 2}", cpu_percent=float(i % 100),
-                                    t=T0 + i * 1e-3))
-        self.sent += len(out)
+            self._sampled.append(DeviceSample(device=f"cpu:{i % 2}", cpu_percent=float(i % 100),
+                                              t=T0 + i * 1e-3))
+        self.sent += len(out) * 2
         return out
 
 

@@ -123,7 +123,7 @@ def _gone(pids) -> bool:
 def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_path):
     handle = launch(_ddp_config(), tmp_path)
     _until_step(handle)
-    agent = handle.processes[0].pid
+    agent = handle.host.process.pid
     tree = [agent] + [p.pid for p in psutil.Process(agent).children(recursive=True)]
     victim = handle.pids()["cpu:1"]
     assert victim in tree and handle.pids()["cpu:0"] in tree
@@ -143,7 +143,7 @@ def test_a_hung_rank_cannot_hang_the_run(tmp_path):
     then the run fails with a clear reason and every process, the frozen one too, is gone."""
     handle = launch(_ddp_config(**{"strategy.timeout_s": 4.0}), tmp_path)
     _until_step(handle)
-    agent = handle.processes[0].pid
+    agent = handle.host.process.pid
     tree = [agent] + [p.pid for p in psutil.Process(agent).children(recursive=True)]
     frozen = handle.pids()["cpu:1"]
     os.kill(frozen, signal.SIGSTOP)
@@ -177,8 +177,8 @@ def test_a_stop_is_agreed_by_every_rank(tmp_path):
     events = read_events(handle.run_dir)
     assert events[-1].kind == "run_stopped" and events[-1].reason == "stopped by user"
     assert not any(e.kind == "run_failed" for e in events)
-    handle.processes[0].join(timeout=10)
-    assert handle.processes[0].exitcode == 0
+    handle.host.process.join(timeout=10)
+    assert handle.host.process.exitcode == 0
     assert _gone(ranks)
 
 
@@ -190,8 +190,8 @@ def test_a_stop_while_waiting_for_other_nodes_ends_the_run(tmp_path):
     while not any(e.kind == "log" for e in seen) and time.monotonic() < deadline:
         seen += handle.poll(timeout=0.2)
     assert seen[0].message.startswith("waiting for 2 nodes at 127.0.0.1:")
-    tree = [handle.processes[0].pid] + [
-        p.pid for p in psutil.Process(handle.processes[0].pid).children(recursive=True)]
+    tree = [handle.host.process.pid] + [
+        p.pid for p in psutil.Process(handle.host.process.pid).children(recursive=True)]
     handle.stop()
     assert handle.wait(timeout=30) == "stopped"
     assert read_events(handle.run_dir)[-1].reason == "stopped by user before the ranks started"
