@@ -63,9 +63,9 @@ def validate(cfg: RunConfig, devices: list[Device], source: str,
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
         raise ConfigError(f"{blame('run.precision', 'devices.spec')}: run.precision = 'fp16' "
                           f"needs CUDA devices; use 'bf16' on CPU")
-    task_rule = _task_rule(cfg)
-    if task_rule:
-        keys, text = task_rule
+    task_problem = _task_rule(cfg)
+    if task_problem:
+        keys, text = task_problem
         raise ConfigError(f"{blame(*keys)}: {text}")
     if path_like(cfg.run.name):
         raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "

@@ -21,6 +21,7 @@ from gputui.core import breakdown
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
                                  RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
                                  plural)
+from gputui.core.scores import perplexity, score_text, speed_text
 
 
 def _mib(n: int | None) -> str:
@@ -115,9 +116,11 @@ class Printer:
         elif isinstance(ev, EpochEnd):
             warm = "" if self.epochs_seen else " (warm-up included)"
             self.epochs_seen += 1
+            score = score_text(getattr(ev, "task", "classify"), ev.test_acc,
+                               getattr(ev, "val_loss", None))
             self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
-                      f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
-                      f"{ev.samples_per_s:,.0f} samples/s{warm}")
+                      f"{ev.train_loss:.4f}, {score}, "
+                      f"{speed_text(ev.samples_per_s, ev.tokens_per_s)}{warm}")
         elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
             self._stop_progress()
             if isinstance(ev, RunFailed):
@@ -127,16 +130,16 @@ class Printer:
 
     def _step(self, ev: StepMetrics) -> None:
         comm = f", comm {ev.comm_share:.1%}" if ev.comm_share is not None else ""
+        speed = speed_text(ev.samples_per_s, getattr(ev, "tokens_per_s", None))
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
-                                 info=f"loss {ev.loss:.4f}  "
-                                      f"{ev.samples_per_s:,.0f} samples/s{comm}")
+                                 info=f"loss {ev.loss:.4f}  {speed}{comm}")
             lines = [device_line(self.samples), *breakdown_lines(ev)]
             self.devices_text.plain = "\n".join(t for t in lines if t)
             return
         self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
-                  f"{ev.samples_per_s:,.0f} samples/s, step {ev.step_time_s * 1000:.1f} ms{comm}")
+                  f"{speed}, step {ev.step_time_s * 1000:.1f} ms{comm}")
         devs = device_line(self.samples)
         if devs:
             self.line(f"  devices: {devs}")
@@ -170,10 +173,17 @@ class Printer:
         table.add_column("time (s)", justify="right")
         table.add_column("samples/s", justify="right")
         table.add_column("train loss", justify="right")
-        table.add_column("test acc", justify="right")
+        lm = s.get("task") == "lm"
+        if lm:
+            table.add_column("val loss", justify="right")
+            table.add_column("val ppl", justify="right")
+        else:
+            table.add_column("test acc", justify="right")
         for e in s.get("per_epoch", []):
+            score = ([f"{e['val_loss']:.4f}", f"{perplexity(e['val_loss']):,.2f}"] if lm
+                     else [acc_text(e['test_acc'])])
             table.add_row(str(e["epoch"]), f"{e['seconds']:.2f}", f"{e['samples_per_s']:,.0f}",
-                          f"{e['train_loss']:.4f}", acc_text(e['test_acc']))
+                          f"{e['train_loss']:.4f}", *score)
         if self.live and not self.quiet:  # plain mode has printed one line per epoch
             self.console.print(table)
         init = s.get("init_s")
@@ -186,13 +196,18 @@ class Printer:
                 per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
                 noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
                 parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
-                parts.append(f"{steady['samples_per_s']:,.0f} samples/s{noise} (steady state, "
+                parts.append(f"{speed_text(steady['samples_per_s'], steady.get('tokens_per_s'))}"
+                             f"{noise} (steady state, "
                              f"after {plural(steady['warmup_steps'], 'warm-up step')})")
             else:
                 parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
-                parts.append(f"{s['samples_per_s']:,.0f} samples/s (warm-up included: too "
+                parts.append(f"{speed_text(s['samples_per_s'], s.get('tokens_per_s'))} "
+                             f"(warm-up included: too "
                              f"few steps for a steady state)")
-            parts.append(f"test acc {acc_text(s['test_acc'])}")
+            parts.append(score_text(s.get("task", "classify"), s.get("test_acc"),
+                                    s.get("val_loss")))
+            if lm and s.get("baseline_loss") is not None:
+                parts.append(f"unigram baseline {s['baseline_loss']:.4f}")
         if init is not None:
             parts.append(f"init {init:.2f} s")
         self.line("summary: " + ", ".join(parts), always=True)

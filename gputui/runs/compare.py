@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import breakdown
-from gputui.core import runstore
+from gputui.core import runstore, scores
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
 from gputui.core.steady import RULE
@@ -65,7 +65,7 @@ class CompareRow:
     bubble_theory: float | None = None
     memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
-    acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
+    acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy or val loss)]
     flags: list = field(default_factory=list)  # why the speedup is not a result (gputui.core.trust)
     warnings: list = field(default_factory=list)  # e.g. well short of its prediction
     refused: list = field(default_factory=list)  # baselines refused, with why
@@ -115,8 +115,9 @@ def read_record(run_dir: str | Path, events: list | None = None
                 shares.append(ev.comm_share)
             if ev.breakdown:
                 parts.append(ev.breakdown)
-        elif ev.kind == "epoch_end":
-            acc.append((ev.epoch, ev.test_acc))
+        elif ev.kind == "epoch_end":  # a language model's curve is its validation loss
+            lm = getattr(ev, "task", "classify") == "lm"
+            acc.append((ev.epoch, ev.val_loss if lm else ev.test_acc))
     share = sum(shares) / len(shares) if shares else None
     return loss, acc, share, breakdown.mean(parts[1:] if len(parts) > 1 else parts)
 
@@ -292,6 +293,12 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     return p.speedup, ""
 
 
+def columns_for(items: list[CompareRow], columns=TABLE_COLUMNS) -> tuple[str, ...]:
+    """The table's columns for these runs: a language model's bring val loss, val ppl and
+    tokens/s (``gputui.core.scores.columns_for``)."""
+    return scores.columns_for(columns, [it.row for it in items])
+
+
 def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str, Any]]:
     """The comparison as plain dicts with the table's columns, in order; a flagged speedup
     and efficiency read "flagged" (the reasons are in ``summary_lines`` and the JSON)."""
@@ -306,7 +313,7 @@ def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str,
 
 def fmt(key: str, value: Any) -> str:
     """A cell as text for terminal and Markdown tables."""
-    if value is None or value == "":
+    if value is None or value == "" or value != value:  # None, empty or NaN
         return "-"
     if isinstance(value, str) and key in ("speedup", "efficiency"):
         return value
@@ -334,6 +341,9 @@ def fmt(key: str, value: Any) -> str:
         return f"{value:.2f} GB/s"
     if key == "test_acc":
         return acc_text(value)
+    score = scores.fmt(key, value)
+    if score is not None:
+        return score
     if key == "lr":
         return f"{value:g}"
     return str(value)

@@ -34,6 +34,7 @@ class RunStatus(Vertical):
         self.global_step = 0
         self.step_time: float | None = None
         self.samples_per_s: float | None = None
+        self.tokens_per_s: float | None = None  # a language model's
         self.init_s: float | None = None
         self.eval_s = 0.0
         self.t0: float | None = None
@@ -78,6 +79,7 @@ class RunStatus(Vertical):
         self.epoch, self.step, self.global_step = ev.epoch, ev.step, ev.global_step
         self.steps_per_epoch = ev.steps_per_epoch or self.steps_per_epoch
         self.samples_per_s = ev.samples_per_s
+        self.tokens_per_s = ev.tokens_per_s
         # A short moving average: steady ETA, yet it follows a slowdown within a few logs.
         self.step_time = (ev.step_time_s if self.step_time is None
                           else 0.7 * self.step_time + 0.3 * ev.step_time_s)
@@ -126,4 +128,5 @@ class RunStatus(Vertical):
         elapsed = (self.t_last - self.t0) if self.t0 is not None and self.t_last else None
         self.query_one("#status-meta", Static).update(
             f"init {init} · samples/s {fmt_rate(self.samples_per_s)} · "
+            + (f"tokens/s {fmt_rate(self.tokens_per_s)} · " if self.tokens_per_s else "") +
             f"step {self.global_step} · elapsed {fmt_duration(elapsed)}")
