@@ -56,11 +56,11 @@ def breakdown_lines(ev) -> list[str]:
     stage adds its bubble, sends and receives."""
     out = []
     for row in ev.per_device:
-        if row.get("breakdown"):
+        if row.breakdown:
+            out.append(f"{row.device} {breakdown.line(row.breakdown)}")
             pipe = breakdown.pipeline_line(row)
-            out.append(f"{row['device']} {breakdown.line(row['breakdown'])}")
             if pipe:
-                out.append(f"{row['device']} {pipe}")
+                out.append(f"{row.device} {pipe}")
     return out
 
 

@@ -237,8 +237,8 @@ def check_user_code(cfg: RunConfig, data_file: Path) -> tuple[str, str] | None:
     rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
     model; None when all is well, else (one line naming the factory and the cause, the
     traceback)."""
+    from gputui.core.errors import describe
     from gputui.train.data import load_from_config
-    from gputui.train.userfactory import cause
 
     try:
         ds = load_from_config(cfg.data)
@@ -253,8 +253,7 @@ def check_user_code(cfg: RunConfig, data_file: Path) -> tuple[str, str] | None:
 
                 wrap_targets(model, list(cfg.strategy.fsdp_wrap))
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
-        known = type(exc).__name__ in ("UserCodeError", "DataError", "ConfigError")
-        return (str(exc) if known else cause(exc)), _traceback()
+        return describe(exc), _traceback()
     return None
 
 

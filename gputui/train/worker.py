@@ -16,6 +16,7 @@ from typing import Callable
 
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device
+from gputui.core.errors import describe
 from gputui.core.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
                                 RunStopped)
 from gputui.core.filewrite import DISK_FULL, WriteFailed, os_error_in
@@ -135,12 +136,7 @@ def _one_line(exc: BaseException) -> str:
         after = f" after {int(timeout.group(1)) / 1000:g} s" if timeout.group(1) else ""
         return (f"a collective timed out{after} (strategy.timeout_s): another rank stopped "
                 f"responding; raise strategy.timeout_s if the ranks are only slow")
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
-                                   "OutOfMemory", "CheckpointError", "UserCodeError",
-                                   "CompileError"}
-    return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
+    return describe(exc)
 
 
 def _cores() -> int:

@@ -268,7 +268,7 @@ async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
         if isinstance(ev, RunStarted):
             ev = dataclasses.replace(ev, world_size=2, strategy="ddp")
         elif isinstance(ev, StepMetrics):  # rank 0 at 0.5 GB/s, rank 1 at 0.25
-            rows = tuple(dict(r, comm_bytes=10**6, comm_gbps=0.5 / (1 + i))
+            rows = tuple(dataclasses.replace(r, comm_bytes=10**6, comm_gbps=0.5 / (1 + i))
                          for i, r in enumerate(ev.per_device))
             ev = dataclasses.replace(ev, per_device=rows, comm_gbps=0.375)
         events.append(ev)

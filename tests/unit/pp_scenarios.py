@@ -65,10 +65,10 @@ def run_scenario(name: str, spec: str, workdir: str) -> dict:
                                               world_size=dist.get_world_size())
     losses = [strategy.train_step(x, y, data_s=0.0) for x, y in itertools.islice(batches, STEPS)]
     losses = strategy.reduce_metric(torch.stack(losses)).tolist()
-    timing = strategy.read_timing()
+    report = strategy.step_report()
     out = {"params": params(strategy.full_model()), "losses": losses,
            "score": evaluate(strategy, ds),
-           "rows": timing["per_device"], "notes": list(strategy.notes),
+           "rows": [r.to_dict() for r in report.devices], "notes": list(strategy.notes),
            "memory": strategy.memory_rows(None),
            "state": strategy.state_dict()["models"][0]}  # every stage's own tensors
     path = os.path.join(workdir, f"{name}.pt")

@@ -50,18 +50,18 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     # the gradient sync, timed by DDP's comm hook on the metered steps: a real share of the step
     assert all(s.comm_share is not None and 0 < s.comm_share < 1 for s in steps), steps
     rows = steps[-1].per_device
-    assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"] and [r["rank"] for r in rows] == [0, 1]
-    assert all(r["samples"] == 128 and r["step_time_s"] > 0 and r["samples_per_s"] > 0
-               and r["rss"] > 10 * 2**20 for r in rows)
+    assert [r.device for r in rows] == ["cpu:0", "cpu:1"] and [r.rank for r in rows] == [0, 1]
+    assert all(r.samples == 128 and r.step_time_s > 0 and r.samples_per_s > 0
+               and r.rss > 10 * 2**20 for r in rows)
     # where each rank's metered step went, recorded and printed per rank
     from gputui.core.breakdown import total
 
     for s in steps:
-        assert s.breakdown is not None and s.breakdown["comm_exposed_s"] is not None
+        assert s.breakdown is not None and s.breakdown.comm_exposed_s is not None
         for r in s.per_device:
-            assert total(r["breakdown"]) == pytest.approx(r["breakdown"]["step_s"])
+            assert total(r.breakdown) == pytest.approx(r.breakdown.step_s)
     assert re.search(r"cpu:1 step [\d.]+ ms: compute \d+% · comm \d+%", cli_run.stderr)
-    pids = {r["device"]: r["pid"] for r in rows}
+    pids = {r.device: r.pid for r in rows}
     assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
     # the sampler read each rank's own process (RunHandle.pids from the ranks)
     samples = read_events(run_dir, "telemetry.jsonl")
@@ -95,8 +95,8 @@ def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
     assert len(losses[0]) == 1 and losses[0] == losses[1]  # one job: the same reduced loss
     assert summaries[0]["test_acc"] == summaries[1]["test_acc"]
     rows = _steps(summaries[0]["run_dir"])[-1].per_device
-    assert sorted(r["rank"] for r in rows) == [0, 1]
-    assert sum("@node" in r["device"] for r in rows) == 1  # the other machine's rank, named
+    assert sorted(r.rank for r in rows) == [0, 1]
+    assert sum("@node" in r.device for r in rows) == 1  # the other machine's rank, named
 
 
 def _ddp_config(**changes) -> RunConfig:

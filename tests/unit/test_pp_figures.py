@@ -5,7 +5,6 @@ and the app show, and compare's bubble column read from a record."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -35,18 +34,6 @@ def test_1f1b_keeps_at_most_n_micro_batches_of_activations():
     assert ofb - static == 8000 // 2 * 2 // 8  # 2 in flight of 8
 
 
-class _Watch:
-    """perf_counter marks, as the Stopwatch gives them on the CPU."""
-
-    device = None
-
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def seconds(self, a: float, b: float) -> float:
-        return b - a
-
-
 class _Op:
     def __init__(self, peer: int, nbytes: int):
         import torch
@@ -54,64 +41,79 @@ class _Op:
         self.peer, self.tensor = peer, torch.zeros(nbytes // 4)
 
 
-def test_the_meter_splits_idle_into_transfers_and_bubble():
+def _meters(stage: int, chunks: int):
+    """A Meter on the CPU and the PipeMeter beside it, metering (marks set by hand below)."""
     pytest.importorskip("torch.distributed.pipelining")
+    import torch
+
+    from gputui.train.strategies.meter import Meter
     from gputui.train.strategies.pp_meter import PipeMeter
 
-    meter = PipeMeter(_Watch(), stage=1, stages=2, chunks=4)
-    assert meter.theory == pytest.approx(1 / 5)
-    meter.start_step(True)
-    meter.marks["begin"] = 0.0
-    meter.compute = [(1.0, 2.0), (3.0, 4.0)]  # 2 s of compute in a 10 s pipeline
-    meter.note([_Op(0, 400)], sent=False)
-    meter.note([_Op(0, 400)], sent=True)
-    meter.marks.update(pipeline=10.0, ties=10.5)
-    meter.one_way = {0: 0.25}  # the calibration's half round trip to stage 0
-    row = meter.row({"end": 11.0, "data_s": 0.0}, step_s=11.0)
-    assert row["recv_s"] == row["send_s"] == 0.25
-    assert row["bubble_s"] == pytest.approx(10 - 2 - 0.5)
-    assert row["bubble_share"] == pytest.approx(7.5 / 10) and row["idle_share"] == 0.8
-    bd = row["breakdown"]
-    assert bd["wait_s"] == pytest.approx(7.5) and bd["compute_s"] == 2.0
-    assert bd["comm_exposed_s"] == pytest.approx(0.5 + 0.5)  # sends, receives, tied grads
-    assert bd["optimizer_s"] == 0.5 and bd["step_s"] == pytest.approx(11.0)
-    assert row["p2p_bytes"] == 800 and row["p2p_messages"] == 2
+    meter = Meter([torch.device("cpu")])
+    pipe = PipeMeter(meter, stage=stage, stages=2, chunks=chunks)
+    meter.begin(0.0)
+    pipe.start_step(True)
+    return meter, pipe
+
+
+def test_the_meter_splits_idle_into_transfers_and_bubble():
+    meter, pipe = _meters(stage=1, chunks=4)
+    assert pipe.theory == pytest.approx(1 / 5)
+    meter.start, pipe.begin = 0.0, 0.0
+    meter.compute.marks = [(1.0, 2.0), (3.0, 4.0)]  # 2 s of compute in a 10 s pipeline
+    pipe.note([_Op(0, 400)], sent=False)
+    pipe.note([_Op(0, 400)], sent=True)
+    pipe.end = 10.0
+    meter.comm.marks = [(10.0, 10.5)]  # the tied gradients' sum
+    meter.optimizer.marks = [(10.5, 11.0)]
+    meter.end, meter.measured = 11.0, True
+    pipe.one_way = {0: 0.25}  # the calibration's half round trip to stage 0
+    f = pipe.figures()
+    assert f["recv_s"] == f["send_s"] == 0.25
+    assert f["bubble_s"] == pytest.approx(10 - 2 - 0.5)
+    assert f["bubble_share"] == pytest.approx(7.5 / 10)
+    bd = f["breakdown"]
+    assert bd.wait_s == pytest.approx(7.5) and bd.compute_s == 2.0
+    assert bd.comm_exposed_s == pytest.approx(0.5 + 0.5)  # sends, receives, tied grads
+    assert bd.optimizer_s == 0.5 and bd.step_s == pytest.approx(11.0)
+    assert f["p2p_bytes"] == 800 and f["p2p_messages"] == 2
 
 
 def test_transfers_never_exceed_the_idle_time():
-    pytest.importorskip("torch.distributed.pipelining")
-    from gputui.train.strategies.pp_meter import PipeMeter
-
-    meter = PipeMeter(_Watch(), stage=0, stages=2, chunks=2)
-    meter.start_step(True)
-    meter.marks.update(begin=0.0, pipeline=1.0, ties=1.0)
-    meter.compute = [(0.0, 0.9)]
-    meter.note([_Op(1, 40)] * 4, sent=True)
-    meter.one_way = {1: 1.0}  # a slow calibration: 4 s of sends in 0.1 s idle
-    row = meter.row({"end": 1.0, "data_s": 0.0}, step_s=1.0)
-    assert row["send_s"] == pytest.approx(0.1) and row["bubble_s"] == pytest.approx(0.0)
+    meter, pipe = _meters(stage=0, chunks=2)
+    meter.start, pipe.begin, pipe.end, meter.end = 0.0, 0.0, 1.0, 1.0
+    meter.compute.marks = [(0.0, 0.9)]
+    pipe.note([_Op(1, 40)] * 4, sent=True)
+    pipe.one_way = {1: 1.0}  # a slow calibration: 4 s of sends in 0.1 s idle
+    f = pipe.figures()
+    assert f["send_s"] == pytest.approx(0.1) and f["bubble_s"] == pytest.approx(0.0)
 
 
 def test_metering_off_records_nothing():
-    pytest.importorskip("torch.distributed.pipelining")
-    from gputui.train.strategies.pp_meter import PipeMeter
-
-    meter = PipeMeter(_Watch(), stage=0, stages=2, chunks=2)
-    meter.start_step(False)
-    with meter.computing():
+    meter, pipe = _meters(stage=0, chunks=2)
+    meter.finish()
+    meter.begin(None)  # a step the loop does not meter
+    pipe.start_step(False)
+    with meter.compute:
         pass
-    meter.note([_Op(1, 40)], sent=True)
-    assert meter.compute == [] and meter.messages == [] and meter.marks == {}
+    pipe.note([_Op(1, 40)], sent=True)
+    assert meter.compute.marks == [] and pipe.messages == []
 
 
 ROW = {"device": "cpu:1", "stage": 1, "bubble_share": 0.41, "bubble_theory": 0.2,
        "send_s": 0.0012, "recv_s": 0.0011}
 
 
+def _row(**changes):
+    from gputui.core.steps import DeviceStep
+
+    return DeviceStep.from_dict(dict(ROW, **changes))
+
+
 def test_the_pipeline_line():
-    assert breakdown.pipeline_line(ROW) == ("stage 1: bubble 41% of the pipeline (theory 20%) "
+    assert breakdown.pipeline_line(_row()) == ("stage 1: bubble 41% of the pipeline (theory 20%) "
                                             "· sends 1.2 ms · receives 1.1 ms")
-    assert breakdown.pipeline_line({"device": "cpu:0", "comm_s": 0.1}) is None
+    assert breakdown.pipeline_line(_row(bubble_share=None)) is None
 
 
 def test_compare_reads_the_bubble_from_a_record(tmp_path):
@@ -121,8 +123,8 @@ def test_compare_reads_the_bubble_from_a_record(tmp_path):
     def step(share: float) -> dict:
         ev = StepMetrics(epoch=1, step=1, global_step=1, steps_per_epoch=1, loss=1.0,
                          samples_per_s=1.0, step_time_s=1.0, lr=0.1,
-                         per_device=(dict(ROW, bubble_share=share), dict(ROW, stage=0,
-                                                                         bubble_share=share)))
+                         per_device=(_row(bubble_share=share),
+                                     _row(stage=0, bubble_share=share)))
         return ev.to_dict()
 
     events = [step(0.9), step(0.5), step(0.3)]  # the first (warm-up) left out

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import os
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,9 +35,11 @@ from torch import nn
 
 from gputui.core.config import ConfigError
 from gputui.core.mp_plan import balance, check_split_points
+from gputui.core.steps import StepReport
 from gputui.train.models import count_params
 from gputui.train.strategies.base import no_correct
-from gputui.train.strategies.ddp import DDPStrategy
+from gputui.train.strategies import rank_step
+from gputui.train.strategies.process_group import RankStrategy
 from gputui.train.strategies.model_parallel import stage_blocks
 from gputui.train.strategies.pp_comm import cpu_copy, recv_tensor, send_tensor
 from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
@@ -45,11 +47,13 @@ from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 
-class PipelineParallel(DDPStrategy):
+class PipelineParallel(RankStrategy):
     """This rank's stage of the model, driven by a torch pipelining schedule. Process group,
-    stop agreement, metric reduction and memory rows are ddp's."""
+    stop agreement, metric reduction and memory rows are every rank strategy's."""
 
     name = "pp"
+    module: nn.Module  # this rank's stage (parameter names as in the whole model)
+    opt: torch.optim.Optimizer
     bounds: list[int]  # the blocks of stage s are bounds[s]:bounds[s + 1]
     stage: TimedStage  # torch's PipelineStage, marked on metered steps
     schedule: Any  # ScheduleGPipe or Schedule1F1B around ``stage``
@@ -57,14 +61,29 @@ class PipelineParallel(DDPStrategy):
     # this stage's weights shared with other stages: (weight, their group, this stage is the
     # first holding it: the one that counts it in a norm over the stages)
     ties: list[tuple[nn.Parameter, Any, bool]]
-    meter: PipeMeter
+    pipe: PipeMeter  # the stage's messages, pipeline span and link calibration
     _denom: float  # the global batch of the step in flight (the loss's scale)
     _whole: nn.Module | None  # the whole model on the meta device (primary_model)
     _step_kw: dict[str, Any]  # schedule.step's optional arguments this torch has
     _prefixes: dict[str, str]  # the stage's child names -> their names in the whole model
 
     # ---------------------------------------------------------------- set-up
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def setup(self) -> None:
+        self.join_group()  # this rank's device, the process group, the meter
+        self.module = self.cut(self.build_model().to(self.device))
+        self.opt = self.make_optimizer(self.module.parameters())
+        if self.rank == 0:
+            kind = "on the CPU" if not self.cuda else "one per GPU"
+            self.notes.append(f"{self.world_size} {self.backend} ranks {kind}, "
+                              f"{torch.get_num_threads()} thread(s) each")
+
+    def models(self) -> list[nn.Module]:
+        return [self.module]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
+
+    def cut(self, model: nn.Module) -> nn.Module:
         """Cut the whole model (built on every rank from the same seed) into stages; keep this
         rank's (parameter names as in the whole model, "3.attn.q.weight") and build its
         PipelineStage and schedule."""
@@ -91,10 +110,9 @@ class PipelineParallel(DDPStrategy):
         self._prefixes = {str(i): where.get(id(blocks[i]), str(i)) for i in range(a, b)}
         self.ties = self._tie_groups(blocks)
         self.chunks = self.cfg.strategy.pipeline_chunks
-        self.meter = PipeMeter(self.watch, s, p, self.chunks)
-        self.module = mine  # what this rank trains, evaluates, checkpoints and counts
+        self.pipe = PipeMeter(self.meter, s, p, self.chunks)
         self.stage = TimedStage(mine, s, p, self.device)
-        self.stage.meter = self.meter
+        self.stage.meter, self.stage.pipe = self.meter, self.pipe
         kind = getattr(pipelining, SCHEDULES[self.cfg.strategy.schedule])
         # scale_grads=False: the loss is already scaled to its share of the global batch
         self.schedule = kind(self.stage, self.chunks, loss_fn=self._loss, scale_grads=False)
@@ -110,7 +128,7 @@ class PipelineParallel(DDPStrategy):
             self.notes.append(f"pp: {label} cut into {p} stages {how} (split points {points}): "
                               f"{sizes}; {self.chunks} micro-batch(es) per step on the "
                               f"{self.cfg.strategy.schedule} schedule; theoretical bubble "
-                              f"(p-1)/(m+p-1) = {self.meter.theory:.0%}")
+                              f"(p-1)/(m+p-1) = {self.pipe.theory:.0%}")
             if self.ties:
                 self.notes.append("pp: a weight shared across stages (the head tied to the "
                                   "embedding) is a copy on each; their gradients are summed "
@@ -157,16 +175,15 @@ class PipelineParallel(DDPStrategy):
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The schedule's loss_fn (last stage): a micro-batch's mean loss times its share of
         the global batch, timed as compute."""
-        with self.meter.computing():
+        with self.meter.compute:
             return self.scaled_loss(out, y, self._denom)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor,
                    data_s: float | None = None) -> torch.Tensor:
-        metered = data_s is not None
-        start = self.watch.mark() if metered else None
+        m = self.meter.begin(data_s)
         self.opt.zero_grad(set_to_none=True)
         self._denom = float(len(x))
-        self.meter.start_step(metered)
+        self.pipe.start_step(m.on)
         first, last = self.stage.is_first, self.stage.is_last
         losses: list[torch.Tensor] = []
         k = min(self.micro, len(x))
@@ -180,13 +197,12 @@ class PipelineParallel(DDPStrategy):
                 self.schedule.step(*((xm,) if first else ()), target=ym if last else None,
                                    losses=mine if last else None, **self._step_kw)
                 losses += mine
-        self.meter.end_pipeline()
-        self._sum_tied_grads()
-        self.meter.end_ties()
-        self.optimizer_step(self.opt)
-        if metered:
-            self.timing = {"start": start, "end": self.watch.mark(), "samples": len(x),
-                           "data_s": data_s}
+        self.pipe.end_pipeline()
+        with m.comm:
+            self._sum_tied_grads()
+        with m.optimizer:
+            self.optimizer_step(self.opt)
+        m.finish(samples=len(x))
         if last:
             return torch.stack([loss.detach().float() for loss in losses]).sum() * self.world_size
         return torch.zeros((), device=self.device)
@@ -226,30 +242,21 @@ class PipelineParallel(DDPStrategy):
         return self.score(out, y) * self.world_size
 
     # ---------------------------------------------------------------- figures
-    def read_timing(self) -> dict:
-        """Every stage's figures of the metered step (a collective: every rank calls it)."""
-        if not self.timing:
-            return {}
-        t = self.timing
-        step = self.watch.seconds(t["start"], t["end"])
-        self.meter.calibrate()  # once: the link's transfer time, from a ping-pong
-        mine = self.meter.row(t, step)
-        mine.update(device=self._device_name(), rank=self.rank, pid=os.getpid(),
-                    step_time_s=step, samples=t["samples"])
-        rss = self._read_rss()
-        if rss >= 0:
-            mine["rss"] = int(rss)
-        if self.cuda:
-            mine.update(mem_alloc=torch.cuda.memory_allocated(self.device),
-                        mem_reserved=torch.cuda.memory_reserved(self.device))
-        rows: list = [None] * self.world_size
-        dist.all_gather_object(rows, mine, group=self.control)
-        comm = sum(r["breakdown"]["comm_exposed_s"] or 0.0 for r in rows) / len(rows)
-        return {"step_s": step, "comm_s": comm, "per_device": rows}
-
-    def _device_name(self) -> str:
-        name = self.devices[self.local_rank].name
-        return f"{name}@node{self.node}" if self.node else name
+    def step_report(self) -> StepReport:
+        """Every stage's metered step, gathered (a collective: every rank calls it): a rank's
+        row (``rank_step``) with the stage's compute, breakdown and pipeline figures."""
+        self.pipe.calibrate()  # once: the link's transfer time, from a ping-pong
+        mine = rank_step.row(self)
+        if self.meter.measured:
+            mine = replace(mine, **self.pipe.figures())
+        rows: list[Any] = [None] * self.world_size
+        dist.all_gather_object(rows, (self.node, mine), group=self.control)
+        devices = tuple(r if node == self.node else replace(r, device=f"{r.device}@node{node}")
+                        for node, r in rows)
+        m = self.meter
+        comm = mine.breakdown.comm_exposed_s if mine.breakdown is not None else None
+        return StepReport(step_s=m.step_s() if m.measured else 0.0, comm_s=comm,
+                          devices=devices)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

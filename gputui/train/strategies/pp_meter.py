@@ -17,7 +17,6 @@ sends, receives and tied-gradient sums, wait is the bubble, optim the update.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -25,45 +24,35 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
 from gputui.core import breakdown
-from gputui.train.strategies.base import Stopwatch
+from gputui.train.strategies.meter import Meter
 
 PING_REPS = 5  # round trips of the calibration (after one to warm up)
 
 
 class PipeMeter:
-    """One stage's marks of the metered step, and the link's transfer time."""
+    """One stage's pipeline on the metered step, beside the strategy's Meter (whose compute
+    span holds the micro-batches' forward, backward and loss, its comm span the tied-gradient
+    sums, its optimizer span the update): the schedule's span, the messages, and the link's
+    transfer time."""
 
-    def __init__(self, watch: Stopwatch, stage: int, stages: int, chunks: int):
-        self.watch, self.stage, self.stages, self.chunks = watch, stage, stages, chunks
+    def __init__(self, meter: Meter, stage: int, stages: int, chunks: int):
+        self.meter, self.stage, self.stages, self.chunks = meter, stage, stages, chunks
         self.theory = (stages - 1) / (chunks + stages - 1)
-        self.active = False
-        self.compute: list[tuple[Any, Any]] = []
         self.messages: list[tuple[bool, int, int]] = []  # (sent, peer, bytes)
-        self.marks: dict[str, Any] = {}
+        self.begin: Any = None
+        self.end: Any = None
         self.one_way: dict[int, float] | None = None  # peer -> seconds per message (calibrate)
         self.sizes: dict[int, int] = {}  # peer -> largest message seen (bytes)
 
     def start_step(self, metered: bool) -> None:
-        """Before the step's first schedule: forget the last step's marks."""
-        self.active = metered
-        self.compute, self.messages = [], []
-        self.marks = {"begin": self.watch.mark()} if metered else {}
-
-    @contextlib.contextmanager
-    def computing(self):
-        """Around a micro-batch's forward, backward or loss."""
-        if not self.active:
-            yield
-            return
-        begin = self.watch.mark()
-        try:
-            yield
-        finally:
-            self.compute.append((begin, self.watch.mark()))
+        """Before the step's first schedule: forget the last metered step's messages."""
+        if metered:
+            self.messages = []
+            self.begin = self.meter.clock.mark()
 
     def note(self, ops: list, sent: bool) -> None:
         """The P2P operations a stage is about to post (their tensors' bytes, per peer)."""
-        if not self.active:
+        if not self.meter.on:
             return
         for op in ops:
             nbytes = op.tensor.numel() * op.tensor.element_size()
@@ -71,13 +60,8 @@ class PipeMeter:
             self.sizes[op.peer] = max(self.sizes.get(op.peer, 0), nbytes)
 
     def end_pipeline(self) -> None:
-        if self.active:
-            self.marks["pipeline"] = self.watch.mark()
-
-    def end_ties(self) -> None:
-        if self.active:
-            self.marks["ties"] = self.watch.mark()
-        self.active = False
+        if self.meter.on:
+            self.end = self.meter.clock.mark()
 
     def calibrate(self) -> None:
         """Once, on every rank together: each link (s, s+1) in turn times PING_REPS round
@@ -85,31 +69,31 @@ class PipeMeter:
         if self.one_way is not None:
             return
         self.one_way = {}
-        device = self.watch.device
+        clock = self.meter.clock
         for s in range(self.stages - 1):
             if self.stage not in (s, s + 1):
                 continue
             peer = s + 1 if self.stage == s else s
             nbytes = max(4, self.sizes.get(peer, 4))
-            buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+            buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=clock.device)
             begin = None
             for i in range(PING_REPS + 1):
                 if i == 1:
-                    begin = self.watch.mark()
+                    begin = clock.mark()
                 if self.stage == s:
                     dist.send(buf, peer)
                     dist.recv(buf, peer)
                 else:
                     dist.recv(buf, peer)
                     dist.send(buf, peer)
-            total = self.watch.seconds(begin, self.watch.mark())
-            self.one_way[peer] = total / (2 * PING_REPS)
+            self.one_way[peer] = clock.seconds(begin, clock.mark()) / (2 * PING_REPS)
 
-    def row(self, timing: dict, step_s: float) -> dict:
-        """This stage's figures of the metered step: its breakdown and the bubble's."""
-        w, m = self.watch, self.marks
-        span = w.seconds(m["begin"], m["pipeline"])
-        compute = sum(w.seconds(a, b) for a, b in self.compute)
+    def figures(self) -> dict[str, Any]:
+        """This stage's metered step as ``DeviceStep`` fields: its compute, breakdown and
+        pipeline figures."""
+        m, clock = self.meter, self.meter.clock
+        span = clock.seconds(self.begin, self.end)
+        compute = m.compute.seconds()
         idle = max(0.0, span - compute)
         one_way = self.one_way or {}
         sends = sum(one_way.get(peer, 0.0) for sent, peer, _ in self.messages if sent)
@@ -119,48 +103,48 @@ class PipeMeter:
         elif idle == 0:
             sends = recvs = 0.0
         bubble = idle - sends - recvs
-        tied = w.seconds(m["pipeline"], m["ties"])
-        optim = w.seconds(m["ties"], timing["end"])
-        bd = breakdown.make(step_s, timing["data_s"], compute, optim, sends + recvs + tied, 0.0,
-                            bubble)
-        return {"compute_s": compute, "breakdown": bd, "stage": self.stage,
-                "pipeline_s": span, "bubble_s": bubble, "send_s": sends, "recv_s": recvs,
-                "tied_s": tied, "bubble_share": bubble / span if span > 0 else None,
-                "idle_share": idle / span if span > 0 else None, "bubble_theory": self.theory,
+        tied = m.comm.seconds()
+        bd = breakdown.make(m.step_s(), m.data_s, compute, m.optimizer.seconds(),
+                            sends + recvs + tied, 0.0, bubble)
+        return {"compute_s": compute, "breakdown": bd, "comm_s": sends + recvs + tied,
+                "stage": self.stage, "pipeline_s": span, "bubble_s": bubble,
+                "bubble_share": bubble / span if span > 0 else None,
+                "bubble_theory": self.theory, "send_s": sends, "recv_s": recvs,
                 "p2p_bytes": sum(b for _, _, b in self.messages),
                 "p2p_messages": len(self.messages)}
 
 
 class TimedStage(PipelineStage):
-    """torch's PipelineStage whose per-chunk compute and P2P posts a PipeMeter records (the
-    schedules call these public methods; the overrides only add marks)."""
+    """torch's PipelineStage whose per-chunk compute the Meter and whose P2P posts the
+    PipeMeter record (the schedules call these public methods; the overrides only mark)."""
 
-    meter: PipeMeter
+    meter: Meter
+    pipe: PipeMeter
 
     def forward_one_chunk(self, *args, **kwargs):
-        with self.meter.computing():
+        with self.meter.compute:
             return super().forward_one_chunk(*args, **kwargs)
 
     def backward_one_chunk(self, *args, **kwargs):
-        with self.meter.computing():
+        with self.meter.compute:
             return super().backward_one_chunk(*args, **kwargs)
 
     def get_fwd_recv_ops(self, *args, **kwargs):
         ops = super().get_fwd_recv_ops(*args, **kwargs)
-        self.meter.note(ops, sent=False)
+        self.pipe.note(ops, sent=False)
         return ops
 
     def get_bwd_recv_ops(self, *args, **kwargs):
         ops = super().get_bwd_recv_ops(*args, **kwargs)
-        self.meter.note(ops, sent=False)
+        self.pipe.note(ops, sent=False)
         return ops
 
     def get_fwd_send_ops(self, *args, **kwargs):
         ops = super().get_fwd_send_ops(*args, **kwargs)
-        self.meter.note(ops, sent=True)
+        self.pipe.note(ops, sent=True)
         return ops
 
     def get_bwd_send_ops(self, *args, **kwargs):
         ops = super().get_bwd_send_ops(*args, **kwargs)
-        self.meter.note(ops, sent=True)
+        self.pipe.note(ops, sent=True)
         return ops
