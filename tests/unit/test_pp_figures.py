@@ -64,8 +64,7 @@ def test_the_meter_splits_idle_into_transfers_and_bubble():
     pipe.note([_Op(0, 400)], sent=False)
     pipe.note([_Op(0, 400)], sent=True)
     pipe.end = 10.0
-    meter.comm.marks = [(10.0, 10.5)]  # the tied gradients' sum
-    meter.optimizer.marks = [(10.5, 11.0)]
+    meter.optimizer.marks = [(10.5, 11.0)]  # 10.0-10.5: host (zero_grad and the like)
     meter.end, meter.measured = 11.0, True
     pipe.one_way = {0: 0.25}  # the calibration's half round trip to stage 0
     f = pipe.figures()
@@ -74,9 +73,18 @@ def test_the_meter_splits_idle_into_transfers_and_bubble():
     assert f["bubble_share"] == pytest.approx(7.5 / 10)
     bd = f["breakdown"]
     assert bd.wait_s == pytest.approx(7.5) and bd.compute_s == 2.0
-    assert bd.comm_exposed_s == pytest.approx(0.5 + 0.5)  # sends, receives, tied grads
-    assert bd.optimizer_s == 0.5 and bd.step_s == pytest.approx(11.0)
+    assert bd.comm_exposed_s == pytest.approx(0.5)  # sends and receives
+    assert bd.optimizer_s == 0.5 and bd.host_s == pytest.approx(0.5)
+    assert bd.step_s == pytest.approx(11.0)
     assert f["p2p_bytes"] == 800 and f["p2p_messages"] == 2
+
+
+def test_a_tied_gradient_sum_is_a_message_each_way_to_the_other_end():
+    import torch
+
+    meter, pipe = _meters(stage=0, chunks=2)
+    pipe.note_tie(torch.zeros(10), first=True)
+    assert pipe.messages == [(True, 1, 40), (False, 1, 40)]
 
 
 def test_transfers_never_exceed_the_idle_time():

@@ -197,9 +197,10 @@ class PipelineParallel(RankStrategy):
                 self.schedule.step(*((xm,) if first else ()), target=ym if last else None,
                                    losses=mine if last else None, **self._step_kw)
                 losses += mine
+        # inside the pipeline's span: the sum waits for the other stage's last backward,
+        # which is bubble; its own transfer is counted with the stage's messages
+        self._sum_tied_grads()
         self.pipe.end_pipeline()
-        with m.comm:
-            self._sum_tied_grads()
         with m.optimizer:
             self.optimizer_step(self.opt)
         m.finish(samples=len(x))
@@ -209,9 +210,10 @@ class PipelineParallel(RankStrategy):
 
     def _sum_tied_grads(self) -> None:
         """Sum the gradients of the weights shared across stages, over those stages."""
-        for param, group, _ in self.ties:
+        for param, group, first in self.ties:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
+            self.pipe.note_tie(param.grad, first)
             dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)
 
     # ---------------------------------------------------------------- evaluation

@@ -9,10 +9,11 @@ between the two neighbours, measured once (the first time the figures are read);
 the **bubble**, the wait that the schedule's fill and drain impose. With p stages of equal
 cost, m micro-batches and free communication, theory says each stage idles
 (p - 1) / (m + p - 1) of the span (GPipe and 1F1B alike; 1F1B saves activation memory, not
-time). The summed gradients of weights shared across stages (a tied head) are comm too.
+time). A weight shared across stages (a tied head) has its gradients summed inside the span:
+one message each way, and its wait for the other stage's last backward is bubble.
 
 Breakdown (``gputui.core.breakdown``): compute is the stage's compute, comm (exposed) its
-sends, receives and tied-gradient sums, wait is the bubble, optim the update.
+sends and receives (the tied-gradient sums' included), wait is the bubble, optim the update.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ PING_REPS = 5  # round trips of the calibration (after one to warm up)
 
 class PipeMeter:
     """One stage's pipeline on the metered step, beside the strategy's Meter (whose compute
-    span holds the micro-batches' forward, backward and loss, its comm span the tied-gradient
-    sums, its optimizer span the update): the schedule's span, the messages, and the link's
+    span holds the micro-batches' forward, backward and loss, its optimizer span the update):
+    the schedule's span (the tied-gradient sums included), the messages, and the link's
     transfer time."""
 
     def __init__(self, meter: Meter, stage: int, stages: int, chunks: int):
@@ -58,6 +59,15 @@ class PipeMeter:
             nbytes = op.tensor.numel() * op.tensor.element_size()
             self.messages.append((sent, op.peer, nbytes))
             self.sizes[op.peer] = max(self.sizes.get(op.peer, 0), nbytes)
+
+    def note_tie(self, grad: torch.Tensor, first: bool) -> None:
+        """A tied weight's gradient summed with the other stage holding it (first or last):
+        one message each way, at the link's transfer time."""
+        if not self.meter.on:
+            return
+        peer = self.stages - 1 if first else 0
+        nbytes = grad.numel() * grad.element_size()
+        self.messages += [(True, peer, nbytes), (False, peer, nbytes)]
 
     def end_pipeline(self) -> None:
         if self.meter.on:
@@ -96,17 +106,18 @@ class PipeMeter:
         compute = m.compute.seconds()
         idle = max(0.0, span - compute)
         one_way = self.one_way or {}
-        sends = sum(one_way.get(peer, 0.0) for sent, peer, _ in self.messages if sent)
-        recvs = sum(one_way.get(peer, 0.0) for sent, peer, _ in self.messages if not sent)
+        # a peer that is not a neighbour (a tied weight's other end): the links' mean
+        usual = sum(one_way.values()) / len(one_way) if one_way else 0.0
+        sends = sum(one_way.get(peer, usual) for sent, peer, _ in self.messages if sent)
+        recvs = sum(one_way.get(peer, usual) for sent, peer, _ in self.messages if not sent)
         if sends + recvs > idle > 0:  # the estimate cannot exceed what was idle
             sends, recvs = sends * idle / (sends + recvs), recvs * idle / (sends + recvs)
         elif idle == 0:
             sends = recvs = 0.0
         bubble = idle - sends - recvs
-        tied = m.comm.seconds()
         bd = breakdown.make(m.step_s(), m.data_s, compute, m.optimizer.seconds(),
-                            sends + recvs + tied, 0.0, bubble)
-        return {"compute_s": compute, "breakdown": bd, "comm_s": sends + recvs + tied,
+                            sends + recvs, 0.0, bubble)
+        return {"compute_s": compute, "breakdown": bd, "comm_s": sends + recvs,
                 "stage": self.stage, "pipeline_s": span, "bubble_s": bubble,
                 "bubble_share": bubble / span if span > 0 else None,
                 "bubble_theory": self.theory, "send_s": sends, "recv_s": recvs,
