@@ -85,7 +85,8 @@ def test_each_stage_reports_its_bubble(ranks, name):
         assert row["bubble_theory"] == pytest.approx(1 / (m + 1))  # (p-1)/(m+p-1), p = 2
         assert 0 < row["compute_s"] < row["pipeline_s"]
         assert 0 <= row["bubble_share"] <= 1 - row["compute_s"] / row["pipeline_s"]
-        assert row["p2p_messages"] == 2 * m  # each stage sends m and receives m messages
+        # each stage sends m and receives m messages, and the GPT's tied gradient one each way
+        assert row["p2p_messages"] == 2 * m + (2 if name.endswith("gpt") else 0)
         assert row["send_s"] >= 0 and row["recv_s"] >= 0
 
 
