@@ -139,6 +139,8 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
         yield from _stage_problems(cfg, devices)
     elif name in ("tp", "fsdp_tp"):
         yield from _tp_problems(cfg, devices, name)
+    elif name == "pp":
+        yield from _pipeline_problems(cfg, devices)
     elif cfg.strategy.split_weights and not info.weighted:
         yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
     batch = _batch_problem(cfg, devices, info)
@@ -153,14 +155,15 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
 
 
 def _stage_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
-    """model_parallel: enough layers for the stages, no split_weights, valid split points,
-    no tied gpt across devices."""
+    """model_parallel: enough layers for the stages, no split_weights, valid split points, no
+    weight tied across devices."""
     n, model = len(devices), cfg.model.factory or cfg.model.name
     # a model.factory's blocks are known once it is built: the training process checks them
     layers = model_layers(cfg)
     if model == "gpt" and cfg.model.tie and len({d.torch_device for d in devices}) > 1:
-        yield CHOICE, ("strategy 'model_parallel' puts gpt's embedding and head on different "
-                       "devices, which cannot share one weight; set model.tie = false")
+        yield CHOICE + ("model.tie",), (
+            "strategy 'model_parallel' puts gpt's embedding and head on different devices, "
+            "which cannot share one weight; set model.tie = false")
     if layers is not None and n > layers:
         yield CHOICE, (f"strategy 'model_parallel' cuts {model} into at most {layers} stages "
                        f"(one per layer), devices.spec '{cfg.devices.spec}' gives {n}; use "
@@ -192,6 +195,34 @@ def _tp_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[P
     if cfg.model.n_head % tp:
         yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {tp} "
                        f"tensor-parallel ranks; use a head count divisible by {tp}")
+
+
+def _pipeline_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
+    """pp (one rank per device and stage): a block per stage at least, valid split points,
+    a batch the micro-batches divide evenly, no fp16 (its grad scaler is not applied to the
+    stages' backward). A weight tied across stages is fine: pp sums its gradients."""
+    n, model = len(devices) * cfg.dist.nnodes, cfg.model.factory or cfg.model.name
+    layers = model_layers(cfg)
+    if layers is not None and n > layers:
+        yield CHOICE, (f"strategy 'pp' cuts {model} into at most {layers} stages (one per "
+                       f"block), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
+    if cfg.strategy.split_weights:
+        yield CHOICE, "strategy.split_weights applies to scratch and ddp, not 'pp'; remove it"
+    reason = check_split_points(list(cfg.strategy.split_points),
+                                layers if layers is not None else 2**62, n, model)
+    if reason:
+        yield CHOICE + ("strategy.split_points",), reason
+    batch, micro, chunks = (effective_batch_size(cfg, n), cfg.optim.micro_batches,
+                            cfg.strategy.pipeline_chunks)
+    if batch % (micro * chunks):
+        yield CHOICE + ("optim.batch_size", "optim.micro_batches", "strategy.pipeline_chunks"), (
+            f"strategy 'pp' splits each batch into optim.micro_batches x "
+            f"strategy.pipeline_chunks = {micro} x {chunks} equal micro-batches; "
+            f"optim.batch_size ({batch}) is not divisible by {micro * chunks}")
+    if cfg.run.precision == "fp16":
+        yield CHOICE + ("run.precision",), (
+            "strategy 'pp' does not apply fp16's grad scaler to its stages' backward; use "
+            "run.precision = 'bf16' or 'fp32'")
 
 
 def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) -> Problem | None:

@@ -13,7 +13,8 @@ from gputui.core import scores
 from gputui.core.filewrite import WriteFailed, write_atomic
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "comm_share": "comm", "bubble_share": "bubble", "init_s": "init",
+           "efficiency": "efficiency",
            "step_ms": "step (ms)", "mem_per_device": "mem/device",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",

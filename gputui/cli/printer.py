@@ -53,9 +53,16 @@ def device_line(samples: dict[str, DeviceSample]) -> str:
 
 def breakdown_lines(ev) -> list[str]:
     """Where the metered step's time went, one line per device that measured it (each rank
-    of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'."""
-    return [f"{row.device} {breakdown.line(row.breakdown)}"
-            for row in ev.per_device if row.breakdown]
+    of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'; a pp
+    stage adds its bubble, sends and receives."""
+    out = []
+    for row in ev.per_device:
+        if row.breakdown:
+            out.append(f"{row.device} {breakdown.line(row.breakdown)}")
+            pipe = breakdown.pipeline_line(row)
+            if pipe:
+                out.append(f"{row.device} {pipe}")
+    return out
 
 
 class Printer:

@@ -198,7 +198,7 @@ def _predict(args) -> int:
         path = str(resolve_preset(args.preset).resolve())
         counts = counts_of(parse_devices(args.devices))
         wanted = [s for s in args.strategies.split(",") if s.strip() in
-                  ("ddp", "fsdp", "tp", "scratch", "dp")]
+                  ("ddp", "fsdp", "tp", "scratch", "dp", "pp")]
         strategies = parse_strategies(",".join(wanted) or args.strategies)
         cfg = load_base(path, set_overrides(args.sets, args.epochs))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)

@@ -249,8 +249,8 @@ class StrategySection:
     """[strategy]: how the work is spread over the devices."""
 
     name: str = opt("single", "single, scratch (from-scratch allreduce), dp (DataParallel), ddp, "
-                              "model_parallel, fsdp, tp (tensor parallel) or fsdp_tp; "
-                              "`gputui strategies` lists them.")
+                              "model_parallel, fsdp, tp (tensor parallel), fsdp_tp or pp "
+                              "(pipeline parallel); `gputui strategies` lists them.")
     check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
@@ -261,11 +261,14 @@ class StrategySection:
     fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
                               "(e.g. ['Block'] for a model.factory's blocks); empty = every "
                               "top-level block with parameters.")
-    pipeline_chunks: int = opt(1, "model_parallel: micro-batches that flow through the stages "
-                                  "as a pipeline (1 = no pipelining).", min=1, max=1024)
+    pipeline_chunks: int = opt(1, "model_parallel and pp: micro-batches that flow through the "
+                                  "stages as a pipeline (1 = no pipelining).", min=1, max=1024)
+    schedule: str = opt("1f1b", "pp: the pipeline schedule, gpipe (every forward, then every "
+                                "backward) or 1f1b (one forward, one backward in steady state).",
+                        choices=("gpipe", "1f1b"))
     tp_size: int = opt(0, "fsdp_tp: ranks per tensor-parallel group (the rest of the ranks "
                           "form the data-parallel dimension); 0 = 2.", min=0, max=4096)
-    backend: str = opt("auto", "ddp/fsdp process-group backend: auto (nccl on CUDA, gloo on "
+    backend: str = opt("auto", "ddp/fsdp/tp/pp process-group backend: auto (nccl on CUDA, gloo on "
                                "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
     timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",
                            gt=0.0, max=86_400.0)

@@ -86,3 +86,7 @@ register(StrategyInfo(
     "fsdp_tp", "fsdp x tp on a 2-D mesh: tensor parallelism inside groups of "
                "strategy.tp_size ranks, fully_shard over the groups (4 devices or more).",
     "fsdp_tp", multiprocess=True, min_devices=2))
+register(StrategyInfo(
+    "pp", "Pipeline parallel (torch.distributed.pipelining): consecutive blocks as stages on "
+          "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
+          "bubble.", "pp", multiprocess=True, min_devices=2))

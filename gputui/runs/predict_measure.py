@@ -326,6 +326,13 @@ class Measurer:
                 elif inp.t_c is None:  # figures kept before t_own was: single's, if kept
                     c = self.compute(share, threads, copies)
                     inp.t_c = c["step_time_s"] if c else None
+        if "pp" in strategies:
+            # a stage's compute of the whole batch: about one rank's share through the model
+            inp.chunks, inp.schedule = (self.cfg.strategy.pipeline_chunks,
+                                        self.cfg.strategy.schedule)
+            if inp.t_c is None:
+                c = self.compute(share, threads, copies)
+                inp.t_c = c["step_time_s"] if c else None
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None
@@ -341,7 +348,7 @@ class Measurer:
             inp.t_fsdp = c["torch_s"] if c else None
         if "tp" in strategies:
             self.tp_inputs(inp, n, share, threads, copies)
-        if any(s in strategies for s in ("ddp", "fsdp", "tp")):
+        if any(s in strategies for s in ("ddp", "fsdp", "tp", "pp")):
             c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
         return inp

@@ -23,7 +23,8 @@ from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summar
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
-           "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
+           "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
+           "init_s": "init",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",

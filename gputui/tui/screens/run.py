@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
+from gputui.core import breakdown
 from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
@@ -258,6 +259,9 @@ class RunScreen(RunControls, Screen):
             if row.comm_gbps is not None:
                 self._panel(row.device).update_comm(comm_peak.text(row.comm_gbps,
                                                                    self.comm_peak()))
+            pipe = breakdown.pipeline_line(row)  # a pp stage: its bubble, sends and receives
+            if pipe:
+                self._panel(row.device).update_comm(pipe)
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""
