@@ -17,6 +17,7 @@ import sys
 import torch
 
 import user_model
+from strategy_harness import ADAMW
 
 STEPS = 4
 
@@ -27,6 +28,9 @@ SCENARIOS = {
                                  "optim.micro_batches": 2}),
     "gpipe_gpt": ("gpt", 8, {"strategy.schedule": "gpipe", "strategy.pipeline_chunks": 4}),
     "1f1b_gpt": ("gpt", 8, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 2}),
+    # AdamW, warm-up + cosine, clipping by the norm over both stages (the tied weight once)
+    "1f1b_gpt_adamw": ("gpt", 8, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 2,
+                                  **ADAMW}),
     # the user's own model, not a Sequential: its gputui_blocks() are the stages' blocks
     "gpipe_user": ("lenet", 16, {"model.factory": user_model.NET, "strategy.schedule": "gpipe",
                                  "strategy.pipeline_chunks": 2}),
@@ -47,6 +51,7 @@ def build(strategy: str, spec: str, model: str, batch: int, extra: dict, rank: i
                                       ds.image_size, ds.num_classes, rank=rank,
                                       world_size=world_size)
     s.setup()
+    s.updater.plan(STEPS)  # the schedule over the steps the scenarios take
     return s, TensorBatches(ds.train_x, ds.train_y, s.batch_size, cfg.run.seed).epoch(1), ds
 
 

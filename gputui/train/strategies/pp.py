@@ -72,6 +72,7 @@ class PipelineParallel(RankStrategy):
         self.join_group()  # this rank's device, the process group, the meter
         self.module = self.cut(self.build_model().to(self.device))
         self.opt = self.make_optimizer(self.module.parameters())
+        self.updater.reduce_sq = self._stages_sq
         if self.rank == 0:
             kind = "on the CPU" if not self.cuda else "one per GPU"
             self.notes.append(f"{self.world_size} {self.backend} ranks {kind}, "
@@ -215,6 +216,16 @@ class PipelineParallel(RankStrategy):
                 param.grad = torch.zeros_like(param)
             self.pipe.note_tie(param.grad, first)
             dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)
+
+    def _stages_sq(self, sq: torch.Tensor) -> torch.Tensor:
+        """The whole model's squared gradient norm from this stage's (``sq``): summed over
+        the stages, a tied weight's (summed) gradient counted once, on its first stage."""
+        total = sq.detach().clone()
+        for param, _, first in self.ties:
+            if not first and param.grad is not None:
+                total -= param.grad.detach().float().pow(2).sum().to(total.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total.clamp_min(0.0)  # a subtraction's rounding must not make it negative
 
     # ---------------------------------------------------------------- evaluation
     def set_train(self, mode: bool) -> None:
