@@ -127,19 +127,28 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float,
     utils = torch.nn.utils
     if not hasattr(utils, "get_total_norm"):  # torch < 2.6: the one-call form
         return utils.clip_grad_norm_(params, max_norm)
-    # DTensor and plain gradients apart: torch's foreach kernels take one kind at a time
-    groups = [[p for p in params if hasattr(p.grad, "full_tensor") == sharded]
-              for sharded in (True, False)]
-    groups = [g for g in groups if g]
-    parts = [_whole(utils.get_total_norm([p.grad for p in g if p.grad is not None], 2.0))
+    groups = _by_layout(params)
+    norms = [_whole(utils.get_total_norm([p.grad for p in g if p.grad is not None], 2.0))
              for g in groups]
-    total = parts[0] if len(parts) == 1 else torch.linalg.vector_norm(
-        torch.stack([parts[0], parts[1].to(parts[0].device)]))
+    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(
+        torch.stack([n.to(norms[0].device) for n in norms]))
     if reduce_sq is not None:
         total = reduce_sq(total.pow(2)).sqrt()
     for group in groups:
         utils.clip_grads_with_norm_(group, max_norm, total)
     return total
+
+
+def _by_layout(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The parameters grouped by their gradient's layout: plain tensors together, DTensors by
+    mesh and placements (torch's foreach kernels take one kind at a time, and fsdp_tp's grads
+    lie on two meshes: the blocks' (dp, tp), the embeddings' dp alone)."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        mesh = getattr(p.grad, "device_mesh", None)
+        key = None if mesh is None else (mesh, tuple(getattr(p.grad, "placements", ())))
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
 
 
 def _whole(norm: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,8 @@ WELL_ABOVE_CHANCE = 0.3  # ten classes: chance is 0.1
 # a language model's validation loss must end this far (nats per byte) below the unigram
 # baseline (about 3.1 for Python source): what no byte-frequency model can reach
 WELL_BELOW_UNIGRAM = 0.5
-LM_MARGIN = {  # SGD moves a transformer slowly: what these runs reach in their epochs
-    "gpt-tiny": 0.2,  # 2.809 against 3.084 after the 3 epochs run here
+LM_MARGIN = {  # what these runs reach in their few epochs
+    "gpt-tiny": 0.4,  # AdamW, warm-up + cosine: 2.625 against 3.084 after its 2 epochs
     "gpt2-small-1gpu": 0.05,  # the GPU presets' CPU rehearsals: one short epoch
     "gpt2-small-ddp": 0.05,
 }
@@ -39,7 +39,6 @@ TEST_CUTS = {  # preset -> flags appended by this test only
     "lenet-scratch-2dev": ["--epochs", "2"],
     "lenet-ddp-2dev": ["--epochs", "1"],
     "lenet-fsdp-2dev": ["--epochs", "1"],
-    "gpt-tiny": ["--epochs", "3"],
 }
 PRESETS = sorted(p.stem for p in PACKAGE_PRESETS.glob("*.toml"))
 RUN_HERE = [p for p in PRESETS if p not in ("quickstart", "lenet-ddp-2nodes")]

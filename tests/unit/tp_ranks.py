@@ -18,6 +18,7 @@ import os
 import sys
 
 import torch
+from strategy_harness import ADAMW
 
 STEPS = 4
 SHAPE = {"vocab_size": 64, "context": 16, "n_layer": 2, "n_head": 4, "n_embd": 32}
@@ -66,6 +67,9 @@ SCENARIOS = {
     "tp4": ("tp", 16, {"model.n_head": 4}),  # 4 heads over the 4 ranks, the whole batch each
     "fsdp_tp": ("fsdp_tp", 16, {"strategy.tp_size": 2}),  # 2 x 2, half the batch per group
 }
+# AdamW, warm-up + cosine and clipping by the global norm of DTensor and plain gradients
+SCENARIOS["tp4_adamw"] = ("tp", 16, {"model.n_head": 4, **ADAMW})
+SCENARIOS["fsdp_tp_adamw"] = ("fsdp_tp", 16, {"strategy.tp_size": 2, **ADAMW})
 
 
 def strategy_scenario(name: str, workdir: str) -> dict:
@@ -89,6 +93,7 @@ def strategy_scenario(name: str, workdir: str) -> dict:
                                        ds.image_size, ds.num_classes, rank=dist.get_rank(),
                                        world_size=dist.get_world_size())
         s.setup()
+        s.updater.plan(STEPS)  # the schedule over the steps taken, as run_steps plans it
         return s
 
     cfg = make_config(which, "cpu*4", "gpt", size, **extra)

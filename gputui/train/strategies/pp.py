@@ -111,6 +111,10 @@ class PipelineParallel(RankStrategy):
         self._prefixes = {str(i): where.get(id(blocks[i]), str(i)) for i in range(a, b)}
         self.ties = self._tie_groups(blocks)
         self.chunks = self.cfg.strategy.pipeline_chunks
+        if self.cfg.strategy.schedule == "1f1b" and self.chunks < p:  # torch's own rule
+            raise ConfigError(f"strategy.schedule = '1f1b' needs strategy.pipeline_chunks of at "
+                              f"least the {p} stages ({self.chunks} given); raise it or use "
+                              f"strategy.schedule = 'gpipe'")
         self.pipe = PipeMeter(self.meter, s, p, self.chunks)
         self.stage = TimedStage(mine, s, p, self.device)
         self.stage.meter, self.stage.pipe = self.meter, self.pipe
