@@ -200,7 +200,8 @@ def _tp_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[P
 def _pipeline_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
     """pp (one rank per device and stage): a block per stage at least, valid split points,
     a batch the micro-batches divide evenly, no fp16 (its grad scaler is not applied to the
-    stages' backward). A weight tied across stages is fine: pp sums its gradients."""
+    stages' backward), 1f1b with at least as many micro-batches as stages. A weight tied
+    across stages is fine: pp sums its gradients."""
     n, model = len(devices) * cfg.dist.nnodes, cfg.model.factory or cfg.model.name
     layers = model_layers(cfg)
     if layers is not None and n > layers:
@@ -223,6 +224,10 @@ def _pipeline_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Proble
         yield CHOICE + ("run.precision",), (
             "strategy 'pp' does not apply fp16's grad scaler to its stages' backward; use "
             "run.precision = 'bf16' or 'fp32'")
+    if cfg.strategy.schedule == "1f1b" and chunks < n:  # torch's Schedule1F1B refuses it
+        yield CHOICE + ("strategy.pipeline_chunks", "strategy.schedule"), (
+            f"strategy.schedule = '1f1b' needs strategy.pipeline_chunks of at least the {n} "
+            f"stages ({chunks} given); raise it or use strategy.schedule = 'gpipe'")
 
 
 def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) -> Problem | None:
