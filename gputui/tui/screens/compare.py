@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
+from gputui.tui.widgets.plain_table import PlainTable
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
            "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
@@ -65,7 +66,7 @@ class CompareScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="compare-table", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="compare-plots"):
             yield OverlayPlot("Training loss", "epoch", id="compare-loss")
             yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))

@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from gputui.core.events import plural
 from gputui.runs.compare import fmt
 from gputui.runs.history import RunRow, load_rows
+from gputui.tui.widgets.plain_table import PlainTable
 
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
            ("devices", "devices"), ("batch", "batch"), ("lr", "lr"),
@@ -61,7 +62,7 @@ class HistoryScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note", markup=False)
-        yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:

@@ -23,6 +23,7 @@ from gputui.core.devices import wants_gpus
 from gputui.core.events import acc_text, plural
 from gputui.core.usercode import code_line, data_label, model_label
 from gputui.runs.sweep import Point, Sweep, parse_devices
+from gputui.tui.widgets.plain_table import PlainTable
 
 
 class PointChanged(Message):
@@ -89,12 +90,12 @@ class SweepScreen(Screen):
             yield Checkbox("scale batch/lr with devices", id="sweep-scale")
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
-        yield DataTable(id="sweep-points", cursor_type="row")
+        yield PlainTable(id="sweep-points", cursor_type="row")
         d = self.config.to_dict()
         code = code_line(d)
         yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
                      f"{plural(self.config.run.epochs, 'epoch')}{' · ⚠ ' + code if code else ''}. "
-                     f"ctrl+r starts.", id="sweep-status")
+                     f"ctrl+r starts.", id="sweep-status", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
