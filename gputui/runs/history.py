@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -70,7 +69,7 @@ class RunRow:
 def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     """config.toml as a dict, else the config of the RunStarted event, else {}."""
     try:
-        return tomllib.loads(safeio.read_text(run_dir / "config.toml"))
+        return safeio.parse_toml(safeio.read_text(run_dir / "config.toml"))
     except (OSError, ValueError):
         pass
     try:
