@@ -128,6 +128,16 @@ def _write_in_place(path: Path, shown: Path, fill: Callable[[BinaryIO], object],
     return shown
 
 
+def make_folder(folder: str | Path, hint: str = "") -> Path:
+    """``mkdir -p folder``; a failure (a file in the way, no permission) raises WriteFailed."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(folder, exc, hint) from None
+    return folder
+
+
 def write_atomic(path: str | Path, data: str | bytes, hint: str = "") -> Path:
     """Write text (UTF-8) or bytes to ``path`` atomically (see :func:`write_with`)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -70,10 +70,12 @@ class Cache:
 
     def put(self, key: str, value: dict) -> None:
         self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        from gputui.core.filewrite import make_folder, write_atomic
+
+        # through filewrite: a cache folder that is a file is one line (WriteFailed), not a
+        # NotADirectoryError traceback
+        make_folder(self.path.parent, "set GPUTUI_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to")
+        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
 
 
 def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
