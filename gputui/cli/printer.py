@@ -108,7 +108,7 @@ class Printer:
         elif isinstance(ev, EpochEnd):
             warm = "" if self.epochs_seen else " (warm-up included)"
             self.epochs_seen += 1
-            self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
+            self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s wall-clock, train loss "
                       f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
                       f"{ev.samples_per_s:,.0f} samples/s{warm}")
         elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
@@ -178,11 +178,14 @@ class Printer:
             if steady:  # the steady state (gputui.core.steady): warm-up excluded
                 per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
                 noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
-                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
+                # one figure per quantity: the steady one, and the wall-clock mean of the
+                # per-epoch lines named as such beside it
+                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s steady-"
+                             f"state ({s['time_per_epoch_s']:.2f} s wall-clock)")
                 parts.append(f"{steady['samples_per_s']:,.0f} samples/s{noise} (steady state, "
                              f"after {plural(steady['warmup_steps'], 'warm-up step')})")
             else:
-                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
+                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s wall-clock")
                 parts.append(f"{s['samples_per_s']:,.0f} samples/s (warm-up included: too "
                              f"few steps for a steady state)")
             parts.append(f"test acc {acc_text(s['test_acc'])}")

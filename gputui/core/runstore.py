@@ -139,6 +139,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         s["train_loss"] = epochs[-1]["train_loss"]
     # the steady state (warm-up excluded, gputui.core.steady): what tables and summaries print
     s["steady"] = steady_figures(events)
+    if s["steady"] and s.get("steps_per_epoch"):  # the figure tables and compare show
+        s["time_per_epoch_steady_s"] = s["steady"]["step_time_s"] * s["steps_per_epoch"]
     if first_t is not None:
         s["total_s"] = last_t - first_t
     return s

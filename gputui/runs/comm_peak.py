@@ -20,6 +20,7 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     """Keep the torch rows' peak of a bench-comm result (``comm_bench.run_bench``) when it
     beats the one kept; returns what is kept for that key (None: nothing measured)."""
     rows = [r for r in result.get("torch") or () if r.get("algbw_gbps")]
+    machine = result.get("machine") or {}
     if not rows or "error" in result:
         return None
     from gputui.runs.predict_measure import Cache
@@ -28,10 +29,16 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     best = max(rows, key=lambda r: r["algbw_gbps"])
     k = key(kind, int(result["n"]), str(result.get("backend", "")))
     old = cache.get(k)
-    if old and old.get("algbw_gbps", 0) >= best["algbw_gbps"]:
+    old_quiet = bool(old) and not (old.get("machine") or {}).get("contended", True)
+    # a peak measured on a quiet machine is never replaced by one measured under contention
+    if old and old_quiet and machine.get("contended"):
+        return old
+    if old and old.get("algbw_gbps", 0) >= best["algbw_gbps"] and \
+            old_quiet == (not machine.get("contended")):
         return old
     cache.put(k, {"algbw_gbps": best["algbw_gbps"], "busbw_gbps": best["busbw_gbps"],
-                  "size": best["size"], "devices": result.get("devices", [])})
+                  "size": best["size"], "devices": result.get("devices", []),
+                  "machine": machine})
     return cache.get(k)
 
 

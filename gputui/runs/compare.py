@@ -29,6 +29,7 @@ from gputui.core import runstore
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
 from gputui.core.steady import RULE
+from gputui.hw import contention
 from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
@@ -63,6 +64,8 @@ class CompareRow:
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
     acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
     flags: list = field(default_factory=list)  # why the speedup is not a result (gputui.core.trust)
+    noise: float | None = None  # the speedup's relative noise (both runs' noise added)
+    noisy: list = field(default_factory=list)  # why the speedup supports no conclusion
     warnings: list = field(default_factory=list)  # e.g. well short of its prediction
     refused: list = field(default_factory=list)  # baselines refused, with why
     predicted_speedup: float | None = None  # from this machine's kept measurements
@@ -75,7 +78,10 @@ class CompareRow:
                    baseline=self.baseline, baseline_kind=self.baseline_kind,
                    predicted_speedup=self.predicted_speedup, flags=list(self.flags),
                    warnings=list(self.warnings), refused=list(self.refused),
-                   check=check_text(self), mfu=self.mfu, flops_per_s=self.flops_per_s,
+                   check=check_text(self), speedup_noise=_abs(self.speedup, self.noise),
+                   efficiency_noise=_abs(self.efficiency, self.noise), noisy=list(self.noisy),
+                   contended=self.row.contended,
+                   machine_note=contention.note(self.row.machine), mfu=self.mfu, flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
                    comm_peak_gbps=self.comm_peak_gbps)
         out.update(breakdown.shares(self.breakdown))
@@ -86,6 +92,10 @@ class CompareRow:
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
                     acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown,
                     memory=[dict(r) for r in self.memory])
+
+
+def _abs(value: float | None, noise: float | None) -> float | None:
+    return None if value is None or noise is None else value * noise
 
 
 def readable_events(run_dir: str | Path) -> list:
@@ -149,6 +159,8 @@ def check_text(item: "CompareRow") -> str:
     """The table's check cell: FLAGGED, below prediction, or empty."""
     if item.flags:
         return "FLAGGED"
+    if item.noisy:
+        return "NOISY"
     if item.warnings:
         return "below prediction"
     return ""
@@ -156,10 +168,12 @@ def check_text(item: "CompareRow") -> str:
 
 def find_baseline(row: RunRow, candidates: list[RunRow],
                   compared: Collection[str] = frozenset(),
-                  refused: list | None = None) -> tuple[RunRow | None, str]:
+                  refused: list | None = None,
+                  only_compared: bool = False) -> tuple[RunRow | None, str]:
     """The matching one-device run of ``row`` (see the module docstring) and the match kind;
     candidates not measured the way ``row`` was are refused (``gputui.core.trust``), and why is
-    appended to ``refused``."""
+    appended to ``refused``; ``only_compared``: a sweep's runs take their baselines from the
+    same sweep only."""
     from gputui.core.trust import refuse_baseline
 
     if not row.devices or not row.batch:
@@ -168,7 +182,8 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
     ranked = []
     for c in candidates:
         if (c.devices != 1 or c.status != "finished" or not c.samples_per_s
-                or match_key(c) != match_key(row)):
+                or match_key(c) != match_key(row)
+                or (only_compared and c.id not in compared)):
             continue
         why = refuse_baseline(row, c) if c.batch in (row.batch, per_device) else None
         if why:
@@ -182,7 +197,7 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
         else:
             continue
         plain = c.fast in ("", c.precision)  # eager, default memory format: preferred
-        ranked.append(((kind, not c.steady, not plain, c.id not in compared,
+        ranked.append(((kind, not plain, c.id not in compared,
                         c.strategy != "single",
                         -_id_order(c)), c, kind))
     if not ranked:
@@ -196,8 +211,10 @@ def _id_order(row: RunRow) -> float:
     return float(digits or 0)
 
 
-def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
-    """Compare these runs; baselines are looked for among them and every run under runs_dir."""
+def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
+            only_compared: bool = False) -> list[CompareRow]:
+    """Compare these runs; baselines are looked for among them and every run under runs_dir
+    (``only_compared``: among them only, as a sweep's are)."""
     rows = [row_for(p) for p in run_dirs]
     compared = {r.id for r in rows}
     try:
@@ -206,7 +223,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) 
         others = []
     pool = rows + others
     out = []
-    from gputui.core.trust import flags
+    from gputui.core.trust import flags, noise_of, noisy
 
     for row in rows:
         events = readable_events(row.run_dir)  # read once, for the curves and the figures
@@ -215,12 +232,15 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) 
                           acc_curve=acc, **read_hw_figures(row.run_dir, events))
         if item.comm_gbps is not None:
             item.comm_peak_gbps = kept_comm_peak(row)
-        base, kind = find_baseline(row, pool, compared, item.refused)
-        if base is not None and row.samples_per_s and base.samples_per_s and row.devices:
+        base, kind = find_baseline(row, pool, compared, item.refused, only_compared)
+        if base is not None and row.samples_per_s and base.samples_per_s and row.devices \
+                and row.steady:
             item.speedup = row.samples_per_s / base.samples_per_s
             item.efficiency = item.speedup / row.devices
             item.baseline, item.baseline_kind = base.id, kind
+            item.noise = noise_of(row, base)
             item.flags = flags(row, base, item.speedup)
+            item.noisy = noisy(row, base, item.speedup)
             add_prediction(item, base)
         out.append(item)
     return out
@@ -282,15 +302,34 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
 
 
 def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str, Any]]:
-    """The comparison as plain dicts with the table's columns, in order; a flagged speedup
-    and efficiency read "flagged" (the reasons are in ``summary_lines`` and the JSON)."""
+    """The comparison as plain dicts with the table's columns, in order (and the noise of
+    speedup and efficiency); a flagged speedup and efficiency read "flagged", a noisy one
+    "noisy" (the reasons are in ``summary_lines`` and the JSON)."""
     out = []
     for item in items:
         flat = item.flat()
         if item.flags:
             flat.update(speedup="flagged", efficiency="flagged")
-        out.append({k: flat[k] for k in columns})
+        elif item.noisy:
+            flat.update(speedup="noisy", efficiency="noisy")
+        # the noise travels beside the figure (``cell`` prints it; csv keeps the number)
+        out.append({**{k: flat.get(k) for k in columns},
+                    **{k: flat.get(k) for k in NOISE_KEYS}})
     return out
+
+
+NOISE_KEYS = ("speedup_noise", "efficiency_noise")
+
+
+def cell(key: str, row: dict[str, Any]) -> str:
+    """A table row's cell as text: ``fmt``, with a figure's noise beside it ("1.83x ±0.05")."""
+    value = row.get(key)
+    text = fmt(key, value)
+    noise = row.get(f"{key}_noise")
+    if key in ("speedup", "efficiency") and isinstance(value, (int, float)) and \
+            noise is not None:
+        text += f" ±{noise:.2f}" if key == "speedup" else f" ±{noise:.0%}"
+    return text
 
 
 def fmt(key: str, value: Any) -> str:
@@ -341,8 +380,12 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         if r.problem:
             lines.append(f"{r.id}: {r.problem}")
         for why in it.flags:
-            lines.append(f"{r.id}: FLAGGED, speedup {it.speedup:.2f}x / efficiency "
-                         f"{it.efficiency:.0%} is not a result: {why}")
+            lines.append(f"{r.id}: FLAGGED, speedup {it.speedup:.2f}x is not a result: {why}")
+        if it.noisy and not it.flags:
+            lines.append(f"{r.id}: NOISY, speedup {it.speedup:.2f}x ±{it.speedup * (it.noise or 0):.2f}"
+                         f" supports no conclusion: {'; '.join(it.noisy)}")
+        if r.contended and not any(r.id in n for n in it.noisy):
+            lines.append(f"{r.id}: {contention.note(r.machine)}")
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
         if it.comm_gbps is not None:
@@ -355,9 +398,11 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
                          f"steady-state steps ({RULE})")
-        elif r.status != "finished" or not r.samples_per_s:
-            lines.append(f"{r.id}: no speed figures ({r.status}"
-                         f"{': ' + r.reason if r.reason else ''})")
+        elif r.no_speed or not r.samples_per_s:
+            lines.append(f"{r.id}: no speed figures ({r.no_speed or r.status})")
+        elif not r.steady:
+            lines.append(f"{r.id}: no speedup: the run has no steady-state steps, warm-up "
+                         f"included (run it longer)")
         else:
             refused = f"; refused: {'; '.join(it.refused)}" if it.refused else ""
             lines.append(f"{r.id}: no matching finished one-device run measured the same way, "

@@ -63,6 +63,7 @@ class RunHandle:
         self.device_note = ""  # what the devices' fallback ran on instead, or ""
         self._tree: dict[int, Any] = {}  # every process seen below the child (psutil objects)
         self._tree_t = 0.0
+        self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
 
     # ------------------------------------------------------------------ events
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
@@ -192,6 +193,7 @@ class RunHandle:
                 kill_tree(p.pid)
                 p.join(timeout=5)
         self._end_tree()
+        self._write_machine_state()
         if self.multiprocess:  # the node's dataset copy, left behind when the agent was killed
             from gputui.train import shared_data
 
@@ -200,6 +202,20 @@ class RunHandle:
             lock.release()
         self._locks.clear()
         _LIVE.discard(self)
+
+    def _write_machine_state(self) -> None:
+        """machine.json: what else used the hardware while the run ran (hw.contention)."""
+        if self._watch is None:
+            return
+        import json
+
+        from gputui.hw.contention import FILE
+
+        try:
+            write_atomic(self.run_dir / FILE, json.dumps(self._watch.state(), indent=2) + "\n")
+        except (OSError, WriteFailed):  # the figures then carry no machine state, said so
+            pass
+        self._watch = None
 
     # ------------------------------------------------------------------ control
     @property
@@ -307,6 +323,9 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
         proc.start()
         handle.processes.append(proc)
     _LIVE.add(handle)
+    from gputui.hw.contention import LoadWatch, gpu_uuids
+
+    handle._watch = LoadWatch(gpu_uuids(devices))
     _start_sampler(handle)
     return handle
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gputui.core.events import acc_text
+from gputui.hw import contention
 from gputui.runs.sweep import Point
 
 
@@ -73,7 +74,8 @@ class SweepProgress:
             self.line(f"{tag}: skipped: {point.reason}")
         else:
             extra = f": {point.reason}" if point.reason else ""
-            self.line(f"{tag}: {point.status}{extra}")
+            busy = contention.note(point.machine)
+            self.line(f"{tag}: {point.status}{extra}" + (f"; {busy}" if busy else ""))
         self.done += 1
         if self.progress is not None and self.grid_task is not None:
             self.progress.update(self.grid_task, completed=self.done)
@@ -89,7 +91,8 @@ class SweepProgress:
                                  info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s")
         elif kind == "epoch_end":
             warm = " (warm-up included)" if ev.epoch == 1 else ""
-            self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
+            self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s "
+                      f"wall-clock, "
                       f"{ev.samples_per_s:,.0f} samples/s{warm}, loss {ev.train_loss:.4f}, "
                       f"test acc {acc_text(ev.test_acc)}")
         elif kind == "log" and ev.level in ("warning", "error"):

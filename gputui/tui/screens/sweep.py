@@ -208,7 +208,8 @@ class SweepScreen(Screen):
         from gputui.tui.screens.compare import CompareScreen
 
         self.app.push_screen(CompareScreen(self.sweep.run_dirs(), self.runs_dir,
-                                           title=f"sweep {self.sweep.manifest.sweep_id}"))
+                                           title=f"sweep {self.sweep.manifest.sweep_id}",
+                                           only_compared=True))
 
     def action_back(self) -> None:
         """Back to the set-up (not while a sweep runs)."""
