@@ -50,7 +50,7 @@ def refuse_baseline(row: Any, base: Any) -> str | None:
 def noisy(row: Any, base: Any, speedup: float) -> list[str]:
     """Why ``speedup`` supports no conclusion ([] when its noise is small enough)."""
     out = []
-    for r in (row, base):
+    for r in (row, base) if base.id != row.id else (row,):
         if getattr(r, "contended", False):
             from gputui.hw.contention import note
 
