@@ -81,7 +81,8 @@ class CompareRow:
                    check=check_text(self), speedup_noise=_abs(self.speedup, self.noise),
                    efficiency_noise=_abs(self.efficiency, self.noise), noisy=list(self.noisy),
                    contended=self.row.contended,
-                   machine_note=contention.note(self.row.machine), mfu=self.mfu, flops_per_s=self.flops_per_s,
+                   machine_note=contention.note(self.row.machine), mfu=self.mfu,
+                   flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
                    comm_peak_gbps=self.comm_peak_gbps)
         out.update(breakdown.shares(self.breakdown))
@@ -382,8 +383,9 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         for why in it.flags:
             lines.append(f"{r.id}: FLAGGED, speedup {it.speedup:.2f}x is not a result: {why}")
         if it.noisy and not it.flags:
-            lines.append(f"{r.id}: NOISY, speedup {it.speedup:.2f}x ±{it.speedup * (it.noise or 0):.2f}"
-                         f" supports no conclusion: {'; '.join(it.noisy)}")
+            pm = (it.speedup or 0) * (it.noise or 0)
+            lines.append(f"{r.id}: NOISY, speedup {it.speedup:.2f}x ±{pm:.2f} supports no "
+                         f"conclusion: {'; '.join(it.noisy)}")
         if r.contended and not any(r.id in n for n in it.noisy):
             lines.append(f"{r.id}: {contention.note(r.machine)}")
         for why in it.warnings:
