@@ -97,7 +97,7 @@ def cmd_bench_comm(args) -> int:
 def print_table(result: dict[str, Any]) -> None:
     """The nccl-tests layout: size, count, type, time (us: the median of the repeats, their
     min, max and spread), algbw and busbw (GB/s, from the median)."""
-    from gputui.hw.contention import note
+    from gputui.core.machine import note
 
     devs = ", ".join(result.get("devices") or [])
     for impl, title in (("scratch", "scratch allreduce (one process, replicas)"),

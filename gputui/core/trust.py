@@ -52,7 +52,7 @@ def noisy(row: Any, base: Any, speedup: float) -> list[str]:
     out = []
     for r in (row, base) if base.id != row.id else (row,):
         if getattr(r, "contended", False):
-            from gputui.hw.contention import note
+            from gputui.core.machine import note
 
             out.append(f"{r.id} was {note(r.machine) or 'contended'}")
         elif r.steady and r.noise is None:

@@ -16,10 +16,9 @@ from typing import Any
 
 import psutil
 
+from gputui.core.machine import CONTENDED, note
 from gputui.hw.procstat import _busy_total
 
-FILE = "machine.json"  # a run's machine state, beside its summary
-CONTENDED = 0.10  # others' share of all the cores from which a figure is marked contended
 
 
 def _tree_cpu_s() -> float:
@@ -78,21 +77,6 @@ class LoadWatch:
         return out
 
 
-def note(state: dict | None) -> str:
-    """One line naming the contention ("" when the machine was quiet or not recorded)."""
-    if not state or not state.get("contended"):
-        return ""
-    parts = []
-    if (state.get("others_share") or 0) >= CONTENDED:
-        parts.append(f"other processes used {state['others_share']:.0%} of the "
-                     f"{state.get('cores')} cores (load {state.get('load_end')})")
-    others = state.get("gpu_others") or []
-    if others:
-        names = ", ".join(f"{o.get('name') or 'pid'} {o.get('pid')}" for o in others[:3])
-        parts.append(f"other processes on the GPU: {names}")
-    return "contended: " + "; ".join(parts)
-
-
 def gpu_uuids(devices: list) -> tuple[str, ...]:
     """The NVML UUIDs of a run's CUDA devices (none when NVML is not there)."""
     wanted = [d.index for d in devices if getattr(d, "kind", "") == "cuda"]
@@ -104,18 +88,6 @@ def gpu_uuids(devices: list) -> tuple[str, ...]:
         return ()
     found = nvml.order().devices
     return tuple(found[i].uuid for i in wanted if i < len(found))
-
-
-def read(folder) -> dict | None:
-    """A record's machine state (``machine.json``), None when not recorded."""
-    import json
-    from pathlib import Path
-
-    try:
-        data = json.loads((Path(folder) / FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _host() -> str:

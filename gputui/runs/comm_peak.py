@@ -4,7 +4,8 @@ bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
 
 Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
 the peak is the highest torch.distributed figure over the sizes bench-comm measured for that
-device kind, device count and backend.
+device kind, device count and backend, with the machine's state while bench-comm measured it:
+a peak measured under contention gives way to any measured on a quiet machine.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     best = max(rows, key=lambda r: r["algbw_gbps"])
     k = key(kind, int(result["n"]), str(result.get("backend", "")))
     old = cache.get(k)
-    old_quiet = bool(old) and not (old.get("machine") or {}).get("contended", True)
-    # a peak measured on a quiet machine is never replaced by one measured under contention
-    if old and old_quiet and machine.get("contended"):
+    new_busy = bool(machine.get("contended"))
+    old_busy = bool(old and (old.get("machine") or {}).get("contended"))
+    # a peak measured on a quiet machine is never replaced by one measured under contention,
+    # and one measured under contention always gives way to a quiet one
+    if old and not old_busy and new_busy:
         return old
-    if old and old.get("algbw_gbps", 0) >= best["algbw_gbps"] and \
-            old_quiet == (not machine.get("contended")):
+    if old and old_busy == new_busy and old.get("algbw_gbps", 0) >= best["algbw_gbps"]:
         return old
     cache.put(k, {"algbw_gbps": best["algbw_gbps"], "busbw_gbps": best["busbw_gbps"],
                   "size": best["size"], "devices": result.get("devices", []),

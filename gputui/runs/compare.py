@@ -29,7 +29,7 @@ from gputui.core import runstore
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
 from gputui.core.steady import RULE
-from gputui.hw import contention
+from gputui.core import machine
 from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
@@ -81,7 +81,7 @@ class CompareRow:
                    check=check_text(self), speedup_noise=_abs(self.speedup, self.noise),
                    efficiency_noise=_abs(self.efficiency, self.noise), noisy=list(self.noisy),
                    contended=self.row.contended,
-                   machine_note=contention.note(self.row.machine), mfu=self.mfu,
+                   machine_note=machine.note(self.row.machine), mfu=self.mfu,
                    flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
                    comm_peak_gbps=self.comm_peak_gbps)
@@ -387,7 +387,7 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
             lines.append(f"{r.id}: NOISY, speedup {it.speedup:.2f}x ±{pm:.2f} supports no "
                          f"conclusion: {'; '.join(it.noisy)}")
         if r.contended and not any(r.id in n for n in it.noisy):
-            lines.append(f"{r.id}: {contention.note(r.machine)}")
+            lines.append(f"{r.id}: {machine.note(r.machine)}")
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
         if it.comm_gbps is not None:

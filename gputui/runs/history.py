@@ -18,7 +18,7 @@ from typing import Any
 
 from gputui.core import runstore, safeio
 from gputui.core.events import RunStarted
-from gputui.hw import contention
+from gputui.core import machine
 
 # A record without a terminal event whose files have not changed for this long is not
 # running any more: its writer died with its parent (e.g. a machine reset).
@@ -184,7 +184,7 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.threads, row.cores = int(s.get("threads") or 0), int(s.get("cores") or 0)
     row.test_acc = s.get("test_acc")
     row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
-    row.machine = contention.read(run_dir)
+    row.machine = machine.read(run_dir)
     row.contended = bool(row.machine and row.machine.get("contended"))
     if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
         row.no_speed = row.status + (f": {row.reason}" if row.reason else "")

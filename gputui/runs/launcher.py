@@ -209,7 +209,7 @@ class RunHandle:
             return
         import json
 
-        from gputui.hw.contention import FILE
+        from gputui.core.machine import FILE
 
         try:
             write_atomic(self.run_dir / FILE, json.dumps(self._watch.state(), indent=2) + "\n")

@@ -291,7 +291,7 @@ class Measurer:
         return value
 
     def _source(self, key: str, entry: dict, source: str, why: str) -> None:
-        from gputui.hw.contention import note
+        from gputui.core.machine import note
 
         if any(s["key"] == key for s in self.sources):
             return

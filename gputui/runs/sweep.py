@@ -26,7 +26,7 @@ from gputui.core import runstore
 from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
-from gputui.hw import contention
+from gputui.core import machine
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
@@ -351,7 +351,7 @@ class Sweep:
             summary = runstore.read_summary(handle.run_dir)
             point.status = handle.status if handle.done else "stopped"
             point.reason = str(summary.get("reason") or "")
-            point.machine = contention.read(handle.run_dir) or {}
+            point.machine = machine.read(handle.run_dir) or {}
             self.save()
             on_point(point)
         m.state = "interrupted" if self.stop_requested else "finished"

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gputui.core.events import acc_text
-from gputui.hw import contention
+from gputui.core import machine
 from gputui.runs.sweep import Point
 
 
@@ -74,7 +74,7 @@ class SweepProgress:
             self.line(f"{tag}: skipped: {point.reason}")
         else:
             extra = f": {point.reason}" if point.reason else ""
-            busy = contention.note(point.machine)
+            busy = machine.note(point.machine)
             self.line(f"{tag}: {point.status}{extra}" + (f"; {busy}" if busy else ""))
         self.done += 1
         if self.progress is not None and self.grid_task is not None:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from gputui.core import machine
 from gputui.hw import contention
 from gputui.runs.compare import (TABLE_COLUMNS, as_plain, cell, compare, fmt, summary_lines,
                                  table_rows)
@@ -25,7 +26,7 @@ BUSY = {"contended": True, "others_share": 0.5, "cores": 2, "load_end": 3.2}
 
 
 def _machine(run_dir, state):
-    (run_dir / contention.FILE).write_text(json.dumps(state))
+    (run_dir / machine.FILE).write_text(json.dumps(state))
     return run_dir
 
 
@@ -46,7 +47,7 @@ def test_a_busy_core_is_seen_as_contention_and_our_own_children_are_not_others()
         state = watch.state()
     finally:
         os.kill(pid, signal.SIGKILL)
-    assert state["contended"] and state["others_share"] >= contention.CONTENDED
+    assert state["contended"] and state["others_share"] >= machine.CONTENDED
     assert state["note"].startswith("contended: other processes used")
     assert {"when", "host", "load_start", "load_end", "gpu_others"} <= set(state)
     # a child of ours spinning counts as our own CPU time, not as another's
@@ -162,7 +163,7 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
         {"input": input_label(key), "source": "cached", "measured": "2026-01-01 10:00:00",
          "age_s": 7200.0, "note": ""},
         {"input": "allreduce of 0.25 MiB over 2 devices", "source": "measured now",
-         "measured": "", "age_s": 0.0, "note": contention.note(BUSY)}])
+         "measured": "", "age_s": 0.0, "note": machine.note(BUSY)}])
     assert lines[0] == ("  compute single, batch 64, 2 threads, 1 copy on cpu: cached, "
                         "measured 2026-01-01 10:00:00 (2.0 h old)")
     assert lines[1].startswith("  allreduce of 0.25 MiB over 2 devices: measured now; "
