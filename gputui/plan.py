@@ -2,9 +2,12 @@
 
 :func:`validate` checks a config against devices already resolved (once per run by
 ``gputui.hw.discovery``, or from the app's last discovery): pure, it asks neither the hardware
-nor the disk, so the app runs it on every keystroke. :func:`check_files` checks what the config
-names on disk (the factories' files, the checkpoint to resume from): once, when a run or a
-sweep starts. Both raise :class:`ConfigError` with one line on the first broken rule.
+nor the disk, so the app runs it on every keystroke. :func:`why_not` is the part of it that
+depends on the strategy chosen: what the app's strategy picker and ``gputui strategies`` show
+for a strategy that cannot run. :func:`check_files` checks what the config names on disk (the
+factories' files, the checkpoint to resume from): once, when a run or a sweep starts. A field's
+own rules are beside the field (``gputui.core.config_schema``); validate and check_files raise
+:class:`ConfigError` with one line on the first broken rule.
 
 ``origins`` maps each overridden "table.key" to where its value came from ("--devices",
 "--set optim.lr=0.2", see ``config.override_origins``): a broken rule is blamed on the flags
@@ -14,59 +17,153 @@ that set its keys, and on ``source`` (the preset) only when none of them was ove
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 from gputui.core import registry
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import effective_batch_size
-from gputui.core.devices import Device, DeviceSpecError
+from gputui.core.devices import Device, DeviceSpecError, backend_for
+from gputui.core.mp_plan import MODEL_LAYERS, check_split_points
+from gputui.core.registry import StrategyInfo
+
+# a broken rule: the keys it is blamed on, and its one line
+Problem = tuple[tuple[str, ...], str]
+# the keys of a rule about the strategy chosen: what why_not reports
+CHOICE = ("strategy.name", "devices.spec")
 
 
 def validate(cfg: RunConfig, devices: list[Device], source: str,
              origins: dict[str, str] | None = None) -> None:
     """Every rule that joins several keys, or a key and the ``devices`` the config resolved
     to; raises ConfigError on the first broken one."""
-    def blame(*keys: str, text: str = "") -> str:
-        return _blame(source, origins, *keys, text=text)
+    for keys, text in _problems(cfg, devices):
+        raise ConfigError(f"{_blame(source, origins, *keys, text=text)}: {text}")
 
+
+def why_not(cfg: RunConfig, devices: list[Device]) -> str | None:
+    """None when ``cfg``'s strategy can run with this config on these devices, else the
+    reason (one line): the first rule broken by the choice of strategy and devices."""
+    for keys, text in _problems(cfg, devices):
+        if "strategy.name" in keys:
+            return text
+    return None
+
+
+def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
+    """Every rule ``cfg`` breaks on ``devices``, in the order they are reported."""
     # the [dist] table's own rules first: they hold whatever the strategy
     if cfg.dist.node_rank >= cfg.dist.nnodes:
-        where = blame("dist.node_rank", "dist.nnodes")
-        raise ConfigError(f"{where}: dist.node_rank ({cfg.dist.node_rank}) must be below "
-                          f"dist.nnodes ({cfg.dist.nnodes})")
+        yield (("dist.node_rank", "dist.nnodes"),
+               f"dist.node_rank ({cfg.dist.node_rank}) must be below dist.nnodes "
+               f"({cfg.dist.nnodes})")
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
-        where = blame("dist.nnodes", "dist.rdzv_endpoint")
-        raise ConfigError(f"{where}: dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' "
-                          f"(--rdzv-endpoint)")
+        yield (("dist.nnodes", "dist.rdzv_endpoint"),
+               "dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' (--rdzv-endpoint)")
     info = registry.get(cfg.strategy.name)
     if info is None:
-        names = ", ".join(registry.names())
-        raise ConfigError(f"{blame('strategy.name')}: strategy.name must be one of {names}; "
-                          f"got {cfg.strategy.name!r}")
-    reason = info.why_not(cfg, devices)
+        yield (("strategy.name",), f"strategy.name must be one of "
+                                   f"{', '.join(registry.names())}; got {cfg.strategy.name!r}")
+        return
+    yield from _strategy_problems(cfg, devices, info)
+    n = len(devices)
+    weights = cfg.strategy.split_weights
+    if weights and len(weights) != n:
+        yield (("strategy.split_weights", "devices.spec"),
+               f"strategy.split_weights has {len(weights)} entries for {n} devices; give one "
+               f"weight per device")
+    if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
+        yield (("run.precision", "devices.spec"),
+               "run.precision = 'fp16' needs CUDA devices; use 'bf16' on CPU")
+
+
+def _strategy_problems(cfg: RunConfig, devices: list[Device],
+                       info: StrategyInfo) -> Iterator[Problem]:
+    """The rules of ``info``'s strategy on these devices."""
+    n, name, spec = len(devices), info.name, cfg.devices.spec
+    if n < info.min_devices:
+        yield CHOICE, (f"strategy '{name}' needs at least {info.min_devices} devices, "
+                       f"devices.spec '{spec}' gives {n}; e.g. --devices cpu*2")
+    if info.max_devices is not None and n > info.max_devices:
+        yield CHOICE, (f"strategy '{name}' uses {info.max_devices} device, devices.spec "
+                       f"'{spec}' gives {n}; use --devices cpu or another strategy")
+    if cfg.dist.nnodes > 1 and not info.multiprocess:
+        yield CHOICE, (f"dist.nnodes = {cfg.dist.nnodes} needs a multi-process strategy (ddp "
+                       f"or fsdp), not '{name}'")
+    if info.multiprocess:
+        kinds = {d.kind for d in devices}
+        if len(kinds) > 1:
+            yield CHOICE, f"strategy '{name}' needs devices of one kind (all CUDA or all CPU)"
+        nccl = backend_problem(cfg.strategy.backend, devices, "strategy.backend = 'nccl'",
+                               f"devices.spec '{spec}'")
+        if nccl:
+            yield CHOICE, nccl
+    if name == "model_parallel":
+        yield from _stage_problems(cfg, n)
+    elif cfg.strategy.split_weights and not info.weighted:
+        yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
+    batch = _batch_problem(cfg, devices, info)
+    if batch:
+        yield batch
+    per_micro = effective_batch_size(cfg, n) // cfg.optim.micro_batches
+    chunks = cfg.strategy.pipeline_chunks
+    if name == "model_parallel" and chunks > 1 and chunks > per_micro:
+        yield CHOICE, (f"strategy.pipeline_chunks ({chunks}) is more than the {per_micro} "
+                       f"examples of each micro-batch; lower pipeline_chunks or raise "
+                       f"optim.batch_size")
+
+
+def _stage_problems(cfg: RunConfig, n: int) -> Iterator[Problem]:
+    """model_parallel: enough layers for the stages, no split_weights, valid split points."""
+    model = cfg.model.factory or cfg.model.name
+    # a model.factory's blocks are known once it is built: the training process checks them
+    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
+    if layers is not None and n > layers:
+        yield CHOICE, (f"strategy 'model_parallel' cuts {model} into at most {layers} stages "
+                       f"(one per layer), devices.spec '{cfg.devices.spec}' gives {n}; use "
+                       f"fewer devices")
+    if cfg.strategy.split_weights:
+        yield CHOICE, ("strategy.split_weights applies to scratch and ddp, not "
+                       "'model_parallel'; remove it")
+    reason = check_split_points(list(cfg.strategy.split_points),
+                                layers if layers is not None else 2**62, n, model)
     if reason:
-        raise ConfigError(f"{blame('strategy.name', 'devices.spec', text=reason)}: {reason}")
+        yield CHOICE, reason
+
+
+def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) -> Problem | None:
+    """Every worker that splits the batch (each rank of a multi-process strategy, each device
+    of one that splits it in one process, else the one process) gets at least one example in
+    each micro-batch."""
+    micro = cfg.optim.micro_batches
+    optim = ("optim.batch_size", "optim.micro_batches", "optim.scale_with_devices")
+    if info.multiprocess:
+        ranks = len(devices) * cfg.dist.nnodes
+        batch = effective_batch_size(cfg, ranks)
+        if batch < ranks * micro:
+            return CHOICE + optim, (f"optim.batch_size ({batch}) must give every one of the "
+                                    f"{ranks} ranks at least one example per micro-batch; "
+                                    f"raise the batch size")
+        return None
     n = len(devices)
     batch = effective_batch_size(cfg, n)
-    if batch < cfg.optim.micro_batches:
-        where = blame("optim.batch_size", "optim.micro_batches", "optim.scale_with_devices")
-        raise ConfigError(f"{where}: optim.batch_size ({batch}) is smaller than "
-                          f"optim.micro_batches ({cfg.optim.micro_batches}); lower micro_batches")
-    weights = cfg.strategy.split_weights
-    if weights:
-        if len(weights) != n:
-            where = blame("strategy.split_weights", "devices.spec")
-            raise ConfigError(f"{where}: strategy.split_weights has {len(weights)} entries for "
-                              f"{n} devices; give one weight per device")
-        if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0 for w in weights):
-            raise ConfigError(f"{blame('strategy.split_weights')}: strategy.split_weights must "
-                              f"be positive numbers, got {weights!r}")
-    if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
-        raise ConfigError(f"{blame('run.precision', 'devices.spec')}: run.precision = 'fp16' "
-                          f"needs CUDA devices; use 'bf16' on CPU")
-    if path_like(cfg.run.name):
-        raise ConfigError(f"{blame('run.name')}: run.name {cfg.run.name!r} looks like a path; "
-                          f"use a plain name of letters, digits, '-', '_' and '.' (e.g. "
-                          f"'lenet-2dev')")
+    if info.splits_batch and batch < n * micro:
+        return CHOICE + optim, (f"optim.batch_size ({batch}) must give every one of the {n} "
+                                f"devices at least one example in each of its "
+                                f"optim.micro_batches ({micro}); raise the batch size or lower "
+                                f"micro_batches")
+    if batch < micro:
+        return optim, (f"optim.batch_size ({batch}) is smaller than optim.micro_batches "
+                       f"({micro}); lower micro_batches")
+    return None
+
+
+def backend_problem(backend: str, devices: list[Device], named: str, given: str) -> str | None:
+    """Why a process-group ``backend`` cannot run on ``devices`` (nccl needs CUDA), or None;
+    ``named`` is how the user chose the backend, ``given`` how they chose the devices."""
+    kinds = {d.kind for d in devices}
+    if devices and backend_for(backend, next(iter(kinds))) == "nccl" and kinds != {"cuda"}:
+        return f"{named} needs CUDA devices, {given} gives CPU ones; use 'gloo' or 'auto'"
+    return None
 
 
 def device_error(exc: DeviceSpecError, source: str,
@@ -97,13 +194,6 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
         raise ConfigError(f"{_blame(source, origins, 'run.resume_from')}: run.resume_from: no "
                           f"checkpoint at {resume}; give a run folder holding {CHECKPOINT_NAME} "
                           f"(see `gputui resume`)")
-
-
-def path_like(name: str) -> bool:
-    """A run name that could point outside the runs folder or hide itself: separators, a
-    leading dot or tilde, control characters."""
-    return any(c in name for c in "/\\:") or name.startswith((".", "~")) or \
-        any(ord(c) < 32 or ord(c) == 127 for c in name)
 
 
 def _blame(source: str, origins: dict[str, str] | None, *keys: str, text: str = "") -> str:

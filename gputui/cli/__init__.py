@@ -17,6 +17,7 @@ from gputui import __version__
 from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail
 from gputui.cli.run import add_run_parser, cmd_run, resolve_config  # noqa: F401 - also here
 from gputui.core.config import ConfigError
+from gputui.core.errors import UserError, describe
 
 # ------------------------------------------------------------------ listings
 def cmd_strategies(args) -> int:
@@ -25,6 +26,7 @@ def cmd_strategies(args) -> int:
     from gputui.core.config import RunConfig, apply_overrides
     from gputui.core.devices import DeviceSpecError
     from gputui.hw.discovery import resolve_devices
+    from gputui.plan import why_not
 
     try:
         cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)])
@@ -34,7 +36,7 @@ def cmd_strategies(args) -> int:
     rows: list[dict[str, Any]] = []
     for info in registry.all_infos():
         trial = apply_overrides(cfg, [("strategy", "strategy.name", info.name)])
-        reason = info.why_not(trial, devices)
+        reason = why_not(trial, devices)
         rows.append({"name": info.name, "description": info.description,
                      "multiprocess": info.multiprocess, "available": reason is None,
                      "reason": reason or ""})
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         args.runs_dir = args.global_runs_dir
     try:
         return args.func(args)
+    except UserError as exc:  # bad input found wherever: its one line, exit 2
+        return fail(describe(exc))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

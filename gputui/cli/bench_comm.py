@@ -71,6 +71,11 @@ def cmd_bench_comm(args) -> int:
     if len(devices) < 2:
         return fail(f"--devices {args.devices}: allreduce needs at least 2 devices; "
                      f"e.g. --devices cpu*2")
+    from gputui.plan import backend_problem
+
+    nccl = backend_problem(args.backend, devices, "--backend nccl", f"--devices {args.devices}")
+    if nccl and "torch" in impls:
+        return fail(nccl)
     try:
         result = run_bench(devices, sizes, args.iters, args.warmup, impls, args.backend,
                            args.timeout, args.repeats)

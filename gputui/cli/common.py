@@ -63,15 +63,3 @@ def set_overrides(sets: list[str], epochs: int | None = None) -> list:
     if epochs is not None:
         out.append(("--epochs", "run.epochs", epochs))
     return out
-
-
-def load_preset_checked(path: str, overrides: list):
-    """Bad preset files or --set values fail before anything starts (one line)."""
-    from gputui.core.config import ConfigError, load_preset
-    from gputui.core.datafiles import data_problem
-
-    cfg = load_preset(path, overrides)
-    problem = data_problem(cfg)
-    if problem:
-        raise ConfigError(f"{path}: data: {problem}")
-    return cfg

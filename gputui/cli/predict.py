@@ -120,15 +120,16 @@ def counts_of(devices: list[str]) -> list[int]:
 
 def cmd_predict(args) -> int:
     """``gputui predict``: measure what is missing, print the predicted table."""
-    from gputui.cli.common import load_preset_checked, set_overrides
+    from gputui.cli.common import set_overrides
     from gputui.core.presets import resolve_preset
+    from gputui.runs.prepare import load_base
     from gputui.runs.sweep import parse_devices, resolve_kind
 
     try:
         path = str(resolve_preset(args.preset).resolve())
         counts = counts_of(parse_devices(args.devices))
         strategies = parse_strategies(args.strategies)
-        cfg = load_preset_checked(path, set_overrides(args.sets, None))
+        cfg = load_base(path, set_overrides(args.sets, None))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))

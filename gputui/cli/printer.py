@@ -52,8 +52,8 @@ def device_line(samples: dict[str, DeviceSample]) -> str:
 def breakdown_lines(ev) -> list[str]:
     """Where the metered step's time went, one line per device that measured it (each rank
     of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'."""
-    return [f"{row['device']} {breakdown.line(row['breakdown'])}"
-            for row in ev.per_device if row.get("breakdown")]
+    return [f"{row.device} {breakdown.line(row.breakdown)}"
+            for row in ev.per_device if row.breakdown]
 
 
 class Printer:

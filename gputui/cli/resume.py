@@ -110,9 +110,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from gputui.cli.run import cmd_run
 
     try:
-        run_args = resume_args(args)
-    except ConfigError as exc:
-        return fail(str(exc))
+        run_args = resume_args(args)  # a ConfigError is main's one line, exit 2
     except OSError as exc:  # a record that changed under us: still one line
         return fail(f"{args.run}: cannot read the run ({safeio.reason(exc)})")
     return cmd_run(run_args)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
-from gputui.core.config import ConfigError
 from gputui.core.filewrite import WriteFailed
 
 SHORT_FLAGS = {  # flag dest -> config key
@@ -54,7 +53,6 @@ def resolve_config(args) -> Any:
     """The preset, --set overrides and short flags, validated (``gputui.runs.prepare.Prepared``:
     the config and its devices, discovered once); raises ConfigError."""
     from gputui.core.config import parse_assignment
-    from gputui.core.datafiles import data_problem
     from gputui.core.presets import resolve_preset
     from gputui.runs.prepare import load_checked
 
@@ -67,19 +65,12 @@ def resolve_config(args) -> Any:
         value = getattr(args, dest, None)
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
-    prepared = load_checked(path, overrides)
-    problem = data_problem(prepared.config)
-    if problem:
-        raise ConfigError(f"{path}: data: {problem}")
-    return prepared
+    return load_checked(path, overrides)
 
 
 def cmd_run(args) -> int:
     """``gputui run PRESET``: train headless and print progress and a summary."""
-    try:
-        prepared = resolve_config(args)
-    except ConfigError as exc:
-        return fail(str(exc))
+    prepared = resolve_config(args)  # a ConfigError is main's one line, exit 2
     cfg = prepared.config
     if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
         from gputui.runs import runlock
@@ -132,6 +123,8 @@ def cmd_run(args) -> int:
     while not handle.done:
         for ev in handle.poll(timeout=0.2):
             _print(printer.handle, ev)
+        for sample in handle.samples():
+            _print(printer.handle, sample)
         sup.check(handle, lambda text: _print(printer.line, text))
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)

@@ -16,8 +16,7 @@ from pathlib import Path
 from gputui.core.config import ConfigError
 from gputui.core.events import plural
 
-from gputui.cli.common import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail,
-                               load_preset_checked, set_overrides)
+from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, set_overrides
 
 
 def register(sub) -> None:
@@ -85,6 +84,7 @@ def build(args, runs_dir: Path):
     if not strategies:
         raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
     from gputui.core import registry
+    from gputui.runs.prepare import load_base
 
     unknown = [s for s in strategies if registry.get(s) is None]
     if unknown:  # a typo is bad input; a known strategy that cannot run here is a skipped point
@@ -92,7 +92,7 @@ def build(args, runs_dir: Path):
                           f"known: {', '.join(registry.names())}")
     sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
     overrides = set_overrides(sets, None)
-    base = load_preset_checked(path, overrides)
+    base = load_base(path, overrides)
     kind, kind_note = resolve_kind(args.kind, base.devices.spec)
     if args.repeat < 1:
         raise ConfigError(f"--repeat {args.repeat}: give a number of runs per point, 1 or more")
@@ -190,6 +190,7 @@ def _predict(args) -> int:
     """``gputui sweep PRESET --predict``: the grid's predicted table, no training."""
     from gputui.cli.predict import counts_of, parse_strategies, print_prediction
     from gputui.core.presets import resolve_preset
+    from gputui.runs.prepare import load_base
     from gputui.runs.sweep import parse_devices, resolve_kind
 
     if not args.preset:
@@ -200,7 +201,7 @@ def _predict(args) -> int:
         wanted = [s for s in args.strategies.split(",") if s.strip() in
                   ("ddp", "fsdp", "scratch", "dp")]
         strategies = parse_strategies(",".join(wanted) or args.strategies)
-        cfg = load_preset_checked(path, set_overrides(args.sets, args.epochs))
+        cfg = load_base(path, set_overrides(args.sets, args.epochs))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))

@@ -1,6 +1,6 @@
 """Where a step's time goes: the parts of one metered step, per device, and how they are shown.
 
-A breakdown is a plain dict of seconds for one metered step of one device (or rank):
+A :class:`Breakdown` holds the seconds of one metered step of one device (or rank):
 
 - ``data_s``: waiting for the batch (the loop's fetch of the next batch, host time);
 - ``compute_s``: forward and backward of this device, up to the moment its last gradient is
@@ -23,6 +23,7 @@ not added again. Torch-free: the printer, the app and compare use it.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 # the parts that add up to step_s, in the order they are shown
@@ -39,57 +40,107 @@ SHARE_COLUMNS = ("compute_share", "comm_exposed_share", "comm_overlap_share", "o
                  "data_share", "host_share")
 
 
+@dataclass(frozen=True)
+class Breakdown:
+    """One device's metered step, in seconds (see the module doc): the parts in ``PARTS``
+    add up to ``step_s``; ``comm_overlap_s`` lies inside ``compute_s``. A part that could not
+    be measured is None. Built by :func:`make`."""
+
+    step_s: float
+    data_s: float
+    compute_s: float
+    comm_exposed_s: float | None
+    optimizer_s: float
+    wait_s: float
+    host_s: float
+    comm_overlap_s: float | None
+
+    def part(self, name: str) -> float | None:
+        """The part called ``name`` (one of ``PARTS``, or "comm_overlap_s" / "step_s")."""
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's form: every part by name."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Breakdown:
+        """From the record's form (parts a record lacks are None; unknown keys ignored)."""
+        def get(key: str) -> float:
+            value = _seconds(data.get(key))
+            if value is None:
+                raise TypeError(f"the step part {key} is missing")
+            return value
+
+        return cls(step_s=get("step_s"), data_s=get("data_s"), compute_s=get("compute_s"),
+                   comm_exposed_s=_seconds(data.get("comm_exposed_s")),
+                   optimizer_s=get("optimizer_s"), wait_s=get("wait_s"), host_s=get("host_s"),
+                   comm_overlap_s=_seconds(data.get("comm_overlap_s")))
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a step part must be seconds, not {value!r}")
+    return float(value)
+
+
 def make(span_s: float, data_s: float, compute_s: float, optimizer_s: float,
          comm_exposed_s: float | None = 0.0, comm_overlap_s: float | None = 0.0,
-         wait_s: float = 0.0) -> dict[str, Any]:
+         wait_s: float = 0.0) -> Breakdown:
     """The breakdown of one step: ``span_s`` is the strategy's step (from the start of
     train_step to the end of the update), ``data_s`` the wait for its batch before it. The
     remainder is ``host_s``; where the parts measured on a device's clock exceed the host's
     span (CUDA events against perf_counter), host is 0 and the step is their sum."""
-    parts = {"data_s": max(0.0, data_s), "compute_s": max(0.0, compute_s),
-             "comm_exposed_s": None if comm_exposed_s is None else max(0.0, comm_exposed_s),
-             "optimizer_s": max(0.0, optimizer_s), "wait_s": max(0.0, wait_s)}
-    known = sum(v for v in parts.values() if v is not None)
-    step = max(0.0, data_s) + max(0.0, span_s)
-    host = max(0.0, step - known)
-    parts["host_s"] = host
-    parts["step_s"] = known + host
-    parts["comm_overlap_s"] = None if comm_overlap_s is None else max(0.0, comm_overlap_s)
-    return parts
+    data, compute = max(0.0, data_s), max(0.0, compute_s)
+    exposed = None if comm_exposed_s is None else max(0.0, comm_exposed_s)
+    optimizer, wait = max(0.0, optimizer_s), max(0.0, wait_s)
+    known = data + compute + (exposed or 0.0) + optimizer + wait
+    host = max(0.0, data + max(0.0, span_s) - known)
+    return Breakdown(step_s=known + host, data_s=data, compute_s=compute,
+                     comm_exposed_s=exposed, optimizer_s=optimizer, wait_s=wait, host_s=host,
+                     comm_overlap_s=None if comm_overlap_s is None else max(0.0, comm_overlap_s))
 
 
-def total(bd: dict[str, Any]) -> float:
-    """The sum of the parts (equals ``bd["step_s"]``)."""
-    return sum(bd.get(k) or 0.0 for k in PARTS)
+def total(bd: Breakdown) -> float:
+    """The sum of the parts (equals ``bd.step_s``)."""
+    return sum(bd.part(k) or 0.0 for k in PARTS)
 
 
-def mean(breakdowns: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
+def mean(breakdowns: Iterable[Breakdown | None]) -> Breakdown | None:
     """The part-by-part mean of several breakdowns (devices of one step, or steps of one run);
-    a part no breakdown measured stays None. None when there is none."""
+    a part no breakdown measured stays None (step_s and the always-measured parts are 0.0
+    then). None when there is none."""
     items = [b for b in breakdowns if b]
     if not items:
         return None
-    out: dict[str, Any] = {}
-    for key in ("step_s", *PARTS, "comm_overlap_s"):
-        values = [b[key] for b in items if b.get(key) is not None]
-        out[key] = sum(values) / len(values) if values else None
-    return out
+
+    def avg(key: str) -> float | None:
+        values = [v for v in (b.part(key) for b in items) if v is not None]
+        return sum(values) / len(values) if values else None
+
+    return Breakdown(step_s=avg("step_s") or 0.0, data_s=avg("data_s") or 0.0,
+                     compute_s=avg("compute_s") or 0.0, comm_exposed_s=avg("comm_exposed_s"),
+                     optimizer_s=avg("optimizer_s") or 0.0, wait_s=avg("wait_s") or 0.0,
+                     host_s=avg("host_s") or 0.0, comm_overlap_s=avg("comm_overlap_s"))
 
 
-def mean_of(rows: Iterable[dict[str, Any]], key: str) -> float | None:
-    """The mean of ``key`` over the rows that have it (None where none has)."""
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return sum(values) / len(values) if values else None
+def mean_value(values: Iterable[float | None]) -> float | None:
+    """The mean of the figures that were measured (None where none was)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
-def shares(bd: dict[str, Any] | None) -> dict[str, float | None]:
-    """Each part as a share of the step (``SHARE_COLUMNS``); wait counts as host here."""
-    if not bd or not bd.get("step_s"):
+def shares(bd: Breakdown | None) -> dict[str, float | None]:
+    """Each part as a share of the step (``SHARE_COLUMNS``, a table's row); wait counts as
+    host here."""
+    if not bd or not bd.step_s:
         return {k: None for k in SHARE_COLUMNS}
-    step = bd["step_s"]
+    step = bd.step_s
 
     def share(*keys: str) -> float | None:
-        values = [bd.get(k) for k in keys]
+        values = [bd.part(k) for k in keys]
         if all(v is None for v in values):
             return None
         return sum(v or 0.0 for v in values) / step
@@ -99,20 +150,20 @@ def shares(bd: dict[str, Any] | None) -> dict[str, float | None]:
             "data_share": share("data_s"), "host_share": share("host_s", "wait_s")}
 
 
-def line(bd: dict[str, Any] | None) -> str:
+def line(bd: Breakdown | None) -> str:
     """A compact line: 'step 12.3 ms: compute 71% · comm 9% (+4% hidden) · optim 8% · ...'
     (parts under 0.5 % left out, but comm always where measured, 'comm 0%' included)."""
-    if not bd or not bd.get("step_s"):
+    if not bd or not bd.step_s:
         return "no metered step yet"
-    step = bd["step_s"]
+    step = bd.step_s
     out = []
     for key in PARTS:
-        value = bd.get(key)
+        value = bd.part(key)
         if value is None:
             continue
         pct = 100.0 * value / step
         if key == "comm_exposed_s":
-            hidden = bd.get("comm_overlap_s")
+            hidden = bd.comm_overlap_s
             extra = f" (+{100.0 * hidden / step:.0f}% hidden)" if hidden else ""
             out.append(f"comm {pct:.0f}%{extra}")
         elif pct >= 0.5:
@@ -120,14 +171,14 @@ def line(bd: dict[str, Any] | None) -> str:
     return f"step {step * 1000:.1f} ms: " + " · ".join(out)
 
 
-def bar(bd: dict[str, Any] | None, width: int) -> list[tuple[str, str]]:
+def bar(bd: Breakdown | None, width: int) -> list[tuple[str, str]]:
     """A stacked bar ``width`` characters wide: (text, style) segments, one per part, each as
     long as its share of the step (rounded so that the segments fill the bar)."""
-    if not bd or not bd.get("step_s") or width <= 0:
+    if not bd or not bd.step_s or width <= 0:
         return [("─" * max(0, width), "grey37")]
-    step, edge, out, acc = bd["step_s"], 0, [], 0.0
+    step, edge, out, acc = bd.step_s, 0, [], 0.0
     for key in PARTS:
-        acc += (bd.get(key) or 0.0) / step
+        acc += (bd.part(key) or 0.0) / step
         end = min(width, round(acc * width))
         if end > edge:
             glyph = GLYPHS[key] if key != "host_s" else "▔"

@@ -23,9 +23,10 @@ from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this m
     DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
     SECTIONS, StrategySection, TelemetrySection, effective_batch_size, effective_lr,
 )
+from gputui.core.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad preset, override or combination; the message is one line for the user."""
 
     def __init__(self, message: object = ""):
@@ -104,6 +105,9 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         value = list(value)
     if ftype is dict:
         value = dict(value)
+    problem = meta["check"](value) if "check" in meta else None
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
     if meta.get("code") and value:
         from gputui.core.usercode import spec_problem  # torch-free, runs no code
 

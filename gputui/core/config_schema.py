@@ -1,9 +1,10 @@
 """The preset schema: one frozen dataclass per TOML table, each field documented.
 
 ``help`` in a field's metadata is its documentation (the app's field tooltips and its help
-line show it); ``choices``, ``min``/``max`` (inclusive) and ``gt`` (exclusive) are checked by
-:mod:`gputui.core.config` when a preset or an override is loaded. Cross-field rules live in
-``gputui.plan.validate``, in one place.
+line show it); ``choices``, ``min``/``max`` (inclusive), ``gt`` (exclusive) and ``check`` (a
+function of the value giving the one-line problem, or None) are the field's own rules, checked
+by :mod:`gputui.core.config` when a preset or an override is loaded. The rules that join
+several fields, or a field and the devices, are ``gputui.plan.validate``'s, in one place.
 """
 
 from __future__ import annotations
@@ -36,11 +37,40 @@ def opt(default: Any, help: str, **checks: Any) -> Any:  # noqa: A002 - mirrors 
     return field(default=default, metadata=meta)
 
 
+def path_like(name: str) -> bool:
+    """A run name that could point outside the runs folder or hide itself: separators, a
+    leading dot or tilde, control characters."""
+    return any(c in name for c in "/\\:") or name.startswith((".", "~")) or \
+        any(ord(c) < 32 or ord(c) == 127 for c in name)
+
+
+def _plain_name(name: str) -> str | None:
+    if path_like(name):
+        return (f"run.name {name!r} looks like a path; use a plain name of letters, digits, "
+                f"'-', '_' and '.' (e.g. 'lenet-2dev')")
+    return None
+
+
+def _positive_numbers(weights: list) -> str | None:
+    if any(not isinstance(w, (int, float)) or isinstance(w, bool) or not w > 0
+           for w in weights):
+        return f"strategy.split_weights must be positive numbers, got {weights!r}"
+    return None
+
+
+def _host_port(endpoint: str) -> str | None:
+    host, _, port = endpoint.rpartition(":")
+    if endpoint and not (host and port.isdigit() and 0 < int(port) < 65536):
+        return f"dist.rdzv_endpoint must be HOST:PORT, e.g. 10.0.0.1:29400; got {endpoint!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class RunSection:
     """[run]: what the run is called, how long it trains and how it reports."""
 
-    name: str = opt("run", "Short name used in the run id and the run folder.")
+    name: str = opt("run", "Short name used in the run id and the run folder.",
+                    check=_plain_name)
     epochs: int = opt(2, "Number of passes over the training set.", min=1, max=100_000)
     seed: int = opt(0, "Seed for parameter init and batch order (same seed, same run).", min=0,
                     max=2**32 - 1)
@@ -164,7 +194,8 @@ class StrategySection:
     check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
-                                  "[0.8, 0.2] for a faster and a slower device; empty = even.")
+                                  "[0.8, 0.2] for a faster and a slower device; empty = even.",
+                        check=_positive_numbers)
     split_points: list = opt([], "model_parallel: indices of the layers where a new stage "
                                  "starts; empty = balanced by parameter count.")
     fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
@@ -185,7 +216,7 @@ class DistSection:
     nnodes: int = opt(1, "Number of machines (nodes) in the job.", min=1, max=4096)
     node_rank: int = opt(0, "This machine's rank among the nodes (0 .. nnodes-1).", min=0)
     rdzv_endpoint: str = opt("", "HOST:PORT of the c10d rendezvous; empty = a free local port "
-                                 "(single node only).")
+                                 "(single node only).", check=_host_port)
     rdzv_id: str = opt("gputui", "Job id shared by every node of one job.")
 
 

@@ -1,6 +1,6 @@
 """Where real datasets live on disk, checked without importing torch and without writing.
 
-The CLI, the sweep and the app call :func:`data_problem` before a run starts, so a missing
+Every run checks :func:`data_problem` before it starts (``gputui.runs.prepare``), so a missing
 dataset, or sizes the dataset cannot give, are refused with one line naming the fix, instead
 of failing in the child. Nothing here changes the disk: ``.gz`` files are read as they are.
 """

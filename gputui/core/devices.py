@@ -10,11 +10,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gputui.core.errors import UserError
 from gputui.core.gpus import GpuInfo, GpuProcess, human_bytes  # noqa: F401 - also this module's API
 
 
-class DeviceSpecError(ValueError):
+class DeviceSpecError(UserError, ValueError):
     """A device choice that cannot be satisfied; the message is one line with the fix."""
+
+
+def backend_for(requested: str, device_kind: str) -> str:
+    """The process-group backend strategy.backend names: "auto" is nccl on CUDA devices and
+    gloo on CPU ones; "gloo" and "nccl" are themselves."""
+    if requested != "auto":
+        return requested
+    return "nccl" if device_kind == "cuda" else "gloo"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gputui.core.breakdown import Breakdown
+from gputui.core.steps import DeviceStep
+
 
 def acc_text(acc: float) -> str:
     """A test accuracy as every screen and table shows it: a percentage, '95.12%' (records,
@@ -42,6 +45,12 @@ class Event:
     def to_json(self) -> str:
         """One line of JSON (no newline)."""
         return json.dumps(self.to_dict(), separators=(",", ":"), default=_json_default)
+
+    @classmethod
+    def from_fields(cls, kwargs: dict[str, Any]) -> Event:
+        """The event from its record's fields (a class whose fields are typed objects turns
+        their record form back into them here)."""
+        return cls(**kwargs)
 
 
 def _json_default(obj: Any) -> Any:
@@ -95,18 +104,32 @@ class StepMetrics(Event):
     step_time_s: float  # mean wall time of one step over that window
     lr: float
     comm_share: float | None = None  # share of step time spent communicating, when measured
-    # tuple of dicts: {"device", "samples_per_s", "step_time_s", "mem_alloc", "mem_reserved"}
-    per_device: tuple = ()
+    # the metered step of each device (or rank): gputui.core.steps.DeviceStep, its samples,
+    # compute, breakdown, memory and timed communication; () when nothing was metered
+    per_device: tuple[DeviceStep, ...] = ()
     flops_per_s: float | None = None  # FlopsInfo.flops_per_step x steps/s over the window
     mfu: float | None = None  # flops_per_s / FlopsInfo.peak_flops (0..1)
-    # where the metered step's time went, mean over the devices (gputui.core.breakdown: seconds of
-    # compute, exposed and hidden comm, optimizer, data, wait, host; each per_device row holds
-    # its own under "breakdown"); None when the strategy measured none
-    breakdown: dict | None = None
+    # where the metered step's time went, the mean of the devices' breakdowns
+    # (gputui.core.breakdown); None when the strategy measured none
+    breakdown: Breakdown | None = None
     # the gradient all-reduce bandwidth the metered step achieved, GB/s (1e9 bytes/s, as
     # bench-comm's algbw): its bytes over the time a bucket was in flight, mean over the
-    # ranks (each per_device row holds its own comm_bytes, comm_s, comm_gbps); ddp only
+    # ranks (each row holds its own comm_bytes, comm_s, comm_gbps); ddp only
     comm_gbps: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["per_device"] = [row.to_dict() for row in self.per_device]
+        out["breakdown"] = self.breakdown.to_dict() if self.breakdown is not None else None
+        return out
+
+    @classmethod
+    def from_fields(cls, kwargs: dict[str, Any]) -> Event:
+        rows = kwargs.get("per_device", ())
+        kwargs["per_device"] = tuple(DeviceStep.from_dict(r) for r in rows)
+        if isinstance(kwargs.get("breakdown"), dict):
+            kwargs["breakdown"] = Breakdown.from_dict(kwargs["breakdown"])
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -224,7 +247,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
                               for k, v in data.items() if k in names}
-    return cls(**kwargs)
+    return cls.from_fields(kwargs)
 
 
 def is_terminal(event: Event) -> bool:

@@ -16,11 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from gputui.core.errors import UserError
+
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
-class WriteFailed(OSError):
+class WriteFailed(UserError, OSError):
     """A file that could not be written; ``str()`` is one line naming it, the cause and a fix.
     An OSError, so callers that already handle OSError keep handling it."""
 

@@ -1,6 +1,6 @@
 """Where ``model_parallel`` cuts a model into stages: balancing and checking split points.
 
-Torch-free on purpose: the registry (and through it the CLI and the TUI) checks a preset's
+Torch-free on purpose: ``gputui.plan`` (and through it the CLI and the TUI) checks a preset's
 ``strategy.split_points`` before any training process starts. A stage is a run of the model's
 top-level blocks (``models.py`` builds every model as an ``nn.Sequential`` of coarse blocks);
 a split point is the index of the block where a new stage starts.
@@ -9,11 +9,6 @@ a split point is the index of the block where a new stage starts.
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gputui.core.config import RunConfig
-    from gputui.core.devices import Device
 
 # Top-level blocks of each model in gputui.train.models (a unit test keeps these in step).
 MODEL_LAYERS = {"lenet": 4, "resnet18": 6, "mlp": 3}
@@ -63,30 +58,4 @@ def check_split_points(points: list, n_layers: int, n_devices: int,
     if points[0] < 1 or points[-1] > n_layers - 1:
         return (f"strategy.split_points must lie between 1 and {n_layers - 1} ({model} has "
                 f"{n_layers} layers), got {points!r}")
-    return None
-
-
-def registry_check(cfg: "RunConfig", devices: list["Device"]) -> str | None:
-    """The registry's ``check`` for model_parallel: enough layers, valid split points, no
-    split_weights, and at least one example per pipeline chunk."""
-    from gputui.core.config_schema import effective_batch_size
-
-    n, model = len(devices), cfg.model.factory or cfg.model.name
-    # a model.factory's blocks are known once it is built: the training process checks them
-    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
-    if layers is not None and n > layers:
-        return (f"strategy 'model_parallel' cuts {model} into at most {layers} stages (one per "
-                f"layer), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
-    if cfg.strategy.split_weights:
-        return "strategy.split_weights applies to scratch and ddp, not 'model_parallel'; remove it"
-    # a factory's block count is not known here: only the points' own form is checked
-    reason = check_split_points(list(cfg.strategy.split_points),
-                                layers if layers is not None else 2**62, n, model)
-    if reason:
-        return reason
-    per_micro = effective_batch_size(cfg, n) // cfg.optim.micro_batches
-    chunks = cfg.strategy.pipeline_chunks
-    if chunks > 1 and chunks > per_micro:
-        return (f"strategy.pipeline_chunks ({chunks}) is more than the {per_micro} examples of "
-                f"each micro-batch; lower pipeline_chunks or raise optim.batch_size")
     return None

@@ -19,6 +19,7 @@ import queue as queue_mod
 import time
 from typing import Any
 
+from gputui.core.devices import backend_for
 from gputui.core.proctree import kill_tree
 
 
@@ -48,8 +49,7 @@ def run_bench(devices, sizes: list[int], iters: int, warmup: int, impls: list[st
     from gputui.hw.contention import LoadWatch, gpu_uuids
 
     kind = devices[0].kind
-    if backend == "auto":
-        backend = "nccl" if kind == "cuda" else "gloo"
+    backend = backend_for(backend, kind)
     spec = {"kind": kind, "indices": [d.index for d in devices], "sizes": sizes,
             "iters": iters, "warmup": warmup, "impls": impls, "backend": backend,
             "repeats": max(1, repeats)}

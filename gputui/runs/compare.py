@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import breakdown
+from gputui.core.breakdown import Breakdown
 from gputui.core import runstore
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
@@ -50,7 +51,7 @@ class CompareRow:
     comm_share: float | None = None  # mean StepMetrics.comm_share (None: not measured)
     # where a step's time went: the mean breakdown of the run's metered steps (the first,
     # warm-up, left out when there are more), over its devices (None: not measured)
-    breakdown: dict | None = None
+    breakdown: Breakdown | None = None
     baseline: str = ""  # id of the matching one-device run
     baseline_kind: str = ""  # "same batch per device" | "same global batch"
     mfu: float | None = None  # mean StepMetrics.mfu (achieved FLOP/s over the devices' peak)
@@ -91,7 +92,8 @@ class CompareRow:
     def to_dict(self) -> dict[str, Any]:
         """Everything, curves included (the JSON export)."""
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
-                    acc_curve=[list(p) for p in self.acc_curve], breakdown=self.breakdown,
+                    acc_curve=[list(p) for p in self.acc_curve],
+                    breakdown=self.breakdown.to_dict() if self.breakdown else None,
                     memory=[dict(r) for r in self.memory])
 
 
@@ -108,7 +110,7 @@ def readable_events(run_dir: str | Path) -> list:
 
 
 def read_record(run_dir: str | Path, events: list | None = None
-                ) -> tuple[list, list, float | None, dict | None]:
+                ) -> tuple[list, list, float | None, Breakdown | None]:
     """(loss curve, accuracy curve, mean comm share, mean step breakdown) from a record's
     readable events; the breakdown leaves the first metered step (warm-up) out when there
     are others."""
@@ -147,7 +149,7 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
               for r in memory]
     return {"mfu": sum(mfus) / len(mfus) if mfus else None,
             "flops_per_s": sum(rates) / len(rates) if rates else None,
-            "comm_gbps": breakdown.mean_of([{"g": g} for g in gbps[1:] or gbps], "g"),
+            "comm_gbps": breakdown.mean_value(gbps[1:] or gbps),
             "train_mem": max(totals) if totals else None, "memory": memory}
 
 
@@ -250,6 +252,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
 def kept_comm_peak(row: RunRow) -> float | None:
     """bench-comm's kept peak for the run's device kind and count over the backend "auto"
     picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
+    from gputui.core.devices import backend_for
     from gputui.core.trust import on_cpu
     from gputui.runs.comm_peak import peak
 
@@ -257,7 +260,8 @@ def kept_comm_peak(row: RunRow) -> float | None:
     if not row.devices:
         return None
     try:
-        return peak("cpu" if cpu else "cuda", row.devices, "gloo" if cpu else "nccl")
+        kind = "cpu" if cpu else "cuda"
+        return peak(kind, row.devices, backend_for("auto", kind))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

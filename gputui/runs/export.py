@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from gputui.core.errors import UserError
 from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
 from gputui.runs.compare import CompareRow, cell
@@ -29,7 +30,7 @@ def install_hint(extra: str) -> str:
             f"'.[{extra}]')")
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """An export that cannot be made here; the message is one line with the fix."""
 
 

@@ -1,9 +1,10 @@
-"""Start a run in a spawned child process and receive its events without blocking.
+"""Start a run in its run host (a spawned child) and receive its events without blocking.
 
-Shared by the headless CLI and the TUI. Importing this module does not import torch. The
-run starts from a typed :class:`~gputui.train.handoff.LaunchSpec`. The handle guarantees a
-record that ends with one terminal event: if the child dies without one (killed, crashed),
-the handle appends it through the one record writer (``recorder``). How a stop travels from
+Shared by the headless CLI and the TUI. Importing this module does not import torch. The run
+starts from a typed :class:`~gputui.train.handoff.LaunchSpec` (the ``RunConfig`` itself)
+handed to a run host (``train/host.py``; ``train/warm.py`` is the parent's side of one). The
+host records the run; the handle ends the record only when the host could not (it died, or
+even the space set aside refused the terminal event). How a stop travels from
 ``RunHandle.stop`` to the ranks is told in ``stopping.py``.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
@@ -19,9 +19,8 @@ import signal
 import threading
 import time
 import weakref
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gputui.core import runstore
 from gputui.core.config import RunConfig
@@ -32,127 +31,164 @@ from gputui.core.proctree import adopt_orphans, kill_tree, own_tracker
 from gputui.hw.discovery import resolve_with_note
 from gputui.runs import runlock
 from gputui.train import recorder
-from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
-
-if TYPE_CHECKING:
-    from multiprocessing.queues import Queue
-
-    from gputui.hw.sampler import Sampler
+from gputui.train.handoff import LaunchSpec, RankProcess, RecordClosed
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
 
 
-class RunHandle:
-    """A running (or finished) run: poll its events, stop it, kill it, wait for it."""
+CLOSE_WAIT_S = 10.0  # how long a host may take to close the record, then to exit
 
-    def __init__(self, run_id: str, run_dir: Path, devices: list[Device], cfg: RunConfig):
+
+class RunHandle:
+    """A running (or finished) run: its events, its devices' samples, stop, kill, wait.
+
+    Two streams: :meth:`poll` gives the run's events (from its host), :meth:`samples` the
+    devices' telemetry (from the sampler thread). One owner: the thread that polls (the
+    headless loop, the TUI's pump worker) calls ``poll``, ``samples`` and ``wait``. Any thread
+    may call ``stop`` (a shared flag), ``kill``, ``pids`` and read the properties; the
+    sampler thread calls ``_on_sample``. What those threads share with the owner (the samples,
+    the telemetry log, the rank pids, the kill reason) is guarded by ``_lock``."""
+
+    def __init__(self, run_id: str, run_dir: Path, devices: list[Device], cfg: RunConfig,
+                 multiprocess: bool = False, device_note: str = ""):
         self.run_id, self.run_dir, self.devices, self.cfg = run_id, run_dir, devices, cfg
-        self.processes: list = []  # mp.Process objects (the child; more for multi-process)
-        self._queue: Queue | None = None  # the child's events, set by launch
-        self._stop: StopChannel | None = None  # the run's stop channel (see stopping.py)
-        self._samples: collections.deque = collections.deque(maxlen=4096)
-        self._sampler: Sampler | None = None
-        self._telemetry_log: runstore.EventLog | None = None
+        self.multiprocess = multiprocess  # ddp/fsdp: the host runs one rank per device
+        self.device_note = device_note  # what the devices' fallback ran on instead, or ""
+        self.host: Any = None  # warm.Host: the run host (its process and channels)
+        self._lock = threading.Lock()
+        self._samples: collections.deque = collections.deque(maxlen=4096)  # _lock
+        self._telemetry_log: Any = None  # runstore.EventLog; _lock
+        self._rank_pids: dict[str, int] = {}  # _lock
+        self._kill_reason = ""  # _lock
+        self._sampler: Any = None
+        self._locks: list = []  # runlock.RunLock: this folder (and a resumed one) in use
+        self._terminal: Event | None = None  # the host's terminal event, once received
+        self._closed: RecordClosed | None = None  # the host's word that the record is closed
+        self._dead_host_end = False  # the terminal event is the handle's own (host died)
         self._done = False
         self._status = "running"
-        self._kill_reason = ""
-        self._lock = threading.Lock()
-        self._rank_pids: dict[str, int] = {}
-        self._locks: list = []  # runlock.RunLock: this folder (and a resumed one) in use
-        self.multiprocess = False  # ddp/fsdp: processes[0] is the elastic agent
-        self.device_note = ""  # what the devices' fallback ran on instead, or ""
-        self._tree: dict[int, Any] = {}  # every process seen below the child (psutil objects)
+        self._tree: dict[int, Any] = {}  # every process seen below the host (psutil objects)
         self._tree_t = 0.0
         self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
 
-    # ------------------------------------------------------------------ events
+    def start(self, host: Any, spec: LaunchSpec) -> None:
+        """Hand the run to ``host`` (a warm.Host) and start sampling its devices."""
+        # the folder, and the one this run resumes, are in use until the run ends (gputui
+        # resume refuses a folder in use; the kernel frees the lock if this process dies)
+        resumed = [Path(self.cfg.run.resume_from)] if self.cfg.run.resume_from else []
+        for folder in [self.run_dir, *resumed]:
+            lock = runlock.hold(folder if folder.is_dir() else folder.parent, self.run_id)
+            if lock is not None:
+                self._locks.append(lock)
+        self.host = host
+        host.run(spec)
+        _LIVE.add(self)
+        tel = self.cfg.telemetry
+        if not tel.enabled:
+            return
+        try:
+            from gputui.hw.sampler import Sampler
+        except ImportError:  # telemetry is optional for a run
+            return
+        try:
+            self._telemetry_log = runstore.EventLog(self.run_dir / "telemetry.jsonl")
+        except WriteFailed:  # optional for the record; the panels still get samples
+            self._telemetry_log = None
+        self._sampler = Sampler(self.devices, tel.interval_s, self._on_sample, self.pids)
+        self._sampler.start()
+
+    # ------------------------------------------------------------------ the two streams
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
         """Events that arrived since the last call; waits at most ``timeout`` seconds."""
-        out: list[Event] = []
         if self._done:
-            return out
-        assert self._queue is not None, "launch sets the queue before the handle is returned"
-        try:
-            if timeout > 0:
-                out.append(self._queue.get(timeout=timeout))
-            while len(out) < max_events:
-                out.append(self._queue.get_nowait())
-        except (queue_mod.Empty, EOFError, OSError):
-            pass
-        out = self._take_rank_pids(out)
+            return []
+        out = self._take(timeout, max_events)
         self._watch_tree()
-        while self._samples and len(out) < max_events:
-            out.append(self._samples.popleft())
-        if any(is_terminal(e) for e in out):
-            self._finish(next(e for e in out if is_terminal(e)))
-        elif not self.alive:
-            out.extend(self._drain_after_exit())
+        if self._terminal is not None:
+            self._await_closed()
+            self._finish()
+        elif not self.host.process.is_alive():
+            out.extend(self._take(0.2, max_events, drain=True))
+            if self._terminal is None:
+                self._terminal = self._end_for_dead_host()
+                self._dead_host_end = True
+                out.append(self._terminal)
+            self._finish()
         return out
 
-    def _take_rank_pids(self, items: list) -> list[Event]:
-        """Keep the ranks' RankProcess notes for ``pids()``; return the events."""
-        for item in items:
-            if isinstance(item, RankProcess):
-                self._rank_pids[item.device] = item.pid
-        return [e for e in items if not isinstance(e, RankProcess)]
+    def samples(self) -> list[DeviceSample]:
+        """The devices' samples taken since the last call (the oldest go first when nobody
+        reads them: the buffer is bounded)."""
+        with self._lock:
+            out = list(self._samples)
+            self._samples.clear()
+        return out
 
-    def _drain_after_exit(self) -> list[Event]:
+    def _take(self, timeout: float, max_events: int, drain: bool = False) -> list[Event]:
+        """Read the host's queue: events out, notes (rank pids, record closed) kept here."""
         out: list[Event] = []
-        assert self._queue is not None, "launch sets the queue before the handle is returned"
-        try:
-            while True:
-                out.append(self._queue.get(timeout=0.2))
-        except (queue_mod.Empty, EOFError, OSError):
-            pass
-        out = self._take_rank_pids(out)
-        terminal = next((e for e in out if is_terminal(e)), None)
-        if terminal is None:
-            # The record may already end (a warm worker is idle as soon as it has written its
-            # terminal event, before its queue has carried it here): never end it twice.
-            terminal = next((e for e in reversed(runstore.read_events(self.run_dir))
-                             if is_terminal(e)), None) or self._record_missing_end()
-            out.append(terminal)
-        self._finish(terminal)
+        wait = timeout
+        while len(out) < max_events:
+            try:
+                item = (self.host.queue.get(timeout=wait) if wait > 0
+                        else self.host.queue.get_nowait())
+            except (queue_mod.Empty, EOFError, OSError):
+                break
+            wait = 0.2 if drain else 0.0
+            if isinstance(item, RankProcess):
+                with self._lock:
+                    self._rank_pids[item.device] = item.pid
+            elif isinstance(item, RecordClosed):
+                self._closed = item
+            else:
+                if is_terminal(item) and self._terminal is None:
+                    self._terminal = item
+                out.append(item)
         return out
 
-    def _record_missing_end(self) -> Event:
-        """The child died without a terminal event: append one to its record."""
-        codes = [p.exitcode for p in self.processes]
-        if self._kill_reason:
-            ev: Event = RunStopped(reason=self._kill_reason, killed=True)
+    def _await_closed(self) -> None:
+        """After the terminal event: wait (bounded) for the host to close the record."""
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self._closed is None and time.monotonic() < deadline:
+            if not self.host.process.is_alive():
+                self._take(0.2, 100, drain=True)
+                break
+            self._take(0.1, 100)
+
+    def _end_for_dead_host(self) -> Event:
+        """The host died without a terminal event: the event its record ends with."""
+        code = self.host.process.exitcode
+        with self._lock:
+            reason = self._kill_reason
+        if reason:
+            return RunStopped(reason=reason, killed=True)
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
         else:
-            code = next((c for c in codes if c), codes[0] if codes else None)
-            if code is not None and code < 0:
-                try:
-                    how = f"was killed by {signal.Signals(-code).name}"
-                except ValueError:
-                    how = f"was killed by signal {-code}"
-            else:
-                how = f"exited with code {code}"
-            ev = RunFailed(reason=f"the training process {how} before the run ended")
-        # on a full disk the record stays whole and readers judge it by its end
-        recorder.add(self.run_dir, ev)
-        return ev
+            how = f"exited with code {code}"
+        return RunFailed(reason=f"the training process {how} before the run ended")
 
     def _watch_tree(self, every_s: float = 0.25) -> None:
-        """Remember the processes below the child (fork server, resource tracker, ranks), so
-        that none outlives the run even when the child dies without ending them."""
+        """Remember the processes below a host that exits with its run (fork server, resource
+        tracker, ranks), so that none outlives the run even when the host dies first."""
         now = time.monotonic()
-        if now - self._tree_t < every_s:
+        if self.host.warm or now - self._tree_t < every_s:
             return
         self._tree_t = now
         try:
             import psutil
 
-            for p in self.processes:
-                if p.pid is not None and p.is_alive():
-                    for c in psutil.Process(p.pid).children(recursive=True):
-                        self._tree.setdefault(c.pid, c)
+            if self.host.process.is_alive():
+                for c in psutil.Process(self.host.process.pid).children(recursive=True):
+                    self._tree.setdefault(c.pid, c)
         except Exception:  # noqa: BLE001 - a process may end while it is read
             pass
 
     def _end_tree(self) -> None:
-        """Wait for (then kill) every process seen below the child; the ones this process
+        """Wait for (then kill) every process seen below the host; the ones this process
         adopted as a subreaper are reaped, so not even a zombie is left."""
         procs = list(self._tree.values())
         if not procs:
@@ -172,11 +208,10 @@ class RunHandle:
             except (ChildProcessError, OSError):
                 pass
 
-    def _finish(self, terminal: Event) -> None:
+    def _finish(self) -> None:
+        terminal = self._terminal
+        assert terminal is not None
         self._done = True
-        # a terminal event that reached the queue but not the disk (the child's write failed
-        # on a full disk) is appended here, where the run's reserved space may now be free
-        recorder.end_if_open(self.run_dir, terminal)
         self._status = {"run_finished": "finished", "run_failed": "failed",
                         "run_stopped": "stopped"}[terminal.kind]
         if getattr(terminal, "killed", False):
@@ -184,17 +219,26 @@ class RunHandle:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
-        if self._telemetry_log is not None:
-            self._telemetry_log.close()
-            self._telemetry_log = None
-        for p in self.processes:
-            p.join(timeout=5)
-            if p.is_alive():  # the run has ended; a process stuck on its way out must go
-                kill_tree(p.pid)
-                p.join(timeout=5)
-        self._end_tree()
+        with self._lock:
+            log, self._telemetry_log = self._telemetry_log, None
+        if log is not None:
+            log.close()
+        host = self.host
+        if host.warm and self._closed is not None and host.process.is_alive():
+            host.release()
+        else:  # a host that closed the record ends its helpers (a fork server) on its way out
+            host.process.join(timeout=CLOSE_WAIT_S if self._closed is not None else 5)
+            if host.process.is_alive():  # the run has ended; a host stuck on its way out
+                kill_tree(host.process.pid)
+                host.process.join(timeout=5)
+            self._end_tree()
+        # The one fallback, once no process of the run is left: the host died before its end
+        # (``_end_for_dead_host``), or even the space set aside refused it.
+        if self._closed is not None and not self._closed.ended or self._dead_host_end:
+            recorder.end_after_host(self.run_dir, terminal)
+        runstore.release_space(self.run_dir)
         self._write_machine_state()
-        if self.multiprocess:  # the node's dataset copy, left behind when the agent was killed
+        if self.multiprocess:  # the node's dataset copy, left behind when the host was killed
             from gputui.train import shared_data
 
             shared_data.remove(shared_data.path_for(self.run_id))
@@ -220,8 +264,9 @@ class RunHandle:
     # ------------------------------------------------------------------ control
     @property
     def alive(self) -> bool:
-        """True while any training process of the run is running."""
-        return any(p.is_alive() for p in self.processes)
+        """True while the run's host is running it (its record not closed)."""
+        return (self.host is not None and self._closed is None
+                and self.host.process.is_alive())
 
     @property
     def done(self) -> bool:
@@ -235,24 +280,27 @@ class RunHandle:
 
     def pids(self) -> dict[str, int]:
         """Device name to the pid of the process training on it (each rank's own pid in a
-        multi-process run, once the rank has started)."""
-        if self._rank_pids:
-            return dict(self._rank_pids)
-        if not self.processes or self.processes[0].pid is None or self.multiprocess:
+        multi-process run, once the rank has started). Any thread."""
+        with self._lock:
+            if self._rank_pids:
+                return dict(self._rank_pids)
+        pid = self.host.process.pid if self.host is not None else None
+        if pid is None or self.multiprocess:
             return {}
-        return {d.name: self.processes[0].pid for d in self.devices}
+        return {d.name: pid for d in self.devices}
 
     def stop(self, reason: str = "stopped by user") -> None:
         """Ask the run to stop at its next step; the record ends "stopped" with ``reason``
-        (the first reason asked is kept). The start of the one stop path: see stopping.py."""
-        if self._stop is not None:
-            self._stop.ask(reason)
+        (the first reason asked is kept). Any thread. The one stop path: see stopping.py."""
+        if self.host is not None and not self._done:
+            self.host.stop.ask(reason)
 
     def kill(self, reason: str = "killed by user") -> None:
-        """Kill the training processes (and their children) now."""
-        self._kill_reason = reason
-        for p in self.processes:
-            kill_tree(p.pid)
+        """Kill the run's host (and every process below it) now. Any thread."""
+        with self._lock:
+            self._kill_reason = reason
+        if self.host is not None and self.host.process.pid is not None:
+            kill_tree(self.host.process.pid)
 
     def wait(self, timeout: float | None = None) -> str:
         """Poll until the run ends or ``timeout`` passes; returns the status."""
@@ -265,9 +313,12 @@ class RunHandle:
         return self._status
 
     def _on_sample(self, sample: DeviceSample) -> None:
-        self._samples.append(sample)  # bounded: the oldest samples go first
-        log = self._telemetry_log
-        if log is not None:
+        """The sampler thread's one entry."""
+        with self._lock:
+            self._samples.append(sample)  # bounded: the oldest samples go first
+            log = self._telemetry_log
+            if log is None:
+                return
             try:
                 log.write(sample)
             except (ValueError, OSError):  # a full disk: the rest of the run's samples go
@@ -277,12 +328,12 @@ class RunHandle:
 
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
            devices: list[Device] | None = None, device_note: str = "") -> RunHandle:
-    """Create the run folder, start the training process, return its handle at once.
+    """Create the run folder, hand the run to a host, return its handle at once.
 
     ``devices`` as resolved by the caller (with ``device_note``, the fallback's one line, when
     it replaced the spec's GPUs); resolved here when not given. The note goes in the record."""
     from gputui.core import registry
-    from gputui.train import agent, warm, worker
+    from gputui.train import warm
 
     if not devices:
         devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
@@ -293,58 +344,21 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     except WriteFailed:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    handle = RunHandle(run_id, run_dir, devices, cfg)
-    # the folder, and the one this run resumes, are in use until the run ends (gputui resume
-    # refuses a folder in use; the kernel frees the lock if this process dies)
-    for folder in [run_dir] + ([Path(cfg.run.resume_from)] if cfg.run.resume_from else []):
-        lock = runlock.hold(folder if folder.is_dir() else folder.parent, run_id)
-        if lock is not None:
-            handle._locks.append(lock)
+    info = registry.get(cfg.strategy.name)
+    multiprocess = bool(info and info.multiprocess)
+    handle = RunHandle(run_id, run_dir, devices, cfg, multiprocess, device_note)
     adopt_orphans()
     own_tracker()
-    handle.device_note = device_note
-    info = registry.get(cfg.strategy.name)
-    handle.multiprocess = bool(info and info.multiprocess)
-    spec = LaunchSpec(config=cfg.to_dict(), devices=tuple(devices), run_id=run_id,
-                      run_dir=str(run_dir), parent_pid=os.getpid(), t_launch=time.time(),
-                      notes=(device_note,) if device_note else ())
-    # a warm start (see warm.py): a prepared worker with torch loaded runs single-process runs
-    ready = None if handle.multiprocess else warm.take()
-    if ready is not None:
-        handle._queue, handle._stop = ready.queue, ready.stop
-        handle.processes.append(ready.run(spec))
-    else:
-        ctx = mp.get_context("spawn")
-        handle._queue, handle._stop = ctx.Queue(), StopChannel.create(ctx)
-        spec = replace(spec, queue=handle._queue, stop=handle._stop)
-        # ddp/fsdp: the child is an agent running torch's elastic launcher, one rank per device
-        target = agent.agent_main if handle.multiprocess else worker.child_main
-        proc = ctx.Process(target=target, args=(spec,), name=f"gputui-{run_id}")
-        proc.start()
-        handle.processes.append(proc)
-    _LIVE.add(handle)
+    spec = LaunchSpec(config=cfg, devices=tuple(devices), run_id=run_id, run_dir=str(run_dir),
+                      parent_pid=os.getpid(), t_launch=time.time(),
+                      notes=(device_note,) if device_note else (), multiprocess=multiprocess)
+    # a warm host (one started early, torch loaded) takes a single-process run when one waits
+    host = None if multiprocess else warm.take()
     from gputui.hw.contention import LoadWatch, gpu_uuids
 
     handle._watch = LoadWatch(gpu_uuids(devices))
-    _start_sampler(handle)
+    handle.start(host or warm.Host(), spec)
     return handle
-
-
-def _start_sampler(handle: RunHandle) -> None:
-    tel = handle.cfg.telemetry
-    if not tel.enabled:
-        return
-    try:
-        from gputui.hw.sampler import Sampler
-    except ImportError:  # telemetry is optional for a run
-        return
-    try:
-        handle._telemetry_log = runstore.EventLog(handle.run_dir / "telemetry.jsonl")
-    except WriteFailed:  # telemetry is optional for the record; the panels still get samples
-        handle._telemetry_log = None
-    sampler = Sampler(handle.devices, tel.interval_s, handle._on_sample, handle.pids)
-    handle._sampler = sampler
-    sampler.start()
 
 
 @atexit.register

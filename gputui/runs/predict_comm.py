@@ -32,6 +32,9 @@ import time
 import uuid
 from typing import Any
 
+from gputui.core.devices import backend_for
+from gputui.core.errors import fault_line
+
 FIRST_BUCKET = 2**20  # DDP's first bucket: a gradient this small is one call after backward
 _SPIN = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass"
 
@@ -111,7 +114,7 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str,
     device = torch.device(f"cuda:{local}" if kind == "cuda" else "cpu")
     if kind == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    dist.init_process_group(backend_for("auto", kind))
     try:
         grad = torch.ones(max(1, size // 4), device=device)
         work = torch.randn(128, 128, device=device)
@@ -245,7 +248,7 @@ def _driver(n: int, size: int, gap: float, iters: int, threads: int, kind: str, 
         out = elastic_launch(config, _rank)(size, gap, iters, threads, kind, calls)
         q.put({"seconds": out[0], "calls": len(calls or [1]), "bytes": size})
     except Exception as exc:  # noqa: BLE001 - one line for the parent
-        q.put({"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"})
+        q.put({"error": fault_line(exc)})
 
 
 def allreduce_in_step(n: int, size: int, gap: float, kind: str, cores: int,

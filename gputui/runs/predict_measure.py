@@ -171,18 +171,21 @@ def _steady_comm(run_dir: Path) -> float:
     parts = [ev.breakdown for ev in runstore.read_events(run_dir)
              if isinstance(ev, StepMetrics) and ev.breakdown]
     mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
-    return float((mean or {}).get("comm_exposed_s") or 0.0)
+    return float(mean.comm_exposed_s or 0.0) if mean else 0.0
 
 
 def _peak_memory(run_dir: Path) -> int | None:
     """The largest allocation a GPU run reported (None on the CPU)."""
     from gputui.core import runstore
+    from gputui.core.events import StepMetrics
 
     peak = None
     for ev in runstore.read_events(run_dir):
-        for d in getattr(ev, "per_device", ()) or ():
-            if isinstance(d, dict) and d.get("mem_alloc") is not None:
-                peak = max(peak or 0, int(d["mem_alloc"]))
+        if not isinstance(ev, StepMetrics):
+            continue
+        for d in ev.per_device:
+            if d.mem_alloc is not None:
+                peak = max(peak or 0, int(d.mem_alloc))
     return peak
 
 

@@ -1,10 +1,11 @@
-"""From a config to the devices it runs on, every rule checked: the path the CLI, the sweep and
-the measuring runs take before a launch.
+"""From a config to the devices it runs on, every rule checked: the path every entry takes
+before a launch (``gputui run`` and ``resume``, each point of a sweep, the measuring runs of
+``predict``, and the app's Start).
 
 Discovery runs once (``gputui.hw.discovery``, only when the spec names GPUs), the config is
-checked against the devices it gave (``gputui.plan.validate``), then the files it names
-(``gputui.plan.check_files``). The devices, the fallback's note and the GPUs seen are handed on,
-so the launch and its warnings ask the hardware no second time.
+checked against the devices it gave (``gputui.plan.validate``), then the disk
+(:func:`check_disk`: the files it names and its dataset). The devices, the fallback's note and
+the GPUs seen are handed on, so the launch and its warnings ask the hardware no second time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gputui import plan
-from gputui.core.config import RunConfig, apply_overrides, load_preset, override_origins
+from gputui.core.config import (ConfigError, RunConfig, apply_overrides, load_preset,
+                                override_origins)
+from gputui.core.datafiles import data_problem
 from gputui.core.devices import Device, DeviceSpecError, GpuInfo
 from gputui.hw.discovery import resolve_with_gpus
 
@@ -33,15 +36,39 @@ class Prepared:
 def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | None = None,
             files: bool = True) -> Prepared:
     """Resolve ``cfg``'s devices (discovery once, only when the spec names GPUs), validate,
-    then check its files unless ``files`` is False; raises ConfigError."""
+    then check the disk unless ``files`` is False; raises ConfigError."""
     try:
         devices, note, gpus = resolve_with_gpus(cfg.devices.spec, cfg.devices.fallback)
     except DeviceSpecError as exc:
         raise plan.device_error(exc, source, origins) from None
     plan.validate(cfg, devices, source, origins)
     if files:
-        plan.check_files(cfg, source, origins)
+        check_disk(cfg, source, origins)
     return Prepared(cfg, devices, note, gpus)
+
+
+def check_disk(cfg: RunConfig, source: str = "config",
+               origins: dict[str, str] | None = None) -> None:
+    """What the disk says of the config: the files it names (``gputui.plan.check_files``),
+    then its dataset (present, and large enough for the batch); raises ConfigError. Reads the
+    disk: once per run, never on a keystroke."""
+    plan.check_files(cfg, source, origins)
+    _check_data(cfg, source)
+
+
+def load_base(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
+    """The preset a sweep or a prediction varies, with its overrides: its values and its
+    dataset checked. Its own strategy and devices are replaced point by point, so the
+    cross-field rules wait for each point's :func:`prepare`."""
+    cfg = load_preset(path, overrides)
+    _check_data(cfg, str(path))
+    return cfg
+
+
+def _check_data(cfg: RunConfig, source: str) -> None:
+    problem = data_problem(cfg)
+    if problem:
+        raise ConfigError(f"{source}: data: {problem}")
 
 
 def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> Prepared:

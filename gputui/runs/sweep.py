@@ -3,13 +3,13 @@
 Fast-path axes multiply the grid: run.precision, run.compile and run.channels_last can each
 take several values (``AXES``), so one sweep shows what each buys on the user's hardware.
 
-Each point is checked before it starts: its devices are resolved once (``gputui.runs.prepare``),
-then the strategy registry's ``why_not`` and the config's cross-field rules are checked against
-them; a point that cannot run here is recorded as skipped with the reason. Every run goes
-through ``launcher.launch``, handed the devices already resolved (a spawned process, so this
-module never imports torch) and leaves its normal record under the runs folder. The sweep's
-manifest, ``<runs>/sweeps/<sweep id>.json``, is rewritten atomically after every change of
-state, so an interrupted sweep resumes where it stopped: finished points are never run again.
+Each point is checked before it starts as every run is (``gputui.runs.prepare``: its devices
+resolved once, every rule, the disk); a point that cannot run here is recorded as skipped with
+the reason. Every run goes through ``launcher.launch``, handed the devices already resolved (a
+spawned process, so this module never imports torch), and leaves its normal record under the
+runs folder. The sweep's manifest, ``<runs>/sweeps/<sweep id>.json``, is rewritten atomically
+after every change of state, so an interrupted sweep resumes where it stopped: finished points
+are never run again.
 """
 
 from __future__ import annotations
@@ -282,29 +282,19 @@ class Sweep:
 
     def check(self, point: Point, cfg: RunConfig) -> tuple[list[Device], str, str | None]:
         """The point's devices (resolved once: discovery runs at most once per point), the
-        fallback's note, and None when it can run here, else the reason (one line)."""
+        fallback's note, and None when it can run here, else the reason (one line): the path
+        of every run (``gputui.runs.prepare``), its refusal kept as the point's reason."""
         from gputui.core import registry
-        from gputui.core.devices import DeviceSpecError
-        from gputui.hw.discovery import resolve_with_note
-        from gputui.plan import check_files, validate
+        from gputui.runs.prepare import prepare
 
-        info = registry.get(point.strategy)
-        if info is None:
+        if registry.get(point.strategy) is None:  # e.g. a manifest from another build
             return [], "", (f"strategy '{point.strategy}' is not available in this build "
                             f"(known: {', '.join(registry.names())})")
         try:
-            devices, note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
-        except DeviceSpecError as exc:
-            return [], "", str(exc)
-        reason = info.why_not(cfg, devices)
-        if reason:
-            return devices, note, reason
-        try:
-            validate(cfg, devices, "sweep")
-            check_files(cfg, "sweep")
+            ready = prepare(cfg, "sweep")
         except ConfigError as exc:
-            return devices, note, str(exc).removeprefix("sweep: ")
-        return devices, note, None
+            return [], "", str(exc).removeprefix("sweep: ")
+        return ready.devices, ready.note, None
 
     def request_stop(self) -> None:
         """Stop the running point gracefully and run no further point."""
@@ -359,15 +349,15 @@ class Sweep:
         return "interrupted" if self.stop_requested else "finished"
 
     def _warm(self, point: Point, devices: list[Device]) -> None:
-        """Single-process points run in one warm worker, reused from point to point (torch is
+        """Single-process points run in one warm run host, reused from point to point (torch is
         imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
-        worker's GPUs are the point's, as resolved for it."""
+        host's GPUs are the point's, as resolved for it."""
         from gputui.core import registry
         from gputui.train import warm
 
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:
-            warm.ensure_worker(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+            warm.ensure_host(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False

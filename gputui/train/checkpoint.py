@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gputui.core.errors import UserError, first_line
 from gputui.core.filewrite import write_with
 from gputui.core.runstore import CHECKPOINT_NAME
 from gputui.train.strategies.base import Strategy
@@ -26,7 +27,7 @@ from gputui.train.strategies.base import Strategy
 FORMAT = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, unreadable or does not fit the run; one line for the user."""
 
 
@@ -120,7 +121,7 @@ def load(where: str | Path) -> dict[str, Any]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torn, foreign or code-carrying files alike
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc) or type(exc).__name__
         raise CheckpointError(f"{path}: not a readable gputui checkpoint ({first[:160]})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a gputui checkpoint of format {FORMAT}")
@@ -136,7 +137,7 @@ def restore(strategy: Strategy, data: dict[str, Any]) -> Position:
     try:
         strategy.load_state_dict(data["state"])
     except (RuntimeError, ValueError, KeyError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc) or type(exc).__name__
         raise CheckpointError(f"the checkpoint does not fit this model ({first[:160]})") from None
     set_rng_state(data["rng"])
     return Position(**data["position"])

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from gputui.core.errors import fault_line
 from gputui.train.strategies.scratch import allreduce
 
 DTYPE = torch.float32
@@ -152,7 +153,6 @@ def driver(spec: dict[str, Any], queue) -> None:
             out["torch"] = bench_dist(kind, indices, sizes, iters, warmup, spec["backend"],
                                       spec.get("repeats", 1))
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
-        lines = str(exc).strip().splitlines()
-        out["error"] = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        out["error"] = fault_line(exc)
         out["detail"] = traceback.format_exc()
     queue.put(out)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gputui.core import datafiles
+from gputui.core.errors import first_line
 from gputui.train import readers, synthetic
 from gputui.train.dataset import DataError, Dataset  # noqa: F401 - also this module's API
 
@@ -116,7 +117,7 @@ def _download(name: str, root: str) -> None:
     try:
         from torchvision import datasets
     except Exception as exc:  # noqa: BLE001 - e.g. a CUDA torchvision beside a CPU-only torch
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise DataError(f"{name}: data.download needs torchvision, which cannot be imported "
                         f"here ({first}); put the files in {base} by hand") from None
     cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST,
@@ -125,7 +126,7 @@ def _download(name: str, root: str) -> None:
         for train in (True, False):
             cls(base, train=train, download=True)
     except Exception as exc:  # noqa: BLE001 - any network/IO failure becomes one line
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise DataError(f"{name}: download into {base} failed ({first}); put the files there "
                         f"by hand (see `gputui run --help`)") from None
 

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from gputui.core.errors import UserError
 
-class DataError(RuntimeError):
+
+class DataError(UserError, RuntimeError):
     """A dataset that cannot be read or fetched; the message is one line for the user."""
 
 

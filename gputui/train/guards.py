@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from gputui.core.errors import UserError, first_line
 from gputui.train.strategies.base import Strategy
 
 # torch.cuda.OutOfMemoryError is the same class; older releases only had the cuda name.
@@ -18,11 +19,11 @@ OOM_ERRORS: tuple[type[BaseException], ...] = (
 MAX_PROBES = 8
 
 
-class Diverged(RuntimeError):
+class Diverged(UserError, RuntimeError):
     """The loss became NaN or infinite; the message starts "diverged at step N"."""
 
 
-class OutOfMemory(RuntimeError):
+class OutOfMemory(UserError, RuntimeError):
     """A training step ran out of device memory; the message holds the advice."""
 
 
@@ -42,7 +43,7 @@ def out_of_memory(exc: BaseException, strategy: Strategy, x: torch.Tensor,
                   y: torch.Tensor) -> OutOfMemory:
     """Build the OutOfMemory error for a step that failed on the global batch (x, y)."""
     batch = len(x)
-    first = (str(exc).strip().splitlines() or [""])[0].rstrip(".")
+    first = first_line(exc).rstrip(".")
     where = f" ({first})" if first else ""
     fits = largest_fitting_batch(strategy, x, y)
     per_device = len(strategy.devices) if strategy.cfg.optim.scale_with_devices else 1

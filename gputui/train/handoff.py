@@ -1,7 +1,8 @@
-"""What the parent (launcher) and the child processes (agent, ranks, warm worker) both know of
-their hand-off: the :class:`LaunchSpec` a run starts from, the :class:`StopChannel` the parent
-asks a stop through, the note a rank sends as it starts, and how a child leaves once its queue
-is flushed. A leaf (torch-free, no parent or child module): neither side imports the other.
+"""What the parent (launcher) and the run host (``host.py``) both know of their hand-off: the
+:class:`HostChannels` a host lives with, the :class:`LaunchSpec` a run starts from, the
+:class:`StopChannel` that is the run's one stop flag, the notes that are not events (a rank's
+pid, the record closed), and how a process leaves once its queue is flushed. A leaf
+(torch-free, no parent or child module): neither side imports the other.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from gputui.core.config import RunConfig
 from gputui.core.devices import Device
 
 REASON_BYTES = 256  # the longest stop reason the parent passes down through shared memory
@@ -17,10 +19,10 @@ REASON_BYTES = 256  # the longest stop reason the parent passes down through sha
 
 @dataclass(frozen=True)
 class StopChannel:
-    """The parent's stop request, shared with every process of the run: a spawn-context
+    """The run's one stop flag, shared by the parent, the host and every rank: a spawn-context
     ``multiprocessing.Event`` and the reason in a shared byte buffer (``Array("c",
-    REASON_BYTES)``). The first reason asked is kept. See ``gputui.train.stopping`` for
-    the whole stop path."""
+    REASON_BYTES)``). Any of them may ask (the parent's Stop, a signal, the parent's death);
+    the first reason asked is kept. See ``gputui.train.stopping`` for the whole stop path."""
 
     event: Any  # multiprocessing.Event: set once a stop is asked
     reason_box: Any  # multiprocessing.Array("c", REASON_BYTES): the reason, UTF-8
@@ -48,39 +50,61 @@ class StopChannel:
             return ""
 
     def clear(self) -> None:
-        """No stop asked (a warm worker's channel, before its next run)."""
+        """No stop asked (a warm host's channel, before its next run)."""
         self.event.clear()
         self.reason_box.value = b""
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """Everything a training process needs to run one run, as ``launcher.launch`` builds it.
+    """Everything a run needs, as ``launcher.launch`` builds it and the host receives it.
 
-    Picklable (it crosses ``spawn``, the elastic agent's fork server and a warm worker's job
-    queue) and torch-free. The agent adds ``agent_pid`` and ``data_file`` for its ranks."""
+    Picklable (it crosses ``spawn``, a host's job queue and the fork server of the ranks) and
+    torch-free. The host fills the last four fields for its ranks."""
 
-    config: dict[str, Any]  # RunConfig.to_dict(): the run's configuration as the record keeps it
+    config: RunConfig  # the run's configuration, validated once by the parent
     devices: tuple[Device, ...]  # this node's devices, resolved once by the parent
     run_id: str  # the run folder's name
     run_dir: str  # the run folder (events.jsonl, summary.json, checkpoint)
     parent_pid: int  # the gputui process that launched the run (watched for its death)
     t_launch: float  # time.time() at the launch: init time is measured from here
     notes: tuple[str, ...] = ()  # the launcher's lines for the record (e.g. devices' fallback)
-    queue: Any = None  # multiprocessing.Queue to the parent; None in a warm job (the worker's)
-    stop: StopChannel | None = None  # the parent's stop request; None in a warm job
-    agent_pid: int = 0  # ddp/fsdp: the gputui agent's pid (its SIGTERM is torch's teardown)
-    data_file: str = ""  # ddp/fsdp: the node's shared copy of the dataset ("" = load it)
+    multiprocess: bool = False  # ddp/fsdp: the host starts one rank per device
+    queue: Any = None  # ranks: multiprocessing.Queue to the host (their events)
+    stop: StopChannel | None = None  # ranks: the run's stop flag (the host's)
+    host_pid: int = 0  # ranks: the host's pid (its SIGTERM is torch's teardown)
+    data_file: str = ""  # ranks: the node's shared copy of the dataset ("" = load it)
+
+
+@dataclass(frozen=True)
+class HostChannels:
+    """What a run host shares with the parent for its life (spawn-context objects)."""
+
+    queue: Any  # multiprocessing.Queue: events and notes to the parent (the handle polls it)
+    stop: StopChannel  # the stop flag of the run in flight (cleared before each run)
+    jobs: Any  # multiprocessing.Queue: LaunchSpecs to run; None asks the host to exit
+    ready: Any  # multiprocessing.Event: set once the host has loaded what it preloads
+    parent_pid: int  # the gputui process (the host ends when it is gone)
+    warm: bool = False  # preload torch and stay for more runs (a host started early)
+    cuda: tuple[int, ...] = ()  # warm: the GPUs whose CUDA context the host creates
 
 
 @dataclass(frozen=True)
 class RankProcess:
-    """Sent on the queue by each rank of a multi-process run as it starts: which process
-    trains on which device (for the sampler's CPU % and RSS). Not an event, not recorded."""
+    """Sent by each rank of a multi-process run as it starts (forwarded by the host): which
+    process trains on which device (for the sampler's CPU % and RSS). Not an event."""
 
     device: str
     pid: int
     rank: int
+
+
+@dataclass(frozen=True)
+class RecordClosed:
+    """The host's last word on a run, after its record is closed: ``ended`` is False when even
+    the space set aside could not take the terminal event (the parent then appends it)."""
+
+    ended: bool
 
 
 def quick_exit(queue, code: int) -> None:

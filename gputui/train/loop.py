@@ -12,6 +12,7 @@ has ``run.resume_from`` starts from that checkpoint, skipping the batches alread
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,7 @@ import torch
 from gputui.core import breakdown
 from gputui.core.config import RunConfig
 from gputui.core.events import EpochEnd, Event, LogLine, StepMetrics
+from gputui.core.steps import DeviceStep, StepReport
 from gputui.train import checkpoint as ckpt, figures
 from gputui.train.data import Dataset, eval_batches
 from gputui.train.guards import (OOM_ERRORS, Diverged, diverged_message, first_bad,
@@ -103,16 +105,17 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             window_sum = per_step.sum().item()
             epoch_sum += window_sum
             elapsed = max(time.perf_counter() - window.start, 1e-9)
-            timing = strategy.read_timing() if timed else {}
+            report = strategy.step_report() if timed else None
             flops_s, mfu = figures.rate(flop_info, n, elapsed)
-            rows = _per_device(strategy, timing)
+            rows = _per_device(strategy, report)
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
                 loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
                 step_time_s=elapsed / n, lr=strategy.lr,
-                comm_share=_comm_share(timing), per_device=rows,
-                breakdown=breakdown.mean(r.get("breakdown") for r in rows),
-                flops_per_s=flops_s, mfu=mfu, comm_gbps=breakdown.mean_of(rows, "comm_gbps")))
+                comm_share=report.comm_share() if report else None, per_device=rows,
+                breakdown=breakdown.mean(r.breakdown for r in rows),
+                flops_per_s=flops_s, mfu=mfu,
+                comm_gbps=breakdown.mean_value(r.comm_gbps for r in rows)))
             window = _Window(step + 1)
 
         step = done_before
@@ -216,19 +219,16 @@ def evaluate(strategy: Strategy, ds: Dataset) -> float:
     return (strategy.reduce_metric(correct.double()) / total).item()  # SYNC POINT (epoch end)
 
 
-def _comm_share(timing: dict) -> float | None:
-    comm, step = timing.get("comm_s"), timing.get("step_s")
-    if comm is None or not step:
-        return None
-    return min(1.0, comm / step)
-
-
-def _per_device(strategy: Strategy, timing: dict) -> tuple:
-    stats = {s["device"]: s for s in strategy.device_stats()}
+def _per_device(strategy: Strategy, report: StepReport | None) -> tuple[DeviceStep, ...]:
+    """The report's rows with each device's allocator figures and its rate (samples over its
+    compute)."""
+    if report is None:
+        return ()
+    memory = strategy.device_memory()
     out = []
-    for entry in timing.get("per_device", []):
-        row = dict(stats.get(entry["device"], {}), **entry)
-        if entry.get("compute_s"):
-            row["samples_per_s"] = entry["samples"] / entry["compute_s"]
+    for row in report.devices:
+        row = row.with_memory(*memory.get(row.device, (None, None)))
+        if row.compute_s:
+            row = replace(row, samples_per_s=row.samples / row.compute_s)
         out.append(row)
     return tuple(out)

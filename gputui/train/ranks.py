@@ -1,12 +1,13 @@
-"""One rank of a multi-process run (ddp, fsdp): the function torch's elastic agent starts.
+"""One rank of a multi-process run (ddp, fsdp): the function torch's elastic agent starts in
+the run host.
 
 Every rank runs the ordinary ``worker.execute`` path with its place in the job
-(:class:`~gputui.train.rankinfo.RankInfo`) and the stop every rank agrees on (``stopping``).
-Local rank 0 of each node records (events.jsonl and the parent's queue); the other ranks emit
-nothing, their figures reach the record through the strategy's gather at the log interval. A
-rank that fails does not write RunFailed itself: it writes its reason to
-``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent tears the job down and
-the gputui agent names the root cause once (``agent.failure_event``).
+(:class:`~gputui.train.rankinfo.RankInfo`) and the run's one stop flag, which the ranks agree
+on (``stopping``). Local rank 0 of each node sends the run's events to its host, which records
+them; the other ranks emit nothing, their figures reach the record through the strategy's
+gather at the log interval. A rank that fails does not send RunFailed: it writes its reason
+to ``rank-failures/<rank>.json`` and exits non-zero, so the elastic agent tears the job down
+and the host names the root cause once (:func:`failure_event`).
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ import atexit
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gputui.core import runstore, signals
 from gputui.core.events import Event, RunFailed
 from gputui.core.filewrite import write_atomic
-from gputui.train import shared_data
-from gputui.train.handoff import LaunchSpec, RankProcess, quick_exit
+from gputui.train import shared_data, stopping
+from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel, quick_exit
 from gputui.train.rankinfo import RankInfo
-from gputui.train.recorder import Recorder
-from gputui.train.stopping import StopFlag
 from gputui.train.worker import execute
 
 # Text of errors that come from a broken connection to another rank: their rank is more
@@ -35,6 +36,7 @@ COMM_MARKERS = ("DistBackendError", "DistNetworkError", "DistStoreError", "Conne
 
 
 COMM_GRACE_S = 3.0
+FAILURES_DIR = "rank-failures"  # each failing rank writes <rank>.json here (reason, detail)
 
 
 class RankFailed(RuntimeError):
@@ -42,39 +44,46 @@ class RankFailed(RuntimeError):
 
 
 class _RankEmit:
-    """What execute's ``emit`` does on a rank: record on local rank 0, hold back RunFailed."""
+    """What execute's ``emit`` does on a rank: send to the host on local rank 0, hold back
+    RunFailed (the host names the root cause among the ranks)."""
 
-    def __init__(self, recorder: Recorder | None, run_dir: Path):
-        self.recorder, self.run_dir = recorder, run_dir
+    def __init__(self, queue: Any | None):
+        self.queue = queue
         self.failed: RunFailed | None = None
 
     def emit(self, event: Event) -> None:
         if isinstance(event, RunFailed):
             self.failed = event
-        elif self.recorder is not None:
-            self.recorder.emit(event)
+        elif self.queue is not None:
+            self.queue.put(event)
 
 
-class _RankStop(StopFlag):
-    """A rank's stop flag: a stop signal stops the rank at the agreed step, except SIGTERM from
-    the elastic agent, which is torch tearing the job down after a failure: that ends the rank
-    now, as torch expects."""
+def _watch_stop(stop: StopChannel, host_pid: int) -> None:
+    """This rank's part of the one stop path: a stop signal asks the run's flag, except
+    SIGTERM from the host, which is torch tearing the job down after a failure (the rank ends
+    now, as torch expects); the host's death asks it too. Call before any thread starts."""
 
-    def __init__(self, agent_pid: int, **kwargs):
-        self.agent_pid = agent_pid
-        super().__init__(**kwargs)
-
-    def on_signal(self, signum: int, sender: int) -> None:
-        if self.agent_pid and sender == self.agent_pid and signum == signal.SIGTERM:
+    def on_signal(signum: int, sender: int) -> None:
+        if host_pid and sender == host_pid and signum == signal.SIGTERM:
             signals.die_by(signum)
-        super().on_signal(signum, sender)
+        stop.ask(signals.stop_reason(signum))
+
+    signals.watch(on_signal)
+    parent = os.getppid()  # the fork server
+
+    def watch() -> None:
+        while not stopping.parent_gone(parent, host_pid):
+            time.sleep(stopping.PARENT_POLL_S)
+        stop.ask(stopping.PARENT_GONE)
+
+    threading.Thread(target=watch, name="gputui-host-watch", daemon=True).start()
 
 
 def rank_main(spec: LaunchSpec) -> str:
     """Train this rank's share; returns the status (the elastic agent collects it)."""
-    # first: the stop signals are watched before any thread starts (see signals.watch)
-    stop = _RankStop(spec.agent_pid, channel=spec.stop, parent_pid=os.getppid(),
-                     origin_pid=spec.parent_pid, signals=True)
+    stop = spec.stop
+    assert stop is not None, "the host gives its ranks the run's stop flag"
+    _watch_stop(stop, spec.host_pid)  # first: before any thread starts
     info = RankInfo.of_process(len(spec.devices))
     run_dir = Path(spec.run_dir)
     devices = list(spec.devices)
@@ -83,16 +92,14 @@ def rank_main(spec: LaunchSpec) -> str:
         queue.put(RankProcess(devices[info.local_rank].name, os.getpid(), info.rank))
     except (OSError, ValueError):
         pass
-    recorder = Recorder(run_dir, forward=queue.put) if info.local_rank == 0 else None
-    sink = _RankEmit(recorder, run_dir)
+    sink = _RankEmit(queue if info.local_rank == 0 else None)
     try:
         load = shared_data.loader(Path(spec.data_file)) if spec.data_file else None
-        status = execute(spec.config, devices, spec.run_id, sink, stop, spec.t_launch,
-                         rank=info, load_data=load, notes=spec.notes)
+        status = execute(spec.config, devices, spec.run_id, sink.emit, run_dir,
+                         stopping.RunStop(stop), spec.t_launch, rank=info,
+                         load_data=load, notes=spec.notes)
     finally:
         _destroy_group()
-        if recorder is not None:
-            recorder.close()
     if sink.failed is not None:
         if write_failure(run_dir, info.rank, sink.failed.reason, sink.failed.detail):
             # A broken connection: most likely a peer died. Torch's agent reports the first
@@ -108,7 +115,7 @@ def rank_main(spec: LaunchSpec) -> str:
 def write_failure(run_dir: Path, rank: int, reason: str, detail: str) -> bool:
     """Leave this rank's failure for the agent (atomic: the agent may read at any moment);
     True when it looks like a broken connection to another rank."""
-    folder = run_dir / "rank-failures"
+    folder = run_dir / FAILURES_DIR
     comm = any(m in reason for m in COMM_MARKERS)
     text = json.dumps({"rank": rank, "pid": os.getpid(), "reason": reason, "detail": detail,
                        "comm": comm, "t": time.time()})
@@ -128,8 +135,51 @@ def _destroy_group() -> None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            from gputui.train.strategies.ddp import destroy_group
+            from gputui.train.strategies.process_group import destroy_group
 
             destroy_group()
     except Exception:  # noqa: BLE001 - the group may be broken after a peer died
         pass
+
+
+def failure_event(failures: dict, run_dir: Path) -> RunFailed:
+    """One RunFailed naming the root cause among the failed ranks.
+
+    A rank that raised writes its reason to ``rank-failures/<rank>.json``; a rank killed by a
+    signal leaves only its exit code. A rank whose own error is a broken connection was most
+    likely a victim of another's death, so real errors and kills are preferred as the cause,
+    then the earliest."""
+    causes = []
+    folder = run_dir / FAILURES_DIR
+    written = {int(p.stem) for p in folder.glob("*.json")} if folder.is_dir() else set()
+    for rank in sorted(set(failures) | written):  # torch reports only the first rank it saw
+        f = failures.get(rank)
+        info = _read_failure(run_dir, rank)
+        if info:
+            reason, detail, comm = f"rank {rank}: {info['reason']}", info["detail"], info["comm"]
+            t = info["t"]
+        elif f is not None:
+            if f.exitcode < 0:
+                how = f"was killed by {f.signal_name()}"
+            else:
+                how = f"exited with code {f.exitcode}"
+            reason, detail, t = f"rank {rank} (pid {f.pid}) {how}", "", f.timestamp
+            # SIGTERM is how the elastic agent tears the other ranks down after a failure
+            comm = f.exitcode == -signal.SIGTERM
+        else:  # a failure file that cannot be read, for a rank torch did not report
+            continue
+        causes.append((comm, t, rank, reason, detail))
+    if not causes:
+        return RunFailed(reason="a rank failed without saying why")
+    comm, _, _, reason, detail = min(causes)
+    if len(causes) > 1:
+        others = "; ".join(c[3] for c in sorted(causes) if c[3] != reason)
+        detail = f"{detail}\nother ranks: {others}".strip()
+    return RunFailed(reason=reason, detail=detail)
+
+
+def _read_failure(run_dir: Path, rank: int) -> dict | None:
+    try:
+        return json.loads((run_dir / FAILURES_DIR / f"{rank}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

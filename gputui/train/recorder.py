@@ -1,27 +1,22 @@
 """The one writer of a run's record: ``events.jsonl`` and ``summary.json``.
 
-Every process that writes a record does it through :class:`Recorder`:
-
-- the training process (``worker.child_main``, a warm worker's run, or local rank 0 of a
-  ddp/fsdp run) streams the run's events, each forwarded to the parent's queue after it is
-  on disk, and closes the record at the end;
-- the elastic agent (``agent.py``) adds its own lines and, when the ranks ended without one,
-  the terminal event naming the root cause (:func:`add`);
-- the parent (``launcher.RunHandle``) adds the terminal event of a child that died without
-  one, or one that reached its queue but not the disk (:func:`add`).
+The run host (``host.py``) records every event of its run through :class:`Recorder`: its own,
+and those its ranks send it; each is forwarded to the parent's queue after it is on disk, and
+the host closes the record at the end. The recorder knows what it wrote (``terminal``,
+``ended``): nothing reads the record back to decide what to do. The one other entry is
+:func:`end_after_host`: the parent ends the record of a host that died without ending it.
 
 Each event is one whole line or none (``runstore.EventLog`` over ``filewrite.AppendLog``).
 The terminal event is written in the space the run set aside (``runstore.reserve_space``), so
-it fits on a full disk. ``summary.json`` is written when a writer closes the record: the
-summary of the record as that writer knows it (the events it wrote; one that adds only the end
-reads the others from disk first). Its presence marks a closed record (``history._stale``). A
-summary that cannot be written is rebuilt from the events by ``runstore.read_summary``.
-Torch-free: the parent uses it too.
+it fits on a full disk. ``summary.json`` is written when the record is closed; its presence
+marks a closed record (``history._stale``). A summary that cannot be written is rebuilt from
+the events by ``runstore.read_summary``. Torch-free: the parent uses it too.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -37,7 +32,8 @@ class Recorder:
     """Writes each event to events.jsonl (one whole line, written before it is passed on) and
     hands it to ``forward`` (a queue's ``put``). A failed write of an event raises WriteFailed,
     which ends the run; the terminal event uses the space the run set aside, and when even
-    that fails it still reaches ``forward``, whose receiver ends the record."""
+    that fails it still reaches ``forward``, whose receiver ends the record (``ended`` False).
+    Thread-safe: a host records its ranks' events from a thread and its own from another."""
 
     def __init__(self, run_dir: str | Path, forward: Callable[[Event], Any] | None = None,
                  written: Iterable[Event] = ()):
@@ -45,14 +41,26 @@ class Recorder:
         self.log = EventLog(self.run_dir / EVENTS_FILE)  # WriteFailed when it cannot be opened
         self.forward = forward
         self.events: list[Event] = list(written)  # the record so far (``written``: on disk)
+        self.terminal: Event | None = None  # the terminal event emitted, once there is one
+        self.ended = False  # that terminal event is on disk
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        """RunStarted has been recorded."""
+        return any(e.kind == "run_started" for e in self.events)
 
     def emit(self, event: Event) -> None:
-        """Record ``event``, then forward it."""
-        if is_terminal(event):
-            self.end(event)  # kept in the summary even when the disk refused it
-        else:
-            self.log.write(event)
-        self.events.append(event)
+        """Record ``event``, then forward it. A second terminal event is not recorded."""
+        with self._lock:
+            if self.terminal is not None and is_terminal(event):
+                return
+            if is_terminal(event):
+                self.terminal = event
+                self.ended = self.end(event)  # kept in the summary even when refused
+            else:
+                self.log.write(event)
+            self.events.append(event)
         if self.forward is not None:
             try:
                 self.forward(event)
@@ -81,45 +89,21 @@ class Recorder:
         self.log.close()
 
 
-def add(run_dir: str | Path, event: Event,
-        forward: Callable[[Event], Any] | None = None) -> bool:
-    """Add one ``event`` to a record this process does not hold open; a terminal event also
-    closes the record (summary.json). Never raises: True when the event is on disk.
-    ``forward`` gets the event either way (the receiver may still record it)."""
-    written, terminal = False, is_terminal(event)
+def end_after_host(run_dir: str | Path, event: Event) -> bool:
+    """The parent's fallback: end the record of a host that died without ending it (or whose
+    terminal write failed) with ``event`` and close it (summary.json, from the events on disk:
+    the host is gone, nothing else writes there). Never raises: True when the event is on
+    disk. The space set aside is released either way."""
     try:  # the summary written with a terminal event needs the rest of the record
-        recorder = Recorder(run_dir, written=read_events(run_dir) if terminal else ())
-    except OSError:  # WriteFailed included: the receiver of ``forward`` may end the record
-        recorder = None
-    if recorder is not None:
-        try:
-            if terminal:
-                written = recorder.end(event)
-            else:
-                recorder.log.write(event)
-                written = True
-        except WriteFailed:  # a full disk: the receiver of ``forward`` may end the record
-            pass
-        if written:
-            recorder.events.append(event)
-        recorder.close(summary=terminal and written)
-    if forward is not None:
-        try:
-            forward(event)
-        except (OSError, ValueError):  # the receiver is gone; the record has it (or not)
-            pass
+        recorder = Recorder(run_dir, written=read_events(run_dir))
+    except OSError:  # WriteFailed included
+        release_space(run_dir)
+        return False
+    written = recorder.end(event)
+    if written:
+        recorder.events.append(event)
+    recorder.close(summary=written)
     return written
-
-
-def end_if_open(run_dir: str | Path, event: Event) -> None:
-    """Add the terminal ``event`` unless the record already ends; the space set aside is
-    released either way (nothing more will be written)."""
-    try:
-        if not any(is_terminal(e) for e in read_events(run_dir)):
-            add(run_dir, event)
-    except OSError:  # unreadable: nothing more can be written there
-        pass
-    release_space(run_dir)
 
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:

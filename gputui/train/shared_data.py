@@ -2,9 +2,9 @@
 
 Without this, every rank generates (or reads and standardises) the same dataset after its own
 torch import, one after another with everything else it does before the first step. Here the
-agent loads it in a thread while the ranks are being spawned, writes it once to a file in
+host loads it in a thread while the ranks are being spawned, writes it once to a file in
 shared memory (/dev/shm when there is one), and each rank maps that file (``mmap``: one copy
-in memory for all ranks). If the agent cannot load it, the ranks load it themselves, so a bad
+in memory for all ranks). If the host cannot load it, the ranks load it themselves, so a bad
 dataset fails with the usual message.
 """
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-WAIT_S = 600.0  # a rank waits at most this long for the agent's file, then loads itself
+WAIT_S = 600.0  # a rank waits at most this long for the host's file, then loads itself
 
 
 def path_for(run_id: str) -> Path:
@@ -31,12 +31,10 @@ def _failed(path: Path) -> Path:
     return path.with_suffix(".failed")
 
 
-def start_prefetch(data: dict[str, Any], path: Path) -> threading.Thread:
-    """Load the dataset of the ``[data]`` table in a thread and publish it at ``path``."""
-    from gputui.core.config import from_dict
+def start_prefetch(section: Any, path: Path) -> threading.Thread:
+    """Load the dataset of the ``[data]`` section (``RunConfig.data``) in a thread and
+    publish it at ``path``."""
     from gputui.train.data import load_from_config  # imported here, not in the thread
-
-    section = from_dict({"data": data}, source="run").data
 
     def work() -> None:
         try:
@@ -66,7 +64,7 @@ def publish(ds: Any, path: Path) -> None:
 
 
 def loader(path: Path):
-    """A function with ``load_from_config``'s signature that maps the agent's file instead."""
+    """A function with ``load_from_config``'s signature that maps the host's file instead."""
     def load(section):
         import torch
 

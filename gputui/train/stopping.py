@@ -1,38 +1,21 @@
-"""The one stop path, from the user's key to the step every rank agrees to stop at.
+"""The one stop path: one flag per run (``handoff.StopChannel``), held by the parent, the run
+host and every rank, and the step the ranks agree to stop at.
 
-1. **The ask.** In the app, the run screen's Stop key (``tui/screens/run_controls.py``) and
-   the app's own exit (``tui/lifecycle.stop_then_kill``) call ``RunHandle.stop(reason)``.
-   Headless, ``signals.Supervisor`` notes SIGINT, SIGTERM and SIGHUP in a handler and its
-   ``check``, called from the poll loop, calls ``RunHandle.stop(signals.stop_reason(sig))``;
-   a second signal, or a stop that outlasts ``run.stop_grace_s``, is ``RunHandle.kill``.
-2. **The channel.** ``RunHandle.stop`` is ``handoff.StopChannel.ask``: the reason goes into a
-   shared buffer and a shared event is set. Every process of the run holds that channel (the
-   child, a warm worker, the elastic agent and each rank, through ``LaunchSpec.stop``).
-3. **The flag.** In a training process, :class:`StopFlag` is the loop's ``should_stop``: true
-   once the channel is asked, or once a stop signal reached this process itself (a terminal
-   signals its whole process group; systemd and SLURM signal every process of the job), which
-   ``signals.watch`` takes in a thread and hands to :meth:`StopFlag.on_signal`. The elastic
-   agent, which runs no loop, passes a signal it receives to its ranks by asking the channel.
-4. **The agreement** (ddp, fsdp). Each rank's flag is wrapped in :class:`AgreedStop`: a tiny
-   MAX collective (``strategy.agree_stop``, about every 0.25 s), so every rank leaves the loop
-   at the same step and none waits forever in a collective.
-5. **The end.** ``loop.train`` checks the flag between steps, writes the checkpoint and
-   returns "stopped"; ``worker.execute`` records ``RunStopped`` with the flag's reason (the
-   first asked), through the one record writer (``recorder.Recorder``).
+Who asks (the first reason asked is the one recorded):
 
-The faults this path does not see, each handled by code that feeds it or ends the run:
+- the user: the run screen's Stop, the app's exit, the headless ``signals.Supervisor`` and
+  the interpreter's exit (``launcher._stop_all``) all call ``RunHandle.stop(reason)``;
+- a stop signal (SIGINT, SIGTERM, SIGHUP) that reaches the host or a rank (a terminal signals
+  its whole process group, systemd and SLURM every process of the job): ``signals.watch``
+  takes it in a thread and asks the flag, except SIGTERM from the host to a rank, which is
+  torch tearing the job down after a failure (the rank ends at once);
+- the parent's death: the host's watch (``host.py``) asks with :data:`PARENT_GONE`.
 
-- the parent died: :func:`parent_gone`, polled by StopFlag's watch thread (a cold child, each
-  rank), by the warm worker between runs (``warm._watch_parent``) and by the agent before its
-  ranks start (``agent._Watchdog``), becomes a stop with :data:`PARENT_GONE`;
-- a stop asked before any rank started (at a multi-node rendezvous): ``agent._Watchdog`` ends
-  the record itself, since no rank is there to agree;
-- SIGTERM from the elastic agent to a rank is torch tearing the job down after a failure, not
-  a stop: ``ranks._RankStop`` ends the rank at once;
-- the gputui interpreter exits with runs alive: ``launcher._stop_all`` (atexit) asks them to
-  stop through ``RunHandle.stop``, then kills what has not ended;
-- a stop that is not honoured: the kill (step 1) ends the processes and the parent ends the
-  record (``RunHandle``, via the record writer).
+Who reads: the training loop's ``should_stop`` is :class:`RunStop` over the flag; in a
+multi-process run each rank's is wrapped in :class:`AgreedStop` (a tiny MAX collective), so
+every rank leaves at the same step and none waits forever in a collective. While no rank has
+started (a multi-node rendezvous) the host ends the run itself (``agent.py``). A stop that is
+not honoured ends by the parent's kill, and the parent ends the record the host could not.
 
 Torch-free; child side.
 """
@@ -40,18 +23,17 @@ Torch-free; child side.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Callable
 
 from gputui.train.handoff import StopChannel
 
 PARENT_GONE = "the gputui process that launched the run exited"
-PARENT_POLL_S = 0.5  # how often a child looks for its parent
+PARENT_POLL_S = 0.5  # how often a host or a rank looks for its parent
 
 
 def parent_gone(parent_pid: int, origin_pid: int = 0) -> bool:
     """This process's parent is no longer ``parent_pid`` (it died and this one was adopted),
-    or ``origin_pid`` (the gputui process, when the parent is the elastic agent) has ended."""
+    or ``origin_pid`` (the host, for a rank forked by the fork server) has ended."""
     return os.getppid() != parent_pid or bool(origin_pid and not _alive(origin_pid))
 
 
@@ -65,49 +47,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class StopFlag:
-    """A training process's ``should_stop``: the parent's channel, a stop signal this process
-    received (``signals=True``, see ``signals.watch``), or its parent's death
-    (``parent_pid``, with ``origin_pid`` for a rank, whose parent is the agent)."""
+class RunStop:
+    """The loop's ``should_stop``: the run's flag is set; ``reason`` the first reason asked."""
 
-    def __init__(self, channel: StopChannel | None = None, parent_pid: int = 0,
-                 origin_pid: int = 0, signals: bool = False):
-        self.channel, self.parent_pid, self.origin_pid = channel, parent_pid, origin_pid
-        self._reason = ""
-        self._local = threading.Event()
-        if signals:  # before any thread starts: threads inherit the blocked signals
-            from gputui.core import signals as signals_mod
-
-            signals_mod.watch(self.on_signal)
-        if parent_pid:
-            threading.Thread(target=self._watch_parent, daemon=True).start()
-
-    def request(self, reason: str) -> None:
-        """Stop at the next step; the first reason given is the one recorded."""
-        if not self._local.is_set():
-            self._reason = reason
-            self._local.set()
-
-    def on_signal(self, signum: int, sender: int) -> None:
-        """A stop signal reached this process (see ``signals.watch``)."""
-        from gputui.core.signals import stop_reason
-
-        self.request(stop_reason(signum))
+    def __init__(self, channel: StopChannel):
+        self.channel = channel
 
     @property
     def reason(self) -> str:
-        """Why the run stops: this process's own reason, else the parent's."""
-        if self._reason:
-            return self._reason
-        return (self.channel.reason() if self.channel else "") or "stopped by user"
-
-    def _watch_parent(self) -> None:
-        while not self._local.wait(PARENT_POLL_S):
-            if parent_gone(self.parent_pid, self.origin_pid):
-                self.request(PARENT_GONE)
+        return self.channel.reason() or "stopped by user"
 
     def __call__(self) -> bool:
-        return self._local.is_set() or (self.channel is not None and self.channel.asked())
+        return self.channel.asked()
 
 
 class AgreedStop:

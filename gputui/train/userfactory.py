@@ -14,17 +14,18 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from gputui.core.errors import UserError, fault_line
 from gputui.core.usercode import parse
 
 
-class UserCodeError(RuntimeError):
+class UserCodeError(UserError, RuntimeError):
     """A factory that cannot be imported, fails, or returns the wrong thing (one line)."""
 
 
 def cause(exc: BaseException) -> str:
-    """``Type: first line`` of an exception."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    """``Type: first line`` of an exception (the user's code may raise our own errors too:
+    their type still says where it came from)."""
+    return fault_line(exc)
 
 
 def import_function(key: str, spec: str) -> Callable:

@@ -1,8 +1,8 @@
-"""The training process: entry point of the spawned child, and the in-process ``execute``.
+"""One run (or one rank's share of it) in this process: :func:`execute`.
 
-A stop (the parent's, a stop signal, the parent's death: see ``stopping``) stops the child at
-its next step with a checkpoint; every event is recorded as it happens (``recorder``) and the
-record ends with exactly one terminal event.
+The run host calls it for a single-process run, each rank for its share of a multi-process
+one. A stop (see ``stopping``) stops it at its next step with a checkpoint; every event goes
+to ``emit`` as it happens, and it ends with exactly one terminal event.
 """
 
 from __future__ import annotations
@@ -12,38 +12,28 @@ import re
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
-from gputui.core.config import from_dict
+from gputui.core.config import RunConfig
 from gputui.core.devices import Device
+from gputui.core.errors import describe
 from gputui.core.events import (Event, InitDone, LogLine, RunFailed, RunFinished, RunStarted,
-                                 RunStopped)
+                                RunStopped)
 from gputui.core.filewrite import DISK_FULL, WriteFailed, os_error_in
 from gputui.core.usercode import code_named
-from gputui.train.handoff import LaunchSpec
 from gputui.train.rankinfo import RankInfo
-from gputui.train.recorder import Recorder
-from gputui.train.stopping import AgreedStop, StopFlag
+from gputui.train.stopping import AgreedStop
 
 
-class EventSink(Protocol):
-    """What execute records through: a Recorder, or a rank's filter in front of one."""
-
-    run_dir: Path
-
-    def emit(self, event: Event) -> None: ...
-
-
-def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: EventSink,
-            should_stop: Callable[[], bool], t_launch: float,
+def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[Event], None],
+            run_dir: str | Path, should_stop: Callable[[], bool], t_launch: float,
             rank: RankInfo | None = None, load_data: Callable | None = None,
             notes: list[str] | tuple = ()) -> str:
     """Train one run in this process; returns the terminal status. Never raises. ``rank``
     is given in each process of a multi-process run; ``load_data`` replaces
-    ``data.load_from_config`` (the ranks map the copy their agent loaded). ``notes`` are the
+    ``data.load_from_config`` (the ranks map the copy their host loaded). ``notes`` are the
     launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
-    cfg = from_dict(cfg_dict, source="run")
-    emit = recorder.emit
+    run_dir = Path(run_dir)
     started = False
     try:
         from gputui.core import registry
@@ -55,7 +45,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: EventS
             nonlocal started
             if not started:
                 started = True
-                emit(RunStarted(run_id=run_id, config=cfg_dict,
+                emit(RunStarted(run_id=run_id, config=cfg.to_dict(),
                                 devices=tuple(d.to_dict() for d in devices),
                                 strategy=cfg.strategy.name,
                                 world_size=rank.world_size if rank else 1))
@@ -100,7 +90,7 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: EventS
                       params=count_params(strategy.primary_model()),
                       threads=torch.get_num_threads(), cores=_cores()))
         t_train = time.time()
-        status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=recorder.run_dir)
+        status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=run_dir)
         strategy.close()
         if status == "stopped":
             emit(RunStopped(reason=getattr(should_stop, "reason", "stopped by user")))
@@ -109,14 +99,14 @@ def execute(cfg_dict: dict, devices: list[Device], run_id: str, recorder: EventS
         return status
     except WriteFailed as exc:  # a full disk or a refused write: one line, no traceback
         if exc.disk_full:
-            exc.hint = disk_hint(recorder.run_dir, run_id)
+            exc.hint = disk_hint(run_dir, run_id)
         emit(RunFailed(reason=str(exc)))
         return "failed"
     except Exception as exc:  # noqa: BLE001 - every failure must end the record
         cause = os_error_in(exc) if not isinstance(exc, OSError) else None
         if cause is not None and cause.errno in DISK_FULL:  # e.g. a user's code writing files
             emit(RunFailed(reason=f"{_one_line(exc)}: {cause.strerror} "
-                                  f"({disk_hint(recorder.run_dir, run_id)})"))
+                                  f"({disk_hint(run_dir, run_id)})"))
             return "failed"
         emit(RunFailed(reason=_one_line(exc), detail=traceback.format_exc()))
         return "failed"
@@ -141,12 +131,7 @@ def _one_line(exc: BaseException) -> str:
         after = f" after {int(timeout.group(1)) / 1000:g} s" if timeout.group(1) else ""
         return (f"a collective timed out{after} (strategy.timeout_s): another rank stopped "
                 f"responding; raise strategy.timeout_s if the ranks are only slow")
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    known = type(exc).__name__ in {"DataError", "ConfigError", "ReplicaMismatch", "Diverged",
-                                   "OutOfMemory", "CheckpointError", "UserCodeError",
-                                   "CompileError"}
-    return first if known and first else f"{type(exc).__name__}: {first}".rstrip(": ")
+    return describe(exc)
 
 
 def _cores() -> int:
@@ -160,18 +145,3 @@ def _set_threads(torch, threads: int, processes: int) -> None:
     if threads <= 0:
         threads = max(1, _cores() // max(1, processes))
     torch.set_num_threads(threads)
-
-
-def child_main(spec: LaunchSpec) -> None:
-    """Entry point of the spawned training process (single-process strategies)."""
-    # CUDA must number GPUs the way discovery (NVML, PCI order) did, before torch loads CUDA.
-    from gputui.hw.cuda_order import cuda_env
-
-    os.environ.update(cuda_env())
-    stop = StopFlag(spec.stop, spec.parent_pid, signals=True)
-    recorder = Recorder(spec.run_dir, forward=spec.queue.put)
-    try:
-        execute(spec.config, list(spec.devices), spec.run_id, recorder, stop, spec.t_launch,
-                notes=spec.notes)
-    finally:
-        recorder.close()

@@ -1,5 +1,10 @@
 """The Textual app: set up a run, launch it, watch it, stop it.
 
+The app owns the run's lifecycle (a :class:`~gputui.tui.run_control.RunController` per run it
+launched); the screens post messages to it (``StartRun``, ``SetupChanged``, ``ControlRun``)
+and it answers the run screen with ``RunControlled``: no screen calls the app or another
+screen.
+
 ``make_app`` builds the app for the CLI and for tests alike (tests hand it a scripted
 launcher and a fixed device inventory); ``run_tui`` is what ``gputui`` with no arguments runs.
 Nothing here imports torch: the launcher is imported when the first run starts, and training
@@ -19,7 +24,9 @@ from textual.screen import Screen
 from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.tui.inventory import Inventory, discover_inventory
 from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
-from gputui.tui.messages import LaunchFailed, RunEndedNotice, RunLaunched
+from gputui.tui.messages import (ControlRun, LaunchFailed, RunControlled, RunEndedNotice,
+                                 RunLaunched, SetupChanged, StartRun)
+from gputui.tui.run_control import STOP_NOTE, RunController
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.spawnsafe import private_terminal, ready_for_spawn
@@ -61,7 +68,9 @@ class GpuTuiApp(SignalExit, App[int]):
         # none with a fixed inventory, which is then all there is
         self.discover = discover or (None if inventory else discover_inventory)
         self.preset_list = presets
-        self.run_screen: RunScreen | None = None
+        self.run_screen: RunScreen | None = None  # shows the run
+        self.run_control: RunController | None = None  # the run's lifecycle
+        self.setup_config: RunConfig = RunConfig()  # the set-up screen's, as it last said
         self.launching = False
         self.quit_after_run = False
         self.quit_code = 0
@@ -78,6 +87,7 @@ class GpuTuiApp(SignalExit, App[int]):
     def on_mount(self) -> None:
         self.install_stop_signals()
         config, preset_path, error = self._initial_config()
+        self.setup_config = config
         setup = SetupScreen(
             config, preset=preset_path,
             inventory=self.fixed_inventory or Inventory(discovered=self.discover is None),
@@ -101,7 +111,7 @@ class GpuTuiApp(SignalExit, App[int]):
     def _spawn_warm(self, config: RunConfig) -> None:
         from gputui.train import warm
 
-        warm.ensure_worker(cuda=warm.cuda_indices(config.devices.spec))
+        warm.ensure_host(cuda=warm.cuda_indices(config.devices.spec))
 
     def _initial_config(self) -> tuple[RunConfig, Path | None, str]:
         """The preset given on the command line, or the defaults (with the reason)."""
@@ -133,7 +143,15 @@ class GpuTuiApp(SignalExit, App[int]):
     @property
     def run_active(self) -> bool:
         """A run is launching or has not reached its terminal event."""
-        return self.launching or (self.run_screen is not None and not self.run_screen.ended)
+        return self.launching or (self.run_control is not None and self.run_control.active)
+
+    def on_start_run(self, message: StartRun) -> None:
+        """The set-up screen's Start."""
+        self.start_run(message.config)
+
+    def on_setup_changed(self, message: SetupChanged) -> None:
+        """The set-up screen's config as it last checked it (what a sweep starts from)."""
+        self.setup_config = message.config
 
     def start_run(self, config: RunConfig) -> None:
         """Launch a run off the UI thread; its screen opens when the handle is back."""
@@ -159,8 +177,23 @@ class GpuTuiApp(SignalExit, App[int]):
         from gputui.tui.screens.run import RunScreen
 
         self.launching = False
-        self.run_screen = RunScreen(message.handle, message.config)
-        self.push_screen(self.run_screen)
+        screen = RunScreen(message.handle, message.config)
+        self.run_screen = screen
+        self.run_control = RunController(
+            message.handle, message.config,
+            tell=lambda what, note: screen.post_message(RunControlled(what, note)),
+            in_thread=lambda fn: self.run_worker(fn, thread=True, group="control",
+                                                 exit_on_error=False))
+        self.push_screen(screen)
+
+    def on_control_run(self, message: ControlRun) -> None:
+        """Stop or Kill, from the run screen."""
+        if self.run_control is None:
+            return
+        if message.what == "stop":
+            self.run_control.stop(note=STOP_NOTE)
+        elif message.what == "kill":
+            self.run_control.kill()
 
     def on_launch_failed(self, message: LaunchFailed) -> None:
         """The run could not start: the reason, in the app."""
@@ -170,27 +203,29 @@ class GpuTuiApp(SignalExit, App[int]):
     def on_run_ended_notice(self, message: RunEndedNotice) -> None:
         """A run ended: leave now if the user asked to quit when it did; else have a warm
         worker ready for the next run (the last one's, or a new one if it was killed)."""
+        if self.run_control is not None and message.screen is self.run_screen:
+            self.run_control.ended = True
         if self.quit_after_run:
             self.exit(self.quit_code, return_code=self.quit_code)
-        elif self.run_screen is not None:
-            self.prepare_warm_start(self.run_screen.config)
+        elif self.run_control is not None:
+            self.prepare_warm_start(self.run_control.config)
 
     # ------------------------------------------------------------------ quitting
     async def action_quit(self) -> None:
         """Quit; with a run active, ask first (stop and quit, kill and quit, or cancel)."""
-        if not self.run_active or self.run_screen is None:
+        run = self.run_control
+        if not self.run_active or run is None:
             self.exit(0)
             return
-        screen = self.run_screen
 
         def answer(choice: str | None) -> None:
             if choice == "stop":
                 self.quit_after_run = True
-                screen.action_stop()
-                self.set_timer(STOP_GRACE_S, lambda: self._escalate(screen))
+                run.stop(note=STOP_NOTE)
+                self.set_timer(STOP_GRACE_S, lambda: self._escalate(run))
             elif choice == "kill":
                 self.quit_after_run = True
-                screen.kill_now()
+                run.kill()
                 self.set_timer(KILL_GRACE_S, lambda: self.exit(0))
 
         self.push_screen(ChoiceDialog(
@@ -199,10 +234,9 @@ class GpuTuiApp(SignalExit, App[int]):
             [("stop", "Stop run, then quit", "warning"), ("kill", "Kill run and quit", "error"),
              ("cancel", "Cancel", "default")], dialog_id="quit"), answer)
 
-    def _escalate(self, screen: RunScreen) -> None:
-        if not screen.ended:
-            screen.log_ui(f"the run did not stop within {STOP_GRACE_S:.0f} s: killing it")
-            screen.kill_now()
+    def _escalate(self, run: RunController) -> None:
+        if run.active:
+            run.kill(note=f"the run did not stop within {STOP_GRACE_S:.0f} s: killing it")
             self.set_timer(KILL_GRACE_S, lambda: self.exit(0))
 
     def exit_reason(self) -> str:
@@ -218,14 +252,14 @@ class GpuTuiApp(SignalExit, App[int]):
     def stop_orphans(self) -> Any:
         """The app goes away anyway: ask the active run to stop (no training process outlives
         the app); returns its handle, for ``run_tui`` to wait for (or None)."""
-        screen = self.run_screen
-        if screen is None or screen.handle is None or screen.ended:
+        run = self.run_control
+        if run is None or not run.active:
             return None
         try:
-            screen.handle.stop(self.exit_reason())
+            run.handle.stop(self.exit_reason())  # here, not in a worker: the app is leaving
         except Exception:  # the app is exiting: nothing left to tell
             pass
-        return screen.handle
+        return run.handle
 
     def on_unmount(self) -> None:
         self.stop_orphans()
@@ -261,10 +295,7 @@ class GpuTuiApp(SignalExit, App[int]):
         from gputui.core import registry
         from gputui.tui.screens.sweep import SweepScreen
 
-        setup = next((s for s in self.screen_stack if isinstance(s, SetupScreen)), None)
-        config = RunConfig()
-        if setup is not None:
-            config = setup.revalidate().config or setup.base
+        config = self.setup_config
         self._go_to(SweepScreen, lambda sid: SweepScreen(config, self.runs_path,
                                                          registry.names(), screen_id=sid))
 
@@ -292,34 +323,21 @@ class GpuTuiApp(SignalExit, App[int]):
         """A screen that can be closed to go back: nothing runs or waits in it."""
         from gputui.tui.screens.compare import CompareScreen
         from gputui.tui.screens.history import HistoryScreen
+        from gputui.tui.screens.run import RunScreen
         from gputui.tui.screens.sweep import SweepScreen
 
         if isinstance(screen, SweepScreen):
             return not screen.running
-        if type(screen).__name__ == "RunScreen":
-            return bool(getattr(screen, "ended", False))
+        if isinstance(screen, RunScreen):
+            return screen.ended
         return isinstance(screen, (HistoryScreen, CompareScreen))
 
     # ------------------------------------------------------------------ command palette
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The main actions of the current screen, then Textual's own commands."""
-        from gputui.tui.screens.run import RunScreen
+        from gputui.tui.palette import screen_commands
 
-        if isinstance(screen, SetupScreen):
-            yield SystemCommand("Start run", "Launch a run with this set-up (ctrl+r)",
-                                screen.action_start)
-            yield SystemCommand("Save as preset", "Write the form as a preset TOML file "
-                                "(ctrl+s)", screen.action_save_preset)
-            for path in screen.presets:
-                yield SystemCommand(f"Load preset: {path.stem}", str(path),
-                                    lambda p=path: screen.load_preset(p))
-        elif isinstance(screen, RunScreen):
-            yield SystemCommand("Stop run", "Stop at the next step, keep the record (s)",
-                                screen.action_stop)
-            yield SystemCommand("Kill run", "End the training processes now (k)",
-                                screen.action_kill)
-            yield SystemCommand("Back to set-up", "Leave the run screen (escape)",
-                                screen.action_back)
+        yield from screen_commands(screen)
         yield SystemCommand("Run history", "Past runs, their plots, comparisons (f6)",
                             self.action_open_history)
         yield SystemCommand("Sweep", "The set-up over device counts x strategies (f7)",

@@ -211,12 +211,13 @@ def files_problem(cfg: RunConfig, origins: dict[str, str] | None = None) -> str 
     """What the disk says of the files the config names (factories, the checkpoint to resume,
     the dataset), as the CLI says it before a run, or None. Reads the disk: the app calls it
     off the UI thread, and at Start."""
+    from gputui.runs.prepare import check_disk
+
     try:
-        plan.check_files(cfg, SOURCE, origins)
+        check_disk(cfg, SOURCE, origins)
     except ConfigError as exc:
         return str(exc)
-    problem = data_problem(cfg)
-    return f"{SOURCE}: data: {problem}" if problem else None
+    return None
 
 
 def reads_disk(cfg: RunConfig) -> bool:
@@ -224,10 +225,3 @@ def reads_disk(cfg: RunConfig) -> bool:
     checkpoint to resume, or a dataset other than the embedded synthetic one."""
     return bool(cfg.model.factory or cfg.data.factory or cfg.run.resume_from
                 or cfg.data.name != "synthetic")
-
-
-def data_problem(cfg: RunConfig) -> str | None:
-    """Why the dataset cannot be had as configured (the CLI's check before a run), or None."""
-    from gputui.core.datafiles import data_problem as problem
-
-    return problem(cfg)

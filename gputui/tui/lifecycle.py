@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from gputui.core.errors import fault_line
+
 KILL_WAIT_S = 5.0
 
 
@@ -51,20 +53,20 @@ class SignalExit:
         stop_signal = signum if self.stop_signal is None else self.stop_signal
         self.stop_signal = stop_signal
         code = 128 + stop_signal
-        screen = getattr(self, "run_screen", None)
-        if not self.run_active or screen is None or screen.handle is None:  # type: ignore[attr-defined]
+        run = getattr(self, "run_control", None)  # the app's RunController
+        if not self.run_active or run is None or run.handle is None:  # type: ignore[attr-defined]
             self.exit(code, return_code=code)  # type: ignore[attr-defined]
             return
         self.quit_after_run, self.quit_code = True, code
         if first:
-            screen.log_ui(f"{describe(signum)}: stopping the run, then quitting")
-            screen.stop_with(stop_reason(signum))
-            grace = getattr(getattr(screen.config, "run", None), "stop_grace_s", 30.0)
-            self.set_timer(grace, lambda: self._kill_after_signal(screen, f"the stop asked by "  # type: ignore[attr-defined]
+            run.stop(stop_reason(signum), note=f"{describe(signum)}: stopping the run, then "
+                                               f"quitting")
+            grace = getattr(getattr(run.config, "run", None), "stop_grace_s", 30.0)
+            self.set_timer(grace, lambda: self._kill_after_signal(run, f"the stop asked by "  # type: ignore[attr-defined]
                                                           f"{describe(signum)} did not end "
                                                           f"within {grace:g} s"))
         else:
-            self._kill_after_signal(screen, f"a second signal ({describe(signum)})")
+            self._kill_after_signal(run, f"a second signal ({describe(signum)})")
 
     def _hang_up(self) -> None:
         """The terminal is gone: nothing can be drawn, and Textual's own teardown would wait
@@ -83,11 +85,10 @@ class SignalExit:
 
         threading.Thread(target=leave, name="gputui-hangup", daemon=True).start()
 
-    def _kill_after_signal(self, screen: Any, why: str) -> None:
-        if screen.ended:
+    def _kill_after_signal(self, run: Any, why: str) -> None:
+        if not run.active:
             return
-        screen.log_ui(f"{why}: killing the run")
-        screen.kill_now(f"killed: {why}")
+        run.kill(f"killed: {why}", note=f"{why}: killing the run")
         code = self.quit_code
         self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))  # type: ignore[attr-defined]
 
@@ -145,5 +146,4 @@ def crash_line(exc: BaseException | None) -> str:
     """The one line a crash leaves on stderr."""
     if exc is None:
         return "gputui: error: the app ended with an internal error"
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"gputui: error: the app crashed: {type(exc).__name__}: {first}".rstrip(": ")
+    return f"gputui: error: the app crashed: {fault_line(exc)}"

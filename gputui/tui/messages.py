@@ -121,3 +121,42 @@ class RunEndedNotice(Message):
     def __init__(self, screen: Any) -> None:
         super().__init__()
         self.screen = screen
+
+
+# ---------------------------------------------------------------- screens -> app, app -> screens
+# Screens never call the app or another screen: they post these, and the app (the owner of
+# the run's lifecycle, through gputui.tui.run_control) answers.
+
+class StartRun(Message):
+    """The set-up screen asks for a run of ``config`` (already checked)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+
+
+class SetupChanged(Message):
+    """The set-up screen's config after its last check (None while it is not valid)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+
+
+class ControlRun(Message):
+    """The run screen asks to "stop" (gracefully) or "kill" the run it shows."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+
+class RunControlled(Message):
+    """The app asked the run to stop or be killed: the run screen shows it as stopping, with
+    ``note`` in its log ("" for none)."""
+
+    bubble = False  # for the run screen alone
+
+    def __init__(self, what: str, note: str = "") -> None:
+        super().__init__()
+        self.what, self.note = what, note

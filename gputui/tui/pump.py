@@ -1,7 +1,8 @@
 """The pump: moves a run's events from its handle to the UI thread without flooding it.
 
-It runs inside a thread worker. Each loop polls the handle (never longer than
-``poll_timeout``), sorts the events and posts at most two messages:
+It runs inside a thread worker, the handle's owner. Each loop polls the handle's two
+streams, its events (never longer than ``poll_timeout``) and its devices' samples, and posts
+at most two messages:
 
 * :class:`RunEventBatch` with every event but the device samples, in order. Only one batch
   is in flight at a time: while the UI has not acknowledged the previous one, new events wait
@@ -54,14 +55,16 @@ class EventPump:
         self.polled = 0  # events taken from the handle, for tests and the status line
 
     # ------------------------------------------------------------------ sorting
+    def add_samples(self, samples: list[DeviceSample]) -> None:
+        """Take the handle's new samples into the latest-sample table (latest wins)."""
+        for s in samples:
+            self._latest[s.device] = s
+            self._samples_dirty = True
+
     def add(self, events: list[Event]) -> None:
-        """Take a poll's events into the pending batch and the latest-sample table."""
+        """Take a poll's events into the pending batch."""
         self.polled += len(events)
         for ev in events:
-            if isinstance(ev, DeviceSample):
-                self._latest[ev.device] = ev
-                self._samples_dirty = True
-                continue
             if isinstance(ev, LogLine):
                 if self._logs >= self.max_logs:
                     self._dropped_logs += 1
@@ -122,10 +125,12 @@ class EventPump:
         while not cancelled():
             try:
                 events = self.handle.poll(timeout=self.poll_timeout)
+                samples = self.handle.samples()
             except Exception as exc:  # the handle broke: tell the user, stop watching
                 self.post(PumpFailed(self.run_id, f"{type(exc).__name__}: {exc}"))
                 return
             self.add(events)
+            self.add_samples(samples)
             if not self.flush():
                 return
             if self.drained:

@@ -63,8 +63,8 @@ def test_every_strategy_learns_on_one_gpu(tmp_path, strategy, precision):
     steps = [e for e in read_events(run_dir) if e.kind == "step"]
     assert steps and all(e.breakdown for e in steps)
     for e in steps:
-        bd = e.per_device[0]["breakdown"]
-        assert bd["compute_s"] > 0 and total(bd) == pytest.approx(bd["step_s"])
+        bd = e.per_device[0].breakdown
+        assert bd.compute_s > 0 and total(bd) == pytest.approx(bd.step_s)
 
 
 def test_a_comm_delay_on_the_gpu_shows_as_exposed_comm(tmp_path):
@@ -75,7 +75,7 @@ def test_a_comm_delay_on_the_gpu_shows_as_exposed_comm(tmp_path):
     _, run_dir = run(tmp_path, "--strategy", "ddp", "--epochs", "1", "--set",
                      "debug.comm_delay_s=0.05", "--set", "run.log_every=5")
     steps = [e for e in read_events(run_dir) if e.kind == "step"][1:]
-    assert median(e.breakdown["comm_exposed_s"] for e in steps) >= 0.035
+    assert median(e.breakdown.comm_exposed_s for e in steps) >= 0.035
 
 
 def test_telemetry_reads_the_gpu(tmp_path):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from gputui.core import breakdown
+from gputui.core.steps import DeviceStep
 from gputui.core.devices import Device, cpu_devices
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
@@ -33,7 +34,7 @@ def fixed_inventory(gpus: int = 0) -> Inventory:
     return Inventory(rows, reason, "5.0 GiB / 23.4 GiB host", "12% host", 2, infos)
 
 
-def step_parts(device: int) -> dict:
+def step_parts(device: int) -> breakdown.Breakdown:
     """A fixed 100 ms step of scratch on CPU virtual devices: 40 ms of this device's compute,
     10 ms allreduce, 8 ms update, 2 ms data, the other device's 38 (or 40) ms as wait."""
     return breakdown.make(span_s=0.098, data_s=0.002, compute_s=0.04, optimizer_s=0.008,
@@ -60,13 +61,13 @@ def run_events(run_id: str = "20240101-000000-quickstart", devices: int = 2, epo
         for step in range(log_every, steps_per_epoch + 1, log_every):
             gstep = (epoch - 1) * steps_per_epoch + step
             t += 0.5
-            rows = tuple({"device": f"cpu:{i}", "samples": 128, "compute_s": 0.04,
-                          "breakdown": step_parts(i)} for i in range(devices))
+            rows = tuple(DeviceStep(f"cpu:{i}", samples=128, compute_s=0.04,
+                                    breakdown=step_parts(i)) for i in range(devices))
             out.append(StepMetrics(epoch=epoch, step=step, global_step=gstep,
                                    steps_per_epoch=steps_per_epoch, loss=2.3 / (1 + 0.1 * gstep),
                                    samples_per_s=5000.0 + 10 * gstep, step_time_s=0.1,
                                    lr=0.1, per_device=rows, flops_per_s=3.4e10, mfu=0.31,
-                                   breakdown=breakdown.mean(r["breakdown"] for r in rows), t=t))
+                                   breakdown=breakdown.mean(r.breakdown for r in rows), t=t))
             for i in range(devices):
                 out.append(DeviceSample(device=f"cpu:{i}", name="CPU virtual device",
                                         cpu_percent=80.0 + i + (gstep % 7), rss=(1 + i) * GIB // 2,
@@ -108,6 +109,7 @@ class FakeHandle:
         self.stop_calls = 0
         self.kill_calls = 0
         self.polls = 0
+        self._sampled: list[DeviceSample] = []
 
     def poll(self, timeout: float = 0.0, max_events: int = 10_000) -> list[Event]:
         self.polls += 1
@@ -120,9 +122,15 @@ class FakeHandle:
                 del self._events[: len(ready)]
                 if any(is_terminal(e) for e in ready):
                     self._done = True
-                return ready
+                # the handle's second stream: the samples come through ``samples``
+                self._sampled.extend(e for e in ready if isinstance(e, DeviceSample))
+                return [e for e in ready if not isinstance(e, DeviceSample)]
         time.sleep(min(timeout, 0.05))
         return []
+
+    def samples(self) -> list[DeviceSample]:
+        out, self._sampled = self._sampled, []
+        return out
 
     _stopping = False
 

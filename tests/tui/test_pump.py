@@ -36,7 +36,8 @@ class Sink:
 def test_samples_coalesce_latest_wins_per_device():
     sink = Sink()
     pump = EventPump(FakeHandle([]), sink)
-    pump.add([DeviceSample(device=f"cpu:{i % 2}", util=float(i), t=T0 + i) for i in range(1000)])
+    pump.add_samples([DeviceSample(device=f"cpu:{i % 2}", util=float(i), t=T0 + i)
+                      for i in range(1000)])
     pump.flush()
     [msg] = sink.of(DeviceSamples)
     assert {s.device: s.util for s in msg.samples} == {"cpu:0": 998.0, "cpu:1": 999.0}

@@ -204,9 +204,9 @@ class Burst(FakeHandle):
             out.append(StepMetrics(epoch=1, step=i, global_step=i, steps_per_epoch=10**9,
                                    loss=1.0 / i, samples_per_s=float(i), step_time_s=0.001,
                                    lr=0.1, t=T0 + i * 1e-3))
-            out.append(DeviceSample(device=f"cpu:{i % 2}", cpu_percent=float(i % 100),
-                                    t=T0 + i * 1e-3))
-        self.sent += len(out)
+            self._sampled.append(DeviceSample(device=f"cpu:{i % 2}", cpu_percent=float(i % 100),
+                                              t=T0 + i * 1e-3))
+        self.sent += len(out) * 2
         return out
 
 
@@ -268,7 +268,7 @@ async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
         if isinstance(ev, RunStarted):
             ev = dataclasses.replace(ev, world_size=2, strategy="ddp")
         elif isinstance(ev, StepMetrics):  # rank 0 at 0.5 GB/s, rank 1 at 0.25
-            rows = tuple(dict(r, comm_bytes=10**6, comm_gbps=0.5 / (1 + i))
+            rows = tuple(dataclasses.replace(r, comm_bytes=10**6, comm_gbps=0.5 / (1 + i))
                          for i, r in enumerate(ev.per_device))
             ev = dataclasses.replace(ev, per_device=rows, comm_gbps=0.375)
         events.append(ev)

@@ -40,7 +40,7 @@ async def test_start_runs_in_the_worker_prepared_on_the_set_up_screen(tmp_path, 
             screen = app.screen
             await wait_until(pilot, lambda: screen.ended, timeout=120, what="the run's end")
             assert screen.state == "finished"
-            assert screen.handle.processes[0].pid == worker.process.pid  # no new process
+            assert screen.handle.host.process.pid == worker.process.pid  # no new process
             init = next(e for e in read_events(screen.handle.run_dir) if e.kind == "init_done")
             assert init.import_s < 0.5  # torch was already there
             await wait_until(pilot, lambda: warm.take() is worker, timeout=30,

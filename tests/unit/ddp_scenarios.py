@@ -114,7 +114,7 @@ BREAKDOWN = {"plain": {}, "comm_delay": {"debug.comm_delay_s": DELAY},
              "fsdp_comm_delay": {"strategy.name": "fsdp", "debug.comm_delay_s": FSDP_DELAY}}
 
 
-def run_breakdown(name: str, spec: str = "cpu*2") -> list[dict]:
+def run_breakdown(name: str, spec: str = "cpu*2") -> list[list]:
     """One epoch (10 steps) of ddp through the loop with log_every 1; returns every step's
     per_device rows (each rank's breakdown, gathered)."""
     import torch.distributed as dist
@@ -159,7 +159,7 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
         out["breakdown"] = {name: run_breakdown(name, spec) for name in BREAKDOWN}
         return out
     finally:
-        from gputui.train.strategies.ddp import destroy_group
+        from gputui.train.strategies.process_group import destroy_group
 
         dist.barrier()
         destroy_group()

@@ -54,7 +54,7 @@ def test_quickstart_leaves_a_complete_record(quickstart):
     assert kinds.count("epoch_end") == 2 and "init_done" in kinds and "step" in kinds
     steps = [e for e in events if e.kind == "step"]
     assert all(e.comm_share is not None and 0 <= e.comm_share <= 1 for e in steps)
-    assert [d["device"] for d in steps[-1].per_device] == ["cpu:0", "cpu:1"]
+    assert [d.device for d in steps[-1].per_device] == ["cpu:0", "cpu:1"]
     saved = load_preset(run_dir / "config.toml")
     assert saved.run.epochs == 2 and saved.strategy.name == "scratch"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"

@@ -10,7 +10,7 @@ import pytest
 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.runs.prepare import override_checked
-from gputui.train.agent import failure_event
+from gputui.train.ranks import failure_event
 from gputui.train.ranks import write_failure
 
 
@@ -93,7 +93,7 @@ def _spec(cfg, run_dir):
     from gputui.core.devices import cpu_devices
     from gputui.train.handoff import LaunchSpec
 
-    return LaunchSpec(config=cfg.to_dict(), devices=tuple(cpu_devices(2)), run_id="r",
+    return LaunchSpec(config=cfg, devices=tuple(cpu_devices(2)), run_id="r",
                       run_dir=str(run_dir), parent_pid=0, t_launch=0.0)
 
 

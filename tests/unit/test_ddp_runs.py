@@ -50,18 +50,18 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     # the gradient sync, timed by DDP's comm hook on the metered steps: a real share of the step
     assert all(s.comm_share is not None and 0 < s.comm_share < 1 for s in steps), steps
     rows = steps[-1].per_device
-    assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"] and [r["rank"] for r in rows] == [0, 1]
-    assert all(r["samples"] == 128 and r["step_time_s"] > 0 and r["samples_per_s"] > 0
-               and r["rss"] > 10 * 2**20 for r in rows)
+    assert [r.device for r in rows] == ["cpu:0", "cpu:1"] and [r.rank for r in rows] == [0, 1]
+    assert all(r.samples == 128 and r.step_time_s > 0 and r.samples_per_s > 0
+               and r.rss > 10 * 2**20 for r in rows)
     # where each rank's metered step went, recorded and printed per rank
     from gputui.core.breakdown import total
 
     for s in steps:
-        assert s.breakdown is not None and s.breakdown["comm_exposed_s"] is not None
+        assert s.breakdown is not None and s.breakdown.comm_exposed_s is not None
         for r in s.per_device:
-            assert total(r["breakdown"]) == pytest.approx(r["breakdown"]["step_s"])
+            assert total(r.breakdown) == pytest.approx(r.breakdown.step_s)
     assert re.search(r"cpu:1 step [\d.]+ ms: compute \d+% · comm \d+%", cli_run.stderr)
-    pids = {r["device"]: r["pid"] for r in rows}
+    pids = {r.device: r.pid for r in rows}
     assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
     # the sampler read each rank's own process (RunHandle.pids from the ranks)
     samples = read_events(run_dir, "telemetry.jsonl")
@@ -95,8 +95,8 @@ def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
     assert len(losses[0]) == 1 and losses[0] == losses[1]  # one job: the same reduced loss
     assert summaries[0]["test_acc"] == summaries[1]["test_acc"]
     rows = _steps(summaries[0]["run_dir"])[-1].per_device
-    assert sorted(r["rank"] for r in rows) == [0, 1]
-    assert sum("@node" in r["device"] for r in rows) == 1  # the other machine's rank, named
+    assert sorted(r.rank for r in rows) == [0, 1]
+    assert sum("@node" in r.device for r in rows) == 1  # the other machine's rank, named
 
 
 def _ddp_config(**changes) -> RunConfig:
@@ -123,7 +123,7 @@ def _gone(pids) -> bool:
 def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_path):
     handle = launch(_ddp_config(), tmp_path)
     _until_step(handle)
-    agent = handle.processes[0].pid
+    agent = handle.host.process.pid
     tree = [agent] + [p.pid for p in psutil.Process(agent).children(recursive=True)]
     victim = handle.pids()["cpu:1"]
     assert victim in tree and handle.pids()["cpu:0"] in tree
@@ -143,7 +143,7 @@ def test_a_hung_rank_cannot_hang_the_run(tmp_path):
     then the run fails with a clear reason and every process, the frozen one too, is gone."""
     handle = launch(_ddp_config(**{"strategy.timeout_s": 4.0}), tmp_path)
     _until_step(handle)
-    agent = handle.processes[0].pid
+    agent = handle.host.process.pid
     tree = [agent] + [p.pid for p in psutil.Process(agent).children(recursive=True)]
     frozen = handle.pids()["cpu:1"]
     os.kill(frozen, signal.SIGSTOP)
@@ -177,8 +177,8 @@ def test_a_stop_is_agreed_by_every_rank(tmp_path):
     events = read_events(handle.run_dir)
     assert events[-1].kind == "run_stopped" and events[-1].reason == "stopped by user"
     assert not any(e.kind == "run_failed" for e in events)
-    handle.processes[0].join(timeout=10)
-    assert handle.processes[0].exitcode == 0
+    handle.host.process.join(timeout=10)
+    assert handle.host.process.exitcode == 0
     assert _gone(ranks)
 
 
@@ -190,8 +190,8 @@ def test_a_stop_while_waiting_for_other_nodes_ends_the_run(tmp_path):
     while not any(e.kind == "log" for e in seen) and time.monotonic() < deadline:
         seen += handle.poll(timeout=0.2)
     assert seen[0].message.startswith("waiting for 2 nodes at 127.0.0.1:")
-    tree = [handle.processes[0].pid] + [
-        p.pid for p in psutil.Process(handle.processes[0].pid).children(recursive=True)]
+    tree = [handle.host.process.pid] + [
+        p.pid for p in psutil.Process(handle.host.process.pid).children(recursive=True)]
     handle.stop()
     assert handle.wait(timeout=30) == "stopped"
     assert read_events(handle.run_dir)[-1].reason == "stopped by user before the ranks started"

@@ -57,15 +57,15 @@ def test_two_gpus_equal_one(name, extra):
     # Different summation order across devices: float32 tolerance, a little wider than on CPU.
     assert_params_close(params(strategy.primary_model()), params(reference.model),
                         rtol=1e-4, atol=1e-5)
-    timing = strategy.read_timing()
-    assert [d["device"] for d in timing["per_device"]] == ["cuda:0", "cuda:1"]
-    assert sum(d["samples"] for d in timing["per_device"]) >= 32
+    report = strategy.step_report()
+    assert [d.device for d in report.devices] == ["cuda:0", "cuda:1"]
+    assert sum(d.samples for d in report.devices) >= 32
     if name == "dp":  # every GPU's own bar, from events on its own stream
-        for d in timing["per_device"]:
-            assert d["breakdown"]["compute_s"] > 0 and d["breakdown"]["step_s"] > 0
+        for d in report.devices:
+            assert d.breakdown.compute_s > 0 and d.breakdown.step_s > 0
     if name == "model_parallel":
         assert {p.device for p in strategy.stages[1].parameters()} == {torch.device("cuda:1")}
-        assert timing["comm_s"] > 0 and all(d["compute_s"] > 0 for d in timing["per_device"])
+        assert report.comm_s > 0 and all(d.compute_s > 0 for d in report.devices)
     else:
         assert isinstance(strategy.wrapped, torch.nn.DataParallel)
         assert strategy.wrapped.device_ids == [0, 1] and not strategy.notes

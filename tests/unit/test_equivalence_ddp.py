@@ -121,7 +121,7 @@ def _median_part(ranks, scenario: str, part: str) -> float:
     from statistics import median
 
     steps = ranks[0]["breakdown"][scenario][1:]
-    return median(row["breakdown"][part] for rows in steps for row in rows)
+    return median(row.breakdown.part(part) for rows in steps for row in rows)
 
 
 def test_ddp_breakdown_parts_add_up_to_the_step_on_every_rank(ranks):
@@ -130,12 +130,12 @@ def test_ddp_breakdown_parts_add_up_to_the_step_on_every_rank(ranks):
     for scenario, steps in ranks[0]["breakdown"].items():
         assert len(steps) == 10  # log_every 1: every step metered
         for rows in steps:
-            assert [r["rank"] for r in rows] == [0, 1]
+            assert [r.rank for r in rows] == [0, 1]
             for row in rows:
-                bd = row["breakdown"]
-                assert bd["step_s"] > 0 and bd["compute_s"] > 0 and bd["optimizer_s"] > 0
-                assert bd["comm_exposed_s"] is not None and bd["comm_overlap_s"] is not None
-                assert total(bd) == pytest.approx(bd["step_s"], rel=1e-9, abs=1e-12), scenario
+                bd = row.breakdown
+                assert bd.step_s > 0 and bd.compute_s > 0 and bd.optimizer_s > 0
+                assert bd.comm_exposed_s is not None and bd.comm_overlap_s is not None
+                assert total(bd) == pytest.approx(bd.step_s, rel=1e-9, abs=1e-12), scenario
 
 
 def test_a_delay_in_ddp_communication_shows_as_exposed_comm(ranks):
@@ -169,12 +169,12 @@ def test_ddp_allreduce_bandwidth_is_its_gradient_bytes_over_its_comm_time(ranks)
 
     for scenario in ("plain", "comm_delay"):
         for row in rows(scenario):
-            assert row["comm_bytes"] == full, (scenario, row)
-            assert row["comm_gbps"] == pytest.approx(full / row["comm_s"] / 1e9)
-    plain = median(r["comm_s"] for r in rows("plain"))
-    slow = median(r["comm_gbps"] for r in rows("comm_delay"))
+            assert row.comm_bytes == full, (scenario, row)
+            assert row.comm_gbps == pytest.approx(full / row.comm_s / 1e9)
+    plain = median(r.comm_s for r in rows("plain"))
+    slow = median(r.comm_gbps for r in rows("comm_delay"))
     assert slow == pytest.approx(full / (plain + DELAY) / 1e9, rel=0.3)
-    assert slow < median(r["comm_gbps"] for r in rows("plain"))
+    assert slow < median(r.comm_gbps for r in rows("plain"))
 
 
 def test_a_delay_in_fsdps_collectives_shows_as_exposed_comm(ranks):
@@ -189,15 +189,15 @@ def test_a_delay_in_fsdps_collectives_shows_as_exposed_comm(ranks):
         return [row for rows in ranks[0]["breakdown"][scenario][1:] for row in rows]
 
     plain, slow = rows("fsdp_plain"), rows("fsdp_comm_delay")
-    counts = {row["comm_calls"] for row in plain + slow}
+    counts = {row.comm_calls for row in plain + slow}
     assert len(counts) == 1  # the same collectives every step, on every rank
     (calls,) = counts
     assert calls >= 3  # an all-gather for forward and for backward, a reduce-scatter at least
-    assert all(row["breakdown"]["comm_exposed_s"] > 0 for row in plain)
-    part = {name: {k: median(r["breakdown"][k] for r in rs) for k in ("comm_exposed_s",
+    assert all(row.breakdown.comm_exposed_s > 0 for row in plain)
+    part = {name: {k: median(r.breakdown.part(k) for r in rs) for k in ("comm_exposed_s",
                                                                        "compute_s")}
             for name, rs in (("plain", plain), ("slow", slow))}
     grown = part["slow"]["comm_exposed_s"] - part["plain"]["comm_exposed_s"]
     assert 0.7 * calls * FSDP_DELAY <= grown <= 2 * calls * FSDP_DELAY, (grown, calls)
     assert part["slow"]["compute_s"] < part["plain"]["compute_s"] + 0.5 * calls * FSDP_DELAY
-    assert "comm_gbps" not in plain[0]  # no all-reduce: no bandwidth beside bench-comm's
+    assert plain[0].comm_gbps is None  # no all-reduce: no bandwidth beside bench-comm's

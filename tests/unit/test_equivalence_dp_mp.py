@@ -131,15 +131,16 @@ def test_model_parallel_evaluates_through_the_stages_like_single():
 def test_model_parallel_metered_step_reports_stages_and_comm():
     cfg = make_config("model_parallel", "cpu*3", "lenet", 48, **{"strategy.pipeline_chunks": 4})
     strategy, _ = run_steps(cfg, 1)
-    assert strategy.read_timing() == {}  # unmetered steps record nothing
+    assert strategy.step_report() is None  # unmetered steps record nothing
     ds = small_data()
     strategy.train_step(ds.train_x[:48], ds.train_y[:48], data_s=0.0)  # metered
-    timing = strategy.read_timing()
-    assert [d["device"] for d in timing["per_device"]] == ["cpu:0", "cpu:1", "cpu:2"]
-    assert all(d["samples"] == 48 and d["compute_s"] > 0 for d in timing["per_device"])
-    assert 0 <= timing["comm_s"] < timing["step_s"]
-    busy = sum(d["compute_s"] for d in timing["per_device"]) + timing["comm_s"]
-    assert busy <= timing["step_s"] * 1.01  # on CPU the stages run one after another
+    report = strategy.step_report()
+    assert report is not None and report.comm_s is not None
+    assert [d.device for d in report.devices] == ["cpu:0", "cpu:1", "cpu:2"]
+    assert all(d.samples == 48 and d.compute_s for d in report.devices)
+    assert 0 <= report.comm_s < report.step_s
+    busy = sum(d.compute_s or 0.0 for d in report.devices) + report.comm_s
+    assert busy <= report.step_s * 1.01  # on CPU the stages run one after another
 
 
 @pytest.mark.parametrize("name,spec", [("dp", "cpu*2"), ("model_parallel", "cpu*3")])

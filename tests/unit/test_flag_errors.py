@@ -48,3 +48,11 @@ def test_a_presets_own_error_still_names_the_preset(tmp_path, capsys):
     assert code == 2
     assert err == (f"gputui: error: {bad}: devices.spec: 'cpu,cpu' lists CPU devices with "
                    f"commas, which are for GPU indices; write cpu*2 for 2 CPU virtual devices\n")
+
+
+def test_bench_comm_refuses_nccl_on_cpu_devices_before_spawning(capsys):
+    """The backend rule of plan, as a ddp run has it: one line naming both flags, exit 2."""
+    code, err = run_cli(capsys, "bench-comm", "--devices", "cpu*2", "--backend", "nccl")
+    assert code == 2
+    assert err == ("gputui: error: --backend nccl needs CUDA devices, --devices cpu*2 gives "
+                   "CPU ones; use 'gloo' or 'auto'\n")

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from gputui.core.config import RunConfig, apply_overrides
-from gputui.core.events import InitDone, RunFailed, RunStarted
+from gputui.core.events import DeviceSample, InitDone, RunFailed, RunStarted
 from gputui.core.runstore import read_events, read_summary
 from gputui.runs.launcher import launch
 
@@ -32,7 +32,11 @@ def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):
     while not any(e.kind == "step" for e in seen) and time.monotonic() < deadline:
         seen += handle.poll(timeout=0.2)
     assert isinstance(seen[0], RunStarted) and any(isinstance(e, InitDone) for e in seen)
-    pid = handle.processes[0].pid
+    # two streams: the events never carry the samples, which come from their own
+    assert not any(isinstance(e, DeviceSample) for e in seen)
+    sampled = handle.samples()
+    assert sampled and all(isinstance(s, DeviceSample) for s in sampled)
+    pid = handle.host.process.pid
     handle.kill()
     assert handle.wait(timeout=30) == "killed"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -71,30 +75,61 @@ def test_imports_stay_light(modules, forbidden):
     assert out.stdout.strip() == "[]"
 
 
-def _ends_its_record_but_sends_nothing(run_dir: str) -> None:
-    """A training process that has written its terminal event and exits before its queue
-    carried it (what a warm worker going idle looks like to the parent)."""
+def _host_that_ends(run_dir: str, queue, close: bool) -> None:
+    """A run host's last words: its terminal event recorded and sent, then (``close``) the
+    record closed; without ``close`` it dies before saying so."""
     from gputui.core.events import RunStopped
-    from gputui.core.runstore import EventLog
+    from gputui.train.handoff import RecordClosed
+    from gputui.train.recorder import Recorder
 
-    log = EventLog(Path(run_dir) / "events.jsonl")
-    log.write(RunStopped(reason="stopped by SIGHUP (the terminal closed)"))
-    log.close()
+    recorder = Recorder(run_dir, forward=queue.put)
+    recorder.emit(RunStopped(reason="stopped by SIGHUP (the terminal closed)"))
+    if close:
+        recorder.close()
+        queue.put(RecordClosed(ended=recorder.ended))
+    queue.close()
+    queue.join_thread()
 
 
-def test_a_record_that_already_ends_is_never_ended_twice(tmp_path):
+def _handle_over(run_dir: Path, target, *args):
     import multiprocessing as mp
+    from types import SimpleNamespace
 
     from gputui.core.config import RunConfig
-    from gputui.core.runstore import read_events as read
     from gputui.runs.launcher import RunHandle
+    from gputui.train.handoff import StopChannel
 
-    handle = RunHandle("r", tmp_path, [], RunConfig())
     ctx = mp.get_context("spawn")
-    handle._queue = ctx.Queue()
-    proc = ctx.Process(target=_ends_its_record_but_sends_nothing, args=(str(tmp_path),))
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(str(run_dir), queue, *args))
+    handle = RunHandle("r", run_dir, [], RunConfig())
+    handle.host = SimpleNamespace(process=proc, queue=queue, stop=StopChannel.create(ctx),
+                                  warm=False)
     proc.start()
-    handle.processes.append(proc)
+    return handle
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_the_host_ends_the_record_and_the_parent_never_ends_it_twice(tmp_path, close):
+    from gputui.core.runstore import read_events as read
+
+    handle = _handle_over(tmp_path, _host_that_ends, close)
     assert handle.wait(timeout=60) == "stopped"
     assert [(e.kind, e.reason) for e in read(tmp_path)] == [
         ("run_stopped", "stopped by SIGHUP (the terminal closed)")]
+
+
+def _host_that_dies(run_dir: str, queue) -> None:
+    import os
+
+    os._exit(3)
+
+
+def test_a_host_that_dies_without_an_end_gets_one_from_the_parent(tmp_path):
+    from gputui.core.runstore import read_events as read
+
+    handle = _handle_over(tmp_path, _host_that_dies)
+    assert handle.wait(timeout=60) == "failed"
+    [end] = read(tmp_path)
+    assert end.reason == "the training process exited with code 3 before the run ended"
+    assert read_summary(tmp_path)["status"] == "failed"

@@ -165,8 +165,8 @@ def test_model_parallel_pipelined_runs_end_to_end(tmp_path):
     steps = [e for e in events if e.kind == "step"]
     assert steps and all(e.comm_share is not None and 0 <= e.comm_share <= 1 for e in steps)
     rows = steps[-1].per_device
-    assert [d["device"] for d in rows] == ["cpu:0", "cpu:1"]
-    assert all(d["samples"] == 256 and d["compute_s"] > 0 for d in rows)
+    assert [d.device for d in rows] == ["cpu:0", "cpu:1"]
+    assert all(d.samples == 256 and d.compute_s > 0 for d in rows)
 
 
 @pytest.mark.slow

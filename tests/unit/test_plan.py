@@ -30,8 +30,6 @@ CASES = [
      "must give every one of the 2 devices at least one example"),
     ({"strategy.split_weights": [1]}, CPU1, "applies to scratch and ddp, not 'single'"),
     ({"strategy.name": "ddp", "strategy.backend": "nccl"}, CPU2, "'nccl' needs CUDA devices"),
-    ({"strategy.name": "fsdp", "dist.nnodes": 2, "dist.rdzv_endpoint": "h"}, CPU2,
-     "dist.rdzv_endpoint must be HOST:PORT"),
     ({"strategy.name": "ddp", "optim.batch_size": 1}, CPU2, "of the 2 ranks at least one"),
     ({"strategy.name": "model_parallel", "model.name": "mlp"}, [["cpu", i] for i in range(4)],
      "cuts mlp into at most 3 stages"),
@@ -42,15 +40,41 @@ CASES = [
     ({"optim.batch_size": 1, "optim.micro_batches": 2}, CPU1, "is smaller than optim.micro_batches"),
     ({"strategy.name": "scratch", "strategy.split_weights": [1]}, CPU2,
      "strategy.split_weights has 1 entries for 2 devices"),
-    ({"strategy.name": "scratch", "strategy.split_weights": [1, -1]}, CPU2,
-     "must be positive numbers"),
     ({"run.precision": "fp16"}, CPU1, "run.precision = 'fp16' needs CUDA devices"),
-    ({"run.name": "../x"}, CPU1, "run.name '../x' looks like a path"),
     # GPUs, and files named but not read: validate passes them without asking anyone
     ({"strategy.name": "ddp", "devices.spec": "0,1", "run.precision": "fp16"}, CUDA2, None),
     ({"model.factory": "{py}:build", "data.factory": "mypkg.data:load", "data.name": "mnist",
       "run.resume_from": "{tmp}/no-run", "data.root": "{tmp}"}, CPU1, None),
 ]
+
+# a field's own rules are checked where the field is read, before any cross-field rule
+FIELD_CASES = [
+    ({"dist.rdzv_endpoint": "h"}, "dist.rdzv_endpoint must be HOST:PORT"),
+    ({"strategy.split_weights": [1, -1]}, "must be positive numbers"),
+    ({"run.name": "../x"}, "run.name '../x' looks like a path"),
+]
+
+
+@pytest.mark.parametrize("sets,expected", FIELD_CASES)
+def test_a_fields_own_rule_is_checked_with_the_field(sets, expected):
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()])
+    assert str(err.value).startswith("t: ") and expected in str(err.value)
+
+
+def test_why_not_says_what_the_strategy_picker_shows():
+    from gputui.plan import why_not
+
+    base = apply_overrides(RunConfig(), [("t", "optim.batch_size", 3),
+                                         ("t", "optim.micro_batches", 2)])
+    # the batch rule per device is the strategy's; the rule for the one process is not
+    assert "every one of the 2 devices" in why_not(base.replace(strategy={"name": "scratch"}),
+                                                   cpu_devices(2))
+    assert why_not(base, cpu_devices(1)) is None
+    assert why_not(base.replace(optim={"batch_size": 1}), cpu_devices(1)) is None
+    with pytest.raises(ConfigError, match="is smaller than optim.micro_batches"):
+        validate(base.replace(optim={"batch_size": 1}), cpu_devices(1), "t")
+
 
 PROBE = r"""
 import json, os, sys
@@ -59,7 +83,6 @@ sys.modules["gputui.hw.nvml"] = sys.modules["gputui.hw.discovery"] = None
 from gputui import plan
 from gputui.core.config import ConfigError, RunConfig, apply_overrides
 from gputui.core.devices import Device
-import gputui.core.mp_plan  # the registry's lazy import, loaded beforehand
 
 cases = [(apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()]),
           [Device(*d) for d in devices]) for sets, devices in json.loads(sys.argv[1])]

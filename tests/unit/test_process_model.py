@@ -12,6 +12,7 @@ from pathlib import Path
 
 from test_import_graph import _modules, import_graph
 
+from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
 from gputui.core.events import LogLine, RunStopped
 from gputui.core.runstore import read_events, read_summary
@@ -28,7 +29,7 @@ def _child(spec: LaunchSpec) -> None:
     import gputui.train.recorder  # noqa: F401
     import gputui.train.stopping as stopping
 
-    flag = stopping.StopFlag(spec.stop)
+    flag = stopping.RunStop(spec.stop)
     before = flag()
     spec.stop.ask("asked by the child")
     spec.stop.ask("a second reason is not kept")
@@ -38,7 +39,8 @@ def _child(spec: LaunchSpec) -> None:
 
 def test_a_launch_spec_crosses_spawn_whole_with_its_channels(tmp_path):
     ctx = mp.get_context("spawn")
-    spec = LaunchSpec(config={"run": {"epochs": 1}}, devices=tuple(cpu_devices(2)),
+    spec = LaunchSpec(config=RunConfig().replace(run={"epochs": 1}),
+                      devices=tuple(cpu_devices(2)),
                       run_id="r", run_dir=str(tmp_path), parent_pid=1, t_launch=12.5,
                       notes=("no GPU: ran on the CPU",), queue=ctx.Queue(),
                       stop=StopChannel.create(ctx), data_file="/dev/shm/x")
@@ -47,6 +49,7 @@ def test_a_launch_spec_crosses_spawn_whole_with_its_channels(tmp_path):
     got, before, after, reason, torch_loaded = spec.queue.get(timeout=60)
     proc.join(30)
     assert proc.exitcode == 0
+    assert isinstance(got.config, RunConfig)  # the typed config itself, never a dict
     assert (got.config, got.run_id, got.run_dir, got.t_launch, got.notes, got.data_file) == (
         spec.config, spec.run_id, spec.run_dir, spec.t_launch, spec.notes, spec.data_file)
     assert got.devices == spec.devices and isinstance(got.devices[0], Device)
@@ -64,15 +67,27 @@ def test_a_rank_identity_comes_from_torch_elastic_or_from_what_the_caller_gives(
     assert RankInfo.of_process(2, rank=3, world_size=4, env={}) == RankInfo(3, 1, 4, 2, 1)
 
 
-def test_the_record_writer_ends_a_record_once_and_writes_its_summary(tmp_path):
+def test_the_record_writer_ends_a_record_once_and_knows_it(tmp_path):
     forwarded = []
-    assert recorder.add(tmp_path, LogLine(level="info", message="note"), forwarded.append)
-    assert not (tmp_path / "summary.json").exists()  # the record is not closed yet
-    recorder.end_if_open(tmp_path, RunStopped(reason="stopped by user"))
-    recorder.end_if_open(tmp_path, RunStopped(reason="a second end is not written"))
+    rec = recorder.Recorder(tmp_path, forward=forwarded.append)
+    rec.emit(LogLine(level="info", message="note"))
+    assert not rec.started and rec.terminal is None
+    rec.emit(RunStopped(reason="stopped by user"))
+    rec.emit(RunStopped(reason="a second end is not written"))
+    rec.close()
+    assert rec.ended and rec.terminal.reason == "stopped by user"
     assert [e.kind for e in read_events(tmp_path)] == ["log", "run_stopped"]
     assert read_summary(tmp_path)["reason"] == "stopped by user"
-    assert [e.kind for e in forwarded] == ["log"]
+    assert [e.kind for e in forwarded] == ["log", "run_stopped"]
+
+
+def test_the_parent_fallback_ends_a_dead_hosts_record_and_closes_it(tmp_path):
+    rec = recorder.Recorder(tmp_path)
+    rec.emit(LogLine(level="info", message="note"))
+    rec.log.close()  # the host died here
+    assert recorder.end_after_host(tmp_path, RunStopped(reason="killed", killed=True))
+    assert [e.kind for e in read_events(tmp_path)] == ["log", "run_stopped"]
+    assert read_summary(tmp_path)["status"] == "killed"
 
 
 _WRITES_RECORD = re.compile(
@@ -88,10 +103,29 @@ def test_the_record_has_one_writer():
     assert writers == ["train/recorder.py"]
 
 
-CHILD = ["gputui.train.worker", "gputui.train.agent", "gputui.train.ranks",
+CHILD = ["gputui.train.host", "gputui.train.worker", "gputui.train.agent", "gputui.train.ranks",
          "gputui.train.stopping", "gputui.train.recorder", "gputui.train.rankinfo",
          "gputui.train.handoff"]
 PARENT = ("gputui.runs.launcher", "gputui.runs.sweep", "gputui.cli", "gputui.tui")
+
+
+def test_no_run_process_reads_the_record_back():
+    """The host knows what it wrote: nothing on the child side reads events.jsonl to decide
+    what to do next (a structural guard)."""
+    readers = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "train").rglob("*.py")
+                     if re.search(r"read_events|read_summary|EVENTS_FILE",
+                                  p.read_text(encoding="utf-8")))
+    # the recorder's own fallback, used by the parent once the host is gone
+    assert readers == ["train/recorder.py"]
+
+
+def test_one_entry_point_starts_every_run_process():
+    """The run host is the only process a run starts (its ranks are torch elastic's
+    entrypoint, inside the host); the communication benchmarks are not runs."""
+    targets = sorted({m for p in PACKAGE.rglob("*.py") if "comm" not in p.name
+                      for m in re.findall(r"Process\([^)]*target=(\w+)",
+                                          p.read_text(encoding="utf-8"))})
+    assert targets == ["host_main"]
 
 
 def test_child_code_never_imports_the_parent():

@@ -157,7 +157,7 @@ def test_out_of_memory_ends_the_run_with_the_largest_batch_that_fits(oom_strateg
     cfg = make_config("single", "cpu", "mlp", 64, **{"data.train_size": 320, "run.epochs": 1})
     cfg = cfg.replace(strategy={"name": "oom-test"})
     recorder = Recorder(tmp_path)
-    status = execute(cfg.to_dict(), resolve_devices("cpu"), "oom", recorder, lambda: False,
+    status = execute(cfg, resolve_devices("cpu"), "oom", recorder.emit, tmp_path, lambda: False,
                      time.time())
     recorder.close()
     assert status == "failed"

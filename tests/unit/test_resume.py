@@ -207,7 +207,7 @@ def test_gputui_resume_end_to_end(tmp_path):
     ref.mkdir()
     plain = load_preset(first / "config.toml").replace(run={"epochs": target})
     recorder = Recorder(ref)
-    assert execute(plain.to_dict(), resolve_devices("cpu"), "ref", recorder, lambda: False,
+    assert execute(plain, resolve_devices("cpu"), "ref", recorder.emit, ref, lambda: False,
                    time.time()) == "finished"
     recorder.close()
     got = ckpt.load(second)["state"]["models"][0]

@@ -1,5 +1,6 @@
-"""The warm start: a prepared worker runs single-process runs without a new interpreter, one
-after another, and a run in a reused worker trains exactly as a cold one (no state leaks)."""
+"""The warm start: a run host started early runs single-process runs without a new
+interpreter, one after another, and a run in a reused host trains exactly as a cold one (no
+state leaks)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def config(**extra) -> RunConfig:
 def run(cfg: RunConfig, runs) -> tuple[dict, int, list]:
     """(final parameters, the pid that trained, events) of one real run."""
     handle = launch(cfg, runs)
-    pid = handle.processes[0].pid
+    pid = handle.host.process.pid
     assert handle.wait(timeout=240) == "finished", read_events(handle.run_dir)[-1]
     state = torch.load(handle.run_dir / "checkpoint.pt", weights_only=True)
     return state["state"]["models"][0], pid, read_events(handle.run_dir)
@@ -36,7 +37,7 @@ def run(cfg: RunConfig, runs) -> tuple[dict, int, list]:
 def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
     warm.close_all()
     cold, cold_pid, _ = run(config(), tmp_path)  # no warm worker: a fresh process
-    worker = warm.ensure_worker()
+    worker = warm.ensure_host()
     try:
         assert worker.ready.wait(120)  # torch loaded before the run is asked for
         # a run that changes what a process keeps: other seed, threads, precision, dropout-
@@ -46,7 +47,7 @@ def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
                               tmp_path)
         again, pid, events = run(config(), tmp_path)
         assert first_pid == pid == worker.process.pid != cold_pid  # reused, not re-spawned
-        assert worker.process.is_alive() and worker.idle.is_set()  # waiting for the next run
+        assert worker.usable  # alive and waiting for the next run
         assert cold.keys() == again.keys()
         for name in cold:
             assert torch.equal(cold[name], again[name]), name  # bit for bit
@@ -59,7 +60,7 @@ def test_a_reused_warm_worker_trains_as_a_cold_process(tmp_path):
 
 def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path):
     warm.close_all()
-    worker = warm.ensure_worker()
+    worker = warm.ensure_host()
     try:
         assert worker.ready.wait(120)
         handle = launch(config(**{"run.epochs": 50}), tmp_path)
@@ -69,7 +70,7 @@ def test_a_killed_warm_run_ends_its_record_and_the_worker_is_not_reused(tmp_path
         assert handle.wait(timeout=60) == "killed"
         assert not worker.process.is_alive() and warm.take() is None
         cold = launch(config(), tmp_path)  # the next run starts cold
-        assert cold.processes[0].pid != worker.process.pid
+        assert cold.host.process.pid != worker.process.pid
         assert cold.wait(timeout=240) == "finished"
     finally:
         warm.close_all()
@@ -83,11 +84,11 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
     import signal as signal_mod
 
     warm.close_all()
-    worker = warm.ensure_worker()
+    worker = warm.ensure_host()
     try:
         assert worker.ready.wait(120)
         handle = launch(config(**{"run.epochs": 50}), tmp_path)
-        assert handle.processes[0].pid == worker.process.pid
+        assert handle.host.process.pid == worker.process.pid
         while not any(e.kind == "step" for e in read_events(handle.run_dir)):
             handle.poll(timeout=0.2)
         if how == "parent":
@@ -101,7 +102,7 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
         assert (handle.run_dir / "checkpoint.pt").is_file()
         assert worker.process.is_alive()  # a graceful stop keeps the worker for the next run
         again = launch(config(), tmp_path)
-        assert again.processes[0].pid == worker.process.pid
+        assert again.host.process.pid == worker.process.pid
         assert again.wait(timeout=240) == "finished"
         assert read_events(again.run_dir)[-1].kind == "run_finished"  # no stale stop reason
     finally:

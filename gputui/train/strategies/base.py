@@ -7,9 +7,9 @@ on a strategy, and nothing else:
   a failed compile, ``use_eager()`` (the fast path);
 - ``train_step(x, y, data_s=None)``: one optimizer step on a global batch. The step is
   metered when ``data_s`` (the seconds the loop waited for the batch) is given;
-  ``read_timing()`` reports the last metered step, at the log interval;
+  ``step_report()`` reports the last metered step, at the log interval;
 - ``set_train(mode)`` and ``evaluate(x, y)`` around the test batches; ``reduce_metric(v)``;
-- ``device_stats()``, ``memory_rows(activations)``, ``memory_groups()``, ``build_model()``
+- ``device_memory()``, ``memory_rows(activations)``, ``memory_groups()``, ``build_model()``
   (the memory and FLOP figures);
 - ``models()``, ``optimizers()``, ``primary_model()``, ``state_dict()``,
   ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
@@ -18,51 +18,52 @@ on a strategy, and nothing else:
   ``batch_size``, ``lr`` and ``notes`` (what the run should say once, at its start).
 
 Nothing outside a strategy writes to it: its state (models, optimizers, the grad scaler,
-the metered step's marks) is its own. A subclass holds only what differs from single-device
-training: it builds its models in ``setup()`` (every attribute it creates there is declared on
-the class), says which ``models()`` and ``optimizers()`` it trains, in checkpoint order, and
-writes ``train_step`` and ``read_timing``; the loss, backward, update and evaluation it shares
-live here once.
+its meter) is its own. A subclass holds only what differs from single-device training: it
+builds its models in ``setup()`` (every attribute it creates there is declared on the class),
+says which ``models()`` and ``optimizers()`` it trains, in checkpoint order, and writes
+``train_step``; the loss, backward, update and evaluation it shares live here once.
+
+Measuring a step (``gputui.train.strategies.meter``). ``setup()`` makes ``self.meter =
+Meter(devices)`` over the devices the process drives; ``train_step`` is written once and
+wraps its parts in the meter's spans, which mark only on the steps the loop meters::
+
+    def train_step(self, x, y, data_s=None):
+        m = self.meter.begin(data_s)
+        self.opt.zero_grad(set_to_none=True)
+        with m.compute:
+            loss = self.forward_backward(self.model, x, y, len(x), self.device)
+        with m.optimizer:
+            self.optimizer_step(self.opt)
+        m.finish(samples=len(x))
+        return loss
+
+Communication goes in ``with m.comm:`` (or ``m.lanes[i].comm`` for device i), or is marked
+by a hook (``comm_timer.CommTimer``); a device other than the first has its compute in
+``m.lanes[i].compute``. The default ``step_report`` turns the meter into the frozen
+``gputui.core.steps.StepReport`` for one device: compute, the update, exposed communication
+(``m.comm``, none hidden), data and host. A strategy whose devices or communication differ
+writes its own ``step_report`` from the same spans (dp, scratch, model_parallel; the rank
+strategies' is ``rank_step.gather``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gputui.core import breakdown
 from gputui.core.config import RunConfig, effective_batch_size, effective_lr
 from gputui.core.devices import Device
+from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.models import build_model
 from gputui.train.strategies import fastpath
+from gputui.train.strategies.meter import Meter
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class Stopwatch:
-    """Time marks without sync points: perf_counter on CPU, CUDA events on GPU (read later,
-    at the log interval, where the loop synchronises anyway)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def mark(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(self.device))
-            return ev
-        return time.perf_counter()
-
-    def seconds(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return start.elapsed_time(end) / 1000.0
-        return end - start
 
 
 def no_correct(device: torch.device) -> torch.Tensor:
@@ -84,6 +85,7 @@ class Strategy:
     forward/backward pass, the update, evaluation and checkpoints (see the module doc)."""
 
     name = "base"
+    meter: Meter  # what train_step measures (made in setup, over the devices it drives)
 
     def __init__(self, cfg: RunConfig, devices: list[Device], in_channels: int = 1,
                  image_size: int = 28, num_classes: int = 10, rank: int = 0,
@@ -99,7 +101,6 @@ class Strategy:
         self.lr = effective_lr(cfg, n)
         self.comm_delay_s = cfg.debug.comm_delay_s  # added to each communication (a test knob)
         self.notes: list[str] = []  # what the run says once at its start; only the strategy adds
-        self.timing: dict[str, Any] = {}  # the last metered step's marks (train_step writes them)
         self.scaler: torch.amp.GradScaler | None = None  # fp16 on CUDA only (make_scaler)
         # decided once, not per step
         self.micro = cfg.optim.micro_batches
@@ -244,14 +245,20 @@ class Strategy:
                    data_s: float | None = None) -> torch.Tensor:
         """One optimizer step on a global batch; returns its mean loss, detached, unsynced.
         With ``data_s`` (the seconds the loop waited for this batch) the step is metered:
-        its marks go to ``timing``, for ``read_timing``."""
+        ``self.meter`` keeps its marks, for ``step_report``."""
         raise NotImplementedError
 
-    def read_timing(self) -> dict:
-        """Seconds of the last metered step: {"step_s", "comm_s", "per_device": [...]}, read at
-        the log interval; {} when nothing was metered. Each per_device row holds the step's
-        ``breakdown`` (``gputui.core.breakdown.make``)."""
-        return {}
+    def step_report(self) -> StepReport | None:
+        """The last metered step, read at the log interval (None before the first): for one
+        device, its compute, update and (exposed) communication spans."""
+        m = self.meter
+        if not m.measured:
+            return None
+        step, comm = m.step_s(), m.comm.seconds()
+        bd = breakdown.make(step, m.data_s, m.compute.seconds(), m.optimizer.seconds(), comm)
+        row = DeviceStep(device=self.devices[0].name, samples=m.samples, compute_s=step,
+                         breakdown=bd)
+        return StepReport(step_s=step, comm_s=comm if m.comm.marks else None, devices=(row,))
 
     # ---------------------------------------------------------------- shared, overridable
     def data_device(self) -> torch.device:
@@ -291,16 +298,11 @@ class Strategy:
         """Combine a metric over processes (identity for single-process strategies)."""
         return value
 
-    def device_stats(self) -> list[dict]:
-        """Per-device figures for StepMetrics at the log interval (memory from torch)."""
-        out = []
-        for d in self.devices:
-            entry: dict[str, Any] = {"device": d.name}
-            if d.kind == "cuda":
-                entry["mem_alloc"] = torch.cuda.memory_allocated(d.index)
-                entry["mem_reserved"] = torch.cuda.memory_reserved(d.index)
-            out.append(entry)
-        return out
+    def device_memory(self) -> dict[str, tuple[int, int]]:
+        """Each CUDA device's (allocated, reserved) bytes now, by device name, for the metered
+        step's rows (torch's allocator; CPU devices have none)."""
+        return {d.name: (torch.cuda.memory_allocated(d.index), torch.cuda.memory_reserved(d.index))
+                for d in self.devices if d.kind == "cuda"}
 
     def memory_groups(self) -> list[tuple[str, torch.device, nn.Module, list]]:
         """(device name, torch device, model, optimizers) for each device this process holds

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
-from gputui.train.strategies.base import Stopwatch
+from gputui.core.steps import DeviceStep, StepReport
+from gputui.train.strategies.meter import Clock, Meter
 from gputui.train.strategies.single import Single
 
 
@@ -37,17 +38,15 @@ def accelerator_present() -> bool:
     return _get_available_device_type() is not None
 
 
-class DeviceMarks(Stopwatch):
-    """A Stopwatch over every GPU of a DataParallel step: each mark is one CUDA event per
+class DeviceMarks(Clock):
+    """A clock over every GPU of a DataParallel step: each mark is one CUDA event per
     device, recorded on that device's current stream (no sync; read at the log interval), so
     each device's part of the step is timed on its own clock. ``seconds`` reads the first
-    device's, as Single's breakdown expects."""
-
-    cuda = True
+    device's, as the meter's spans expect."""
 
     def __init__(self, devices: list[torch.device]):
+        super().__init__(devices[0])
         self.devices = devices
-        self.device = devices[0]
 
     def mark(self) -> tuple:
         out = []
@@ -65,20 +64,19 @@ class DeviceMarks(Stopwatch):
         return start[i].elapsed_time(end[i]) / 1000.0
 
 
-def other_devices(watch, timing: dict, n: int) -> list[dict]:
-    """The breakdowns of devices 2..n of a metered DataParallel step, each on its own clock:
-    compute from the step's begin mark to its backward-end mark on that device's stream
-    (its replica's forward and backward, and the copies DataParallel makes to and from it,
-    which are not split out: comm None), then the wait for the first device's update."""
-    t = timing
-    out = []
-    for i in range(1, n):
-        span = watch.seconds_on(i, t["start"], t["end"])
-        out.append(breakdown.make(span, t["data_s"], watch.seconds_on(i, t["begin"],
-                                                                      t["backward_end"]),
-                                  0.0, comm_exposed_s=None, comm_overlap_s=None,
-                                  wait_s=watch.seconds_on(i, t["backward_end"], t["end"])))
-    return out
+def other_devices(meter: Meter, n: int) -> list[breakdown.Breakdown]:
+    """The breakdowns of devices 2..n of a metered DataParallel step, each on its own clock
+    (``meter.clock``, a DeviceMarks): compute is the step's compute span on that device's
+    stream (its replica's forward and backward, and the copies DataParallel makes to and from
+    it, which are not split out: comm None), then the wait for the first device's update."""
+    clock = meter.clock
+    assert isinstance(clock, DeviceMarks)
+    begin, backward_end = meter.compute.marks[0]
+    return [breakdown.make(clock.seconds_on(i, meter.start, meter.end), meter.data_s,
+                           clock.seconds_on(i, begin, backward_end), 0.0,
+                           comm_exposed_s=None, comm_overlap_s=None,
+                           wait_s=clock.seconds_on(i, backward_end, meter.end))
+            for i in range(1, n)]
 
 
 class DataParallelStrategy(Single):
@@ -94,7 +92,7 @@ class DataParallelStrategy(Single):
         if self.cuda:
             ids = [d.index for d in self.devices]
             self.wrapped = nn.DataParallel(self.model, device_ids=ids, output_device=ids[0])
-            self.watch = DeviceMarks(self.torch_devices)
+            self.meter = Meter([self.device], clock=DeviceMarks(self.torch_devices))
         elif not accelerator_present():
             # The same call as on GPUs; with no accelerator DataParallel forwards to the module.
             self.wrapped = nn.DataParallel(self.model)
@@ -118,35 +116,32 @@ class DataParallelStrategy(Single):
                               "model every step, which torch.compile does not trace; eager")
         return False
 
-    def read_timing(self) -> dict:
-        """The metered step's seconds: on GPUs every device's breakdown, from the CUDA events
-        of its own stream (``DeviceMarks``), and its share of the examples."""
-        if not self.timing:
-            return {}
-        t, bd = self.step_breakdown()
-        total = self.timing["samples"]
+    def step_report(self) -> StepReport | None:
+        """The metered step: on GPUs every device's breakdown, from the CUDA events of its own
+        stream (``DeviceMarks``), and its share of the examples; DataParallel's copies stay in
+        compute (comm None). On the CPU the first device trained alone."""
+        m = self.meter
+        if not m.measured:
+            return None
+        step = m.step_s()
+        comm = None if self.cuda else 0.0
+        first = breakdown.make(step, m.data_s, m.compute.seconds(), m.optimizer.seconds(),
+                               comm, comm)
+        names = [d.name for d in self.devices]
         if not self.cuda:
-            rows = [{"device": self.devices[0].name, "samples": total, "compute_s": t,
-                     "breakdown": bd}]
-            rows += [{"device": d.name, "samples": 0} for d in self.devices[1:]]
-            return {"step_s": t, "comm_s": None, "per_device": rows}
-        k = min(self.cfg.optim.micro_batches, total)
-        shares = [0] * len(self.devices)
+            rows = [DeviceStep(names[0], samples=m.samples, compute_s=step, breakdown=first)]
+            rows += [DeviceStep(name) for name in names[1:]]
+            return StepReport(step_s=step, comm_s=None, devices=tuple(rows))
+        k = min(self.cfg.optim.micro_batches, m.samples)
+        shares = [0] * len(names)
         for j in range(k):  # micro-batch sizes as tensor_split cuts them in forward_backward
-            part = total // k + (1 if j < total % k else 0)
-            for i, size in enumerate(scatter_sizes(part, len(self.devices))):
+            part = m.samples // k + (1 if j < m.samples % k else 0)
+            for i, size in enumerate(scatter_sizes(part, len(names))):
                 shares[i] += size
-        rows = [{"device": d.name, "samples": s} for d, s in zip(self.devices, shares, strict=True)]
-        # each device's step as its own stream ran it
-        others = other_devices(self.watch, self.timing, len(rows))
-        for row, parts in zip(rows, [bd, *others], strict=True):
-            row["breakdown"] = parts
-        return {"step_s": t, "comm_s": None, "per_device": rows}
-
-    def comm_in_compute(self) -> float | None:
-        """None on GPUs: DataParallel's replicate, scatter and gather run inside its forward
-        and backward, counted in compute; 0.0 on the CPU, where it communicates nothing."""
-        return None if self.cuda else 0.0
+        parts = [first, *other_devices(m, len(names))]
+        return StepReport(step_s=step, comm_s=None, devices=tuple(
+            DeviceStep(name, samples=n, breakdown=bd) for name, n, bd in zip(names, shares, parts,
+                                                                          strict=True)))
 
     def models(self) -> list[nn.Module]:
         """The module a step calls (DataParallel around the model, or the model flattened):

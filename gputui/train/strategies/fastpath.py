@@ -24,10 +24,11 @@ from typing import Any, Callable, cast
 import torch
 from torch import nn
 
+from gputui.core.errors import UserError, fault_line
 from gputui.core.events import Event, LogLine
 
 
-class CompileError(RuntimeError):
+class CompileError(UserError, RuntimeError):
     """torch.compile failed and run.compile_fallback = "fail"; the message is one line."""
 
 
@@ -67,8 +68,7 @@ def eager(value: Any) -> tuple[Any, int]:
 
 
 def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")[:300]
+    return fault_line(exc)[:300]
 
 
 def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:

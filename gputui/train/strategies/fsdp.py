@@ -21,6 +21,7 @@ from gputui.core.config import ConfigError
 from gputui.train.strategies.base import no_correct
 from gputui.train.strategies.ddp import DDPStrategy
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer, install
+from gputui.train.strategies.meter import Meter
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -46,7 +47,7 @@ class FSDPStrategy(DDPStrategy):
         for layer in targets:
             fully_shard(layer, mesh=mesh)  # one all-gather per layer: one layer wide
         fully_shard(model, mesh=mesh)
-        self.comm = timed_collectives(model, self.watch, self.comm_delay_s)
+        self.comm = timed_collectives(model, self.meter, self.comm_delay_s)
         which = f"the {', '.join(names)} modules" if names else "each top-level block"
         self.notes.append(f"parameters, gradients and optimizer state sharded over the ranks: "
                           f"{len(targets)} fully_shard unit(s), {which}, and the whole model")
@@ -129,10 +130,10 @@ class FSDPStrategy(DDPStrategy):
         self.load_scaler_state(state)
 
 
-def timed_collectives(model: nn.Module, watch, delay_s: float) -> FSDPCommTimer | None:
+def timed_collectives(model: nn.Module, meter: Meter, delay_s: float) -> FSDPCommTimer | None:
     """fully_shard's all-gathers and reduce-scatters, timed on metered steps (and delayed
     under debug.comm_delay_s); None where this torch cannot swap them (comm stays in compute)."""
-    timer = FSDPCommTimer(watch, delay_s=delay_s)
+    timer = FSDPCommTimer(meter, delay_s=delay_s)
     return timer if install(model, timer) else None
 
 

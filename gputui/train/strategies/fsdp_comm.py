@@ -9,7 +9,7 @@ call starts and returns. On the CPU (gloo) every call is synchronous on the trai
 (fully_shard issues them with ``async_op=False`` there), so its span is communication the
 step waits for: exposed, and compute is the backward span less it. On GPUs the calls are
 only enqueued on fsdp's communication streams (marks there time them, see
-:class:`~gputui.train.strategies.base.Stopwatch`), and which part overlaps compute is not
+:class:`~gputui.train.strategies.meter.Clock`), and which part overlaps compute is not
 known: the total is reported (``seconds``), the split is not (compute keeps it).
 ``delay_s`` (debug.comm_delay_s) holds back each collective that long, on every step.
 """
@@ -17,13 +17,12 @@ known: the total is reported (``seconds``), the split is not (compute keeps it).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 from torch import nn
 
-from gputui.train.strategies.base import Stopwatch
 from gputui.train.strategies.comm_timer import SpanTimer
+from gputui.train.strategies.meter import Meter
 
 
 def _defaults():
@@ -38,24 +37,22 @@ def _defaults():
 
 
 class FSDPCommTimer(SpanTimer):
-    """The marks of a metered step's all-gathers and reduce-scatters, read by the ddp
-    strategy's breakdown as ``CommTimer``'s are. ``nbytes`` stays 0: no all-reduce, so no
-    bandwidth to set beside bench-comm's all-reduce peak."""
+    """A metered step's all-gathers and reduce-scatters, marked into the meter as
+    ``CommTimer``'s all-reduces are. No bytes: no all-reduce, so no bandwidth to set beside
+    bench-comm's all-reduce peak."""
 
-    def __init__(self, watch: Stopwatch, delay_s: float = 0.0):
+    def __init__(self, meter: Meter, delay_s: float = 0.0):
         # on the CPU the calls block the training thread: their span is exposed
-        super().__init__(watch, delay_s, splits=not watch.cuda)
+        super().__init__(meter, delay_s, splits=not meter.clock.cuda)
 
     def timed(self, inner, output: torch.Tensor, input_tensor: torch.Tensor, *args, **kwargs):
         """Run one collective of torch's (``inner``), marked on metered steps."""
-        if not self.active:
-            work = inner(output, input_tensor, *args, **kwargs)
-            self._late(work)
-            return work
-        start = self.watch.mark()
+        m = self.meter
+        start = m.clock.mark() if m.on else None
         work = inner(output, input_tensor, *args, **kwargs)
         self._late(work)
-        self.spans.append((start, self.watch.mark()))
+        if start is not None:
+            m.comm.add(start, m.clock.mark())
         return work
 
     def _late(self, work) -> None:
@@ -64,15 +61,15 @@ class FSDPCommTimer(SpanTimer):
                 work.wait()
             time.sleep(self.delay_s)
 
-    def split(self, step_start: Any, backward_end: Any) -> tuple[float, float, float] | None:
-        """(end of compute, exposed, overlapped) in seconds from the step's start, as
-        ``CommTimer.split``: on the CPU every collective's span is exposed, so compute "ends"
-        that long before backward does; None on GPUs (the overlap is not known) and when the
-        step ran no collective."""
-        if not self.spans or not self.splits:
+    def split(self) -> tuple[float, float, float] | None:
+        """On the CPU every collective's span is exposed, so compute "ends" that long before
+        backward does; None on GPUs (the overlap is not known) and when the step ran no
+        collective."""
+        m = self.meter
+        if not m.comm.marks or not self.splits:
             return None
-        exposed = self.seconds(step_start)
-        return self.watch.seconds(step_start, backward_end) - exposed, exposed, 0.0
+        exposed = m.comm.busy(m.start)
+        return m.until(m.compute_end()) - exposed, exposed, 0.0
 
 
 def install(model: nn.Module, timer: FSDPCommTimer) -> bool:

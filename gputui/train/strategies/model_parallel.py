@@ -25,8 +25,10 @@ from torch import nn
 from gputui.core import breakdown
 from gputui.core.config import ConfigError
 from gputui.core.mp_plan import balance, check_split_points
+from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.models import count_params
-from gputui.train.strategies.base import Stopwatch, Strategy, flat_layers
+from gputui.train.strategies.base import Strategy, flat_layers
+from gputui.train.strategies.meter import Meter
 
 
 class ModelParallel(Strategy):
@@ -37,7 +39,6 @@ class ModelParallel(Strategy):
     stages: list[nn.Sequential]  # one per device, each on its device (evaluation runs these)
     runners: list[nn.Module]  # what a training step calls: each stage (compiled)
     opt: torch.optim.Optimizer
-    watches: list[Stopwatch]
     chunks: int  # strategy.pipeline_chunks
 
     def setup(self) -> None:
@@ -65,7 +66,7 @@ class ModelParallel(Strategy):
         self.runners = [self.fast(stage) for stage in self.stages]  # what a training step calls
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.torch_devices[-1])
-        self.watches = [Stopwatch(dev) for dev in self.torch_devices]
+        self.meter = Meter(self.torch_devices)  # one lane per stage's device
         self.chunks = self.cfg.strategy.pipeline_chunks
         how = "at strategy.split_points" if given else "balanced by parameter count"
         sizes = ", ".join(f"{d.name} layers {a}-{b - 1} ({sum(counts[a:b]):,} params)"
@@ -82,18 +83,15 @@ class ModelParallel(Strategy):
                               f"single-device training")
 
     # ---------------------------------------------------------------- the schedule
-    def _send(self, h: torch.Tensor, src: int, dst: int, comm: list | None) -> torch.Tensor:
+    def _send(self, h: torch.Tensor, src: int, dst: int) -> torch.Tensor:
         """Move an activation (or a gradient) from stage ``src``'s device to stage ``dst``'s;
         metered steps time the copy on the source device, where CUDA runs it."""
-        begin = self.watches[src].mark() if comm is not None else None
-        if self.comm_delay_s and torch.is_grad_enabled():
-            time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
-        out = h.to(self.torch_devices[dst], non_blocking=True)
-        if comm is not None:
-            comm.append((src, begin, self.watches[src].mark()))
-        return out
+        with self.meter.lanes[src].comm:
+            if self.comm_delay_s and torch.is_grad_enabled():
+                time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
+            return h.to(self.torch_devices[dst], non_blocking=True)
 
-    def _forward(self, xs, meter: dict | None, stages: list | None = None):
+    def _forward(self, xs, stages: list | None = None):
         """Fill/drain forward of the chunks ``xs``; returns (stage inputs, stage outputs) per
         chunk. While training, each stage input is a fresh leaf, so each stage's backward can
         be run (and timed) on its own and the gradient sent back explicitly."""
@@ -103,7 +101,6 @@ class ModelParallel(Strategy):
         # backward frees it (None before and after)
         inputs: list[list[Any]] = [[None] * n for _ in range(c)]
         outputs: list[list[Any]] = [[None] * n for _ in range(c)]
-        comm = meter["comm"] if meter else None
         for t in range(c + n - 1):
             # Downstream stages first: their inputs are ready, and on CUDA their kernels are
             # queued before the upstream stage's next chunk, so the devices overlap.
@@ -114,45 +111,39 @@ class ModelParallel(Strategy):
                 if s == 0:
                     h = xs[i]
                 else:
-                    h = self._send(outputs[i][s - 1], s - 1, s, comm)
+                    h = self._send(outputs[i][s - 1], s - 1, s)
                     if torch.is_grad_enabled():
                         h = h.detach().requires_grad_()
                 inputs[i][s] = h
-                begin = self.watches[s].mark() if meter else None
-                with self.autocast(self.torch_devices[s]):
+                with self.meter.lanes[s].compute, self.autocast(self.torch_devices[s]):
                     outputs[i][s] = stages[s](h)
-                if meter:
-                    meter["compute"][s].append((begin, self.watches[s].mark()))
         return inputs, outputs
 
-    def _backward(self, inputs, outputs, losses, meter: dict | None) -> None:
+    def _backward(self, inputs, outputs, losses) -> None:
         """The mirrored drain: at tick t, stage s runs the backward of chunk t - (n-1-s)."""
         n, c = len(self.stages), len(losses)
-        comm = meter["comm"] if meter else None
         for t in range(c + n - 1):
             for s in range(n):
                 i = t - (n - 1 - s)
                 if not 0 <= i < c:
                     continue
                 if s == n - 1:
-                    begin = self.watches[s].mark() if meter else None
-                    self.backward(losses[i])
+                    with self.meter.lanes[s].compute:
+                        self.backward(losses[i])
                 else:
-                    grad = self._send(inputs[i][s + 1].grad, s + 1, s, comm)
+                    grad = self._send(inputs[i][s + 1].grad, s + 1, s)
                     inputs[i][s + 1] = None  # free the activation and its gradient early
-                    begin = self.watches[s].mark() if meter else None
-                    outputs[i][s].backward(grad)
+                    with self.meter.lanes[s].compute:
+                        outputs[i][s].backward(grad)
                 outputs[i][s] = None
-                if meter:
-                    meter["compute"][s].append((begin, self.watches[s].mark()))
 
-    def _pipeline(self, x, y, denom: int, meter: dict | None) -> torch.Tensor:
+    def _pipeline(self, x, y, denom: int) -> torch.Tensor:
         """Forward and backward of one micro-batch in ``pipeline_chunks`` chunks."""
         c = min(self.chunks, len(x))
         xs, ys = ((x, ), (y, )) if c == 1 else (torch.tensor_split(x, c), torch.tensor_split(y, c))
-        inputs, outputs = self._forward(xs, meter)
+        inputs, outputs = self._forward(xs)
         losses = [self.scaled_loss(out[-1], yc, denom) for out, yc in zip(outputs, ys, strict=True)]
-        self._backward(inputs, outputs, losses, meter)
+        self._backward(inputs, outputs, losses)
         if c == 1:
             return losses[0].detach()
         return torch.stack([loss.detach() for loss in losses]).sum()
@@ -167,58 +158,47 @@ class ModelParallel(Strategy):
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor,
                    data_s: float | None = None) -> torch.Tensor:
-        meter = None
-        if data_s is not None:
-            meter = {"start": self.watches[0].mark(), "comm": [],
-                     "compute": [[] for _ in self.stages]}
+        m = self.meter.begin(data_s)
         self.opt.zero_grad(set_to_none=True)
         y = y.to(self.torch_devices[-1], non_blocking=True)
         if self.micro == 1:
-            loss = self._pipeline(x, y, len(x), meter)
+            loss = self._pipeline(x, y, len(x))
         else:
             k = min(self.micro, len(x))
-            parts = [self._pipeline(xm, ym, len(x), meter)
+            parts = [self._pipeline(xm, ym, len(x))
                      for xm, ym in zip(torch.tensor_split(x, k), torch.tensor_split(y, k),
                                        strict=True)]
             loss = torch.stack(parts).sum()
-        if meter is not None:
-            meter["update"] = self.watches[0].mark()
-        self.optimizer_step(self.opt)
-        if meter is not None:
-            meter["end"], meter["samples"] = self.watches[0].mark(), len(x)
-            meter["data_s"] = data_s
-            self.timing = meter
+        with m.optimizer:
+            self.optimizer_step(self.opt)
+        m.finish(samples=len(x))
         return loss
 
-    def read_timing(self) -> dict:
-        """Seconds of the metered step: each stage's forward+backward compute, the activation
-        and gradient transfers between stages as comm, and the whole step."""
-        if not self.timing:
-            return {}
-        t = self.timing
-        first = self.watches[0]
-        step, update = first.seconds(t["start"], t["end"]), first.seconds(t["update"], t["end"])
-        computes = [sum(w.seconds(a, b) for a, b in marks)
-                    for w, marks in zip(self.watches, t["compute"], strict=True)]
-        sends = [0.0] * len(self.stages)  # each stage's outgoing moves: its exposed comm
-        for src, a, b in t["comm"]:
-            sends[src] += self.watches[src].seconds(a, b)
+    def step_report(self) -> StepReport | None:
+        """The metered step: each stage's forward+backward compute, its outgoing activation
+        and gradient moves as its exposed comm, the update on the first device."""
+        m = self.meter
+        if not m.measured:
+            return None
+        step, update = m.step_s(), m.optimizer.seconds()
+        computes = [lane.compute.seconds() for lane in m.lanes]
+        sends = [lane.comm.seconds() for lane in m.lanes]  # each stage's outgoing moves
         # CPU virtual devices run the stages one after another: each waits for the others
         in_turn = all(d.kind == "cpu" for d in self.devices)
         busy = sum(computes) + sum(sends)
-        per_device = []
+        rows = []
         for d, own, sent in zip(self.devices, computes, sends, strict=True):
             wait = busy - own - sent if in_turn else 0.0
-            per_device.append({"device": d.name, "samples": t["samples"], "compute_s": own,
-                               "breakdown": breakdown.make(step, t["data_s"], own, update,
-                                                           sent, 0.0, wait)})
-        return {"step_s": step, "comm_s": sum(sends), "per_device": per_device}
+            rows.append(DeviceStep(d.name, samples=m.samples, compute_s=own,
+                                   breakdown=breakdown.make(step, m.data_s, own, update, sent,
+                                                            0.0, wait)))
+        return StepReport(step_s=step, comm_s=sum(sends), devices=tuple(rows))
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Correct predictions: the test batch flows through the stages (in pipeline chunks)."""
         c = min(self.chunks, len(x))
-        _, outputs = self._forward(torch.tensor_split(x, c), None, self.stages)  # eager
+        _, outputs = self._forward(torch.tensor_split(x, c), self.stages)  # eager
         pred = torch.cat([out[-1].argmax(dim=1) for out in outputs])
         return (pred == y.to(pred.device, non_blocking=True)).sum()
 

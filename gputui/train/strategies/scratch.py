@@ -16,10 +16,13 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
-from gputui.train.strategies.base import Stopwatch, Strategy
+from gputui.core.errors import UserError
+from gputui.core.steps import DeviceStep, StepReport
+from gputui.train.strategies.base import Strategy
+from gputui.train.strategies.meter import Meter
 
 
-class ReplicaMismatch(RuntimeError):
+class ReplicaMismatch(UserError, RuntimeError):
     """check_replicas found a replica that no longer equals the first."""
 
 
@@ -56,7 +59,6 @@ class Scratch(Strategy):
     steppers: list[nn.Module]  # what a step calls: each replica flattened (and compiled)
     params: list[list[nn.Parameter]]  # each replica's parameters, in the same order
     opts: list[torch.optim.Optimizer]  # one per replica
-    watches: list[Stopwatch]
     weights: list[float] | None  # strategy.split_weights
     _sizes: dict[int, list[int]]  # batch size -> shard sizes, computed once
 
@@ -69,7 +71,7 @@ class Scratch(Strategy):
         self.params = [list(r.parameters()) for r in self.replicas]
         self.opts = [self.make_optimizer(p) for p in self.params]
         self.make_scaler(self.torch_devices[0])
-        self.watches = [Stopwatch(dev) for dev in self.torch_devices]
+        self.meter = Meter(self.torch_devices)  # one lane per replica's device
         self.weights = self.cfg.strategy.split_weights or None
         self._sizes = {}
         if all(d.kind == "cpu" for d in self.devices) and len(self.devices) > 1:
@@ -85,58 +87,50 @@ class Scratch(Strategy):
     def train_step(self, x: torch.Tensor, y: torch.Tensor,
                    data_s: float | None = None) -> torch.Tensor:
         total = len(x)
-        meter = data_s is not None
         sizes = self._sizes.get(total)
         if sizes is None:
             sizes = self._sizes[total] = split_sizes(total, len(self.replicas), self.weights)
         xs, ys = torch.split(x, sizes), torch.split(y, sizes)
-        start = self.watches[0].mark() if meter else None
-        marks = []
+        m = self.meter.begin(data_s)
         loss: torch.Tensor | None = None
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
         for i, (model, dev) in enumerate(zip(self.steppers, self.torch_devices, strict=True)):
-            begin = self.watches[i].mark() if meter else None
-            part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
-                                         ys[i].to(dev, non_blocking=True), total, dev)
-            loss = part if loss is None else loss + part.to(loss.device)
-            if begin is not None:
-                marks.append((begin, self.watches[i].mark()))
-        comm_begin = self.watches[0].mark() if meter else None
-        if self.comm_delay_s:
-            time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
-        with torch.no_grad():
-            for grads in zip(*[[p.grad for p in params] for params in self.params], strict=True):
-                allreduce(list(grads))
-        comm_end = self.watches[0].mark() if meter else None
-        self.optimizer_step(*self.opts)
+            with m.lanes[i].compute:  # on device i's clock
+                part = self.forward_backward(model, xs[i].to(dev, non_blocking=True),
+                                             ys[i].to(dev, non_blocking=True), total, dev)
+                loss = part if loss is None else loss + part.to(loss.device)
+        with m.comm:
+            if self.comm_delay_s:
+                time.sleep(self.comm_delay_s)  # debug.comm_delay_s: a slower link, on purpose
+            with torch.no_grad():
+                for grads in zip(*[[p.grad for p in params] for params in self.params],
+                                 strict=True):
+                    allreduce(list(grads))
+        with m.optimizer:
+            self.optimizer_step(*self.opts)
+        m.finish(samples=total)
         assert loss is not None  # one replica at least
-        if meter:
-            self.timing = {"start": start, "marks": marks, "comm": (comm_begin, comm_end),
-                           "sizes": sizes, "end": self.watches[0].mark(), "data_s": data_s}
         if self.cfg.strategy.check_replicas:
             self.check_replicas()
         return loss
 
-    def read_timing(self) -> dict:
-        """Seconds of the metered step: per-device compute, the allreduce, the whole step."""
-        if not self.timing:
-            return {}
-        t = self.timing
-        first = self.watches[0]
-        comm = first.seconds(*t["comm"])
-        step = first.seconds(t["start"], t["end"])
-        update = first.seconds(t["comm"][1], t["end"])
-        computes = [w.seconds(a, b) for w, (a, b) in zip(self.watches, t["marks"], strict=True)]
+    def step_report(self) -> StepReport | None:
+        """The metered step: each device's compute, the allreduce (every device's exposed
+        comm), the update on the first device."""
+        m = self.meter
+        if not m.measured:
+            return None
+        step, comm, update = m.step_s(), m.comm.seconds(), m.optimizer.seconds()
+        computes = [lane.compute.seconds() for lane in m.lanes]
         # CPU virtual devices run one after another: each waits while the others compute
         in_turn = all(d.kind == "cpu" for d in self.devices)
-        per_device = []
-        for d, size, own in zip(self.devices, t["sizes"], computes, strict=True):
+        rows = []
+        for d, size, own in zip(self.devices, self._sizes[m.samples], computes, strict=True):
             wait = sum(computes) - own if in_turn else 0.0
-            per_device.append({"device": d.name, "samples": size, "compute_s": own,
-                               "breakdown": breakdown.make(step, t["data_s"], own, update,
-                                                           comm, 0.0, wait)})
-        return {"step_s": step, "comm_s": comm, "per_device": per_device}
+            rows.append(DeviceStep(d.name, samples=size, compute_s=own, breakdown=breakdown.make(
+                step, m.data_s, own, update, comm, 0.0, wait)))
+        return StepReport(step_s=step, comm_s=comm, devices=tuple(rows))
 
     @torch.no_grad()
     def check_replicas(self) -> None:

@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState, get_current_worker
 from textual.widgets import Footer, Header
 
+from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
@@ -139,6 +140,7 @@ class RunScreen(RunControls, Screen):
         self.notify(f"Lost contact with the run: {message.error}", severity="error")
         if not self.ended:
             self.state = "failed"
+            self.app.post_message(RunEndedNotice(self))
 
     # ------------------------------------------------------------------ events -> widgets
     def apply_events(self, events: tuple[Event, ...] | list[Event]) -> None:
@@ -243,11 +245,11 @@ class RunScreen(RunControls, Screen):
         """Each device's part of the metered step (rows only on the logged, timed steps), and
         the all-reduce bandwidth its rank achieved beside bench-comm's peak where kept."""
         for row in ev.per_device:
-            if row.get("device") and ("breakdown" in row or ev.breakdown is not None):
-                self._panel(row["device"]).update_breakdown(row.get("breakdown"))
-            if row.get("device") and row.get("comm_gbps") is not None:
-                self._panel(row["device"]).update_comm(
-                    comm_peak.text(row["comm_gbps"], self.comm_peak()))
+            if row.breakdown is not None or ev.breakdown is not None:
+                self._panel(row.device).update_breakdown(row.breakdown)
+            if row.comm_gbps is not None:
+                self._panel(row.device).update_comm(comm_peak.text(row.comm_gbps,
+                                                                   self.comm_peak()))
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""
@@ -256,9 +258,8 @@ class RunScreen(RunControls, Screen):
             ev = self._started_ev
             if ev is not None and ev.devices:
                 kind = str(ev.devices[0].get("kind", "cpu"))
-                backend = str((ev.config.get("strategy") or {}).get("backend", "auto"))
-                if backend == "auto":
-                    backend = "nccl" if kind == "cuda" else "gloo"
+                backend = backend_for(str((ev.config.get("strategy") or {})
+                                          .get("backend", "auto")), kind)
                 try:
                     self._comm_peak = [comm_peak.peak(kind, ev.world_size, backend)]
                 except (OSError, ValueError, KeyError, TypeError):

@@ -1,11 +1,15 @@
-"""The run screen's controls: Stop (graceful), Kill (asks first), leaving (never orphans)."""
+"""The run screen's controls: Stop (graceful), Kill (asks first), leaving (never orphans).
+
+The screen does not stop or kill the run itself: it posts ``ControlRun`` to the app, which
+owns the run's lifecycle (``gputui.tui.run_control``), and shows the run as stopping when the
+app answers with ``RunControlled``.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from textual import work
-
+from gputui.tui.messages import ControlRun, RunControlled
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.widgets.run_log import RunLog
 
@@ -38,9 +42,7 @@ class RunControls(_Base):
         """Graceful stop: the run ends at its next step and its record says 'stopped'."""
         if self.ended or self.handle is None or self.state == "stopping":
             return
-        self.state = "stopping"
-        self.log_ui("stop requested: the run stops at its next step and keeps its record")
-        self._control("stop")
+        self.post_message(ControlRun("stop"))
 
     def action_kill(self) -> None:
         """Kill the training processes now (asks first)."""
@@ -49,7 +51,7 @@ class RunControls(_Base):
 
         def answer(choice: str | None) -> None:
             if choice == "kill":
-                self.kill_now()
+                self.post_message(ControlRun("kill"))
 
         self.app.push_screen(ChoiceDialog(
             "Kill the run?", "The training processes end at once; the record keeps what was "
@@ -57,24 +59,12 @@ class RunControls(_Base):
             [("kill", "Kill now", "error"), ("cancel", "Cancel", "default")],
             dialog_id="kill"), answer)
 
-    def kill_now(self, reason: str = "killed by user") -> None:
-        """Kill without asking (used by the quit dialog too)."""
-        if not self.ended and self.handle is not None:
-            self.log_ui("kill requested")
+    def on_run_controlled(self, message: RunControlled) -> None:
+        """A stop or kill was asked (by the user, the quit dialog, a signal): shown here."""
+        if message.note:
+            self.log_ui(message.note)
+        if not self.ended:
             self.state = "stopping"
-            self._control("kill", reason)
-
-    def stop_with(self, reason: str) -> None:
-        """A graceful stop whose record names ``reason`` (a signal the app received)."""
-        if self.ended or self.handle is None:
-            return
-        self.state = "stopping"
-        self._control("stop", reason)
-
-    @work(thread=True, group="control", exit_on_error=False)
-    def _control(self, what: str, *args: str) -> None:
-        """stop()/kill() may signal processes: never on the UI thread."""
-        getattr(self.handle, what)(*args)
 
     def action_focus_log(self) -> None:
         self.query_one(RunLog).focus()
@@ -86,10 +76,8 @@ class RunControls(_Base):
             return
 
         def answer(choice: str | None) -> None:
-            if choice == "stop":
-                self.action_stop()
-            elif choice == "kill":
-                self.kill_now()
+            if choice in ("stop", "kill"):
+                self.post_message(ControlRun(choice))
 
         self.app.push_screen(ChoiceDialog(
             "The run is still active", "Leave it only once it has ended: stop it (the record "

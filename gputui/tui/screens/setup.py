@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -19,15 +19,12 @@ from gputui.core.filewrite import write_atomic
 from gputui.core.usercode import code_line, data_label, model_label
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.messages import FilesChecked, InventoryReady
+from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
 from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
 from gputui.tui.widgets.strategy_picker import StrategyPicker
-
-if TYPE_CHECKING:
-    from gputui.tui.app import GpuTuiApp
 
 INVENTORY_EVERY_S = 3.0
 
@@ -130,6 +127,7 @@ class SetupScreen(Screen):
         form.show_errors(result.field_errors, loose.error)
         self.result = result
         self._show_summary(result, len(picker.devices()))
+        self.post_message(SetupChanged(result.config or self.base))
         return result
 
     def _with_files(self, result: FormResult, now: bool = False) -> FormResult:
@@ -212,11 +210,7 @@ class SetupScreen(Screen):
             message = next(iter(result.field_errors.values()), "") or result.error
             self.notify(message, title="Cannot start", severity="error", timeout=8)
             return
-        self.app_.start_run(result.config)
-
-    @property
-    def app_(self) -> "GpuTuiApp":
-        return self.app  # type: ignore[return-value]
+        self.post_message(StartRun(result.config))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         """The Start button."""

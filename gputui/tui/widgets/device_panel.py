@@ -13,6 +13,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
 from gputui.core import breakdown
+from gputui.core.breakdown import Breakdown
 from gputui.core.events import DeviceSample
 from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
 from gputui.tui.widgets.hw_figures import TrainMemory, show_mfu
@@ -53,7 +54,7 @@ class StepBreakdown(Widget):
     data, wait, host: ``gputui.core.breakdown``) under its length, with a legend of the shares."""
 
     DEFAULT_CSS = "StepBreakdown { height: auto; }"
-    parts: reactive[dict | None] = reactive(None, layout=True)
+    parts: reactive[Breakdown | None] = reactive(None, layout=True)
     measured: reactive[bool] = reactive(True, layout=True)  # False: a device with no figures
     comm: reactive[str] = reactive("", layout=True)  # the rank's all-reduce bandwidth line
 
@@ -62,9 +63,9 @@ class StepBreakdown(Widget):
         bd = self.parts
         if not self.measured:
             return Text("step: not measured on this device", style="dim")
-        if not bd or not bd.get("step_s"):
+        if not bd or not bd.step_s:
             return Text("step: at the first logged step", style="dim")
-        label = f"step {bd['step_s'] * 1000:.1f} ms "
+        label = f"step {bd.step_s * 1000:.1f} ms "
         out = Text(label)
         for text, style in breakdown.bar(bd, width - len(label)):
             out.append(text, style=style)
@@ -84,18 +85,18 @@ class StepBreakdown(Widget):
         return out
 
 
-def legend(bd: dict) -> list[tuple[str, str]]:
+def legend(bd: Breakdown) -> list[tuple[str, str]]:
     """('compute 71%', style) words for the measured parts (under 0.5 % left out, but comm
     always where measured, as ``breakdown.line`` does; hidden communication after it, dim)."""
-    step, out = bd["step_s"], []
+    step, out = bd.step_s, []
     for key in breakdown.PARTS:
-        value = bd.get(key)
+        value = bd.part(key)
         if value is None or (100.0 * value / step < 0.5 and key != "comm_exposed_s"):
             continue
         out.append((f"{breakdown.LABELS[key]} {100.0 * value / step:.0f}%",
                     breakdown.STYLES[key]))
-        if key == "comm_exposed_s" and bd.get("comm_overlap_s"):
-            out.append((f"(+{100.0 * bd['comm_overlap_s'] / step:.0f}% hidden)", "dim"))
+        if key == "comm_exposed_s" and bd.comm_overlap_s:
+            out.append((f"(+{100.0 * bd.comm_overlap_s / step:.0f}% hidden)", "dim"))
     return out
 
 
@@ -113,7 +114,7 @@ class DevicePanel(Vertical):
         self.sharing: tuple[str, ...] = ()  # other devices driven by the same process
         self.mfu: float | None = None
         self.memory: dict | None = None
-        self.step_parts: dict | None = None  # the last metered step's breakdown
+        self.step_parts: Breakdown | None = None  # the last metered step's breakdown
         self.step_seen = False  # a StepMetrics has named this device
         self.comm_text = ""  # the last all-reduce bandwidth line (ddp ranks)
 
@@ -127,7 +128,7 @@ class DevicePanel(Vertical):
         yield Static("temp n/a · power n/a", classes="dev-extra")
         yield StepBreakdown(classes="dev-breakdown")
 
-    def update_breakdown(self, parts: dict | None) -> None:
+    def update_breakdown(self, parts: Breakdown | None) -> None:
         """Show the device's last metered step (held until the panel is composed); None: its
         strategy measures nothing here (dp's other devices)."""
         self.step_parts, self.step_seen = parts, True

@@ -1,5 +1,5 @@
 """The strategy choice: every registered strategy with its description; those that cannot run
-on the chosen devices are disabled and say why (the registry's own ``why_not`` sentence)."""
+on the chosen devices are disabled and say why (``gputui.plan.why_not``'s sentence)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui.core import registry
+from gputui.plan import why_not
 
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
@@ -45,7 +46,7 @@ class StrategyPicker(Vertical):
         reasons: dict[str, str] = {}
         for info in registry.all_infos():
             try:
-                why = info.why_not(cfg.replace(strategy={"name": info.name}), devices)
+                why = why_not(cfg.replace(strategy={"name": info.name}), devices)
             except Exception as exc:  # a strategy's check must not break the screen
                 why = f"cannot check this strategy ({type(exc).__name__}: {exc})"
             if why:

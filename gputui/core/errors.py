@@ -1,0 +1,39 @@
+"""Errors meant for the user, and the one way an exception becomes one line.
+
+A :class:`UserError` carries a message written for the user (the key or flag, what is wrong,
+the fix): it is shown as it is. Anything else is a fault of gputui, torch or the user's code,
+shown as ``Type: first line`` so the type says where it came from. :func:`describe` is that
+rule; the CLI prints it after ``gputui: error:`` and exits 2 for a UserError, the run records
+it as the reason a run failed, and the app shows it in its status line.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input or a state the user can fix; ``str()`` is the whole story, one line.
+
+    Subclasses keep their other base (``ValueError``, ``RuntimeError``, ``OSError``) so the
+    callers that catch those keep catching them."""
+
+
+def first_line(exc: BaseException | str) -> str:
+    """The first non-blank line of an exception's message (or of a text), stripped; "" when
+    there is none."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def fault_line(exc: BaseException) -> str:
+    """``Type: first line`` of any exception (just ``Type`` when its message is empty)."""
+    first = first_line(exc)
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def describe(exc: BaseException) -> str:
+    """One line for the user: a :class:`UserError`'s first line as it is, anything else as
+    :func:`fault_line` has it."""
+    first = first_line(exc)
+    return first if isinstance(exc, UserError) and first else fault_line(exc)
