@@ -268,6 +268,7 @@ class Measurer:
         # per input: {"input", "source" ("measured now" | "cached"), "measured", "age_s",
         # "note" (its contention, or why it was measured again)}
         self.sources: list[dict[str, Any]] = []
+        self._now: dict[str, dict] = {}  # measured in this sitting: never measured twice
         if kind == "gpu":
             from gputui.hw.discovery import discover_gpus
 
@@ -275,6 +276,8 @@ class Measurer:
             self._gpu_label = gpus[0].name if gpus else "gpu"
 
     def _get(self, key: str, fn: Callable[[], dict]) -> dict | None:
+        if key in self._now:
+            return self._now[key]
         hit = None if self.again else self.cache.get(key)
         why = stale(hit)
         if hit is not None and (why is None or not self.measure):
@@ -287,7 +290,7 @@ class Measurer:
 
         watch = LoadWatch(gpu_uuids([Device("cuda", 0)]) if self.kind == "gpu" else ())
         value = fn()
-        value = dict(value, machine=watch.state())
+        value = self._now[key] = dict(value, machine=watch.state())
         self.cache.put(key, value)
         self._source(key, self.cache.get(key) or value, "measured now",
                      f"measured again: {why}" if hit is not None and why else "")
