@@ -169,3 +169,22 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
     assert lines[1].startswith("  allreduce of 0.25 MiB over 2 devices: measured now; "
                                "contended: other processes used 50% of the 2 cores")
     assert "different moments" in lines[2]
+
+
+def test_other_processes_on_the_gpu_make_a_run_contended_through_nvml():
+    from fakes.nvml import FakeGpu, FakeNvml
+
+    from gputui.core.devices import Device
+    from gputui.hw import nvml
+
+    gpu = FakeGpu(uuid="GPU-1111", util=87, processes=[(os.getpid(), 2**30), (424242, 2**31)])
+    nvml.use_module(FakeNvml([gpu]))
+    try:
+        uuids = contention.gpu_uuids([Device("cuda", 0), Device("cpu", 0)])
+        assert uuids == ("GPU-1111",)
+        state = contention.LoadWatch(uuids).state()
+    finally:
+        nvml.use_module(None)
+    # this process is ours; pid 424242 is another user's job on the same GPU
+    assert [o["pid"] for o in state["gpu_others"]] == [424242] and state["gpu_util"] == [87.0]
+    assert state["contended"] and "other processes on the GPU: pid 424242" in state["note"]
