@@ -27,8 +27,6 @@ from typing import Any
 from gputui.core import breakdown
 from gputui.core.breakdown import Breakdown
 from gputui.core import runstore
-from gputui.core.devices import human_bytes
-from gputui.core.events import acc_text
 from gputui.core.steady import RULE
 from gputui.core import machine
 from gputui.runs.history import RunRow, load_rows, row_for
@@ -319,55 +317,8 @@ def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str,
             flat.update(speedup="noisy", efficiency="noisy")
         # the noise travels beside the figure (``cell`` prints it; csv keeps the number)
         out.append({**{k: flat.get(k) for k in columns},
-                    **{k: flat.get(k) for k in NOISE_KEYS}})
+                    **{k: flat.get(k) for k in ("speedup_noise", "efficiency_noise")}})
     return out
-
-
-NOISE_KEYS = ("speedup_noise", "efficiency_noise")
-
-
-def cell(key: str, row: dict[str, Any]) -> str:
-    """A table row's cell as text: ``fmt``, with a figure's noise beside it ("1.83x ±0.05")."""
-    value = row.get(key)
-    text = fmt(key, value)
-    noise = row.get(f"{key}_noise")
-    if key in ("speedup", "efficiency") and isinstance(value, (int, float)) and \
-            noise is not None:
-        text += f" ±{noise:.2f}" if key == "speedup" else f" ±{noise:.0%}"
-    return text
-
-
-def fmt(key: str, value: Any) -> str:
-    """A cell as text for terminal and Markdown tables."""
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, str) and key in ("speedup", "efficiency"):
-        return value
-    if key in ("comm_share", "efficiency", "mfu"):
-        return f"{value:.1%}"
-    if key == "train_mem":
-        return human_bytes(value)
-    if key in breakdown.SHARE_COLUMNS:
-        return f"{value:.0%}"
-    if key == "speedup":
-        return f"{value:.2f}x"
-    if key in ("time_per_epoch_s", "init_s"):
-        return f"{value:.2f} s"
-    if key == "samples_per_s":
-        return f"{value:,.0f}"
-    if key == "step_ms":
-        return f"{value:.2f}"
-    if key == "mem_per_device":
-        return f"{value / 2**20:,.1f} MiB"
-    if key == "predicted_speedup":
-        return f"{value:.2f}x"
-    if key == "comm_gbps":
-        return f"{value:.2f} GB/s"
-    if key == "test_acc":
-        return acc_text(value)
-    if key == "lr":
-        return f"{value:g}"
-    return str(value)
 
 
 BREAKDOWN_LEGEND = ("step breakdown, as shares of a metered step (mean over its devices and "

@@ -19,7 +19,8 @@ from typing import Any, Iterable
 from gputui.core.errors import UserError
 from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
-from gputui.runs.compare import CompareRow, cell
+from gputui.runs.cells import cell
+from gputui.runs.compare import CompareRow
 
 FORMATS = ("table", "csv", "md", "json")
 

@@ -16,8 +16,8 @@ import pytest
 
 from gputui.core import machine
 from gputui.hw import contention
-from gputui.runs.compare import (TABLE_COLUMNS, as_plain, cell, compare, fmt, summary_lines,
-                                 table_rows)
+from gputui.runs.cells import cell, fmt
+from gputui.runs.compare import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
 from gputui.runs.history import row_for
 from run_records import write_record
 
@@ -150,7 +150,7 @@ def test_a_stopped_point_shows_no_speed_anywhere(tmp_path):
 
 def test_kept_prediction_inputs_say_when_and_under_what_load():
     from gputui.cli.predict import source_lines
-    from gputui.runs.predict_measure import input_label, stale
+    from gputui.runs.predict_inputs import input_label, stale
 
     kept = {"step_time_s": 0.05, "measured": "2026-01-01 10:00:00",
             "measured_t": time.time() - 7200, "machine": QUIET}

@@ -17,7 +17,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, cell, compare, summary_lines,
+from gputui.runs.cells import cell
+from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 

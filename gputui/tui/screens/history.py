@@ -18,7 +18,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core.events import plural
-from gputui.runs.compare import fmt
+from gputui.runs.cells import fmt
 from gputui.runs.history import RunRow, load_rows
 
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
