@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputui.core import breakdown
+from gputui.core import breakdown, scores
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
 
@@ -22,12 +22,14 @@ def cell(key: str, row: dict[str, Any]) -> str:
 
 def fmt(key: str, value: Any) -> str:
     """A cell as text for terminal and Markdown tables."""
-    if value is None or value == "":
+    if value is None or value == "" or value != value:  # None, empty or NaN
         return "-"
     if isinstance(value, str) and key in ("speedup", "efficiency"):
         return value
     if key in ("comm_share", "efficiency", "mfu"):
         return f"{value:.1%}"
+    if key == "bubble_share":
+        return f"{value:.0%}"
     if key == "train_mem":
         return human_bytes(value)
     if key in breakdown.SHARE_COLUMNS:
@@ -48,6 +50,9 @@ def fmt(key: str, value: Any) -> str:
         return f"{value:.2f} GB/s"
     if key == "test_acc":
         return acc_text(value)
+    score = scores.fmt(key, value)
+    if score is not None:
+        return score
     if key == "lr":
         return f"{value:g}"
     return str(value)
