@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gputui.core import scores
 from gputui.core.filewrite import WriteFailed, write_atomic
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "comm_share": "comm", "bubble_share": "bubble", "init_s": "init",
+           "efficiency": "efficiency",
            "step_ms": "step (ms)", "mem_per_device": "mem/device",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
-           "host_share": "host", "train_mem": "train mem"}
+           "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
 
 
 def add_output(p: argparse.ArgumentParser) -> None:
@@ -50,7 +52,7 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
             table.add_column(HEADERS.get(c, c), no_wrap=c in ("id", "date"),
                              justify="left" if left else "right")
         for r in rows:
-            table.add_row(*(Text(_cell(c, r.get(c))) for c in columns))
+            table.add_row(*(Text(_cell(c, r)) for c in columns))
         # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
         Console(width=None if sys.stdout.isatty() else 240).print(table)
         return
@@ -66,9 +68,10 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
         sys.stdout.write(text)
 
 
-def _cell(key: str, value: Any) -> str:
-    from gputui.runs.compare import fmt
+def _cell(key: str, row: dict[str, Any]) -> str:
+    from gputui.runs.cells import cell
 
+    value = row.get(key)
     if key == "baseline" and value:  # the full id is in the id column; its suffix finds it
         return "…" + str(value).rsplit("-", 1)[-1]
-    return fmt(key, value)
+    return cell(key, row)

@@ -19,7 +19,9 @@ from typing import Any, Iterable
 from gputui.core.errors import UserError
 from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
-from gputui.runs.compare import CompareRow, fmt
+from gputui.core.scores import perplexity
+from gputui.runs.cells import cell
+from gputui.runs.compare import CompareRow
 
 FORMATS = ("table", "csv", "md", "json")
 
@@ -60,7 +62,7 @@ def to_markdown(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |",
              "|" + "|".join("---:" if c in numeric else "---" for c in columns) + "|"]
     for row in rows:
-        cells = [fmt(c, row.get(c)).replace("|", "\\|") for c in columns]
+        cells = [cell(c, row).replace("|", "\\|") for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -99,16 +101,24 @@ def _label(item: CompareRow) -> str:
 
 
 def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
-    """Training loss (left) and test accuracy (right) of every run, overlaid, as a PNG."""
+    """Training loss (left) and the score (right: test accuracy, or a language model's
+    validation loss, with its unigram baseline dashed) of every run, overlaid, as a PNG."""
     plt = _pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    lm = {it.row.task for it in items} == {"lm"}
     for it in items:
         if it.loss_curve:
             ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
         if it.acc_curve:
             ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
+    baselines = {it.row.baseline_loss for it in items if it.row.baseline_loss is not None}
+    if lm and len(baselines) == 1:
+        ax_acc.axhline(baselines.pop(), linestyle="--", color="grey", label="unigram baseline")
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    ax_acc.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
+    score = "validation loss (nats/token)" if lm else "test accuracy"
+    if not lm and any(it.row.task == "lm" for it in items):
+        score = "test accuracy or validation loss"
+    ax_acc.set(xlabel="epoch", ylabel=score, title=score)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -122,7 +132,7 @@ def plot_speedup(items: list[CompareRow], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     by_strategy: dict[str, list[tuple[int, float]]] = {}
     for it in items:
-        if it.speedup is not None and it.row.devices:
+        if it.speedup is not None and it.row.devices and not it.flags and not it.noisy:
             by_strategy.setdefault(it.row.strategy, []).append((it.row.devices, it.speedup))
     top = max([n for pts in by_strategy.values() for n, _ in pts] or [1])
     ax.plot([1, top], [1, top], linestyle="--", color="grey", label="ideal")
@@ -168,7 +178,8 @@ def _summary_writer():
 
 
 def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]:
-    """Each run's scalars (loss per step; accuracy, epoch time, samples/s per epoch) under
+    """Each run's scalars (loss per step; accuracy, or a language model's validation loss,
+    perplexity and tokens/s; epoch time, samples/s per epoch) under
     ``logdir/<run id>``; returns the folders written."""
     from gputui.core import runstore
 
@@ -187,11 +198,19 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
                     writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
                     writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,
                                       walltime=ev.t)
+                    if ev.tokens_per_s:
+                        writer.add_scalar("train/tokens_per_s", ev.tokens_per_s,
+                                          ev.global_step, walltime=ev.t)
                 elif isinstance(ev, EpochEnd):
-                    for tag, value in (("test/accuracy", ev.test_acc),
-                                       ("epoch/seconds", ev.seconds),
+                    lm = ev.task == "lm"
+                    score = ((("val/loss", ev.val_loss), ("val/perplexity",
+                                                          perplexity(ev.val_loss)),
+                              ("epoch/tokens_per_s", ev.tokens_per_s))
+                             if lm else (("test/accuracy", ev.test_acc),))
+                    for tag, value in (*score, ("epoch/seconds", ev.seconds),
                                        ("epoch/samples_per_s", ev.samples_per_s)):
-                        writer.add_scalar(tag, value, ev.epoch, walltime=ev.t)
+                        if value is not None:
+                            writer.add_scalar(tag, value, ev.epoch, walltime=ev.t)
         finally:
             writer.close()
         out.append(target)

@@ -17,6 +17,7 @@ from typing import Any
 
 from gputui.core import runstore, safeio
 from gputui.core.events import RunStarted
+from gputui.core import machine
 
 # A record without a terminal event whose files have not changed for this long is not
 # running any more: its writer died with its parent (e.g. a machine reset).
@@ -40,6 +41,12 @@ class RunRow:
     time_per_epoch_s: float | None = None
     samples_per_s: float | None = None
     test_acc: float | None = None
+    # a language model's score instead of test_acc (gputui.core.scores), and its tokens/s
+    task: str = "classify"
+    val_loss: float | None = None
+    val_ppl: float | None = None
+    tokens_per_s: float | None = None
+    baseline_loss: float | None = None  # the unigram baseline its val_loss is read against
     status: str = "unknown"
     date: str = ""
     epochs_done: int = 0
@@ -60,6 +67,10 @@ class RunRow:
     resumed: bool = False  # run.resume_from was set: a continuation, not a whole run
     threads: int = 0  # intra-op threads per process (0: not recorded)
     cores: int = 0  # cores the run's processes could use (0: not recorded)
+    # what else used the hardware while it ran (gputui.hw.contention; None: not recorded)
+    machine: dict | None = None
+    contended: bool = False
+    no_speed: str = ""  # why the run has no speed figures ("" when it has)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a plain dict (every field)."""
@@ -177,7 +188,19 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.resumed = bool(run.get("resume_from"))
     row.threads, row.cores = int(s.get("threads") or 0), int(s.get("cores") or 0)
     row.test_acc = s.get("test_acc")
+    row.task = str(s.get("task") or "classify")
+    if row.task == "lm":
+        row.val_loss, row.val_ppl = s.get("val_loss"), s.get("val_ppl")
+        row.baseline_loss = s.get("baseline_loss")
+        if row.samples_per_s is not None and s.get("tokens_per_sample"):
+            row.tokens_per_s = row.samples_per_s * s["tokens_per_sample"]
     row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
+    row.machine = machine.read(run_dir)
+    row.contended = bool(row.machine and row.machine.get("contended"))
+    if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
+        row.no_speed = row.status + (f": {row.reason}" if row.reason else "")
+        row.samples_per_s = row.time_per_epoch_s = row.step_time_s = row.noise = None
+        row.steady = False
     row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
     row.init_s = s.get("init_s")
     row.model = str(s.get("model") or sect("model").get("factory") or sect("model").get("name", ""))

@@ -8,8 +8,11 @@ issues them (:mod:`gputui.runs.predict_comm`); fsdp's all-gathers and reduce-sca
 its units' sizes, as fully_shard issues them (the same module); the scratch one by
 ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
 (``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
-only when missing (or when asked to measure again). Torch-free: the measuring happens in
-spawned processes.
+only when missing (or when asked to measure again), with when, where and under what load it
+was measured (:mod:`gputui.hw.contention`): a figure kept without that state, or measured
+while other processes used the machine, is measured again. ``Measurer.sources`` says, per
+input, whether it was measured now or read from the cache, and its age. Torch-free: the
+measuring happens in spawned processes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui.core.config import RunConfig
+from gputui.core.config_schema import optimizer_states
 from gputui.runs.predict import Inputs
+from gputui.runs.predict_inputs import input_label, stale
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
@@ -69,12 +74,14 @@ class Cache:
         return self.data.get(key)
 
     def put(self, key: str, value: dict) -> None:
-        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
+                              measured_t=time.time())
         from gputui.core.filewrite import make_folder, write_atomic
 
         # through filewrite: a cache folder that is a file is one line (WriteFailed), not a
         # NotADirectoryError traceback
-        make_folder(self.path.parent, "set GPUTUI_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to")
+        make_folder(self.path.parent,
+                    "set GPUTUI_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to")
         write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
 
 
@@ -195,7 +202,7 @@ def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) 
     from gputui.runs.predict_comm import FIRST_BUCKET, allreduce_in_step
 
     kind = devices[0].kind
-    scratch = run_bench(devices, [size], iters=30, warmup=5, impls=["scratch"],
+    scratch = run_bench(devices, [size], iters=10, warmup=5, impls=["scratch"],
                         backend="auto", timeout=600)
     if "error" in scratch:
         raise RuntimeError(f"bench-comm failed: {scratch['error']}")
@@ -234,6 +241,10 @@ class Measurer:
         self.cores = cores()
         self._gpu_label = ""
         self._step_s: float | None = None  # the one-device step, once known: sizes the rest
+        # per input: {"input", "source" ("measured now" | "cached"), "measured", "age_s",
+        # "note" (its contention, or why it was measured again)}
+        self.sources: list[dict[str, Any]] = []
+        self._now: dict[str, dict] = {}  # measured in this sitting: never measured twice
         if kind == "gpu":
             from gputui.hw.discovery import discover_gpus
 
@@ -241,12 +252,37 @@ class Measurer:
             self._gpu_label = gpus[0].name if gpus else "gpu"
 
     def _get(self, key: str, fn: Callable[[], dict]) -> dict | None:
+        if key in self._now:
+            return self._now[key]
         hit = None if self.again else self.cache.get(key)
-        if hit is not None or not self.measure:
+        why = stale(hit)
+        if hit is not None and (why is None or not self.measure):
+            self._source(key, hit, "cached", why or "")
             return hit
+        if not self.measure:
+            return None
+        from gputui.core.devices import Device
+        from gputui.hw.contention import LoadWatch, gpu_uuids
+
+        watch = LoadWatch(gpu_uuids([Device("cuda", 0)]) if self.kind == "gpu" else ())
         value = fn()
+        value = self._now[key] = dict(value, machine=watch.state())
         self.cache.put(key, value)
+        self._source(key, self.cache.get(key) or value, "measured now",
+                     f"measured again: {why}" if hit is not None and why else "")
         return value
+
+    def _source(self, key: str, entry: dict, source: str, why: str) -> None:
+        from gputui.core.machine import note
+
+        if any(s["key"] == key for s in self.sources):
+            return
+        when = entry.get("measured_t")
+        age = time.time() - when if isinstance(when, (int, float)) else None
+        self.sources.append({"key": key, "input": input_label(key), "source": source,
+                             "measured": entry.get("measured", ""), "age_s": age,
+                             "note": "; ".join(x for x in (why, note(entry.get("machine")))
+                                               if x)})
 
     def global_batch(self, n: int) -> int:
         b = self.cfg.optim.batch_size
@@ -299,7 +335,9 @@ class Measurer:
         one = self.compute(b1, 0 if on_gpu else self.cores, 1)
         inp = Inputs(n=n, on_gpu=on_gpu, batch=bn, batch_1=b1,
                      t_1=one["step_time_s"] if one else 0.0,
-                     momentum=self.cfg.optim.momentum > 0, log_every=self.cfg.run.log_every)
+                     momentum=self.cfg.optim.momentum > 0,
+                     optim_states=optimizer_states(self.cfg.optim),
+                     log_every=self.cfg.run.log_every)
         if one is None:
             return inp
         inp.params = int(one.get("params") or 0)
@@ -325,6 +363,13 @@ class Measurer:
                 elif inp.t_c is None:  # figures kept before t_own was: single's, if kept
                     c = self.compute(share, threads, copies)
                     inp.t_c = c["step_time_s"] if c else None
+        if "pp" in strategies:
+            # a stage's compute of the whole batch: about one rank's share through the model
+            inp.chunks, inp.schedule = (self.cfg.strategy.pipeline_chunks,
+                                        self.cfg.strategy.schedule)
+            if inp.t_c is None:
+                c = self.compute(share, threads, copies)
+                inp.t_c = c["step_time_s"] if c else None
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None
@@ -338,7 +383,24 @@ class Measurer:
         if "fsdp" in strategies and inp.params:
             c = self.fsdp_comm(n, inp.t_own.get("fsdp") or inp.t_c or inp.t_1)
             inp.t_fsdp = c["torch_s"] if c else None
-        if any(s in strategies for s in ("ddp", "fsdp")):
+        if "tp" in strategies:
+            self.tp_inputs(inp, n, share, threads, copies)
+        if any(s in strategies for s in ("ddp", "fsdp", "tp", "pp")):
             c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
         return inp
+
+    def tp_inputs(self, inp: Inputs, n: int, share: int, threads: int, copies: int) -> None:
+        """tp's inputs (the built-in GPT only): t_c, and t_act, one all-reduce of the whole
+        batch's B x T x E fp32 activation over N ranks between the compute of two of the
+        step's 4 L all-reduces."""
+        m = self.cfg.model
+        if m.factory or m.name != "gpt":
+            return
+        if inp.t_c is None:
+            c = self.compute(share, threads, copies)
+            inp.t_c = c["step_time_s"] if c else None
+        inp.tp_blocks = m.n_layer
+        act = inp.batch * self.cfg.data.context * m.n_embd * 4
+        c = self.comm(n, act, (inp.t_c or inp.t_1) / (4 * m.n_layer))
+        inp.t_act = c["torch_s"] if c else None

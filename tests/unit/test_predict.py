@@ -27,6 +27,7 @@ def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
     assert p.speedup == pytest.approx(0.032 / 0.0327)
     assert p.efficiency == pytest.approx(p.speedup / 2)
     assert p.mem_per_device == static_bytes(inp) == 1000 * 4 * 3  # params, grads, momentum
+    assert static_bytes(replace(inp, optim_states=2)) == 1000 * 4 * 4  # Adam's two moments
 
 
 def test_ddp_takes_its_own_one_rank_step_where_measured_and_says_which():
@@ -53,6 +54,17 @@ def test_fsdp_takes_its_measured_collectives_in_place_of_the_allreduce_estimate(
     assert "1.5 t_ar" in kept.formula and "t_fsdp" not in kept.formula
     assert predict("ddp", replace(inp, t_own={"ddp": 0.0045})).step_time_s == pytest.approx(
         0.0045 + 0.003 + 0.0002)  # ddp never reads t_fsdp
+
+
+def test_tp_is_compute_plus_four_activation_all_reduces_per_block():
+    inp = Inputs(n=2, on_gpu=False, batch=32, batch_1=32, t_1=0.1, t_c=0.05, t_act=0.001,
+                 t_sync=0.002, log_every=10, tp_blocks=4, params=1000)
+    p = predict("tp", inp)
+    assert p.step_time_s == pytest.approx(0.05 + 4 * 4 * 0.001 + 0.0002)
+    assert p.terms["L"] == 4 and p.formula.startswith("t_c + 4 L t_act")
+    assert p.mem_per_device == -(-static_bytes(inp) // 2)  # the blocks' share (a lower bound)
+    assert "built-in GPT" in predict("tp", replace(inp, tp_blocks=0)).reason
+    assert "t_act" in predict("tp", replace(inp, t_act=None)).reason  # not measured: said so
 
 
 def test_fsdp_calls_follow_fully_shard_and_units_are_padded_per_parameter():
@@ -144,8 +156,18 @@ def test_predict_end_to_end_measures_once_then_uses_the_kept_figures(tmp_path):
     single, dp = rows[("single", 1)], rows[("dp", 2)]
     assert single["step_time_s"] > 0 and single["speedup"] == pytest.approx(1.0)
     assert dp["speedup"] == pytest.approx(1.0) and dp["formula"].startswith("t_1 (cpu")
+    inputs = json.loads(first.stdout)["inputs"]
+    assert inputs and all(i["source"] == "measured now" for i in inputs)
+    # kept figures measured on a quiet machine are read back, each named with its age (a
+    # busy machine's would be measured again: see test_trust)
+    cache = next((tmp_path / "cache").glob("predict-*.json"))
+    kept = json.loads(cache.read_text())
+    for v in kept.values():
+        v["machine"] = dict(v["machine"], contended=False)
+    cache.write_text(json.dumps(kept))
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
-    assert again.returncode == 0 and "measured" not in again.stderr.replace("measured yet", "")
+    assert again.returncode == 0 and "  measured " not in again.stderr
+    assert "compute single, batch 16" in again.stderr and ": cached, measured 20" in again.stderr
     assert json.loads(again.stdout)["rows"][0]["step_time_s"] == single["step_time_s"]
     bad = subprocess.run(cmd[:-1] + ["--strategies", "model_parallel"], capture_output=True,
                          text=True, env=env, timeout=60)
@@ -164,14 +186,14 @@ def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
     resumed = write_record(runs, "20260101-090000-exp-res", "single", 1, sps=100)
     cfg = resumed / "config.toml"
     cfg.write_text(cfg.read_text().replace('resume_from = ""', 'resume_from = "runs/old"'))
-    ddp = write_record(runs, "20260101-100000-exp-d1", "ddp", 2, sps=900)
+    ddp = write_record(runs, "20260101-100000-exp-d1", "ddp", 2, sps=900, windows=2)
     (item,) = compare([ddp], runs)
     assert item.speedup is None and "resumed run" in item.refused[0]
     assert "refused: " in summary_lines([item])[0]
     # two passes under different loads: each pass's pair gives 0.9x; unpaired 0.45x-1.8x
     ids = {"s1": 1000, "d1": 900, "s2": 500, "d2": 450}
     dirs = {k: write_record(runs, f"20260101-1{i}0000-exp-{k}", "single" if k[0] == "s"
-                            else "ddp", 1 if k[0] == "s" else 2, sps=v)
+                            else "ddp", 1 if k[0] == "s" else 2, sps=v, windows=2)
             for i, (k, v) in enumerate(ids.items(), start=1) if k != "d1"} | {"d1": ddp}
     points = [Point("single" if k[0] == "s" else "ddp", k[0], "cpu", "finished",
                     run_id=dirs[k].name, rep=int(k[1])) for k in ids]

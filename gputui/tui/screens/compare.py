@@ -17,17 +17,20 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
+from gputui.core import scores
+from gputui.runs.cells import cell
+from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 from gputui.tui.widgets.plain_table import PlainTable
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
-           "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
+           "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
+           "init_s": "init",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
-           "host_share": "host", "train_mem": "train mem"}
+           "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
 
 
 class CompareLoaded(Message):
@@ -56,8 +59,10 @@ class CompareScreen(Screen):
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
 
-    def __init__(self, run_dirs: list[Path], runs_dir: str | Path, title: str = "") -> None:
+    def __init__(self, run_dirs: list[Path], runs_dir: str | Path, title: str = "",
+                 only_compared: bool = False) -> None:
         super().__init__(classes="compare-screen")
+        self.only_compared = only_compared  # a sweep's runs: baselines from the sweep only
         self.run_dirs = [Path(p) for p in run_dirs]
         self.runs_dir = Path(runs_dir)
         self.title_text = title or "comparison"
@@ -84,7 +89,8 @@ class CompareScreen(Screen):
     def load(self) -> None:
         """Read the records and compute the comparison off the UI thread."""
         try:
-            self.post_message(CompareLoaded(tuple(compare(self.run_dirs, self.runs_dir))))
+            self.post_message(CompareLoaded(tuple(compare(self.run_dirs, self.runs_dir,
+                                                           self.only_compared))))
         except OSError as exc:
             self.post_message(CompareLoaded((), f"cannot read the records: {exc}"))
 
@@ -92,14 +98,24 @@ class CompareScreen(Screen):
         """Fill the table, the overlaid curves and the notes."""
         self.items = message.items
         table = self.query_one(DataTable)
-        table.clear()
+        # a language model's runs bring their columns (val loss, ppl, tokens/s)
+        columns = scores.columns_for(TABLE_COLUMNS, [it.row for it in message.items])
+        table.clear(columns=True)
+        for key in columns:
+            table.add_column(HEADERS.get(key, key), key=key)
         for it in message.items:
-            flat = table_rows([it])[0]  # a flagged speedup reads "flagged" (gputui.core.trust)
-            table.add_row(*(fmt(k, flat.get(k)) for k in TABLE_COLUMNS), key=it.row.id)
+            # a flagged speedup reads "flagged" (gputui.core.trust)
+            flat = table_rows([it], columns)[0]
+            table.add_row(*(cell(k, flat) for k in columns), key=it.row.id)
+        tasks = {it.row.task for it in message.items}
+        acc = self.query_one("#compare-acc", OverlayPlot)
+        if tasks == {"lm"}:
+            acc.title, acc.ylim = "Validation loss (nats/token)", None
         self.query_one("#compare-loss", OverlayPlot).set_series(
             {label(it): it.loss_curve for it in message.items})
         self.query_one("#compare-acc", OverlayPlot).set_series(
-            {label(it): [(e, 100 * a) for e, a in it.acc_curve] for it in message.items})
+            {label(it): [(e, a if it.row.task == "lm" else 100 * a) for e, a in it.acc_curve]
+             for it in message.items})
         notes = [message.error] if message.error else summary_lines(list(message.items))
         self.query_one("#compare-notes", Static).update("\n".join(notes))
         self.loaded = True

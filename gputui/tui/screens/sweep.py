@@ -20,7 +20,8 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, 
 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.devices import wants_gpus
-from gputui.core.events import acc_text, plural
+from gputui.core.events import plural
+from gputui.core.scores import score_text
 from gputui.core.usercode import code_line, data_label, model_label
 from gputui.runs.sweep import Point, Sweep, parse_devices
 from gputui.tui.widgets.plain_table import PlainTable
@@ -163,7 +164,8 @@ class SweepScreen(Screen):
                                                 f"{ev.steps_per_epoch} loss {ev.loss:.4f}"))
             elif ev.kind == "epoch_end":
                 self.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
-                                                f"test acc {acc_text(ev.test_acc)}"))
+                                                + score_text(ev.task, ev.test_acc,
+                                                             ev.val_loss)))
         try:
             state = sweep.run(lambda p: self.post_message(PointChanged(p)), on_event)
         except Exception as exc:  # noqa: BLE001 - shown in the app, never a crash
@@ -209,7 +211,8 @@ class SweepScreen(Screen):
         from gputui.tui.screens.compare import CompareScreen
 
         self.app.push_screen(CompareScreen(self.sweep.run_dirs(), self.runs_dir,
-                                           title=f"sweep {self.sweep.manifest.sweep_id}"))
+                                           title=f"sweep {self.sweep.manifest.sweep_id}",
+                                           only_compared=True))
 
     def action_back(self) -> None:
         """Back to the set-up (not while a sweep runs)."""
