@@ -21,9 +21,10 @@ from typing import Iterator
 
 from gputui.core import registry
 from gputui.core.config import ConfigError, RunConfig
-from gputui.core.config_schema import effective_batch_size
+from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
+from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
-from gputui.core.mp_plan import MODEL_LAYERS, check_split_points
+from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
 
 # a broken rule: the keys it is blamed on, and its one line
@@ -74,6 +75,43 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
     if cfg.run.precision == "fp16" and all(d.kind == "cpu" for d in devices):
         yield (("run.precision", "devices.spec"),
                "run.precision = 'fp16' needs CUDA devices; use 'bf16' on CPU")
+    steps = planned_steps(cfg, effective_batch_size(cfg, n))
+    if steps is not None and cfg.optim.warmup_steps >= steps:
+        yield (("optim.warmup_steps", "run.epochs", "optim.batch_size", "data.train_size"),
+               f"optim.warmup_steps ({cfg.optim.warmup_steps}) is not shorter than the run "
+               f"({steps} optimizer steps); lower it or train longer")
+
+    yield from _task_problems(cfg)
+
+
+def _task_problems(cfg: RunConfig) -> Iterator[Problem]:
+    """The model and the data agree on the task: gpt reads text, the image models images;
+    gpt's heads divide its width; the text dataset has its path."""
+    m, d = cfg.model, cfg.data
+    text = d.name in TEXT_DATASETS and not d.factory
+    if not m.factory and m.name == "gpt" and not text and not d.factory:
+        yield (("model.name", "data.name"), f"model.name = 'gpt' reads text; set data.name to "
+                                            f"pystdlib or text (got {d.name!r})")
+    if text and not m.factory and m.name != "gpt":
+        yield (("model.name", "data.name"), f"data.name = {d.name!r} is text (byte tokens); "
+                                            f"use model.name = 'gpt' or a model.factory that "
+                                            f"reads tokens (got model.name = {m.name!r})")
+    if not m.factory and m.name == "gpt" and m.n_embd % m.n_head:
+        yield (("model.n_embd", "model.n_head"), f"model.n_head ({m.n_head}) must divide "
+                                                 f"model.n_embd ({m.n_embd})")
+    if text and d.name == "text" and not d.path:
+        yield (("data.name", "data.path"), "data.name = 'text' needs data.path: a text file "
+                                           "or a folder of them")
+
+
+def planned_steps(cfg: RunConfig, batch: int) -> int | None:
+    """The run's optimizer steps where the config alone fixes them (the embedded synthetic
+    set: its size is data.train_size); None for data read from disk or built by code, whose
+    size the run checks once it is loaded (``gputui.train.optim.Updater.plan``)."""
+    if cfg.data.name != "synthetic" or cfg.data.factory:
+        return None
+    n_train = cfg.data.train_size or SYNTHETIC_SIZES["train"]
+    return cfg.run.epochs * (n_train // batch) if batch <= n_train else None
 
 
 def _strategy_problems(cfg: RunConfig, devices: list[Device],
@@ -98,7 +136,11 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
         if nccl:
             yield CHOICE, nccl
     if name == "model_parallel":
-        yield from _stage_problems(cfg, n)
+        yield from _stage_problems(cfg, devices)
+    elif name in ("tp", "fsdp_tp"):
+        yield from _tp_problems(cfg, devices, name)
+    elif name == "pp":
+        yield from _pipeline_problems(cfg, devices)
     elif cfg.strategy.split_weights and not info.weighted:
         yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
     batch = _batch_problem(cfg, devices, info)
@@ -112,11 +154,16 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
                        f"optim.batch_size")
 
 
-def _stage_problems(cfg: RunConfig, n: int) -> Iterator[Problem]:
-    """model_parallel: enough layers for the stages, no split_weights, valid split points."""
-    model = cfg.model.factory or cfg.model.name
+def _stage_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
+    """model_parallel: enough layers for the stages, no split_weights, valid split points, no
+    weight tied across devices."""
+    n, model = len(devices), cfg.model.factory or cfg.model.name
     # a model.factory's blocks are known once it is built: the training process checks them
-    layers = None if cfg.model.factory else MODEL_LAYERS.get(model)
+    layers = model_layers(cfg)
+    if model == "gpt" and cfg.model.tie and len({d.torch_device for d in devices}) > 1:
+        yield CHOICE + ("model.tie",), (
+            "strategy 'model_parallel' puts gpt's embedding and head on different devices, "
+            "which cannot share one weight; set model.tie = false")
     if layers is not None and n > layers:
         yield CHOICE, (f"strategy 'model_parallel' cuts {model} into at most {layers} stages "
                        f"(one per layer), devices.spec '{cfg.devices.spec}' gives {n}; use "
@@ -128,6 +175,54 @@ def _stage_problems(cfg: RunConfig, n: int) -> Iterator[Problem]:
                                 layers if layers is not None else 2**62, n, model)
     if reason:
         yield CHOICE, reason
+
+
+def _tp_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[Problem]:
+    """tp and fsdp_tp: the built-in GPT, whose heads split over the tensor-parallel ranks
+    (fsdp_tp: several groups of strategy.tp_size ranks)."""
+    if cfg.model.factory or cfg.model.name != "gpt":
+        yield CHOICE, (f"strategy '{name}' shards the built-in GPT's attention and MLP: set "
+                       f"model.name = 'gpt' (model.factory models are not split)")
+        return
+    ranks = len(devices) * cfg.dist.nnodes
+    tp = ranks
+    if name == "fsdp_tp":
+        tp = cfg.strategy.tp_size or 2
+        if ranks % tp or ranks == tp:
+            yield CHOICE, (f"strategy 'fsdp_tp' needs the {ranks} ranks to be several groups "
+                           f"of strategy.tp_size = {tp}; e.g. --devices cpu*4 with tp_size 2")
+            return
+    if cfg.model.n_head % tp:
+        yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {tp} "
+                       f"tensor-parallel ranks; use a head count divisible by {tp}")
+
+
+def _pipeline_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
+    """pp (one rank per device and stage): a block per stage at least, valid split points,
+    a batch the micro-batches divide evenly, no fp16 (its grad scaler is not applied to the
+    stages' backward). A weight tied across stages is fine: pp sums its gradients."""
+    n, model = len(devices) * cfg.dist.nnodes, cfg.model.factory or cfg.model.name
+    layers = model_layers(cfg)
+    if layers is not None and n > layers:
+        yield CHOICE, (f"strategy 'pp' cuts {model} into at most {layers} stages (one per "
+                       f"block), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
+    if cfg.strategy.split_weights:
+        yield CHOICE, "strategy.split_weights applies to scratch and ddp, not 'pp'; remove it"
+    reason = check_split_points(list(cfg.strategy.split_points),
+                                layers if layers is not None else 2**62, n, model)
+    if reason:
+        yield CHOICE + ("strategy.split_points",), reason
+    batch, micro, chunks = (effective_batch_size(cfg, n), cfg.optim.micro_batches,
+                            cfg.strategy.pipeline_chunks)
+    if batch % (micro * chunks):
+        yield CHOICE + ("optim.batch_size", "optim.micro_batches", "strategy.pipeline_chunks"), (
+            f"strategy 'pp' splits each batch into optim.micro_batches x "
+            f"strategy.pipeline_chunks = {micro} x {chunks} equal micro-batches; "
+            f"optim.batch_size ({batch}) is not divisible by {micro * chunks}")
+    if cfg.run.precision == "fp16":
+        yield CHOICE + ("run.precision",), (
+            "strategy 'pp' does not apply fp16's grad scaler to its stages' backward; use "
+            "run.precision = 'bf16' or 'fp32'")
 
 
 def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) -> Problem | None:
@@ -188,6 +283,10 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
         problem = find_problem(spec, key) if spec else None
         if problem:
             raise ConfigError(f"{_blame(source, origins, key)}: {problem}")
+    if cfg.data.name == "text" and cfg.data.path and not cfg.data.factory \
+            and not Path(cfg.data.path).expanduser().exists():
+        raise ConfigError(f"{_blame(source, origins, 'data.path')}: data.path: no file or "
+                          f"folder at {cfg.data.path}")
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
     if resume is not None and not (resume / CHECKPOINT_NAME if resume.is_dir()
                                    else resume).is_file():

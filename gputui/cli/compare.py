@@ -12,6 +12,7 @@ from pathlib import Path
 from gputui.cli.common import EXIT_OK, fail
 from gputui.cli.output import add_output, emit, form_of
 from gputui.core.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
+from gputui.core.scores import columns_for
 
 # history and compare are imported by the commands that use them: building the parser must
 # stay cheap, since `gputui` (the app) builds it before its first paint.
@@ -68,7 +69,8 @@ def cmd_runs(args) -> int:
         return EXIT_OK
     plain = [r.to_dict() for r in rows]
     try:
-        emit(plain, history.COLUMNS, form, args.output, "runs", json_data=plain)
+        emit(plain, columns_for(history.COLUMNS, plain), form, args.output, "runs",
+             json_data=plain)
     except WriteFailed as exc:
         return fail(str(exc))
     if form == "table":  # what could not be read, under the table (--json has it per row)
@@ -131,7 +133,8 @@ def cmd_compare(args) -> int:
             emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
                  json_data={"groups": groups, "runs": as_plain(items)})
         else:
-            emit(table_rows(items), TABLE_COLUMNS, form, args.output, "comparison",
+            columns = columns_for(TABLE_COLUMNS, [it.row for it in items])
+            emit(table_rows(items, columns), columns, form, args.output, "comparison",
                  json_data=as_plain(items))
     except (ExportError, WriteFailed) as exc:
         return fail(str(exc))

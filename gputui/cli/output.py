@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gputui.core import scores
 from gputui.core.filewrite import WriteFailed, write_atomic
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test_acc": "test acc",
-           "comm_share": "comm", "init_s": "init", "efficiency": "efficiency",
+           "comm_share": "comm", "bubble_share": "bubble", "init_s": "init",
+           "efficiency": "efficiency",
            "step_ms": "step (ms)", "mem_per_device": "mem/device",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
-           "host_share": "host", "train_mem": "train mem"}
+           "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
 
 
 def add_output(p: argparse.ArgumentParser) -> None:

@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
                    help="what the counts are (as for sweep)")
     p.add_argument("--strategies", default="ddp,fsdp,scratch,dp",
-                   help="comma list of ddp, fsdp, scratch, dp")
+                   help="comma list of ddp, fsdp, tp, scratch, dp")
     p.add_argument("--scale-with-devices", action="store_true",
                    help="batch times the device count (as for sweep)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",

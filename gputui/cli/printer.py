@@ -18,9 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from gputui.core import breakdown
+from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
                                  RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
                                  plural)
+from gputui.core.scores import perplexity, score_text, speed_text
 
 
 def _mib(n: int | None) -> str:
@@ -51,9 +53,16 @@ def device_line(samples: dict[str, DeviceSample]) -> str:
 
 def breakdown_lines(ev) -> list[str]:
     """Where the metered step's time went, one line per device that measured it (each rank
-    of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'."""
-    return [f"{row.device} {breakdown.line(row.breakdown)}"
-            for row in ev.per_device if row.breakdown]
+    of ddp/fsdp), e.g. 'cpu:0 step 5.1 ms: compute 76% · comm 9% (+3% hidden) · ...'; a pp
+    stage adds its bubble, sends and receives."""
+    out = []
+    for row in ev.per_device:
+        if row.breakdown:
+            out.append(f"{row.device} {breakdown.line(row.breakdown)}")
+            pipe = breakdown.pipeline_line(row)
+            if pipe:
+                out.append(f"{row.device} {pipe}")
+    return out
 
 
 class Printer:
@@ -73,6 +82,7 @@ class Printer:
         self.task: TaskID | None = None
         self.epochs = 1
         self.epochs_seen = 0  # the first epoch printed carries the warm-up
+        self.show_lr = False  # a scheduled lr is printed with the loss
 
     def line(self, text: str, always: bool = False) -> None:
         """One line above the progress bar (or a plain line); ``always`` prints it under
@@ -91,6 +101,7 @@ class Printer:
         elif isinstance(ev, RunStarted):
             devs = ", ".join(d["name"] for d in ev.devices)
             self.epochs = ev.config.get("run", {}).get("epochs", 1)
+            self.show_lr = lr_scheduled(ev.config.get("optim", {}))
             self.line(f"run {ev.run_id}: strategy {ev.strategy} on {devs}")
             for note in ev.notes:
                 self.line(f"note: {note}")
@@ -108,9 +119,11 @@ class Printer:
         elif isinstance(ev, EpochEnd):
             warm = "" if self.epochs_seen else " (warm-up included)"
             self.epochs_seen += 1
+            score = score_text(getattr(ev, "task", "classify"), ev.test_acc,
+                               getattr(ev, "val_loss", None))
             self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
-                      f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}, "
-                      f"{ev.samples_per_s:,.0f} samples/s{warm}")
+                      f"{ev.train_loss:.4f}, {score}, "
+                      f"{speed_text(ev.samples_per_s, ev.tokens_per_s)}{warm}")
         elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
             self._stop_progress()
             if isinstance(ev, RunFailed):
@@ -120,16 +133,17 @@ class Printer:
 
     def _step(self, ev: StepMetrics) -> None:
         comm = f", comm {ev.comm_share:.1%}" if ev.comm_share is not None else ""
+        speed = speed_text(ev.samples_per_s, getattr(ev, "tokens_per_s", None))
+        lr = f", lr {ev.lr:.3g}" if self.show_lr else ""
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=ev.global_step,
                                  description=f"epoch {ev.epoch}/{self.epochs}",
-                                 info=f"loss {ev.loss:.4f}  "
-                                      f"{ev.samples_per_s:,.0f} samples/s{comm}")
+                                 info=f"loss {ev.loss:.4f}{lr}  {speed}{comm}")
             lines = [device_line(self.samples), *breakdown_lines(ev)]
             self.devices_text.plain = "\n".join(t for t in lines if t)
             return
-        self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}, "
-                  f"{ev.samples_per_s:,.0f} samples/s, step {ev.step_time_s * 1000:.1f} ms{comm}")
+        self.line(f"epoch {ev.epoch} step {ev.step}/{ev.steps_per_epoch}: loss {ev.loss:.4f}{lr}, "
+                  f"{speed}, step {ev.step_time_s * 1000:.1f} ms{comm}")
         devs = device_line(self.samples)
         if devs:
             self.line(f"  devices: {devs}")
@@ -163,10 +177,17 @@ class Printer:
         table.add_column("time (s)", justify="right")
         table.add_column("samples/s", justify="right")
         table.add_column("train loss", justify="right")
-        table.add_column("test acc", justify="right")
+        lm = s.get("task") == "lm"
+        if lm:
+            table.add_column("val loss", justify="right")
+            table.add_column("val ppl", justify="right")
+        else:
+            table.add_column("test acc", justify="right")
         for e in s.get("per_epoch", []):
+            score = ([f"{e['val_loss']:.4f}", f"{perplexity(e['val_loss']):,.2f}"] if lm
+                     else [acc_text(e['test_acc'])])
             table.add_row(str(e["epoch"]), f"{e['seconds']:.2f}", f"{e['samples_per_s']:,.0f}",
-                          f"{e['train_loss']:.4f}", acc_text(e['test_acc']))
+                          f"{e['train_loss']:.4f}", *score)
         if self.live and not self.quiet:  # plain mode has printed one line per epoch
             self.console.print(table)
         init = s.get("init_s")
@@ -179,13 +200,18 @@ class Printer:
                 per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
                 noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
                 parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
-                parts.append(f"{steady['samples_per_s']:,.0f} samples/s{noise} (steady state, "
+                parts.append(f"{speed_text(steady['samples_per_s'], steady.get('tokens_per_s'))}"
+                             f"{noise} (steady state, "
                              f"after {plural(steady['warmup_steps'], 'warm-up step')})")
             else:
                 parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
-                parts.append(f"{s['samples_per_s']:,.0f} samples/s (warm-up included: too "
+                parts.append(f"{speed_text(s['samples_per_s'], s.get('tokens_per_s'))} "
+                             f"(warm-up included: too "
                              f"few steps for a steady state)")
-            parts.append(f"test acc {acc_text(s['test_acc'])}")
+            parts.append(score_text(s.get("task", "classify"), s.get("test_acc"),
+                                    s.get("val_loss")))
+            if lm and s.get("baseline_loss") is not None:
+                parts.append(f"unigram baseline {s['baseline_loss']:.4f}")
         if init is not None:
             parts.append(f"init {init:.2f} s")
         self.line("summary: " + ", ".join(parts), always=True)

@@ -137,7 +137,7 @@ def cmd_sweep(args) -> int:
 def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     from gputui.cli.output import emit
     from gputui.runs.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
-                                compare, table_rows)
+                                     columns_for, compare, table_rows)
     from gputui.core.signals import Supervisor
     from gputui.runs.sweep_progress import SweepProgress
 
@@ -166,7 +166,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     groups = grouped(items, m.points) if m.repeat > 1 else None
     if args.export:
         _export(items, sweep.run_dirs(), Path(args.export), out, groups)
-    columns: tuple[str, ...] = SWEEP_COLUMNS if m.axes else TABLE_COLUMNS
+    columns = columns_for(items, SWEEP_COLUMNS if m.axes else TABLE_COLUMNS)
     rows = table_rows(items, columns)
     title = f"sweep {m.sweep_id} over {m.kind_words()}"
     if groups is not None:
@@ -198,7 +198,7 @@ def _predict(args) -> int:
         path = str(resolve_preset(args.preset).resolve())
         counts = counts_of(parse_devices(args.devices))
         wanted = [s for s in args.strategies.split(",") if s.strip() in
-                  ("ddp", "fsdp", "scratch", "dp")]
+                  ("ddp", "fsdp", "tp", "scratch", "dp", "pp")]
         strategies = parse_strategies(",".join(wanted) or args.strategies)
         cfg = load_base(path, set_overrides(args.sets, args.epochs))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
@@ -217,7 +217,7 @@ def _manifest_dict(m) -> dict:
 
 
 def _export(items, dirs, folder: Path, out, groups=None) -> None:
-    from gputui.runs.compare import TABLE_COLUMNS, as_plain, table_rows
+    from gputui.runs.compare import as_plain, columns_for, table_rows
     from gputui.runs.export import ExportError, plot_curves, plot_speedup, render, to_json
     from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS
 
@@ -227,9 +227,10 @@ def _export(items, dirs, folder: Path, out, groups=None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WriteFailed(folder, exc) from None
-    rows = table_rows(items)
-    write_atomic(folder / "scaling.csv", render(rows, TABLE_COLUMNS, "csv"))
-    write_atomic(folder / "scaling.md", render(rows, TABLE_COLUMNS, "md"))
+    columns = columns_for(items)
+    rows = table_rows(items, columns)
+    write_atomic(folder / "scaling.csv", render(rows, columns, "csv"))
+    write_atomic(folder / "scaling.md", render(rows, columns, "md"))
     write_atomic(folder / "scaling.json", to_json(as_plain(items)))
     if groups is not None:  # --repeat: one row per point, median and min-max
         write_atomic(folder / "scaling-repeats.csv", render(groups, REPEAT_COLUMNS, "csv"))

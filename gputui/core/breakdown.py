@@ -187,3 +187,17 @@ def bar(bd: Breakdown | None, width: int) -> list[tuple[str, str]]:
     if edge < width:
         out.append(("▔" * (width - edge), STYLES["host_s"]))
     return out
+
+
+def pipeline_line(row: Any) -> str | None:
+    """A pp stage's pipeline figures of its metered step (a ``gputui.core.steps.DeviceStep``
+    from ``gputui.train.strategies.pp_meter``), e.g. 'stage 0: bubble 41% of the pipeline
+    (theory 20%) · sends 1.2 ms · receives 1.1 ms'; None for a row of another strategy."""
+    share = getattr(row, "bubble_share", None)
+    if share is None:
+        return None
+    text = f"stage {row.stage}: bubble {share:.0%} of the pipeline"
+    if row.bubble_theory is not None:
+        text += f" (theory {row.bubble_theory:.0%})"
+    return (text + f" · sends {1000 * (row.send_s or 0.0):.1f} ms · receives "
+            f"{1000 * (row.recv_s or 0.0):.1f} ms")

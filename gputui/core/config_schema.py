@@ -17,10 +17,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
 
-MODELS = ("lenet", "resnet18", "mlp")
-DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
+MODELS = ("lenet", "resnet18", "mlp", "gpt")
+DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10", "pystdlib", "text")
+# byte-level language-modelling data (vocab 256): windows of data.context tokens
+TEXT_DATASETS = ("pystdlib", "text")
+LOSSES = ("cross_entropy", "nll")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "linear", "step")
 
 
 def default_data_root() -> str:
@@ -30,7 +35,7 @@ def default_data_root() -> str:
 
 
 def opt(default: Any, help: str, **checks: Any) -> Any:  # noqa: A002 - mirrors argparse
-    """A documented config field; ``checks`` are choices/min/max/gt rules."""
+    """A documented config field; ``checks`` are choices/min/max/gt/check rules."""
     meta = {"help": help, **checks}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -108,8 +113,9 @@ class ModelSection:
     """[model]: the network and its initialisation."""
 
     name: str = opt("lenet", "lenet (the material's LeNet variant), resnet18 (its ResNet-18 "
-                             "variant) or mlp (a small multilayer perceptron); model.factory, "
-                             "when set, replaces it.", choices=MODELS)
+                             "variant), mlp (a small multilayer perceptron) or gpt (a GPT-style "
+                             "transformer sized by model.n_layer/n_head/n_embd, for text data); "
+                             "model.factory, when set, replaces it.", choices=MODELS)
     factory: str = opt("", "Your own model (this runs your code): 'package.module:function' or "
                            "'path/to/file.py:function', called as function(channels, height, "
                            "width, classes, **model.kwargs) and returning an nn.Module; or "
@@ -122,6 +128,15 @@ class ModelSection:
                               "usual init. A model.factory keeps the init its code does.",
                     choices=("normal", "default"))
     init_std: float = opt(0.01, "Standard deviation for init = 'normal'.", gt=0.0, max=10.0)
+    n_layer: int = opt(4, "gpt: transformer blocks.", min=1, max=256)
+    n_head: int = opt(4, "gpt: attention heads per block (must divide model.n_embd).", min=1,
+                      max=256)
+    n_embd: int = opt(128, "gpt: embedding width.", min=1, max=65_536)
+    tie: bool = opt(True, "gpt: the output head shares the token embedding's weight (GPT-2).")
+    loss: str = opt("cross_entropy", "The training loss on the model's output: cross_entropy "
+                                     "(logits) or nll (a model ending in log_softmax). A forward "
+                                     "may return a tensor or an object with .logits "
+                                     "(HuggingFace style).", choices=LOSSES)
 
 
 @dataclass(frozen=True)
@@ -129,8 +144,11 @@ class DataSection:
     """[data]: the dataset and how it is fed."""
 
     name: str = opt("synthetic", "synthetic (generated, embedded), mnist, fashion-mnist or "
-                                 "cifar10 (read from data.root); data.factory, when set, "
-                                 "replaces it.", choices=DATASETS)
+                                 "cifar10 (read from data.root): images to classify; pystdlib "
+                                 "(this Python's standard library source, no download) or text "
+                                 "(the file or folder data.path names): bytes for language "
+                                 "modelling. data.factory, when set, replaces it.",
+                      choices=DATASETS)
     factory: str = opt("", "Your own data (this runs your code): 'package.module:function' or "
                            "'path/to/file.py:function', called as function(**data.kwargs) and "
                            "returning (train, test), each an (images, labels) pair of tensors "
@@ -143,9 +161,15 @@ class DataSection:
                         "the user cache dir (~/.cache/gputui/data).")
     download: bool = opt(False, "Download a missing real dataset into data.root (needs internet).")
     train_size: int = opt(0, "Training examples: for synthetic the number generated (0 = 12000); "
-                             "for real data a cap on the split (0 = all).", min=0)
+                             "for real data a cap on the split (0 = all); for text the windows "
+                             "of data.context tokens (0 = all).", min=0)
     test_size: int = opt(0, "Test examples: for synthetic the number generated (0 = 2000); for "
-                            "real data a cap (0 = all).", min=0)
+                            "real data a cap (0 = all); for text the validation windows.",
+                         min=0)
+    context: int = opt(128, "Text data: tokens (bytes) per example window; the model predicts "
+                            "each next byte.", min=2, max=1_048_576)
+    path: str = opt("", "data.name = 'text': a text file, or a folder whose files are read in "
+                        "sorted order; its last tenth is the validation split.")
     source: str = opt("standard", "'standard' trains on the train split and tests on the test "
                                   "split; 'test-split' carves both from the test split (for a "
                                   "folder holding only the t10k files).",
@@ -157,16 +181,51 @@ class DataSection:
                        max=64)
 
 
+def _betas_problem(value: list) -> str | None:
+    """Why a betas list is not two numbers in [0, 1), or None."""
+    ok = (len(value) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                  and 0.0 <= b < 1.0 for b in value))
+    return None if ok else (f"optim.betas must be two numbers in [0, 1), e.g. [0.9, 0.999]; "
+                            f"got {value!r}")
+
+
 @dataclass(frozen=True)
 class OptimSection:
-    """[optim]: minibatch SGD, as in the material."""
+    """[optim]: the optimizer, its learning-rate schedule and gradient clipping. The defaults
+    are the material's minibatch SGD at a constant lr, unclipped."""
 
     batch_size: int = opt(256, "Global batch size: the examples of one optimizer step, over all "
                                "devices together.", min=1, max=1_000_000)
-    lr: float = opt(0.1, "Learning rate of the SGD update.", gt=0.0, max=100.0)
-    momentum: float = opt(0.0, "SGD momentum (0 = plain SGD, as the material uses).",
-                          min=0.0, max=0.999)
-    weight_decay: float = opt(0.0, "L2 weight decay.", min=0.0, max=1.0)
+    name: str = opt("sgd", "The optimizer: sgd (torch.optim.SGD, with momentum), adam "
+                           "(torch.optim.Adam) or adamw (torch.optim.AdamW, decoupled weight "
+                           "decay).", choices=OPTIMIZERS)
+    lr: float = opt(0.1, "Learning rate: the peak of the schedule (reached at the end of the "
+                         "warm-up).", gt=0.0, max=100.0)
+    momentum: float = opt(0.0, "sgd: momentum (0 = plain SGD, as the material uses).", min=0.0,
+                          max=0.999)
+    weight_decay: float = opt(0.0, "Weight decay: an L2 term for sgd and adam, decoupled for "
+                                    "adamw (0 = none).", min=0.0, max=1.0)
+    betas: list = opt([0.9, 0.999], "adam/adamw: the decay rates of the moving averages of the "
+                                     "gradient and of its square, two numbers in [0, 1).",
+                      check=_betas_problem)
+    eps: float = opt(1e-8, "adam/adamw: the term added to the denominator for stability.",
+                     gt=0.0, max=1.0)
+    schedule: str = opt("constant", "How the lr changes per optimizer step, after the warm-up: "
+                                    "constant, cosine (decay to min_lr_ratio x lr at the run's "
+                                    "end), linear (the same, in a straight line) or step "
+                                    "(times gamma every step_size steps).", choices=SCHEDULES)
+    warmup_steps: int = opt(0, "Optimizer steps of linear warm-up from lr/warmup_steps to lr "
+                               "before the schedule (0 = none); fewer than the run's steps.",
+                            min=0, max=10_000_000)
+    min_lr_ratio: float = opt(0.0, "cosine/linear: the lr at the run's end, as a fraction of "
+                                   "lr.", min=0.0, max=1.0)
+    step_size: int = opt(1000, "step: optimizer steps between two multiplications by gamma.",
+                         min=1, max=10_000_000)
+    gamma: float = opt(0.1, "step: the factor applied to the lr every step_size steps.", gt=0.0,
+                       max=1.0)
+    clip_grad_norm: float = opt(0.0, "Scale the gradients down so their global L2 norm (over "
+                                     "every device's shard) is at most this, before each "
+                                     "update (0 = no clipping).", min=0.0, max=1e9)
     micro_batches: int = opt(1, "Split each batch into N micro-batches whose gradients are "
                                 "accumulated before one update (same update, less memory).",
                              min=1, max=4096)
@@ -190,7 +249,8 @@ class StrategySection:
     """[strategy]: how the work is spread over the devices."""
 
     name: str = opt("single", "single, scratch (from-scratch allreduce), dp (DataParallel), ddp, "
-                              "model_parallel or fsdp; `gputui strategies` lists them.")
+                              "model_parallel, fsdp, tp (tensor parallel), fsdp_tp or pp "
+                              "(pipeline parallel); `gputui strategies` lists them.")
     check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
@@ -201,9 +261,14 @@ class StrategySection:
     fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
                               "(e.g. ['Block'] for a model.factory's blocks); empty = every "
                               "top-level block with parameters.")
-    pipeline_chunks: int = opt(1, "model_parallel: micro-batches that flow through the stages "
-                                  "as a pipeline (1 = no pipelining).", min=1, max=1024)
-    backend: str = opt("auto", "ddp/fsdp process-group backend: auto (nccl on CUDA, gloo on "
+    pipeline_chunks: int = opt(1, "model_parallel and pp: micro-batches that flow through the "
+                                  "stages as a pipeline (1 = no pipelining).", min=1, max=1024)
+    schedule: str = opt("1f1b", "pp: the pipeline schedule, gpipe (every forward, then every "
+                                "backward) or 1f1b (one forward, one backward in steady state).",
+                        choices=("gpipe", "1f1b"))
+    tp_size: int = opt(0, "fsdp_tp: ranks per tensor-parallel group (the rest of the ranks "
+                          "form the data-parallel dimension); 0 = 2.", min=0, max=4096)
+    backend: str = opt("auto", "ddp/fsdp/tp/pp process-group backend: auto (nccl on CUDA, gloo on "
                                "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
     timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",
                            gt=0.0, max=86_400.0)
@@ -251,6 +316,26 @@ SECTIONS: dict[str, type] = {
     "telemetry": TelemetrySection,
     "debug": DebugSection,
 }
+
+
+def task_of(cfg: RunConfig) -> str:
+    """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
+    'classify' (accuracy)."""
+    return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
+
+
+def optimizer_states(optim: OptimSection) -> int:
+    """Tensors of optimizer state per parameter: Adam's two moments, SGD's momentum buffer
+    (none without momentum). What the memory prediction counts."""
+    if optim.name in ("adam", "adamw"):
+        return 2
+    return 1 if optim.momentum > 0 else 0
+
+
+def lr_scheduled(optim: dict[str, Any]) -> bool:
+    """Whether the lr of a run with these [optim] values changes over the run (a schedule
+    other than constant, or a warm-up): the printer and the run screen then show it."""
+    return optim.get("schedule", "constant") != "constant" or bool(optim.get("warmup_steps", 0))
 
 
 def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:

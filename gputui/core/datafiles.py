@@ -144,6 +144,8 @@ def data_problem(cfg) -> str | None:
     d = cfg.data
     if getattr(d, "factory", ""):  # the user's data: their code reads it in the training process
         return None
+    if d.name in ("pystdlib", "text"):  # read in the training process (plan checks data.path)
+        return None
     problem = missing_data(d.name, d.root, d.source)
     if problem:
         return None if d.download else problem

@@ -88,6 +88,9 @@ class InitDone(Event):
     params: int = 0
     threads: int = 0  # torch intra-op threads of this process (0: not recorded)
     cores: int = 0  # cores this process may run on (0: not recorded)
+    task: str = "classify"  # or "lm": language modelling (loss, perplexity, tokens/s)
+    tokens_per_sample: int = 0  # lm: data.context
+    baseline_loss: float | None = None  # lm: the unigram baseline, nats per token
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class StepMetrics(Event):
     # bench-comm's algbw): its bytes over the time a bucket was in flight, mean over the
     # ranks (each row holds its own comm_bytes, comm_s, comm_gbps); ddp only
     comm_gbps: float | None = None
+    tokens_per_s: float | None = None  # lm: samples_per_s x tokens per sample (data.context)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
@@ -134,16 +138,20 @@ class StepMetrics(Event):
 
 @dataclass(frozen=True)
 class EpochEnd(Event):
-    """An epoch finished: its time, mean train loss and test accuracy."""
+    """An epoch finished: its time, mean train loss and its test score: accuracy when the
+    task is "classify", validation loss per token (perplexity = exp of it) when "lm"."""
 
     kind: ClassVar[str] = "epoch_end"
     epoch: int
     epochs: int
     seconds: float  # training time of the epoch (evaluation excluded)
     train_loss: float
-    test_acc: float
+    test_acc: float  # NaN for a language model, which has no accuracy
     samples_per_s: float
     eval_s: float = 0.0
+    task: str = "classify"  # or "lm"
+    val_loss: float | None = None  # lm: mean validation loss per token, nats
+    tokens_per_s: float | None = None  # lm: samples_per_s x tokens per sample
 
 
 @dataclass(frozen=True)

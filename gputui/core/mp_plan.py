@@ -9,9 +9,23 @@ a split point is the index of the block where a new stage starts.
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gputui.core.config import RunConfig
 
 # Top-level blocks of each model in gputui.train.models (a unit test keeps these in step).
 MODEL_LAYERS = {"lenet": 4, "resnet18": 6, "mlp": 3}
+
+
+def model_layers(cfg: "RunConfig") -> int | None:
+    """Top-level blocks of the built-in model the config names (gpt: embedding, n_layer
+    blocks, head); None for a model.factory."""
+    if cfg.model.factory:
+        return None
+    if cfg.model.name == "gpt":
+        return cfg.model.n_layer + 2
+    return MODEL_LAYERS.get(cfg.model.name)
 
 
 def balance(counts: list[int], n: int) -> list[int]:

@@ -78,3 +78,15 @@ register(StrategyInfo(
     "fsdp", "Fully sharded data parallel (fully_shard): like ddp, but parameters, gradients and "
             "optimizer state are sharded over the ranks.", "fsdp",
     multiprocess=True, weighted=True))
+register(StrategyInfo(
+    "tp", "Tensor parallelism (Megatron style) of the built-in GPT: each block's heads and MLP "
+          "width split over the ranks, activations all-reduced, every rank on the whole batch.",
+    "tp", multiprocess=True, min_devices=2))
+register(StrategyInfo(
+    "fsdp_tp", "fsdp x tp on a 2-D mesh: tensor parallelism inside groups of "
+               "strategy.tp_size ranks, fully_shard over the groups (4 devices or more).",
+    "fsdp_tp", multiprocess=True, min_devices=2))
+register(StrategyInfo(
+    "pp", "Pipeline parallel (torch.distributed.pipelining): consecutive blocks as stages on "
+          "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
+          "bubble.", "pp", multiprocess=True, min_devices=2))

@@ -95,6 +95,7 @@ def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
 
 def summarize(events: Iterable[Event]) -> dict[str, Any]:
     """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
+    from gputui.core.scores import perplexity
     from gputui.core.steady import steady_figures
 
     events = list(events)
@@ -113,11 +114,17 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         elif isinstance(ev, InitDone):
             s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
                      steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
-                     cores=getattr(ev, "cores", 0))
+                     cores=getattr(ev, "cores", 0), task=ev.task)
+            if s["task"] == "lm":
+                s.update(tokens_per_sample=ev.tokens_per_sample,
+                         baseline_loss=ev.baseline_loss)
         elif isinstance(ev, EpochEnd):
-            s["per_epoch"].append({"epoch": ev.epoch, "seconds": ev.seconds,
-                                   "train_loss": ev.train_loss, "test_acc": ev.test_acc,
-                                   "samples_per_s": ev.samples_per_s})
+            entry: dict[str, Any] = {"epoch": ev.epoch, "seconds": ev.seconds,
+                                     "train_loss": ev.train_loss, "test_acc": ev.test_acc,
+                                     "samples_per_s": ev.samples_per_s}
+            if ev.task == "lm":  # no accuracy: a validation loss
+                entry.update(test_acc=None, val_loss=ev.val_loss, tokens_per_s=ev.tokens_per_s)
+            s["per_epoch"].append(entry)
             s["epochs_done"] = ev.epoch
         elif isinstance(ev, StepMetrics):
             s["last_loss"] = ev.loss
@@ -134,11 +141,20 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
     if epochs:
         s["time_per_epoch_s"] = sum(e["seconds"] for e in epochs) / len(epochs)
         s["samples_per_s"] = sum(e["samples_per_s"] for e in epochs) / len(epochs)
-        s["test_acc"] = epochs[-1]["test_acc"]
-        s["best_test_acc"] = max(e["test_acc"] for e in epochs)
         s["train_loss"] = epochs[-1]["train_loss"]
+        if s.get("task") == "lm":
+            s["test_acc"] = s["best_test_acc"] = None
+            s["val_loss"] = epochs[-1]["val_loss"]
+            s["best_val_loss"] = min(e["val_loss"] for e in epochs)
+            s["val_ppl"] = perplexity(s["val_loss"])
+            s["tokens_per_s"] = s["samples_per_s"] * (s.get("tokens_per_sample") or 0)
+        else:
+            s["test_acc"] = epochs[-1]["test_acc"]
+            s["best_test_acc"] = max(e["test_acc"] for e in epochs)
     # the steady state (warm-up excluded, gputui.core.steady): what tables and summaries print
     s["steady"] = steady_figures(events)
+    if s["steady"] and s.get("tokens_per_sample"):
+        s["steady"]["tokens_per_s"] = s["steady"]["samples_per_s"] * s["tokens_per_sample"]
     if first_t is not None:
         s["total_s"] = last_t - first_t
     return s

@@ -32,6 +32,16 @@ class DeviceStep:
     comm_calls: int | None = None  # how many collectives were timed
     comm_bytes: int | None = None  # bytes the gradient all-reduce moved (ddp)
     comm_gbps: float | None = None  # comm_bytes / comm_s, GB/s (ddp)
+    # pp: the stage's pipeline (gputui.train.strategies.pp_meter); None for other strategies
+    stage: int | None = None  # its place in the pipeline, 0 = the first
+    pipeline_s: float | None = None  # the schedule's span on this stage
+    bubble_s: float | None = None  # idle in it waiting on the other stages, transfers excluded
+    bubble_share: float | None = None  # bubble_s / pipeline_s
+    bubble_theory: float | None = None  # (p - 1) / (m + p - 1): equal stages, free sends
+    send_s: float | None = None  # the transfer of the messages it sent (estimated)
+    recv_s: float | None = None  # ... and of those it received
+    p2p_bytes: int | None = None  # bytes it sent and received
+    p2p_messages: int | None = None  # messages it sent and received
 
     def to_dict(self) -> dict[str, Any]:
         """The record's form: the measured fields only (the breakdown as its own dict)."""

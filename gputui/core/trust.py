@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
-RANKS = ("ddp", "fsdp")  # one process per device
+RANKS = ("ddp", "fsdp", "tp", "fsdp_tp", "pp")  # one process per device
 MIN_NOISE = 0.02  # the least relative noise assumed for one measurement
 
 

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import breakdown
+from gputui.core import runstore, scores
 from gputui.core.breakdown import Breakdown
-from gputui.core import runstore
 from gputui.core.devices import human_bytes
 from gputui.core.events import acc_text
 from gputui.core.steady import RULE
 from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
-                 "speedup", "predicted_speedup", "efficiency", "comm_share",
+                 "speedup", "predicted_speedup", "efficiency", "comm_share", "bubble_share",
                  *breakdown.SHARE_COLUMNS, "comm_gbps", "mfu", "train_mem", "init_s", "test_acc",
                  "status", "baseline", "check")
 # a sweep's table also names each run's fast path (precision, compile, channels_last)
@@ -60,9 +60,13 @@ class CompareRow:
     comm_gbps: float | None = None
     comm_peak_gbps: float | None = None
     train_mem: int | None = None  # the largest device's params+grads+optim+activations, bytes
+    # pp: the share of the pipeline's span its stages sat idle waiting on each other (mean
+    # over stages and metered steps, the first left out), and the theory's (p-1)/(m+p-1)
+    bubble_share: float | None = None
+    bubble_theory: float | None = None
     memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
-    acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy)]
+    acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy or val loss)]
     flags: list = field(default_factory=list)  # why the speedup is not a result (gputui.core.trust)
     warnings: list = field(default_factory=list)  # e.g. well short of its prediction
     refused: list = field(default_factory=list)  # baselines refused, with why
@@ -78,7 +82,8 @@ class CompareRow:
                    warnings=list(self.warnings), refused=list(self.refused),
                    check=check_text(self), mfu=self.mfu, flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
-                   comm_peak_gbps=self.comm_peak_gbps)
+                   comm_peak_gbps=self.comm_peak_gbps, bubble_share=self.bubble_share,
+                   bubble_theory=self.bubble_theory)
         out.update(breakdown.shares(self.breakdown))
         return out
 
@@ -112,8 +117,9 @@ def read_record(run_dir: str | Path, events: list | None = None
                 shares.append(ev.comm_share)
             if ev.breakdown:
                 parts.append(ev.breakdown)
-        elif ev.kind == "epoch_end":
-            acc.append((ev.epoch, ev.test_acc))
+        elif ev.kind == "epoch_end":  # a language model's curve is its validation loss
+            lm = getattr(ev, "task", "classify") == "lm"
+            acc.append((ev.epoch, ev.val_loss if lm else ev.test_acc))
     share = sum(shares) / len(shares) if shares else None
     return loss, acc, share, breakdown.mean(parts[1:] if len(parts) > 1 else parts)
 
@@ -122,7 +128,7 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
     """{"mfu", "flops_per_s", "comm_gbps", "train_mem", "memory"} from a record's readable
     events: the means over its log windows (comm_gbps: its metered steps but the first, when
     there are more), and its last MemoryReport (None / [] where not recorded)."""
-    mfus, rates, memory, gbps = [], [], [], []
+    mfus, rates, memory, gbps, bubbles, theory = [], [], [], [], [], None
     events = readable_events(run_dir) if events is None else events
     for ev in events:
         if ev.kind == "step":
@@ -132,6 +138,10 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
                 rates.append(ev.flops_per_s)
             if getattr(ev, "comm_gbps", None) is not None:
                 gbps.append(ev.comm_gbps)
+            share = breakdown.mean_value(r.bubble_share for r in ev.per_device)
+            if share is not None:
+                bubbles.append(share)
+                theory = breakdown.mean_value(r.bubble_theory for r in ev.per_device)
         elif ev.kind == "memory":
             memory = [dict(r) for r in ev.per_device]
     totals = [sum(r.get(k) or 0 for k in ("params", "grads", "optim", "activations"))
@@ -139,7 +149,9 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
     return {"mfu": sum(mfus) / len(mfus) if mfus else None,
             "flops_per_s": sum(rates) / len(rates) if rates else None,
             "comm_gbps": breakdown.mean_value(gbps[1:] or gbps),
-            "train_mem": max(totals) if totals else None, "memory": memory}
+            "train_mem": max(totals) if totals else None, "memory": memory,
+            "bubble_share": breakdown.mean_value(bubbles[1:] or bubbles),
+            "bubble_theory": theory}
 
 
 def match_key(row: RunRow) -> tuple:
@@ -285,6 +297,12 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     return p.speedup, ""
 
 
+def columns_for(items: list[CompareRow], columns=TABLE_COLUMNS) -> tuple[str, ...]:
+    """The table's columns for these runs: a language model's bring val loss, val ppl and
+    tokens/s (``gputui.core.scores.columns_for``)."""
+    return scores.columns_for(columns, [it.row for it in items])
+
+
 def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str, Any]]:
     """The comparison as plain dicts with the table's columns, in order; a flagged speedup
     and efficiency read "flagged" (the reasons are in ``summary_lines`` and the JSON)."""
@@ -299,12 +317,14 @@ def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str,
 
 def fmt(key: str, value: Any) -> str:
     """A cell as text for terminal and Markdown tables."""
-    if value is None or value == "":
+    if value is None or value == "" or value != value:  # None, empty or NaN
         return "-"
     if isinstance(value, str) and key in ("speedup", "efficiency"):
         return value
     if key in ("comm_share", "efficiency", "mfu"):
         return f"{value:.1%}"
+    if key == "bubble_share":
+        return f"{value:.0%}"
     if key == "train_mem":
         return human_bytes(value)
     if key in breakdown.SHARE_COLUMNS:
@@ -325,6 +345,9 @@ def fmt(key: str, value: Any) -> str:
         return f"{value:.2f} GB/s"
     if key == "test_acc":
         return acc_text(value)
+    score = scores.fmt(key, value)
+    if score is not None:
+        return score
     if key == "lr":
         return f"{value:g}"
     return str(value)
@@ -356,6 +379,11 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"all-reduce, mean of the metered steps)"
                          + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
                             "these devices: `gputui bench-comm` measures one"))
+        if it.bubble_share is not None and it.bubble_theory is not None:
+            lines.append(f"{r.id}: pipeline bubble {it.bubble_share:.0%} of the pipeline's "
+                         f"span measured (its stages idle, waiting on each other), "
+                         f"{it.bubble_theory:.0%} in theory ((p-1)/(m+p-1): equal stages, "
+                         f"free sends)")
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
                          f"steady-state steps ({RULE})")

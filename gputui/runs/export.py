@@ -19,6 +19,7 @@ from typing import Any, Iterable
 from gputui.core.errors import UserError
 from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
+from gputui.core.scores import perplexity
 from gputui.runs.compare import CompareRow, fmt
 
 FORMATS = ("table", "csv", "md", "json")
@@ -99,16 +100,24 @@ def _label(item: CompareRow) -> str:
 
 
 def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
-    """Training loss (left) and test accuracy (right) of every run, overlaid, as a PNG."""
+    """Training loss (left) and the score (right: test accuracy, or a language model's
+    validation loss, with its unigram baseline dashed) of every run, overlaid, as a PNG."""
     plt = _pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    lm = {it.row.task for it in items} == {"lm"}
     for it in items:
         if it.loss_curve:
             ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
         if it.acc_curve:
             ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
+    baselines = {it.row.baseline_loss for it in items if it.row.baseline_loss is not None}
+    if lm and len(baselines) == 1:
+        ax_acc.axhline(baselines.pop(), linestyle="--", color="grey", label="unigram baseline")
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    ax_acc.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
+    score = "validation loss (nats/token)" if lm else "test accuracy"
+    if not lm and any(it.row.task == "lm" for it in items):
+        score = "test accuracy or validation loss"
+    ax_acc.set(xlabel="epoch", ylabel=score, title=score)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -168,7 +177,8 @@ def _summary_writer():
 
 
 def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]:
-    """Each run's scalars (loss per step; accuracy, epoch time, samples/s per epoch) under
+    """Each run's scalars (loss per step; accuracy, or a language model's validation loss,
+    perplexity and tokens/s; epoch time, samples/s per epoch) under
     ``logdir/<run id>``; returns the folders written."""
     from gputui.core import runstore
 
@@ -187,11 +197,19 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
                     writer.add_scalar("train/loss", ev.loss, ev.global_step, walltime=ev.t)
                     writer.add_scalar("train/samples_per_s", ev.samples_per_s, ev.global_step,
                                       walltime=ev.t)
+                    if ev.tokens_per_s:
+                        writer.add_scalar("train/tokens_per_s", ev.tokens_per_s,
+                                          ev.global_step, walltime=ev.t)
                 elif isinstance(ev, EpochEnd):
-                    for tag, value in (("test/accuracy", ev.test_acc),
-                                       ("epoch/seconds", ev.seconds),
+                    lm = ev.task == "lm"
+                    score = ((("val/loss", ev.val_loss), ("val/perplexity",
+                                                          perplexity(ev.val_loss)),
+                              ("epoch/tokens_per_s", ev.tokens_per_s))
+                             if lm else (("test/accuracy", ev.test_acc),))
+                    for tag, value in (*score, ("epoch/seconds", ev.seconds),
                                        ("epoch/samples_per_s", ev.samples_per_s)):
-                        writer.add_scalar(tag, value, ev.epoch, walltime=ev.t)
+                        if value is not None:
+                            writer.add_scalar(tag, value, ev.epoch, walltime=ev.t)
         finally:
             writer.close()
         out.append(target)

@@ -41,6 +41,12 @@ class RunRow:
     time_per_epoch_s: float | None = None
     samples_per_s: float | None = None
     test_acc: float | None = None
+    # a language model's score instead of test_acc (gputui.core.scores), and its tokens/s
+    task: str = "classify"
+    val_loss: float | None = None
+    val_ppl: float | None = None
+    tokens_per_s: float | None = None
+    baseline_loss: float | None = None  # the unigram baseline its val_loss is read against
     status: str = "unknown"
     date: str = ""
     epochs_done: int = 0
@@ -178,6 +184,12 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.resumed = bool(run.get("resume_from"))
     row.threads, row.cores = int(s.get("threads") or 0), int(s.get("cores") or 0)
     row.test_acc = s.get("test_acc")
+    row.task = str(s.get("task") or "classify")
+    if row.task == "lm":
+        row.val_loss, row.val_ppl = s.get("val_loss"), s.get("val_ppl")
+        row.baseline_loss = s.get("baseline_loss")
+        if row.samples_per_s is not None and s.get("tokens_per_sample"):
+            row.tokens_per_s = row.samples_per_s * s["tokens_per_sample"]
     row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
     row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
     row.init_s = s.get("init_s")

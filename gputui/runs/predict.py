@@ -30,15 +30,29 @@ Per step, N devices:
              (t_sync: the loop's one small all-reduce of the window's losses per log
              window, measured like t_ar; where t_fsdp was not measured, figures kept before
              it was: 1.5 t_ar, two all-gathers and a reduce-scatter of G)
+    tp:      t_N = t_c + 4 L t_act + t_sync / log_every
+             (the GPT's L blocks each all-reduce the B x T x E activation twice in forward
+             and twice in backward; t_act: one such all-reduce over N ranks, measured like
+             t_ar between slices of compute; t_c, the step of B/N examples on the whole
+             model, stands in for the whole batch on 1/N of each block: the same block FLOPs,
+             but the embeddings, norms and head are not split, so it is a lower bound)
     scratch: t_N = N t_seq + t_copy   on CPU (one process)   t_c + t_copy on GPUs
     dp:      t_N = t_1                on CPU (no replication) t_c + 2 t_copy on GPUs
+    pp:      t_N = t_c (m + N - 1) / m + t_sync / log_every
+             (N balanced stages, m = strategy.pipeline_chunks micro-batches: a stage's compute
+             of the whole batch is about t_c, and the pipeline's fill and drain idle each stage
+             (N - 1) / (m + N - 1) of the step, the bubble; the activations' sends are not
+             modelled, the run's step breakdown measures them)
     overlap = 0 on the CPU (the ranks' cores do the reduction); on GPUs the buckets after
               DDP's last one overlap backward: min(t_comm * (1 - 25 MiB / G)+, 2/3 t_c)
 
 speedup = (B_N / t_N) / (B_1 / t_1), efficiency = speedup / N. Memory per device (training
-bytes): parameters + gradients + optimizer state (P x 4 bytes each, momentum adds one) plus
-the activations measured on one device (its peak allocation minus those, GPUs only), split N
-ways by the batch; fsdp divides the first part by N. Torch-free.
+bytes): parameters + gradients + optimizer state (P x 4 bytes each; momentum adds one, Adam
+two) plus the activations measured on one device (its peak allocation minus those, GPUs only),
+split N ways by the batch; fsdp and tp (a lower bound there: the embeddings, norms and head
+are replicated) divide the first part by N; pp divides both by N (a stage holds 1/N of the
+layers), its activations those of the micro-batches in flight: all m under GPipe, at most N
+under 1F1B. Torch-free.
 """
 
 from __future__ import annotations
@@ -46,13 +60,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STRATEGIES = ("ddp", "fsdp", "scratch", "dp")
+STRATEGIES = ("ddp", "fsdp", "tp", "scratch", "dp", "pp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
 FORMULAS = {
     "ddp": "t_own + max(0, t_ar - overlap) + t_sync / log_every",
     "fsdp": "t_own + max(0, t_fsdp - overlap) + t_sync / log_every",
+    "tp": "t_c + 4 L t_act + t_sync / log_every",
     "scratch": "N t_seq + t_copy (cpu) | t_c + t_copy (gpu)",
     "dp": "t_1 (cpu, no replication) | t_c + 2 t_copy (gpu)",
+    "pp": "t_c (m + N - 1) / m + t_sync / log_every",
 }
 SHORT_MARGIN = 0.15  # a measured point this far (plus its noise) below its prediction is flagged
 
@@ -74,11 +90,16 @@ class Inputs:
     t_copy: float | None = None  # scratch allreduce of grad_bytes over N devices
     t_fsdp: float | None = None  # one step's fsdp all-gathers and reduce-scatters, N ranks
     t_sync: float | None = None  # allreduce of the window's losses (log_every floats), N ranks
+    t_act: float | None = None  # tp: one allreduce of a B x T x E activation over N ranks
+    tp_blocks: int = 0  # tp: the GPT's blocks (L); 0 when the model is not the GPT
     log_every: int = 20
     grad_bytes: int = 0
     params: int = 0
     momentum: bool = True
+    optim_states: int | None = None  # state tensors per parameter (adam: 2); None: momentum's
     activations_1: int | None = None  # activation bytes of the one-device run (GPU)
+    chunks: int = 1  # pp: micro-batches per step (strategy.pipeline_chunks)
+    schedule: str = "1f1b"  # pp: gpipe or 1f1b (activation memory)
 
 
 @dataclass
@@ -112,7 +133,8 @@ def overlap(t_comm: float, inp: Inputs, compute: float | None = None) -> float:
 
 def static_bytes(inp: Inputs) -> int:
     """Parameters, gradients and optimizer state of one full replica."""
-    return inp.params * 4 * (3 if inp.momentum else 2)
+    states = inp.optim_states if inp.optim_states is not None else int(inp.momentum)
+    return inp.params * 4 * (2 + states)
 
 
 def predict(strategy: str, inp: Inputs) -> Prediction:
@@ -143,6 +165,14 @@ def predict(strategy: str, inp: Inputs) -> Prediction:
         need["overlap"] = hidden
         t = (compute or 0.0) + max(0.0, comm - hidden) + (inp.t_sync or 0.0) / max(
             1, inp.log_every)
+    elif strategy == "tp":
+        if not inp.tp_blocks:
+            p.reason = "tp predicts the built-in GPT only (model.name = 'gpt')"
+            return p
+        need = {"t_c": inp.t_c, "t_act": inp.t_act, "t_sync": inp.t_sync,
+                "L": float(inp.tp_blocks)}
+        t = (inp.t_c or 0.0) + 4 * inp.tp_blocks * (inp.t_act or 0.0) + (
+            inp.t_sync or 0.0) / max(1, inp.log_every)
     elif strategy == "scratch":
         p.formula = FORMULAS[strategy].split(" | ")[1 if inp.on_gpu else 0]
         if inp.on_gpu:
@@ -159,6 +189,10 @@ def predict(strategy: str, inp: Inputs) -> Prediction:
         else:
             need = {"t_1": inp.t_1}
             t = inp.t_1 * inp.batch / max(inp.batch_1, 1)
+    elif strategy == "pp":
+        need = {"t_c": inp.t_c, "t_sync": inp.t_sync}
+        m = max(1, inp.chunks)
+        t = (inp.t_c or 0.0) * (m + n - 1) / m + (inp.t_sync or 0.0) / max(1, inp.log_every)
     else:
         p.reason = f"no model for strategy '{strategy}' (predicted: {', '.join(STRATEGIES)})"
         return p
@@ -182,12 +216,15 @@ def memory(strategy: str, inp: Inputs) -> int | None:
     if not inp.params:
         return None
     static = static_bytes(inp)
-    if strategy == "fsdp" and inp.n > 1:
+    # tp: a lower bound (its embeddings, norms and head are replicated)
+    if strategy in ("fsdp", "tp", "pp") and inp.n > 1:
         static = -(-static // inp.n)
     if strategy == "dp" and not inp.on_gpu:
         return static + (inp.activations_1 or 0)
     act = 0 if inp.activations_1 is None else inp.activations_1 * inp.batch // (
         inp.n * max(inp.batch_1, 1))
+    if strategy == "pp" and inp.schedule == "1f1b" and inp.chunks > inp.n:
+        act = act * inp.n // inp.chunks  # at most N micro-batches in flight per stage
     return static + act
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui.core.config import RunConfig
+from gputui.core.config_schema import optimizer_states
 from gputui.runs.predict import Inputs
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
@@ -297,7 +298,9 @@ class Measurer:
         one = self.compute(b1, 0 if on_gpu else self.cores, 1)
         inp = Inputs(n=n, on_gpu=on_gpu, batch=bn, batch_1=b1,
                      t_1=one["step_time_s"] if one else 0.0,
-                     momentum=self.cfg.optim.momentum > 0, log_every=self.cfg.run.log_every)
+                     momentum=self.cfg.optim.momentum > 0,
+                     optim_states=optimizer_states(self.cfg.optim),
+                     log_every=self.cfg.run.log_every)
         if one is None:
             return inp
         inp.params = int(one.get("params") or 0)
@@ -323,6 +326,13 @@ class Measurer:
                 elif inp.t_c is None:  # figures kept before t_own was: single's, if kept
                     c = self.compute(share, threads, copies)
                     inp.t_c = c["step_time_s"] if c else None
+        if "pp" in strategies:
+            # a stage's compute of the whole batch: about one rank's share through the model
+            inp.chunks, inp.schedule = (self.cfg.strategy.pipeline_chunks,
+                                        self.cfg.strategy.schedule)
+            if inp.t_c is None:
+                c = self.compute(share, threads, copies)
+                inp.t_c = c["step_time_s"] if c else None
         if "scratch" in strategies and not on_gpu:
             c = self.compute(share, self.cores, 1)
             inp.t_seq = c["step_time_s"] if c else None
@@ -336,7 +346,24 @@ class Measurer:
         if "fsdp" in strategies and inp.params:
             c = self.fsdp_comm(n, inp.t_own.get("fsdp") or inp.t_c or inp.t_1)
             inp.t_fsdp = c["torch_s"] if c else None
-        if any(s in strategies for s in ("ddp", "fsdp")):
+        if "tp" in strategies:
+            self.tp_inputs(inp, n, share, threads, copies)
+        if any(s in strategies for s in ("ddp", "fsdp", "tp", "pp")):
             c = self.comm(n, SYNC_BYTES, gap)  # the window's losses: latency-bound
             inp.t_sync = c["torch_s"] if c else None
         return inp
+
+    def tp_inputs(self, inp: Inputs, n: int, share: int, threads: int, copies: int) -> None:
+        """tp's inputs (the built-in GPT only): t_c, and t_act, one all-reduce of the whole
+        batch's B x T x E fp32 activation over N ranks between the compute of two of the
+        step's 4 L all-reduces."""
+        m = self.cfg.model
+        if m.factory or m.name != "gpt":
+            return
+        if inp.t_c is None:
+            c = self.compute(share, threads, copies)
+            inp.t_c = c["step_time_s"] if c else None
+        inp.tp_blocks = m.n_layer
+        act = inp.batch * self.cfg.data.context * m.n_embd * 4
+        c = self.comm(n, act, (inp.t_c or inp.t_1) / (4 * m.n_layer))
+        inp.t_act = c["torch_s"] if c else None

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from gputui.core.events import acc_text
+from gputui.core.scores import score_text, speed_text
 from gputui.runs.sweep import Point
 
 
@@ -89,9 +89,10 @@ class SweepProgress:
                                  info=f"loss {ev.loss:.4f}  {ev.samples_per_s:,.0f} samples/s")
         elif kind == "epoch_end":
             warm = " (warm-up included)" if ev.epoch == 1 else ""
+            speed = speed_text(ev.samples_per_s, ev.tokens_per_s)
+            score = score_text(ev.task, ev.test_acc, ev.val_loss)
             self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
-                      f"{ev.samples_per_s:,.0f} samples/s{warm}, loss {ev.train_loss:.4f}, "
-                      f"test acc {acc_text(ev.test_acc)}")
+                      f"{speed}{warm}, loss {ev.train_loss:.4f}, {score}")
         elif kind == "log" and ev.level in ("warning", "error"):
             self.line(f"{self._tag(point)}: {ev.level}: {ev.message}")
 

@@ -34,7 +34,8 @@ from gputui.train.recorder import Recorder
 # path. A module that fails to import here is simply imported later by the rank.
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.train.ranks",
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",
-                "gputui.train.strategies.ddp", "gputui.train.strategies.fsdp"]
+                "gputui.train.strategies.ddp", "gputui.train.strategies.fsdp",
+                "torch.distributed.tensor.parallel", "gputui.train.strategies.tp"]
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
 
 

@@ -3,10 +3,12 @@
 One file per run, ``<run folder>/checkpoint.pt``, replaced atomically (written to a temporary
 file, fsynced, renamed: ``filewrite.write_with``), so a kill or a full disk at any moment leaves
 either the previous checkpoint or the new one, never half of one, and no temporary file. It
-holds the strategy's state (models, optimizers, grad scaler), the data position (epoch, step,
-global step, the epoch's loss so far) and the random states (torch, CUDA, Python, NumPy when
-loaded). Only tensors and plain containers are stored, so it loads with ``torch.load(...,
-weights_only=True)``: a checkpoint cannot run code.
+holds the strategy's state (models, optimizers, grad scaler), the lr schedule's position (the
+optimizer steps taken; a checkpoint written before schedules existed resumes from its global
+step, the same count), the data position (epoch, step, global step, the epoch's loss so far)
+and the random states (torch, CUDA, Python, NumPy when loaded). Only tensors and plain
+containers are stored, so it loads with ``torch.load(..., weights_only=True)``: a checkpoint
+cannot run code.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def save(path: str | Path, strategy: Strategy, position: Position,
     """Write the checkpoint atomically. ``strategy.state_dict()`` is called on every rank
     (sharded strategies gather there); only a caller with ``write`` touches the file."""
     state = {"format": FORMAT, "strategy": strategy.name, "world_size": strategy.world_size,
-             "position": asdict(position), "state": strategy.state_dict(), "rng": rng_state()}
+             "position": asdict(position), "state": strategy.state_dict(),
+             "schedule": strategy.updater.state_dict(), "rng": rng_state()}
     if not write:
         return
     # a full disk: the temporary file goes, the previous checkpoint stays, WriteFailed says so
@@ -140,4 +143,6 @@ def restore(strategy: Strategy, data: dict[str, Any]) -> Position:
         first = first_line(exc) or type(exc).__name__
         raise CheckpointError(f"the checkpoint does not fit this model ({first[:160]})") from None
     set_rng_state(data["rng"])
-    return Position(**data["position"])
+    position = Position(**data["position"])
+    strategy.updater.steps = data.get("schedule", {}).get("steps", position.global_step)
+    return position

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gputui.core import datafiles
+from gputui.core.config_schema import TEXT_DATASETS
 from gputui.core.errors import first_line
 from gputui.train import readers, synthetic
 from gputui.train.dataset import DataError, Dataset  # noqa: F401 - also this module's API
@@ -30,6 +31,10 @@ def load_from_config(data) -> "Dataset":
         from gputui.train.userdata import load_user_data
 
         return load_user_data(data)
+    if data.name in TEXT_DATASETS:
+        from gputui.train.text import load_text
+
+        return load_text(data.name, data.path, data.context, data.train_size, data.test_size)
     return load_dataset(data.name, data.root, data.download, data.train_size, data.test_size,
                         data.source)
 
@@ -171,7 +176,7 @@ class TensorBatches:
         n = len(perm)
         if self._bufs is None:
             self._bufs = (self.x.new_empty((steps * b, *self.x.shape[1:])),
-                          self.y.new_empty((steps * b, )))
+                          self.y.new_empty((steps * b, *self.y.shape[1:])))
         bx, by = self._bufs[0][:n], self._bufs[1][:n]
         torch.index_select(self.x, 0, perm, out=bx)
         torch.index_select(self.y, 0, perm, out=by)

@@ -17,7 +17,10 @@ class DataError(UserError, RuntimeError):
 
 @dataclass
 class Dataset:
-    """Train and test tensors (standardised with the training set's mean and std)."""
+    """Train and test tensors: images (standardised with the training set's mean and std)
+    and labels, or for ``task = "lm"`` windows of byte tokens and their next tokens
+    (``gputui.train.text``; ``num_classes`` is then the vocabulary and ``baseline`` the
+    unigram entropy of the training split, in nats)."""
 
     name: str
     train_x: torch.Tensor
@@ -25,10 +28,14 @@ class Dataset:
     test_x: torch.Tensor
     test_y: torch.Tensor
     num_classes: int = 10
+    task: str = "classify"  # or "lm"
+    baseline: float | None = None  # lm: the unigram loss a model must beat
+    source: str = ""  # lm: what text it is (said once in the run's log)
 
+    # A text window is [context] tokens: one channel, one row, context wide.
     @property
     def in_channels(self) -> int:
-        return int(self.train_x.shape[1])
+        return 1 if self.task == "lm" else int(self.train_x.shape[1])
 
     @property
     def image_size(self) -> int:
@@ -36,7 +43,7 @@ class Dataset:
 
     @property
     def height(self) -> int:
-        return int(self.train_x.shape[-2])
+        return 1 if self.task == "lm" else int(self.train_x.shape[-2])
 
     @property
     def n_train(self) -> int:

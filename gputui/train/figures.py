@@ -27,7 +27,7 @@ def flops_info(cfg: RunConfig, strategy: Strategy, ds: Dataset,
     shape = (strategy.batch_size, *ds.train_x.shape[1:])
     try:
         count = flops.count_step_flops(strategy.build_model, shape, ds.num_classes,
-                                       cfg.run.channels_last)
+                                       cfg.run.channels_last, strategy.task)
     except Exception as exc:  # noqa: BLE001 - a user's model may not build on meta tensors
         emit(LogLine(level="info", message=f"FLOPs not counted (the model does not build on "
                                            f"the meta device: {first_line(exc)[:120]})"))

@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 # dense (not sparse) peak TFLOP/s from the vendors' data sheets: (name words, {dtype: peak});
 # the first entry whose words all appear in the device name wins, so the narrow come first.
@@ -45,20 +44,37 @@ MEASURE_S = 0.2  # how long the matmul peak is measured
 
 
 def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes: int,
-                     channels_last: bool = False) -> int:
+                     channels_last: bool = False, task: str = "classify") -> int:
     """FLOPs of one forward and backward (mean cross-entropy) of a batch of ``x_shape`` on the
-    model ``build()`` makes, counted on the meta device. Random states are left as they were."""
+    model ``build()`` makes, counted on the meta device. Random states are left as they were.
+    For ``task = "lm"`` the batch is token windows (int64 ``[B, T]``) with next-token targets;
+    the count then includes attention's products (``scaled_dot_product_attention``), which
+    ``lm_step_flops``'s closed form approximates."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from gputui.train.task import mean_loss
 
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = build()
-    x = torch.empty(x_shape, device="meta")
-    if channels_last and x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.zeros(x_shape[0], dtype=torch.long, device="meta")
+    if task == "lm":
+        x = torch.zeros(x_shape, dtype=torch.long, device="meta")
+        y = torch.zeros(x_shape, dtype=torch.long, device="meta")
+    else:
+        x = torch.empty(x_shape, device="meta")
+        if channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.zeros(x_shape[0], dtype=torch.long, device="meta") % max(num_classes, 1)
     with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(x), y % max(num_classes, 1)).backward()
+        mean_loss(model(x), y).backward()
     return int(counter.get_total_flops())
+
+
+def lm_step_flops(params: int, n_layer: int, n_embd: int, context: int, tokens: int) -> int:
+    """The usual closed form of a decoder's training FLOPs (Kaplan et al., PaLM's appendix):
+    6 per parameter per token (forward 2, backward 4) plus attention's scores and weighted
+    sum, 12 x n_layer x n_embd x context per token over the full (unmasked) square. Embedding
+    lookups do no multiplications but their weight, tied to the head, is counted there."""
+    return 6 * params * tokens + 12 * n_layer * n_embd * context * tokens
 
 
 def matmul_dtype(precision: str, device: torch.device) -> str:

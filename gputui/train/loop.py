@@ -78,7 +78,11 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         emit(LogLine(level="info", message=(
             f"resumed from {cfg.run.resume_from}: epoch {position.epoch}, step {position.step} "
             f"done (global step {global_step})")))
+    # the lr schedule spans the whole run and continues from the steps already taken
+    strategy.updater.plan(cfg.run.epochs * steps,
+                          strategy.updater.steps if cfg.run.resume_from else 0)
 
+    tokens = ds.image_size if strategy.task == "lm" else 0  # tokens per example (a window)
     flop_info = figures.flops_info(cfg, strategy, ds, emit)
     first = figures.FirstStep(cfg, strategy, emit, flop_info)
     for epoch in range(first_epoch, cfg.run.epochs + 1):
@@ -108,10 +112,12 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
             report = strategy.step_report() if timed else None
             flops_s, mfu = figures.rate(flop_info, n, elapsed)
             rows = _per_device(strategy, report)
+            samples_s = n * strategy.batch_size / elapsed
             emit(StepMetrics(
                 epoch=epoch, step=step, global_step=global_step, steps_per_epoch=steps,
-                loss=window_sum / n, samples_per_s=n * strategy.batch_size / elapsed,
-                step_time_s=elapsed / n, lr=strategy.lr,
+                loss=window_sum / n, samples_per_s=samples_s,
+                tokens_per_s=samples_s * tokens if tokens else None,
+                step_time_s=elapsed / n, lr=strategy.updater.last_lr(),
                 comm_share=report.comm_share() if report else None, per_device=rows,
                 breakdown=breakdown.mean(r.breakdown for r in rows),
                 flops_per_s=flops_s, mfu=mfu,
@@ -160,13 +166,15 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         epoch_s = time.perf_counter() - t_epoch
         train_loss = epoch_sum / steps if steps else float("nan")
         t_eval = time.perf_counter()
-        acc = evaluate(strategy, ds)
+        score = evaluate(strategy, ds)
         first.report(epoch)  # a collective on every rank, like evaluate's
+        samples_s = (steps - done_before) * strategy.batch_size / max(epoch_s, 1e-9)
+        lm = strategy.task == "lm"
         emit(EpochEnd(epoch=epoch, epochs=cfg.run.epochs, seconds=epoch_s,
-                      train_loss=train_loss, test_acc=acc,
-                      samples_per_s=(steps - done_before) * strategy.batch_size
-                      / max(epoch_s, 1e-9),
-                      eval_s=time.perf_counter() - t_eval))
+                      train_loss=train_loss, test_acc=float("nan") if lm else score,
+                      samples_per_s=samples_s, eval_s=time.perf_counter() - t_eval,
+                      task=strategy.task, val_loss=score if lm else None,
+                      tokens_per_s=samples_s * tokens if lm else None))
         save(ckpt.Position(epoch, steps, global_step, epoch_sum, epoch_done=True))
         if should_stop():
             return "stopped" if epoch < cfg.run.epochs else "finished"
@@ -205,7 +213,8 @@ def _diverged(cfg: RunConfig, emit, warned: list, global_step: int, epoch: int, 
 
 
 def evaluate(strategy: Strategy, ds: Dataset) -> float:
-    """Test accuracy, with the test batches split across the strategy's devices."""
+    """The test score, with the test batches split across the strategy's devices: accuracy,
+    or for a language model the mean validation loss per token (``Strategy.score``)."""
     strategy.set_train(False)
     device = strategy.data_device()
     correct = None

@@ -91,11 +91,13 @@ class ActivationMeter:
         if (base.is_leaf and base.requires_grad) or isinstance(base, nn.Parameter) \
                 or t.device.type == "meta":
             return t
+        # a DTensor (tensor parallelism) holds its shard: that is what this device saves
+        local = getattr(t, "_local_tensor", t)
         try:
-            storage = t.untyped_storage()
+            storage = local.untyped_storage()
+            key = (storage.data_ptr(), str(t.device))
         except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
             return t
-        key = (storage.data_ptr(), str(t.device))
         ref = self._refs.get(key)
         if ref is None:
             ref = self._refs[key] = [0, storage.nbytes(), str(t.device)]

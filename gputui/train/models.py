@@ -1,4 +1,5 @@
-"""The models of the multi-GPU material: its LeNet variant, its ResNet-18 variant, and a small MLP.
+"""The models of the multi-GPU material: its LeNet variant, its ResNet-18 variant, and a small
+MLP; and a GPT for text (``gputui.train.gpt``, sized by [model] and data.context).
 
 Each model is an ``nn.Sequential`` of coarse blocks, so the model-parallel strategy can cut it
 into consecutive stages at block boundaries.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from gputui.train.gpt import GPTShape, gpt
 
 
 def lenet(in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Sequential:
@@ -91,11 +94,23 @@ def init_weights(model: nn.Module, scheme: str, std: float) -> None:
                 nn.init.zeros_(m.bias)
 
 
+def gpt_shape(model, context: int, vocab: int) -> GPTShape:
+    """The GPT a [model] table sizes, for windows of ``context`` tokens over ``vocab``."""
+    return GPTShape(vocab_size=vocab, context=context, n_layer=model.n_layer,
+                    n_head=model.n_head, n_embd=model.n_embd, tie=model.tie)
+
+
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int, *, seed: int,
-                init: str = "normal", init_std: float = 0.01) -> nn.Sequential:
-    """Build and initialise a model on the CPU; the same seed gives the same parameters."""
+                init: str = "normal", init_std: float = 0.01,
+                shape: GPTShape | None = None) -> nn.Sequential:
+    """Build and initialise a model on the CPU; the same seed gives the same parameters.
+    ``gpt`` takes its ``shape`` (``gpt_shape``) and keeps GPT-2's init."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if name == "gpt":
+            if shape is None:
+                raise ValueError("model 'gpt' needs its shape (models.gpt_shape)")
+            return gpt(shape)
         model = BUILDERS[name](in_channels, image_size, num_classes)
         init_weights(model, init, init_std)
     return model

@@ -59,7 +59,8 @@ def publish(ds: Any, path: Path) -> None:
         return
     tmp = path.with_suffix(".tmp")
     torch.save({"name": ds.name, "train_x": ds.train_x, "train_y": ds.train_y,
-                "test_x": ds.test_x, "test_y": ds.test_y, "num_classes": ds.num_classes}, tmp)
+                "test_x": ds.test_x, "test_y": ds.test_y, "num_classes": ds.num_classes,
+                "task": ds.task, "baseline": ds.baseline, "source": ds.source}, tmp)
     os.replace(tmp, path)  # a rank never sees half a file
 
 
@@ -77,7 +78,7 @@ def loader(path: Path):
             return load_from_config(section)
         d = torch.load(path, mmap=True, weights_only=True)
         return Dataset(d["name"], d["train_x"], d["train_y"], d["test_x"], d["test_y"],
-                       d["num_classes"])
+                       d["num_classes"], d["task"], d["baseline"], d["source"])
     return load
 
 

@@ -84,11 +84,16 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
         compile_s = fastpath.compile_ahead(strategy, ds, emit)  # before the first step, timed apart
         for note in strategy.notes:
             emit(LogLine(level="info", message=note))
+        if ds.source:
+            emit(LogLine(level="info", message=f"text: {ds.source}; unigram baseline "
+                                               f"{ds.baseline:.3f} nats per byte"))
         emit(InitDone(seconds=time.time() - t_launch, import_s=import_s, data_s=t2 - t1,
                       model_s=t3 - t2, compile_s=compile_s, train_samples=ds.n_train,
                       test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
                       params=count_params(strategy.primary_model()),
-                      threads=torch.get_num_threads(), cores=_cores()))
+                      threads=torch.get_num_threads(), cores=_cores(), task=strategy.task,
+                      tokens_per_sample=ds.image_size if strategy.task == "lm" else 0,
+                      baseline_loss=ds.baseline))
         t_train = time.time()
         status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=run_dir)
         strategy.close()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual import work
 
-from gputui.core.events import acc_text
+from gputui.core.scores import score_text
 from gputui.tui.messages import StartSweep, StopSweep, SweepStarted
 
 if TYPE_CHECKING:  # what the mixin is checked against; at run time the app brings App
@@ -69,7 +69,8 @@ class SweepOwner(_Base):
                                                   f"{ev.loss:.4f}"))
             elif ev.kind == "epoch_end":
                 screen.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
-                                                  f"test acc {acc_text(ev.test_acc)}"))
+                                                  + score_text(ev.task, ev.test_acc,
+                                                               ev.val_loss)))
         state, error = "failed", ""
         try:
             state = sweep.run(lambda p: screen.post_message(PointChanged(p)), on_event)

@@ -301,3 +301,58 @@ async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
                  for i in (0, 1)]
         assert shown[0].endswith("allreduce 0.50 GB/s, 50% of bench-comm's 1.00")
         assert shown[1].endswith("allreduce 0.25 GB/s, 25% of bench-comm's 1.00")
+
+
+def lm_events() -> list:
+    """The scripted run as a language model's: its score a validation loss, tokens/s."""
+    from gputui.core.events import EpochEnd, InitDone
+
+    out = []
+    for ev in run_events(epochs=2, steps_per_epoch=20, log_every=5):
+        if isinstance(ev, InitDone):
+            ev = dataclasses.replace(ev, task="lm", tokens_per_sample=64, baseline_loss=3.1)
+        elif isinstance(ev, StepMetrics):
+            ev = dataclasses.replace(ev, tokens_per_s=ev.samples_per_s * 64)
+        elif isinstance(ev, EpochEnd):
+            ev = dataclasses.replace(ev, task="lm", test_acc=float("nan"),
+                                     val_loss=3.0 - 0.5 * ev.epoch, tokens_per_s=6000.0 * 64)
+        out.append(ev)
+    return out
+
+
+async def test_a_language_models_run_shows_loss_perplexity_and_tokens(presets):
+    events = lm_events()
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        assert screen.state == "finished" and not screen.display_errors
+        score, thr = screen.query_one(AccuracyPlot), screen.query_one(ThroughputPlot)
+        assert score.title == "Validation loss per epoch (nats/token, unigram baseline 3.10)"
+        assert score.points == [(1.0, 2.5), (2.0, 2.0)] and score.ylim is None
+        steps = [e for e in events if isinstance(e, StepMetrics)]
+        assert thr.title == "Tokens/s" and thr.last_y == steps[-1].tokens_per_s
+        table = screen.query_one(EpochTable)
+        assert table.labels[4:] == ("val loss (ppl)", "tokens/s")
+        assert list(table.get_row("2"))[4:] == ["loss 2.0000 (ppl 7.39)", "384,000"]
+        assert "tokens/s" in text(screen, "#status-meta")
+        log = screen.query_one(RunLog).plain
+        assert any("train loss 0.5000, val loss 2.0000 / ppl 7.39" in line for line in log)
+
+
+async def test_a_scheduled_lr_shows_in_the_status_strip(presets):
+    """A run whose lr follows a schedule shows the last logged step's lr; a constant lr
+    (every other test here) shows none."""
+    events = run_events(epochs=1, steps_per_epoch=10, log_every=5)
+    first = events[0]
+    events[0] = dataclasses.replace(first, config={**first.config, "optim": {
+        "schedule": "cosine", "warmup_steps": 2}})
+    events = [dataclasses.replace(e, lr=0.1 / e.global_step) if isinstance(e, StepMetrics)
+              else e for e in events]
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        assert "· step 10 · lr 0.01 · elapsed" in text(screen, "#status-meta")

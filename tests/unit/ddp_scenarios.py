@@ -20,6 +20,7 @@ import sys
 import torch
 
 import user_model
+from strategy_harness import ADAMW
 
 STEPS = 5
 
@@ -34,10 +35,17 @@ SCENARIOS = {
     "ddp_scaled": ("ddp", "lenet", 16, {"optim.scale_with_devices": True}, 1),  # 32 / 0.2
     "ddp_bf16": ("ddp", "mlp", 64, {"run.precision": "bf16"}, 6),
     "ddp_compiled": ("ddp", "mlp", 32, {"run.compile": "default"}, 1),
+    # AdamW, warm-up then cosine, clipping: fsdp clips by the norm of its sharded gradients
+    "ddp_adamw": ("ddp", "lenet", 32, ADAMW, 1),
+    "fsdp_adamw": ("fsdp", "lenet", 32, ADAMW, 1),
     # a model of the user's own (user_model.py, named as a factory); fsdp shards its blocks
     "ddp_user": ("ddp", "lenet", 32, {"model.factory": user_model.NET}, 1),
     "fsdp_user": ("fsdp", "lenet", 32, {"model.factory": user_model.NET,
                                         "strategy.fsdp_wrap": ["Block"]}, 1),
+    # the built-in GPT on text (strategy_harness.GPT_SMALL): its tied head stays in the root
+    # unit of fsdp, the blocks get a unit each
+    "ddp_gpt": ("ddp", "gpt", 16, {}, 1),
+    "fsdp_gpt": ("fsdp", "gpt", 16, {}, 1),
 }
 
 
@@ -47,11 +55,11 @@ def build(name: str, spec: str):
 
     from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
-    from strategy_harness import make_config, small_data
+    from strategy_harness import data_for, make_config
 
     strategy_name, model, batch, extra, _ = SCENARIOS[name]
     cfg = make_config(strategy_name, spec, model, batch, **extra)
-    ds = small_data()
+    ds = data_for(cfg)
     strategy = registry.get(strategy_name).load()(
         cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
@@ -74,7 +82,10 @@ def checkpoint_round_trip(name: str, spec: str, trained, workdir: str) -> dict:
     dist.barrier()
     _, _, fresh = build(name, spec)
     ckpt.restore(fresh, ckpt.load(path))
-    return {"resumed_params": params(fresh.full_model())}
+    opt_state = fresh.opt.state_dict()["state"]
+    return {"resumed_params": params(fresh.full_model()), "resumed_steps": fresh.updater.steps,
+            "resumed_opt_steps": sorted({float(s["step"]) for s in opt_state.values()
+                                         if "step" in s})}
 
 
 def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
@@ -88,6 +99,7 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
     strategy_name, model, batch, extra, epochs = SCENARIOS[name]
     cfg, ds, strategy = build(name, spec)
     fastpath.compile_ahead(strategy, ds, lambda event: None)  # compiles before the first step
+    strategy.updater.plan(epochs * STEPS)  # as the loop does: the schedule spans the run
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
                             strategy.data_device())
     losses = []
@@ -100,7 +112,7 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
     out = {"params": params(model_), "losses": losses, "acc": acc,
            "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0]),
            "memory": strategy.memory_rows(None)}
-    if name == "fsdp":
+    if strategy_name == "fsdp" and name in ("fsdp", "fsdp_adamw"):
         out.update(checkpoint_round_trip(name, spec, strategy, workdir))
     return out
 

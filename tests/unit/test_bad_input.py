@@ -49,7 +49,7 @@ def preset(tmp_path: Path, text: str) -> Path:
     ("[run]\nname = \"a\\\\..\\\\b\"\n", "looks like a path"),
     ("[run]\nname = \"~root\"\n", "looks like a path"),
     ("[run]\nname = \"a\\nb\"\n", "looks like a path"),
-    ("[model]\nname = \"os.system\"\n", "model.name must be one of lenet, resnet18, mlp"),
+    ("[model]\nname = \"os.system\"\n", "model.name must be one of lenet, resnet18, mlp, gpt"),
     ("[strategy]\nname = \"os.system\"\n", "strategy.name must be one of"),
     ("[strategy]\nname = \"../single\"\n", "strategy.name must be one of"),
     ("[data]\nname = \"__import__('os')\"\n", "data.name must be one of"),

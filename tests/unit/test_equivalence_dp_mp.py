@@ -20,7 +20,7 @@ from gputui.train.data import TensorBatches
 from gputui.train.loop import evaluate
 from gputui.train.models import build_model
 from gputui.train.strategies.base import flat_layers
-from strategy_harness import (assert_params_close, make_config, params, run_steps,
+from strategy_harness import (ADAMW, assert_params_close, make_config, params, run_steps,
                               small_data)
 
 STEPS = 5
@@ -28,7 +28,7 @@ _single_cache: dict = {}
 
 
 def single_run(model: str, batch: int, steps: int = STEPS, **extra):
-    key = (model, batch, steps, tuple(sorted(extra.items())))
+    key = (model, batch, steps, repr(sorted(extra.items())))
     if key not in _single_cache:
         _single_cache[key] = run_steps(make_config("single", "cpu", model, batch, **extra), steps)
     return _single_cache[key]
@@ -99,6 +99,17 @@ def test_dp_equals_single(model, spec, extra):
     assert strategy.notes[0].startswith("DataParallel has no CPU mode: it ran without "
                                         "replication, the whole batch on one CPU device (cpu:0)")
     assert_equals_single(strategy, losses, model, 32)
+
+
+@pytest.mark.parametrize("name,spec,extra", [
+    ("dp", "cpu*2", {}), ("model_parallel", "cpu*3", {}),
+    ("model_parallel", "cpu*2", {"strategy.pipeline_chunks": 2, "optim.micro_batches": 2})])
+def test_adamw_with_warmup_cosine_and_clipping_equals_single(name, spec, extra):
+    """AdamW, warm-up then cosine decay, gradients clipped on every step (strategy_harness
+    ADAMW): the clip norm is taken over every stage's gradients, on their several devices."""
+    strategy, losses = run_steps(make_config(name, spec, "lenet", 32, **ADAMW, **extra), STEPS)
+    assert type(strategy.optimizers()[0]).__name__ == "AdamW"
+    assert_equals_single(strategy, losses, "lenet", 32, **ADAMW)
 
 
 def test_resnet18_model_parallel_equals_single():

@@ -8,14 +8,14 @@ import torch
 
 from gputui.train.models import build_model
 from gputui.train.strategies.scratch import ReplicaMismatch, allreduce, split_sizes
-from strategy_harness import assert_params_close, make_config, params, run_steps
+from strategy_harness import ADAMW, assert_params_close, make_config, params, run_steps
 
 STEPS = 5
 _single_cache: dict = {}
 
 
 def single_params(model: str, batch: int, **extra):
-    key = (model, batch, tuple(sorted(extra.items())))
+    key = (model, batch, repr(sorted(extra.items())))
     if key not in _single_cache:
         strategy, losses = run_steps(make_config("single", "cpu", model, batch, **extra), STEPS)
         _single_cache[key] = (params(strategy.model), losses)
@@ -33,6 +33,20 @@ def test_scratch_equals_single(model, spec, batch):
     moved = max((reference[k] - init[k]).abs().max().item() for k in init)
     assert moved > 1e-3  # training really changed the parameters, so equality means something
     for replica in strategy.replicas:  # every replica, not only the first
+        assert_params_close(params(replica), reference)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
+@pytest.mark.parametrize("model,spec,batch", [("lenet", "cpu*2", 32), ("mlp", "cpu*3", 25)])
+def test_adamw_with_warmup_cosine_and_clipping_equals_single(model, spec, batch):
+    """Every replica takes the same AdamW step (its own optimizer, on the all-reduced
+    gradients, clipped by their norm at the schedule's lr), so each equals single."""
+    reference, ref_losses = single_params(model, batch, **ADAMW)
+    strategy, losses = run_steps(make_config("scratch", spec, model, batch, **ADAMW,
+                                             **{"strategy.check_replicas": True}), STEPS)
+    init = params(build_model(model, 1, 28, 10, seed=3, init="default"))
+    assert max((reference[k] - init[k]).abs().max().item() for k in init) > 1e-3
+    for replica in strategy.replicas:
         assert_params_close(params(replica), reference)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
 

@@ -27,6 +27,7 @@ def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
     assert p.speedup == pytest.approx(0.032 / 0.0327)
     assert p.efficiency == pytest.approx(p.speedup / 2)
     assert p.mem_per_device == static_bytes(inp) == 1000 * 4 * 3  # params, grads, momentum
+    assert static_bytes(replace(inp, optim_states=2)) == 1000 * 4 * 4  # Adam's two moments
 
 
 def test_ddp_takes_its_own_one_rank_step_where_measured_and_says_which():
@@ -53,6 +54,17 @@ def test_fsdp_takes_its_measured_collectives_in_place_of_the_allreduce_estimate(
     assert "1.5 t_ar" in kept.formula and "t_fsdp" not in kept.formula
     assert predict("ddp", replace(inp, t_own={"ddp": 0.0045})).step_time_s == pytest.approx(
         0.0045 + 0.003 + 0.0002)  # ddp never reads t_fsdp
+
+
+def test_tp_is_compute_plus_four_activation_all_reduces_per_block():
+    inp = Inputs(n=2, on_gpu=False, batch=32, batch_1=32, t_1=0.1, t_c=0.05, t_act=0.001,
+                 t_sync=0.002, log_every=10, tp_blocks=4, params=1000)
+    p = predict("tp", inp)
+    assert p.step_time_s == pytest.approx(0.05 + 4 * 4 * 0.001 + 0.0002)
+    assert p.terms["L"] == 4 and p.formula.startswith("t_c + 4 L t_act")
+    assert p.mem_per_device == -(-static_bytes(inp) // 2)  # the blocks' share (a lower bound)
+    assert "built-in GPT" in predict("tp", replace(inp, tp_blocks=0)).reason
+    assert "t_act" in predict("tp", replace(inp, t_act=None)).reason  # not measured: said so
 
 
 def test_fsdp_calls_follow_fully_shard_and_units_are_padded_per_parameter():

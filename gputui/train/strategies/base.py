@@ -15,7 +15,9 @@ on a strategy, and nothing else:
   ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
 - multi-process strategies only: ``agree_stop(mine)`` (the worker's agreed stop);
 - read-only: ``cfg``, ``devices``, ``name``, ``rank``, ``local_rank``, ``world_size``,
-  ``batch_size``, ``lr`` and ``notes`` (what the run should say once, at its start).
+  ``batch_size``, ``lr`` (the base lr) and ``notes`` (what the run should say once, at its
+  start); ``updater`` (the lr schedule, clipping and optimizer-step count, see
+  ``gputui.train.optim``), whose ``plan(total, done)`` the loop calls before the first step.
 
 Nothing outside a strategy writes to it: its state (models, optimizers, the grad scaler,
 its meter) is its own. A subclass holds only what differs from single-device training: it
@@ -57,18 +59,22 @@ from torch.nn import functional as F
 
 from gputui.core import breakdown
 from gputui.core.config import RunConfig, effective_batch_size, effective_lr
+from gputui.core.config_schema import task_of
 from gputui.core.devices import Device
 from gputui.core.steps import DeviceStep, StepReport
-from gputui.train.models import build_model
+from gputui.train.models import build_model, gpt_shape
+from gputui.train.optim import Updater, make_optimizer
 from gputui.train.strategies import fastpath
 from gputui.train.strategies.meter import Meter
+from gputui.train.task import batch_score, mean_loss, zero_score
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def no_correct(device: torch.device) -> torch.Tensor:
-    """A count of correct predictions at zero, on ``device`` (what evaluate starts from)."""
-    return torch.zeros((), dtype=torch.long, device=device)
+    """A test score at zero, on ``device`` (what evaluate starts from): float64, which holds
+    a count of correct predictions exactly and a sum of losses."""
+    return zero_score(device)
 
 
 def flat_layers(module: nn.Module) -> list[nn.Module]:
@@ -99,12 +105,17 @@ class Strategy:
         n = max(len(devices), world_size)
         self.batch_size = effective_batch_size(cfg, n)
         self.lr = effective_lr(cfg, n)
+        self.updater = Updater(cfg.optim, self.lr)  # schedule, clipping: optimizer_step's
         self.comm_delay_s = cfg.debug.comm_delay_s  # added to each communication (a test knob)
         self.notes: list[str] = []  # what the run says once at its start; only the strategy adds
         self.scaler: torch.amp.GradScaler | None = None  # fp16 on CUDA only (make_scaler)
         # decided once, not per step
         self.micro = cfg.optim.micro_batches
         self.amp_dtype = AMP_DTYPES.get(cfg.run.precision)
+        self.task = task_of(cfg)  # "classify" (accuracy) or "lm" (loss per token)
+        self.loss_name = cfg.model.loss
+        self.plain_loss = self.task == "classify" and self.loss_name == "cross_entropy" \
+            and not cfg.model.factory
         # CUDA graphs (compile "reduce-overhead") reuse their output memory: each step says
         # where it begins, so the previous step's outputs are not taken for live ones.
         self.graph_steps = cfg.run.compile == "reduce-overhead"
@@ -120,8 +131,11 @@ class Strategy:
             model = build_user_model(m, self.in_channels, self.height, self.image_size,
                                      self.num_classes, seed=self.cfg.run.seed)
         else:
+            shape = (gpt_shape(m, self.cfg.data.context, self.num_classes)
+                     if m.name == "gpt" else None)
             model = build_model(m.name, self.in_channels, self.image_size, self.num_classes,
-                                seed=self.cfg.run.seed, init=m.init, init_std=m.init_std)
+                                seed=self.cfg.run.seed, init=m.init, init_std=m.init_std,
+                                shape=shape)
         return fastpath.to_channels_last(model) if self.cfg.run.channels_last else model
 
     def fast(self, module: nn.Module) -> nn.Module:
@@ -139,10 +153,8 @@ class Strategy:
         return nn.Sequential(*leaves) if len(leaves) != len(model) else model
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
-        """Minibatch SGD with the configured lr, momentum and weight decay."""
-        o = self.cfg.optim
-        return torch.optim.SGD(params, lr=self.lr, momentum=o.momentum,
-                               weight_decay=o.weight_decay)
+        """The configured optimizer (optim.name: sgd, adam or adamw) at the base lr."""
+        return make_optimizer(self.cfg.optim, params, self.lr)
 
     def make_scaler(self, device: torch.device) -> None:
         """fp16 on CUDA needs a grad scaler; bf16 and fp32 do not."""
@@ -156,11 +168,15 @@ class Strategy:
         return torch.autocast(device_type=device.type, dtype=self.amp_dtype)
 
     def scaled_loss(self, out: torch.Tensor, y: torch.Tensor, denom: float) -> torch.Tensor:
-        """The mean cross-entropy of a slice of the global batch, times the slice's share of
+        """The mean loss (cross-entropy, or what model.loss names; per token for a language
+        model, see ``gputui.train.task``) of a slice of the global batch, times the slice's share of
         it (``len(y) / denom``, the multiplication skipped when that is 1): summed over the
         slices, these give the full batch's mean loss and gradient. ``denom`` is the global
         batch (over the world size where the ranks' gradients are averaged)."""
-        loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
+        if self.plain_loss:  # a classifier's logits: exactly what a hand-written step does
+            loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
+        else:
+            loss = mean_loss(out, y, self.loss_name)
         share = len(y) / denom
         return loss if share == 1.0 else loss * share
 
@@ -205,15 +221,19 @@ class Strategy:
         return loss.detach()
 
     def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
-        """One update of each optimizer, then the grad scaler's update (when there is one)."""
+        """One update of each optimizer at the schedule's lr, after clipping (``updater``),
+        then the grad scaler's update (when there is one). Every strategy's update is this
+        call, once per optimizer step."""
         scaler = self.scaler
+        self.updater.before(opts, scaler)
         if scaler is None:
             for opt in opts:
                 opt.step()
-            return
-        for opt in opts:
-            scaler.step(opt)
-        scaler.update()
+        else:
+            for opt in opts:
+                scaler.step(opt)
+            scaler.update()
+        self.updater.after()
 
     def use_eager(self) -> int:
         """Put the eager module back wherever this strategy holds a compiled one (after a
@@ -280,8 +300,8 @@ class Strategy:
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions on a test batch, split evenly over ``models()``, each on its
-        device."""
+        """The test batch's summed score (``score``), split evenly over ``models()``, each on
+        its device."""
         models = self.models()
         devs = self.torch_devices[:len(models)]
         correct = no_correct(devs[0])
@@ -290,9 +310,14 @@ class Strategy:
             if len(xs) == 0:
                 continue
             with self.autocast(dev):
-                pred = model(xs.to(dev, non_blocking=True)).argmax(dim=1)
-            correct += (pred == ys.to(dev, non_blocking=True)).sum().to(devs[0])
+                out = model(xs.to(dev, non_blocking=True))
+            correct += self.score(out, ys.to(dev, non_blocking=True)).to(devs[0])
         return correct
+
+    def score(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+        """A test batch's summed score (float64): correct predictions when classifying, the
+        sum of the examples' mean loss per token for language modelling (``task``)."""
+        return batch_score(out, y, self.task, self.loss_name)
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Combine a metric over processes (identity for single-process strategies)."""

@@ -120,15 +120,15 @@ class DDPStrategy(RankStrategy):
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions on this rank's slice of the test batch, times the world size
+        """The score of this rank's slice of the test batch, times the world size
         (``reduce_metric`` averages), so the mean over ranks is the batch's count."""
         xs = torch.tensor_split(x, self.world_size)[self.rank]
         ys = torch.tensor_split(y, self.world_size)[self.rank]
         if len(xs) == 0:
             return no_correct(self.device)
         with self.autocast(self.device):
-            pred = self.module(xs).argmax(dim=1)
-        return (pred == ys).sum() * self.world_size
+            out = self.module(xs)
+        return self.score(out, ys) * self.world_size
 
 
 STRATEGY = DDPStrategy

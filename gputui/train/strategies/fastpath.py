@@ -9,10 +9,10 @@ triggers a compile of its own. Two exceptions say so in a note and train eager: 
 
 torch.compile is lazy: the work happens at the first forward and backward. ``warm_up`` runs
 that first step before training, on the first examples of the set, and then puts back every
-parameter, buffer, optimizer and grad-scaler state (and the RNG), so the compile time is
-reported apart from step time (InitDone.compile_s) and the run's steps are exactly those of
-the eager run. A failed compile says so in one line and trains eager (run.compile_fallback =
-"eager") or stops the run ("fail").
+parameter, buffer, optimizer, grad-scaler and lr-schedule state (and the RNG), so the compile
+time is reported apart from step time (InitDone.compile_s) and the run's steps are exactly
+those of the eager run. A failed compile says so in one line and trains eager
+(run.compile_fallback = "eager") or stops the run ("fail").
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def _one_line(exc: BaseException) -> str:
 def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step on (x, y) through the compiled modules, then every state put back."""
     saved = copy.deepcopy(strategy.state_dict())
+    steps = strategy.updater.steps  # the lr schedule's count: this step is not the run's
     cuda = sorted({d.index for d in strategy.devices if d.kind == "cuda"})
     try:
         with torch.random.fork_rng(devices=cuda):
@@ -82,6 +83,7 @@ def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:
         for opt in strategy.optimizers():
             opt.zero_grad(set_to_none=True)
         strategy.load_state_dict(saved)
+        strategy.updater.steps = steps
 
 
 def compile_ahead(strategy, ds, emit: Callable[[Event], None]) -> float:

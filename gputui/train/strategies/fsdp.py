@@ -151,9 +151,19 @@ def _to_cpu(value: Any) -> Any:
 def wrap_targets(model: nn.Module, names: list[str]) -> list[nn.Module]:
     """The modules that get their own fully_shard, innermost first (FSDP2 shards bottom-up):
     those whose class name is in ``names`` (strategy.fsdp_wrap), or with no names every
-    top-level block that holds parameters. A name no module has is a ConfigError."""
+    top-level block that holds parameters of its own: a block sharing a parameter with
+    another (a head tied to the embedding) is left to the root's unit, since one parameter
+    cannot be sharded by two units. A name no module has is a ConfigError."""
     if not names:
-        return [m for m in model.children() if any(True for _ in m.parameters())]
+        blocks = [m for m in model.children() if any(True for _ in m.parameters())]
+        owners: dict[int, int] = {}
+        for i, block in enumerate(blocks):
+            for p in block.parameters():
+                owners.setdefault(id(p), i)
+        shared = {i for i, block in enumerate(blocks)
+                  for p in block.parameters() if owners[id(p)] != i}
+        shared |= {owners[id(p)] for i in shared for p in blocks[i].parameters()}
+        return [b for i, b in enumerate(blocks) if i not in shared]
     found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
     seen = {type(m).__name__ for m in found}
     unknown = [n for n in names if n not in seen]

@@ -29,6 +29,7 @@ from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.models import count_params
 from gputui.train.strategies.base import Strategy, flat_layers
 from gputui.train.strategies.meter import Meter
+from gputui.train.task import logits_of
 
 
 class ModelParallel(Strategy):
@@ -196,11 +197,11 @@ class ModelParallel(Strategy):
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions: the test batch flows through the stages (in pipeline chunks)."""
+        """The test batch's score: it flows through the stages (in pipeline chunks)."""
         c = min(self.chunks, len(x))
         _, outputs = self._forward(torch.tensor_split(x, c), self.stages)  # eager
-        pred = torch.cat([out[-1].argmax(dim=1) for out in outputs])
-        return (pred == y.to(pred.device, non_blocking=True)).sum()
+        out = torch.cat([logits_of(out[-1]) for out in outputs])
+        return self.score(out, y.to(out.device, non_blocking=True))
 
 
 def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:

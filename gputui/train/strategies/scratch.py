@@ -4,7 +4,8 @@ A distinct copy of the parameters lives on every device; each global batch is sp
 devices (evenly, or by ``split_weights``); every replica runs forward and backward on its
 shard with the loss summed and divided by the global batch size, so uneven shards still add
 up to the full-batch gradient; ``allreduce`` sums the gradients on the first device and
-copies the sum back to every other; then every replica takes the same SGD step.
+copies the sum back to every other; then every replica takes the same optimizer step (its own
+optimizer on the same gradients: the same lr, the same clipping, the same state).
 """
 
 from __future__ import annotations

@@ -17,16 +17,18 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from gputui.core import scores
 from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
-           "test_acc": "test acc", "comm_share": "comm", "init_s": "init",
+           "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
+           "init_s": "init",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
-           "host_share": "host", "train_mem": "train mem"}
+           "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
 
 
 class CompareLoaded(Message):
@@ -91,14 +93,24 @@ class CompareScreen(Screen):
         """Fill the table, the overlaid curves and the notes."""
         self.items = message.items
         table = self.query_one(DataTable)
-        table.clear()
+        # a language model's runs bring their columns (val loss, ppl, tokens/s)
+        columns = scores.columns_for(TABLE_COLUMNS, [it.row for it in message.items])
+        table.clear(columns=True)
+        for key in columns:
+            table.add_column(HEADERS.get(key, key), key=key)
         for it in message.items:
-            flat = table_rows([it])[0]  # a flagged speedup reads "flagged" (gputui.core.trust)
-            table.add_row(*(fmt(k, flat.get(k)) for k in TABLE_COLUMNS), key=it.row.id)
+            # a flagged speedup reads "flagged" (gputui.core.trust)
+            flat = table_rows([it], columns)[0]
+            table.add_row(*(fmt(k, flat.get(k)) for k in columns), key=it.row.id)
+        tasks = {it.row.task for it in message.items}
+        acc = self.query_one("#compare-acc", OverlayPlot)
+        if tasks == {"lm"}:
+            acc.title, acc.ylim = "Validation loss (nats/token)", None
         self.query_one("#compare-loss", OverlayPlot).set_series(
             {label(it): it.loss_curve for it in message.items})
         self.query_one("#compare-acc", OverlayPlot).set_series(
-            {label(it): [(e, 100 * a) for e, a in it.acc_curve] for it in message.items})
+            {label(it): [(e, a if it.row.task == "lm" else 100 * a) for e, a in it.acc_curve]
+             for it in message.items})
         notes = [message.error] if message.error else summary_lines(list(message.items))
         self.query_one("#compare-notes", Static).update("\n".join(notes))
         self.loaded = True

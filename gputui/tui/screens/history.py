@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core.events import plural
+from gputui.core.scores import score_cell
 from gputui.runs.compare import fmt
 from gputui.runs.history import RunRow, load_rows
 from gputui.tui.messages import OpenCompare
@@ -25,7 +26,9 @@ from gputui.tui.messages import OpenCompare
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
            ("devices", "devices"), ("batch", "batch"), ("lr", "lr"),
            ("time/epoch", "time_per_epoch_s"), ("samples/s", "samples_per_s"),
-           ("test acc", "test_acc"), ("status", "status"), ("date", "date")]
+           ("tokens/s", "tokens_per_s"),
+           # one column, each cell naming its score: accuracy, or a language model's loss
+           ("test acc / val loss", "score"), ("status", "status"), ("date", "date")]
 
 
 class HistoryLoaded(Message):
@@ -101,6 +104,7 @@ class HistoryScreen(Screen):
     def _cells(self, row: RunRow) -> list[str]:
         mark = "●" if row.id in self.marked else ""
         values = row.to_dict()
+        values["score"] = score_cell(row.task, row.test_acc, row.val_loss)
         return [mark] + [fmt(key, values.get(key)) for _, key in COLUMNS[1:]]
 
     def cursor_run(self) -> RunRow | None:

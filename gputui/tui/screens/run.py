@@ -18,11 +18,13 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 from textual.widgets import Footer, Header
 
+from gputui.core import breakdown
 from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           StepMetrics, acc_text, plural)
+                           StepMetrics, plural)
+from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
@@ -143,7 +145,7 @@ class RunScreen(RunControls, Screen):
             status.touch(ev.t)
             if isinstance(ev, StepMetrics):
                 loss.add_point(ev.global_step, ev.loss)
-                thr.add_point(ev.global_step, ev.samples_per_s)
+                thr.add_point(ev.global_step, ev.tokens_per_s or ev.samples_per_s)
                 status.step_metrics(ev)
                 self._show_breakdown(ev)
                 if ev.mfu is not None:
@@ -161,15 +163,22 @@ class RunScreen(RunControls, Screen):
             elif isinstance(ev, LogLine):
                 log.add(ev.level, ev.message, ev.t)
             elif isinstance(ev, EpochEnd):
-                self.query_one(AccuracyPlot).add_point(ev.epoch, ev.test_acc * 100)
+                lm = ev.task == "lm"
+                self.query_one(AccuracyPlot).add_point(
+                    ev.epoch, ev.val_loss if lm and ev.val_loss is not None else ev.test_acc * 100)
                 self.query_one(EpochTable).add_epoch(ev)
                 status.epoch_end(ev)
                 log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "
-                                f"{ev.train_loss:.4f}, test acc {acc_text(ev.test_acc)}", ev.t)
+                                f"{ev.train_loss:.4f}, "
+                                f"{score_text(ev.task, ev.test_acc, ev.val_loss)}", ev.t)
             elif isinstance(ev, RunStarted):
                 self._started(ev, status, log)
             elif isinstance(ev, InitDone):
                 status.init_done(ev)
+                if ev.task == "lm":  # the panels say what a language model shows
+                    self.query_one(AccuracyPlot).language_model(ev.baseline_loss)
+                    thr.language_model()
+                    self.query_one(EpochTable).language_model()
                 log.add("info", f"ready in {ev.seconds:.1f} s (import {ev.import_s:.1f} s, "
                                 f"data {ev.data_s:.1f} s, model {ev.model_s:.1f} s) · "
                                 f"{ev.train_samples:,} train / {ev.test_samples:,} test samples"
@@ -238,6 +247,9 @@ class RunScreen(RunControls, Screen):
             if row.comm_gbps is not None:
                 self._panel(row.device).update_comm(comm_peak.text(row.comm_gbps,
                                                                    self.comm_peak()))
+            pipe = breakdown.pipeline_line(row)  # a pp stage: its bubble, sends and receives
+            if pipe:
+                self._panel(row.device).update_comm(pipe)
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""

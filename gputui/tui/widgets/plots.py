@@ -97,15 +97,27 @@ class LossPlot(MetricPlot):
 
 
 class AccuracyPlot(MetricPlot):
-    """Test accuracy after each epoch."""
+    """Test accuracy after each epoch; a language model's validation loss instead
+    (``language_model``), beside its unigram baseline."""
 
     def __init__(self) -> None:
         super().__init__("Test accuracy per epoch (%)", "epoch", id="acc-plot", bars=True,
                          ylim=(0, 100))
 
+    def language_model(self, baseline: float | None) -> None:
+        """Show validation loss per epoch (nats per token), titled with the baseline."""
+        base = f", unigram baseline {baseline:.2f}" if baseline is not None else ""
+        self.title = f"Validation loss per epoch (nats/token{base})"
+        self.ylim = None
+        self._dirty = True
+
 
 class ThroughputPlot(MetricPlot):
-    """Samples per second at each logged step."""
+    """Samples per second at each logged step (tokens per second for a language model)."""
 
     def __init__(self) -> None:
         super().__init__("Samples/s", "step", id="throughput-plot")
+
+    def language_model(self) -> None:
+        self.title = "Tokens/s"
+        self._dirty = True

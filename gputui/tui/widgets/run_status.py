@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, Static
 
+from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import EpochEnd, InitDone, RunStarted, StepMetrics
 from gputui.tui.fmt import eta_seconds, fmt_duration, fmt_rate
 
@@ -34,11 +35,14 @@ class RunStatus(Vertical):
         self.global_step = 0
         self.step_time: float | None = None
         self.samples_per_s: float | None = None
+        self.tokens_per_s: float | None = None  # a language model's
         self.init_s: float | None = None
         self.eval_s = 0.0
         self.t0: float | None = None
         self.t_last: float | None = None
         self.finished_epochs = 0
+        self.show_lr = False  # the run's lr is scheduled: the meta line shows it
+        self.lr: float | None = None  # the last logged step's
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="status-top"):
@@ -62,6 +66,8 @@ class RunStatus(Vertical):
         self.run_id = ev.run_id
         cfg = ev.config if isinstance(ev.config, dict) else {}
         self.epochs = int(cfg.get("run", {}).get("epochs", 0) or 0)
+        optim = cfg.get("optim", {})
+        self.show_lr = lr_scheduled(optim if isinstance(optim, dict) else {})
         names = ", ".join(d.get("name", "?") for d in ev.devices if isinstance(d, dict))
         self.headline = (f"{ev.run_id} · strategy {ev.strategy} · {len(ev.devices)} device"
                          f"{'s' if len(ev.devices) != 1 else ''} ({names})")
@@ -78,6 +84,8 @@ class RunStatus(Vertical):
         self.epoch, self.step, self.global_step = ev.epoch, ev.step, ev.global_step
         self.steps_per_epoch = ev.steps_per_epoch or self.steps_per_epoch
         self.samples_per_s = ev.samples_per_s
+        self.tokens_per_s = ev.tokens_per_s
+        self.lr = ev.lr
         # A short moving average: steady ETA, yet it follows a slowdown within a few logs.
         self.step_time = (ev.step_time_s if self.step_time is None
                           else 0.7 * self.step_time + 0.3 * ev.step_time_s)
@@ -124,6 +132,8 @@ class RunStatus(Vertical):
         self.query_one("#eta-label", Label).update(f"ETA {fmt_duration(self.eta(ended, finished))}")
         init = f"{self.init_s:.1f} s" if self.init_s is not None else "n/a"
         elapsed = (self.t_last - self.t0) if self.t0 is not None and self.t_last else None
+        lr = f" · lr {self.lr:.3g}" if self.show_lr and self.lr is not None else ""
         self.query_one("#status-meta", Static).update(
             f"init {init} · samples/s {fmt_rate(self.samples_per_s)} · "
-            f"step {self.global_step} · elapsed {fmt_duration(elapsed)}")
+            + (f"tokens/s {fmt_rate(self.tokens_per_s)} · " if self.tokens_per_s else "") +
+            f"step {self.global_step}{lr} · elapsed {fmt_duration(elapsed)}")

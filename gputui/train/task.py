@@ -1,0 +1,64 @@
+"""What a model's output is scored by: the task (classification or language modelling) and
+the loss the model names.
+
+Classification scores a batch by its correct predictions (accuracy); language modelling by
+its summed loss (mean loss per token, hence perplexity). A forward may return a tensor or an
+object with ``logits`` (a HuggingFace ``ModelOutput``; a tuple's first element likewise), so
+a user's transformer trains as is. ``model.loss = "nll"`` is for a model that ends in
+``log_softmax`` (its output is already log-probabilities); ``cross_entropy`` takes logits.
+Language-model outputs ``[B, T, V]`` are scored against targets ``[B, T]`` position by
+position, each example's loss being the mean over its positions, so a batch's mean is the
+mean per token (every window has the same length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+
+def logits_of(out: Any) -> torch.Tensor:
+    """The tensor a forward returned: itself, its ``logits`` or a tuple's first element."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the model's forward returned a {type(out).__name__}; return a tensor of "
+                    f"logits or an object with a .logits tensor")
+
+
+def loss_function(name: str) -> Callable[..., torch.Tensor]:
+    """torch's function for ``model.loss`` (``cross_entropy`` or ``nll``)."""
+    return F.nll_loss if name == "nll" else F.cross_entropy
+
+
+def mean_loss(out: Any, y: torch.Tensor, loss: str = "cross_entropy") -> torch.Tensor:
+    """The batch's mean loss (per example for classification, per token for a sequence),
+    computed in float32 whatever the autocast dtype of ``out``."""
+    logits = logits_of(out).float()
+    if logits.dim() > 2 and y.dim() == logits.dim() - 1:  # [B, T, V] against [B, T]
+        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+    return loss_function(loss)(logits, y)
+
+
+def batch_score(out: Any, y: torch.Tensor, task: str, loss: str = "cross_entropy"
+                ) -> torch.Tensor:
+    """The batch's summed score, float64: correct predictions (classification) or the sum
+    of each example's mean loss (language modelling)."""
+    logits = logits_of(out)
+    if task == "lm":
+        per_token = loss_function(loss)(logits.float().reshape(-1, logits.shape[-1]),
+                                        y.reshape(-1), reduction="sum")
+        return (per_token / y[0].numel()).double()
+    return (logits.argmax(dim=1) == y).sum().double()
+
+
+def zero_score(device: torch.device) -> torch.Tensor:
+    """A score at zero on ``device`` (what evaluation sums from)."""
+    return torch.zeros((), dtype=torch.float64, device=device)

@@ -1,0 +1,121 @@
+"""Run pp scenarios on 2 real gloo ranks in ONE elastic launch, save what they trained.
+
+    python tests/unit/pp_scenarios.py OUT.pt [SPEC]
+
+Used by test_equivalence_pp.py. Every rank builds the strategy exactly as a run does
+(registry, config, rank and world size), walks the same global batches ``single`` sees in
+strategy_harness, and returns the whole model's parameters (gathered from the stages), the
+per-step losses reduced over ranks, the test score through the loop's evaluate (accuracy, or
+the GPT's validation loss on text), and what a checkpoint restores into a fresh strategy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+
+import user_model
+
+STEPS = 4
+
+# name -> (model, batch, config overrides)
+SCENARIOS = {
+    "gpipe_mlp": ("mlp", 32, {"strategy.schedule": "gpipe", "strategy.pipeline_chunks": 4}),
+    "1f1b_lenet": ("lenet", 24, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 3,
+                                 "optim.micro_batches": 2}),
+    "gpipe_gpt": ("gpt", 8, {"strategy.schedule": "gpipe", "strategy.pipeline_chunks": 4}),
+    "1f1b_gpt": ("gpt", 8, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 2}),
+    # the user's own model, not a Sequential: its gputui_blocks() are the stages' blocks
+    "gpipe_user": ("lenet", 16, {"model.factory": user_model.NET, "strategy.schedule": "gpipe",
+                                 "strategy.pipeline_chunks": 2}),
+}
+
+
+def build(strategy: str, spec: str, model: str, batch: int, extra: dict, rank: int = 0,
+          world_size: int = 1):
+    """(set-up strategy, an iterator of its global batches, the dataset) as a run has them."""
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train.data import TensorBatches
+    from strategy_harness import data_for, make_config
+
+    cfg = make_config(strategy, spec, model, batch, **extra)
+    ds = data_for(cfg)
+    s = registry.get(strategy).load()(cfg, resolve_devices(spec), ds.in_channels,
+                                      ds.image_size, ds.num_classes, rank=rank,
+                                      world_size=world_size)
+    s.setup()
+    return s, TensorBatches(ds.train_x, ds.train_y, s.batch_size, cfg.run.seed).epoch(1), ds
+
+
+def run_scenario(name: str, spec: str, workdir: str) -> dict:
+    import os
+
+    import torch.distributed as dist
+
+    from gputui.train import checkpoint as ckpt
+    from gputui.train.loop import evaluate
+    from strategy_harness import params
+
+    model, batch, extra = SCENARIOS[name]
+    strategy, batches, ds = build("pp", spec, model, batch, extra,
+                                              rank=dist.get_rank(),
+                                              world_size=dist.get_world_size())
+    losses = [strategy.train_step(x, y, data_s=0.0) for x, y in itertools.islice(batches, STEPS)]
+    losses = strategy.reduce_metric(torch.stack(losses)).tolist()
+    report = strategy.step_report()
+    out = {"params": params(strategy.full_model()), "losses": losses,
+           "score": evaluate(strategy, ds),
+           "rows": [r.to_dict() for r in report.devices], "notes": list(strategy.notes),
+           "memory": strategy.memory_rows(None),
+           "state": strategy.state_dict()["models"][0]}  # every stage's own tensors
+    path = os.path.join(workdir, f"{name}.pt")
+    ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
+    dist.barrier()
+    fresh, _, _ = build("pp", spec, model, batch, extra, rank=dist.get_rank(),
+                                    world_size=dist.get_world_size())
+    ckpt.restore(fresh, ckpt.load(path))
+    out["resumed"] = params(fresh.full_model())
+    return out
+
+
+def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
+    """Every scenario on this rank, in one process group."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    gpus = not spec.startswith("cpu")
+    if gpus:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if gpus else "gloo", timeout=timedelta(seconds=60))
+    try:
+        return {name: run_scenario(name, spec, workdir) for name in SCENARIOS}
+    finally:
+        from gputui.train.strategies.process_group import destroy_group
+
+        dist.barrier()
+        destroy_group()
+
+
+def main(out: str, spec: str = "cpu*2") -> None:
+    import os
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from gputui.train.agent import free_port
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="pp-scenarios",
+                          rdzv_configs={"is_host": True}, max_restarts=0,
+                          start_method="spawn", monitor_interval=0.1)
+    results = elastic_launch(config, rank_fn)(spec, os.path.dirname(os.path.abspath(out)))
+    torch.save(results, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,96 @@
+"""pp on 2 real gloo ranks against single: same global batches, same init, the same
+parameters after several steps (fp32), for GPipe and 1F1B, on the MLP, LeNet with
+accumulation and the built-in tied GPT on text (its head's weight summed across the first and
+last stage);
+the loss from the last stage reaches every rank; a checkpoint restores every stage; each
+stage reports its compute, sends, receives and bubble. All scenarios share one elastic launch
+(pp_scenarios.py)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gputui.core import breakdown
+from gputui.core.breakdown import Breakdown
+from gputui.train.loop import evaluate
+from pp_scenarios import SCENARIOS, STEPS, build
+from strategy_harness import assert_params_close, params
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """{rank: {scenario: {...}}} from one 2-rank launch."""
+    out = tmp_path_factory.mktemp("pp") / "scenarios.pt"
+    proc = subprocess.run([sys.executable, str(HERE / "pp_scenarios.py"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def single_reference(name: str):
+    model, batch, extra = SCENARIOS[name]
+    same = {k: v for k, v in extra.items() if not k.startswith("strategy.")}
+    strategy, batches, ds = build("single", "cpu", model, batch, same)
+    losses = [strategy.train_step(x, y).item() for x, y in itertools.islice(batches, STEPS)]
+    return params(strategy.model), losses, evaluate(strategy, ds)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_equals_single(ranks, name):
+    reference, ref_losses, ref_score = single_reference(name)
+    model, batch, _ = SCENARIOS[name]
+    init, _, _ = build("single", "cpu", model, batch,
+                       {k: v for k, v in SCENARIOS[name][2].items() if k == "model.factory"})
+    start = params(init.model)
+    assert max((reference[k] - start[k]).abs().max().item() for k in start) > 1e-3  # trained
+    for rank in (0, 1):  # the whole model, gathered from both stages
+        got = ranks[rank][name]
+        assert_params_close(got["params"], reference)
+        assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)  # from the last stage
+        assert got["score"] == pytest.approx(ref_score, rel=1e-6)  # accuracy, or val loss
+        assert_params_close(got["resumed"], reference)  # the checkpoint holds every stage
+    if name == "gpipe_user":  # saved under the user's own names, as single saves them
+        assert set(ranks[0][name]["state"]) == set(init.model.state_dict())
+
+
+def test_the_tied_head_stays_tied(ranks):
+    got = ranks[0]["1f1b_gpt"]["state"]
+    last = max(int(k.split(".")[0]) for k in got)
+    assert got["0.wte.weight"] is not got[f"{last}.lm_head.weight"]  # one from each stage
+    # the copies on stage 0 (embedding) and stage 1 (head) received the same summed gradient
+    torch.testing.assert_close(got["0.wte.weight"], got[f"{last}.lm_head.weight"],
+                               rtol=0, atol=0)
+    assert any("tied" in note for note in ranks[0]["1f1b_gpt"]["notes"])
+
+
+@pytest.mark.parametrize("name", ["gpipe_mlp", "1f1b_gpt"])
+def test_each_stage_reports_its_bubble(ranks, name):
+    rows = ranks[0][name]["rows"]
+    assert [r["stage"] for r in rows] == [0, 1] and [r["rank"] for r in rows] == [0, 1]
+    _, _, extra = SCENARIOS[name]
+    m = extra["strategy.pipeline_chunks"]
+    for row in rows:
+        bd = Breakdown.from_dict(row["breakdown"])
+        assert bd.step_s == pytest.approx(breakdown.total(bd))
+        assert bd.wait_s == pytest.approx(row["bubble_s"])  # the bubble is the wait
+        assert row["bubble_theory"] == pytest.approx(1 / (m + 1))  # (p-1)/(m+p-1), p = 2
+        assert 0 < row["compute_s"] < row["pipeline_s"]
+        assert 0 <= row["bubble_share"] <= 1 - row["compute_s"] / row["pipeline_s"]
+        # each stage sends m and receives m messages, and the GPT's tied gradient one each way
+        assert row["p2p_messages"] == 2 * m + (2 if name.endswith("gpt") else 0)
+        assert row["send_s"] >= 0 and row["recv_s"] >= 0
+
+
+def test_memory_rows_are_per_stage(ranks):
+    rows = ranks[0]["gpipe_mlp"]["memory"]
+    assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"]
+    assert rows[0]["params"] != rows[1]["params"]  # each rank holds its own stage

@@ -1,0 +1,155 @@
+"""Tensor parallelism and fsdp x tp of the GPT on 4 real gloo ranks in ONE elastic launch
+(test_parallelize.py): as functions (gputui.train.parallelize: each rank trains the same tiny
+GPT from the same init on the same batches), and as the strategies a run builds (registry,
+config, the text data; SCENARIOS, compared with ``single`` by the test). Each returns the full
+parameters and the losses.
+
+    python tests/unit/tp_ranks.py OUT.pt
+
+On a (2, 2) mesh: ``tp`` shards over the mesh's "tp" dimension only (each pair of ranks is
+one tensor-parallel group on the whole batch), ``fsdp_tp`` adds fully_shard over "dp" (each
+pair takes half of the batch).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import torch
+
+STEPS = 4
+SHAPE = {"vocab_size": 64, "context": 16, "n_layer": 2, "n_head": 4, "n_embd": 32}
+BATCH = 8
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randint(0, SHAPE["vocab_size"], (BATCH, SHAPE["context"] + 1), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def model():
+    from gputui.train.gpt import GPTShape, gpt
+
+    torch.manual_seed(0)
+    return gpt(GPTShape(**SHAPE))
+
+
+def optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1)
+
+
+def train(m: torch.nn.Module, dp: int = 1, dp_rank: int = 0, meter=None) -> list[float]:
+    """STEPS steps of m on this data-parallel slice of each batch; the slice losses."""
+    from gputui.train.gpt import lm_loss
+
+    opt = optimizer(m)
+    losses = []
+    for step in range(STEPS):
+        x, y = (t.tensor_split(dp)[dp_rank] for t in batch(step))
+        if meter is not None:  # the last step metered
+            meter.begin(0.0 if step == STEPS - 1 else None)
+        opt.zero_grad()
+        loss = lm_loss(m(x), y)
+        loss.backward()
+        opt.step()
+        if meter is not None:
+            meter.finish()
+        losses.append(loss.item())
+    return losses
+
+
+# name -> (strategy, global batch, config overrides): the GPT of strategy_harness.GPT_SMALL
+SCENARIOS = {
+    "tp4": ("tp", 16, {"model.n_head": 4}),  # 4 heads over the 4 ranks, the whole batch each
+    "fsdp_tp": ("fsdp_tp", 16, {"strategy.tp_size": 2}),  # 2 x 2, half the batch per group
+}
+
+
+def strategy_scenario(name: str, workdir: str) -> dict:
+    """Train a scenario's strategy STEPS steps as a run does; its full parameters, losses
+    (reduced over the ranks), test score, memory rows, and what its checkpoint restores."""
+    import os
+
+    import torch.distributed as dist
+    from strategy_harness import data_for, make_config, params
+
+    from gputui.core import registry
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train import checkpoint as ckpt
+    from gputui.train.data import TensorBatches
+    from gputui.train.loop import evaluate
+
+    which, size, extra = SCENARIOS[name]
+
+    def build():
+        s = registry.get(which).load()(cfg, resolve_devices("cpu*4"), ds.in_channels,
+                                       ds.image_size, ds.num_classes, rank=dist.get_rank(),
+                                       world_size=dist.get_world_size())
+        s.setup()
+        return s
+
+    cfg = make_config(which, "cpu*4", "gpt", size, **extra)
+    ds = data_for(cfg)
+    strategy = build()
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
+                            strategy.data_device())
+    losses = [strategy.train_step(x, y) for x, y in
+              itertools.islice(batches.epoch(1), STEPS)]
+    out = {"losses": strategy.reduce_metric(torch.stack(losses)).tolist(),
+           "params": params(strategy.full_model()), "score": evaluate(strategy, ds),
+           "memory": strategy.memory_rows(None), "batch_size": strategy.batch_size}
+    path = os.path.join(workdir, f"{name}.pt")
+    ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
+    dist.barrier()
+    fresh = build()
+    ckpt.restore(fresh, ckpt.load(path))
+    out["resumed_params"] = params(fresh.full_model())
+    return out
+
+
+def rank_fn(workdir: str) -> dict:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gputui.train import parallelize as par
+    from gputui.train.strategies.meter import Meter
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        meter = Meter([torch.device("cpu")])
+        tp_model = par.parallelize_gpt(model(), mesh["tp"], par.TPCommTimer(meter))
+        out = {"tp": {"losses": train(tp_model, meter=meter),
+                      "params": par.full_parameters(tp_model)},
+               "spans": len(meter.comm.marks), "nbytes": meter.comm_bytes}
+        dp_rank = mesh["dp"].get_local_rank()
+        both = par.fsdp_tp(model(), mesh)
+        out["fsdp_tp"] = {"losses": train(both, 2, dp_rank),
+                          "params": par.full_parameters(both)}
+        out["strategies"] = {name: strategy_scenario(name, workdir) for name in SCENARIOS}
+        return out
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(out: str) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from gputui.train.agent import free_port
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4, rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="tp",
+                          rdzv_configs={"is_host": True}, max_restarts=0,
+                          start_method="spawn", monitor_interval=0.1)
+    torch.save(elastic_launch(config, rank_fn)(os.path.dirname(os.path.abspath(out))), out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
