@@ -164,11 +164,14 @@ class RunControlled(Message):
 
 
 class OpenCompare(Message):
-    """A screen asks for the comparison of ``run_dirs`` (one run: that run with its plots)."""
+    """A screen asks for the comparison of ``run_dirs`` (one run: that run with its plots;
+    ``only_compared``: a sweep's runs, whose baselines come from the sweep alone)."""
 
-    def __init__(self, run_dirs: list[Any], runs_dir: Any, title: str = "") -> None:
+    def __init__(self, run_dirs: list[Any], runs_dir: Any, title: str = "",
+                 only_compared: bool = False) -> None:
         super().__init__()
         self.run_dirs, self.runs_dir, self.title = list(run_dirs), runs_dir, title
+        self.only_compared = only_compared
 
 
 class StartSweep(Message):

@@ -39,7 +39,8 @@ class Navigation(_Base):
         from gputui.tui.screens.compare import CompareScreen
 
         self.push_screen(CompareScreen(message.run_dirs, message.runs_dir,
-                                       title=message.title))
+                                       title=message.title,
+                                       only_compared=message.only_compared))
 
     def action_open_history(self) -> None:
         """The run history (F6): past runs with their plots, and comparisons."""

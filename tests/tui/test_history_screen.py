@@ -141,4 +141,8 @@ async def test_the_app_runs_a_sweep_and_compares_it(tmp_path, inventory):
         await wait_until(pilot, lambda: isinstance(app.screen, CompareScreen) and
                          app.screen.loaded, what="the sweep's comparison")
         (item,) = app.screen.items
-        assert item.row.status == "finished" and item.speedup == 1.0
+        # a run this short has no steady-state steps: no speedup, one note why (issue 24),
+        # never "both from steady-state steps" beside "warm-up included"
+        assert item.row.status == "finished" and item.speedup is None
+        notes = str(app.screen.query_one("#compare-notes").render())
+        assert "no steady-state steps" in notes and "both from steady-state" not in notes

@@ -191,7 +191,8 @@ class SweepScreen(Screen):
             self.notify("No run of this sweep has a record yet", severity="warning")
             return
         self.post_message(OpenCompare(self.sweep.run_dirs(), self.runs_dir,
-                                      title=f"sweep {self.sweep.manifest.sweep_id}"))
+                                      title=f"sweep {self.sweep.manifest.sweep_id}",
+                                      only_compared=True))
 
     def action_back(self) -> None:
         """Back to the set-up (not while a sweep runs)."""
