@@ -21,6 +21,7 @@ from gputui.core.events import plural
 from gputui.core.scores import score_cell
 from gputui.runs.cells import fmt
 from gputui.runs.history import RunRow, load_rows
+from gputui.tui.messages import OpenCompare
 from gputui.tui.widgets.plain_table import PlainTable
 
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
@@ -146,10 +147,9 @@ class HistoryScreen(Screen):
             self.open_compare(ids, title=f"comparing {len(ids)} runs")
 
     def open_compare(self, ids: list[str], title: str) -> None:
-        from gputui.tui.screens.compare import CompareScreen
-
-        self.app.push_screen(CompareScreen([self.runs_dir / i for i in ids], self.runs_dir,
-                                           title=title))
+        """Ask the app for the compare screen of these runs."""
+        self.post_message(OpenCompare([self.runs_dir / i for i in ids], self.runs_dir,
+                                      title=title))
 
     def action_reload(self) -> None:
         """Read the runs folder again."""
