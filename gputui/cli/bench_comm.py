@@ -31,6 +31,8 @@ def register(sub) -> None:
                                                           "with K/M/G suffixes")
     p.add_argument("--iters", type=int, default=20, help="timed calls per size")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per size first")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="times each size is timed (--iters calls each): median and spread")
     p.add_argument("--impl", default="scratch,torch", help="scratch, torch or both")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="torch.distributed backend (auto: nccl on CUDA, gloo on CPU)")
@@ -64,8 +66,8 @@ def cmd_bench_comm(args) -> int:
                      f"or scratch,torch")
     if not sizes:
         return fail("--sizes: give at least one size, e.g. 4K,1M")
-    if args.iters < 1 or args.warmup < 0:
-        return fail("--iters must be at least 1 and --warmup at least 0")
+    if args.iters < 1 or args.warmup < 0 or args.repeats < 1:
+        return fail("--iters and --repeats must be at least 1 and --warmup at least 0")
     if len(devices) < 2:
         return fail(f"--devices {args.devices}: allreduce needs at least 2 devices; "
                      f"e.g. --devices cpu*2")
@@ -76,7 +78,7 @@ def cmd_bench_comm(args) -> int:
         return fail(nccl)
     try:
         result = run_bench(devices, sizes, args.iters, args.warmup, impls, args.backend,
-                           args.timeout)
+                           args.timeout, args.repeats)
     except KeyboardInterrupt:
         print("bench-comm interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -98,17 +100,32 @@ def cmd_bench_comm(args) -> int:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    """The nccl-tests layout: size, count, type, time (us), algbw and busbw (GB/s)."""
-    devs = ", ".join(result["devices"])
+    """The nccl-tests layout: size, count, type, time (us: the median of the repeats, their
+    min, max and spread), algbw and busbw (GB/s, from the median)."""
+    from gputui.core.machine import note
+
+    devs = ", ".join(result.get("devices") or [])
     for impl, title in (("scratch", "scratch allreduce (one process, replicas)"),
                         ("torch", f"torch.distributed all_reduce ({result['backend']}, one "
                                   f"process per device)")):
         if impl not in result:
             continue
         print(f"# {title} on {devs}")
-        print(f"#{'size':>12} {'count':>12} {'type':>7} {'time':>10} {'algbw':>8} {'busbw':>8}")
-        print(f"#{'(B)':>12} {'(elements)':>12} {'':>7} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+        print(f"#{'size':>12} {'count':>12} {'type':>7} {'time':>10} {'min':>10} {'max':>10}"
+              f" {'spread':>7} {'algbw':>8} {'busbw':>8}")
+        print(f"#{'(B)':>12} {'(elements)':>12} {'':>7} {'(us, med)':>10} {'(us)':>10} "
+              f"{'(us)':>10} {'':>7} {'(GB/s)':>8} {'(GB/s)':>8}")
         for r in result[impl]:
+            spread = f"{r['spread']:.0%}" if r.get("spread") is not None else "-"
             print(f" {r['size']:>12} {r['count']:>12} {'float':>7} {r['time_us']:>10.1f} "
-                  f"{r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f}")
+                  f"{r.get('min_us', r['time_us']):>10.1f} {r.get('max_us', r['time_us']):>10.1f}"
+                  f" {spread:>7} {r['algbw_gbps']:>8.3f} {r['busbw_gbps']:>8.3f}")
         print()
+    reps = next((r.get("repeats") for rows in (result.get("scratch"), result.get("torch"))
+                 for r in rows or () if r.get("repeats")), None)
+    if reps:
+        print(f"# each size timed {reps} times: the median, min, max and spread (max - min "
+              f"over the median) of the time per call")
+    line = note(result.get("machine"))
+    if line:
+        print(f"# {line}: these figures are not the hardware's")

@@ -122,7 +122,7 @@ def cmd_compare(args) -> int:
         dirs = resolve_runs(args.runs, args.sweep, args.runs_dir)
     except LookupError as exc:
         return fail(str(exc))
-    items = compare(dirs, args.runs_dir)
+    items = compare(dirs, args.runs_dir, only_compared=bool(args.sweep and not args.runs))
     form = form_of(args)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)

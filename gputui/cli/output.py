@@ -43,14 +43,16 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
     if form == "table":
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=title)
+        # ids, names and reasons come from records and folder names: shown as text, not markup
+        table = Table(title=Text(title))
         for c in columns:
             left = c in ("id", "name", "strategy", "status", "date", "baseline")
             table.add_column(HEADERS.get(c, c), no_wrap=c in ("id", "date"),
                              justify="left" if left else "right")
         for r in rows:
-            table.add_row(*(_cell(c, r.get(c)) for c in columns))
+            table.add_row(*(Text(_cell(c, r)) for c in columns))
         # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
         Console(width=None if sys.stdout.isatty() else 240).print(table)
         return
@@ -66,9 +68,10 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
         sys.stdout.write(text)
 
 
-def _cell(key: str, value: Any) -> str:
-    from gputui.runs.compare import fmt
+def _cell(key: str, row: dict[str, Any]) -> str:
+    from gputui.runs.cells import cell
 
+    value = row.get(key)
     if key == "baseline" and value:  # the full id is in the id column; its suffix finds it
         return "…" + str(value).rsplit("-", 1)[-1]
-    return fmt(key, value)
+    return cell(key, row)

@@ -61,8 +61,10 @@ def parse_strategies(text: str) -> list[str]:
 
 
 def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_dir: Path,
-                 line, again: bool = False, measure: bool = True) -> list[dict[str, Any]]:
-    """Prediction rows (dicts) for every count x strategy, the one-device row first."""
+                 line, again: bool = False, measure: bool = True,
+                 sources: list | None = None) -> list[dict[str, Any]]:
+    """Prediction rows (dicts) for every count x strategy, the one-device row first;
+    ``sources`` gets, per input, whether it was measured now or read from the cache."""
     from gputui.runs.predict import predict
     from gputui.runs.predict_measure import Measurer
 
@@ -76,7 +78,36 @@ def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_
                 p.reason = "not measured: t_1"
             rows.append(dict(p.to_dict(), devices=n, step_ms=(p.step_time_s or 0) * 1000
                              if p.step_time_s else None))
+    if sources is not None:
+        sources.extend(m.sources)
     return rows
+
+
+def age_text(seconds: float | None) -> str:
+    """"12 s", "5 min", "3.2 h", "2.0 days" (``?`` when not known)."""
+    if seconds is None:
+        return "age unknown"
+    if seconds < 90:
+        return f"{seconds:.0f} s old"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min old"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h old"
+    return f"{seconds / 86400:.1f} days old"
+
+
+def source_lines(sources: list[dict]) -> list[str]:
+    """One line per input: measured now or cached (when, how old), and its load."""
+    out = []
+    for s in sources:
+        when = "measured now" if s["source"] == "measured now" else \
+            f"cached, measured {s['measured'] or '?'} ({age_text(s['age_s'])})"
+        out.append(f"  {s['input']}: {when}" + (f"; {s['note']}" if s["note"] else ""))
+    kinds = {s["source"] for s in sources}
+    if len(kinds) > 1:
+        out.append("  these inputs were measured at different moments: `--measure-again` "
+                   "measures all of them in one sitting")
+    return out
 
 
 def counts_of(devices: list[str]) -> list[int]:
@@ -124,7 +155,9 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
     line(f"predicting {title} on {kind} devices {', '.join(map(str, counts))}: measuring what "
          f"this machine has not measured yet (kept in {cache_dir()})")
     try:
-        rows = predict_grid(cfg, counts, strategies, kind, where, line, again)
+        sources: list[dict] = []
+        rows = predict_grid(cfg, counts, strategies, kind, where, line, again,
+                            sources=sources)
     except KeyboardInterrupt:
         print("prediction interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -132,5 +165,8 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
         print(f"gputui: prediction failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
     emit(rows, COLUMNS, "json" if as_json else "table", None, f"predicted scaling: {title}",
-         json_data={"rows": rows, "formulas": FORMULAS, "kind": kind})
+         json_data={"rows": rows, "formulas": FORMULAS, "kind": kind, "inputs": sources})
+    line("inputs:")
+    for text in source_lines(sources):
+        line(text)
     return EXIT_OK

@@ -121,7 +121,7 @@ class Printer:
             self.epochs_seen += 1
             score = score_text(getattr(ev, "task", "classify"), ev.test_acc,
                                getattr(ev, "val_loss", None))
-            self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, train loss "
+            self.line(f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s wall-clock, train loss "
                       f"{ev.train_loss:.4f}, {score}, "
                       f"{speed_text(ev.samples_per_s, ev.tokens_per_s)}{warm}")
         elif isinstance(ev, (RunFinished, RunStopped, RunFailed)):
@@ -199,12 +199,15 @@ class Printer:
             if steady:  # the steady state (gputui.core.steady): warm-up excluded
                 per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
                 noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
-                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s")
+                # one figure per quantity: the steady one, and the wall-clock mean of the
+                # per-epoch lines named as such beside it
+                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s steady-"
+                             f"state ({s['time_per_epoch_s']:.2f} s wall-clock)")
                 parts.append(f"{speed_text(steady['samples_per_s'], steady.get('tokens_per_s'))}"
                              f"{noise} (steady state, "
                              f"after {plural(steady['warmup_steps'], 'warm-up step')})")
             else:
-                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s")
+                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s wall-clock")
                 parts.append(f"{speed_text(s['samples_per_s'], s.get('tokens_per_s'))} "
                              f"(warm-up included: too "
                              f"few steps for a steady state)")

@@ -161,7 +161,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     from gputui.runs.compare import summary_lines
     from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS, grouped, session_warnings
 
-    items = compare(sweep.run_dirs(), runs_dir)
+    items = compare(sweep.run_dirs(), runs_dir, only_compared=True)
     session_warnings(items, m.points)
     groups = grouped(items, m.points) if m.repeat > 1 else None
     if args.export:
@@ -178,7 +178,8 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     if not args.json and any(it.breakdown for it in items):
         print(BREAKDOWN_LEGEND)
     for text in summary_lines(items):
-        if "FLAGGED" in text or "short of" in text:
+        if any(w in text for w in ("FLAGGED", "NOISY", "contended", "short of",
+                                   "no speed figures")):
             print(text, file=out)
     if state == "interrupted":
         return sup.exit_code() or EXIT_INTERRUPTED

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,19 +88,22 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     if not ok:
         raise ConfigError(f"{source}: {key} must be {_TYPE_NAMES[ftype]}, got {value!r}; "
                           f"fix the value (e.g. {key} = {_example(f)})")
-    if ftype is float and value != value:  # NaN passes every min/max comparison
-        raise ConfigError(f"{source}: {key} must be a number, got nan; fix the value "
-                          f"(e.g. {key} = {_example(f)})")
     meta = f.metadata
     if "choices" in meta and value not in meta["choices"]:
         choices = ", ".join(meta["choices"])
         raise ConfigError(f"{source}: {key} must be one of {choices}; got {value!r}")
-    if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{source}: {key} must be at least {meta['min']}, got {value!r}")
-    if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{source}: {key} must be at most {meta['max']}, got {value!r}")
-    if "gt" in meta and value <= meta["gt"]:
-        raise ConfigError(f"{source}: {key} must be greater than {meta['gt']}, got {value!r}")
+    if ftype in (int, float):
+        _check_number(source, key, value, meta, f"(e.g. {key} = {_example(f)})")
+    if ftype is list and "items" in meta:
+        item_type, rules = meta["items"]
+        for i, item in enumerate(value):
+            where = f"{key}[{i}]"
+            if isinstance(item, int) and not isinstance(item, bool) and item_type is float:
+                item = float(item)
+            if not isinstance(item, item_type) or isinstance(item, bool):
+                raise ConfigError(f"{source}: {where} must be {_TYPE_NAMES[item_type]}, got "
+                                  f"{item!r}; fix the value (e.g. {key} = {_example(f)})")
+            _check_number(source, where, item, rules, f"(e.g. {key} = {_example(f)})")
     if ftype is list:
         value = list(value)
     if ftype is dict:
@@ -115,6 +118,19 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         if problem:
             raise ConfigError(f"{source}: {key} = {value!r}: {problem}")
     return value
+
+
+def _check_number(source: str, key: str, value: int | float, rules: Any, example: str) -> None:
+    """A number against its rules (min, max, gt); NaN and infinities are never a setting."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}; fix the "
+                          f"value {example}")
+    if "min" in rules and value < rules["min"]:
+        raise ConfigError(f"{source}: {key} must be at least {rules['min']}, got {value!r}")
+    if "max" in rules and value > rules["max"]:
+        raise ConfigError(f"{source}: {key} must be at most {rules['max']}, got {value!r}")
+    if "gt" in rules and value <= rules["gt"]:
+        raise ConfigError(f"{source}: {key} must be greater than {rules['gt']}, got {value!r}")
 
 
 def _example(f: dataclasses.Field) -> str:
@@ -172,8 +188,10 @@ def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()
         raise ConfigError(f"{path}: is not UTF-8 text, so not a TOML preset; give a .toml "
                           f"file") from None
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = safeio.parse_toml(text)
+    except safeio.BadToml as exc:
+        if exc.too_deep:
+            raise ConfigError(f"{path}: {exc}; flatten it") from None
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
     cfg = anchor_code_paths(from_dict(data, source=str(path)), path.parent)
     return apply_overrides(cfg, overrides, preset_source=str(path))
@@ -210,9 +228,13 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     key, raw = (part.strip() for part in text.split("=", 1))
     if key.count(".") != 1:
         raise ConfigError(f"--set {text}: the key must be table.key, e.g. optim.lr")
+    from gputui.core import safeio
+
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = safeio.parse_toml(f"v = {raw}")["v"]
+    except safeio.BadToml as exc:
+        if exc.too_deep:
+            raise ConfigError(f"--set {text[:80]}: not a TOML value ({exc})") from None
         value = raw  # a bare word such as synthetic or cpu*2
     return key, value
 

@@ -35,7 +35,8 @@ def default_data_root() -> str:
 
 
 def opt(default: Any, help: str, **checks: Any) -> Any:  # noqa: A002 - mirrors argparse
-    """A documented config field; ``checks`` are choices/min/max/gt/check rules."""
+    """A documented config field; ``checks`` are choices/min/max/gt/check rules, ``items=(type,
+    rules)`` the type and min/max/gt rules of each element of a list."""
     meta = {"help": help, **checks}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -56,13 +57,6 @@ def _plain_name(name: str) -> str | None:
     return None
 
 
-def _positive_numbers(weights: list) -> str | None:
-    if any(not isinstance(w, (int, float)) or isinstance(w, bool) or not w > 0
-           for w in weights):
-        return f"strategy.split_weights must be positive numbers, got {weights!r}"
-    return None
-
-
 def _host_port(endpoint: str) -> str | None:
     host, _, port = endpoint.rpartition(":")
     if endpoint and not (host and port.isdigit() and 0 < int(port) < 65536):
@@ -80,7 +74,7 @@ class RunSection:
     seed: int = opt(0, "Seed for parameter init and batch order (same seed, same run).", min=0,
                     max=2**32 - 1)
     log_every: int = opt(20, "Report step metrics every N optimizer steps (the only sync point).",
-                         min=1)
+                         min=1, max=1_000_000_000)
     threads: int = opt(0, "torch intra-op threads per training process; 0 = the cores available "
                           "divided by the number of processes.", min=0, max=1024)
     precision: str = opt("fp32", "Numeric precision: fp32, bf16 autocast (CPU or CUDA) or fp16 "
@@ -91,7 +85,7 @@ class RunSection:
     checkpoint: bool = opt(True, "Write checkpoint.pt in the run folder at each epoch end and on "
                                  "a stop, so `gputui resume` can continue the run.")
     checkpoint_every: int = opt(0, "Also checkpoint every N optimizer steps (0 = only at epoch "
-                                   "ends and on a stop).", min=0)
+                                   "ends and on a stop).", min=0, max=1_000_000_000)
     stop_grace_s: float = opt(30.0, "Seconds a graceful stop (Ctrl-C, SIGTERM, SIGHUP) may take "
                                     "before gputui kills the run instead.", gt=0.0, max=86_400.0)
     resume_from: str = opt("", "A run folder (or checkpoint file) to continue from; set by "
@@ -162,10 +156,11 @@ class DataSection:
     download: bool = opt(False, "Download a missing real dataset into data.root (needs internet).")
     train_size: int = opt(0, "Training examples: for synthetic the number generated (0 = 12000); "
                              "for real data a cap on the split (0 = all); for text the windows "
-                             "of data.context tokens (0 = all).", min=0)
+                             "of data.context tokens (0 = all).", min=0,
+                          max=100_000_000)
     test_size: int = opt(0, "Test examples: for synthetic the number generated (0 = 2000); for "
                             "real data a cap (0 = all); for text the validation windows.",
-                         min=0)
+                         min=0, max=100_000_000)
     context: int = opt(128, "Text data: tokens (bytes) per example window; the model predicts "
                             "each next byte.", min=2, max=1_048_576)
     path: str = opt("", "data.name = 'text': a text file, or a folder whose files are read in "
@@ -255,9 +250,10 @@ class StrategySection:
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
                                   "[0.8, 0.2] for a faster and a slower device; empty = even.",
-                        check=_positive_numbers)
+                        items=(float, {"gt": 0.0, "max": 1e6}))
     split_points: list = opt([], "model_parallel: indices of the layers where a new stage "
-                                 "starts; empty = balanced by parameter count.")
+                                 "starts; empty = balanced by parameter count.",
+                         items=(int, {"min": 1, "max": 100_000}))
     fsdp_wrap: list = opt([], "fsdp: class names of the modules that get a fully_shard each "
                               "(e.g. ['Block'] for a model.factory's blocks); empty = every "
                               "top-level block with parameters.")
@@ -279,7 +275,8 @@ class DistSection:
     """[dist]: multi-node ddp/fsdp through a c10d rendezvous (torchrun's engine)."""
 
     nnodes: int = opt(1, "Number of machines (nodes) in the job.", min=1, max=4096)
-    node_rank: int = opt(0, "This machine's rank among the nodes (0 .. nnodes-1).", min=0)
+    node_rank: int = opt(0, "This machine's rank among the nodes (0 .. nnodes-1).", min=0,
+                         max=4095)
     rdzv_endpoint: str = opt("", "HOST:PORT of the c10d rendezvous; empty = a free local port "
                                  "(single node only).", check=_host_port)
     rdzv_id: str = opt("gputui", "Job id shared by every node of one job.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -56,6 +57,8 @@ def default_hint(code: int | None) -> str:
         return "free space on that disk and try again"
     if code in REFUSED:
         return "choose a folder you can write to"
+    if code == errno.ENOENT:
+        return "the folder it goes in does not exist"
     if code in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
         return "a file and a folder are in each other's way; choose another path"
     return ""
@@ -75,10 +78,15 @@ def os_error_in(exc: BaseException) -> OSError | None:
 
 
 def write_with(path: str | Path, fill: Callable[[BinaryIO], object], hint: str = "") -> Path:
-    """Write ``path`` atomically: ``fill`` writes the bytes to a temporary file beside it,
-    which is fsynced and renamed over ``path``. On any failure the temporary file is removed
-    and ``path`` keeps its previous content; a failure of the disk raises WriteFailed."""
-    path = Path(path)
+    """Write to ``path`` as Unix tools do: a symbolic link is followed (the link stays and its
+    target gets the bytes); a device or named pipe is opened and written in place; a regular
+    file (or a new one) is written atomically: ``fill`` writes a temporary file beside it,
+    which is fsynced and renamed over it. On any failure the temporary file is removed and the
+    file keeps its previous content; a failure of the disk raises WriteFailed."""
+    shown = Path(path)
+    path = Path(os.path.realpath(shown))
+    if _is_special(path):
+        return _write_in_place(path, shown, fill, hint)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as fh:
@@ -91,9 +99,43 @@ def write_with(path: str | Path, fill: Callable[[BinaryIO], object], hint: str =
         cause = os_error_in(exc)
         if cause is None:
             raise
-        raise WriteFailed(path, cause, hint) from None
+        raise WriteFailed(shown, cause, hint) from None
     fsync_dir(path.parent)
-    return path
+    return shown
+
+
+def _is_special(path: Path) -> bool:
+    """``path`` exists and is neither a regular file nor a folder (a device, a pipe, a socket):
+    renaming over it would replace the thing itself, so it is written in place."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _write_in_place(path: Path, shown: Path, fill: Callable[[BinaryIO], object],
+                    hint: str) -> Path:
+    try:
+        with open(path, "wb") as fh:
+            fill(fh)
+            fh.flush()
+    except BaseException as exc:
+        cause = os_error_in(exc)
+        if cause is None:
+            raise
+        raise WriteFailed(shown, cause, hint) from None
+    return shown
+
+
+def make_folder(folder: str | Path, hint: str = "") -> Path:
+    """``mkdir -p folder``; a failure (a file in the way, no permission) raises WriteFailed."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(folder, exc, hint) from None
+    return folder
 
 
 def write_atomic(path: str | Path, data: str | bytes, hint: str = "") -> Path:
@@ -185,23 +227,32 @@ def folder_problem(path: str | Path, what: str) -> str | None:
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".gputui-probe-")
     except OSError as exc:
-        return f"{what} {folder}: cannot write there: {_cause_words(exc)} " \
-               f"({default_hint(exc.errno)})"
+        return _cannot_write(what, folder, exc)
     try:
         os.write(fd, b"\n")  # a full disk refuses the first byte, not the empty file
     except OSError as exc:
-        return f"{what} {folder}: cannot write there: {_cause_words(exc)} " \
-               f"({default_hint(exc.errno)})"
+        return _cannot_write(what, folder, exc)
     finally:
         os.close(fd)
         _remove(Path(probe))
     return None
 
 
+def _cannot_write(what: str, folder: Path, exc: OSError) -> str:
+    hint = default_hint(exc.errno)
+    return f"{what} {folder}: cannot write there: {_cause_words(exc)}" + \
+        (f" ({hint})" if hint else "")
+
+
 def file_problem(path: str | Path, what: str) -> str | None:
     """Why file ``path`` cannot be written (its folder is checked as :func:`folder_problem`
     does), as one line naming ``what`` it is; None when it can."""
-    target = Path(path)
+    target = Path(os.path.realpath(path))
     if target.is_dir():
-        return f"{what} {target}: it is a folder; give a file name"
+        return f"{what} {path}: it is a folder; give a file name"
+    if _is_special(target):  # written in place: its own permission is what counts
+        if os.access(target, os.W_OK):
+            return None
+        return f"{what} {path}: cannot write there: {os.strerror(errno.EACCES)} " \
+               f"({default_hint(errno.EACCES)})"
     return folder_problem(target.parent, what)

@@ -84,13 +84,11 @@ def resolve_preset(name_or_path: str) -> Path:
 
 def names_code(path: Path) -> list[str]:
     """``key = spec`` for each factory the preset file names (read as data; nothing runs)."""
-    import tomllib
-
     from gputui.core.usercode import code_named
 
     try:
-        data = tomllib.loads(safeio.read_text(path))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        data = safeio.parse_toml(safeio.read_text(path))
+    except (OSError, UnicodeDecodeError, ValueError):
         return []
     tables = {t: v if isinstance(v, dict) else {} for t, v in data.items()}
     return code_named({"model": tables.get("model", {}), "data": tables.get("data", {})})

@@ -153,6 +153,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s["best_test_acc"] = max(e["test_acc"] for e in epochs)
     # the steady state (warm-up excluded, gputui.core.steady): what tables and summaries print
     s["steady"] = steady_figures(events)
+    if s["steady"] and s.get("steps_per_epoch"):  # the figure tables and compare show
+        s["time_per_epoch_steady_s"] = s["steady"]["step_time_s"] * s["steps_per_epoch"]
     if s["steady"] and s.get("tokens_per_sample"):
         s["steady"]["tokens_per_s"] = s["steady"]["samples_per_s"] * s["tokens_per_sample"]
     if first_t is not None:

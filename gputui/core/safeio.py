@@ -98,3 +98,41 @@ def iter_lines(path: str | Path, max_line: int = LINE_LIMIT) -> Iterator[str]:
                     line = fh.readline(_CHUNK)
                 continue
             yield line.rstrip(b"\n").decode("utf-8", errors="replace")
+
+
+MAX_DEPTH = 32  # tables and lists within each other; a config needs 3
+
+
+class BadToml(ValueError):
+    """TOML text the parser could not read or that nests too deeply; one line."""
+
+    def __init__(self, message: str, too_deep: bool = False):
+        super().__init__(message)
+        self.too_deep = too_deep
+
+
+def parse_toml(text: str) -> dict:
+    """``tomllib.loads`` that answers every bad input with :class:`BadToml` (a ValueError):
+    syntax errors, nesting deep enough to exhaust the parser's recursion, integers longer than
+    Python converts, and values nested more than MAX_DEPTH deep (which would exhaust the
+    recursion of whatever writes them back: tomli_w, json)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise BadToml(f"nested too deeply to read (at most {MAX_DEPTH} levels of tables "
+                      f"and lists)", too_deep=True) from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer past int's digit limit
+        raise BadToml(str(exc).splitlines()[0] if str(exc) else "not valid TOML") from None
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadToml(f"nested more than {MAX_DEPTH} levels deep (tables and lists)",
+                          too_deep=True)
+        children = value.values() if isinstance(value, dict) else \
+            value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+    return data

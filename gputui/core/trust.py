@@ -1,12 +1,15 @@
 """Numbers you can trust: which baselines a speedup may use, and which speedups are flagged.
 
 A baseline is refused when it was not measured the way the run was: a resumed run (a
-continuation, not a whole run); one without steady-state steps is used only when no steady
-one matches, and flagged. A speedup or efficiency is flagged, with the reason, instead of shown
-as a result when it is physically impossible:
+continuation, not a whole run), one without steady-state steps, or one measured in another
+machine state (contended while the run was not, or the other way round). A speedup is
+*noisy* (shown as such, never compared with a threshold) when its noise is above ``NOISY``,
+when either run was contended, or when either has too few steady windows to know its noise.
+A speedup or efficiency is flagged, with the reason, instead of shown as a result when it is
+physically impossible:
 
-- efficiency above 100 % beyond the measured noise (the lowest of the repeats, less the
-  noise of both runs): N devices cannot do more than N times the work of one;
+- efficiency above 100 %, whatever the noise: N devices cannot do more than N times the
+  work of one, so the figure says the baseline was slow, not the run fast;
 - a speedup (above 1 beyond the noise) on devices that share one process: scratch, dp and
   model_parallel drive CPU virtual devices one after another from one process;
 - a speedup on CPU ranks that share one set of cores: more ranks x threads than cores;
@@ -21,6 +24,7 @@ from typing import Any
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
 RANKS = ("ddp", "fsdp", "tp", "fsdp_tp", "pp")  # one process per device
 MIN_NOISE = 0.02  # the least relative noise assumed for one measurement
+NOISY = 0.20  # a speedup whose relative noise is above this supports no conclusion
 
 
 def on_cpu(row: Any) -> bool:
@@ -34,7 +38,29 @@ def refuse_baseline(row: Any, base: Any) -> str | None:
     steady-state steps is not refused but ranked last and flagged, see :func:`flags`.)"""
     if base.resumed:
         return f"{base.id} is a resumed run (a continuation, measured apart)"
+    if not base.steady:
+        return f"{base.id} has no steady-state steps (warm-up included)"
+    if bool(getattr(base, "contended", False)) != bool(getattr(row, "contended", False)):
+        which = base.id if getattr(base, "contended", False) else row.id
+        return (f"{base.id} ran in another machine state ({which} ran while other processes "
+                f"used the hardware)")
     return None
+
+
+def noisy(row: Any, base: Any, speedup: float) -> list[str]:
+    """Why ``speedup`` supports no conclusion ([] when its noise is small enough)."""
+    out = []
+    for r in (row, base) if base.id != row.id else (row,):
+        if getattr(r, "contended", False):
+            from gputui.core.machine import note
+
+            out.append(f"{r.id} was {note(r.machine) or 'contended'}")
+        elif r.steady and r.noise is None:
+            out.append(f"{r.id} has too few steady windows to know its noise (run it longer)")
+    noise = noise_of(row, base)
+    if noise > NOISY:
+        out.append(f"its noise ±{noise:.0%} is above {NOISY:.0%}")
+    return out
 
 
 def noise_of(row: Any, base: Any) -> float:
@@ -54,8 +80,8 @@ def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list
         out.append("warm-up included: the run has no steady-state steps (run it longer)")
     elif not base.steady:
         out.append(f"warm-up included: the baseline {base.id} has no steady-state steps")
-    if low / n > 1:
-        out.append(f"efficiency {speedup / n:.0%} exceeds 100 % beyond the noise (±{noise:.0%}"
+    if speedup / n > 1:
+        out.append(f"efficiency {speedup / n:.0%} exceeds 100 % (noise ±{noise:.0%}"
                    f"): impossible on {n} device{'s' if n != 1 else ''}; the baseline "
                    f"{base.id} ran slower than this machine runs it now (warm-up, other load, "
                    f"another session): measure both in one sweep")

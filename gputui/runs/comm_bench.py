@@ -5,7 +5,10 @@ For each message size it measures the time per call, the algorithm bandwidth
 (algbw = bytes / time) and the bus bandwidth (busbw = algbw * 2(n-1)/n, the traffic each link
 carries in a ring allreduce, so figures compare across device counts), for the scratch
 allreduce (replicas in one process) and for torch.distributed (one process per device: gloo
-on CPU, nccl on CUDA). The measuring runs in a spawned process
+on CPU, nccl on CUDA). Each size is timed ``repeats`` times (``iters`` calls each): the
+figures are the median, with the min, the max and the spread ((max - min) / median) beside
+them, and the result carries the machine's state while it ran (``machine``, see
+:mod:`gputui.hw.contention`). The measuring runs in a spawned process
 (:mod:`gputui.train.comm_bench_ranks`); this module never imports torch.
 """
 
@@ -31,18 +34,28 @@ def with_bandwidths(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         algbw, busbw = bandwidths(r["size"], r["seconds"], n)
-        out.append(dict(r, time_us=r["seconds"] * 1e6, algbw_gbps=algbw, busbw_gbps=busbw))
+        samples = r.get("samples") or [r["seconds"]]
+        lo, hi = min(samples), max(samples)
+        out.append(dict(r, time_us=r["seconds"] * 1e6, algbw_gbps=algbw, busbw_gbps=busbw,
+                        min_us=lo * 1e6, max_us=hi * 1e6, repeats=len(samples),
+                        spread=(hi - lo) / r["seconds"] if r["seconds"] > 0 else None))
     return out
 
 
 def run_bench(devices, sizes: list[int], iters: int, warmup: int, impls: list[str],
-              backend: str, timeout: float) -> dict[str, Any]:
-    """Measure in a spawned process; returns {"scratch": rows, "torch": rows} or {"error"}."""
+              backend: str, timeout: float, repeats: int = 5) -> dict[str, Any]:
+    """Measure in a spawned process; returns {"scratch": rows, "torch": rows, "machine"} or
+    {"error"}."""
+    from gputui.hw.contention import LoadWatch, gpu_uuids
+
     kind = devices[0].kind
     backend = backend_for(backend, kind)
     spec = {"kind": kind, "indices": [d.index for d in devices], "sizes": sizes,
-            "iters": iters, "warmup": warmup, "impls": impls, "backend": backend}
+            "iters": iters, "warmup": warmup, "impls": impls, "backend": backend,
+            "repeats": max(1, repeats)}
+    watch = LoadWatch(gpu_uuids(devices))
     result = spawn_driver(spec, timeout)
+    result["machine"] = watch.state()
     n = len(devices)
     for impl in ("scratch", "torch"):
         if impl in result:

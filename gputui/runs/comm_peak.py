@@ -4,7 +4,8 @@ bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
 
 Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
 the peak is the highest torch.distributed figure over the sizes bench-comm measured for that
-device kind, device count and backend.
+device kind, device count and backend, with the machine's state while bench-comm measured it:
+a peak measured under contention gives way to any measured on a quiet machine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     """Keep the torch rows' peak of a bench-comm result (``comm_bench.run_bench``) when it
     beats the one kept; returns what is kept for that key (None: nothing measured)."""
     rows = [r for r in result.get("torch") or () if r.get("algbw_gbps")]
+    machine = result.get("machine") or {}
     if not rows or "error" in result:
         return None
     from gputui.runs.predict_measure import Cache
@@ -28,10 +30,17 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     best = max(rows, key=lambda r: r["algbw_gbps"])
     k = key(kind, int(result["n"]), str(result.get("backend", "")))
     old = cache.get(k)
-    if old and old.get("algbw_gbps", 0) >= best["algbw_gbps"]:
+    new_busy = bool(machine.get("contended"))
+    old_busy = bool(old and (old.get("machine") or {}).get("contended"))
+    # a peak measured on a quiet machine is never replaced by one measured under contention,
+    # and one measured under contention always gives way to a quiet one
+    if old and not old_busy and new_busy:
+        return old
+    if old and old_busy == new_busy and old.get("algbw_gbps", 0) >= best["algbw_gbps"]:
         return old
     cache.put(k, {"algbw_gbps": best["algbw_gbps"], "busbw_gbps": best["busbw_gbps"],
-                  "size": best["size"], "devices": result.get("devices", [])})
+                  "size": best["size"], "devices": result.get("devices", []),
+                  "machine": machine})
     return cache.get(k)
 
 

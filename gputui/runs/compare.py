@@ -27,9 +27,8 @@ from typing import Any
 from gputui.core import breakdown
 from gputui.core import runstore, scores
 from gputui.core.breakdown import Breakdown
-from gputui.core.devices import human_bytes
-from gputui.core.events import acc_text
 from gputui.core.steady import RULE
+from gputui.core import machine
 from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
@@ -68,6 +67,8 @@ class CompareRow:
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
     acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy or val loss)]
     flags: list = field(default_factory=list)  # why the speedup is not a result (gputui.core.trust)
+    noise: float | None = None  # the speedup's relative noise (both runs' noise added)
+    noisy: list = field(default_factory=list)  # why the speedup supports no conclusion
     warnings: list = field(default_factory=list)  # e.g. well short of its prediction
     refused: list = field(default_factory=list)  # baselines refused, with why
     predicted_speedup: float | None = None  # from this machine's kept measurements
@@ -80,7 +81,11 @@ class CompareRow:
                    baseline=self.baseline, baseline_kind=self.baseline_kind,
                    predicted_speedup=self.predicted_speedup, flags=list(self.flags),
                    warnings=list(self.warnings), refused=list(self.refused),
-                   check=check_text(self), mfu=self.mfu, flops_per_s=self.flops_per_s,
+                   check=check_text(self), speedup_noise=_abs(self.speedup, self.noise),
+                   efficiency_noise=_abs(self.efficiency, self.noise), noisy=list(self.noisy),
+                   contended=self.row.contended,
+                   machine_note=machine.note(self.row.machine), mfu=self.mfu,
+                   flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
                    comm_peak_gbps=self.comm_peak_gbps, bubble_share=self.bubble_share,
                    bubble_theory=self.bubble_theory)
@@ -93,6 +98,10 @@ class CompareRow:
                     acc_curve=[list(p) for p in self.acc_curve],
                     breakdown=self.breakdown.to_dict() if self.breakdown else None,
                     memory=[dict(r) for r in self.memory])
+
+
+def _abs(value: float | None, noise: float | None) -> float | None:
+    return None if value is None or noise is None else value * noise
 
 
 def readable_events(run_dir: str | Path) -> list:
@@ -163,6 +172,8 @@ def check_text(item: "CompareRow") -> str:
     """The table's check cell: FLAGGED, below prediction, or empty."""
     if item.flags:
         return "FLAGGED"
+    if item.noisy:
+        return "NOISY"
     if item.warnings:
         return "below prediction"
     return ""
@@ -170,10 +181,12 @@ def check_text(item: "CompareRow") -> str:
 
 def find_baseline(row: RunRow, candidates: list[RunRow],
                   compared: Collection[str] = frozenset(),
-                  refused: list | None = None) -> tuple[RunRow | None, str]:
+                  refused: list | None = None,
+                  only_compared: bool = False) -> tuple[RunRow | None, str]:
     """The matching one-device run of ``row`` (see the module docstring) and the match kind;
     candidates not measured the way ``row`` was are refused (``gputui.core.trust``), and why is
-    appended to ``refused``."""
+    appended to ``refused``; ``only_compared``: a sweep's runs take their baselines from the
+    same sweep only."""
     from gputui.core.trust import refuse_baseline
 
     if not row.devices or not row.batch:
@@ -182,7 +195,8 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
     ranked = []
     for c in candidates:
         if (c.devices != 1 or c.status != "finished" or not c.samples_per_s
-                or match_key(c) != match_key(row)):
+                or match_key(c) != match_key(row)
+                or (only_compared and c.id not in compared)):
             continue
         why = refuse_baseline(row, c) if c.batch in (row.batch, per_device) else None
         if why:
@@ -196,7 +210,7 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
         else:
             continue
         plain = c.fast in ("", c.precision)  # eager, default memory format: preferred
-        ranked.append(((kind, not c.steady, not plain, c.id not in compared,
+        ranked.append(((kind, not plain, c.id not in compared,
                         c.strategy != "single",
                         -_id_order(c)), c, kind))
     if not ranked:
@@ -210,8 +224,10 @@ def _id_order(row: RunRow) -> float:
     return float(digits or 0)
 
 
-def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) -> list[CompareRow]:
-    """Compare these runs; baselines are looked for among them and every run under runs_dir."""
+def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
+            only_compared: bool = False) -> list[CompareRow]:
+    """Compare these runs; baselines are looked for among them and every run under runs_dir
+    (``only_compared``: among them only, as a sweep's are)."""
     rows = [row_for(p) for p in run_dirs]
     compared = {r.id for r in rows}
     try:
@@ -220,7 +236,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) 
         others = []
     pool = rows + others
     out = []
-    from gputui.core.trust import flags
+    from gputui.core.trust import flags, noise_of, noisy
 
     for row in rows:
         events = readable_events(row.run_dir)  # read once, for the curves and the figures
@@ -229,12 +245,15 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None) 
                           acc_curve=acc, **read_hw_figures(row.run_dir, events))
         if item.comm_gbps is not None:
             item.comm_peak_gbps = kept_comm_peak(row)
-        base, kind = find_baseline(row, pool, compared, item.refused)
-        if base is not None and row.samples_per_s and base.samples_per_s and row.devices:
+        base, kind = find_baseline(row, pool, compared, item.refused, only_compared)
+        if base is not None and row.samples_per_s and base.samples_per_s and row.devices \
+                and row.steady:
             item.speedup = row.samples_per_s / base.samples_per_s
             item.efficiency = item.speedup / row.devices
             item.baseline, item.baseline_kind = base.id, kind
+            item.noise = noise_of(row, base)
             item.flags = flags(row, base, item.speedup)
+            item.noisy = noisy(row, base, item.speedup)
             add_prediction(item, base)
         out.append(item)
     return out
@@ -304,53 +323,20 @@ def columns_for(items: list[CompareRow], columns=TABLE_COLUMNS) -> tuple[str, ..
 
 
 def table_rows(items: list[CompareRow], columns=TABLE_COLUMNS) -> list[dict[str, Any]]:
-    """The comparison as plain dicts with the table's columns, in order; a flagged speedup
-    and efficiency read "flagged" (the reasons are in ``summary_lines`` and the JSON)."""
+    """The comparison as plain dicts with the table's columns, in order (and the noise of
+    speedup and efficiency); a flagged speedup and efficiency read "flagged", a noisy one
+    "noisy" (the reasons are in ``summary_lines`` and the JSON)."""
     out = []
     for item in items:
         flat = item.flat()
         if item.flags:
             flat.update(speedup="flagged", efficiency="flagged")
-        out.append({k: flat[k] for k in columns})
+        elif item.noisy:
+            flat.update(speedup="noisy", efficiency="noisy")
+        # the noise travels beside the figure (``cell`` prints it; csv keeps the number)
+        out.append({**{k: flat.get(k) for k in columns},
+                    **{k: flat.get(k) for k in ("speedup_noise", "efficiency_noise")}})
     return out
-
-
-def fmt(key: str, value: Any) -> str:
-    """A cell as text for terminal and Markdown tables."""
-    if value is None or value == "" or value != value:  # None, empty or NaN
-        return "-"
-    if isinstance(value, str) and key in ("speedup", "efficiency"):
-        return value
-    if key in ("comm_share", "efficiency", "mfu"):
-        return f"{value:.1%}"
-    if key == "bubble_share":
-        return f"{value:.0%}"
-    if key == "train_mem":
-        return human_bytes(value)
-    if key in breakdown.SHARE_COLUMNS:
-        return f"{value:.0%}"
-    if key == "speedup":
-        return f"{value:.2f}x"
-    if key in ("time_per_epoch_s", "init_s"):
-        return f"{value:.2f} s"
-    if key == "samples_per_s":
-        return f"{value:,.0f}"
-    if key == "step_ms":
-        return f"{value:.2f}"
-    if key == "mem_per_device":
-        return f"{value / 2**20:,.1f} MiB"
-    if key == "predicted_speedup":
-        return f"{value:.2f}x"
-    if key == "comm_gbps":
-        return f"{value:.2f} GB/s"
-    if key == "test_acc":
-        return acc_text(value)
-    score = scores.fmt(key, value)
-    if score is not None:
-        return score
-    if key == "lr":
-        return f"{value:g}"
-    return str(value)
 
 
 BREAKDOWN_LEGEND = ("step breakdown, as shares of a metered step (mean over its devices and "
@@ -368,8 +354,13 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         if r.problem:
             lines.append(f"{r.id}: {r.problem}")
         for why in it.flags:
-            lines.append(f"{r.id}: FLAGGED, speedup {it.speedup:.2f}x / efficiency "
-                         f"{it.efficiency:.0%} is not a result: {why}")
+            lines.append(f"{r.id}: FLAGGED, speedup {it.speedup:.2f}x is not a result: {why}")
+        if it.noisy and not it.flags:
+            pm = (it.speedup or 0) * (it.noise or 0)
+            lines.append(f"{r.id}: NOISY, speedup {it.speedup:.2f}x ±{pm:.2f} supports no "
+                         f"conclusion: {'; '.join(it.noisy)}")
+        if r.contended and not any(r.id in n for n in it.noisy):
+            lines.append(f"{r.id}: {machine.note(r.machine)}")
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
         if it.comm_gbps is not None:
@@ -387,9 +378,11 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
                          f"steady-state steps ({RULE})")
-        elif r.status != "finished" or not r.samples_per_s:
-            lines.append(f"{r.id}: no speed figures ({r.status}"
-                         f"{': ' + r.reason if r.reason else ''})")
+        elif r.no_speed or not r.samples_per_s:
+            lines.append(f"{r.id}: no speed figures ({r.no_speed or r.status})")
+        elif not r.steady:
+            lines.append(f"{r.id}: no speedup: the run has no steady-state steps, warm-up "
+                         f"included (run it longer)")
         else:
             refused = f"; refused: {'; '.join(it.refused)}" if it.refused else ""
             lines.append(f"{r.id}: no matching finished one-device run measured the same way, "

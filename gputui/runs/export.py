@@ -20,7 +20,8 @@ from gputui.core.errors import UserError
 from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
 from gputui.core.scores import perplexity
-from gputui.runs.compare import CompareRow, fmt
+from gputui.runs.cells import cell
+from gputui.runs.compare import CompareRow
 
 FORMATS = ("table", "csv", "md", "json")
 
@@ -61,7 +62,7 @@ def to_markdown(rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |",
              "|" + "|".join("---:" if c in numeric else "---" for c in columns) + "|"]
     for row in rows:
-        cells = [fmt(c, row.get(c)).replace("|", "\\|") for c in columns]
+        cells = [cell(c, row).replace("|", "\\|") for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -131,7 +132,7 @@ def plot_speedup(items: list[CompareRow], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     by_strategy: dict[str, list[tuple[int, float]]] = {}
     for it in items:
-        if it.speedup is not None and it.row.devices:
+        if it.speedup is not None and it.row.devices and not it.flags and not it.noisy:
             by_strategy.setdefault(it.row.strategy, []).append((it.row.devices, it.speedup))
     top = max([n for pts in by_strategy.values() for n, _ in pts] or [1])
     ax.plot([1, top], [1, top], linestyle="--", color="grey", label="ideal")

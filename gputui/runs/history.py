@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from gputui.core import runstore, safeio
 from gputui.core.events import RunStarted
+from gputui.core import machine
 
 # A record without a terminal event whose files have not changed for this long is not
 # running any more: its writer died with its parent (e.g. a machine reset).
@@ -67,6 +67,10 @@ class RunRow:
     resumed: bool = False  # run.resume_from was set: a continuation, not a whole run
     threads: int = 0  # intra-op threads per process (0: not recorded)
     cores: int = 0  # cores the run's processes could use (0: not recorded)
+    # what else used the hardware while it ran (gputui.hw.contention; None: not recorded)
+    machine: dict | None = None
+    contended: bool = False
+    no_speed: str = ""  # why the run has no speed figures ("" when it has)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a plain dict (every field)."""
@@ -76,7 +80,7 @@ class RunRow:
 def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     """config.toml as a dict, else the config of the RunStarted event, else {}."""
     try:
-        return tomllib.loads(safeio.read_text(run_dir / "config.toml"))
+        return safeio.parse_toml(safeio.read_text(run_dir / "config.toml"))
     except (OSError, ValueError):
         pass
     try:
@@ -191,6 +195,12 @@ def row_for(run_dir: str | Path) -> RunRow:
         if row.samples_per_s is not None and s.get("tokens_per_sample"):
             row.tokens_per_s = row.samples_per_s * s["tokens_per_sample"]
     row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
+    row.machine = machine.read(run_dir)
+    row.contended = bool(row.machine and row.machine.get("contended"))
+    if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
+        row.no_speed = row.status + (f": {row.reason}" if row.reason else "")
+        row.samples_per_s = row.time_per_epoch_s = row.step_time_s = row.noise = None
+        row.steady = False
     row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
     row.init_s = s.get("init_s")
     row.model = str(s.get("model") or sect("model").get("factory") or sect("model").get("name", ""))

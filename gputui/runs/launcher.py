@@ -69,6 +69,7 @@ class RunHandle:
         self._status = "running"
         self._tree: dict[int, Any] = {}  # every process seen below the host (psutil objects)
         self._tree_t = 0.0
+        self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
 
     def start(self, host: Any, spec: LaunchSpec) -> None:
         """Hand the run to ``host`` (a warm.Host) and start sampling its devices."""
@@ -236,6 +237,7 @@ class RunHandle:
         if self._closed is not None and not self._closed.ended or self._dead_host_end:
             recorder.end_after_host(self.run_dir, terminal)
         runstore.release_space(self.run_dir)
+        self._write_machine_state()
         if self.multiprocess:  # the node's dataset copy, left behind when the host was killed
             from gputui.train import shared_data
 
@@ -244,6 +246,20 @@ class RunHandle:
             lock.release()
         self._locks.clear()
         _LIVE.discard(self)
+
+    def _write_machine_state(self) -> None:
+        """machine.json: what else used the hardware while the run ran (hw.contention)."""
+        if self._watch is None:
+            return
+        import json
+
+        from gputui.core.machine import FILE
+
+        try:
+            write_atomic(self.run_dir / FILE, json.dumps(self._watch.state(), indent=2) + "\n")
+        except (OSError, WriteFailed):  # the figures then carry no machine state, said so
+            pass
+        self._watch = None
 
     # ------------------------------------------------------------------ control
     @property
@@ -338,6 +354,9 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
                       notes=(device_note,) if device_note else (), multiprocess=multiprocess)
     # a warm host (one started early, torch loaded) takes a single-process run when one waits
     host = None if multiprocess else warm.take()
+    from gputui.hw.contention import LoadWatch, gpu_uuids
+
+    handle._watch = LoadWatch(gpu_uuids(devices))
     handle.start(host or warm.Host(), spec)
     return handle
 

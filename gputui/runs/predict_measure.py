@@ -8,8 +8,11 @@ issues them (:mod:`gputui.runs.predict_comm`); fsdp's all-gathers and reduce-sca
 its units' sizes, as fully_shard issues them (the same module); the scratch one by
 ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
 (``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
-only when missing (or when asked to measure again). Torch-free: the measuring happens in
-spawned processes.
+only when missing (or when asked to measure again), with when, where and under what load it
+was measured (:mod:`gputui.hw.contention`): a figure kept without that state, or measured
+while other processes used the machine, is measured again. ``Measurer.sources`` says, per
+input, whether it was measured now or read from the cache, and its age. Torch-free: the
+measuring happens in spawned processes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Callable
 from gputui.core.config import RunConfig
 from gputui.core.config_schema import optimizer_states
 from gputui.runs.predict import Inputs
+from gputui.runs.predict_inputs import input_label, stale
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
@@ -70,11 +74,15 @@ class Cache:
         return self.data.get(key)
 
     def put(self, key: str, value: dict) -> None:
-        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
+                              measured_t=time.time())
+        from gputui.core.filewrite import make_folder, write_atomic
+
+        # through filewrite: a cache folder that is a file is one line (WriteFailed), not a
+        # NotADirectoryError traceback
+        make_folder(self.path.parent,
+                    "set GPUTUI_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to")
+        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
 
 
 def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
@@ -194,7 +202,7 @@ def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) 
     from gputui.runs.predict_comm import FIRST_BUCKET, allreduce_in_step
 
     kind = devices[0].kind
-    scratch = run_bench(devices, [size], iters=30, warmup=5, impls=["scratch"],
+    scratch = run_bench(devices, [size], iters=10, warmup=5, impls=["scratch"],
                         backend="auto", timeout=600)
     if "error" in scratch:
         raise RuntimeError(f"bench-comm failed: {scratch['error']}")
@@ -233,6 +241,10 @@ class Measurer:
         self.cores = cores()
         self._gpu_label = ""
         self._step_s: float | None = None  # the one-device step, once known: sizes the rest
+        # per input: {"input", "source" ("measured now" | "cached"), "measured", "age_s",
+        # "note" (its contention, or why it was measured again)}
+        self.sources: list[dict[str, Any]] = []
+        self._now: dict[str, dict] = {}  # measured in this sitting: never measured twice
         if kind == "gpu":
             from gputui.hw.discovery import discover_gpus
 
@@ -240,12 +252,37 @@ class Measurer:
             self._gpu_label = gpus[0].name if gpus else "gpu"
 
     def _get(self, key: str, fn: Callable[[], dict]) -> dict | None:
+        if key in self._now:
+            return self._now[key]
         hit = None if self.again else self.cache.get(key)
-        if hit is not None or not self.measure:
+        why = stale(hit)
+        if hit is not None and (why is None or not self.measure):
+            self._source(key, hit, "cached", why or "")
             return hit
+        if not self.measure:
+            return None
+        from gputui.core.devices import Device
+        from gputui.hw.contention import LoadWatch, gpu_uuids
+
+        watch = LoadWatch(gpu_uuids([Device("cuda", 0)]) if self.kind == "gpu" else ())
         value = fn()
+        value = self._now[key] = dict(value, machine=watch.state())
         self.cache.put(key, value)
+        self._source(key, self.cache.get(key) or value, "measured now",
+                     f"measured again: {why}" if hit is not None and why else "")
         return value
+
+    def _source(self, key: str, entry: dict, source: str, why: str) -> None:
+        from gputui.core.machine import note
+
+        if any(s["key"] == key for s in self.sources):
+            return
+        when = entry.get("measured_t")
+        age = time.time() - when if isinstance(when, (int, float)) else None
+        self.sources.append({"key": key, "input": input_label(key), "source": source,
+                             "measured": entry.get("measured", ""), "age_s": age,
+                             "note": "; ".join(x for x in (why, note(entry.get("machine")))
+                                               if x)})
 
     def global_batch(self, n: int) -> int:
         b = self.cfg.optim.batch_size

@@ -58,17 +58,21 @@ def grouped(items: list, points: list) -> list[dict[str, Any]]:
             base = base_row or _Base(first)
             why = flags(first.row, base, sp["median"], low=sp["min"] if sp["n"] > 1 else None)
         warn = [w for _, it in members for w in it.warnings][:1]
+        # a pass measured under contention or with too much noise: no conclusion
+        noisy = [] if why else list(dict.fromkeys(w for _, it in members for w in it.noisy))
+        shown = "flagged" if why else "noisy" if noisy else None
         rows.append({"group": group, "strategy": first.row.strategy, "devices": n,
                      "fast": first.row.fast, "batch": first.row.batch,
                      "samples_per_s": sps["median"], "samples_range": _range(sps, "{:,.0f}"),
-                     "speedup": "flagged" if why else sp["median"],
+                     "speedup": shown or sp["median"],
                      "speedup_range": _range(sp, "{:.2f}x"),
                      "predicted_speedup": first.predicted_speedup,
-                     "efficiency": "flagged" if why else (
+                     "efficiency": shown or (
                          sp["median"] / n if sp["median"] is not None else None),
                      "repeats": len(members),
-                     "check": "FLAGGED" if why else ("below prediction" if warn else ""),
-                     "flags": why, "warnings": warn,
+                     "check": "FLAGGED" if why else "NOISY" if noisy else (
+                         "below prediction" if warn else ""),
+                     "flags": why, "noisy": noisy, "warnings": warn,
                      "runs": [it.row.id for _, it in members],
                      "samples_spread": sps, "speedup_spread": sp})
     return rows

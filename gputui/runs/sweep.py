@@ -26,6 +26,7 @@ from gputui.core import runstore
 from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
+from gputui.core import machine
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
@@ -45,6 +46,8 @@ class Point:
     settings: dict = field(default_factory=dict)  # fast-path axis values, e.g. run.compile
     rep: int = 0  # which repetition (1..N) under --repeat N; 0: the sweep measures once
     session: int = 0  # the sweep invocation that ran it (a resumed sweep has several)
+    # what else used the hardware while it ran (gputui.hw.contention; {}: not recorded)
+    machine: dict = field(default_factory=dict)
 
     @property
     def group(self) -> str:
@@ -338,6 +341,7 @@ class Sweep:
             summary = runstore.read_summary(handle.run_dir)
             point.status = handle.status if handle.done else "stopped"
             point.reason = str(summary.get("reason") or "")
+            point.machine = machine.read(handle.run_dir) or {}
             self.save()
             on_point(point)
         m.state = "interrupted" if self.stop_requested else "finished"

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from gputui.core import machine
 from gputui.core.scores import score_text, speed_text
 from gputui.runs.sweep import Point
 
@@ -73,7 +74,8 @@ class SweepProgress:
             self.line(f"{tag}: skipped: {point.reason}")
         else:
             extra = f": {point.reason}" if point.reason else ""
-            self.line(f"{tag}: {point.status}{extra}")
+            busy = machine.note(point.machine)
+            self.line(f"{tag}: {point.status}{extra}" + (f"; {busy}" if busy else ""))
         self.done += 1
         if self.progress is not None and self.grid_task is not None:
             self.progress.update(self.grid_task, completed=self.done)
@@ -91,7 +93,8 @@ class SweepProgress:
             warm = " (warm-up included)" if ev.epoch == 1 else ""
             speed = speed_text(ev.samples_per_s, ev.tokens_per_s)
             score = score_text(ev.task, ev.test_acc, ev.val_loss)
-            self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s, "
+            self.line(f"{self._tag(point)}: epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.2f} s "
+                      f"wall-clock, "
                       f"{speed}{warm}, loss {ev.train_loss:.4f}, {score}")
         elif kind == "log" and ev.level in ("warning", "error"):
             self.line(f"{self._tag(point)}: {ev.level}: {ev.message}")

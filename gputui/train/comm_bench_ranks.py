@@ -37,8 +37,9 @@ def _expect(n: int) -> float:
 
 
 def bench_scratch(torch_devices: list[str], sizes: list[int], iters: int,
-                  warmup: int) -> list[dict[str, Any]]:
-    """Seconds per call of the scratch ``allreduce`` over ``len(torch_devices)`` replicas."""
+                  warmup: int, repeats: int = 1) -> list[dict[str, Any]]:
+    """Seconds per call of the scratch ``allreduce`` over ``len(torch_devices)`` replicas,
+    ``repeats`` times (``samples``; ``seconds`` is their median)."""
     devices = [torch.device(d) for d in torch_devices]
     n, out = len(devices), []
     for size in sizes:
@@ -55,17 +56,26 @@ def bench_scratch(torch_devices: list[str], sizes: list[int], iters: int,
         for _ in range(warmup):
             allreduce(data)
         _sync(devices)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            allreduce(data)
-        _sync(devices)
+        samples = []
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                allreduce(data)
+            _sync(devices)
+            samples.append((time.perf_counter() - t0) / iters)
         out.append({"size": count * DTYPE.itemsize, "count": count,
-                    "seconds": (time.perf_counter() - t0) / iters})
+                    "seconds": _median(samples), "samples": samples})
     return out
 
 
+def _median(values: list[float]) -> float:
+    vals = sorted(values)
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
 def rank_main(sizes: list[int], iters: int, warmup: int, kind: str, indices: list[int],
-              backend: str, threads: int) -> list[dict[str, Any]] | None:
+              backend: str, threads: int, repeats: int = 1) -> list[dict[str, Any]] | None:
     """One rank: time all_reduce over every size; rank 0 returns the results."""
     import torch.distributed as dist
 
@@ -91,16 +101,19 @@ def rank_main(sizes: list[int], iters: int, warmup: int, kind: str, indices: lis
             for _ in range(warmup):
                 dist.all_reduce(t)
             _sync([device])
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(t)
-            _sync([device])
-            took = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
-                                device=device)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            samples = []
+            for _ in range(max(1, repeats)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t)
+                _sync([device])
+                took = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
+                                    device=device)
+                dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+                samples.append(took.item())
             results.append({"size": count * DTYPE.itemsize, "count": count,
-                            "seconds": took.item()})
+                            "seconds": _median(samples), "samples": samples})
         dist.barrier()  # no rank tears down while another is still in a collective
         return results if rank == 0 else None
     finally:
@@ -108,7 +121,7 @@ def rank_main(sizes: list[int], iters: int, warmup: int, kind: str, indices: lis
 
 
 def bench_dist(kind: str, indices: list[int], sizes: list[int], iters: int, warmup: int,
-               backend: str) -> list[dict[str, Any]]:
+               backend: str, repeats: int = 1) -> list[dict[str, Any]]:
     """One rank per device through elastic_launch (c10d rendezvous on a free local port)."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -122,7 +135,7 @@ def bench_dist(kind: str, indices: list[int], sizes: list[int], iters: int, warm
                           rdzv_endpoint="127.0.0.1:0", max_restarts=0, start_method="spawn",
                           monitor_interval=0.1)
     results = elastic_launch(config, rank_main)(sizes, iters, warmup, kind, indices, backend,
-                                                threads)
+                                                threads, repeats)
     return results[0]
 
 
@@ -135,9 +148,10 @@ def driver(spec: dict[str, Any], queue) -> None:
         sizes, iters, warmup = spec["sizes"], spec["iters"], spec["warmup"]
         if "scratch" in spec["impls"]:
             devs = ["cpu" if kind == "cpu" else f"cuda:{i}" for i in indices]
-            out["scratch"] = bench_scratch(devs, sizes, iters, warmup)
+            out["scratch"] = bench_scratch(devs, sizes, iters, warmup, spec.get("repeats", 1))
         if "torch" in spec["impls"]:
-            out["torch"] = bench_dist(kind, indices, sizes, iters, warmup, spec["backend"])
+            out["torch"] = bench_dist(kind, indices, sizes, iters, warmup, spec["backend"],
+                                      spec.get("repeats", 1))
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         out["error"] = fault_line(exc)
         out["detail"] = traceback.format_exc()

@@ -8,7 +8,10 @@ convolutions, which are nearly all of a network's arithmetic).
 
 The peak is dense FLOP/s for the dtype the matrix products run in: from :data:`PEAK_TFLOPS`
 for the GPUs it lists (by the name NVML and CUDA report), else measured here with a short
-square matmul and cached per machine under the user's cache dir (``peak_flops.json``).
+square matmul and cached per machine under the user's cache dir (``peak_flops.json``), each
+entry with when, where and under what load it was measured (``gputui.hw.contention``). An
+entry is measured again when it is not trusted: measured under contention, from an older
+cache without that state, or contradicting another (more CPU threads slower than fewer).
 """
 
 from __future__ import annotations
@@ -152,12 +155,20 @@ def _cached(key: str, measure: Callable[[], float]) -> float:
     path = cache_path()
     try:
         data: dict[str, Any] = json.loads(path.read_text())
-        if isinstance(data.get(key), (int, float)):
-            return float(data[key])
+        if not isinstance(data, dict):
+            data = {}
     except (OSError, ValueError):
         data = {}
+    why = distrust(data, key)
+    if why is None:
+        return float(data[key]["flops"])
+    for k in contradicting(data, key):
+        data.pop(k, None)  # both sides of a contradiction are measured again
+    from gputui.hw.contention import LoadWatch
+
+    watch = LoadWatch()
     value = measure()
-    data[key] = value
+    data[key] = {"flops": value, "machine": watch.state(), "remeasured": why}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -166,3 +177,43 @@ def _cached(key: str, measure: Callable[[], float]) -> float:
     except OSError:  # a read-only cache: measured again next time
         pass
     return value
+
+
+def distrust(data: dict[str, Any], key: str) -> str | None:
+    """Why the cached peak ``key`` must be measured again, None when it is trusted."""
+    entry = data.get(key)
+    if entry is None:
+        return "not cached"
+    if not isinstance(entry, dict) or not isinstance(entry.get("flops"), (int, float)) \
+            or not isinstance(entry.get("machine"), dict):
+        return "cached without when, where and under what load it was measured"
+    if entry["machine"].get("contended"):
+        return "measured while other processes used the machine"
+    if contradicting(data, key):
+        return "contradicts another entry: more threads measured slower than fewer"
+    return None
+
+
+def _threads(key: str) -> tuple[str, int] | None:
+    head, sep, n = key.rpartition("|threads=")
+    return (head, int(n)) if sep and n.isdigit() else None
+
+
+def contradicting(data: dict[str, Any], key: str) -> list[str]:
+    """The entries that contradict ``key``'s: the same CPU and dtype, more threads and a
+    lower peak or fewer threads and a higher one (a peak cannot fall as threads are added)."""
+    me = _threads(key)
+    mine = data.get(key)
+    if me is None or not isinstance(mine, dict):
+        return []
+    out = []
+    for k, v in data.items():
+        other = _threads(k)
+        flops = v.get("flops") if isinstance(v, dict) else v
+        if k == key or other is None or other[0] != me[0] or \
+                not isinstance(flops, (int, float)):
+            continue
+        if (other[1] > me[1] and flops < mine["flops"]) or \
+                (other[1] < me[1] and flops > mine["flops"]):
+            out.append(k)
+    return out

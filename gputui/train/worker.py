@@ -65,6 +65,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
 
         import_s = time.perf_counter() - t0
         _set_threads(torch, cfg.run.threads, processes=rank.local_world_size if rank else 1)
+        _seed_everything(torch, cfg.run.seed, rank.rank if rank else 0)
         t1 = time.perf_counter()
         ds = (load_data or data_mod.load_from_config)(cfg.data)
         t2 = time.perf_counter()
@@ -143,6 +144,22 @@ def _cores() -> int:
     """The cores this process may run on."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return cores or 1
+
+
+def _seed_everything(torch, seed: int, rank: int) -> None:
+    """Seed this process's global generators (torch on every device, random, numpy) from
+    run.seed and the rank, so every draw a model makes outside gputui's own seeded generators
+    (dropout masks, a user's augmentation) repeats with the seed; each rank its own stream."""
+    import random
+
+    value = (seed * 1_000_003 + rank) % 2**32
+    torch.manual_seed(value)
+    random.seed(value)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(value)
 
 
 def _set_threads(torch, threads: int, processes: int) -> None:

@@ -1,9 +1,11 @@
 """The Textual app: set up a run, launch it, watch it, stop it.
 
 The app owns the run's lifecycle (a :class:`~gputui.tui.run_control.RunController` per run it
-launched); the screens post messages to it (``StartRun``, ``SetupChanged``, ``ControlRun``)
-and it answers the run screen with ``RunControlled``: no screen calls the app or another
-screen.
+launched, whose events and samples it pumps to the run screen), the sweep's
+(:mod:`gputui.tui.sweep_control`) and where screens go (:mod:`gputui.tui.navigation`); the
+screens post messages to it (``StartRun``, ``SetupChanged``, ``ControlRun``, ``StartSweep``,
+``OpenCompare``) and it answers the run screen with ``RunControlled``: no screen calls the
+app or another screen.
 
 ``make_app`` builds the app for the CLI and for tests alike (tests hand it a scripted
 launcher and a fixed device inventory); ``run_tui`` is what ``gputui`` with no arguments runs.
@@ -14,25 +16,25 @@ runs in its own processes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable
 
 from textual import work
-from textual.app import App, SystemCommand
+from textual.app import App
 from textual.binding import Binding
-from textual.screen import Screen
+from textual.worker import get_current_worker
 
 from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.tui.inventory import Inventory, discover_inventory
 from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
-from gputui.tui.messages import (ControlRun, LaunchFailed, RunControlled, RunEndedNotice,
+from gputui.tui.messages import (ControlRun, LaunchFailed, RunControlled, RunEnded,
                                  RunLaunched, SetupChanged, StartRun)
+from gputui.tui.navigation import Navigation
+from gputui.tui.pump import EventPump
 from gputui.tui.run_control import STOP_NOTE, RunController
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.spawnsafe import private_terminal, ready_for_spawn
-
-if TYPE_CHECKING:  # the run screen (and plotext) load with the first run: a faster start
-    from gputui.tui.screens.run import RunScreen
+from gputui.tui.sweep_control import SweepOwner
 
 Launcher = Callable[..., Any]
 CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by the app
@@ -41,7 +43,7 @@ STOP_GRACE_S = 20.0  # quitting: how long a graceful stop may take before the ru
 KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event before leaving
 
 
-class GpuTuiApp(SignalExit, App[int]):
+class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
     """gputui's app: the set-up screen first; a run screen per run on top of it."""
 
     CSS_PATH = "app.tcss"
@@ -68,7 +70,6 @@ class GpuTuiApp(SignalExit, App[int]):
         # none with a fixed inventory, which is then all there is
         self.discover = discover or (None if inventory else discover_inventory)
         self.preset_list = presets
-        self.run_screen: RunScreen | None = None  # shows the run
         self.run_control: RunController | None = None  # the run's lifecycle
         self.setup_config: RunConfig = RunConfig()  # the set-up screen's, as it last said
         self.launching = False
@@ -158,6 +159,9 @@ class GpuTuiApp(SignalExit, App[int]):
         if self.run_active:
             self.notify("A run is already active: stop it first", severity="warning")
             return
+        if self.sweep is not None:
+            self.notify("A sweep is running: stop it first", severity="warning")
+            return
         self.launching = True
         ready_for_spawn(self.runs_path / CHILD_OUTPUT)
         self.notify(f"Starting {config.strategy.name} on {config.devices.spec}…", timeout=3)
@@ -172,19 +176,30 @@ class GpuTuiApp(SignalExit, App[int]):
             return
         self.post_message(RunLaunched(handle, config))
 
-    def on_run_launched(self, message: RunLaunched) -> None:
-        """Open the run screen, which starts pumping the run's events."""
+    async def on_run_launched(self, message: RunLaunched) -> None:
+        """Open the run screen, then pump the run's events and samples to it."""
         from gputui.tui.screens.run import RunScreen
 
         self.launching = False
         screen = RunScreen(message.handle, message.config)
-        self.run_screen = screen
-        self.run_control = RunController(
+        run = self.run_control = RunController(
             message.handle, message.config,
             tell=lambda what, note: screen.post_message(RunControlled(what, note)),
             in_thread=lambda fn: self.run_worker(fn, thread=True, group="control",
-                                                 exit_on_error=False))
-        self.push_screen(screen)
+                                                 exit_on_error=False),
+            screen=screen)
+        await self.push_screen(screen)  # mounted: the pump's first batch finds it attached
+        self._pump(run)
+
+    @work(thread=True, exclusive=True, group="pump", exit_on_error=False)
+    def _pump(self, run: RunController) -> None:
+        """Poll the run in a thread until its end is handed over (whether or not a screen
+        still shows it), then tell the app."""
+        worker = get_current_worker()
+        pump = EventPump(run.handle, run.deliver, target_gone=run.screen_gone)
+        pump.run(lambda: worker.is_cancelled)
+        if pump.terminal_seen or pump.failed:
+            self.post_message(RunEnded(run))
 
     def on_control_run(self, message: ControlRun) -> None:
         """Stop or Kill, from the run screen."""
@@ -200,15 +215,17 @@ class GpuTuiApp(SignalExit, App[int]):
         self.launching = False
         self.notify(message.error, title="Run not started", severity="error", timeout=15)
 
-    def on_run_ended_notice(self, message: RunEndedNotice) -> None:
+    def on_run_ended(self, message: RunEnded) -> None:
         """A run ended: leave now if the user asked to quit when it did; else have a warm
         worker ready for the next run (the last one's, or a new one if it was killed)."""
-        if self.run_control is not None and message.screen is self.run_screen:
-            self.run_control.ended = True
+        run = self.run_control
+        if run is None or message.run is not run:
+            return
+        run.ended = True
         if self.quit_after_run:
             self.exit(self.quit_code, return_code=self.quit_code)
-        elif self.run_control is not None:
-            self.prepare_warm_start(self.run_control.config)
+        else:
+            self.prepare_warm_start(run.config)
 
     # ------------------------------------------------------------------ quitting
     async def action_quit(self) -> None:
@@ -262,6 +279,7 @@ class GpuTuiApp(SignalExit, App[int]):
         return run.handle
 
     def on_unmount(self) -> None:
+        self.stop_sweep()  # start no further run of a sweep
         self.stop_orphans()
 
     def _print_error_renderables(self) -> None:
@@ -282,68 +300,6 @@ class GpuTuiApp(SignalExit, App[int]):
         except OSError:
             super()._print_error_renderables()
         self._exit_renderables.clear()
-
-    def action_open_history(self) -> None:
-        """The run history (F6): past runs with their plots, and comparisons."""
-        from gputui.tui.screens.history import HistoryScreen
-
-        self._go_to(HistoryScreen, lambda sid: HistoryScreen(self.runs_path, screen_id=sid))
-
-    def action_open_sweep(self) -> None:
-        """A sweep (F7) of the set-up's config over device counts x strategies (it starts
-        only when no run is active)."""
-        from gputui.core import registry
-        from gputui.tui.screens.sweep import SweepScreen
-
-        config = self.setup_config
-        self._go_to(SweepScreen, lambda sid: SweepScreen(config, self.runs_path,
-                                                         registry.names(), screen_id=sid))
-
-    def _go_to(self, cls: type, make: Callable[[str], Screen]) -> None:
-        """Bring a screen of ``cls`` to the top from anywhere: back to the one in the stack
-        when only screens that can close safely lie above it, else a new one on top (with
-        an id of its own: two screens never share one)."""
-        stack = self.screen_stack
-        if isinstance(self.screen, cls):
-            return
-        found = [i for i, s in enumerate(stack) if isinstance(s, cls)]
-        if found and all(self._closable(s) for s in stack[found[-1] + 1:]):
-            for _ in stack[found[-1] + 1:]:
-                self.pop_screen()
-            return
-        sid = cls.__name__.removesuffix("Screen").lower()
-        taken = {s.id for s in stack}
-        n = 1
-        while (sid if n == 1 else f"{sid}-{n}") in taken:
-            n += 1
-        self.push_screen(make(sid if n == 1 else f"{sid}-{n}"))
-
-    @staticmethod
-    def _closable(screen: Screen) -> bool:
-        """A screen that can be closed to go back: nothing runs or waits in it."""
-        from gputui.tui.screens.compare import CompareScreen
-        from gputui.tui.screens.history import HistoryScreen
-        from gputui.tui.screens.run import RunScreen
-        from gputui.tui.screens.sweep import SweepScreen
-
-        if isinstance(screen, SweepScreen):
-            return not screen.running
-        if isinstance(screen, RunScreen):
-            return screen.ended
-        return isinstance(screen, (HistoryScreen, CompareScreen))
-
-    # ------------------------------------------------------------------ command palette
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The main actions of the current screen, then Textual's own commands."""
-        from gputui.tui.palette import screen_commands
-
-        yield from screen_commands(screen)
-        yield SystemCommand("Run history", "Past runs, their plots, comparisons (f6)",
-                            self.action_open_history)
-        yield SystemCommand("Sweep", "The set-up over device counts x strategies (f7)",
-                            self.action_open_sweep)
-        yield from super().get_system_commands(screen)
-
 
 def resolve_preset_path(name_or_path: str | Path) -> Path:
     """A preset name or path -> its file, exactly as `gputui run` resolves it."""

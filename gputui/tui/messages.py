@@ -115,12 +115,13 @@ class SummaryRead(Message):
         self.error = error
 
 
-class RunEndedNotice(Message):
-    """Posted to the app when a run screen sees its run's terminal event."""
+class RunEnded(Message):
+    """The app's pump handed over the run's terminal event, or lost the run (``run``: its
+    ``RunController``)."""
 
-    def __init__(self, screen: Any) -> None:
+    def __init__(self, run: Any) -> None:
         super().__init__()
-        self.screen = screen
+        self.run = run
 
 
 # ---------------------------------------------------------------- screens -> app, app -> screens
@@ -160,3 +161,38 @@ class RunControlled(Message):
     def __init__(self, what: str, note: str = "") -> None:
         super().__init__()
         self.what, self.note = what, note
+
+
+class OpenCompare(Message):
+    """A screen asks for the comparison of ``run_dirs`` (one run: that run with its plots;
+    ``only_compared``: a sweep's runs, whose baselines come from the sweep alone)."""
+
+    def __init__(self, run_dirs: list[Any], runs_dir: Any, title: str = "",
+                 only_compared: bool = False) -> None:
+        super().__init__()
+        self.run_dirs, self.runs_dir, self.title = list(run_dirs), runs_dir, title
+        self.only_compared = only_compared
+
+
+class StartSweep(Message):
+    """The sweep screen asks the app to run ``sweep`` (planned, not started); the app answers
+    the screen (``screen``) with ``SweepStarted`` and the sweep's progress, or says why not."""
+
+    def __init__(self, sweep: Any, screen: Any) -> None:
+        super().__init__()
+        self.sweep, self.screen = sweep, screen
+
+
+class SweepStarted(Message):
+    """The app runs ``sweep``, which the screen asked for."""
+
+    bubble = False  # for the sweep screen alone
+
+    def __init__(self, sweep: Any) -> None:
+        super().__init__()
+        self.sweep = sweep
+
+
+class StopSweep(Message):
+    """The sweep screen asks to stop the sweep: the current run stops cleanly, no other
+    starts."""

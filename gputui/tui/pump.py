@@ -10,7 +10,11 @@ at most two messages:
   and log lines past ``max_logs`` are counted instead of kept. A burst of any size thus costs
   the UI a bounded number of messages and a bounded amount of work per message.
 * :class:`DeviceSamples` with the latest sample of every device (latest wins), posted only
-  when the previous one was shown (or was lost for ``samples_grace_s``).
+  when the previous one was shown (or was lost for ``samples_grace_s``). The batch that ends
+  the run waits until the last samples are shown.
+
+A batch whose target went away unread (``target_gone``: the run screen was closed) is given
+up, so a run is pumped to its end whether or not anything shows it.
 
 The class imports nothing from Textual but the message types, and is tested without an app.
 """
@@ -32,10 +36,13 @@ class EventPump:
 
     def __init__(self, handle: Any, post: Post, *, poll_timeout: float = 0.1,
                  max_steps: int = 4000, max_logs: int = 1000,
-                 samples_grace_s: float = 2.0) -> None:
+                 samples_grace_s: float = 2.0,
+                 target_gone: Callable[[], bool] = lambda: False) -> None:
         self.handle = handle
         self.run_id = str(getattr(handle, "run_id", ""))
         self.post = post
+        # true once whoever takes the messages went away, unacknowledged batch and all
+        self.target_gone = target_gone
         self.poll_timeout = poll_timeout
         self.max_steps = max_steps
         self.max_logs = max_logs
@@ -52,6 +59,7 @@ class EventPump:
         self._samples_shown = 0
         self._samples_posted_at = 0.0
         self.terminal_seen = False
+        self.failed = False  # polling raised: the run can no longer be watched
         self.polled = 0  # events taken from the handle, for tests and the status line
 
     # ------------------------------------------------------------------ sorting
@@ -89,7 +97,13 @@ class EventPump:
     # ------------------------------------------------------------------ posting
     def flush(self) -> bool:
         """Post what may be posted now; False when the target no longer takes messages."""
-        if self.pending and self._batch_free.is_set():
+        if not self._flush_samples():
+            return False
+        # The batch that ends the run waits until the run's last readings are shown, so the
+        # screen shows them before the end.
+        last_readings = (self.terminal_seen and (self._samples_dirty or self._samples_unshown)
+                         and not self.target_gone())
+        if self.pending and self._batch_free.is_set() and not last_readings:
             self._batch_free.clear()
             batch = RunEventBatch(self.run_id, tuple(self.pending), self._dropped_logs,
                                   ack=self._batch_free.set)
@@ -97,9 +111,15 @@ class EventPump:
             if not self.post(batch):
                 self._batch_free.set()
                 return False
+        return True
+
+    @property
+    def _samples_unshown(self) -> bool:
+        return self._samples_shown < self._samples_posted
+
+    def _flush_samples(self) -> bool:
         now = time.monotonic()
-        in_flight = self._samples_shown < self._samples_posted
-        if self._samples_dirty and (not in_flight
+        if self._samples_dirty and (not self._samples_unshown
                                     or now - self._samples_posted_at > self.samples_grace_s):
             self._samples_posted += 1
             seq = self._samples_posted
@@ -121,12 +141,14 @@ class EventPump:
 
     # ------------------------------------------------------------------ the loop
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
-        """Poll until the run's terminal event is handed over or ``cancelled()`` is true."""
+        """Poll until the run's terminal event is handed over and acknowledged (or its
+        target went away), or ``cancelled()`` is true."""
         while not cancelled():
             try:
                 events = self.handle.poll(timeout=self.poll_timeout)
                 samples = self.handle.samples()
             except Exception as exc:  # the handle broke: tell the user, stop watching
+                self.failed = True
                 self.post(PumpFailed(self.run_id, f"{type(exc).__name__}: {exc}"))
                 return
             self.add(events)
@@ -134,8 +156,12 @@ class EventPump:
             if not self.flush():
                 return
             if self.drained:
-                self.flush()  # the last samples, if the UI is free for them
+                # returning means "the end is shown": wait for the last batch's ack
+                while not self._batch_free.wait(self.poll_timeout):
+                    if cancelled() or self.target_gone():
+                        break
                 return
             if not events and self.pending:
                 # The UI still holds the previous batch: wait for it, not for the handle.
-                self._batch_free.wait(self.poll_timeout)
+                if not self._batch_free.wait(self.poll_timeout) and self.target_gone():
+                    self._batch_free.set()  # it went away unread: the record has it all

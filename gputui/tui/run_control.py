@@ -1,10 +1,13 @@
-"""The lifecycle of the app's run, in one place: launched, stopping, ended.
+"""The lifecycle of the app's run, in one place: launched, pumped, stopping, ended.
 
-The app owns one :class:`RunController` per run it launched. The run screen only shows the
-run: it posts ``ControlRun`` when the user presses Stop or Kill and is told with
-``RunControlled`` that a stop or kill was asked (whoever asked: the user, the quit dialog, a
-signal, the app crashing). Requests go to the run's handle off the UI thread, since stopping
-or killing may signal processes.
+The app owns one :class:`RunController` per run it launched, and pumps the run's two streams
+(events, samples: :mod:`gputui.tui.pump`) in a thread worker of its own, whose messages
+:meth:`RunController.deliver` hands to the run screen showing the run. The run screen only
+shows what it is told: it posts ``ControlRun`` when the user presses Stop or Kill and is told
+with ``RunControlled`` that a stop or kill was asked (whoever asked: the user, the quit
+dialog, a signal, the app crashing). Requests go to the run's handle off the UI thread, since
+stopping or killing may signal processes. The run is watched to its end whether or not a
+screen shows it (its record is the host's, on disk, either way).
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ class RunController:
     """One run's handle and config, whether a stop or kill was asked, and whether it ended."""
 
     def __init__(self, handle: Any, config: Any, tell: Callable[[str, str], object],
-                 in_thread: Callable[[Callable[[], None]], Any]) -> None:
+                 in_thread: Callable[[Callable[[], None]], Any],
+                 screen: Any = None) -> None:
         self.handle = handle
         self.config = config
-        self.ended = False  # the run's terminal event was seen (set by the app)
+        # the run screen the pump's messages go to; read by the pump's thread, which only
+        # posts to it (Textual's post_message is thread-safe) and asks whether it is attached
+        self.screen = screen
+        self.ended = False  # the pump handed over the terminal event, or lost the run
         self.stopping = False  # a graceful stop was asked
         self.killed = False  # a kill was asked
         self._tell = tell  # (what, note): the run screen shows it
@@ -51,6 +58,20 @@ class RunController:
         self._tell("kill", note)
         self._send("kill", reason)
         return True
+
+    def deliver(self, message: Any) -> bool:
+        """The pump's ``post`` (its thread): to the run screen while one shows the run; with
+        none, the message is acknowledged here, so the run is still pumped to its end."""
+        if self.screen is not None and self.screen.post_message(message):
+            return True
+        ack = getattr(message, "ack", None)
+        if ack is not None:
+            ack()
+        return True
+
+    def screen_gone(self) -> bool:
+        """The run screen was closed (a batch it held will never be acknowledged)."""
+        return self.screen is None or not self.screen.is_attached
 
     def _send(self, what: str, *args: str) -> None:
         """stop()/kill() may signal processes and wait: never on the UI thread."""

@@ -117,3 +117,43 @@ def test_samples_message_can_replace_only_same_run():
     assert a.can_replace(DeviceSamples("r1", ()))
     assert not a.can_replace(DeviceSamples("r2", ()))
     assert not a.can_replace(RunEventBatch("r1", ()))
+
+
+def test_a_batch_left_unread_by_a_screen_that_went_away_does_not_stall_the_run():
+    # The screen closes with the first batch (and samples) queued, never acknowledged; what
+    # comes after is acknowledged at once (RunController.deliver, with no screen). The pump
+    # goes on and hands over the rest, terminal included.
+    events = run_events(epochs=2)
+    gone = threading.Event()
+
+    class Dropper(Sink):
+        def __call__(self, message) -> bool:
+            self.messages.append(message)
+            if gone.is_set() and hasattr(message, "ack"):
+                message.ack()
+            elif isinstance(message, RunEventBatch):
+                gone.set()  # the first batch is lost with its screen
+            return True
+
+    sink = Dropper()
+    pump = EventPump(FakeHandle(events, chunk=7), sink, poll_timeout=0.01,
+                     target_gone=gone.is_set)
+    t = threading.Thread(target=pump.run)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and pump.drained
+    got = [e for b in sink.of(RunEventBatch) for e in b.events]
+    assert got == [e for e in events if not isinstance(e, DeviceSample)]
+
+
+def test_while_the_target_is_there_an_unacknowledged_batch_holds_the_next():
+    sink = Sink(auto_ack=False)
+    pump = EventPump(FakeHandle([step(i) for i in range(1, 50)], chunk=5), sink,
+                     poll_timeout=0.01, target_gone=lambda: False)
+    stop = threading.Event()
+    t = threading.Thread(target=pump.run, args=(stop.is_set,))
+    t.start()
+    t.join(timeout=0.5)
+    stop.set()
+    t.join(timeout=5)
+    assert len(sink.of(RunEventBatch)) == 1

@@ -185,6 +185,25 @@ async def test_quitting_with_an_active_run_stops_it_first(presets):
     assert screen.state == "stopped"
 
 
+async def test_the_app_follows_the_run_to_its_end_after_its_screen_is_gone(presets):
+    # No key closes the run screen of an active run, but the run's lifecycle must not
+    # depend on it: the app pumps the run, and quitting waits for the run's real end.
+    app, launcher = scripted_app(run_events(epochs=1), presets, hold_terminal=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.events_handled >= 9)
+        await app.pop_screen()
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen) and app.run_active
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceDialog))
+        await pilot.click("#stop")
+        await wait_until(pilot, lambda: not app.is_running, what="the app to exit")
+    handle = launcher.handles[0]
+    assert handle.stop_calls == 1 and handle.kill_calls == 0
+    assert app.run_control is not None and app.run_control.ended
+
+
 class Burst(FakeHandle):
     """Delivers ``n`` steps and samples in every poll, as fast as the pump asks."""
 

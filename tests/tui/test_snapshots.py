@@ -1,7 +1,8 @@
 """Deterministic snapshots of the set-up and run screens (pytest-textual-snapshot).
 
 Fixed inventory, the quickstart preset only, scripted events fed straight to the run screen
-(no pump, so no timing decides which samples are coalesced), timestamps from the events.
+(no pump: the app pumps only the runs it launched, so no timing decides which samples are
+coalesced), timestamps from the events.
 Update after an intended change with: pytest tests/tui/test_snapshots.py --snapshot-update
 """
 
@@ -48,7 +49,7 @@ def test_run_screen_after_a_finished_run(snap_compare, presets, tmp_path, monkey
     app = make_app(inventory=fixed_inventory(), presets=presets)
 
     async def show_run(pilot):
-        screen = RunScreen(FakeHandle([], run_id=RUN_ID, run_dir=run_dir), pump=False)
+        screen = RunScreen(FakeHandle([], run_id=RUN_ID, run_dir=run_dir))
         await app.push_screen(screen)
         await pilot.pause()
         screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gputui.core import runstore
 from gputui.core.config import RunConfig
-from gputui.core.events import EpochEnd, InitDone, RunFailed, RunFinished, RunStarted, StepMetrics
+from gputui.core.events import (EpochEnd, InitDone, RunFailed, RunFinished, RunStarted,
+                                RunStopped, StepMetrics)
 from gputui.train.recorder import write_summary
 
 
@@ -21,9 +22,10 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                  epochs: int = 2, scale: bool = False, comm: float | None = None,
                  model: str = "lenet", status: str = "finished", train_size: int = 1000,
                  name: str = "exp", summary: bool = True,
-                 breakdowns: list[dict] | None = None) -> Path:
+                 breakdowns: list[dict] | None = None, windows: int = 1) -> Path:
     """A complete record: config.toml, events.jsonl and (optionally) summary.json;
-    ``breakdowns`` are the StepMetrics' step breakdowns, one per epoch."""
+    ``breakdowns`` are the StepMetrics' step breakdowns, one per epoch; ``windows``: log
+    windows per epoch (more than one steady window: a known noise, see core.steady)."""
     cfg = RunConfig().replace(run={"name": name, "epochs": epochs},
                               optim={"batch_size": batch, "lr": lr, "scale_with_devices": scale},
                               strategy={"name": strategy}, model={"name": model},
@@ -42,14 +44,17 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
     # steady state (gputui.core.steady), so records of 2+ epochs have steady figures
     steps = 20
     for e in range(1, epochs + 1):
-        events.append(StepMetrics(epoch=e, step=steps, global_step=e * steps,
-                                  steps_per_epoch=steps, loss=2.0 / e, samples_per_s=sps,
-                                  step_time_s=eff_batch / sps, lr=lr, comm_share=comm,
-                                  breakdown=breakdowns[e - 1] if breakdowns else None,
-                                  t=2.0 + e))
+        for w in range(1, windows + 1):
+            step = steps * w // windows
+            events.append(StepMetrics(epoch=e, step=step, global_step=(e - 1) * steps + step,
+                                      steps_per_epoch=steps, loss=2.0 / e, samples_per_s=sps,
+                                      step_time_s=eff_batch / sps, lr=lr, comm_share=comm,
+                                      breakdown=breakdowns[e - 1] if breakdowns else None,
+                                      t=2.0 + e))
         events.append(EpochEnd(epoch=e, epochs=epochs, seconds=train_size / sps,
                                train_loss=2.0 / e, test_acc=acc, samples_per_s=sps, t=2.1 + e))
     events.append(RunFinished(seconds=3.0, t=10.0) if status == "finished"
+                  else RunStopped(reason="stopped by user", t=10.0) if status == "stopped"
                   else RunFailed(reason="boom", t=10.0))
     log = runstore.EventLog(run_dir / "events.jsonl")
     for ev in events:

@@ -29,7 +29,7 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bench(cache_dir):
     return gputui("bench-comm", "--devices", "cpu*2", "--sizes", "4K,256K", "--iters", "3",
-                  "--warmup", "1", "--json",
+                  "--warmup", "1", "--repeats", "3", "--json",
                   env=dict(os.environ, GPUTUI_CACHE_DIR=str(cache_dir)))
 
 
@@ -47,6 +47,11 @@ def test_two_cpu_ranks_report_a_bandwidth(bench):
             assert r["algbw_gbps"] > 0
             assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
             assert r["time_us"] == pytest.approx(r["seconds"] * 1e6)
+            # each size timed 3 times: the median, with the min, max and spread beside it
+            assert r["repeats"] == 3 and sorted(r["samples"])[1] == r["seconds"]
+            assert r["min_us"] <= r["time_us"] <= r["max_us"]
+            assert r["spread"] == pytest.approx((r["max_us"] - r["min_us"]) / r["time_us"])
+    assert {"others_share", "load_end", "contended", "when"} <= set(data["machine"])
 
 
 @pytest.mark.slow
@@ -95,7 +100,8 @@ def test_parse_size():
     (["--devices", "cpu"], "needs at least 2 devices"),
     (["--devices", "cpu*x"], "--devices"),
     (["--impl", "mpi"], "--impl: 'mpi' is not known"),
-    (["--iters", "0"], "--iters must be at least 1"),
+    (["--iters", "0"], "--iters and --repeats must be at least 1"),
+    (["--repeats", "0"], "--iters and --repeats must be at least 1"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, capsys):
     from gputui import cli
@@ -109,9 +115,16 @@ def test_table_layout(capsys):
     from gputui.cli.bench_comm import print_table
     from gputui.runs.comm_bench import with_bandwidths
 
-    rows = with_bandwidths([{"size": 4096, "count": 1024, "seconds": 1e-5}], 2)
-    print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": rows})
+    rows = with_bandwidths([{"size": 4096, "count": 1024, "seconds": 1e-5,
+                             "samples": [1.2e-5, 1e-5, 0.9e-5]}], 2)
+    print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": rows,
+                 "machine": {"contended": True, "others_share": 0.5, "cores": 2,
+                             "load_end": 3.0}})
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("# torch.distributed all_reduce (gloo")
-    assert out[1].split()[1:] == ["size", "count", "type", "time", "algbw", "busbw"]
-    assert out[3].split() == ["4096", "1024", "float", "10.0", "0.410", "0.410"]
+    assert out[1].split()[1:] == ["size", "count", "type", "time", "min", "max", "spread",
+                                  "algbw", "busbw"]
+    assert out[3].split() == ["4096", "1024", "float", "10.0", "9.0", "12.0", "30%", "0.410",
+                              "0.410"]
+    assert "timed 3 times: the median" in out[5]
+    assert out[6].startswith("# contended: other processes used 50% of the 2 cores")

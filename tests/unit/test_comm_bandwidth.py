@@ -27,6 +27,12 @@ def test_the_best_torch_figure_is_kept_and_only_a_better_one_replaces_it(tmp_pat
     comm_peak.keep(_result(2.0), "cpu", cache)
     assert comm_peak.peak("cpu", 2, "gloo", cache) == 2.0
     assert comm_peak.peak("cpu", 4, "gloo", cache) is None  # another device count
+    busy, quiet = {"contended": True}, {"contended": False}
+    comm_peak.keep(dict(_result(5.0), machine=busy), "cpu", cache)  # measured under load
+    assert comm_peak.peak("cpu", 2, "gloo", cache) == 2.0
+    comm_peak.keep(dict(_result(3.0, n=4), machine=busy), "cpu", cache)
+    comm_peak.keep(dict(_result(1.0, n=4), machine=quiet), "cpu", cache)  # quiet wins
+    assert comm_peak.peak("cpu", 4, "gloo", cache) == 1.0
     assert comm_peak.keep({"error": "boom", "n": 2}, "cpu", cache) is None
     assert comm_peak.text(0.5, 2.0) == "allreduce 0.50 GB/s, 25% of bench-comm's 2.00"
     assert comm_peak.text(0.5, None) == "allreduce 0.50 GB/s"

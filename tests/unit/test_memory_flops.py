@@ -90,9 +90,47 @@ def test_measured_peak_is_cached_per_machine(tmp_path, monkeypatch):
     assert peak > 1e8 and "measured" in source
     data = json.loads(flops.cache_path().read_text())
     (key,) = data
-    assert data[key] == peak and key.startswith("cpu|")
-    flops.cache_path().write_text(json.dumps({key: 1234.0}))
+    assert data[key]["flops"] == peak and key.startswith("cpu|")
+    assert {"when", "host", "others_share", "contended"} <= set(data[key]["machine"])
+    quiet = {"contended": False, "when": 0, "host": "h"}
+    flops.cache_path().write_text(json.dumps({key: {"flops": 1234.0, "machine": quiet}}))
     assert flops.device_peak(torch.device("cpu"), "fp32")[0] == 1234.0  # read, not measured
+
+
+def _peak_cache(tmp_path, monkeypatch, entries: dict) -> str:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = f"cpu|{flops.cpu_name()}|fp32|threads={torch.get_num_threads()}"
+    data = {key.replace(f"threads={torch.get_num_threads()}", f"threads={t}"): e
+            for t, e in entries.items()}
+    flops.cache_path().parent.mkdir(parents=True)
+    flops.cache_path().write_text(json.dumps(data))
+    return key
+
+
+def test_a_self_contradicting_peak_cache_is_measured_again(tmp_path, monkeypatch):
+    """The issue's cache: 101.2 GFLOP/s on 1 thread, 49.6 on 2 (more threads slower)."""
+    quiet = {"contended": False}
+    n = torch.get_num_threads()
+    key = _peak_cache(tmp_path, monkeypatch, {n: {"flops": 49.6e9, "machine": quiet},
+                                              n + 1: {"flops": 20e9, "machine": quiet},
+                                              n - 1 if n > 1 else n + 2: {
+                                                  "flops": 101.2e9, "machine": quiet}})
+    data = json.loads(flops.cache_path().read_text())
+    assert flops.contradicting(data, key) and "more threads" in flops.distrust(data, key)
+    peak, _ = flops.device_peak(torch.device("cpu"), "fp32")
+    after = json.loads(flops.cache_path().read_text())
+    assert peak == after[key]["flops"] != 49.6e9  # measured again, with its machine state
+    assert "contradicts" in after[key]["remeasured"] and "machine" in after[key]
+
+
+def test_a_peak_measured_under_contention_or_without_its_state_is_measured_again(
+        tmp_path, monkeypatch):
+    n = torch.get_num_threads()
+    key = _peak_cache(tmp_path, monkeypatch, {n: {"flops": 1.0, "machine": {"contended": True}}})
+    assert flops.device_peak(torch.device("cpu"), "fp32")[0] != 1.0
+    assert "other processes" in json.loads(flops.cache_path().read_text())[key]["remeasured"]
+    _peak_cache(tmp_path / "old", monkeypatch, {n: 2.0})  # an older cache: a bare number
+    assert flops.device_peak(torch.device("cpu"), "fp32")[0] != 2.0
 
 
 def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
@@ -126,7 +164,8 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
 
 def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
     from gputui.core import runstore
-    from gputui.runs.compare import fmt, read_hw_figures
+    from gputui.runs.cells import fmt
+    from gputui.runs.compare import read_hw_figures
 
     step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
                 lr=0.1)

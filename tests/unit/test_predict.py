@@ -156,8 +156,18 @@ def test_predict_end_to_end_measures_once_then_uses_the_kept_figures(tmp_path):
     single, dp = rows[("single", 1)], rows[("dp", 2)]
     assert single["step_time_s"] > 0 and single["speedup"] == pytest.approx(1.0)
     assert dp["speedup"] == pytest.approx(1.0) and dp["formula"].startswith("t_1 (cpu")
+    inputs = json.loads(first.stdout)["inputs"]
+    assert inputs and all(i["source"] == "measured now" for i in inputs)
+    # kept figures measured on a quiet machine are read back, each named with its age (a
+    # busy machine's would be measured again: see test_trust)
+    cache = next((tmp_path / "cache").glob("predict-*.json"))
+    kept = json.loads(cache.read_text())
+    for v in kept.values():
+        v["machine"] = dict(v["machine"], contended=False)
+    cache.write_text(json.dumps(kept))
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
-    assert again.returncode == 0 and "measured" not in again.stderr.replace("measured yet", "")
+    assert again.returncode == 0 and "  measured " not in again.stderr
+    assert "compute single, batch 16" in again.stderr and ": cached, measured 20" in again.stderr
     assert json.loads(again.stdout)["rows"][0]["step_time_s"] == single["step_time_s"]
     bad = subprocess.run(cmd[:-1] + ["--strategies", "model_parallel"], capture_output=True,
                          text=True, env=env, timeout=60)
@@ -176,14 +186,14 @@ def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
     resumed = write_record(runs, "20260101-090000-exp-res", "single", 1, sps=100)
     cfg = resumed / "config.toml"
     cfg.write_text(cfg.read_text().replace('resume_from = ""', 'resume_from = "runs/old"'))
-    ddp = write_record(runs, "20260101-100000-exp-d1", "ddp", 2, sps=900)
+    ddp = write_record(runs, "20260101-100000-exp-d1", "ddp", 2, sps=900, windows=2)
     (item,) = compare([ddp], runs)
     assert item.speedup is None and "resumed run" in item.refused[0]
     assert "refused: " in summary_lines([item])[0]
     # two passes under different loads: each pass's pair gives 0.9x; unpaired 0.45x-1.8x
     ids = {"s1": 1000, "d1": 900, "s2": 500, "d2": 450}
     dirs = {k: write_record(runs, f"20260101-1{i}0000-exp-{k}", "single" if k[0] == "s"
-                            else "ddp", 1 if k[0] == "s" else 2, sps=v)
+                            else "ddp", 1 if k[0] == "s" else 2, sps=v, windows=2)
             for i, (k, v) in enumerate(ids.items(), start=1) if k != "d1"} | {"d1": ddp}
     points = [Point("single" if k[0] == "s" else "ddp", k[0], "cpu", "finished",
                     run_id=dirs[k].name, rep=int(k[1])) for k in ids]

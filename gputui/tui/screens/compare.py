@@ -18,9 +18,11 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core import scores
-from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, fmt, summary_lines,
+from gputui.runs.cells import cell
+from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
+from gputui.tui.widgets.plain_table import PlainTable
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
            "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
@@ -57,8 +59,10 @@ class CompareScreen(Screen):
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
 
-    def __init__(self, run_dirs: list[Path], runs_dir: str | Path, title: str = "") -> None:
+    def __init__(self, run_dirs: list[Path], runs_dir: str | Path, title: str = "",
+                 only_compared: bool = False) -> None:
         super().__init__(classes="compare-screen")
+        self.only_compared = only_compared  # a sweep's runs: baselines from the sweep only
         self.run_dirs = [Path(p) for p in run_dirs]
         self.runs_dir = Path(runs_dir)
         self.title_text = title or "comparison"
@@ -67,7 +71,7 @@ class CompareScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="compare-table", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="compare-plots"):
             yield OverlayPlot("Training loss", "epoch", id="compare-loss")
             yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))
@@ -85,7 +89,8 @@ class CompareScreen(Screen):
     def load(self) -> None:
         """Read the records and compute the comparison off the UI thread."""
         try:
-            self.post_message(CompareLoaded(tuple(compare(self.run_dirs, self.runs_dir))))
+            self.post_message(CompareLoaded(tuple(compare(self.run_dirs, self.runs_dir,
+                                                           self.only_compared))))
         except OSError as exc:
             self.post_message(CompareLoaded((), f"cannot read the records: {exc}"))
 
@@ -101,7 +106,7 @@ class CompareScreen(Screen):
         for it in message.items:
             # a flagged speedup reads "flagged" (gputui.core.trust)
             flat = table_rows([it], columns)[0]
-            table.add_row(*(fmt(k, flat.get(k)) for k in columns), key=it.row.id)
+            table.add_row(*(cell(k, flat) for k in columns), key=it.row.id)
         tasks = {it.row.task for it in message.items}
         acc = self.query_one("#compare-acc", OverlayPlot)
         if tasks == {"lm"}:

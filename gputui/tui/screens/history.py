@@ -19,8 +19,10 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core.events import plural
 from gputui.core.scores import score_cell
-from gputui.runs.compare import fmt
+from gputui.runs.cells import fmt
 from gputui.runs.history import RunRow, load_rows
+from gputui.tui.messages import OpenCompare
+from gputui.tui.widgets.plain_table import PlainTable
 
 COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
            ("devices", "devices"), ("batch", "batch"), ("lr", "lr"),
@@ -64,7 +66,7 @@ class HistoryScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note", markup=False)
-        yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -145,10 +147,9 @@ class HistoryScreen(Screen):
             self.open_compare(ids, title=f"comparing {len(ids)} runs")
 
     def open_compare(self, ids: list[str], title: str) -> None:
-        from gputui.tui.screens.compare import CompareScreen
-
-        self.app.push_screen(CompareScreen([self.runs_dir / i for i in ids], self.runs_dir,
-                                           title=title))
+        """Ask the app for the compare screen of these runs."""
+        self.post_message(OpenCompare([self.runs_dir / i for i in ids], self.runs_dir,
+                                      title=title))
 
     def action_reload(self) -> None:
         """Read the runs folder again."""

@@ -1,7 +1,8 @@
 """The run screen: live device panels, loss/accuracy/throughput plots, epochs, the log.
 
-A thread worker pumps the handle's events (see :mod:`gputui.tui.pump`); the handlers here
-only update widgets. The screen can also be fed directly (``apply_events``) by tests.
+The app pumps the run's events and samples (:mod:`gputui.tui.pump`, from
+:mod:`gputui.tui.run_control`) and posts them here; the handlers only update widgets. The
+screen can also be fed directly (``apply_events``) by tests.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker, WorkerState
 from textual.widgets import Footer, Header
 
 from gputui.core import breakdown
@@ -24,9 +25,7 @@ from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDo
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
                            StepMetrics, plural)
 from gputui.core.scores import score_text
-from gputui.tui.messages import (DeviceSamples, PumpFailed, RunEndedNotice, RunEventBatch,
-                                 SummaryRead)
-from gputui.tui.pump import EventPump
+from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
 from gputui.tui.widgets.epoch_table import EpochTable
@@ -50,13 +49,12 @@ class RunScreen(RunControls, Screen):
     ]
     state: reactive[str] = reactive("starting")
 
-    def __init__(self, handle: Any = None, config: Any = None, *, pump: bool = True) -> None:
+    def __init__(self, handle: Any = None, config: Any = None) -> None:
         super().__init__(id="run")
         self.handle = handle
         self.config = config
         self.run_id = str(getattr(handle, "run_id", "") or "")
         self.devices = list(getattr(handle, "devices", []) or [])
-        self.pump_enabled = pump and handle is not None
         self.terminal: Event | None = None
         self.events_handled = 0
         self.batches_handled = 0
@@ -89,16 +87,8 @@ class RunScreen(RunControls, Screen):
         self.query_one("#device-panels").border_title = "Devices"
         self.query_one(RunLog).border_title = "Log"
         self.set_interval(PLOT_EVERY_S, self.redraw_plots)
-        if self.pump_enabled:
-            self.pump_events()
 
-    # ------------------------------------------------------------------ the pump
-    @work(thread=True, exclusive=True, group="pump", exit_on_error=False)
-    def pump_events(self) -> None:
-        """Poll the run in a thread; post coalesced batches back to this screen."""
-        worker = get_current_worker()
-        EventPump(self.handle, self.post_message).run(lambda: worker.is_cancelled)
-
+    # ------------------------------------------------------------------ what the app posts
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A worker that died is reported in the log, never as a crash."""
         if event.state == WorkerState.ERROR:
@@ -142,7 +132,6 @@ class RunScreen(RunControls, Screen):
         self.notify(f"Lost contact with the run: {message.error}", severity="error")
         if not self.ended:
             self.state = "failed"
-            self.app.post_message(RunEndedNotice(self))
 
     # ------------------------------------------------------------------ events -> widgets
     def apply_events(self, events: tuple[Event, ...] | list[Event]) -> None:
@@ -240,7 +229,6 @@ class RunScreen(RunControls, Screen):
                                 f"the run_failed event's detail)", ev.t)
             self.notify(ev.reason, title="Run failed", severity="error", timeout=15)
         self.load_summary()
-        self.app.post_message(RunEndedNotice(self))
 
     def _panel(self, device: str, label: str = "") -> DevicePanel:
         found = self.query(f"#{panel_id(device)}")

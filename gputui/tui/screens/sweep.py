@@ -1,16 +1,17 @@
 """The sweep screen: the set-up's config over device counts x strategies, one run after
 another, with the state of every point, then the scaling comparison.
 
-The sweep runs in a thread worker (:class:`gputui.runs.sweep.Sweep`, the engine behind
-`gputui sweep`, so the same manifest and resume rules apply); it talks back only through
-messages. Leaving the app stops the sweep: no run is started after the screen goes away.
+The screen plans the sweep (:class:`gputui.runs.sweep.Sweep`, the engine behind
+`gputui sweep`, so the same manifest and resume rules apply) and asks the app to run it
+(``StartSweep``, ``StopSweep``: :mod:`gputui.tui.sweep_control`); the app tells it how the
+sweep goes through the messages below. Leaving the app stops the sweep: no run is started
+after the app goes away.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -21,9 +22,10 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.devices import wants_gpus
 from gputui.core.events import plural
-from gputui.core.scores import score_text
 from gputui.core.usercode import code_line, data_label, model_label
 from gputui.runs.sweep import Point, Sweep, parse_devices
+from gputui.tui.messages import OpenCompare, StartSweep, StopSweep, SweepStarted
+from gputui.tui.widgets.plain_table import PlainTable
 
 
 class PointChanged(Message):
@@ -47,6 +49,8 @@ class PointProgress(Message):
 
 class SweepEnded(Message):
     """The sweep finished or was stopped (or could not run: ``error``)."""
+
+    bubble = False  # the app posts one to the screen and one to itself
 
     def __init__(self, state: str, error: str = "") -> None:
         super().__init__()
@@ -90,12 +94,12 @@ class SweepScreen(Screen):
             yield Checkbox("scale batch/lr with devices", id="sweep-scale")
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
-        yield DataTable(id="sweep-points", cursor_type="row")
+        yield PlainTable(id="sweep-points", cursor_type="row")
         d = self.config.to_dict()
         code = code_line(d)
         yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
                      f"{plural(self.config.run.epochs, 'epoch')}{' · ⚠ ' + code if code else ''}. "
-                     f"ctrl+r starts.", id="sweep-status")
+                     f"ctrl+r starts.", id="sweep-status", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -113,12 +117,9 @@ class SweepScreen(Screen):
             self.action_stop()
 
     def action_start(self) -> None:
-        """Plan the grid from the form and run it in a worker."""
+        """Plan the grid from the form and ask the app to run it (it says why not when a run
+        is active)."""
         if self.running:
-            return
-        if getattr(self.app, "run_active", False):
-            self.notify("A run is active: start the sweep when it has ended (or stop it)",
-                        title="Cannot start the sweep", severity="warning")
             return
         strategies = [s.strip() for s in self.query_one("#sweep-strategies", Input).value
                       .split(",") if s.strip()]
@@ -128,49 +129,32 @@ class SweepScreen(Screen):
                 raise ConfigError("strategies: give at least one, e.g. single,scratch")
             # the counts are of the kind the set-up chose: GPUs when it chose GPUs
             kind = "gpu" if wants_gpus(self.config.devices.spec) else "cpu"
-            self.sweep = Sweep.from_config(self.config, devices, strategies,
-                                           self.query_one("#sweep-scale", Checkbox).value,
-                                           self.runs_dir, kind)
+            sweep = Sweep.from_config(self.config, devices, strategies,
+                                      self.query_one("#sweep-scale", Checkbox).value,
+                                      self.runs_dir, kind)
         except (ConfigError, OSError) as exc:
             self.notify(str(exc), title="Cannot start the sweep", severity="error")
             return
+        self.post_message(StartSweep(sweep, self))
+
+    def on_sweep_started(self, message: SweepStarted) -> None:
+        """The app runs the sweep: its points, then their news as they come."""
+        self.sweep = message.sweep
         table = self.query_one(DataTable)
         table.clear()
         for p in self.sweep.manifest.points:
             table.add_row(p.key, p.spec, p.status, "", "", key=p.key)
-        from gputui.tui.spawnsafe import ready_for_spawn
-
-        ready_for_spawn(self.runs_dir / "app-output.log")
         self._set_running(True)
         self.query_one("#sweep-status", Static).update(
             f"sweep {self.sweep.manifest.sweep_id} over {self.sweep.manifest.kind_words()}: "
             f"running (ctrl+t stops after a clean stop "
             f"of the current run)")
-        self.run_sweep(self.sweep)
 
     def _set_running(self, running: bool) -> None:
         self.running = running
         self.state = "running" if running else self.state
         self.query_one("#sweep-start", Button).disabled = running
         self.query_one("#sweep-stop", Button).disabled = not running
-
-    @work(thread=True, exclusive=True, group="sweep", exit_on_error=False)
-    def run_sweep(self, sweep: Sweep) -> None:
-        """The whole grid, off the UI thread."""
-        def on_event(point: Point, ev) -> None:
-            if ev.kind == "step":
-                self.post_message(PointProgress(point.key, f"epoch {ev.epoch} step {ev.step}/"
-                                                f"{ev.steps_per_epoch} loss {ev.loss:.4f}"))
-            elif ev.kind == "epoch_end":
-                self.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
-                                                + score_text(ev.task, ev.test_acc,
-                                                             ev.val_loss)))
-        try:
-            state = sweep.run(lambda p: self.post_message(PointChanged(p)), on_event)
-        except Exception as exc:  # noqa: BLE001 - shown in the app, never a crash
-            self.post_message(SweepEnded("failed", f"{type(exc).__name__}: {exc}"))
-            return
-        self.post_message(SweepEnded(state))
 
     def on_point_changed(self, message: PointChanged) -> None:
         """Show a point's new state."""
@@ -198,7 +182,7 @@ class SweepScreen(Screen):
     def action_stop(self) -> None:
         """Stop the current run cleanly and start no other."""
         if self.running and self.sweep is not None:
-            self.sweep.request_stop()
+            self.post_message(StopSweep())
             self.query_one("#sweep-status", Static).update("stopping after the current run "
                                                            "stops…")
 
@@ -207,10 +191,9 @@ class SweepScreen(Screen):
         if self.sweep is None or not self.sweep.run_dirs():
             self.notify("No run of this sweep has a record yet", severity="warning")
             return
-        from gputui.tui.screens.compare import CompareScreen
-
-        self.app.push_screen(CompareScreen(self.sweep.run_dirs(), self.runs_dir,
-                                           title=f"sweep {self.sweep.manifest.sweep_id}"))
+        self.post_message(OpenCompare(self.sweep.run_dirs(), self.runs_dir,
+                                      title=f"sweep {self.sweep.manifest.sweep_id}",
+                                      only_compared=True))
 
     def action_back(self) -> None:
         """Back to the set-up (not while a sweep runs)."""
@@ -218,7 +201,3 @@ class SweepScreen(Screen):
             self.notify("A sweep is running: stop it first (ctrl+t)", severity="warning")
             return
         self.app.pop_screen()
-
-    def on_unmount(self) -> None:
-        if self.sweep is not None:
-            self.sweep.request_stop()  # the app is going away: start no further run

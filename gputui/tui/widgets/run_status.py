@@ -47,7 +47,7 @@ class RunStatus(Vertical):
     def compose(self) -> ComposeResult:
         with Horizontal(id="status-top"):
             yield Label(STATE_TEXT["starting"], id="state-badge")
-            yield Static(self.run_id, id="status-headline")
+            yield Static(self.run_id, id="status-headline", markup=False)
         with Horizontal(id="status-progress"):
             yield Label("epoch -/-", id="epoch-label")
             yield ProgressBar(total=None, show_eta=False, id="epoch-progress")
