@@ -209,8 +209,13 @@ def test_fast_path_axes_multiply_the_grid_and_show_in_the_table(tiny, tmp_path):
     fast = {r["fast"]: r for r in data["runs"]}  # each run's config says what it ran
     assert set(fast) == {"fp32", "fp32 channels_last", "bf16", "bf16 channels_last"}
     # a channels_last run is measured against the eager, default-format run of its precision
-    assert fast["fp32 channels_last"]["baseline"] == fast["fp32"]["id"]
-    assert fast["bf16 channels_last"]["baseline"] == fast["bf16"]["id"]
+    for name, base in (("fp32 channels_last", "fp32"), ("bf16 channels_last", "bf16")):
+        row, ref = fast[name], fast[base]
+        # a run of too few steps for a steady state, or measured in another machine state,
+        # is no baseline (issue 24's rules): then the row shows no speedup at all
+        assert row["baseline"] in (ref["id"], ""), (row, ref)
+        if not row["baseline"]:
+            assert row.get("speedup") is None, row
     # the points ran in one warm worker: only the first paid for torch's import
     imports = [next(e for e in read_events(runs / p["run_id"]) if e.kind == "init_done").import_s
                for p in data["sweep"]["points"]]
