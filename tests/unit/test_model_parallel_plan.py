@@ -73,12 +73,13 @@ def test_model_layers_match_the_models():
                       "or [] to balance by parameter count"),
     ([2, 2], "cpu*3", "strategy.split_points must be strictly increasing, got [2, 2]"),
     ([3, 1], "cpu*3", "strategy.split_points must be strictly increasing, got [3, 1]"),
-    ([0], "cpu*2", "strategy.split_points must lie between 1 and 3 (lenet has 4 layers), "
-                   "got [0]"),
+    ([0], "cpu*2", "strategy.split_points[0] must be at least 1, got 0"),
     ([4], "cpu*2", "strategy.split_points must lie between 1 and 3 (lenet has 4 layers), "
                    "got [4]"),
-    ([1.5], "cpu*2", "strategy.split_points must be whole numbers (layer indices), got [1.5]"),
-    (["2"], "cpu*2", "strategy.split_points must be whole numbers (layer indices), got ['2']"),
+    ([1.5], "cpu*2", "strategy.split_points[0] must be an integer, got 1.5; fix the value "
+                       "(e.g. strategy.split_points = [])"),
+    (["2"], "cpu*2", "strategy.split_points[0] must be an integer, got '2'; fix the value "
+                         "(e.g. strategy.split_points = [])"),
 ])
 def test_bad_split_points_give_one_line(points, spec, message):
     with pytest.raises(ConfigError) as info:
@@ -140,8 +141,8 @@ def test_bad_split_points_from_the_cli_exit_2_with_one_line():
                   "--set", "strategy.split_points=[0]")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "gputui: error: --strategy, --set strategy.split_points=[0]: strategy.split_points must "
-        "lie between 1 and 3 (lenet has 4 layers), got [0]"]
+        "gputui: error: --set strategy.split_points=[0]: strategy.split_points[0] must be at "
+        "least 1, got 0"]
 
 
 

@@ -65,7 +65,7 @@ CASES = [
 # a field's own rules are checked where the field is read, before any cross-field rule
 FIELD_CASES = [
     ({"dist.rdzv_endpoint": "h"}, "dist.rdzv_endpoint must be HOST:PORT"),
-    ({"strategy.split_weights": [1, -1]}, "must be positive numbers"),
+    ({"strategy.split_weights": [1, -1]}, "strategy.split_weights[1] must be greater than 0.0, got -1.0"),
     ({"run.name": "../x"}, "run.name '../x' looks like a path"),
 ]
 

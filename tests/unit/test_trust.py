@@ -5,6 +5,7 @@ named with their age."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from gputui.core import machine
@@ -40,15 +42,32 @@ def _orphan_spinner() -> int:
 
 
 def test_a_busy_core_is_seen_as_contention_and_our_own_children_are_not_others():
-    pid = _orphan_spinner()
+    # enough spinners to hold twice the contention threshold on this machine's cores, each
+    # watched until it has really run (no assumption on how soon a process gets a core)
+    n = max(1, math.ceil(2 * machine.CONTENDED * (psutil.cpu_count() or 1)))
+    watch = contention.LoadWatch()
+    pids = [_orphan_spinner() for _ in range(n)]
     try:
-        watch = contention.LoadWatch()
-        time.sleep(1.0)
+        procs = [psutil.Process(pid) for pid in pids]
+        start = [p.cpu_times() for p in procs]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            used = [sum(p.cpu_times()[:2]) - sum(s0[:2]) for p, s0 in zip(procs, start)]
+            if min(used) >= 0.5:
+                break
         state = watch.state()
+        spun = sum(sum(p.cpu_times()[:2]) for p in procs)
     finally:
-        os.kill(pid, signal.SIGKILL)
-    assert state["contended"] and state["others_share"] >= machine.CONTENDED
-    assert state["note"].startswith("contended: other processes used")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    assert min(used) >= 0.5, "the spinners never got a core in 120 s"
+    # every CPU second the spinners used is counted as another's (rounding aside)
+    others_s = state["others_share"] * state["seconds"] * state["cores"]
+    assert others_s >= 0.9 * spun - 0.01 * state["seconds"] * state["cores"], (others_s, spun)
+    if spun / (state["seconds"] * state["cores"]) >= machine.CONTENDED:
+        assert state["contended"] and state["others_share"] >= machine.CONTENDED
+        assert state["note"].startswith("contended: other processes used")
     assert {"when", "host", "load_start", "load_end", "gpu_others"} <= set(state)
     # a child of ours spinning counts as our own CPU time, not as another's
     own0 = contention._tree_cpu_s()
