@@ -47,6 +47,21 @@ def test_valid_form_builds_the_config():
     assert (cfg.devices.spec, cfg.strategy.name) == ("cpu*2", "scratch")
 
 
+def test_the_form_sets_a_transformer_run_with_adamw_a_schedule_and_pipeline():
+    values = {"model.name": "gpt", "data.name": "pystdlib", "optim.name": "adamw",
+              "optim.weight_decay": "0.1", "optim.schedule": "cosine",
+              "optim.warmup_steps": "4", "optim.clip_grad_norm": "1.0",
+              "strategy.pipeline_chunks": "2", "strategy.schedule": "gpipe",
+              "data.context": "32", "optim.batch_size": "8"}
+    result = build(RunConfig(), values, "cpu*2", "pp")
+    assert result.ok, result
+    o, st = result.config.optim, result.config.strategy
+    assert (o.name, o.weight_decay, o.schedule, o.warmup_steps, o.clip_grad_norm) == \
+        ("adamw", 0.1, "cosine", 4, 1.0)
+    assert (st.name, st.pipeline_chunks, st.schedule, result.config.data.context) == \
+        ("pp", 2, "gpipe", 32)
+
+
 def test_cross_field_problem_is_reported_not_per_field():
     result = build(RunConfig(), {"run.precision": "fp16"}, "cpu*2", "scratch")
     assert not result.ok and not result.field_errors
