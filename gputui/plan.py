@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from gputui.core import registry
+from gputui.core import ckptfile, registry
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
@@ -293,11 +293,22 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
         raise ConfigError(f"{_blame(source, origins, 'data.path')}: data.path: no file or "
                           f"folder at {cfg.data.path}")
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
-    if resume is not None and not (resume / CHECKPOINT_NAME if resume.is_dir()
-                                   else resume).is_file():
+    if resume is None:
+        return
+    checkpoint = resume / CHECKPOINT_NAME if resume.is_dir() else resume
+    if not checkpoint.is_file():
         raise ConfigError(f"{_blame(source, origins, 'run.resume_from')}: run.resume_from: no "
                           f"checkpoint at {resume}; give a run folder holding {CHECKPOINT_NAME} "
                           f"(see `gputui resume`)")
+    # read through once, as data: a damaged checkpoint is refused before a run folder exists
+    damage = ckptfile.problem(checkpoint)
+    if damage:
+        folder = checkpoint.parent
+        again = (f"start the run again with `gputui run {folder / 'config.toml'}`"
+                 if (folder / "config.toml").is_file() else "start the run again")
+        raise ConfigError(f"{_blame(source, origins, 'run.resume_from')}: run.resume_from: "
+                          f"{checkpoint} {damage}; it cannot be resumed: restore the file from "
+                          f"a copy, or {again}")
 
 
 def _blame(source: str, origins: dict[str, str] | None, *keys: str, text: str = "") -> str:

@@ -71,10 +71,11 @@ def _check_data(cfg: RunConfig, source: str) -> None:
         raise ConfigError(f"{source}: data: {problem}")
 
 
-def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> Prepared:
-    """A preset with its overrides (CLI last), prepared: every rule checked, the flags that
-    broke one named."""
-    cfg = load_preset(path, overrides)
+def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = (),
+                 what: str = "preset") -> Prepared:
+    """A preset (``what`` it is: a "preset", or a resumed run's "run config") with its
+    overrides (CLI last), prepared: every rule checked, the flags that broke one named."""
+    cfg = load_preset(path, overrides, what)
     return prepare(cfg, str(path), override_origins(overrides))
 
 

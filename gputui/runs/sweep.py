@@ -27,6 +27,7 @@ from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core import machine
+from gputui.runs.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
@@ -95,7 +96,10 @@ class Manifest:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise WriteFailed(path.parent, exc) from None
-        return write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
+        for i, p in enumerate(self.points):  # each within POINT_BYTES, fitted once
+            if len(p.reason) + len(repr(p.machine)) > POINT_BYTES // 4:
+                self.points[i] = Point(**fit_point(asdict(p)))
+        return write_atomic(path, json.dumps(asdict(self), indent=INDENT) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Manifest":
@@ -112,7 +116,7 @@ def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
     """A saved manifest; LookupError (one line) when missing or unreadable."""
     path = manifest_path(runs_dir, sweep_id)
     try:
-        return Manifest.from_dict(json.loads(safeio.read_text(path)))
+        return Manifest.from_dict(json.loads(safeio.read_text(path, MANIFEST_LIMIT)))
     except FileNotFoundError:
         known = ", ".join(m.sweep_id for m in list_manifests(runs_dir)) or "none"
         raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps; known: {known}") \
@@ -128,21 +132,25 @@ def list_manifests(runs_dir: Path) -> list[Manifest]:
     out = []
     for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
         try:
-            out.append(Manifest.from_dict(json.loads(safeio.read_text(path))))
+            out.append(Manifest.from_dict(json.loads(safeio.read_text(path, MANIFEST_LIMIT))))
         except (OSError, ValueError, TypeError):
             continue
     return out
 
 
 def parse_devices(text: str) -> list[str]:
-    """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over."""
+    """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over, each 1 to
+    MAX_DEVICES."""
+    from gputui.core.devices import MAX_DEVICES
+
     items = [t.strip() for t in text.split(",") if t.strip()]
     for item in items:
-        ok = item.isdigit() and int(item) > 0 or item == "cpu" or (
-            item.startswith("cpu*") and item[4:].isdigit() and int(item[4:]) > 0)
+        count = item[4:] if item.startswith("cpu*") else "1" if item == "cpu" else item
+        ok = count.isdecimal() and count.isascii() and len(count) <= 3 \
+            and 0 < int(count) <= MAX_DEVICES
         if not ok:
-            raise ConfigError(f"--devices {text}: '{item}' is not a device count; give counts "
-                              f"like 1,2 (or cpu,cpu*2)")
+            raise ConfigError(f"--devices {text[:80]}: '{item[:20]}' is not a device count; "
+                              f"give counts from 1 to {MAX_DEVICES} like 1,2 (or cpu,cpu*2)")
     if not items:
         raise ConfigError("--devices: give at least one device count, e.g. --devices 1,2")
     return list(dict.fromkeys(items))
