@@ -43,17 +43,25 @@ def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | No
         raise plan.device_error(exc, source, origins) from None
     plan.validate(cfg, devices, source, origins)
     if files:
-        check_disk(cfg, source, origins)
+        check_disk(cfg, source, origins, devices)
     return Prepared(cfg, devices, note, gpus)
 
 
 def check_disk(cfg: RunConfig, source: str = "config",
-               origins: dict[str, str] | None = None) -> None:
+               origins: dict[str, str] | None = None,
+               devices: list[Device] | None = None) -> None:
     """What the disk says of the config: the files it names (``gputui.plan.check_files``),
-    then its dataset (present, and large enough for the batch); raises ConfigError. Reads the
-    disk: once per run, never on a keystroke."""
+    its dataset (present, and large enough for the batch), then, for model_parallel or pp
+    with a ``model.factory``, whether that model cuts into one stage per device (built in a
+    check child, ``gputui.runs.model_check``); raises ConfigError. Reads the disk: once per
+    run, never on a keystroke."""
+    from gputui.runs.model_check import CUT_KEYS, cut_problem
+
     plan.check_files(cfg, source, origins)
-    _check_data(cfg, source)
+    _check_data(cfg, source, origins)
+    problem = cut_problem(cfg, devices)
+    if problem:
+        raise ConfigError(f"{plan.blame(source, origins, *CUT_KEYS, text=problem)}: {problem}")
 
 
 def load_base(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
@@ -61,14 +69,17 @@ def load_base(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) 
     dataset checked. Its own strategy and devices are replaced point by point, so the
     cross-field rules wait for each point's :func:`prepare`."""
     cfg = load_preset(path, overrides)
-    _check_data(cfg, str(path))
+    _check_data(cfg, str(path), override_origins(overrides))
     return cfg
 
 
-def _check_data(cfg: RunConfig, source: str) -> None:
+def _check_data(cfg: RunConfig, source: str, origins: dict[str, str] | None = None) -> None:
+    """The dataset is there and large enough; a refusal is blamed on the flags that set the
+    keys it names (``--batch-size``, ``--set data.name=...``), else on ``source``."""
     problem = data_problem(cfg)
     if problem:
-        raise ConfigError(f"{source}: data: {problem}")
+        where = plan.blame(source, origins, "data.name", "data.root", text=problem)
+        raise ConfigError(f"{where}: data: {problem}")
 
 
 def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = (),

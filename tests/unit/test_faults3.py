@@ -171,3 +171,61 @@ def test_sweep_predict_refuses_what_it_would_ignore(tmp_path, capsys, monkeypatc
     assert main(["sweep", "quickstart", "--predict", "--strategies", "ddp,bogus"]) == 2
     assert "'bogus'" in _error(capsys)
     assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------ a model that cannot be cut
+
+USER_MODELS = '''
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, c, classes):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(c * 28 * 28, 8), nn.Linear(8, classes)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x.flatten(1)).relu())
+
+
+def whole(c, h, w, classes):
+    return Net(c, classes)
+
+
+def blocks(c, h, w, classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 8), nn.ReLU(), nn.Linear(8, classes))
+'''
+
+
+@pytest.mark.slow  # spawns the check child (torch's import)
+def test_a_user_model_model_parallel_cannot_cut_is_refused_before_launch(tmp_path, capsys):
+    (tmp_path / "nets.py").write_text(USER_MODELS)
+    runs = tmp_path / "runs"
+    assert main(["run", "quickstart", "--strategy", "model_parallel", "--devices", "cpu*2",
+                 "--set", f"model.factory={tmp_path / 'nets.py'}:whole",
+                 "--runs-dir", str(runs)]) == 2
+    err = _error(capsys)
+    assert "--strategy" in err and "not an nn.Sequential" in err and "gputui_blocks()" in err
+    assert not runs.exists()  # no run folder, no failed record
+
+
+@pytest.mark.slow  # spawns the check child (torch's import)
+def test_the_check_child_cuts_as_the_strategy_does_and_keeps_its_answer(tmp_path):
+    from gputui.runs import model_check
+    from gputui.runs.prepare import prepare
+
+    (tmp_path / "nets.py").write_text(USER_MODELS)
+    cfg = load_preset(PACKAGE_PRESETS / "quickstart.toml").replace(
+        model={"factory": f"{tmp_path / 'nets.py'}:blocks"}, devices={"spec": "cpu*5"},
+        strategy={"name": "pp", "schedule": "gpipe"})
+    problem = model_check.cut_problem(cfg)  # 4 blocks, 5 stages
+    assert problem and "at most 4 stages" in problem and "'pp'" in problem
+    ok = cfg.replace(devices={"spec": "cpu*2"})
+    prepare(ok, "p.toml")  # cuts: nothing raised
+    assert model_check.cut_problem(ok) is None
+    assert sum(k[0] == ok.to_toml() for k in model_check._ANSWERS) == 1  # asked once, kept
+
+
+def test_the_data_check_blames_the_flag_that_broke_it(capsys):
+    assert main(["run", "quickstart", "--batch-size", "100000", "--dry-run"]) == 2
+    assert _error(capsys).startswith("gputui: error: --batch-size: data: optim.batch_size")

@@ -48,17 +48,8 @@ class ModelParallel(Strategy):
         # single's ("0.0.weight", ...), so it stands for the run in checkpoints and tests.
         self.model = self.build_model()
         label = self.cfg.model.factory or self.cfg.model.name
-        layers = stage_blocks(self.model, label)
-        if n > len(layers):
-            raise ConfigError(f"strategy 'model_parallel' cuts {label} into at most "
-                              f"{len(layers)} stages (one per block), {n} devices given; use "
-                              f"fewer devices")
-        counts = [count_params(layer) for layer in layers]
         given = list(self.cfg.strategy.split_points)
-        points = given or balance(counts, n)
-        reason = check_split_points(points, len(layers), n, label)
-        if reason:
-            raise ConfigError(reason)
+        layers, counts, points = cut(self.model, label, n, given, self.name)
         bounds = [0, *points, len(layers)]
         # each stage runs its blocks' layers flattened (one call per layer)
         self.stages = [nn.Sequential(*flat_layers(nn.Sequential(*layers[a:b]))).to(dev)
@@ -204,7 +195,26 @@ class ModelParallel(Strategy):
         return self.score(out, y.to(out.device, non_blocking=True))
 
 
-def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:
+def cut(model: nn.Module, label: str, n: int, given: list[int],
+        strategy: str) -> tuple[list[nn.Module], list[int], list[int]]:
+    """Where ``strategy`` (model_parallel or pp) cuts ``model`` into ``n`` stages: its blocks,
+    their parameter counts and the split points (``given``, else balanced); ConfigError (one
+    line) when it cannot. What the strategies run in set-up, and the check before a launch
+    (``gputui.train.cutcheck``) runs too."""
+    blocks = stage_blocks(model, label, strategy)
+    if n > len(blocks):
+        raise ConfigError(f"strategy '{strategy}' cuts {label} into at most {len(blocks)} "
+                          f"stages (one per block), {n} devices given; use fewer devices")
+    counts = [count_params(b) for b in blocks]
+    points = given or balance(counts, n)
+    reason = check_split_points(points, len(blocks), n, label)
+    if reason:
+        raise ConfigError(reason)
+    return blocks, counts, points
+
+
+def stage_blocks(model: nn.Module, label: str,
+                 strategy: str = "model_parallel") -> list[nn.Module]:
     """The consecutive blocks model_parallel may cut between: an nn.Sequential's children, or
     what the model's ``gputui_blocks()`` returns (its blocks in forward order: running them one
     after another must be its forward). Anything else is refused with what to provide."""
@@ -213,7 +223,7 @@ def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:
     declared = getattr(model, "gputui_blocks", None)
     cls = type(model).__name__
     if not callable(declared):
-        raise ConfigError(f"strategy 'model_parallel' needs the stage boundaries of {label}: "
+        raise ConfigError(f"strategy '{strategy}' needs the stage boundaries of {label}: "
                           f"it built a {cls}, not an nn.Sequential; return an nn.Sequential of "
                           f"blocks, or give {cls} a gputui_blocks() method returning its blocks "
                           f"in forward order")
