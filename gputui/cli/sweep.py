@@ -48,7 +48,7 @@ def register(sub) -> None:
     p.add_argument("--fresh", action="store_true", help="never resume automatically")
     p.add_argument("--export", metavar="DIR", help="also write scaling.csv/.md/.json (and PNG "
                                                     "plots when matplotlib is installed) there")
-    p.add_argument("--repeat", type=repeat_count, default=1, metavar="N",
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each point N times (passes over the grid, interleaved) and show "
                         "the median and min-max")
     p.add_argument("--predict", action="store_true",
@@ -56,24 +56,6 @@ def register(sub) -> None:
                         "this machine has not measured yet)")
     p.add_argument("--json", action="store_true", help="print the final table as JSON")
     p.set_defaults(func=cmd_sweep)
-
-
-def repeat_count(text: str) -> int:
-    """--repeat's value: a whole number from 1 to the most runs a sweep holds (the grid's
-    size is checked with the other flags, in :func:`build`)."""
-    import argparse
-
-    from gputui.runs.manifest_size import MAX_POINTS
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
-    if not 1 <= n <= MAX_POINTS:
-        raise argparse.ArgumentTypeError(
-            f"{n}: give a number of runs per point from 1 to {MAX_POINTS} (a sweep holds at "
-            f"most {MAX_POINTS} runs, so that --resume and compare --sweep can read it)")
-    return n
 
 
 def build(args, runs_dir: Path):
@@ -97,6 +79,8 @@ def build(args, runs_dir: Path):
     from gputui.runs.prepare import load_base
 
     # the flags first, each where it is given: then the preset
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat {args.repeat}: give a number of runs per point, 1 or more")
     devices = parse_devices(args.devices)
     axes = {key: parse_axis(option, key, text) for option, key, text in (
         ("--precisions", "run.precision", args.precisions),
@@ -114,7 +98,7 @@ def build(args, runs_dir: Path):
         raise ConfigError(too_big)
     path = str(resolve_preset(args.preset).resolve())
     sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
-    overrides = set_overrides(sets, None)
+    overrides = set_overrides(args.sets, args.epochs)  # a refusal names --epochs, as typed
     base = load_base(path, overrides)
     kind, kind_note = resolve_kind(args.kind, base.devices.spec)
     sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,

@@ -240,6 +240,8 @@ def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | N
 
 def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
     """A run folder from a path, an id, or a unique id prefix/suffix; LookupError otherwise."""
+    if not ref.strip():  # an empty id is a prefix of every id: it names no run
+        raise LookupError("an empty run id names no run; see `gputui runs` for the ids")
     path = Path(ref)
     if runstore.is_run_folder(path):
         return path

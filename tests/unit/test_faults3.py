@@ -133,9 +133,8 @@ def test_every_point_fits_its_share_so_the_fullest_sweep_is_read_back(tmp_path):
 
 def test_sweep_repeat_beyond_the_bound_is_refused_at_once(tmp_path, capsys):
     runs = tmp_path / "runs"
-    with pytest.raises(SystemExit) as exit_:
-        main(["sweep", "quickstart", "--repeat", "6000", "--runs-dir", str(runs)])
-    assert exit_.value.code == 2 and "--repeat" in _error(capsys)
+    assert main(["sweep", "quickstart", "--repeat", "6000", "--runs-dir", str(runs)]) == 2
+    assert "--repeat 6000: 6000 passes over the grid of 4 points" in _error(capsys)
     assert main(["sweep", "quickstart", "--repeat", str(MAX_POINTS // 4 + 1), "--devices",
                  "1,2", "--strategies", "single,scratch", "--runs-dir", str(runs)]) == 2
     assert f"give --repeat {MAX_POINTS // 4} or less" in _error(capsys)
@@ -229,3 +228,40 @@ def test_the_check_child_cuts_as_the_strategy_does_and_keeps_its_answer(tmp_path
 def test_the_data_check_blames_the_flag_that_broke_it(capsys):
     assert main(["run", "quickstart", "--batch-size", "100000", "--dry-run"]) == 2
     assert _error(capsys).startswith("gputui: error: --batch-size: data: optim.batch_size")
+
+
+# ------------------------------------------------------------------ the smaller ones
+
+def test_a_folder_or_a_device_is_not_called_no_such_preset(tmp_path, capsys):
+    for where, kind in ((tmp_path, "is a folder"), ("/dev/null", "is a character device")):
+        assert main(["run", str(where), "--dry-run"]) == 2
+        err = _error(capsys)
+        assert kind in err and "no such preset" not in err
+    assert main(["run", "", "--dry-run"]) == 2
+    assert "empty preset name" in _error(capsys)
+
+
+def test_runs_filters_and_forms_that_would_match_nothing_or_be_ignored(tmp_path, capsys):
+    from run_records import write_record
+
+    runs = tmp_path / "runs"
+    write_record(runs, "20260101-100000-exp", "scratch", 1)
+    base = ["runs", "--runs-dir", str(runs)]
+    for flags, words in ((["--strategy", "bogus"], "'bogus' is not one of single"),
+                         (["--strategy", ","], "--strategy: give one of"),
+                         (["--status", "done"], "'done' is not one of finished"),
+                         (["--name", ""], "--name: give part"),
+                         (["--format", "csv", "--json"], "ask for two forms"),
+                         (["--format", "table", "-o", str(tmp_path / "t.txt")], "terminal"),
+                         (["-o", str(tmp_path / "t.txt")], "say which form")):
+        assert main(base + flags) == 2, flags
+        assert words in _error(capsys), flags
+    assert main(base + ["-o", str(tmp_path / "t.csv")]) == 0  # the suffix names the form
+    assert (tmp_path / "t.csv").read_text().startswith("id,")
+    assert main(["compare", "", "--runs-dir", str(runs)]) == 2  # '' prefixes every id
+    assert "empty run id" in _error(capsys)
+
+
+def test_sweep_epochs_is_blamed_on_epochs_not_on_a_set(capsys):
+    assert main(["sweep", "quickstart", "--epochs", "0"]) == 2
+    assert _error(capsys).startswith("gputui: error: --epochs: run.epochs must be at least 1")
