@@ -265,3 +265,37 @@ def test_runs_filters_and_forms_that_would_match_nothing_or_be_ignored(tmp_path,
 def test_sweep_epochs_is_blamed_on_epochs_not_on_a_set(capsys):
     assert main(["sweep", "quickstart", "--epochs", "0"]) == 2
     assert _error(capsys).startswith("gputui: error: --epochs: run.epochs must be at least 1")
+
+
+@pytest.mark.slow  # a real `gputui run` (its host, torch's elastic agent), stopped by SIGINT
+def test_a_ddp_run_stopped_during_its_launch_prints_nothing_after_its_record_line(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # node 0 of 2 waits at the rendezvous for a node that never comes: a launch in progress,
+    # the moment its ranks' queue exists and no rank has started
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputui", "run", "quickstart", "--strategy", "ddp", "--devices",
+         "cpu", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--set", "telemetry.enabled=false", "--runs-dir", str(tmp_path / "runs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "waiting for 2 nodes" in line or not line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out
+    assert "before the ranks started" in out
+    after = out.split("record: ", 1)[1].splitlines()[1:]
+    assert after == [], out  # no resource_tracker warning of "leaked" semaphores, nothing
