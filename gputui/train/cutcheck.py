@@ -3,8 +3,8 @@
 ``gputui.runs.model_check`` spawns :func:`check_main` before a run whose ``model.factory``
 model is to be cut into stages: the user's code is imported and called here, in a short-lived
 child, never in the parent. It builds the model as the run's strategy would (same data shape,
-same seed) and cuts it with the strategies' own ``model_parallel.cut``, so the check and the
-run cannot disagree. Importing this module imports no torch (it is the spawn target).
+same seed) and cuts it with the strategies' own ``stage_blocks`` and ``cut_blocks``, so the
+check and the run cannot disagree. Importing this module imports no torch (it is the spawn target).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def cut_reason(cfg: RunConfig, n: int) -> str | None:
     from gputui.core.devices import cpu_devices
     from gputui.train.data import load_from_config
     from gputui.train.strategies.base import Strategy
-    from gputui.train.strategies.model_parallel import cut
+    from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks
 
     torch.set_num_threads(1)  # a check, beside whatever else runs
     if not cfg.data.factory:  # the shape is all the build needs: a few examples, no download
@@ -67,8 +67,10 @@ def cut_reason(cfg: RunConfig, n: int) -> str | None:
                        height=ds.height)
     model = builder.build_model()
     label = cfg.model.factory or cfg.model.name
+    name = cfg.strategy.name
     try:
-        cut(model, label, n, list(cfg.strategy.split_points), cfg.strategy.name)
+        cut_blocks(stage_blocks(model, label, name), n, list(cfg.strategy.split_points), label,
+                   name, "devices" if name == "model_parallel" else "ranks")
     except UserError as exc:
         return str(exc)
     return None

@@ -38,7 +38,7 @@ from gputui.core.steps import StepReport
 from gputui.train.strategies.base import no_correct
 from gputui.train.strategies import rank_step
 from gputui.train.strategies.process_group import RankStrategy
-from gputui.train.strategies.model_parallel import cut
+from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks
 from gputui.train.strategies.pp_comm import cpu_copy, recv_tensor, send_tensor
 from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
 
@@ -90,9 +90,9 @@ class PipelineParallel(RankStrategy):
 
         p, s = self.world_size, self.rank
         label = self.cfg.model.factory or self.cfg.model.name
-        given = list(self.cfg.strategy.split_points)
-        blocks, counts, points = cut(model, label, p, given, self.name)
-        self.bounds = [0, *points, len(blocks)]
+        blocks = stage_blocks(model, label, "pp")
+        cut = cut_blocks(blocks, p, self.cfg.strategy.split_points, label, "pp", "ranks")
+        self.bounds, counts = cut.bounds, cut.counts
         a, b = self.bounds[s], self.bounds[s + 1]
         # the stage's children keep their index in the whole model ("3.attn.q.weight"); a
         # model that declares gputui_blocks() maps them back to its own names (_full_names)
@@ -117,10 +117,10 @@ class PipelineParallel(RankStrategy):
         self._denom = 1.0
         self._whole = None
         if s == 0:
-            how = "at strategy.split_points" if given else "balanced by parameter count"
             sizes = ", ".join(f"stage {i} blocks {lo}-{hi - 1} ({sum(counts[lo:hi]):,} params)"
                               for i, (lo, hi) in enumerate(itertools.pairwise(self.bounds)))
-            self.notes.append(f"pp: {label} cut into {p} stages {how} (split points {points}): "
+            self.notes.append(f"pp: {label} cut into {p} stages {cut.how} (split points "
+                              f"{cut.points}): "
                               f"{sizes}; {self.chunks} micro-batch(es) per step on the "
                               f"{self.cfg.strategy.schedule} schedule; theoretical bubble "
                               f"(p-1)/(m+p-1) = {self.pipe.theory:.0%}")
