@@ -299,3 +299,12 @@ def test_a_ddp_run_stopped_during_its_launch_prints_nothing_after_its_record_lin
     assert "before the ranks started" in out
     after = out.split("record: ", 1)[1].splitlines()[1:]
     assert after == [], out  # no resource_tracker warning of "leaked" semaphores, nothing
+
+
+def test_bench_comm_refuses_a_timeout_or_a_size_that_cannot_mean_anything(capsys):
+    for flags, words in ((["--timeout", "nan"], "--timeout nan"), (["--timeout", "0"], "above 0"),
+                         (["--timeout", "inf"], "--timeout inf"),
+                         (["--sizes", "99999999999G"], "larger than 256G"),
+                         (["--sizes", "9" * 400], "is not a size")):
+        assert main(["bench-comm", *flags]) == 2, flags
+        assert words in _error(capsys), flags
