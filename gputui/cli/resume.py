@@ -48,6 +48,8 @@ def run_folder(text: str, runs_dir: str | None = None) -> Path:
     the caller), else the run that ``history.find_run`` finds by id; ConfigError if none."""
     from gputui.runs.history import find_run
 
+    if not text.strip():  # "" is the current folder to a path, and a prefix of every id
+        raise ConfigError("an empty run id names no run; see `gputui runs` for the ids")
     path = Path(text).expanduser()
     if os.path.isdir(path):
         return path

@@ -308,3 +308,13 @@ def test_bench_comm_refuses_a_timeout_or_a_size_that_cannot_mean_anything(capsys
                          (["--sizes", "9" * 400], "is not a size")):
         assert main(["bench-comm", *flags]) == 2, flags
         assert words in _error(capsys), flags
+
+
+def test_an_empty_path_or_run_id_is_refused_not_taken_for_the_default(capsys):
+    for argv, words in ((["run", "quickstart", "--runs-dir", ""], "--runs-dir: give a path"),
+                        (["--runs-dir", " ", "runs"], "--runs-dir: give a path"),
+                        (["sweep", "quickstart", "--export", ""], "--export: give a path"),
+                        (["compare", "x", "--tensorboard", ""], "--tensorboard: give a path"),
+                        (["resume", ""], "empty run id")):
+        assert main(argv) == 2, argv
+        assert words in _error(capsys), argv
