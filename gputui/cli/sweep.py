@@ -30,8 +30,8 @@ def register(sub) -> None:
     p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (of the kind "
                                                     "--kind says), or cpu,cpu*2")
     p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
-                   help="what the counts are: gpu (GPUs), cpu (CPU virtual devices), or auto: "
-                        "GPUs when the preset names GPUs and this machine has some (default)")
+                   help="what the counts are: gpu (GPUs), cpu (CPU virtual devices), or auto "
+                        "(GPUs when the preset names GPUs and this machine has some)")
     p.add_argument("--strategies", default="single,scratch",
                    help="comma list, e.g. single,scratch,dp,ddp,model_parallel")
     p.add_argument("--scale-with-devices", action="store_true",
