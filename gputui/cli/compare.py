@@ -45,6 +45,7 @@ def register(sub) -> None:
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
     add_output(p)
+    add_wide(p)
     p.set_defaults(func=cmd_compare)
 
 
@@ -132,6 +133,8 @@ def cmd_compare(args) -> int:
 
             emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
                  json_data={"groups": groups, "runs": as_plain(items)})
+        elif form == "table" and not args.wide:
+            print_compact(items, "comparison")
         else:
             columns = columns_for(TABLE_COLUMNS, [it.row for it in items])
             emit(table_rows(items, columns), columns, form, args.output, "comparison",
@@ -139,9 +142,30 @@ def cmd_compare(args) -> int:
     except (ExportError, WriteFailed) as exc:
         return fail(str(exc))
     if form == "table":
+        from gputui.runs.compare import BREAKDOWN_LEGEND
+
         for line in summary_lines(items):
-            print(line)
+            if line != BREAKDOWN_LEGEND or args.wide:  # it explains the --wide columns
+                print(line)
     return EXIT_OK
+
+
+def add_wide(p) -> None:
+    """--wide, as compare and sweep take it."""
+    p.add_argument("--wide", action="store_true",
+                   help="print every column (where a step's time goes, mfu, memory, init, "
+                        "status, baseline...), not just the compact table")
+
+
+def print_compact(items, title: str, fast: bool = False) -> None:
+    """The compact table of compared runs (``gputui.cli.compact``)."""
+    from gputui.cli import compact
+    from gputui.runs.compare import table_rows
+
+    wanted = ("id", "task", *(c for c in compact.COLUMNS + ("fast", "tokens_per_s",
+                                                            "val_loss") if c != "run"))
+    rows = table_rows(items, wanted)
+    compact.print_table(rows, compact.columns(rows, fast), title)
 
 
 def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
