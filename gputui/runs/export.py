@@ -109,15 +109,17 @@ def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
     for it in items:
         if it.loss_curve:
             ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
-        if it.acc_curve:
-            ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
+        if it.acc_curve:  # accuracy in percent, as every table and screen shows it
+            scale = 1.0 if it.row.task == "lm" else 100.0
+            ax_acc.plot([e for e, _ in it.acc_curve], [v * scale for _, v in it.acc_curve],
+                        marker="o", label=_label(it))
     baselines = {it.row.baseline_loss for it in items if it.row.baseline_loss is not None}
     if lm and len(baselines) == 1:
         ax_acc.axhline(baselines.pop(), linestyle="--", color="grey", label="unigram baseline")
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    score = "validation loss (nats/token)" if lm else "test accuracy"
+    score = "validation loss (nats/token)" if lm else "test accuracy (%)"
     if not lm and any(it.row.task == "lm" for it in items):
-        score = "test accuracy or validation loss"
+        score = "test accuracy (%) or validation loss (nats/token)"
     ax_acc.set(xlabel="epoch", ylabel=score, title=score)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
