@@ -4,8 +4,8 @@ Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbe
 parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
 (the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
 own writer. Each missing extra raises :class:`ExportError` with one line saying what to
-install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless
-TensorBoard export asks for torch's writer.
+install, worded as docs/commands.md says it (:func:`install_hint`). Nothing here imports torch
+unless TensorBoard export asks for torch's writer.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ FORMATS = ("table", "csv", "md", "json")
 
 
 def install_hint(extra: str) -> str:
-    """How to install one of gputui's extras, installed or from a clone (as the README says)."""
+    """How to install one of gputui's extras, installed or from a clone (as docs/commands.md
+    says)."""
     return (f"pip install 'gputui[{extra}]' (in a clone: .venv/bin/pip install -e "
             f"'.[{extra}]')")
 
