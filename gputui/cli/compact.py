@@ -84,3 +84,20 @@ def print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -
         table.add_row(*(Text(cell(c, r)) for c in cols))
     # off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole
     Console(width=None if sys.stdout.isatty() else 240).print(table)
+
+
+def add_wide(p) -> None:
+    """--wide, as compare and sweep take it."""
+    p.add_argument("--wide", action="store_true",
+                   help="print every column (where a step's time goes, mfu, memory, init, "
+                        "status, baseline...), not just the compact table")
+
+
+def print_compact(items, title: str, fast: bool = False) -> None:
+    """The compact table of compared runs (``gputui.runs.compare.CompareRow`` items)."""
+    from gputui.runs.compare import table_rows
+
+    wanted = ("id", "task", *(c for c in COLUMNS + ("fast", "tokens_per_s", "val_loss")
+                              if c != "run"))
+    rows = table_rows(items, wanted)
+    print_table(rows, columns(rows, fast), title)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from gputui.cli.common import EXIT_OK, fail
+from gputui.cli.compact import add_wide, print_compact
 from gputui.cli.output import add_output, emit, form_of
 from gputui.core.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
 from gputui.core.scores import columns_for
@@ -148,24 +149,6 @@ def cmd_compare(args) -> int:
             if line != BREAKDOWN_LEGEND or args.wide:  # it explains the --wide columns
                 print(line)
     return EXIT_OK
-
-
-def add_wide(p) -> None:
-    """--wide, as compare and sweep take it."""
-    p.add_argument("--wide", action="store_true",
-                   help="print every column (where a step's time goes, mfu, memory, init, "
-                        "status, baseline...), not just the compact table")
-
-
-def print_compact(items, title: str, fast: bool = False) -> None:
-    """The compact table of compared runs (``gputui.cli.compact``)."""
-    from gputui.cli import compact
-    from gputui.runs.compare import table_rows
-
-    wanted = ("id", "task", *(c for c in compact.COLUMNS + ("fast", "tokens_per_s",
-                                                            "val_loss") if c != "run"))
-    rows = table_rows(items, wanted)
-    compact.print_table(rows, compact.columns(rows, fast), title)
 
 
 def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):

@@ -17,7 +17,7 @@ from gputui.core.config import ConfigError
 from gputui.core.events import plural
 
 from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, set_overrides
-from gputui.cli.compare import add_wide, print_compact
+from gputui.cli.compact import add_wide, print_compact
 
 
 def register(sub) -> None:
