@@ -64,8 +64,8 @@ def cell(key: str, row: dict[str, Any]) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -> None:
-    """The compact table on stdout: headers on one row, never cut; only the run column may
-    fold when a name is too long for the terminal."""
+    """The compact table on stdout: headers on one row, never cut; only the run and fast-path
+    columns fold (never cut) when the terminal is too narrow for them."""
     import sys
 
     from rich import box
@@ -78,7 +78,7 @@ def print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -
     table = Table(title=Text(title), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1, 0, 0))
     for c in cols:
-        table.add_column(HEADERS[c], no_wrap=c != "run", overflow="fold",
+        table.add_column(HEADERS[c], no_wrap=c not in ("run", "fast"), overflow="fold",
                          justify="left" if c in ("run", "strategy", "fast") else "right")
     for r in rows:
         table.add_row(*(Text(cell(c, r)) for c in cols))
