@@ -112,6 +112,11 @@ def test_the_point_bound_follows_from_the_size_the_manifest_is_read_at():
     assert grid_problem(MAX_POINTS // 4 + 1, ["1", "2"], ["single", "scratch"], {})
 
 
+def test_the_docs_give_the_bound_the_code_has():
+    docs = Path(__file__).resolve().parents[2] / "docs" / "commands.md"
+    assert f"at most {MAX_POINTS} runs" in docs.read_text()
+
+
 def test_every_point_fits_its_share_so_the_fullest_sweep_is_read_back(tmp_path):
     reason = "RuntimeError: " + "a very long failure \u00e9 " * 400
     others = [{"pid": i, "name": "python" * 10, "mem": 1 << 30, "gpu": "GPU-" + "f" * 36}
