@@ -74,6 +74,9 @@ def test_a_whole_checkpoint_passes_and_damaged_ones_are_named(tmp_path):
         problem = ckptfile.problem(path)
         assert problem and words.strip() in problem and "\n" not in problem, (words, problem)
     assert "a folder" in ckptfile.problem(tmp_path)
+    # every checkpoint gputui wrote before, kept as fixtures, is whole
+    for old in sorted((Path(__file__).parent / "data" / "checkpoints_v1").glob("*.pt")):
+        assert ckptfile.problem(old) is None, old
 
 
 def test_resume_refuses_a_truncated_checkpoint_before_anything_starts(tmp_path, capsys):
