@@ -16,6 +16,7 @@ that set its keys, and on ``source`` (the preset) only when none of them was ove
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -307,7 +308,7 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
     if resume is None:
         return
     checkpoint = resume / CHECKPOINT_NAME if resume.is_dir() else resume
-    if not checkpoint.is_file():
+    if not os.path.lexists(checkpoint):  # there but not a file: ckptfile says what it is
         raise ConfigError(f"{blame(source, origins, 'run.resume_from')}: run.resume_from: no "
                           f"checkpoint at {resume}; give a run folder holding {CHECKPOINT_NAME} "
                           f"(see `gputui resume`)")
