@@ -70,8 +70,9 @@ def build(args, runs_dir: Path):
         if args.preset and resolve_preset(args.preset).resolve() != Path(m.preset).resolve():
             raise ConfigError(f"--resume {args.resume}: that sweep ran {m.preset}, not "
                               f"{args.preset}; drop the preset argument")
-        return Sweep(m, runs_dir, set_overrides(m.sets, None)), (
-            f"resuming sweep {m.sweep_id} over {m.kind_words()}")
+        resumed = Sweep(m, runs_dir, set_overrides(m.sets, None))
+        resumed.claim()  # another gputui running it: refused here (runlock.InUse)
+        return resumed, f"resuming sweep {m.sweep_id} over {m.kind_words()}"
     if not args.preset:
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
     path = str(resolve_preset(args.preset).resolve())
@@ -102,7 +103,9 @@ def build(args, runs_dir: Path):
         for old in list_manifests(runs_dir):
             if old.state != "finished" and old.params() == sweep.manifest.params():
                 done = sum(p.status == "finished" for p in old.points)
-                return (Sweep(old, runs_dir, overrides),
+                resumed = Sweep(old, runs_dir, overrides)
+                resumed.claim()  # the same sweep still running elsewhere: refused, one line
+                return (resumed,
                         f"resuming unfinished sweep {old.sweep_id} ({done} of "
                         f"{plural(len(old.points), 'point')} done; --fresh starts over); "
                         f"{kind_note}")
