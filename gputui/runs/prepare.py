@@ -44,7 +44,24 @@ def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | No
     plan.validate(cfg, devices, source, origins)
     if files:
         check_disk(cfg, source, origins)
+        check_network(cfg)
     return Prepared(cfg, devices, note, gpus)
+
+
+def check_network(cfg: RunConfig) -> None:
+    """A multi-node run: the address this machine gives the other nodes is one they can
+    reach (``hw.netaddr``), checked before the rendezvous would wait its whole timeout;
+    raises ConfigError."""
+    from gputui.hw.netaddr import is_loopback, loopback_problem
+
+    host = cfg.dist.rdzv_endpoint.rpartition(":")[0].strip("[]")
+    if cfg.dist.nnodes < 2 or host == "localhost" or is_loopback(host):
+        return  # one node, or every node on this machine: loopback reaches them all
+    import os
+
+    problem = loopback_problem(cfg.dist.interface, os.environ)
+    if problem:
+        raise ConfigError(f"dist.nnodes = {cfg.dist.nnodes}: {problem}")
 
 
 def check_disk(cfg: RunConfig, source: str = "config",
