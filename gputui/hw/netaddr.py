@@ -50,6 +50,11 @@ def interface_address(name: str, interfaces: Interfaces = _interfaces) -> str | 
     return None
 
 
+def own_addresses(interfaces: Interfaces = _interfaces) -> set[str]:
+    """Every address of this machine's interfaces."""
+    return {str(a.address).split("%")[0] for addrs in interfaces().values() for a in addrs}
+
+
 def reachable_interfaces(interfaces: Interfaces = _interfaces) -> list[str]:
     """"eth0 10.0.0.5" for each interface with a non-loopback IPv4 address."""
     out = []

@@ -27,7 +27,7 @@ from gputui.core.events import LogLine, RunFailed, RunStopped
 from gputui.core.filewrite import WriteFailed
 from gputui.core.usercode import code_named
 from gputui.hw.netaddr import backend_env, interface_address
-from gputui.train import shared_data, stopping
+from gputui.train import peerloss, shared_data, stopping
 from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
 from gputui.train.recorder import Recorder
 
@@ -187,6 +187,8 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
                         detail=_traceback())
     watchdog.done.set()
     relay.finish()
+    if isinstance(end, RunFailed):  # a node that went away, said as one
+        end = peerloss.explain(end, cfg, run_dir, spec.run_id, list(recorder.events))
     shared_data.remove(data_file)
     # the ranks' own end, when they sent one, is the record's (a second one is not recorded)
     recorder.emit(end or RunFailed(reason="the ranks ended without a result"))
