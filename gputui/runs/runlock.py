@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from gputui.core import safeio
 from gputui.core.errors import UserError
 
 LOCK_NAME = ".gputui.lock"
+TEXT_BYTES = 200  # the holder's pid and what it does, space-padded
 
 
 class InUse(UserError, RuntimeError):
@@ -42,9 +44,10 @@ class RunLock:
         """Say what the holder is doing (the text a refused command quotes)."""
         if self._fd is None:
             return
+        # one write of a fixed width, never a truncation: a reader sees the old or the new text
+        text = f"{os.getpid()} {what}".encode()[:TEXT_BYTES - 1]
         try:
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, f"{os.getpid()} {what}\n".encode(), 0)
+            os.pwrite(self._fd, text.ljust(TEXT_BYTES - 1) + b"\n", 0)
         except OSError:
             pass  # the lock is what counts; the text only names the holder
 
@@ -127,13 +130,23 @@ def _holder_pid(path: Path) -> str:
     except OSError:
         return ""
     try:
-        text = os.pread(fd, 200, 0).decode("utf-8", "replace")
-    except OSError:
-        text = ""
+        pid = _text(fd).partition(" ")[0]
     finally:
         os.close(fd)
-    pid = text.partition(" ")[0]
     return pid if pid.isdecimal() else ""
+
+
+def _text(fd: int) -> str:
+    """The holder's text; a holder that has just taken the lock writes it a moment later."""
+    for _ in range(20):
+        try:
+            text = os.pread(fd, TEXT_BYTES, 0).decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+        if text:
+            return text
+        time.sleep(0.005)
+    return ""
 
 
 def holder(run_dir: str | Path) -> str | None:
@@ -147,11 +160,7 @@ def holder(run_dir: str | Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        try:
-            text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-        except OSError:
-            text = ""
-        pid, _, run_id = text.partition(" ")
+        pid, _, run_id = _text(fd).partition(" ")
         who = f"gputui pid {pid}" if pid.isdecimal() else "a gputui process"
         if run_id != Path(run_dir).name:
             return f"being resumed{f' by run {run_id}' if run_id else ''} ({who})"
