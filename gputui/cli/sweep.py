@@ -146,6 +146,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
 
     out = sys.stderr if args.json else sys.stdout
     m = sweep.manifest
+    sweep.claim()  # before its manifest is first written: a second command finds it held
     # SIGINT, SIGTERM and SIGHUP (a closed terminal signals the whole group): the running
     # point stops gracefully with the signal named in its record, no further point starts,
     # the manifest says "interrupted"; a second signal kills the point (signals.Supervisor)
