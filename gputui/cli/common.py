@@ -18,7 +18,9 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if (action.option_strings and "%(default)" not in text and default is not None
+        # a help that already speaks of its default ("(default)", "(default ./runs or ...)")
+        # is not given a second one
+        if (action.option_strings and "(default" not in text and default is not None
                 and default is not False and default != [] and default is not argparse.SUPPRESS):
             text += " (default: %(default)s)"
         return text
@@ -37,7 +39,9 @@ class Parser(argparse.ArgumentParser):
 
 def fail(message: str) -> int:
     """Print a one-line usage error and return exit status 2."""
-    print(f"gputui: error: {message}", file=sys.stderr)
+    from gputui.core.errors import printable
+
+    print(f"gputui: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 
