@@ -78,8 +78,7 @@ def loopback_problem(interface: str, env: Mapping[str, str],
     if chosen:
         address = interface_address(chosen, interfaces)
         if address is None:
-            return (f"{setting} = {chosen!r}: this machine has no network interface of that "
-                    f"name with an address{_have(interfaces)}")
+            return interface_problem(chosen, setting, interfaces)
         source = f"{setting} = {chosen!r} has the address {address}"
     else:
         name = (hostname or socket.gethostname)()
@@ -99,6 +98,15 @@ def loopback_problem(interface: str, env: Mapping[str, str],
             f"there, not to this machine, and wait until the rendezvous times out; set "
             f"dist.interface to the network interface that reaches them (--set "
             f"dist.interface=NAME){_have(interfaces)}")
+
+
+def interface_problem(name: str, setting: str = "dist.interface",
+                      interfaces: Interfaces = _interfaces) -> str | None:
+    """Why ``name`` cannot be the interface gloo binds (one line), or None."""
+    if interface_address(name, interfaces) is not None:
+        return None
+    return (f"{setting} = {name!r}: this machine has no network interface of that name with "
+            f"an address{_have(interfaces)}")
 
 
 def _have(interfaces: Interfaces) -> str:

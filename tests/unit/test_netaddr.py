@@ -85,3 +85,7 @@ def test_a_multi_node_run_is_refused_before_launch_on_this_machine(monkeypatch):
     # every node on this machine (the rendezvous on loopback): loopback reaches them all
     check_network(load_preset(resolve_preset("lenet-ddp-2nodes"),
                               [("--set", "dist.rdzv_endpoint", "127.0.0.1:29400")]))
+    with pytest.raises(ConfigError, match=r"^dist.interface = 'no-such-if0': this machine has no "
+                                          r"network interface of that name"):
+        check_network(load_preset(resolve_preset("quickstart"),
+                                  [("--set", "dist.interface", "no-such-if0")]))
