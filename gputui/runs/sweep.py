@@ -28,6 +28,8 @@ from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core import machine
 from gputui.runs.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
+from gputui.runs.sweep_grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  # noqa: F401
+                                    parse_devices, resolve_kind, spec_for)
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
@@ -139,102 +141,13 @@ def list_manifests(runs_dir: Path) -> list[Manifest]:
     return out
 
 
-def parse_devices(text: str) -> list[str]:
-    """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over, each 1 to
-    MAX_DEVICES."""
-    from gputui.core.devices import MAX_DEVICES
-
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    for item in items:
-        count = item[4:] if item.startswith("cpu*") else "1" if item == "cpu" else item
-        ok = count.isdecimal() and count.isascii() and len(count) <= 3 \
-            and 0 < int(count) <= MAX_DEVICES
-        if not ok:
-            raise ConfigError(f"--devices {text[:80]}: '{item[:20]}' is not a device count; "
-                              f"give counts from 1 to {MAX_DEVICES} like 1,2 (or cpu,cpu*2)")
-    if not items:
-        raise ConfigError("--devices: give at least one device count, e.g. --devices 1,2")
-    return list(dict.fromkeys(items))
-
-
-def axis_grid(axes: dict) -> list[list[tuple[str, Any]]]:
-    """Every combination of the fast-path axes' values, as (key, value) lists ([[]]: none)."""
-    grid: list[list[tuple[str, Any]]] = [[]]
-    for key, values in axes.items():
-        grid = [[*combo, (key, v)] for combo in grid for v in values]
-    return grid
-
-
-def parse_axis(option: str, key: str, text: str) -> list:
-    """The values of one fast-path axis as typed (``--compile off,default``), checked against
-    the config field's choices; ConfigError (one line) otherwise."""
-    from gputui.core.config_schema import COMPILE_MODES, PRECISIONS
-
-    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    if key == "run.channels_last":
-        words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
-        bad = [t for t in items if t.lower() not in words]
-        choices = "off, on"
-        values: list[Any] = [words.get(t.lower()) for t in items]
-    else:
-        allowed = PRECISIONS if key == "run.precision" else COMPILE_MODES
-        bad = [t for t in items if t not in allowed]
-        choices, values = ", ".join(allowed), items
-    if bad or not items:
-        raise ConfigError(f"{option} {text}: {', '.join(map(repr, bad)) or 'nothing'} is not "
-                          f"one of {choices}; give a comma list, e.g. {option} "
-                          f"{choices.replace(' ', '')}")
-    return list(dict.fromkeys(values))
-
-
-KINDS = ("auto", "gpu", "cpu")
-KIND_WORDS = {"gpu": "GPUs", "cpu": "CPU virtual devices"}
-
-
-def resolve_kind(kind: str, preset_spec: str, gpus: list | None = None,
-                 no_gpu_reason: str = "") -> tuple[str, str]:
-    """What a sweep's device counts mean, "gpu" or "cpu", and a line for the user.
-
-    "auto" is GPUs when the preset names GPUs and this machine has some, else CPU virtual
-    devices; the line then says how to scale over the GPUs that are there. "gpu" on a machine
-    without one is refused (ConfigError, one line)."""
-    from gputui.core.devices import wants_gpus
-    from gputui.hw.discovery import discover_gpus
-
-    if kind not in KINDS:
-        raise ConfigError(f"--kind {kind}: must be one of {', '.join(KINDS)}")
-    if gpus is None:
-        gpus, no_gpu_reason = discover_gpus()
-    have = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
-    if kind == "gpu":
-        if not gpus:
-            raise ConfigError(f"--kind gpu: no GPU is available "
-                              f"({no_gpu_reason or 'no NVIDIA GPU was found'}); use --kind cpu")
-        return "gpu", f"scaling over GPUs (this machine has {have})"
-    if kind == "cpu" or not gpus:
-        return "cpu", "scaling over CPU virtual devices" + (
-            f"; this machine has {have}: --kind gpu scales over them" if gpus else "")
-    if wants_gpus(preset_spec):
-        return "gpu", f"scaling over GPUs, as the preset names GPUs (this machine has {have})"
-    return "cpu", (f"scaling over CPU virtual devices, as the preset names CPU devices; this "
-                   f"machine has {have}: --kind gpu scales over them")
-
-
-def spec_for(item: str, kind: str) -> str:
-    """The devices.spec of a grid point: a count of GPUs or of CPU virtual devices."""
-    if not item.isdigit():
-        return item
-    if kind == "cpu":
-        return "cpu" if item == "1" else f"cpu*{item}"
-    return item  # the first N GPUs
-
-
 class Sweep:
     """Plans and runs the grid; ``request_stop()`` (any thread) ends it after a graceful stop."""
 
     def __init__(self, manifest: Manifest, runs_dir: Path, overrides: list[tuple[str, str, Any]]):
         self.manifest, self.runs_dir, self.overrides = manifest, Path(runs_dir), overrides
         self.stop_requested = False
+        self.lock: Any = None  # runlock.RunLock: this process runs the sweep (see claim)
         # headless: the process's Supervisor (signals.py), which turns SIGINT, SIGTERM and
         # SIGHUP into the current point's graceful stop, then the kill; None in the app
         self.supervisor = None
@@ -312,10 +225,34 @@ class Sweep:
     def save(self) -> Path:
         return self.manifest.save(self.runs_dir)
 
+    def claim(self) -> None:
+        """Hold the sweep for this process until ``run`` ends; raises runlock.InUse (one
+        line) when another gputui process is running it (a second command must not run its
+        points beside the first's)."""
+        from gputui.runs import runlock
+
+        if self.lock is None:
+            self.lock = runlock.claim_sweep(self.runs_dir, self.manifest.sweep_id)
+
+    def release(self) -> None:
+        """Give the sweep back (idempotent)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     def run(self, on_point: Callable[[Point], object] = lambda p: None,
             on_event: Callable[[Point, Any], None] = lambda p, e: None) -> str:
         """Run every point not done yet; returns "finished" or "interrupted". Ctrl-C
         (KeyboardInterrupt) stops the current run gracefully, a second one kills it."""
+        self.claim()
+        try:
+            return self._run(on_point, on_event)
+        finally:
+            self.release()
+
+    def _run(self, on_point: Callable[[Point], object],
+             on_event: Callable[[Point, Any], None]) -> str:
+        from gputui.core.errors import UserError
         from gputui.runs.launcher import launch
 
         m = self.manifest
@@ -337,7 +274,7 @@ class Sweep:
             self._warm(point, devices)
             try:
                 handle = launch(cfg, self.runs_dir, devices, note)
-            except (OSError, ValueError) as exc:  # e.g. the runs folder is not writable
+            except (OSError, ValueError, UserError) as exc:  # e.g. an unwritable runs folder
                 point.status, point.reason = "failed", f"could not start: {exc}"
                 self.save()
                 on_point(point)
