@@ -22,35 +22,25 @@ def plot_waterfall(items: list[CompareRow], path: str | Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.2), squeeze=False)
-    for ax, it in zip(axes[0], runs):
+    for ax, it in zip(axes[0], runs, strict=True):
         wf = it.waterfall
         assert wf is not None
-        names, lows, heights, colors = ["ideal"], [0.0], [wf.ideal], ["tab:green"]
+        # (name, bottom, height, colour, the figure written over the bar)
+        bars = [("ideal", 0.0, wf.ideal, "tab:green", f"{wf.ideal:.2f}x")]
         level = wf.ideal
         for cause, lost in wf.bars:
             if abs(lost) < 0.005 and cause != "unexplained":
                 continue
-            names.append(LABELS[cause])
-            lows.append(min(level, level - lost))
-            heights.append(abs(lost))
-            colors.append(COLORS[cause] if lost >= 0 else "tab:cyan")
+            bars.append((LABELS[cause], min(level, level - lost), abs(lost),
+                         COLORS[cause] if lost >= 0 else "tab:cyan", f"{-lost:+.2f}"))
             level -= lost
-        names.append("measured")
-        lows.append(0.0)
-        heights.append(wf.measured)
-        colors.append("tab:blue")
-        xs = range(len(names))
-        ax.bar(xs, heights, bottom=lows, color=colors)
-        for x, low, h, name in zip(xs, lows, heights, names):
-            value = h if name in ("ideal", "measured") else None
-            text = f"{value:.2f}x" if value is not None else ""
-            if text:
-                ax.text(x, low + h, text, ha="center", va="bottom", fontsize="small")
-        for x, (_, lost) in zip(range(1, len(names) - 1),
-                                [b for b in wf.bars
-                                 if abs(b[1]) >= 0.005 or b[0] == "unexplained"]):
-            ax.text(x, lows[x] + heights[x], f"{-lost:+.2f}", ha="center", va="bottom",
-                    fontsize="x-small")
+        bars.append(("measured", 0.0, wf.measured, "tab:blue", f"{wf.measured:.2f}x"))
+        xs = range(len(bars))
+        ax.bar(xs, [b[2] for b in bars], bottom=[b[1] for b in bars],
+               color=[b[3] for b in bars])
+        for x, (_, low, height, _, text) in zip(xs, bars, strict=True):
+            ax.text(x, low + height, text, ha="center", va="bottom", fontsize="x-small")
+        names = [b[0] for b in bars]
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names, rotation=35, ha="right", fontsize="small")
         ax.set(ylabel="speedup (x, vs its one-device baseline)",

@@ -138,7 +138,8 @@ class Meter:
             self.on = False
 
     def spans(self) -> list[Span]:
-        return [self.optimizer, self.forward, *(s for lane in self.lanes for s in (lane.compute, lane.comm))]
+        return [self.optimizer, self.forward,
+                *(s for lane in self.lanes for s in (lane.compute, lane.comm))]
 
     def step_s(self) -> float:
         """The metered step's seconds on the first device's clock, begin to finish."""
