@@ -265,16 +265,26 @@ def test_a_rank_slow_in_backward_is_named_with_its_phase_and_the_wait_it_caused(
     assert mine >= 0.5 * SLOW_MS / 1000, mine
 
 
+@pytest.fixture(scope="module")
+def single_step():
+    """single's mean metered step on the scenarios' model and batch, in this process."""
+    from test_breakdown import _run
+
+    from gputui.core import breakdown
+
+    return breakdown.mean(e.per_device[0].breakdown for e in _run("single", "cpu")[1:])
+
+
 @pytest.mark.parametrize("scenario,cause,delay_s", [
     ("slow_rank", "straggler", None), ("fsdp_slow_rank", "straggler", None),
     ("data_delay", "data", "DELAY"), ("comm_delay", "comm", "DELAY")])
-def test_each_injected_delay_lands_in_its_waterfall_bar(ranks, scenario, cause, delay_s):
+def test_each_injected_delay_lands_in_its_waterfall_bar(ranks, single_step, scenario, cause,
+                                                        delay_s):
     """The waterfall of each delayed 2-rank run against single on the same global batch (in
     this process): the bars add up to the measured speedup, and the delayed cause's bar is at
     least half of what the delay alone takes from the ideal 2x (2 x delay / step; a
     straggler's wait is spread over the two ranks: 2 x delay / 2 / step)."""
     import ddp_scenarios
-    from test_breakdown import _run
 
     from gputui.core import breakdown, straggler
     from gputui.runs import waterfall
@@ -282,7 +292,7 @@ def test_each_injected_delay_lands_in_its_waterfall_bar(ranks, scenario, cause, 
     steps = _steps(ranks, scenario)[1:]
     bd = breakdown.mean(row.breakdown for rows in steps for row in rows)
     slow = straggler.over_steps([straggler.find(rows) for rows in _steps(ranks, scenario)])
-    single = breakdown.mean(e.per_device[0].breakdown for e in _run("single", "cpu")[1:])
+    single = single_step
     assert bd is not None and single is not None
     measured = single.step_s / bd.step_s  # the same global batch of 32: step time ratio
     wf = waterfall.build(2.0, measured, waterfall.shares(bd, slow), waterfall.shares(single))
