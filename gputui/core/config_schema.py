@@ -304,8 +304,9 @@ class DebugSection:
                              "tp) whose backward debug.slow_backward_ms slows down (-1 = none).",
                          min=-1, max=65535)
     slow_backward_ms: float = opt(0.0, "For testing straggler attribution: milliseconds added "
-                                       "to the backward of debug.slow_rank on every step, "
-                                       "before its first gradient (0 = none).",
+                                       "to each backward of debug.slow_rank (every step, "
+                                       "each micro-batch), before its first gradient "
+                                       "(0 = none).",
                                   min=0.0, max=60000.0)
 
 
