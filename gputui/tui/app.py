@@ -24,6 +24,7 @@ from textual.binding import Binding
 from textual.worker import get_current_worker
 
 from gputui.core.config import ConfigError, RunConfig, load_preset
+from gputui.tui.defaults import app_default
 from gputui.tui.inventory import Inventory, discover_inventory
 from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
 from gputui.tui.messages import (ControlRun, LaunchFailed, RunControlled, RunEnded,
@@ -115,14 +116,15 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
         warm.ensure_host(cuda=warm.cuda_indices(config.devices.spec))
 
     def _initial_config(self) -> tuple[RunConfig, Path | None, str]:
-        """The preset given on the command line, or the defaults (with the reason)."""
+        """The preset given on the command line, or the app's default (one that learns within
+        its first minute: gputui.tui.defaults), with the reason when the preset failed."""
         if not self.preset_arg:
-            return RunConfig(), None, ""
+            return app_default(), None, ""
         try:
             path = resolve_preset_path(self.preset_arg)
             return load_preset(path), path, ""
         except ConfigError as exc:
-            return RunConfig(), None, str(exc)
+            return app_default(), None, str(exc)
 
     @property
     def runs_path(self) -> Path:

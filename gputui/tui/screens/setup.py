@@ -17,6 +17,7 @@ from gputui.core.config import (
 from gputui.core.events import plural
 from gputui.core.filewrite import write_atomic
 from gputui.core.usercode import code_line, data_label, model_label
+from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
 from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
@@ -67,10 +68,11 @@ class SetupScreen(Screen):
         with Horizontal(id="setup-bottom"):
             yield ParamForm(self.base)
             with Vertical(id="setup-side"):
-                panel = PresetPanel(self.presets)
+                panel = PresetPanel(self.presets, {k: v[0] for k, v in BUILTINS.items()})
                 panel.loaded = self.preset
                 yield panel
                 yield Static("", id="code-marker", classes="-none")
+                yield Static(SLOW_NOTE, id="slow-note", classes="-none", markup=False)
                 yield Static("", id="summary", markup=False)
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
         yield Footer()
@@ -171,6 +173,8 @@ class SetupScreen(Screen):
         marker = self.query_one("#code-marker", Static)
         marker.update(f"⚠ {code}" if code else "")
         marker.set_class(not code, "-none")
+        self.query_one("#slow-note").set_class(not learns_slowly(result.config or self.base),
+                                               "-none")
         cfg = result.config
         if cfg is not None:  # ok
             d = cfg.to_dict()
@@ -221,6 +225,11 @@ class SetupScreen(Screen):
         """Load a preset into every part of the screen."""
         self.load_preset(message.path)
 
+    def on_preset_panel_load_builtin(self, message: PresetPanel.LoadBuiltin) -> None:
+        """Load one of the app's own settings (its default, the material's)."""
+        label = BUILTINS[message.name][0]
+        self._show_config(builtin(message.name), None, label.split(" (")[0], label)
+
     def load_preset(self, path: Path) -> bool:
         """Read a preset; a bad one is reported here and changes nothing."""
         try:
@@ -228,16 +237,19 @@ class SetupScreen(Screen):
         except ConfigError as exc:
             self.notify(str(exc), title="Cannot load preset", severity="error", timeout=10)
             return False
+        self._show_config(cfg, path, path.stem, f"preset {path.stem}")
+        return True
+
+    def _show_config(self, cfg: RunConfig, path: Path | None, name: str, what: str) -> None:
         self.base, self.preset = cfg, path
         self.query_one(ParamForm).load(cfg)
         note = self.query_one(DevicePicker).set_spec(cfg.devices.spec, cfg.devices.fallback)
         self.query_one(StrategyPicker).select(cfg.strategy.name)
         self.query_one(PresetPanel).set_presets(self.presets, path)
-        self.sub_title = f"set-up · {path.stem}"
+        self.sub_title = f"set-up · {name}"
         self.revalidate()
-        self.notify(f"Loaded preset {path.stem}" + (f" ({note})" if note else ""),
+        self.notify(f"Loaded {what}" + (f" ({note})" if note else ""),
                     severity="warning" if note else "information")
-        return True
 
     def on_preset_panel_save_requested(self) -> None:
         self.action_save_preset()
