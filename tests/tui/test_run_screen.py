@@ -154,7 +154,7 @@ async def test_stop_is_graceful_and_kill_asks_first(presets):
         assert launcher.handles[0].stop_calls == 1 and screen.state == "stopped"
         assert "run stopped: stopped by user" in "\n".join(screen.query_one(RunLog).plain)
         assert text(screen, "#eta-label") == "ETA --:--"
-        assert screen.check_action("stop", ()) is None  # greyed out in the footer now
+        assert screen.check_action("stop", ()) is False  # no longer offered in the footer
 
 
 async def test_kill_from_the_dialog(presets):

@@ -15,9 +15,11 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Sta
 from gputui.core.config import (
     ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset)
 from gputui.core.events import plural
-from gputui.core.filewrite import write_atomic
+from gputui.core.filewrite import make_folder, write_atomic
+from gputui.core.presets import user_presets_dir
 from gputui.core.usercode import code_line, data_label, model_label
 from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
+from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
 from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
@@ -186,7 +188,7 @@ class SetupScreen(Screen):
             text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
                     f"{FIELD_BY_KEY[first].label}")
         else:
-            text = f"✗ {result.error}"
+            text = f"✗ {app_terms(result.error)}"
         summary.update(text)
         summary.set_class(not result.ok, "-invalid")
         start.disabled = not result.ok
@@ -212,7 +214,7 @@ class SetupScreen(Screen):
         result = self.revalidate(files_now=True)  # the disk, read now whatever it said before
         if result.config is None:  # not ok
             message = next(iter(result.field_errors.values()), "") or result.error
-            self.notify(message, title="Cannot start", severity="error", timeout=8)
+            self.notify(app_terms(message), title="Cannot start", severity="error", timeout=8)
             return
         self.post_message(StartRun(result.config))
 
@@ -261,7 +263,7 @@ class SetupScreen(Screen):
         if cfg is None:  # not ok
             self.notify("Fix the form before saving it as a preset", severity="error")
             return
-        folder = self.preset.parent if self.preset else Path.cwd()
+        folder = user_presets_dir()  # the user's, never the project's own presets/
         default = folder / f"{cfg.run.name}.toml"
         n = 2
         while default.exists():
@@ -271,6 +273,8 @@ class SetupScreen(Screen):
             if path is None:
                 return
             try:
+                if path.parent == folder:
+                    make_folder(folder)
                 write_atomic(path, cfg.to_toml())
             except OSError as exc:  # WriteFailed: the file, the cause and the fix
                 self.notify(str(exc), severity="error", markup=False)
@@ -279,7 +283,8 @@ class SetupScreen(Screen):
                 self.presets = sorted([*self.presets, path])
             self.preset = path
             self.query_one(PresetPanel).set_presets(self.presets, path)
-            self.notify(f"Saved {path}; run it with `gputui run {path}`", timeout=8)
+            name = path.stem if path.parent == folder else str(path)
+            self.notify(f"Saved {path}; run it with `gputui run {name}`", timeout=8)
 
         self.app.push_screen(SavePresetDialog(default), write)
 

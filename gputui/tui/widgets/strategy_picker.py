@@ -14,6 +14,7 @@ from textual.widgets.option_list import Option
 
 from gputui.core import registry
 from gputui.plan import why_not
+from gputui.tui.fmt import app_terms
 
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
@@ -50,7 +51,7 @@ class StrategyPicker(Vertical):
             except Exception as exc:  # a strategy's check must not break the screen
                 why = f"cannot check this strategy ({type(exc).__name__}: {exc})"
             if why:
-                reasons[info.name] = why
+                reasons[info.name] = app_terms(why)
         if reasons != self.reasons or not self._built:
             self.reasons = reasons
             self._rebuild()
