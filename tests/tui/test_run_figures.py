@@ -1,0 +1,60 @@
+"""The run screen's figures mean what they say (issue 26): the progress bar, its step count
+and the ETA are the whole run's, as headless shows them, with the epoch as text; the
+utilization and memory history rows are on absolute scales (0-100 %, 0-the device's total)."""
+
+from __future__ import annotations
+
+from scripted import GIB, T0, FakeHandle, run_events
+from textual.widgets import ProgressBar
+
+from gputui.core.events import DeviceSample, StepMetrics
+from gputui.tui.app import make_app
+from gputui.tui.screens.run import RunScreen
+from gputui.tui.widgets.device_panel import DevicePanel
+from gputui.tui.widgets.history_row import HistoryRow, history_text
+
+SIZE = (140, 44)
+
+
+def test_history_rows_are_drawn_on_an_absolute_scale():
+    assert history_text([0.7, 0.7, 0.7], 100.0, 3) == "▁▁▁"  # nearly idle: the lowest block
+    assert history_text([100.0] * 4, 100.0, 4) == "████"  # saturated: full blocks
+    assert history_text([50.0], 100.0, 3) == "  ▄"  # newest at the right
+    assert history_text([1.0 * GIB], 8.0 * GIB, 1) == "▁"  # 1 of 8 GiB
+    assert history_text([0.0, 25.0, 100.0, 60.0], 100.0, 2) == "█▅"  # the last ones that fit
+    assert history_text([2.0, 4.0], None, 2) == "▄█"  # no total known: the largest shown
+
+
+async def test_progress_and_eta_are_the_whole_runs(inventory, presets):
+    events = run_events(epochs=3, steps_per_epoch=20, log_every=5)
+    first_of_epoch_2 = next(i for i, e in enumerate(events)
+                            if isinstance(e, StepMetrics) and e.epoch == 2)
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RunScreen(FakeHandle([]))
+        await app.push_screen(screen)
+        await pilot.pause()
+        screen.apply_events([e for e in events[:first_of_epoch_2 + 1]
+                             if not isinstance(e, DeviceSample)])
+        await pilot.pause()
+        assert str(screen.query_one("#epoch-label").render()) == "epoch 2/3 · step 25/60"
+        bar = screen.query_one("#epoch-progress", ProgressBar)
+        assert (bar.total, bar.progress) == (60, 25)
+        # 35 steps left at 0.1 s, and two evaluations of 0.4 s: 4.3 s
+        assert str(screen.query_one("#eta-label").render()) == "ETA 0:04 (whole run)"
+
+
+async def test_device_history_rows_use_absolute_scales(inventory, presets):
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RunScreen(FakeHandle([]))
+        await app.push_screen(screen)
+        await pilot.pause()
+        for i, (util, rss) in enumerate([(0.7, GIB), (0.7, GIB), (100.0, 8 * GIB)]):
+            screen.show_sample(DeviceSample(device="cpu:0", cpu_percent=util, rss=rss,
+                                            mem_total=8 * GIB, pid=1, t=T0 + i))
+        await pilot.pause()
+        panel = screen.query_one(DevicePanel)
+        util_row = str(panel.query_one(".util-spark", HistoryRow).render()).strip()
+        mem_row = str(panel.query_one(".mem-spark", HistoryRow).render()).strip()
+        assert util_row == "▁▁█" and mem_row == "▁▁█"
