@@ -12,6 +12,7 @@ from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
 from gputui.tui.widgets.device_panel import DevicePanel
 from gputui.tui.widgets.history_row import HistoryRow, history_text
+from gputui.tui.widgets.run_log import RunLog
 
 SIZE = (140, 44)
 
@@ -42,6 +43,9 @@ async def test_progress_and_eta_are_the_whole_runs(inventory, presets):
         assert (bar.total, bar.progress) == (60, 25)
         # 35 steps left at 0.1 s, and two evaluations of 0.4 s: 4.3 s
         assert str(screen.query_one("#eta-label").render()) == "ETA 0:04 (whole run)"
+        log = "\n".join(screen.query_one(RunLog).plain)
+        assert ("ready in 2.5 s (launch 0.0 s, import 1.5 s, data 0.5 s, model 0.2 s, "
+                "other 0.3 s)") in log
 
 
 async def test_device_history_rows_use_absolute_scales(inventory, presets):
@@ -58,3 +62,16 @@ async def test_device_history_rows_use_absolute_scales(inventory, presets):
         util_row = str(panel.query_one(".util-spark", HistoryRow).render()).strip()
         mem_row = str(panel.query_one(".mem-spark", HistoryRow).render()).strip()
         assert util_row == "▁▁█" and mem_row == "▁▁█"
+
+
+def test_the_start_up_line_adds_up_with_the_launch():
+    from gputui.core.events import InitDone, init_parts, init_text
+
+    ev = InitDone(seconds=13.4, import_s=0.04, data_s=2.3, model_s=0.0, launch_s=8.93)
+    assert init_text(ev) == ("13.4 s (launch 8.9 s, import 0.0 s, data 2.3 s, model 0.0 s, "
+                             "other 2.2 s)")
+    assert round(sum(v for _, v in init_parts(ev)), 1) == 13.4
+    compiled = InitDone(seconds=3.0, import_s=1.0, model_s=0.5, compile_s=1.2, launch_s=0.2)
+    assert [n for n, _ in init_parts(compiled)] == ["launch", "import", "data", "model",
+                                                    "compile", "other"]
+    assert round(sum(v for _, v in init_parts(compiled, 2)), 2) == 3.0

@@ -23,7 +23,7 @@ from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           StepMetrics, plural)
+                           StepMetrics, init_text, plural)
 from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
@@ -179,8 +179,7 @@ class RunScreen(RunControls, Screen):
                     self.query_one(AccuracyPlot).language_model(ev.baseline_loss)
                     thr.language_model()
                     self.query_one(EpochTable).language_model()
-                log.add("info", f"ready in {ev.seconds:.1f} s (import {ev.import_s:.1f} s, "
-                                f"data {ev.data_s:.1f} s, model {ev.model_s:.1f} s) · "
+                log.add("info", f"ready in {init_text(ev)} · "
                                 f"{ev.train_samples:,} train / {ev.test_samples:,} test samples"
                                 f" · {ev.params:,} parameters", ev.t)
                 if self.state == "starting":
