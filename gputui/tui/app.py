@@ -49,6 +49,12 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "gputui"
+    # size classes every screen gets (app.tcss lays the screens out by them; under 80x24,
+    # widgets.too_small says so instead)
+    HORIZONTAL_BREAKPOINTS = [(0, "-w-tiny"), (80, "-w-small"), (100, "-w-medium"),
+                              (160, "-w-large")]
+    VERTICAL_BREAKPOINTS = [(0, "-h-tiny"), (24, "-h-small"), (30, "-h-medium"),
+                            (45, "-h-large")]
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "show_help_panel", "Keys", show=False),

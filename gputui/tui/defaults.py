@@ -31,8 +31,8 @@ MATERIAL: dict[str, Any] = {
     "optim": {"batch_size": 256, "lr": 0.1, "momentum": 0.0},
 }
 BUILTINS: dict[str, tuple[str, dict[str, Any]]] = {
-    "default": ("app default (learns in a minute)", APP_DEFAULT),
-    "material": ("the material's settings (slow here)", MATERIAL),
+    "default": ("app default (learns)", APP_DEFAULT),
+    "material": ("the material (slow here)", MATERIAL),
 }
 SLOW_NOTE = ("The material's N(0, 0.01) init with plain SGD sits at chance (10 %) for a few "
              "hundred steps, and the synthetic task has under 50 an epoch: expect a flat line "

@@ -47,7 +47,7 @@ async def test_the_app_opens_on_its_default_and_offers_the_material(inventory, p
         assert screen.base == builtin("material")
         assert note.display and "chance" in str(note.render())
         assert screen.query_one("#f-optim-lr", Input).value == "0.1"
-        assert screen.sub_title == "set-up · the material's settings"
+        assert screen.sub_title == "set-up · the material"
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ async def test_a_finished_run_fills_every_panel(presets):
         # Epochs: time beside test accuracy.
         table = screen.query_one(EpochTable)
         assert table.row_count == 3
-        assert list(table.get_row("2")) == ["2/3", "2.0 s", "0.4 s", "0.5000", "70.00%", "6,000"]
+        assert list(table.get_row("2")) == ["2/3", "70.00%", "0.5000", "2.0 s", "0.4 s", "6,000"]
         # Status strip: progress, ETA, init time, throughput.
         assert text(screen, "#epoch-label") == "epoch 3/3 · step 60/60"
         assert text(screen, "#eta-label") == "ETA 0:00 (whole run)"
@@ -83,7 +83,8 @@ async def test_a_finished_run_fills_every_panel(presets):
         assert text(cpu1, ".dev-extra") == "pid 4243"  # a CPU process: no temp or power
         # The run's MFU under the utilization, the device's training memory under its own.
         assert cpu1.query_one(".mfu-meter", Meter).value_text == " 31.0%"
-        assert text(cpu1, ".train-mem") == "par 241K grad 241K opt 241K act 16.8M"
+        assert text(cpu1, ".train-mem") == ("params 241 KiB · grads 241 KiB\noptim 241 KiB · "
+                                            "activ. 16.8 MiB")
         # Where the last metered step went: a stacked bar as wide as the panel, and a legend.
         parts = text(cpu1, ".dev-breakdown")
         bar_line, legend = parts.split("\n", 1)
@@ -334,8 +335,9 @@ async def test_a_language_models_run_shows_loss_perplexity_and_tokens(presets):
         steps = [e for e in events if isinstance(e, StepMetrics)]
         assert thr.title == "Tokens/s" and thr.last_y == steps[-1].tokens_per_s
         table = screen.query_one(EpochTable)
-        assert table.labels[4:] == ("val loss (ppl)", "tokens/s")
-        assert list(table.get_row("2"))[4:] == ["loss 2.0000 (ppl 7.39)", "384,000"]
+        assert table.labels[1] == "val loss (ppl)" and table.labels[5] == "tokens/s"
+        row = list(table.get_row("2"))
+        assert (row[1], row[5]) == ("loss 2.0000 (ppl 7.39)", "384,000")
         assert "tokens/s" in text(screen, "#status-meta")
         log = screen.query_one(RunLog).plain
         assert any("train loss 0.5000, val loss 2.0000 / ppl 7.39" in line for line in log)

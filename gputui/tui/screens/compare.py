@@ -23,14 +23,25 @@ from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lin
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 from gputui.tui.widgets.plain_table import PlainTable
+from gputui.tui.widgets.too_small import TooSmall
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
            "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
-           "init_s": "init",
+           "init_s": "init (s)",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
            "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
+
+
+# read first, so they come first: a narrow terminal cuts the others
+FIRST = ("id", "strategy", "devices", "speedup", "samples_per_s", "time_per_epoch_s",
+         "test_acc", "val_loss", "val_ppl", "efficiency")
+
+
+def key_first(columns: list[str]) -> list[str]:
+    """The table's columns with the ones read first in front, the rest in their order."""
+    return [c for c in FIRST if c in columns] + [c for c in columns if c not in FIRST]
 
 
 class CompareLoaded(Message):
@@ -56,6 +67,11 @@ class CompareScreen(Screen):
     #compare-plots { height: 1fr; min-height: 12; }
     #compare-plots OverlayPlot { width: 1fr; }
     #compare-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
+    CompareScreen.-h-small #compare-table { max-height: 5; }
+    CompareScreen.-h-small #compare-plots { min-height: 9; }
+    CompareScreen.-h-small #compare-notes, CompareScreen.-h-medium #compare-notes {
+        max-height: 4;
+    }
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
 
@@ -77,11 +93,12 @@ class CompareScreen(Screen):
             yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))
         yield Static("reading the records…", id="compare-notes", markup=False)
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = self.title_text
         table = self.query_one(DataTable)
-        for key in TABLE_COLUMNS:
+        for key in key_first(list(TABLE_COLUMNS)):
             table.add_column(HEADERS.get(key, key), key=key)
         self.load()
 
@@ -99,7 +116,8 @@ class CompareScreen(Screen):
         self.items = message.items
         table = self.query_one(DataTable)
         # a language model's runs bring their columns (val loss, ppl, tokens/s)
-        columns = scores.columns_for(TABLE_COLUMNS, [it.row for it in message.items])
+        columns = key_first(list(scores.columns_for(TABLE_COLUMNS,
+                                                    [it.row for it in message.items])))
         table.clear(columns=True)
         for key in columns:
             table.add_column(HEADERS.get(key, key), key=key)

@@ -28,6 +28,7 @@ from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
 from gputui.tui.widgets.strategy_picker import StrategyPicker
+from gputui.tui.widgets.too_small import TooSmall
 
 INVENTORY_EVERY_S = 3.0
 
@@ -78,6 +79,7 @@ class SetupScreen(Screen):
                 yield Static("", id="summary", markup=False)
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = f"set-up · {self.preset.stem}" if self.preset else "set-up"
