@@ -100,7 +100,7 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
             config, preset=preset_path,
             inventory=self.fixed_inventory or Inventory(discovered=self.discover is None),
             discover=self.discover,
-            presets=self.preset_list)
+            presets=self.preset_list, runs_dir=self.runs_path)
         self.push_screen(setup)
         if error:
             self.notify(error, title="Preset not loaded", severity="error", timeout=12)

@@ -22,7 +22,9 @@ from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
 from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
+from gputui.tui.estimate import estimate
+from gputui.tui.messages import (FilesChecked, HistoryRead, InventoryReady, SetupChanged,
+                                 StartRun)
 from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
@@ -48,8 +50,10 @@ class SetupScreen(Screen):
     def __init__(self, config: RunConfig, *, preset: Path | None = None,
                  inventory: Inventory | None = None,
                  discover: Callable[[], Inventory] | None = None,
-                 presets: list[Path] | None = None) -> None:
+                 presets: list[Path] | None = None, runs_dir: Path | None = None) -> None:
         super().__init__(id="setup")
+        self.runs_dir = runs_dir  # earlier runs, for the estimate before Start (None: none)
+        self.history: tuple = ()
         self.base = config
         self.preset = preset
         self.inventory = inventory or Inventory()
@@ -87,6 +91,8 @@ class SetupScreen(Screen):
         if note:
             self.notify(note, severity="warning", timeout=8)
         self.revalidate()
+        if self.runs_dir is not None:
+            self.call_after_refresh(self.read_history)
         if self.discover is not None:
             # After the first paint: the discovery thread's imports would hold the GIL.
             self.call_after_refresh(self.refresh_inventory)
@@ -107,6 +113,27 @@ class SetupScreen(Screen):
             self.notify(note, severity="warning", timeout=8)
         self._files_asked = None  # look at the disk again too: files may have come or gone
         self.revalidate()
+
+    # ------------------------------------------------------------------ the estimate
+    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
+    def read_history(self) -> None:
+        """Read the earlier runs off the UI thread (the estimate before Start rests on
+        them)."""
+        from gputui.runs.history import load_rows
+
+        try:
+            self.post_message(HistoryRead(tuple(load_rows(self.runs_dir))))
+        except OSError:
+            pass  # no history: no estimate
+
+    def on_history_read(self, message: HistoryRead) -> None:
+        self.history = message.rows
+        self.revalidate()
+
+    def on_screen_resume(self) -> None:
+        """Back from a run or another screen: the history may hold a new run."""
+        if self.runs_dir is not None and self.is_mounted:
+            self.read_history()
 
     # ------------------------------------------------------------------ validation
     def revalidate(self, files_now: bool = False) -> FormResult:
@@ -185,6 +212,9 @@ class SetupScreen(Screen):
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
                     f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
+            expected = estimate(cfg, self.history, n)
+            if expected is not None:
+                text += f" · {expected.text()}"
         elif result.field_errors:
             first = next(iter(result.field_errors))
             text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
