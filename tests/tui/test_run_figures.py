@@ -50,7 +50,7 @@ async def test_progress_and_eta_are_the_whole_runs(inventory, presets):
 
 async def test_device_history_rows_use_absolute_scales(inventory, presets):
     app = make_app(inventory=inventory, presets=presets)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(200, 50)) as pilot:  # every panel shows
         screen = RunScreen(FakeHandle([]))
         await app.push_screen(screen)
         await pilot.pause()

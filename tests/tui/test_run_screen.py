@@ -18,7 +18,7 @@ from gputui.tui.widgets.history_row import HistoryRow
 from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, ThroughputPlot
 from gputui.tui.widgets.run_log import RunLog
 
-SIZE = (140, 44)
+SIZE = (200, 50)  # every panel shows (the compact layouts: test_snapshots, test_run_figures)
 
 
 def text(screen, selector: str) -> str:
