@@ -75,3 +75,34 @@ def test_the_start_up_line_adds_up_with_the_launch():
     assert [n for n, _ in init_parts(compiled)] == ["launch", "import", "data", "model",
                                                     "compile", "other"]
     assert round(sum(v for _, v in init_parts(compiled, 2)), 2) == 3.0
+
+
+async def test_validation_loss_beside_training_loss_and_a_time_axis(inventory, presets):
+    from dataclasses import replace
+
+    from gputui.core.events import EpochEnd
+    from gputui.tui.widgets.plots import LossPlot
+
+    events = [replace(e, task="lm", val_loss=2.0 / e.epoch) if isinstance(e, EpochEnd) else e
+              for e in run_events(epochs=2, steps_per_epoch=20, log_every=5)]
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RunScreen(FakeHandle([]))
+        await app.push_screen(screen)
+        await pilot.pause()
+        screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])
+        await pilot.pause()
+        loss = screen.query_one(LossPlot)
+        # one validation point per epoch, at the epoch's last step, beside the steps' loss
+        assert [(x, y) for x, y, _ in loss.extra] == [(20.0, 2.0), (40.0, 1.0)]
+        assert loss.extra_label == "validation" and loss.label == "train"
+        steps = [e for e in events if isinstance(e, StepMetrics)]
+        assert loss._xy([(x, y, t) for (x, y), t in zip(loss.points, loss.times)])[0] == (
+            5.0, steps[0].loss)
+        await pilot.press("t")  # the x axis: elapsed time since the run started
+        await pilot.pause()
+        assert loss.time_axis
+        timed = loss._xy([(x, y, t) for (x, y), t in zip(loss.points, loss.times)])
+        assert timed[0] == (steps[0].t - T0, steps[0].loss)
+        await pilot.press("t")
+        assert not loss.time_axis
