@@ -50,6 +50,17 @@ def why_not(cfg: RunConfig, devices: list[Device]) -> str | None:
     return None
 
 
+def caveat(cfg: RunConfig, devices: list[Device]) -> str | None:
+    """What a strategy that can run really does on these devices, where that is not what its
+    name promises (one line), else None: what ``gputui strategies`` and the app's strategy
+    list show beside "can run"."""
+    if cfg.strategy.name == "dp" and devices and all(d.kind == "cpu" for d in devices):
+        idle = [d.name for d in devices[1:]]
+        return ("runs unreplicated: DataParallel has no CPU mode, so the whole batch trains on "
+                f"{devices[0].name}" + (f" ({', '.join(idle)} idle)" if idle else ""))
+    return None
+
+
 def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
     """Every rule ``cfg`` breaks on ``devices``, in the order they are reported."""
     # the [dist] table's own rules first: they hold whatever the strategy

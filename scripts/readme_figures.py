@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Regenerate every figure of the README's Speed section, with the machine and the spread.
+"""Regenerate every figure of docs/development.md's Speed section, with the machine and spread.
 
 Runs each benchmark (and the quickstart) ``--repeats`` times, one after another, and prints
-the README's table in Markdown: each figure as the median with the range over the repeats,
+that section's table in Markdown: each figure as the median with the range over the repeats,
 under a line naming the machine (CPU model, cores, torch, the load average before starting).
 Each benchmark measures its own baseline in the same invocation, so ratios hold across
 machines better than absolute figures do.
@@ -75,7 +75,7 @@ def _tui(out: str) -> dict:
             "palette_busy_ms": _grab(r"Ctrl\+P \(a modal\).*run active\s+([\d.]+) ms", out)}
 
 
-# name -> (what, command as the README gives it, extra args for machine-readable output, parser)
+# name -> (what, command as the docs give it, extra args for machine-readable output, parser)
 BENCHMARKS = {
     "quickstart": ("`quickstart` preset, launch to exit (3 epochs of 12,000 images)",
                    ".venv/bin/gputui run quickstart", ["--json"], _quickstart),
@@ -140,7 +140,7 @@ def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
 
 
 def rows(name: str, runs: list[dict], walls: list[float]) -> list[str]:
-    """The README table's cells for one benchmark."""
+    """The Speed table's cells for one benchmark."""
     col = {k: [r[k] for r in runs] for k in runs[0]}
     f1, f2, f3 = "{:,.1f}", "{:.2f}", "{:.3f}"
     if name == "quickstart":

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Regenerate the README's screenshots: SVGs exported by the app itself (Textual's
-``export_screenshot``) into docs/.
+"""Regenerate the screenshots of the README and docs/: SVGs exported by the app itself
+(Textual's ``export_screenshot``) into docs/, and the README's PNG of the run screen.
 
 * docs/tui-setup.svg: the set-up screen with the quickstart preset, on this machine's devices.
 * docs/tui-setup-error.svg: the same with a bad learning rate typed in (the CLI's message).
 * docs/tui-run.svg: the run screen of a REAL run (quickstart, shrunk), after it finished.
 * docs/tui-quit.svg: Ctrl+Q while a run is active: the app asks before leaving.
+* docs/tui-run.png: tui-run.svg as a PNG, the picture a browser shows on the README (needs
+  cairosvg, which needs the cairo library: `pip install cairosvg`; skipped with a line without).
 
 Usage: python scripts/screenshots.py   (about a minute: it trains a small real run)
 """
@@ -92,7 +94,19 @@ def main() -> int:
         os.chdir(tmp)  # the run record goes to a throw-away ./runs, shown as "runs/<id>"
         asyncio.run(setup_shots())
         asyncio.run(run_shots())
+    to_png(DOCS / "tui-run.svg", DOCS / "tui-run.png")
     return 0
+
+
+def to_png(svg: Path, png: Path) -> None:
+    """The SVG drawn as a PNG 1400 pixels wide (the fonts: whatever monospace cairo finds)."""
+    try:
+        import cairosvg  # type: ignore[import-not-found]
+    except (ImportError, OSError) as exc:  # OSError: the cairo library itself is missing
+        print(f"skipped {png.relative_to(ROOT)}: cairosvg cannot be used ({exc})")
+        return
+    cairosvg.svg2png(url=str(svg), write_to=str(png), output_width=1400)
+    print(f"wrote {png.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def cmd_strategies(args) -> int:
     from gputui.core.config import RunConfig, apply_overrides
     from gputui.core.devices import DeviceSpecError
     from gputui.hw.discovery import resolve_devices
-    from gputui.plan import why_not
+    from gputui.plan import caveat, why_not
 
     try:
         cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)])
@@ -39,7 +39,8 @@ def cmd_strategies(args) -> int:
         reason = why_not(trial, devices)
         rows.append({"name": info.name, "description": info.description,
                      "multiprocess": info.multiprocess, "available": reason is None,
-                     "reason": reason or ""})
+                     "reason": reason or "",
+                     "caveat": (caveat(trial, devices) or "") if reason is None else ""})
     if args.json:
         print(json.dumps({"devices": [d.name for d in devices], "strategies": rows}, indent=2))
         return EXIT_OK
@@ -50,8 +51,9 @@ def cmd_strategies(args) -> int:
     for col in ("name", "can run", "description"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], "yes" if r["available"] else f"no: {r['reason']}",
-                      r["description"])
+        can = (f"yes, {r['caveat']}" if r["caveat"] else "yes") if r["available"] \
+            else f"no: {r['reason']}"
+        table.add_row(r["name"], can, r["description"])
     Console().print(table)
     return EXIT_OK
 

@@ -18,7 +18,9 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if (action.option_strings and "%(default)" not in text and default is not None
+        # a help that already speaks of its default ("(default)", "(default ./runs or ...)")
+        # is not given a second one
+        if (action.option_strings and "(default" not in text and default is not None
                 and default is not False and default != [] and default is not argparse.SUPPRESS):
             text += " (default: %(default)s)"
         return text

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from gputui.cli.common import EXIT_OK, fail
+from gputui.cli.compact import add_wide, print_compact
 from gputui.cli.output import add_output, emit, form_of
 from gputui.core.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
 from gputui.core.scores import columns_for
@@ -45,6 +46,7 @@ def register(sub) -> None:
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
     add_output(p)
+    add_wide(p)
     p.set_defaults(func=cmd_compare)
 
 
@@ -132,6 +134,8 @@ def cmd_compare(args) -> int:
 
             emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
                  json_data={"groups": groups, "runs": as_plain(items)})
+        elif form == "table" and not args.wide:
+            print_compact(items, "comparison")
         else:
             columns = columns_for(TABLE_COLUMNS, [it.row for it in items])
             emit(table_rows(items, columns), columns, form, args.output, "comparison",
@@ -139,8 +143,11 @@ def cmd_compare(args) -> int:
     except (ExportError, WriteFailed) as exc:
         return fail(str(exc))
     if form == "table":
+        from gputui.runs.compare import BREAKDOWN_LEGEND
+
         for line in summary_lines(items):
-            print(line)
+            if line != BREAKDOWN_LEGEND or args.wide:  # it explains the --wide columns
+                print(line)
     return EXIT_OK
 
 

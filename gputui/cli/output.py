@@ -53,8 +53,14 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
                              justify="left" if left else "right")
         for r in rows:
             table.add_row(*(Text(_cell(c, r)) for c in columns))
-        # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole.
-        Console(width=None if sys.stdout.isatty() else 240).print(table)
+        # Off a terminal (a log, a pipe) rich would wrap at 80 columns; keep rows whole. On a
+        # terminal narrower than the table, the table keeps its width (each column whole)
+        # rather than squeezing its columns to nothing: a wide table is asked for.
+        from rich.measure import Measurement
+
+        console = Console(width=None if sys.stdout.isatty() else 240)
+        need = Measurement.get(Console(width=1000), Console(width=1000).options, table).maximum
+        Console(width=max(console.width, min(need, 1000))).print(table)
         return
     text = to_json(json_data) if form == "json" and json_data is not None else render(
         rows, columns, form)

@@ -8,6 +8,7 @@ plain line per event worth reading, so logs in CI stay greppable.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console, Group
@@ -188,9 +189,7 @@ class Printer:
         if self.live and not self.quiet:  # plain mode has printed one line per epoch
             self.console.print(table)
         init = s.get("init_s")
-        parts = [f"status {s.get('status')}"]
-        if s.get("reason"):
-            parts.append(f"({s['reason']})")
+        parts = [status_clause(s.get("status"), s.get("reason"))]
         if "time_per_epoch_s" in s:
             steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
             if steady:  # the steady state (gputui.core.steady): warm-up excluded
@@ -216,4 +215,25 @@ class Printer:
             parts.append(f"init {init:.2f} s")
         self.line("summary: " + ", ".join(parts), always=True)
         if s.get("run_dir"):
-            self.line(f"record: {s['run_dir']}", always=True)
+            self.line(f"record: {shown_path(s['run_dir'])}", always=True)
+
+
+def status_clause(status: Any, reason: str | None) -> str:
+    """The summary line's first clause: "status finished", "status stopped by SIGINT (Ctrl-C)"
+    (a reason that begins with its status reads on from it), "status failed: diverged"."""
+    if not reason:
+        return f"status {status}"
+    first = str(reason).split(" ", 1)[0]
+    if first == status:
+        return f"status {reason}"
+    return f"status {status}: {reason}"
+
+
+def shown_path(path: str | Path) -> str:
+    """A record's path as `run` and `resume` both print it: relative to the current folder
+    when it lies under it (runs/<id>), else as it is."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)

@@ -30,7 +30,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Continue a run from the checkpoint in its folder (written at each epoch "
                     "end, every run.checkpoint_every steps and on a stop), in a new run folder, "
                     "with the run's saved config.toml.")
-    p.add_argument("run", help="a run id (a folder name from `gputui runs`) or a run folder")
+    p.add_argument("run", help="a run id from `gputui runs` (or any unique part of it), or a "
+                               "run folder")
     p.add_argument("--epochs", type=int,
                    help="train to this many epochs in total (to extend a finished run)")
     p.add_argument("--runs-dir", help="where to look for RUN and put the new record "
@@ -55,7 +56,7 @@ def run_folder(text: str, runs_dir: str | None = None) -> Path:
     try:
         return find_run(text, runs_dir)
     except LookupError as exc:
-        raise ConfigError(f"{text}: no such run folder or run id ({exc})") from None
+        raise ConfigError(str(exc)) from None  # "no run ..." or "... is ambiguous: ..."
 
 
 def resume_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -17,6 +17,7 @@ from gputui.core.config import ConfigError
 from gputui.core.events import plural
 
 from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, set_overrides
+from gputui.cli.compact import add_wide, print_compact
 
 
 def register(sub) -> None:
@@ -30,8 +31,8 @@ def register(sub) -> None:
     p.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2 (of the kind "
                                                     "--kind says), or cpu,cpu*2")
     p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
-                   help="what the counts are: gpu (GPUs), cpu (CPU virtual devices), or auto: "
-                        "GPUs when the preset names GPUs and this machine has some (default)")
+                   help="what the counts are: gpu (GPUs), cpu (CPU virtual devices), or auto "
+                        "(GPUs when the preset names GPUs and this machine has some)")
     p.add_argument("--strategies", default="single,scratch",
                    help="comma list, e.g. single,scratch,dp,ddp,model_parallel")
     p.add_argument("--scale-with-devices", action="store_true",
@@ -55,6 +56,7 @@ def register(sub) -> None:
                    help="print the predicted scaling table without training (measures what "
                         "this machine has not measured yet)")
     p.add_argument("--json", action="store_true", help="print the final table as JSON")
+    add_wide(p)
     p.set_defaults(func=cmd_sweep)
 
 
@@ -172,11 +174,14 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     if groups is not None:
         rows, columns = groups, REPEAT_COLUMNS
         title += f", each point {m.repeat} times (median, min–max)"
-    emit(rows, columns, "json" if args.json else "table", None, title,
-         json_data={"sweep": _manifest_dict(m), "runs": as_plain(items),
-                    **({"groups": groups} if groups is not None else {})})
-    if not args.json and any(it.breakdown for it in items):
-        print(BREAKDOWN_LEGEND)
+    if groups is None and not args.json and not args.wide:
+        print_compact(items, title, fast=bool(m.axes))
+    else:
+        emit(rows, columns, "json" if args.json else "table", None, title,
+             json_data={"sweep": _manifest_dict(m), "runs": as_plain(items),
+                        **({"groups": groups} if groups is not None else {})})
+        if not args.json and any(it.breakdown for it in items):
+            print(BREAKDOWN_LEGEND)
     for text in summary_lines(items):
         if any(w in text for w in ("FLAGGED", "NOISY", "contended", "short of",
                                    "no speed figures")):

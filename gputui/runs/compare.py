@@ -29,6 +29,7 @@ from gputui.core import runstore, scores
 from gputui.core.breakdown import Breakdown
 from gputui.core.steady import RULE
 from gputui.core import machine
+from gputui.runs.compare_predict import add_prediction, kept_comm_peak
 from gputui.runs.history import RunRow, load_rows, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
@@ -257,63 +258,6 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
             add_prediction(item, base)
         out.append(item)
     return out
-
-
-def kept_comm_peak(row: RunRow) -> float | None:
-    """bench-comm's kept peak for the run's device kind and count over the backend "auto"
-    picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
-    from gputui.core.devices import backend_for
-    from gputui.core.trust import on_cpu
-    from gputui.runs.comm_peak import peak
-
-    cpu = on_cpu(row)
-    if not row.devices:
-        return None
-    try:
-        kind = "cpu" if cpu else "cuda"
-        return peak(kind, row.devices, backend_for("auto", kind))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def add_prediction(item: CompareRow, base: RunRow) -> None:
-    """The predicted speedup of ``item`` from this machine's kept measurements (never
-    measures), and a warning when the measured one falls well short of it."""
-    from gputui.core.trust import noise_of
-    from gputui.runs.predict import STRATEGIES, SHORT_MARGIN, short_of
-
-    row = item.row
-    if row.strategy not in STRATEGIES or not row.devices or row.devices < 2:
-        return
-    try:
-        item.predicted_speedup, item.predicted_reason = predicted_speedup(row)
-    except Exception as exc:  # noqa: BLE001 - a prediction never breaks a comparison
-        item.predicted_reason = f"{type(exc).__name__}: {exc}"
-    if short_of(item.speedup, item.predicted_speedup, noise_of(row, base)):
-        item.warnings.append(
-            f"speedup {item.speedup:.2f}x is well short of its prediction "
-            f"{item.predicted_speedup:.2f}x (more than {SHORT_MARGIN:.0%} plus the noise "
-            f"below): a straggler, the data path or contention the model does not see")
-
-
-def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
-    """(predicted speedup, why none) for a recorded run, from kept measurements only."""
-    from gputui.core.config import from_dict
-    from gputui.core.trust import on_cpu
-    from gputui.runs.history import read_config
-    from gputui.runs.predict import predict
-    from gputui.runs.predict_measure import Measurer
-
-    if not row.devices:
-        return None, "the record names no devices"
-    cfg = from_dict(read_config(Path(row.run_dir)), source="record")
-    kind = "cpu" if on_cpu(row) else "gpu"
-    m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)
-    p = predict(row.strategy, m.inputs(row.devices, [row.strategy]))
-    if p.speedup is None:
-        return None, (p.reason or "no prediction") + (
-            "; `gputui predict PRESET` measures it on this machine")
-    return p.speedup, ""
 
 
 def columns_for(items: list[CompareRow], columns=TABLE_COLUMNS) -> tuple[str, ...]:

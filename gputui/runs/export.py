@@ -4,8 +4,8 @@ Tables are lists of plain dicts with a column order. CSV and JSON keep raw numbe
 parse back exactly); Markdown shows them formatted for reading. PNG plots need matplotlib
 (the ``plots`` extra); TensorBoard needs tensorboardX (the ``tensorboard`` extra) or torch's
 own writer. Each missing extra raises :class:`ExportError` with one line saying what to
-install, worded as the README says it (:func:`install_hint`). Nothing here imports torch unless
-TensorBoard export asks for torch's writer.
+install, worded as docs/commands.md says it (:func:`install_hint`). Nothing here imports torch
+unless TensorBoard export asks for torch's writer.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ FORMATS = ("table", "csv", "md", "json")
 
 
 def install_hint(extra: str) -> str:
-    """How to install one of gputui's extras, installed or from a clone (as the README says)."""
+    """How to install one of gputui's extras, installed or from a clone (as docs/commands.md
+    says)."""
     return (f"pip install 'gputui[{extra}]' (in a clone: .venv/bin/pip install -e "
             f"'.[{extra}]')")
 
@@ -109,15 +110,17 @@ def plot_curves(items: list[CompareRow], path: str | Path) -> Path:
     for it in items:
         if it.loss_curve:
             ax_loss.plot(*zip(*it.loss_curve, strict=True), label=_label(it))
-        if it.acc_curve:
-            ax_acc.plot(*zip(*it.acc_curve, strict=True), marker="o", label=_label(it))
+        if it.acc_curve:  # accuracy in percent, as every table and screen shows it
+            scale = 1.0 if it.row.task == "lm" else 100.0
+            ax_acc.plot([e for e, _ in it.acc_curve], [v * scale for _, v in it.acc_curve],
+                        marker="o", label=_label(it))
     baselines = {it.row.baseline_loss for it in items if it.row.baseline_loss is not None}
     if lm and len(baselines) == 1:
         ax_acc.axhline(baselines.pop(), linestyle="--", color="grey", label="unigram baseline")
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    score = "validation loss (nats/token)" if lm else "test accuracy"
+    score = "validation loss (nats/token)" if lm else "test accuracy (%)"
     if not lm and any(it.row.task == "lm" for it in items):
-        score = "test accuracy or validation loss"
+        score = "test accuracy (%) or validation loss (nats/token)"
     ax_acc.set(xlabel="epoch", ylabel=score, title=score)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)

@@ -239,18 +239,8 @@ def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | N
 
 
 def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
-    """A run folder from a path, an id, or a unique id prefix/suffix; LookupError otherwise."""
-    path = Path(ref)
-    if runstore.is_run_folder(path):
-        return path
-    base = Path(runs_dir) if runs_dir else runstore.default_runs_dir()
-    if ref and runstore.is_run_folder(base / ref):
-        return base / ref
-    hits = [r.run_dir for r in load_rows(base) if r.id.startswith(ref) or r.id.endswith(ref)]
-    if len(hits) == 1:
-        return Path(hits[0])
-    if hits:
-        raise LookupError(f"run '{ref}' is ambiguous ({len(hits)} runs match); give more of "
-                          f"the id")
-    raise LookupError(f"no run '{ref}' under {base}; see `gputui runs` for the ids")
+    """A run folder from a path, an id, or a unique part of an id (``gputui.runs.ids``);
+    LookupError otherwise."""
+    from gputui.runs.ids import find_run as find
 
+    return find(ref, runs_dir)

@@ -1,6 +1,6 @@
 """Predicted scaling: step time, speedup, efficiency and memory per device before a run.
 
-The model (README, "Predicted scaling") takes measured inputs only:
+The model (docs/prediction.md) takes measured inputs only:
 
 - ``t_c``: the steady step time of one process training its share of the batch (B/N per
   device) with the threads it would get (on the CPU N ranks on C cores get C/N threads each,

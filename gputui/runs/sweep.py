@@ -109,14 +109,15 @@ def manifest_path(runs_dir: Path, sweep_id: str) -> Path:
 
 
 def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
-    """A saved manifest; LookupError (one line) when missing or unreadable."""
-    path = manifest_path(runs_dir, sweep_id)
+    """A saved manifest, by its id or a unique part of it (``gputui.runs.ids``); LookupError
+    (one line) when missing, ambiguous or unreadable."""
+    from gputui.runs.ids import find_sweep
+
+    path = manifest_path(runs_dir, find_sweep(sweep_id, runs_dir))
     try:
         return Manifest.from_dict(json.loads(safeio.read_text(path)))
-    except FileNotFoundError:
-        known = ", ".join(m.sweep_id for m in list_manifests(runs_dir)) or "none"
-        raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps; known: {known}") \
-            from None
+    except FileNotFoundError:  # gone since it was listed
+        raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps") from None
     except (OSError, ValueError, TypeError) as exc:
         raise LookupError(f"sweep manifest {path} is unreadable ({exc}); start a new sweep") \
             from None

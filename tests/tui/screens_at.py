@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from scripted import FakeHandle, fixed_inventory, run_events, wait_until
+from textual.widgets import Input
 
 from gputui.core import runstore
 from gputui.core.events import DeviceSample
@@ -20,6 +21,7 @@ from gputui.tui.screens.compare import CompareScreen
 from gputui.tui.screens.history import HistoryScreen
 from gputui.tui.screens.run import RunScreen
 from gputui.tui.screens.sweep import PointChanged, SweepScreen
+from gputui.tui.widgets.run_log import RunLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
@@ -45,8 +47,13 @@ def make(presets: list[Path]):
 
 
 async def settle(pilot) -> None:
+    """No clock in a snapshot: no blinking cursor, every log scrolled to its end."""
     await pilot.pause()
     pilot.app.clear_notifications()
+    for box in pilot.app.screen.query(Input):
+        box.cursor_blink = False
+    for log in pilot.app.screen.query(RunLog):
+        log.scroll_end(animate=False, immediate=True)
     await pilot.pause()
 
 

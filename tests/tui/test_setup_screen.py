@@ -75,6 +75,9 @@ async def test_strategies_disabled_with_the_reason(inventory, presets):
         assert "uses 1 device" in strategies.reasons["single"]
         assert options.get_option("single").disabled
         assert not options.get_option("scratch").disabled
+        # dp can run on two CPU devices, and says what it really does there
+        assert "unreplicated" in strategies.caveats["dp"] and "dp" not in strategies.reasons
+        assert "unreplicated" in str(options.get_option("dp").prompt)
         assert "strategy 'single' uses 1 device" in str(app.screen.query_one("#summary").render())
         assert app.screen.query_one("#start").disabled
         # Pick scratch with the keyboard: the set-up becomes valid.

@@ -124,7 +124,7 @@ def test_presets_are_data_only():
      "/no/such/folder"),
     (("run", "quickstart", "--set", "run.resume_from=/no/such/run"),
      "run.resume_from: no checkpoint at /no/such/run"),
-    (("resume", "no-such-run"), "no-such-run: no such run folder or run id"),
+    (("resume", "no-such-run"), "no run 'no-such-run' under "),
     (("resume", "quickstart", "--epochs", "x"), "argument --epochs: invalid int value: 'x'"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(capsys, tmp_path, args, expected):

@@ -1,7 +1,7 @@
 """The package's import graph points one way and has no cycle; the lower layers stay free of
 torch, Textual and NVML.
 
-The layers, lowest first (README, "How it fits together"): ``core`` (leaves), ``plan`` and
+The layers, lowest first (docs/development.md, "How it fits together"): ``core`` (leaves), ``plan`` and
 ``hw`` (each on core only), ``train`` (the child side), ``runs`` (the parent side), then ``tui``
 and ``cli``. A module may import its own layer and the layers listed for it in ``MAY_IMPORT``.
 

@@ -17,7 +17,7 @@ single-device one; BatchNorm is the exception, its batch statistics being per ch
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -49,17 +49,9 @@ class ModelParallel(Strategy):
         self.model = self.build_model()
         label = self.cfg.model.factory or self.cfg.model.name
         layers = stage_blocks(self.model, label)
-        if n > len(layers):
-            raise ConfigError(f"strategy 'model_parallel' cuts {label} into at most "
-                              f"{len(layers)} stages (one per block), {n} devices given; use "
-                              f"fewer devices")
-        counts = [count_params(layer) for layer in layers]
-        given = list(self.cfg.strategy.split_points)
-        points = given or balance(counts, n)
-        reason = check_split_points(points, len(layers), n, label)
-        if reason:
-            raise ConfigError(reason)
-        bounds = [0, *points, len(layers)]
+        cut = cut_blocks(layers, n, self.cfg.strategy.split_points, label, "model_parallel",
+                         "devices")
+        bounds, counts = cut.bounds, cut.counts
         # each stage runs its blocks' layers flattened (one call per layer)
         self.stages = [nn.Sequential(*flat_layers(nn.Sequential(*layers[a:b]))).to(dev)
                        for a, b, dev in zip(bounds[:-1], bounds[1:], self.torch_devices,
@@ -69,11 +61,10 @@ class ModelParallel(Strategy):
         self.make_scaler(self.torch_devices[-1])
         self.meter = Meter(self.torch_devices)  # one lane per stage's device
         self.chunks = self.cfg.strategy.pipeline_chunks
-        how = "at strategy.split_points" if given else "balanced by parameter count"
         sizes = ", ".join(f"{d.name} layers {a}-{b - 1} ({sum(counts[a:b]):,} params)"
                           for a, b, d in zip(bounds[:-1], bounds[1:], self.devices, strict=True))
-        self.notes.append(f"model_parallel: {label} cut into {n} stages {how}, "
-                          f"split points {points}: {sizes}")
+        self.notes.append(f"model_parallel: {label} cut into {n} stages {cut.how}, "
+                          f"split points {cut.points}: {sizes}")
         if all(d.kind == "cpu" for d in self.devices):
             self.notes.append(f"{n} CPU virtual devices: each stage is a distinct module on the "
                               f"CPU, run one after another (activation moves cost nothing)")
@@ -226,6 +217,38 @@ def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:
         raise ConfigError(f"{cls}.gputui_blocks() leaves out parameters ({', '.join(left[:3])}"
                           f"); its blocks must hold every parameter of the model")
     return blocks
+
+
+class Cut(NamedTuple):
+    """Where a model's blocks are cut into stages."""
+
+    bounds: list[int]  # the block index where each stage starts, then len(blocks)
+    counts: list[int]  # parameters per block
+    given: bool  # the user's strategy.split_points, not balanced by parameter count
+
+    @property
+    def points(self) -> list[int]:
+        return self.bounds[1:-1]
+
+    @property
+    def how(self) -> str:
+        return "at strategy.split_points" if self.given else "balanced by parameter count"
+
+
+def cut_blocks(blocks: list[nn.Module], n: int, given: list, label: str, strategy: str,
+               unit: str) -> Cut:
+    """The cut of ``blocks`` into ``n`` stages: at the user's split points, or where the
+    parameter count balances; refused in one line when the blocks cannot make ``n`` stages or
+    the points do not fit them."""
+    if n > len(blocks):
+        raise ConfigError(f"strategy '{strategy}' cuts {label} into at most {len(blocks)} "
+                          f"stages (one per block), {n} {unit} given; use fewer devices")
+    counts = [count_params(b) for b in blocks]
+    points = list(given) or balance(counts, n)
+    reason = check_split_points(points, len(blocks), n, label)
+    if reason:
+        raise ConfigError(reason)
+    return Cut([0, *points, len(blocks)], counts, bool(given))
 
 
 STRATEGY = ModelParallel

@@ -34,13 +34,11 @@ import torch.distributed as dist
 from torch import nn
 
 from gputui.core.config import ConfigError
-from gputui.core.mp_plan import balance, check_split_points
 from gputui.core.steps import StepReport
-from gputui.train.models import count_params
 from gputui.train.strategies.base import no_correct
 from gputui.train.strategies import rank_step
 from gputui.train.strategies.process_group import RankStrategy
-from gputui.train.strategies.model_parallel import stage_blocks
+from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks
 from gputui.train.strategies.pp_comm import cpu_copy, recv_tensor, send_tensor
 from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
 
@@ -93,16 +91,8 @@ class PipelineParallel(RankStrategy):
         p, s = self.world_size, self.rank
         label = self.cfg.model.factory or self.cfg.model.name
         blocks = stage_blocks(model, label)
-        if p > len(blocks):
-            raise ConfigError(f"strategy 'pp' cuts {label} into at most {len(blocks)} stages "
-                              f"(one per block), {p} ranks given; use fewer devices")
-        counts = [count_params(b) for b in blocks]
-        given = list(self.cfg.strategy.split_points)
-        points = given or balance(counts, p)
-        reason = check_split_points(points, len(blocks), p, label)
-        if reason:
-            raise ConfigError(reason)
-        self.bounds = [0, *points, len(blocks)]
+        cut = cut_blocks(blocks, p, self.cfg.strategy.split_points, label, "pp", "ranks")
+        self.bounds, counts = cut.bounds, cut.counts
         a, b = self.bounds[s], self.bounds[s + 1]
         # the stage's children keep their index in the whole model ("3.attn.q.weight"); a
         # model that declares gputui_blocks() maps them back to its own names (_full_names)
@@ -127,10 +117,10 @@ class PipelineParallel(RankStrategy):
         self._denom = 1.0
         self._whole = None
         if s == 0:
-            how = "at strategy.split_points" if given else "balanced by parameter count"
             sizes = ", ".join(f"stage {i} blocks {lo}-{hi - 1} ({sum(counts[lo:hi]):,} params)"
                               for i, (lo, hi) in enumerate(itertools.pairwise(self.bounds)))
-            self.notes.append(f"pp: {label} cut into {p} stages {how} (split points {points}): "
+            self.notes.append(f"pp: {label} cut into {p} stages {cut.how} (split points "
+                              f"{cut.points}): "
                               f"{sizes}; {self.chunks} micro-batch(es) per step on the "
                               f"{self.cfg.strategy.schedule} schedule; theoretical bubble "
                               f"(p-1)/(m+p-1) = {self.pipe.theory:.0%}")

@@ -13,7 +13,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui.core import registry
-from gputui.plan import why_not
+from gputui.plan import caveat, why_not
 from gputui.tui.fmt import app_terms
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class StrategyPicker(Vertical):
         self.border_title = "Strategy"
         self.selected = selected
         self.reasons: dict[str, str] = {}
+        self.caveats: dict[str, str] = {}  # what one that can run really does (plan.caveat)
         self._built = False  # the options reflect self.reasons and self.selected
 
     def compose(self) -> ComposeResult:
@@ -45,15 +46,20 @@ class StrategyPicker(Vertical):
     def refresh_for(self, cfg: "RunConfig", devices: list["Device"]) -> None:
         """Recompute which strategies can run with this config on these devices."""
         reasons: dict[str, str] = {}
+        caveats: dict[str, str] = {}
         for info in registry.all_infos():
+            trial = cfg.replace(strategy={"name": info.name})
             try:
-                why = why_not(cfg.replace(strategy={"name": info.name}), devices)
+                why = why_not(trial, devices)
+                note = None if why else caveat(trial, devices)
             except Exception as exc:  # a strategy's check must not break the screen
-                why = f"cannot check this strategy ({type(exc).__name__}: {exc})"
+                why, note = f"cannot check this strategy ({type(exc).__name__}: {exc})", None
             if why:
                 reasons[info.name] = app_terms(why)
-        if reasons != self.reasons or not self._built:
-            self.reasons = reasons
+            if note:
+                caveats[info.name] = app_terms(note)
+        if reasons != self.reasons or caveats != self.caveats or not self._built:
+            self.reasons, self.caveats = reasons, caveats
             self._rebuild()
 
     def select(self, name: str) -> None:
@@ -66,6 +72,8 @@ class StrategyPicker(Vertical):
         text = Text.assemble((f"{mark} {name}", "bold"), "\n", (f"  {description}", "dim"))
         if name in self.reasons:
             text.append(f"\n  ✗ {self.reasons[name]}", style="italic")
+        elif name in self.caveats:
+            text.append(f"\n  ! {self.caveats[name]}", style="italic")
         return text
 
     def _rebuild(self) -> None:
