@@ -157,9 +157,10 @@ def leave(code: int, threads_s: float = 2.0) -> NoReturn:
     for the process that ran the app, after it returned."""
     import atexit
 
+    deadline = time.monotonic() + threads_s  # all of them together, not each
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
-            thread.join(threads_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
