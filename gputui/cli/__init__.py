@@ -104,8 +104,9 @@ def cmd_presets(args) -> int:
 def cmd_tui(args) -> int:
     """``gputui``: the app."""
     from gputui.tui.app import run_tui
+    from gputui.tui.lifecycle import leave
 
-    return run_tui(preset=args.preset, runs_dir=args.runs_dir)
+    leave(run_tui(preset=args.preset, runs_dir=args.runs_dir))  # the quit: no module teardown
 
 
 def build_parser() -> Parser:

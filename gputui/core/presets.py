@@ -12,9 +12,15 @@ from gputui.core.config import ConfigError
 PACKAGE_PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
+def user_presets_dir() -> Path:
+    """Where a user's own presets live: ./presets, the first folder names are looked up in
+    (so a preset saved there runs as `gputui run NAME`); it may not exist yet."""
+    return Path("presets")
+
+
 def preset_dirs() -> list[Path]:
     """Folders searched for preset names: ./presets, then the project's presets/."""
-    dirs = [Path.cwd() / "presets", PACKAGE_PRESETS]
+    dirs = [Path.cwd() / user_presets_dir(), PACKAGE_PRESETS]
     out: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:

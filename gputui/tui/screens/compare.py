@@ -24,14 +24,25 @@ from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lin
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 from gputui.tui.widgets.plain_table import PlainTable
+from gputui.tui.widgets.too_small import TooSmall
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
            "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
-           "init_s": "init",
+           "init_s": "init (s)",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
            "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
+
+
+# read first, so they come first: a narrow terminal cuts the others
+FIRST = ("id", "strategy", "devices", "speedup", "samples_per_s", "time_per_epoch_s",
+         "test_acc", "val_loss", "val_ppl", "efficiency")
+
+
+def key_first(columns: list[str]) -> list[str]:
+    """The table's columns with the ones read first in front, the rest in their order."""
+    return [c for c in FIRST if c in columns] + [c for c in columns if c not in FIRST]
 
 
 class CompareLoaded(Message):
@@ -58,6 +69,12 @@ class CompareScreen(Screen):
     #compare-plots OverlayPlot { width: 1fr; }
     #compare-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
     #compare-waterfall { height: auto; max-height: 14; padding: 0 1; }
+    CompareScreen.-h-small #compare-table { max-height: 5; }
+    CompareScreen.-h-small #compare-plots { min-height: 9; }
+    CompareScreen.-h-small #compare-notes, CompareScreen.-h-medium #compare-notes {
+        max-height: 4;
+    }
+    CompareScreen.-h-small #compare-waterfall { max-height: 6; }
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
 
@@ -81,12 +98,13 @@ class CompareScreen(Screen):
         with VerticalScroll(id="compare-waterfall"):  # shown when some run has a waterfall
             yield Static("", id="compare-waterfall-text", markup=False)
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = self.title_text
         self.query_one("#compare-waterfall").display = False  # until a run brings one
         table = self.query_one(DataTable)
-        for key in TABLE_COLUMNS:
+        for key in key_first(list(TABLE_COLUMNS)):
             table.add_column(HEADERS.get(key, key), key=key)
         self.load()
 
@@ -104,7 +122,8 @@ class CompareScreen(Screen):
         self.items = message.items
         table = self.query_one(DataTable)
         # a language model's runs bring their columns (val loss, ppl, tokens/s)
-        columns = scores.columns_for(TABLE_COLUMNS, [it.row for it in message.items])
+        columns = key_first(list(scores.columns_for(TABLE_COLUMNS,
+                                                    [it.row for it in message.items])))
         table.clear(columns=True)
         for key in columns:
             table.add_column(HEADERS.get(key, key), key=key)
