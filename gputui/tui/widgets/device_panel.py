@@ -117,6 +117,7 @@ class DevicePanel(Vertical):
         self.step_parts: Breakdown | None = None  # the last metered step's breakdown
         self.step_seen = False  # a StepMetrics has named this device
         self.comm_text = ""  # the last all-reduce bandwidth line (ddp ranks)
+        self.energy0: float | None = None  # the energy counter at this panel's first reading
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
@@ -171,6 +172,8 @@ class DevicePanel(Vertical):
     def update_sample(self, s: DeviceSample) -> None:
         """Show one reading (held until the panel is composed, when it is brand new)."""
         self.last = s
+        if self.energy0 is None and s.energy_j is not None:
+            self.energy0 = s.energy_j
         if self.is_mounted and self.children:
             self._show(s)
 
@@ -206,6 +209,7 @@ class DevicePanel(Vertical):
             if s.power_w is not None and s.power_limit_w:
                 power += f" / {s.power_limit_w:.0f} W"
             parts.append(f"temp {fmt_opt(s.temp_c, '°C')} · power {power}")
+        parts += gpu_truth(s, self.energy0)
         if s.pid is not None:
             parts.append(f"pid {s.pid}")
         if self.sharing:  # short: the panel is narrow
@@ -237,6 +241,20 @@ class DevicePanel(Vertical):
             self.mem_history.append(float(used))
             self.query_one(".mem-spark", Sparkline).data = list(self.mem_history)
         meter.refresh()
+
+
+def gpu_truth(s: DeviceSample, energy0: float | None) -> list[str]:
+    """What NVML says beyond utilization, each part only where the GPU gives it: GPM's SM and
+    tensor-core activity (utilization counts any kernel running; these count real work),
+    and the energy used since the panel's first reading."""
+    out = []
+    if s.sm_active is not None:
+        out.append(f"SM {s.sm_active:.0f}%" + (f" · tensor {s.tensor_active:.0f}%"
+                                                 if s.tensor_active is not None else ""))
+    if s.energy_j is not None and energy0 is not None:
+        used = s.energy_j - energy0
+        out.append(f"{used / 1000:.1f} kJ" if used >= 1000 else f"{used:.0f} J")
+    return out
 
 
 def panel_id(device: str) -> str:
