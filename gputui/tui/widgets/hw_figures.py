@@ -52,11 +52,19 @@ class TrainMemory(Static):
 
 def memory_text(row: dict) -> str:
     """'par 504K grad 504K opt 504K act 27.5M', and on CUDA a second line with the
-    allocator's figures: 'torch 1.2G peak 3.4G'."""
+    allocator's figures and its peak against the memory model's terms: 'torch 1.2G peak 3.4G
+    vs 3.0G predicted (+0.4G)'."""
     text = (f"par {short_bytes(row.get('params'))} grad {short_bytes(row.get('grads'))} "
             f"opt {short_bytes(row.get('optim'))} act {short_bytes(row.get('activations'))}")
     if row.get("alloc") is not None:
         text += f"\ntorch {short_bytes(row['alloc'])} peak {short_bytes(row.get('peak'))}"
+        terms = [row.get(k) for k in ("params", "grads", "optim", "activations")]
+        if isinstance(row.get("peak"), int) and all(isinstance(t, int) for t in terms[:3]):
+            # the memory model's terms (gputui.core.memcheck): what the peak took beyond them
+            predicted = sum(t for t in terms if isinstance(t, int))
+            diff = row["peak"] - predicted
+            text += (f" vs {short_bytes(predicted)} predicted "
+                     f"({'+' if diff >= 0 else '-'}{short_bytes(abs(diff))})")
     return text
 
 
