@@ -147,3 +147,14 @@ def test_verify_fails_a_broken_strategy_and_names_step_and_parameter(tmp_path, c
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, flags, needle):
     code, _, err = _verify(tmp_path, capsys, *flags)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_tolerance_is_the_precisions_and_widens_for_adam_with_its_lr():
+    from gputui.core.config import RunConfig
+    from gputui.runs.verify import tolerance
+
+    sgd = RunConfig()
+    assert tolerance(sgd, 5) == (1e-5, 1e-6)
+    assert tolerance(sgd.replace(run={"precision": "bf16"}), 5) == (2e-2, 2e-3)
+    rtol, atol = tolerance(sgd.replace(optim={"name": "adamw", "lr": 3e-3}), 2)
+    assert rtol == 1e-5 and atol == pytest.approx(1e-6 + 1e-3 * 3e-3 * 2)
