@@ -71,6 +71,15 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
         yield (("dist.nnodes", "dist.rdzv_endpoint"),
                "dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' (--rdzv-endpoint)")
+    slow = cfg.debug.slow_rank  # a straggler on purpose: a rank of a multi-process strategy
+    if slow >= 0 and cfg.strategy.name not in ("ddp", "fsdp", "tp", "fsdp_tp"):
+        yield (("debug.slow_rank", "strategy.name"),
+               f"debug.slow_rank slows a rank of ddp, fsdp or tp, not {cfg.strategy.name} "
+               f"(-1 = none)")
+    elif slow >= 0 and devices and slow >= len(devices) * cfg.dist.nnodes:
+        yield (("debug.slow_rank",), f"debug.slow_rank ({slow}) is not a rank of this run: it "
+                                     f"has {len(devices) * cfg.dist.nnodes} (0 to "
+                                     f"{len(devices) * cfg.dist.nnodes - 1}; -1 = none)")
     info = registry.get(cfg.strategy.name)
     if info is None:
         yield (("strategy.name",), f"strategy.name must be one of "

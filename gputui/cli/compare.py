@@ -49,6 +49,9 @@ def register(sub) -> None:
                    help="time and energy to this test accuracy (default: the baseline's final)")
     p.add_argument("--target-loss", type=float, metavar="LOSS",
                    help="time and energy to this validation loss (language models)")
+    p.add_argument("--waterfall", action="store_true",
+                   help="print each run's scaling waterfall: the ideal speedup, what each "
+                        "cause took away, the measured speedup (--plots adds waterfall.png)")
     add_output(p)
     add_wide(p)
     p.set_defaults(func=cmd_compare)
@@ -156,7 +159,24 @@ def cmd_compare(args) -> int:
         for line in summary_lines(items):
             if line != BREAKDOWN_LEGEND or args.wide:  # it explains the --wide columns
                 print(line)
+        if args.waterfall:
+            print_waterfalls(items)
     return EXIT_OK
+
+
+def print_waterfalls(items) -> None:
+    """Each compared run's scaling waterfall, or why it has none."""
+    from gputui.runs.waterfall import lines
+
+    for it in items:
+        r = it.row
+        if it.waterfall is None:
+            why = ("no speedup" if it.speedup is None else "no step breakdown recorded")
+            print(f"\n{r.id}: no waterfall ({why})")
+            continue
+        title = (f"\n{r.id} ({r.strategy} on {r.devices} devices) against {it.baseline}: "
+                 f"scaling waterfall, speedup x")
+        print("\n".join(lines(it.waterfall, title=title)))
 
 
 def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
@@ -180,6 +200,10 @@ def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> lis
     if plots:
         out.append(plot_curves(items, Path(plots) / "curves.png"))
         out.append(plot_speedup(items, Path(plots) / "speedup.png"))
+        from gputui.runs.waterfall_plot import plot_waterfall
+
+        if (drawn := plot_waterfall(items, Path(plots) / "waterfall.png")) is not None:
+            out.append(drawn)
     if tensorboard:
         try:
             out += to_tensorboard(dirs, tensorboard)

@@ -18,7 +18,7 @@ from rich.progress import (BarColumn, Progress, TaskID, TextColumn, TimeElapsedC
 from rich.table import Table
 from rich.text import Text
 
-from gputui.core import breakdown
+from gputui.core import breakdown, straggler
 from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
                                  RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
@@ -63,6 +63,9 @@ def breakdown_lines(ev) -> list[str]:
             pipe = breakdown.pipeline_line(row)
             if pipe:
                 out.append(f"{row.device} {pipe}")
+    slow = straggler.find(ev.per_device)  # ddp/fsdp/tp: the rank the others waited for
+    if slow is not None:
+        out.append(straggler.line(slow) or "")
     return out
 
 

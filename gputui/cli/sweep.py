@@ -248,6 +248,9 @@ def _export(items, dirs, folder: Path, out, groups=None) -> None:
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")
+        from gputui.runs.waterfall_plot import plot_waterfall
+
+        plot_waterfall(items, folder / "waterfall.png")
     except ExportError as exc:
         print(f"no plots: {exc}", file=out)
     print(f"exported to {folder}", file=out)

@@ -328,6 +328,14 @@ class DebugSection:
                                   "`gputui verify` can be seen to catch a fault (\"\" = none).",
                               check=_strategy_or_empty)
     fault_step: int = opt(1, "The first global step debug.fault_strategy breaks.", min=1)
+    slow_rank: int = opt(-1, "For testing straggler attribution: the global rank (ddp, fsdp, "
+                             "tp) whose backward debug.slow_backward_ms slows down (-1 = none).",
+                         min=-1, max=65535)
+    slow_backward_ms: float = opt(0.0, "For testing straggler attribution: milliseconds added "
+                                       "to each backward of debug.slow_rank (every step, "
+                                       "each micro-batch), before its first gradient "
+                                       "(0 = none).",
+                                  min=0.0, max=60000.0)
 
 
 SECTIONS: dict[str, type] = {

@@ -356,3 +356,33 @@ async def test_a_scheduled_lr_shows_in_the_status_strip(presets):
         await wait_until(pilot, lambda: screen.ended, what="the end of the run")
         await pilot.pause()
         assert "· step 10 · lr 0.01 · elapsed" in text(screen, "#status-meta")
+
+
+async def test_the_slowest_ranks_panel_names_it_its_phase_and_the_others_wait(presets):
+    from gputui.core.breakdown import make
+    from gputui.core.events import RunStarted
+
+    def rank(i: int, backward: float, exposed: float):
+        bd = make(span_s=0.3, data_s=0.0, compute_s=0.02 + backward, optimizer_s=0.01,
+                  comm_exposed_s=exposed)
+        return dict(rank=i, breakdown=bd, forward_s=0.02, backward_s=backward)
+
+    events = []
+    for ev in run_events(epochs=1, steps_per_epoch=10, log_every=5):
+        if isinstance(ev, RunStarted):
+            ev = dataclasses.replace(ev, world_size=2, strategy="ddp")
+        elif isinstance(ev, StepMetrics):  # rank 1 is 200 ms slower in backward
+            rows = tuple(dataclasses.replace(r, **rank(i, (0.05, 0.25)[i], (0.21, 0.01)[i]))
+                         for i, r in enumerate(ev.per_device))
+            ev = dataclasses.replace(ev, per_device=rows)
+        events.append(ev)
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        shown = [text(screen.query_one(f"#dev-cpu-{i}", DevicePanel), ".dev-breakdown")
+                 for i in (0, 1)]
+        assert "straggler" not in shown[0]
+        assert "straggler: rank 1 (cpu:1), in backward: +200.0 ms" in shown[1].replace("\n", " ")
+        assert "waited 200.0 ms" in shown[1].replace("\n", " ")

@@ -212,14 +212,19 @@ class Strategy:
     def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
               device: torch.device) -> torch.Tensor:
         """One forward/backward of a slice (see ``scaled_loss``); the detached loss."""
+        loss = self.forward_loss(model, x, y, denom, device)
+        self.backward(loss)
+        return loss.detach()
+
+    def forward_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
+                     device: torch.device) -> torch.Tensor:
+        """The forward of a slice and its scaled loss (``_pass`` without the backward)."""
         if self.amp_dtype is None:
             out = model(x)
         else:
             with torch.autocast(device_type=device.type, dtype=self.amp_dtype):
                 out = model(x)
-        loss = self.scaled_loss(out, y, denom)
-        self.backward(loss)
-        return loss.detach()
+        return self.scaled_loss(out, y, denom)
 
     def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
         """One update of each optimizer at the schedule's lr, after clipping (``updater``),

@@ -12,12 +12,13 @@ from pathlib import Path
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core import scores
+from gputui.runs import waterfall
 from gputui.runs.cells import cell
 from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
                             table_rows)
@@ -56,6 +57,7 @@ class CompareScreen(Screen):
     #compare-plots { height: 1fr; min-height: 12; }
     #compare-plots OverlayPlot { width: 1fr; }
     #compare-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
+    #compare-waterfall { height: auto; max-height: 14; padding: 0 1; }
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
 
@@ -76,10 +78,13 @@ class CompareScreen(Screen):
             yield OverlayPlot("Training loss", "epoch", id="compare-loss")
             yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))
         yield Static("reading the records…", id="compare-notes", markup=False)
+        with VerticalScroll(id="compare-waterfall"):  # shown when some run has a waterfall
+            yield Static("", id="compare-waterfall-text", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
         self.sub_title = self.title_text
+        self.query_one("#compare-waterfall").display = False  # until a run brings one
         table = self.query_one(DataTable)
         for key in TABLE_COLUMNS:
             table.add_column(HEADERS.get(key, key), key=key)
@@ -118,7 +123,19 @@ class CompareScreen(Screen):
              for it in message.items})
         notes = [message.error] if message.error else summary_lines(list(message.items))
         self.query_one("#compare-notes", Static).update("\n".join(notes))
+        self.show_waterfalls(message.items)
         self.loaded = True
+
+    def show_waterfalls(self, items: tuple[CompareRow, ...]) -> None:
+        """Each run's scaling waterfall (``gputui.runs.waterfall``), where it has one."""
+        text = []
+        for it in items:
+            if it.waterfall is not None:
+                title = (f"{label(it)} against {it.baseline.rsplit('-', 1)[-1]}: scaling "
+                         f"waterfall, speedup x")
+                text += waterfall.lines(it.waterfall, width=30, title=title)
+        self.query_one("#compare-waterfall-text", Static).update("\n".join(text))
+        self.query_one("#compare-waterfall").display = bool(text)
 
     def action_reload(self) -> None:
         """Read the records again (a run may have finished meanwhile)."""

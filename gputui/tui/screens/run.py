@@ -18,7 +18,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 from textual.widgets import Footer, Header
 
-from gputui.core import breakdown
+from gputui.core import breakdown, straggler
 from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
@@ -242,15 +242,20 @@ class RunScreen(RunControls, Screen):
     def _show_breakdown(self, ev: StepMetrics) -> None:
         """Each device's part of the metered step (rows only on the logged, timed steps), and
         the all-reduce bandwidth its rank achieved beside bench-comm's peak where kept."""
+        slow = straggler.find(ev.per_device)  # the rank the others waited for, if any
         for row in ev.per_device:
             if row.breakdown is not None or ev.breakdown is not None:
                 self._panel(row.device).update_breakdown(row.breakdown)
+            lines = []
             if row.comm_gbps is not None:
-                self._panel(row.device).update_comm(comm_peak.text(row.comm_gbps,
-                                                                   self.comm_peak()))
+                lines.append(comm_peak.text(row.comm_gbps, self.comm_peak()))
             pipe = breakdown.pipeline_line(row)  # a pp stage: its bubble, sends and receives
             if pipe:
-                self._panel(row.device).update_comm(pipe)
+                lines.append(pipe)
+            if slow is not None and slow.significant() and slow.device == row.device:
+                lines.append(straggler.line(slow) or "")
+            if lines or row.forward_s is not None:
+                self._panel(row.device).update_comm("\n".join(lines))
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""
