@@ -29,8 +29,7 @@ from gputui.core.events import DeviceSample, Event, RunFailed, RunStopped, is_te
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core.proctree import adopt_orphans, kill_tree, own_tracker
 from gputui.hw.discovery import resolve_with_note
-from gputui.runs import runlock
-from gputui.runs.energy import EnergyMeter
+from gputui.runs import energy, runlock
 from gputui.train import recorder
 from gputui.train.handoff import LaunchSpec, RankProcess, RecordClosed
 
@@ -71,7 +70,7 @@ class RunHandle:
         self._tree: dict[int, Any] = {}  # every process seen below the host (psutil objects)
         self._tree_t = 0.0
         self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
-        self._energy = EnergyMeter(devices)  # the GPUs' energy counters, per epoch
+        self._energy = energy.EnergyMeter(devices)  # the GPUs' energy counters, per epoch
 
     def start(self, host: Any, spec: LaunchSpec, resumed: Any = None) -> None:
         """Hand the run to ``host`` (a warm.Host) and start sampling its devices. ``resumed``:
