@@ -63,15 +63,18 @@ def cmd_runs(args) -> int:
 
     if args.last is not None and args.last < 1:
         return fail(f"--last {args.last}: give a positive number of runs")
+    form = form_of(args)  # a ConfigError is main's one line, exit 2
     problem = outputs_problem(args.output)
     if problem:
         return fail(problem)
     try:
-        rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy,
-                                   args.status, args.name, args.last)
+        every = history.load_rows(args.runs_dir)
     except OSError as exc:
         return fail(f"cannot read the runs folder: {exc}")
-    form = form_of(args)
+    problem = filters_problem(args, every)
+    if problem:
+        return fail(problem)
+    rows = history.filter_rows(every, args.strategy, args.status, args.name, args.last)
     if form == "table" and not rows:
         print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not
               args.status and not args.name else "no run matches the filters")
@@ -87,6 +90,32 @@ def cmd_runs(args) -> int:
             if r.problem:
                 print(f"{r.id}: {r.problem}")
     return EXIT_OK
+
+
+STATUSES = ("finished", "failed", "stopped", "killed", "running", "incomplete", "unreadable",
+            "unknown")
+
+
+def filters_problem(args, rows) -> str | None:
+    """Why a filter of ``gputui runs`` can match nothing whatever is recorded (empty, or a
+    name that is no strategy or status), as one line naming the flag, or None."""
+    from gputui.core import registry
+
+    if args.name is not None and not args.name.strip():
+        return "--name: give part of a run name or id"
+    known = {"--strategy": list(dict.fromkeys([*registry.names(),
+                                               *sorted({r.strategy for r in rows} - {""})])),
+             "--status": list(STATUSES)}
+    for flag, text in (("--strategy", args.strategy), ("--status", args.status)):
+        if text is None:
+            continue
+        items = [w.strip() for w in text.split(",") if w.strip()]
+        unknown = [w for w in items if w not in known[flag]]
+        if not items or unknown:
+            what = f"{', '.join(map(repr, unknown))} is not one" if unknown else "give one"
+            label = f"{flag} {text}" if text.strip(", ") else flag
+            return f"{label}: {what} of {', '.join(known[flag])} (a comma list)"
+    return None
 
 
 def outputs_problem(output: str | None = None, plots: str | None = None,
@@ -124,6 +153,7 @@ def cmd_compare(args) -> int:
 
     if not args.runs and not args.sweep:
         return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
+    form = form_of(args)  # a ConfigError is main's one line, exit 2
     problem = outputs_problem(args.output, args.plots, args.tensorboard)
     if problem:
         return fail(problem)
@@ -136,7 +166,6 @@ def cmd_compare(args) -> int:
         return fail(f"--target-acc must be a percentage above 0 and at most 100; got {acc:g}")
     items = compare(dirs, args.runs_dir, only_compared=bool(args.sweep and not args.runs),
                     target_acc=None if acc is None else acc / 100, target_loss=args.target_loss)
-    form = form_of(args)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)
         groups = _repeat_groups(items, args.sweep, args.runs_dir)

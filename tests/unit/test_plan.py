@@ -4,8 +4,10 @@ devices are resolved once: per run on the command line, per point in a sweep."""
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -171,7 +173,12 @@ def test_the_files_are_checked_apart_and_blamed_on_their_flag(tmp_path):
                               f"{tmp_path / 'no-run'}; give a run folder holding checkpoint.pt "
                               f"(see `gputui resume`)")
     (tmp_path / "no-run").mkdir()
-    (tmp_path / "no-run" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "no-run" / "checkpoint.pt").write_bytes(b"")  # a file, but not a checkpoint
+    with pytest.raises(ConfigError, match="is not a whole checkpoint"):
+        check_files(found, "p.toml")
+    with zipfile.ZipFile(tmp_path / "no-run" / "checkpoint.pt", "w") as archive:  # as torch's
+        archive.writestr("checkpoint/data.pkl", pickle.dumps(
+            {"format": 1, "position": {}, "state": {}, "rng": {}}, protocol=2))
     check_files(found, "p.toml")
 
 

@@ -274,8 +274,10 @@ class SetupScreen(Screen):
 
 def _files_key(result: FormResult) -> str:
     """What the file checks of a form's config depend on: its data, factories, batch size,
-    checkpoint to resume, and which source set each key (the message names it)."""
+    checkpoint to resume, the cut of a factory's model into stages (strategy, devices, split
+    points: see runs/model_check.py), and which source set each key (the message names it)."""
     cfg = result.config
     assert cfg is not None  # asked only for a valid config
-    return repr((cfg.data, cfg.model.factory, cfg.optim.batch_size, cfg.run.resume_from,
-                 sorted(result.origins.items())))
+    return repr((cfg.data, cfg.model.factory, cfg.model.kwargs, cfg.optim.batch_size,
+                 cfg.run.resume_from, cfg.strategy.name, cfg.devices.spec,
+                 cfg.strategy.split_points, sorted(result.origins.items())))
