@@ -11,7 +11,7 @@ folder (records go to a temp folder through GPUTUI_RUNS_DIR), exactly as written
   and ``SWEEP_ID`` (the sweep an earlier line ran);
 * small overrides appended so the suite stays fast: ``run``, ``resume`` and ``sweep`` train
   1 epoch on 512 images (resume: the run it continues is that small), ``bench-comm`` times
-  one small size once;
+  one small size once, ``verify`` compares 2 steps;
 * ``--dry-run`` appended to a ``run`` line whose point is its flags (``--epochs``,
   ``--strategy``, ``--set``, ``--devices``): the preset is loaded, the flags applied and every
   rule checked against this machine's devices and disk, as for a real run, but nothing
@@ -42,7 +42,8 @@ PAGES = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
 SHRINK = {"run": ["--epochs", "1", "--set", "data.train_size=512", "--set", "data.test_size=128"],
           "sweep": ["--epochs", "1", "--set", "data.train_size=512", "--set",
                     "data.test_size=128"],
-          "bench-comm": ["--sizes", "4K", "--iters", "2", "--warmup", "1", "--repeats", "1"]}
+          "bench-comm": ["--sizes", "4K", "--iters", "2", "--warmup", "1", "--repeats", "1"],
+          "verify": ["--steps", "2"]}
 FLAG_ONLY = ("--epochs", "--lr", "--strategy", "--set", "--devices", "--batch-size", "--seed")
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
     "optional-dependencies"]
