@@ -255,16 +255,10 @@ class RunHandle:
 
     def _write_machine_state(self) -> None:
         """machine.json: what else used the hardware while the run ran (hw.contention)."""
-        if self._watch is None:
-            return
-        import json
+        if self._watch is not None:
+            from gputui.hw.contention import write_state
 
-        from gputui.core.machine import FILE
-
-        try:
-            write_atomic(self.run_dir / FILE, json.dumps(self._watch.state(), indent=2) + "\n")
-        except (OSError, WriteFailed):  # the figures then carry no machine state, said so
-            pass
+            write_state(self.run_dir, self._watch)
         self._watch = None
 
     # ------------------------------------------------------------------ control
