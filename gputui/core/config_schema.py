@@ -327,7 +327,8 @@ class DebugSection:
                                   "gradient by 1.5 from global step debug.fault_step on, so "
                                   "`gputui verify` can be seen to catch a fault (\"\" = none).",
                               check=_strategy_or_empty)
-    fault_step: int = opt(1, "The first global step debug.fault_strategy breaks.", min=1)
+    fault_step: int = opt(1, "The first global step debug.fault_strategy breaks.", min=1,
+                          max=10_000_000)
     slow_rank: int = opt(-1, "For testing straggler attribution: the global rank (ddp, fsdp, "
                              "tp) whose backward debug.slow_backward_ms slows down (-1 = none).",
                          min=-1, max=65535)

@@ -4,6 +4,7 @@ named with their age."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -34,11 +35,24 @@ def _machine(run_dir, state):
 
 def _orphan_spinner() -> int:
     """A process spinning on one core that is not this test's child (another user's job):
-    started through a shell that exits at once, so init adopts it."""
-    out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' "
-                                      f">/dev/null 2>&1 & echo $!"],
-                         capture_output=True, text=True, timeout=30)
-    return int(out.stdout.strip())
+    started through a shell that exits at once, so init adopts it. An earlier test of this
+    process may have made it a subreaper (proctree.adopt_orphans, as the launcher does), which
+    would adopt the spinner as its own: that is switched off while the shell exits."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    was = ctypes.c_int(0)
+    if prctl is not None:
+        prctl(37, ctypes.byref(was), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+    try:
+        out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' "
+                                          f">/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, timeout=30)
+    finally:
+        if prctl is not None and was.value:
+            prctl(36, 1, 0, 0, 0)
+    pid = int(out.stdout.strip())
+    assert psutil.Process(pid).ppid() != os.getpid(), "the spinner was adopted by this test"
+    return pid
 
 
 def test_a_busy_core_is_seen_as_contention_and_our_own_children_are_not_others():
