@@ -119,10 +119,10 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true",
                    help="print names, paths and descriptions as JSON")
     p.set_defaults(func=cmd_presets)
-    from gputui.cli import bench_comm, compare, devices, predict, resume, sweep
+    from gputui.cli import bench_comm, compare, devices, predict, resume, sweep, tune
 
     # compare registers `runs` and `compare`; the order is the order of `gputui --help`
-    for family in (devices, compare, sweep, predict, bench_comm, resume):
+    for family in (devices, compare, sweep, predict, tune, bench_comm, resume):
         family.register(sub)
     return parser
 

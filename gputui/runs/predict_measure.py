@@ -87,14 +87,16 @@ class Cache:
 
 def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
                 strategy: str = "single") -> str:
-    """What a compute figure depends on: model, data, precision, fast path, per-process batch,
-    threads, the processes running at once, the device, and the strategy that trained it
-    (``single``, or a multi-process one on a world of one rank)."""
+    """What a compute figure depends on: model, data, precision, fast path, per-process batch
+    (and its micro-batches), threads, the processes running at once, the device, and the
+    strategy that trained it (``single``, or a multi-process one on a world of one rank)."""
     from gputui.core.usercode import data_label, model_label
 
     d = cfg.to_dict()
+    micro = cfg.optim.micro_batches  # a step of several micro-batches is another figure
     parts = ["compute", model_label(d), data_label(d), cfg.run.precision, cfg.run.compile,
-             cfg.run.channels_last, f"b{batch}", f"t{threads}", f"x{copies}", device]
+             cfg.run.channels_last, f"b{batch}" + (f"/{micro}" if micro > 1 else ""),
+             f"t{threads}", f"x{copies}", device]
     if strategy != "single":
         parts.append(f"{strategy}@1")
     return "|".join(map(str, parts))
@@ -160,8 +162,9 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     peak = _peak_memory(handles[0].run_dir)
     summary = runstore.read_summary(handles[0].run_dir)
     own = f", {comm * 1000:.2f} ms of it its own comm" if comm else ""
-    line(f"  measured {copies} x {strategy}({batch} per step, {threads or 'auto'} threads) on "
-         f"{spec}: {step * 1000:.2f} ms per step{own}")
+    mb = f" in {m.optim.micro_batches} micro-batches" if m.optim.micro_batches > 1 else ""
+    line(f"  measured {copies} x {strategy}({batch} per step{mb}, {threads or 'auto'} threads) "
+         f"on {spec}: {step * 1000:.2f} ms per step{own}")
     return {"step_time_s": step, "noise": steady[slowest].get("noise"), "comm_s": comm,
             "params": summary.get("params") or 0, "peak_mem": peak,
             "threads": summary.get("threads") or threads}
