@@ -89,7 +89,7 @@ def choose(res: list[Result]) -> tuple[Result | None, list[str]]:
     that say what the choice rests on."""
     measured = [r for r in res if r.samples_per_s]
     if not measured:
-        best = next((r for r in res if r.ranked.samples_per_s), None)
+        best = next((r for r in res if r.ranked.samples_per_s and not r.ranked.reason), None)
         if best is None:
             return None, ["no candidate has a prediction or a measurement: nothing to choose"]
         return best, [f"chosen by the prediction alone: no confirming run finished "
