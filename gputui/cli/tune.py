@@ -217,7 +217,8 @@ def _print(args, tuner, res, best, notes, state, written) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    shown = [r for r in res if r.status] + [r for r in res if not r.status][:SHOWN]
+    shown = [r for r in res if r.status] + [r for r in res if not r.status and
+                                            r.ranked.step_s and not r.ranked.reason][:SHOWN]
     table = Table(title=Text(f"tune {Path(tuner.preset).stem} on {tuner.n} {tuner.kind} "
                              f"devices ({tuner.elapsed():.0f} s)"))
     for c in COLUMNS:
@@ -228,8 +229,9 @@ def _print(args, tuner, res, best, notes, state, written) -> None:
         table.add_row(*(Text(row[c]) for c in COLUMNS))
     Console(width=None if sys.stdout.isatty() else 240).print(table)
     rest = len(res) - len(shown)
+    unpredicted = sum(1 for r in res if r not in shown and not r.ranked.step_s)
     if rest or tuner.skipped:
-        print(f"{rest} more candidates ranked, {len(tuner.skipped)} cannot run here "
-              f"(--json lists them)")
+        print(f"{rest} more candidates ({unpredicted} without a prediction), "
+              f"{len(tuner.skipped)} cannot run here (--json lists them all, with why)")
     for note in notes:
         print(note)

@@ -169,6 +169,10 @@ class Tuner:
         inp1 = m0.inputs(1, [])
         one_s = time.monotonic() - t  # what one one-device measurement costs here
         inps, preds = {"single": inp1}, {"single": predict("single", inp1)}
+        if inp1.t_1:  # a run's start-up and evaluation here: its wall time less its steps
+            from gputui.runs.predict_measure import MEASURE_STEPS
+
+            self._start_s = max(0.0, one_s - MEASURE_STEPS * inp1.t_1)
         est = 2 * one_s
         for s in multi:  # one strategy at a time, while the budget lasts
             if self.elapsed() + est > self.budget_s:
@@ -254,6 +258,9 @@ class Tuner:
         self.sweep = sw = Sweep.new(self.preset, self.sets, sorted({r.cand.spec for r in top}),
                                     sorted({r.cand.strategy for r in top}), False,
                                     self.runs_dir, [*self.overrides, *caps], self.kind)
+        # tune's own mark in the manifest: a `gputui sweep` of the same preset, devices and
+        # strategies never takes this one for its own unfinished sweep and resumes it
+        sw.manifest.axes = {"tune": [r.cand.label for r in top]}
         sw.manifest.points = []
         for r in top:
             p = Point(r.cand.strategy, r.cand.spec, r.cand.spec,
