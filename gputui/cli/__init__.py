@@ -11,13 +11,25 @@ Nothing here imports torch; training runs in a spawned child process.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from typing import Any
 
-from gputui import __version__
-from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail
-from gputui.cli.run import add_run_parser, cmd_run, resolve_config  # noqa: F401 - also here
-from gputui.core.config import ConfigError
-from gputui.core.errors import UserError, describe
+
+def _loading_interrupted(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+# A Ctrl-C while the command line loads (its imports take a moment) ends the command quietly
+# with 130, as after it; the previous handler is back once this module has loaded.
+_LOADING = threading.current_thread() is threading.main_thread()
+_previous = signal.signal(signal.SIGINT, _loading_interrupted) if _LOADING else None
+
+from gputui import __version__  # noqa: E402
+from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail  # noqa: E402
+from gputui.cli.run import add_run_parser, cmd_run, resolve_config  # noqa: E402,F401
+from gputui.core.config import ConfigError  # noqa: E402
+from gputui.core.errors import UserError, describe  # noqa: E402
 
 # ------------------------------------------------------------------ listings
 def cmd_strategies(args) -> int:
@@ -129,7 +141,10 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gputui`` console script."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # the parser imports every command family
+        return EXIT_INTERRUPTED
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
     if getattr(args, "runs_dir", None) is None:
         args.runs_dir = args.global_runs_dir
@@ -141,3 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+
+
+if _LOADING:
+    signal.signal(signal.SIGINT, _previous)

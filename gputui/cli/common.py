@@ -39,7 +39,9 @@ class Parser(argparse.ArgumentParser):
 
 def fail(message: str) -> int:
     """Print a one-line usage error and return exit status 2."""
-    print(f"gputui: error: {message}", file=sys.stderr)
+    from gputui.core.errors import printable
+
+    print(f"gputui: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

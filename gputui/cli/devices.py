@@ -66,8 +66,12 @@ def run(args: argparse.Namespace) -> int:
     data, status, gpus = _gather(getattr(args, "spec", None))
     if getattr(args, "json", False):
         print(json.dumps(data, indent=2))
-        return status
-    _print_table(data, gpus)
+    else:
+        _print_table(data, gpus)
+    if status:  # the table or JSON says it too; stderr has the one line scripts look for
+        from gputui.cli.common import fail
+
+        return fail(f"--spec: {data['spec']['error']}")
     return status
 
 
@@ -145,8 +149,7 @@ def _print_table(data: dict, gpus: list[GpuInfo]) -> None:
     spec = data.get("spec")
     if spec is None:
         return
-    if "error" in spec:
-        print(f"gputui devices: {spec['error']}", file=sys.stderr)
+    if "error" in spec:  # run() prints it, on stderr
         return
     names = ", ".join(Device(d["kind"], d["index"], d["label"]).name for d in spec["devices"])
     console.print(escape(f"'{spec['input']}' resolves to {len(spec['devices'])} device(s): "

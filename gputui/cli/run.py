@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
@@ -72,14 +71,6 @@ def cmd_run(args) -> int:
     """``gputui run PRESET``: train headless and print progress and a summary."""
     prepared = resolve_config(args)  # a ConfigError is main's one line, exit 2
     cfg = prepared.config
-    if cfg.run.resume_from and not args.dry_run:  # `resume`, or --set run.resume_from=...
-        from gputui.runs import runlock
-
-        folder = Path(cfg.run.resume_from)
-        active = runlock.holder(folder if folder.is_dir() else folder.parent)
-        if active:
-            return fail(f"run.resume_from: {folder.name} is {active}; stop that run first, "
-                        f"then resume")
     from gputui.core.usercode import code_line
 
     code = code_line(cfg)

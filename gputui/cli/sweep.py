@@ -72,8 +72,9 @@ def build(args, runs_dir: Path):
         if args.preset and resolve_preset(args.preset).resolve() != Path(m.preset).resolve():
             raise ConfigError(f"--resume {args.resume}: that sweep ran {m.preset}, not "
                               f"{args.preset}; drop the preset argument")
-        return Sweep(m, runs_dir, set_overrides(m.sets, None)), (
-            f"resuming sweep {m.sweep_id} over {m.kind_words()}")
+        resumed = Sweep(m, runs_dir, set_overrides(m.sets, None))
+        resumed.claim()  # another gputui running it: refused here (runlock.InUse)
+        return resumed, f"resuming sweep {m.sweep_id} over {m.kind_words()}"
     if not args.preset:
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
     path = str(resolve_preset(args.preset).resolve())
@@ -104,7 +105,9 @@ def build(args, runs_dir: Path):
         for old in list_manifests(runs_dir):
             if old.state != "finished" and old.params() == sweep.manifest.params():
                 done = sum(p.status == "finished" for p in old.points)
-                return (Sweep(old, runs_dir, overrides),
+                resumed = Sweep(old, runs_dir, overrides)
+                resumed.claim()  # the same sweep still running elsewhere: refused, one line
+                return (resumed,
                         f"resuming unfinished sweep {old.sweep_id} ({done} of "
                         f"{plural(len(old.points), 'point')} done; --fresh starts over); "
                         f"{kind_note}")
@@ -145,6 +148,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
 
     out = sys.stderr if args.json else sys.stdout
     m = sweep.manifest
+    sweep.claim()  # before its manifest is first written: a second command finds it held
     # SIGINT, SIGTERM and SIGHUP (a closed terminal signals the whole group): the running
     # point stops gracefully with the signal named in its record, no further point starts,
     # the manifest says "interrupted"; a second signal kills the point (signals.Supervisor)

@@ -64,6 +64,13 @@ def _host_port(endpoint: str) -> str | None:
     return None
 
 
+def _interface(name: str) -> str | None:
+    if name and (len(name) > 15 or not all(c.isalnum() or c in "-_.@:" for c in name)):
+        return (f"dist.interface must be a network interface name like eth0 or ens5 (see `ip "
+                f"addr`); got {name!r}")
+    return None
+
+
 @dataclass(frozen=True)
 class RunSection:
     """[run]: what the run is called, how long it trains and how it reports."""
@@ -280,6 +287,10 @@ class DistSection:
     rdzv_endpoint: str = opt("", "HOST:PORT of the c10d rendezvous; empty = a free local port "
                                  "(single node only).", check=_host_port)
     rdzv_id: str = opt("gputui", "Job id shared by every node of one job.")
+    interface: str = opt("", "The network interface this machine reaches the other nodes "
+                             "through (e.g. eth0): its address is the one given to them (gloo, "
+                             "NCCL and the rendezvous use it); empty = the address this "
+                             "machine's host name resolves to.", check=_interface)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ it as the reason a run failed, and the app shows it in its status line.
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 
 class UserError(Exception):
     """Bad input or a state the user can fix; ``str()`` is the whole story, one line.
@@ -20,7 +23,7 @@ class UserError(Exception):
 def first_line(exc: BaseException | str) -> str:
     """The first non-blank line of an exception's message (or of a text), stripped; "" when
     there is none."""
-    for line in str(exc).splitlines():
+    for line in re.split(r"\r\n|\r|\n", str(exc)):  # not str.splitlines: \x1e is no line end
         if line.strip():
             return line.strip()
     return ""
@@ -37,3 +40,17 @@ def describe(exc: BaseException) -> str:
     :func:`fault_line` has it."""
     first = first_line(exc)
     return first if isinstance(exc, UserError) and first else fault_line(exc)
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal as one line: control, format and unpaired
+    surrogate characters (what a hostile value may carry: escapes, line separators, bytes that
+    were not UTF-8) written as Python escapes, everything else as it is."""
+    out = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if cat in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") and ch != "\t":
+            out.append(ascii(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out)

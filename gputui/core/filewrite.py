@@ -57,6 +57,8 @@ def default_hint(code: int | None) -> str:
         return "free space on that disk and try again"
     if code in REFUSED:
         return "choose a folder you can write to"
+    if code == errno.ENAMETOOLONG:
+        return "choose a shorter name"
     if code == errno.ENOENT:
         return "the folder it goes in does not exist"
     if code in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
@@ -217,7 +219,13 @@ def folder_problem(path: str | Path, what: str) -> str | None:
     """Why files cannot be written in folder ``path``, as one line naming ``what`` it is (e.g.
     "--runs-dir"); None when a probe file could be written and removed there (or, for a folder
     not made yet, in the nearest folder above it, which is left as it was)."""
-    folder = Path(path)
+    try:
+        return _folder_problem(Path(path), what)
+    except OSError as exc:  # a name too long, a loop of links: stat itself fails
+        return _cannot_write(what, Path(path), exc)
+
+
+def _folder_problem(folder: Path, what: str) -> str | None:
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -240,13 +248,29 @@ def folder_problem(path: str | Path, what: str) -> str | None:
 
 def _cannot_write(what: str, folder: Path, exc: OSError) -> str:
     hint = default_hint(exc.errno)
-    return f"{what} {folder}: cannot write there: {_cause_words(exc)}" + \
+    return f"{what} {shown(folder)}: cannot write there: {_cause_words(exc)}" + \
         (f" ({hint})" if hint else "")
+
+
+def shown(path: str | Path, limit: int = 160) -> str:
+    """A path as a message names it: whole, or its start and end around the length when it
+    is longer than ``limit`` characters."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text):,} characters)"
 
 
 def file_problem(path: str | Path, what: str) -> str | None:
     """Why file ``path`` cannot be written (its folder is checked as :func:`folder_problem`
     does), as one line naming ``what`` it is; None when it can."""
+    try:
+        return _file_problem(path, what)
+    except OSError as exc:  # a name too long, a loop of links: stat itself fails
+        return _cannot_write(what, Path(path), exc)
+
+
+def _file_problem(path: str | Path, what: str) -> str | None:
     target = Path(os.path.realpath(path))
     if target.is_dir():
         return f"{what} {path}: it is a folder; give a file name"

@@ -18,11 +18,12 @@ Torch-free: the CLI and the app use it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _WORDS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)"}
@@ -75,6 +76,22 @@ def watch(on_signal: Callable[[int, int], None]) -> None:
     threading.Thread(target=loop, name="gputui-signals", daemon=True).start()
 
 
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold the stop signals back in this thread while it starts a training process: the
+    process inherits them blocked, so a signal that reaches it while it starts up (a group's
+    Ctrl-C in its first moments) waits, pending, until it takes them (:func:`watch`, its first
+    act) and becomes the graceful stop, never a KeyboardInterrupt in the middle of its imports.
+    A signal reaching this process meanwhile is handled when the block ends. Start
+    multiprocessing's resource tracker before (a queue does): starting it unblocks SIGINT and
+    SIGTERM in the calling thread (CPython 3.11's ``ensure_running``)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def die_by(signum: int) -> None:
     """End this process as the signal's default action would (from any thread): what a rank
     does with torch's own teardown, so the agent sees the exit code it expects."""
@@ -106,9 +123,13 @@ class Supervisor:
         self._previous.clear()
 
     def _on_signal(self, signum, frame) -> None:
-        self.received.append(signum)
         if signum == signal.SIGHUP:
             detach_output()
+        if self.received[self._acted:] and self.received[-1] == signum:
+            # The same signal again before this process acted on the first: one request
+            # delivered twice (GNU timeout signals gputui, then its whole group), not a second.
+            return
+        self.received.append(signum)
 
     @property
     def first(self) -> int | None:

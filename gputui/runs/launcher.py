@@ -71,15 +71,18 @@ class RunHandle:
         self._tree_t = 0.0
         self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
 
-    def start(self, host: Any, spec: LaunchSpec) -> None:
-        """Hand the run to ``host`` (a warm.Host) and start sampling its devices."""
+    def start(self, host: Any, spec: LaunchSpec, resumed: Any = None) -> None:
+        """Hand the run to ``host`` (a warm.Host) and start sampling its devices. ``resumed``:
+        the lock ``launch`` took on the folder this run resumes (runlock.RunLock), kept until
+        the run ends."""
         # the folder, and the one this run resumes, are in use until the run ends (gputui
         # resume refuses a folder in use; the kernel frees the lock if this process dies)
-        resumed = [Path(self.cfg.run.resume_from)] if self.cfg.run.resume_from else []
-        for folder in [self.run_dir, *resumed]:
-            lock = runlock.hold(folder if folder.is_dir() else folder.parent, self.run_id)
-            if lock is not None:
-                self._locks.append(lock)
+        lock = runlock.hold(self.run_dir, self.run_id)
+        for held in (lock, resumed):
+            if held is not None:
+                self._locks.append(held)
+        if resumed is not None:
+            resumed.label(self.run_id)
         self.host = host
         host.run(spec)
         _LIVE.add(self)
@@ -332,11 +335,28 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
 
     ``devices`` as resolved by the caller (with ``device_note``, the fallback's one line, when
     it replaced the spec's GPUs); resolved here when not given. The note goes in the record."""
+    if not devices:
+        devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
+    # The folder this run resumes is taken before anything is made: a second command resuming
+    # it at the same moment is refused here (runlock.InUse, one line), not after a check
+    # both could pass. Released when the run ends, or now when it cannot start.
+    resumed = None
+    if cfg.run.resume_from:
+        folder = Path(cfg.run.resume_from)
+        resumed = runlock.claim(folder if folder.is_dir() else folder.parent)
+    try:
+        return _start(cfg, runs_dir, devices, device_note, resumed)
+    except BaseException:
+        if resumed is not None:
+            resumed.release()
+        raise
+
+
+def _start(cfg: RunConfig, runs_dir: str | Path | None, devices: list[Device],
+           device_note: str, resumed: Any) -> RunHandle:
     from gputui.core import registry
     from gputui.train import warm
 
-    if not devices:
-        devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
     try:  # a full or read-only disk fails here, before any training: nothing is left behind
         write_atomic(run_dir / "config.toml", cfg.to_toml())
@@ -357,7 +377,7 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     from gputui.hw.contention import LoadWatch, gpu_uuids
 
     handle._watch = LoadWatch(gpu_uuids(devices))
-    handle.start(host or warm.Host(), spec)
+    handle.start(host or warm.Host(), spec, resumed)
     return handle
 
 

@@ -44,7 +44,29 @@ def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | No
     plan.validate(cfg, devices, source, origins)
     if files:
         check_disk(cfg, source, origins)
+        check_network(cfg)
     return Prepared(cfg, devices, note, gpus)
+
+
+def check_network(cfg: RunConfig) -> None:
+    """The network a multi-process run is given: ``dist.interface``, when set, is an interface
+    of this machine with an address (gloo is told to bind it); and in a multi-node run the
+    address this machine gives the other nodes is one they can reach (``hw.netaddr``),
+    checked before the rendezvous would wait its whole timeout. Raises ConfigError."""
+    import os
+
+    from gputui.hw.netaddr import interface_problem, is_loopback, loopback_problem
+
+    name = cfg.dist.interface
+    absent = interface_problem(name) if name else None
+    if absent:
+        raise ConfigError(absent)
+    host = cfg.dist.rdzv_endpoint.rpartition(":")[0].strip("[]")
+    if cfg.dist.nnodes < 2 or host == "localhost" or is_loopback(host):
+        return  # one node, or every node on this machine: loopback reaches them all
+    problem = loopback_problem(name, os.environ)
+    if problem:
+        raise ConfigError(f"dist.nnodes = {cfg.dist.nnodes}: {problem}")
 
 
 def check_disk(cfg: RunConfig, source: str = "config",

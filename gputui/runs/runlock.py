@@ -1,27 +1,55 @@
-"""Which run folders are in use: the gputui process that runs a record holds an exclusive
-``fcntl.flock`` on ``<run folder>/.gputui.lock`` while the run is active, and so does the
-process running a resume of it on the folder it resumes. The kernel drops the lock when that
-process ends, however it ends, so a lock that can be taken means no run is active there.
-The file holds the holder's pid and run id, for the message. Local file systems; torch-free.
+"""Which run folders and sweeps are in use: the gputui process that runs a record holds an
+exclusive ``fcntl.flock`` on ``<run folder>/.gputui.lock`` while the run is active, and so does
+the process running a resume of it on the folder it resumes; a sweep's process holds
+``<runs>/sweeps/<sweep id>.lock`` while it runs the sweep. The kernel drops a lock when its
+process ends, however it ends (SIGKILL included), so a lock that can be taken means nothing is
+active there, and a killed run or sweep can be resumed at once.
+
+A lock is taken (:func:`claim`) at the moment the work starts, never after a check that it is
+free: two commands started together cannot both pass (the check and the taking are one
+system call). The file holds the holder's pid and what it is doing, for the refusal's message.
+Local file systems; torch-free.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from gputui.core import safeio
+from gputui.core.errors import UserError
 
 LOCK_NAME = ".gputui.lock"
+TEXT_BYTES = 200  # the holder's pid and what it does, space-padded
+
+
+class InUse(UserError, RuntimeError):
+    """The folder or sweep is held by another gputui process; the message says which."""
 
 
 class RunLock:
-    """An exclusive hold on a run folder (``hold``); released by ``release`` or process end."""
+    """An exclusive hold on a lock file; released by ``release`` or the process's end."""
 
-    def __init__(self, run_dir: Path, fd: int):
-        self.run_dir = run_dir
+    def __init__(self, path: Path, fd: int):
+        self.path = path
         self._fd: int | None = fd
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent
+
+    def label(self, what: str) -> None:
+        """Say what the holder is doing (the text a refused command quotes)."""
+        if self._fd is None:
+            return
+        # one write of a fixed width, never a truncation: a reader sees the old or the new text
+        text = f"{os.getpid()} {what}".encode()[:TEXT_BYTES - 1]
+        try:
+            os.pwrite(self._fd, text.ljust(TEXT_BYTES - 1) + b"\n", 0)
+        except OSError:
+            pass  # the lock is what counts; the text only names the holder
 
     def release(self) -> None:
         """Give the folder back (idempotent)."""
@@ -33,25 +61,92 @@ class RunLock:
                 self._fd = None
 
 
+def _take(path: Path, what: str) -> RunLock | None:
+    """The lock on ``path`` for this process; None when another process holds it. OSError
+    when the lock file cannot be made."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    lock = RunLock(path, fd)
+    lock.label(what)
+    return lock
+
+
 def hold(run_dir: str | Path, run_id: str) -> RunLock | None:
     """Take the folder's lock for the run ``run_id`` in this process; None when another
     process holds it (or the lock file cannot be made: the run goes on, unguarded)."""
-    path = Path(run_dir) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        return _take(Path(run_dir) / LOCK_NAME, run_id)
     except OSError:
         return None
+
+
+def claim(run_dir: str | Path, run_id: str = "") -> RunLock | None:
+    """Take the lock of a folder this process is about to resume (``run_id``: the new run's
+    id, "" while it has none); raises :class:`InUse` (one line) when another process holds
+    it. None when no lock file can be made there (a read-only record: nothing to guard)."""
+    folder = Path(run_dir)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock = _take(folder / LOCK_NAME, run_id)
     except OSError:
+        return None
+    if lock is None:
+        raise InUse(f"run.resume_from: {folder.name} is {holder(folder) or 'in use'}; "
+                    f"stop that run first, then resume")
+    return lock
+
+
+def sweep_lock_path(runs_dir: str | Path, sweep_id: str) -> Path:
+    """The lock file of a sweep, beside its manifest."""
+    return Path(runs_dir) / "sweeps" / f"{sweep_id}.lock"
+
+
+def claim_sweep(runs_dir: str | Path, sweep_id: str) -> RunLock | None:
+    """Take a sweep's lock for this process; raises :class:`InUse` (one line) when another
+    gputui process is running that sweep. None when no lock file can be made."""
+    path = sweep_lock_path(runs_dir, sweep_id)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _take(path, f"sweep {sweep_id}")
+    except OSError:
+        return None
+    if lock is None:
+        pid = _holder_pid(path)
+        who = f"gputui pid {pid}" if pid else "another gputui process"
+        raise InUse(f"sweep {sweep_id} is running ({who}); wait for it to end, stop it "
+                    f"(Ctrl-C in its terminal), or pass --fresh to start a separate sweep")
+    return lock
+
+
+def _holder_pid(path: Path) -> str:
+    try:
+        fd = safeio.open_regular(path)
+    except OSError:
+        return ""
+    try:
+        pid = _text(fd).partition(" ")[0]
+    finally:
         os.close(fd)
-        return None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {run_id}\n".encode(), 0)
-    except OSError:
-        pass  # the lock is what counts; the text only names the holder
-    return RunLock(Path(run_dir), fd)
+    return pid if pid.isdecimal() else ""
+
+
+def _text(fd: int) -> str:
+    """The holder's text; a holder that has just taken the lock writes it a moment later."""
+    for _ in range(20):
+        try:
+            text = os.pread(fd, TEXT_BYTES, 0).decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+        if text:
+            return text
+        time.sleep(0.005)
+    return ""
 
 
 def holder(run_dir: str | Path) -> str | None:
@@ -65,14 +160,10 @@ def holder(run_dir: str | Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        try:
-            text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-        except OSError:
-            text = ""
-        pid, _, run_id = text.partition(" ")
+        pid, _, run_id = _text(fd).partition(" ")
         who = f"gputui pid {pid}" if pid.isdecimal() else "a gputui process"
-        if run_id and run_id != Path(run_dir).name:
-            return f"being resumed by run {run_id} ({who})"
+        if run_id != Path(run_dir).name:
+            return f"being resumed{f' by run {run_id}' if run_id else ''} ({who})"
         return f"still running ({who})"
     except OSError:
         return None

@@ -229,6 +229,7 @@ class Sweep:
     def __init__(self, manifest: Manifest, runs_dir: Path, overrides: list[tuple[str, str, Any]]):
         self.manifest, self.runs_dir, self.overrides = manifest, Path(runs_dir), overrides
         self.stop_requested = False
+        self.lock: Any = None  # runlock.RunLock: this process runs the sweep (see claim)
         # headless: the process's Supervisor (signals.py), which turns SIGINT, SIGTERM and
         # SIGHUP into the current point's graceful stop, then the kill; None in the app
         self.supervisor = None
@@ -308,10 +309,34 @@ class Sweep:
     def save(self) -> Path:
         return self.manifest.save(self.runs_dir)
 
+    def claim(self) -> None:
+        """Hold the sweep for this process until ``run`` ends; raises runlock.InUse (one
+        line) when another gputui process is running it (a second command must not run its
+        points beside the first's)."""
+        from gputui.runs import runlock
+
+        if self.lock is None:
+            self.lock = runlock.claim_sweep(self.runs_dir, self.manifest.sweep_id)
+
+    def release(self) -> None:
+        """Give the sweep back (idempotent)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     def run(self, on_point: Callable[[Point], object] = lambda p: None,
             on_event: Callable[[Point, Any], None] = lambda p, e: None) -> str:
         """Run every point not done yet; returns "finished" or "interrupted". Ctrl-C
         (KeyboardInterrupt) stops the current run gracefully, a second one kills it."""
+        self.claim()
+        try:
+            return self._run(on_point, on_event)
+        finally:
+            self.release()
+
+    def _run(self, on_point: Callable[[Point], object],
+             on_event: Callable[[Point, Any], None]) -> str:
+        from gputui.core.errors import UserError
         from gputui.runs.launcher import launch
 
         m = self.manifest
@@ -334,7 +359,7 @@ class Sweep:
             self._warm(point, devices)
             try:
                 handle = launch(cfg, self.runs_dir, devices, note)
-            except (OSError, ValueError) as exc:  # e.g. the runs folder is not writable
+            except (OSError, ValueError, UserError) as exc:  # e.g. an unwritable runs folder
                 point.status, point.reason = "failed", f"could not start: {exc}"
                 self.save()
                 on_point(point)

@@ -13,6 +13,7 @@ the others; the host then ends the record with one RunFailed that names the root
 
 from __future__ import annotations
 
+import inspect
 import os
 import queue as queue_mod
 import socket
@@ -25,7 +26,8 @@ from gputui.core.config import RunConfig
 from gputui.core.events import LogLine, RunFailed, RunStopped
 from gputui.core.filewrite import WriteFailed
 from gputui.core.usercode import code_named
-from gputui.train import shared_data, stopping
+from gputui.hw.netaddr import backend_env, interface_address
+from gputui.train import peerloss, shared_data, stopping
 from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
 from gputui.train.recorder import Recorder
 
@@ -58,6 +60,10 @@ def launch_config(spec: LaunchSpec, config_class=None):
     config_class = config_class or LaunchConfig
     dist = spec.config.dist
     nnodes = dist.nnodes
+    extra = launcher_options(config_class)
+    address = interface_address(dist.interface) if dist.interface else None
+    if address and "local_addr" in _parameters(config_class):
+        extra["local_addr"] = address  # what the rendezvous gives the other nodes
     endpoint = dist.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     # rank output (warnings, tracebacks) goes to files in the record, not over the progress
     logs = Path(spec.run_dir) / "ranks"
@@ -69,7 +75,7 @@ def launch_config(spec: LaunchSpec, config_class=None):
         rdzv_configs={"is_host": dist.node_rank == 0},
         max_restarts=0, start_method="forkserver", monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
-        **launcher_options(config_class),
+        **extra,
     )
 
 
@@ -112,13 +118,15 @@ def stop_survivors_promptly(context_class: Any = None) -> None:
 
 def launcher_options(config_class) -> dict[str, Any]:
     """The optional arguments this torch's LaunchConfig accepts."""
-    import inspect
+    accepted = _parameters(config_class)
+    return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
 
+
+def _parameters(config_class) -> Any:
     try:
-        accepted = inspect.signature(config_class).parameters
+        return inspect.signature(config_class).parameters
     except (TypeError, ValueError):  # no signature to read: pass nothing optional
         return {}
-    return {k: v for k, v in OPTIONAL_LAUNCH_ARGS.items() if k in accepted}
 
 
 def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
@@ -131,6 +139,8 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
 
     run_dir = Path(spec.run_dir)
     _log_to_file(run_dir / "ranks" / "agent.log")
+    # before the fork server starts: the ranks it forks inherit its environment
+    os.environ.update(backend_env(spec.config.dist.interface))
     _start_fork_server()
     cfg = spec.config
     data_file = shared_data.path_for(spec.run_id)
@@ -177,6 +187,8 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
                         detail=_traceback())
     watchdog.done.set()
     relay.finish()
+    if isinstance(end, RunFailed):  # a node that went away, said as one
+        end = peerloss.explain(end, cfg, run_dir, spec.run_id, list(recorder.events))
     shared_data.remove(data_file)
     # the ranks' own end, when they sent one, is the record's (a second one is not recorded)
     recorder.emit(end or RunFailed(reason="the ranks ended without a result"))

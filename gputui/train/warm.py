@@ -19,6 +19,7 @@ import multiprocessing.util as mp_util
 import os
 import threading
 
+from gputui.core import signals
 from gputui.train.handoff import HostChannels, LaunchSpec, StopChannel
 
 _POOL: list["Host"] = []
@@ -41,7 +42,10 @@ class Host:
         self.busy = False
         self.process = ctx.Process(target=host_main, args=(self.channels,),
                                    name="gputui-warm" if warm else "gputui-host")
-        self.process.start()
+        # a stop signal during the host's start-up waits until the host takes it (its first
+        # act): the run's graceful stop wherever the signal lands, never a traceback
+        with signals.deferred():
+            self.process.start()
 
     @property
     def queue(self):
@@ -65,7 +69,8 @@ class Host:
 
     def run(self, spec: LaunchSpec) -> None:
         """Hand a run to the host (a cold host exits after it)."""
-        self.stop.clear()  # before the job is sent, so a stop asked at once is kept
+        if self.warm:  # a cold host's flag is new: a stop its start-up already took stays
+            self.stop.clear()  # before the job is sent, so a stop asked at once is kept
         self.busy = True
         self.channels.jobs.put(spec)
         if not self.warm:

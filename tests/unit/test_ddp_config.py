@@ -8,14 +8,18 @@ import signal
 
 import pytest
 
-from gputui.core.config import ConfigError, RunConfig
-from gputui.runs.prepare import override_checked
+from gputui.core.config import ConfigError, RunConfig, apply_overrides, override_origins
+from gputui.runs.prepare import prepare
 from gputui.train.ranks import failure_event
 from gputui.train.ranks import write_failure
 
 
 def _cfg(**changes) -> RunConfig:
-    return override_checked(RunConfig(), [("config", k, v) for k, v in changes.items()]).config
+    """The config's own rules (plan.validate); not this machine's disk or network, which a
+    launch checks (runs/prepare.check_network: this machine may give a loopback address)."""
+    overrides = [("config", k, v) for k, v in changes.items()]
+    cfg = apply_overrides(RunConfig(), overrides, "config")
+    return prepare(cfg, "config", override_origins(overrides), files=False).config
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -81,10 +81,12 @@ def test_table_with_gpus_and_busy_warning(two_gpus, capsys):
 def test_bad_spec_is_one_line_and_exit_2(two_gpus, capsys):
     assert run("--spec", "0,7") == 2
     err = capsys.readouterr().err
-    assert err == ("gputui devices: '0,7': GPU 7 does not exist; this machine has 2 GPU(s), "
-                   "indices 0-1\n")
+    assert err == ("gputui: error: --spec: '0,7': GPU 7 does not exist; this machine has 2 "
+                   "GPU(s), indices 0-1\n")
     assert run("--json", "--spec", "cpu*99") == 2
-    data = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "must be 1 to 64" in err  # scripts reading stderr see it
+    data = json.loads(out)
     assert data["spec"] == {"input": "cpu*99", "error": "'cpu*99': the number of CPU virtual "
                                                          "devices must be 1 to 64"}
 
