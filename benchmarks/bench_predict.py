@@ -69,7 +69,8 @@ def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
     from dataclasses import replace
 
     from gputui.runs.predict import predict
-    from gputui.runs.predict_measure import Cache, Measurer, epochs_for
+    from gputui.runs.predict_cache import Cache
+    from gputui.runs.predict_measure import Measurer, epochs_for
 
     cfg = base_config(model)
     cache = Cache(work / f"cache-{model}.json")  # fresh: everything measured in this round

@@ -16,10 +16,11 @@ that set its keys, and on ``source`` (the preset) only when none of them was ove
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
-from gputui.core import registry
+from gputui.core import ckptfile, registry
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
@@ -38,7 +39,7 @@ def validate(cfg: RunConfig, devices: list[Device], source: str,
     """Every rule that joins several keys, or a key and the ``devices`` the config resolved
     to; raises ConfigError on the first broken one."""
     for keys, text in _problems(cfg, devices):
-        raise ConfigError(f"{_blame(source, origins, *keys, text=text)}: {text}")
+        raise ConfigError(f"{blame(source, origins, *keys, text=text)}: {text}")
 
 
 def why_not(cfg: RunConfig, devices: list[Device]) -> str | None:
@@ -71,6 +72,15 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
     if cfg.dist.nnodes > 1 and not cfg.dist.rdzv_endpoint:
         yield (("dist.nnodes", "dist.rdzv_endpoint"),
                "dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' (--rdzv-endpoint)")
+    slow = cfg.debug.slow_rank  # a straggler on purpose: a rank of a multi-process strategy
+    if slow >= 0 and cfg.strategy.name not in ("ddp", "fsdp", "tp", "fsdp_tp"):
+        yield (("debug.slow_rank", "strategy.name"),
+               f"debug.slow_rank slows a rank of ddp, fsdp or tp, not {cfg.strategy.name} "
+               f"(-1 = none)")
+    elif slow >= 0 and devices and slow >= len(devices) * cfg.dist.nnodes:
+        yield (("debug.slow_rank",), f"debug.slow_rank ({slow}) is not a rank of this run: it "
+                                     f"has {len(devices) * cfg.dist.nnodes} (0 to "
+                                     f"{len(devices) * cfg.dist.nnodes - 1}; -1 = none)")
     info = registry.get(cfg.strategy.name)
     if info is None:
         yield (("strategy.name",), f"strategy.name must be one of "
@@ -281,7 +291,7 @@ def device_error(exc: DeviceSpecError, source: str,
                  origins: dict[str, str] | None = None) -> ConfigError:
     """A devices.spec that discovery could not meet, as the one line blaming its flag (or the
     preset, naming the key)."""
-    where = _blame(source, origins, "devices.spec", "devices.fallback")
+    where = blame(source, origins, "devices.spec", "devices.fallback")
     # the message quotes the value; a preset file is named with the key that holds it
     return ConfigError(f"{where}: {exc}" if where != source else f"{source}: devices.spec: {exc}")
 
@@ -298,20 +308,31 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
         spec = getattr(getattr(cfg, table), name)
         problem = find_problem(spec, key) if spec else None
         if problem:
-            raise ConfigError(f"{_blame(source, origins, key)}: {problem}")
+            raise ConfigError(f"{blame(source, origins, key)}: {problem}")
     if cfg.data.name == "text" and cfg.data.path and not cfg.data.factory \
             and not Path(cfg.data.path).expanduser().exists():
-        raise ConfigError(f"{_blame(source, origins, 'data.path')}: data.path: no file or "
+        raise ConfigError(f"{blame(source, origins, 'data.path')}: data.path: no file or "
                           f"folder at {cfg.data.path}")
     resume = Path(cfg.run.resume_from) if cfg.run.resume_from else None
-    if resume is not None and not (resume / CHECKPOINT_NAME if resume.is_dir()
-                                   else resume).is_file():
-        raise ConfigError(f"{_blame(source, origins, 'run.resume_from')}: run.resume_from: no "
+    if resume is None:
+        return
+    checkpoint = resume / CHECKPOINT_NAME if resume.is_dir() else resume
+    if not os.path.lexists(checkpoint):  # there but not a file: ckptfile says what it is
+        raise ConfigError(f"{blame(source, origins, 'run.resume_from')}: run.resume_from: no "
                           f"checkpoint at {resume}; give a run folder holding {CHECKPOINT_NAME} "
                           f"(see `gputui resume`)")
+    # read through once, as data: a damaged checkpoint is refused before a run folder exists
+    damage = ckptfile.problem(checkpoint)
+    if damage:
+        folder = checkpoint.parent
+        again = (f"start the run again with `gputui run {folder / 'config.toml'}`"
+                 if (folder / "config.toml").is_file() else "start the run again")
+        raise ConfigError(f"{blame(source, origins, 'run.resume_from')}: run.resume_from: "
+                          f"{checkpoint} {damage}; it cannot be resumed: restore the file from "
+                          f"a copy, or {again}")
 
 
-def _blame(source: str, origins: dict[str, str] | None, *keys: str, text: str = "") -> str:
+def blame(source: str, origins: dict[str, str] | None, *keys: str, text: str = "") -> str:
     """The flags that set the rule's ``keys`` or a key its message ``text`` names, else
     ``source``."""
     origins = origins or {}

@@ -29,7 +29,7 @@ from gputui.tui.screens.dialogs import ChoiceDialog  # noqa: E402
 from gputui.tui.screens.run import RunScreen  # noqa: E402
 
 DOCS = ROOT / "docs"
-SIZE = (140, 44)
+SIZE = (180, 48)  # the full layout (panels beside the plots) from 160x45 up
 PRESET = ROOT / "presets" / "quickstart.toml"
 
 

@@ -110,7 +110,7 @@ def main() -> int:
         tmux("send-keys", "-t", SESSION, "C-r")
         wait_for(r"● running", 60, "the run screen, running")
         wait_for(r"samples/s [\d,]+ ", 90, "samples/s from the real run")
-        wait_for(r"Training loss[\s\S]*┤", 10, "the loss plot has an axis")
+        wait_for(r"Loss[\s\S]*┤", 10, "the loss plot has an axis")
         tmux("send-keys", "-t", SESSION, "s")
         wait_for(r"■ stopped", 60, "the run stopped")
         wait_for(r"status stopped", 10, "the record says stopped")

@@ -10,6 +10,7 @@ Nothing here imports torch; training runs in a spawned child process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import threading
@@ -103,8 +104,9 @@ def cmd_presets(args) -> int:
 def cmd_tui(args) -> int:
     """``gputui``: the app."""
     from gputui.tui.app import run_tui
+    from gputui.tui.lifecycle import leave
 
-    return run_tui(preset=args.preset, runs_dir=args.runs_dir)
+    leave(run_tui(preset=args.preset, runs_dir=args.runs_dir))  # the quit: no module teardown
 
 
 def build_parser() -> Parser:
@@ -139,6 +141,21 @@ def build_parser() -> Parser:
     return parser
 
 
+# flags naming a file or folder: given empty, each would silently mean "not given"
+PATH_FLAGS = {"runs_dir": "--runs-dir", "global_runs_dir": "--runs-dir", "export": "--export",
+              "plots": "--plots", "tensorboard": "--tensorboard", "output": "--output"}
+
+
+def empty_path_flag(args: argparse.Namespace) -> str | None:
+    """One line for a path flag given an empty value, or None."""
+    for dest, flag in PATH_FLAGS.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            return f"{flag}: give a path (an empty one names nothing; leave the flag out for " \
+                   f"its default)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gputui`` console script."""
     try:
@@ -148,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
     if getattr(args, "runs_dir", None) is None:
         args.runs_dir = args.global_runs_dir
+    empty = empty_path_flag(args)
+    if empty:
+        return fail(empty)
     try:
         return args.func(args)
     except UserError as exc:  # bad input found wherever: its one line, exit 2

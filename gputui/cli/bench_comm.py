@@ -17,6 +17,7 @@ from gputui.runs.comm_bench import run_bench
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3,
          "GB": 1024**3}
 DEFAULT_SIZES = "4K,64K,1M,4M"
+MAX_SIZE = 256 << 30  # a message no device of today holds twice (the largest has 141 GB)
 
 
 def register(sub) -> None:
@@ -43,10 +44,15 @@ def register(sub) -> None:
 
 def parse_size(text: str) -> int:
     """"4K" -> 4096, "1M" -> 1048576, "512" -> 512; ValueError with the fix otherwise."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", text.upper())
+    m = re.fullmatch(r"\s*(\d{1,15})\s*([KMG]?B?)\s*", text.upper())
     if not m or int(m.group(1)) <= 0:
-        raise ValueError(f"--sizes: '{text}' is not a size; write e.g. 4K,1M,16M")
-    return int(m.group(1)) * UNITS[m.group(2)]
+        raise ValueError(f"--sizes: '{text[:40]}' is not a size; write e.g. 4K,1M,16M")
+    size = int(m.group(1)) * UNITS[m.group(2)]
+    if size > MAX_SIZE:
+        raise ValueError(f"--sizes: '{text}' is larger than {MAX_SIZE >> 30}G, more than any "
+                         f"device's memory; write e.g. 4K,1M,16M")
+    return size
+
 
 
 def cmd_bench_comm(args) -> int:
@@ -68,6 +74,8 @@ def cmd_bench_comm(args) -> int:
         return fail("--sizes: give at least one size, e.g. 4K,1M")
     if args.iters < 1 or args.warmup < 0 or args.repeats < 1:
         return fail("--iters and --repeats must be at least 1 and --warmup at least 0")
+    if not 0 < args.timeout < float("inf"):  # nan fails both comparisons
+        return fail(f"--timeout {args.timeout}: give a number of seconds above 0")
     if len(devices) < 2:
         return fail(f"--devices {args.devices}: allreduce needs at least 2 devices; "
                      f"e.g. --devices cpu*2")

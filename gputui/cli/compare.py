@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
+    p.add_argument("--waterfall", action="store_true",
+                   help="print each run's scaling waterfall: the ideal speedup, what each "
+                        "cause took away, the measured speedup (--plots adds waterfall.png)")
     add_output(p)
     add_wide(p)
     p.set_defaults(func=cmd_compare)
@@ -56,15 +59,18 @@ def cmd_runs(args) -> int:
 
     if args.last is not None and args.last < 1:
         return fail(f"--last {args.last}: give a positive number of runs")
+    form = form_of(args)  # a ConfigError is main's one line, exit 2
     problem = outputs_problem(args.output)
     if problem:
         return fail(problem)
     try:
-        rows = history.filter_rows(history.load_rows(args.runs_dir), args.strategy,
-                                   args.status, args.name, args.last)
+        every = history.load_rows(args.runs_dir)
     except OSError as exc:
         return fail(f"cannot read the runs folder: {exc}")
-    form = form_of(args)
+    problem = filters_problem(args, every)
+    if problem:
+        return fail(problem)
+    rows = history.filter_rows(every, args.strategy, args.status, args.name, args.last)
     if form == "table" and not rows:
         print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not
               args.status and not args.name else "no run matches the filters")
@@ -80,6 +86,32 @@ def cmd_runs(args) -> int:
             if r.problem:
                 print(f"{r.id}: {r.problem}")
     return EXIT_OK
+
+
+STATUSES = ("finished", "failed", "stopped", "killed", "running", "incomplete", "unreadable",
+            "unknown")
+
+
+def filters_problem(args, rows) -> str | None:
+    """Why a filter of ``gputui runs`` can match nothing whatever is recorded (empty, or a
+    name that is no strategy or status), as one line naming the flag, or None."""
+    from gputui.core import registry
+
+    if args.name is not None and not args.name.strip():
+        return "--name: give part of a run name or id"
+    known = {"--strategy": list(dict.fromkeys([*registry.names(),
+                                               *sorted({r.strategy for r in rows} - {""})])),
+             "--status": list(STATUSES)}
+    for flag, text in (("--strategy", args.strategy), ("--status", args.status)):
+        if text is None:
+            continue
+        items = [w.strip() for w in text.split(",") if w.strip()]
+        unknown = [w for w in items if w not in known[flag]]
+        if not items or unknown:
+            what = f"{', '.join(map(repr, unknown))} is not one" if unknown else "give one"
+            label = f"{flag} {text}" if text.strip(", ") else flag
+            return f"{label}: {what} of {', '.join(known[flag])} (a comma list)"
+    return None
 
 
 def outputs_problem(output: str | None = None, plots: str | None = None,
@@ -117,6 +149,7 @@ def cmd_compare(args) -> int:
 
     if not args.runs and not args.sweep:
         return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
+    form = form_of(args)  # a ConfigError is main's one line, exit 2
     problem = outputs_problem(args.output, args.plots, args.tensorboard)
     if problem:
         return fail(problem)
@@ -125,7 +158,6 @@ def cmd_compare(args) -> int:
     except LookupError as exc:
         return fail(str(exc))
     items = compare(dirs, args.runs_dir, only_compared=bool(args.sweep and not args.runs))
-    form = form_of(args)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)
         groups = _repeat_groups(items, args.sweep, args.runs_dir)
@@ -148,7 +180,24 @@ def cmd_compare(args) -> int:
         for line in summary_lines(items):
             if line != BREAKDOWN_LEGEND or args.wide:  # it explains the --wide columns
                 print(line)
+        if args.waterfall:
+            print_waterfalls(items)
     return EXIT_OK
+
+
+def print_waterfalls(items) -> None:
+    """Each compared run's scaling waterfall, or why it has none."""
+    from gputui.runs.waterfall import lines
+
+    for it in items:
+        r = it.row
+        if it.waterfall is None:
+            why = ("no speedup" if it.speedup is None else "no step breakdown recorded")
+            print(f"\n{r.id}: no waterfall ({why})")
+            continue
+        title = (f"\n{r.id} ({r.strategy} on {r.devices} devices) against {it.baseline}: "
+                 f"scaling waterfall, speedup x")
+        print("\n".join(lines(it.waterfall, title=title)))
 
 
 def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
@@ -172,6 +221,10 @@ def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> lis
     if plots:
         out.append(plot_curves(items, Path(plots) / "curves.png"))
         out.append(plot_speedup(items, Path(plots) / "speedup.png"))
+        from gputui.runs.waterfall_plot import plot_waterfall
+
+        if (drawn := plot_waterfall(items, Path(plots) / "waterfall.png")) is not None:
+            out.append(drawn)
     if tensorboard:
         try:
             out += to_tensorboard(dirs, tensorboard)

@@ -24,15 +24,39 @@ HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s", "test
 
 def add_output(p: argparse.ArgumentParser) -> None:
     """--format, --json and --output, as every table-printing command takes them."""
-    p.add_argument("--format", choices=("table", "csv", "md", "json"), default="table",
-                   help="table (terminal), csv, md (Markdown) or json")
+    p.add_argument("--format", choices=FORMS,
+                   help="table (terminal), csv, md (Markdown) or json (default: table, or "
+                        "what --output's suffix names)")
     p.add_argument("--json", action="store_true", help="same as --format json")
-    p.add_argument("--output", "-o", metavar="FILE", help="write the csv/md/json there")
+    p.add_argument("--output", "-o", metavar="FILE",
+                   help="write the csv/md/json there (.csv, .md or .json names the form)")
+
+
+FORMS = ("table", "csv", "md", "json")
+SUFFIXES = {".csv": "csv", ".md": "md", ".json": "json"}
 
 
 def form_of(args) -> str:
-    """The output form a command's --format/--json flags ask for."""
-    return "json" if args.json else args.format
+    """The output form a command's --format/--json/--output flags ask for; ConfigError (one
+    line) when they disagree or --output would get the terminal's table."""
+    from gputui.core.config import ConfigError
+
+    form = getattr(args, "format", None)
+    if args.json and form not in (None, "json"):
+        raise ConfigError(f"--json and --format {form} ask for two forms; give one")
+    form = "json" if args.json else form
+    output = getattr(args, "output", None)
+    if output is not None and not str(output).strip():
+        raise ConfigError("--output: give a file name (leave --output out to print)")
+    if output and form is None:
+        form = SUFFIXES.get(Path(output).suffix.lower())
+        if form is None:
+            raise ConfigError(f"--output {output}: say which form to write there: --format "
+                              f"csv, md or json (or name a .csv, .md or .json file)")
+    if output and form == "table":
+        raise ConfigError(f"--output {output}: the table is for the terminal; write --format "
+                          f"csv, md or json there")
+    return form or "table"
 
 
 def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, title: str,

@@ -139,15 +139,29 @@ def cmd_predict(args) -> int:
                             args.measure_again, Path(args.preset).stem)
 
 
+def writable_problem(runs_dir: str | None) -> str | None:
+    """Why predict could not keep what it measures, as one line naming the folder, or None:
+    the measuring runs' folder (``--runs-dir``, else inside the cache) and the cache."""
+    from gputui.core.filewrite import folder_problem
+    from gputui.runs.predict_cache import cache_dir
+
+    cache = folder_problem(cache_dir(), "the measure cache (GPUTUI_CACHE_DIR, XDG_CACHE_HOME "
+                                        "or ~/.cache)")
+    return (folder_problem(runs_dir, "--runs-dir") if runs_dir else None) or cache
+
+
 def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, again: bool,
                      title: str) -> int:
     """Measure, then print the table (or JSON on stdout; progress on stderr)."""
     from gputui.cli.output import emit
     from gputui.runs.predict import FORMULAS
-    from gputui.runs.predict_measure import cache_dir
+    from gputui.runs.predict_cache import cache_dir
 
     out = sys.stderr if as_json else sys.stdout
     where = Path(runs_dir) if runs_dir else cache_dir() / "predict-runs"
+    problem = writable_problem(runs_dir)
+    if problem:  # before any measuring run: its record or its figure would be lost
+        return fail(problem)
 
     def line(text: str) -> None:
         print(text, file=out, flush=True)

@@ -18,11 +18,11 @@ from rich.progress import (BarColumn, Progress, TaskID, TextColumn, TimeElapsedC
 from rich.table import Table
 from rich.text import Text
 
-from gputui.core import breakdown
+from gputui.core import breakdown, straggler
 from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
                                  RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
-                                 plural)
+                                 init_text, plural)
 from gputui.core.scores import perplexity, score_text, speed_text
 
 
@@ -63,6 +63,9 @@ def breakdown_lines(ev) -> list[str]:
             pipe = breakdown.pipeline_line(row)
             if pipe:
                 out.append(f"{row.device} {pipe}")
+    slow = straggler.find(ev.per_device)  # ddp/fsdp/tp: the rank the others waited for
+    if slow is not None:
+        out.append(straggler.line(slow) or "")
     return out
 
 
@@ -109,10 +112,7 @@ class Printer:
         elif isinstance(ev, LogLine):
             self.line(f"{ev.level}: {ev.message}")
         elif isinstance(ev, InitDone):
-            compiled = f", compile {ev.compile_s:.2f} s" if ev.compile_s else ""
-            self.line(f"init {ev.seconds:.2f} s (torch import {ev.import_s:.2f} s, data "
-                      f"{ev.data_s:.2f} s, model {ev.model_s:.2f} s{compiled}); "
-                      f"{ev.train_samples:,} training examples, "
+            self.line(f"init {init_text(ev, 2)}; {ev.train_samples:,} training examples, "
                       f"{plural(ev.steps_per_epoch, 'step')} per epoch")
             self._start_progress(ev.steps_per_epoch * self.epochs)
         elif isinstance(ev, StepMetrics):

@@ -11,7 +11,6 @@ Never imports torch (the training process does).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -50,6 +49,8 @@ def run_folder(text: str, runs_dir: str | None = None) -> Path:
     the caller), else the run that ``history.find_run`` finds by id; ConfigError if none."""
     from gputui.runs.history import find_run
 
+    if not text.strip():  # "" is the current folder to a path, and a prefix of every id
+        raise ConfigError("an empty run id names no run; see `gputui runs` for the ids")
     path = Path(text).expanduser()
     if os.path.isdir(path):
         return path
@@ -96,8 +97,7 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError(f"--epochs {args.epochs}: the run already has "
                           f"{plural(done, 'epoch')} done; give a larger total")
     return argparse.Namespace(
-        preset=str(run_dir / "config.toml"),
-        sets=[f"run.resume_from={json.dumps(str(run_dir))}"],
+        preset=str(run_dir / "config.toml"), resume_from=str(run_dir), sets=[],
         devices=None, strategy=None, epochs=args.epochs, batch_size=None, lr=None, seed=None,
         nnodes=None, node_rank=None, rdzv_endpoint=None,
         runs_dir=args.runs_dir or str(run_dir.parent), dry_run=False, json=args.json,

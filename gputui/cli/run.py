@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
@@ -55,8 +56,10 @@ def resolve_config(args) -> Any:
     from gputui.core.presets import resolve_preset
     from gputui.runs.prepare import load_checked
 
-    path = resolve_preset(args.preset)
-    overrides = []
+    resumed = getattr(args, "resume_from", None)  # `gputui resume`: the run's own config
+    path = Path(args.preset) if resumed else resolve_preset(args.preset)
+    overrides = [(f"gputui resume {Path(resumed).name}", "run.resume_from", resumed)] \
+        if resumed else []
     for text in args.sets:
         key, value = parse_assignment(text)
         overrides.append((f"--set {text}", key, value))
@@ -64,7 +67,7 @@ def resolve_config(args) -> Any:
         value = getattr(args, dest, None)
         if value is not None:
             overrides.append((f"--{dest.replace('_', '-')}", key, value))
-    return load_checked(path, overrides)
+    return load_checked(path, overrides, what="run config" if resumed else "preset")
 
 
 def cmd_run(args) -> int:

@@ -77,7 +77,13 @@ def build(args, runs_dir: Path):
         return resumed, f"resuming sweep {m.sweep_id} over {m.kind_words()}"
     if not args.preset:
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
-    path = str(resolve_preset(args.preset).resolve())
+    from gputui.core import registry
+    from gputui.runs.manifest_size import grid_problem, header_problem
+    from gputui.runs.prepare import load_base
+
+    # the flags first, each where it is given: then the preset
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat {args.repeat}: give a number of runs per point, 1 or more")
     devices = parse_devices(args.devices)
     axes = {key: parse_axis(option, key, text) for option, key, text in (
         ("--precisions", "run.precision", args.precisions),
@@ -86,21 +92,25 @@ def build(args, runs_dir: Path):
     strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",") if s.strip()))
     if not strategies:
         raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
-    from gputui.core import registry
-    from gputui.runs.prepare import load_base
-
     unknown = [s for s in strategies if registry.get(s) is None]
     if unknown:  # a typo is bad input; a known strategy that cannot run here is a skipped point
         raise ConfigError(f"--strategies: unknown strategy {', '.join(map(repr, unknown))}; "
                           f"known: {', '.join(registry.names())}")
+    too_big = grid_problem(args.repeat, devices, strategies, axes)
+    if too_big:
+        raise ConfigError(too_big)
+    path = str(resolve_preset(args.preset).resolve())
     sets = list(args.sets) + ([f"run.epochs={args.epochs}"] if args.epochs is not None else [])
-    overrides = set_overrides(sets, None)
+    overrides = set_overrides(args.sets, args.epochs)  # a refusal names --epochs, as typed
     base = load_base(path, overrides)
     kind, kind_note = resolve_kind(args.kind, base.devices.spec)
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat {args.repeat}: give a number of runs per point, 1 or more")
     sweep = Sweep.new(path, sets, devices, strategies, args.scale_with_devices, runs_dir,
                       overrides, kind, axes, repeat=args.repeat)
+    from dataclasses import asdict
+
+    too_big = header_problem(dict(asdict(sweep.manifest), points=[]))
+    if too_big:
+        raise ConfigError(too_big)
     if not args.fresh:
         for old in list_manifests(runs_dir):
             if old.state != "finished" and old.params() == sweep.manifest.params():
@@ -120,14 +130,14 @@ def cmd_sweep(args) -> int:
     from gputui.core.filewrite import WriteFailed, folder_problem
     from gputui.core.runstore import default_runs_dir
 
+    if args.predict:  # checks the folders it writes (the measure cache, --runs-dir) itself
+        return _predict(args)
     # before anything: records or exports that cannot be written would lose the sweep's work
     problem = runs_dir_problem(args.runs_dir) or (
         folder_problem(args.export, "--export") if args.export else None)
     if problem:
         return fail(problem)
     runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
-    if args.predict:
-        return _predict(args)
     try:
         sweep, note = build(args, runs_dir)
     except (ConfigError, LookupError) as exc:
@@ -204,20 +214,40 @@ def _predict(args) -> int:
 
     if not args.preset:
         return fail("--predict: give a preset to predict")
+    # what only a trained sweep does is refused, not dropped without a word
+    unused = [flag for flag, given in (
+        ("--resume", args.resume), ("--fresh", args.fresh), ("--export", args.export),
+        ("--repeat", args.repeat != 1), ("--precisions", args.precisions),
+        ("--compile", args.compile), ("--channels-last", args.channels_last)) if given]
+    if unused:
+        return fail(f"--predict trains nothing, so {', '.join(unused)} would do nothing; drop "
+                    f"{'it' if len(unused) == 1 else 'them'} or drop --predict")
     try:
         path = str(resolve_preset(args.preset).resolve())
         counts = counts_of(parse_devices(args.devices))
-        wanted = [s for s in args.strategies.split(",") if s.strip() in
-                  ("ddp", "fsdp", "tp", "scratch", "dp", "pp")]
-        strategies = parse_strategies(",".join(wanted) or args.strategies)
+        strategies = parse_strategies(_predicted(args.strategies))
         cfg = load_base(path, set_overrides(args.sets, args.epochs))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))
     if args.scale_with_devices:
         cfg = cfg.replace(optim={"scale_with_devices": True})
-    return print_prediction(cfg, counts, strategies, kind, None, args.json, False,
+    return print_prediction(cfg, counts, strategies, kind, args.runs_dir, args.json, False,
                             Path(args.preset).stem)
+
+
+def _predicted(text: str) -> str:
+    """The sweep's strategies that have a prediction (the others, known to the registry, are
+    rows a prediction leaves out); an unknown name is refused as in a trained sweep."""
+    from gputui.core import registry
+    from gputui.runs.predict import STRATEGIES
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if registry.get(s) is None]
+    if unknown:
+        raise ConfigError(f"--strategies: unknown strategy {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(registry.names())}")
+    return ",".join(s for s in names if s in STRATEGIES) or text
 
 
 def _manifest_dict(m) -> dict:
@@ -248,6 +278,9 @@ def _export(items, dirs, folder: Path, out, groups=None) -> None:
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")
+        from gputui.runs.waterfall_plot import plot_waterfall
+
+        plot_waterfall(items, folder / "waterfall.png")
     except ExportError as exc:
         print(f"no plots: {exc}", file=out)
     print(f"exported to {folder}", file=out)

@@ -167,8 +167,10 @@ def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
     return RunConfig(**tables)
 
 
-def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
+def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = (),
+                what: str = "preset") -> RunConfig:
     """Read a preset file and apply ``overrides`` (source, "table.key", value), CLI last.
+    ``what`` the file is, in messages: a "preset", or a resumed run's "run config".
 
     Each value is checked; the cross-field rules are ``gputui.plan.validate``'s."""
     from gputui.core import safeio
@@ -180,13 +182,15 @@ def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()
         if path.is_symlink():
             raise ConfigError(f"{path}: is a link to {os.readlink(path)}, which does not "
                               f"exist; fix or remove the link") from None
-        raise ConfigError(f"{path}: no such preset file; give a path or a name from "
-                          f"`gputui presets`") from None
+        raise ConfigError(f"{path}: no such {what} file" + (
+            "; give a path or a name from `gputui presets`" if what == "preset" else "")) \
+            from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the preset ({safeio.reason(exc)})") from None
+        raise ConfigError(f"{path}: cannot read the {what} ({safeio.reason(exc)})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: is not UTF-8 text, so not a TOML preset; give a .toml "
-                          f"file") from None
+        raise ConfigError(f"{path}: is not UTF-8 text, so not a TOML {what}" + (
+            "; give a .toml file" if what == "preset" else
+            "; the file is damaged: restore it from a copy")) from None
     try:
         data = safeio.parse_toml(text)
     except safeio.BadToml as exc:

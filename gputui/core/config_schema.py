@@ -311,6 +311,14 @@ class DebugSection:
                                    "model_parallel transfer (0 = none).", min=0.0, max=60.0)
     data_delay_s: float = opt(0.0, "Seconds added to the wait for every training batch "
                                    "(0 = none).", min=0.0, max=60.0)
+    slow_rank: int = opt(-1, "For testing straggler attribution: the global rank (ddp, fsdp, "
+                             "tp) whose backward debug.slow_backward_ms slows down (-1 = none).",
+                         min=-1, max=65535)
+    slow_backward_ms: float = opt(0.0, "For testing straggler attribution: milliseconds added "
+                                       "to each backward of debug.slow_rank (every step, "
+                                       "each micro-batch), before its first gradient "
+                                       "(0 = none).",
+                                  min=0.0, max=60000.0)
 
 
 SECTIONS: dict[str, type] = {

@@ -49,6 +49,7 @@ class Device:
         return {"name": self.name, "kind": self.kind, "index": self.index, "label": self.label}
 
 
+MAX_DEVICES = 64  # devices one machine's spec may name: cpu*N's N, and a sweep's counts
 _CPU = re.compile(r"^cpu(?:\s*\*\s*(\d+))?$")
 _PATTERN = re.compile(r"^(cuda|gpu):\*$", re.IGNORECASE)
 _CUDA_ONE = re.compile(r"^(?:cuda|gpu):(\d+)$", re.IGNORECASE)
@@ -74,8 +75,9 @@ def parse_spec(spec: str, gpus: list[GpuInfo], no_gpu_reason: str = "") -> list[
     m = _CPU.match(text.lower())
     if m:
         n = int(m.group(1) or 1)
-        if not 1 <= n <= 64:
-            raise DeviceSpecError(f"'{spec}': the number of CPU virtual devices must be 1 to 64")
+        if not 1 <= n <= MAX_DEVICES:
+            raise DeviceSpecError(f"'{spec}': the number of CPU virtual devices must be 1 to "
+                                  f"{MAX_DEVICES}")
         return cpu_devices(n)
     why = f" ({no_gpu_reason})" if no_gpu_reason else ""
     lowered = text.lower()
@@ -179,9 +181,10 @@ def resolve_spec(spec: str, fallback: str, gpus: list[GpuInfo],
 
 
 def _valid_anywhere(spec: str) -> bool:
-    """True when ``spec`` is well formed, i.e. some machine (one with 64 GPUs) could meet it."""
+    """True when ``spec`` is well formed, i.e. some machine (one with MAX_DEVICES GPUs) could
+    meet it."""
     try:
-        parse_spec(spec, [GpuInfo(i, "") for i in range(64)])
+        parse_spec(spec, [GpuInfo(i, "") for i in range(MAX_DEVICES)])
     except DeviceSpecError:
         return False
     return True

@@ -42,6 +42,19 @@ def describe(exc: BaseException) -> str:
     return first if isinstance(exc, UserError) and first else fault_line(exc)
 
 
+def brief(text: str, limit: int = 240) -> str:
+    """``text`` when it is at most ``limit`` characters, else its whole sentences (or
+    clauses, to "; ") that fit; a text with no sentence end in reach is cut at a word and
+    marked " ..." (never silently mid-word)."""
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(". ", 0, limit), text.rfind("; ", 0, limit))
+    if cut > 0:
+        return text[:cut + 1].rstrip(";").rstrip()
+    space = text.rfind(" ", 0, limit - 4)
+    return text[:space if space > 0 else limit - 4] + " ..."
+
+
 def printable(text: str) -> str:
     """``text`` safe to print on a terminal as one line: control, format and unpaired
     surrogate characters (what a hostile value may carry: escapes, line separators, bytes that

@@ -12,9 +12,15 @@ from gputui.core.config import ConfigError
 PACKAGE_PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
+def user_presets_dir() -> Path:
+    """Where a user's own presets live: ./presets, the first folder names are looked up in
+    (so a preset saved there runs as `gputui run NAME`); it may not exist yet."""
+    return Path("presets")
+
+
 def preset_dirs() -> list[Path]:
     """Folders searched for preset names: ./presets, then the project's presets/."""
-    dirs = [Path.cwd() / "presets", PACKAGE_PRESETS]
+    dirs = [Path.cwd() / user_presets_dir(), PACKAGE_PRESETS]
     out: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:
@@ -68,6 +74,9 @@ def preset_problem(path: Path) -> str | None:
 
 def resolve_preset(name_or_path: str) -> Path:
     """A preset path from a path or a bare name ("quickstart"); ConfigError when neither."""
+    if not name_or_path.strip():
+        raise ConfigError("an empty preset name: give a preset file or a name from "
+                          "`gputui presets`")
     path = Path(name_or_path).expanduser()
     # a file of the wrong kind (or a dangling link) is found here and refused by load_preset
     if os.path.isfile(path) or (path.suffix == ".toml" and os.path.lexists(path)):
@@ -78,6 +87,13 @@ def resolve_preset(name_or_path: str) -> Path:
             if os.path.lexists(candidate):
                 return candidate
     names = ", ".join(p.stem for p in list_presets()) or "none found"
+    try:  # there, but not a file: say what it is (a folder, a device), not "no such preset"
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        mode = None
+    if mode is not None:
+        raise ConfigError(f"{name_or_path}: is {safeio.kind_of(mode)}, not a preset file; give "
+                          f"a .toml file or a preset name ({names})")
     raise ConfigError(f"{name_or_path}: no such preset file or preset name; known presets: "
                       f"{names}")
 

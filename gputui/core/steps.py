@@ -20,6 +20,10 @@ class DeviceStep:
     device: str  # "cuda:0", "cpu:1"; another machine's rank: "cpu:0@node1"
     samples: int = 0  # examples this device trained on in the step
     compute_s: float | None = None  # its forward and backward (rank: up to the end of backward)
+    # ddp/fsdp/tp: the rank's own forward and backward (up to its last gradient), the
+    # collectives inside them left out: what it did before any collective evened it out
+    forward_s: float | None = None
+    backward_s: float | None = None
     breakdown: Breakdown | None = None  # where its step went (gputui.core.breakdown)
     samples_per_s: float | None = None  # samples / compute_s (the loop fills it in)
     step_time_s: float | None = None  # the rank's whole step (ddp/fsdp)

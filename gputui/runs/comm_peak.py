@@ -1,5 +1,5 @@
 """The all-reduce bandwidth peak `gputui bench-comm` measured on this machine, kept beside the
-prediction's figures (``predict_measure.Cache``), so that a run's achieved all-reduce
+prediction's figures (``predict_cache.Cache``), so that a run's achieved all-reduce
 bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
 
 Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
@@ -24,7 +24,7 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     machine = result.get("machine") or {}
     if not rows or "error" in result:
         return None
-    from gputui.runs.predict_measure import Cache
+    from gputui.runs.predict_cache import Cache
 
     cache = cache or Cache()
     best = max(rows, key=lambda r: r["algbw_gbps"])
@@ -46,7 +46,7 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
 
 def peak(kind: str, n: int, backend: str, cache=None) -> float | None:
     """The kept peak algbw in GB/s for ``n`` devices of ``kind`` over ``backend``, or None."""
-    from gputui.runs.predict_measure import Cache
+    from gputui.runs.predict_cache import Cache
 
     hit = (cache or Cache()).get(key(kind, n, backend))
     return float(hit["algbw_gbps"]) if hit and hit.get("algbw_gbps") else None

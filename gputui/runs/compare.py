@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputui.core import breakdown
+from gputui.core import breakdown, straggler
+from gputui.core.straggler import Straggler
+from gputui.runs import waterfall
+from gputui.runs.waterfall import Waterfall
 from gputui.core import runstore, scores
 from gputui.core.breakdown import Breakdown
 from gputui.core.steady import RULE
@@ -74,6 +77,9 @@ class CompareRow:
     refused: list = field(default_factory=list)  # baselines refused, with why
     predicted_speedup: float | None = None  # from this machine's kept measurements
     predicted_reason: str = ""  # why there is no prediction
+    # the rank the others waited for, over the metered steps (gputui.core.straggler)
+    straggler: Straggler | None = None
+    waterfall: Waterfall | None = None  # ideal to measured speedup, cause by cause
 
     def flat(self) -> dict[str, Any]:
         """Row and figures as one flat JSON-ready dict (curves left out)."""
@@ -98,7 +104,9 @@ class CompareRow:
         return dict(self.flat(), loss_curve=[list(p) for p in self.loss_curve],
                     acc_curve=[list(p) for p in self.acc_curve],
                     breakdown=self.breakdown.to_dict() if self.breakdown else None,
-                    memory=[dict(r) for r in self.memory])
+                    memory=[dict(r) for r in self.memory],
+                    straggler=self.straggler.to_dict() if self.straggler else None,
+                    waterfall=self.waterfall.to_dict() if self.waterfall else None)
 
 
 def _abs(value: float | None, noise: float | None) -> float | None:
@@ -138,7 +146,7 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
     """{"mfu", "flops_per_s", "comm_gbps", "train_mem", "memory"} from a record's readable
     events: the means over its log windows (comm_gbps: its metered steps but the first, when
     there are more), and its last MemoryReport (None / [] where not recorded)."""
-    mfus, rates, memory, gbps, bubbles, theory = [], [], [], [], [], None
+    mfus, rates, memory, gbps, bubbles, theory, slow = [], [], [], [], [], None, []
     events = readable_events(run_dir) if events is None else events
     for ev in events:
         if ev.kind == "step":
@@ -148,6 +156,8 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
                 rates.append(ev.flops_per_s)
             if getattr(ev, "comm_gbps", None) is not None:
                 gbps.append(ev.comm_gbps)
+            if (found := straggler.find(ev.per_device)) is not None:
+                slow.append(found)
             share = breakdown.mean_value(r.bubble_share for r in ev.per_device)
             if share is not None:
                 bubbles.append(share)
@@ -161,7 +171,7 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
             "comm_gbps": breakdown.mean_value(gbps[1:] or gbps),
             "train_mem": max(totals) if totals else None, "memory": memory,
             "bubble_share": breakdown.mean_value(bubbles[1:] or bubbles),
-            "bubble_theory": theory}
+            "bubble_theory": theory, "straggler": straggler.over_steps(slow)}
 
 
 def match_key(row: RunRow) -> tuple:
@@ -256,6 +266,10 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
             item.flags = flags(row, base, item.speedup)
             item.noisy = noisy(row, base, item.speedup)
             add_prediction(item, base)
+            base_bd = (parts if base.id == row.id else
+                       read_record(base.run_dir)[3])
+            item.waterfall = waterfall.for_run(row, item.speedup, parts, item.straggler,
+                                               base, base_bd)
         out.append(item)
     return out
 
@@ -319,6 +333,8 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"span measured (its stages idle, waiting on each other), "
                          f"{it.bubble_theory:.0%} in theory ((p-1)/(m+p-1): equal stages, "
                          f"free sends)")
+        if it.straggler is not None:
+            lines.append(f"{r.id}: {straggler.line(it.straggler)}")
         if it.baseline:
             lines.append(f"{r.id}: baseline {it.baseline} ({it.baseline_kind}); both from "
                          f"steady-state steps ({RULE})")

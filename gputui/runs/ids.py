@@ -18,6 +18,10 @@ SHOWN = 6  # candidates named in an "ambiguous" line; the rest are counted
 def match_id(ref: str, ids: list[str], what: str, where: str) -> str:
     """The one id of ``ids`` that is ``ref`` or holds it; LookupError (one line) when none does
     or several do. ``what`` ("run", "sweep") and ``where`` (the folder) word the error."""
+    if not ref.strip():  # "" is part of every id: it names none
+        raise LookupError(f"an empty {what} id names no {what}; "
+                          + ("see `gputui runs` for the ids" if what == "run"
+                             else f"known: {', '.join(ids) or 'none'}"))
     if ref in ids:
         return ref
     hits = [i for i in ids if ref and ref in i]

@@ -43,7 +43,7 @@ def prepare(cfg: RunConfig, source: str = "config", origins: dict[str, str] | No
         raise plan.device_error(exc, source, origins) from None
     plan.validate(cfg, devices, source, origins)
     if files:
-        check_disk(cfg, source, origins)
+        check_disk(cfg, source, origins, devices)
         check_network(cfg)
     return Prepared(cfg, devices, note, gpus)
 
@@ -70,12 +70,20 @@ def check_network(cfg: RunConfig) -> None:
 
 
 def check_disk(cfg: RunConfig, source: str = "config",
-               origins: dict[str, str] | None = None) -> None:
+               origins: dict[str, str] | None = None,
+               devices: list[Device] | None = None) -> None:
     """What the disk says of the config: the files it names (``gputui.plan.check_files``),
-    then its dataset (present, and large enough for the batch); raises ConfigError. Reads the
-    disk: once per run, never on a keystroke."""
+    its dataset (present, and large enough for the batch), then, for model_parallel or pp
+    with a ``model.factory``, whether that model cuts into one stage per device (built in a
+    check child, ``gputui.runs.model_check``); raises ConfigError. Reads the disk: once per
+    run, never on a keystroke."""
+    from gputui.runs.model_check import CUT_KEYS, cut_problem
+
     plan.check_files(cfg, source, origins)
-    _check_data(cfg, source)
+    _check_data(cfg, source, origins)
+    problem = cut_problem(cfg, devices)
+    if problem:
+        raise ConfigError(f"{plan.blame(source, origins, *CUT_KEYS, text=problem)}: {problem}")
 
 
 def load_base(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
@@ -83,20 +91,24 @@ def load_base(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) 
     dataset checked. Its own strategy and devices are replaced point by point, so the
     cross-field rules wait for each point's :func:`prepare`."""
     cfg = load_preset(path, overrides)
-    _check_data(cfg, str(path))
+    _check_data(cfg, str(path), override_origins(overrides))
     return cfg
 
 
-def _check_data(cfg: RunConfig, source: str) -> None:
+def _check_data(cfg: RunConfig, source: str, origins: dict[str, str] | None = None) -> None:
+    """The dataset is there and large enough; a refusal is blamed on the flags that set the
+    keys it names (``--batch-size``, ``--set data.name=...``), else on ``source``."""
     problem = data_problem(cfg)
     if problem:
-        raise ConfigError(f"{source}: data: {problem}")
+        where = plan.blame(source, origins, "data.name", "data.root", text=problem)
+        raise ConfigError(f"{where}: data: {problem}")
 
 
-def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()) -> Prepared:
-    """A preset with its overrides (CLI last), prepared: every rule checked, the flags that
-    broke one named."""
-    cfg = load_preset(path, overrides)
+def load_checked(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = (),
+                 what: str = "preset") -> Prepared:
+    """A preset (``what`` it is: a "preset", or a resumed run's "run config") with its
+    overrides (CLI last), prepared: every rule checked, the flags that broke one named."""
+    cfg = load_preset(path, overrides, what)
     return prepare(cfg, str(path), override_origins(overrides))
 
 

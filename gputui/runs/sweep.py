@@ -27,6 +27,9 @@ from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core import machine
+from gputui.runs.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
+from gputui.runs.sweep_grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  # noqa: F401
+                                    parse_devices, resolve_kind, spec_for)
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
@@ -97,7 +100,10 @@ class Manifest:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise WriteFailed(path.parent, exc) from None
-        return write_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
+        for i, p in enumerate(self.points):  # each within POINT_BYTES, fitted once
+            if len(p.reason) + len(repr(p.machine)) > POINT_BYTES // 4:
+                self.points[i] = Point(**fit_point(asdict(p)))
+        return write_atomic(path, json.dumps(asdict(self), indent=INDENT) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Manifest":
@@ -117,7 +123,7 @@ def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
 
     path = manifest_path(runs_dir, find_sweep(sweep_id, runs_dir))
     try:
-        return Manifest.from_dict(json.loads(safeio.read_text(path)))
+        return Manifest.from_dict(json.loads(safeio.read_text(path, MANIFEST_LIMIT)))
     except FileNotFoundError:  # gone since it was listed
         raise LookupError(f"no sweep '{sweep_id}' under {runs_dir}/sweeps") from None
     except (OSError, ValueError, TypeError) as exc:
@@ -131,96 +137,10 @@ def list_manifests(runs_dir: Path) -> list[Manifest]:
     out = []
     for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
         try:
-            out.append(Manifest.from_dict(json.loads(safeio.read_text(path))))
+            out.append(Manifest.from_dict(json.loads(safeio.read_text(path, MANIFEST_LIMIT))))
         except (OSError, ValueError, TypeError):
             continue
     return out
-
-
-def parse_devices(text: str) -> list[str]:
-    """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    for item in items:
-        ok = item.isdigit() and int(item) > 0 or item == "cpu" or (
-            item.startswith("cpu*") and item[4:].isdigit() and int(item[4:]) > 0)
-        if not ok:
-            raise ConfigError(f"--devices {text}: '{item}' is not a device count; give counts "
-                              f"like 1,2 (or cpu,cpu*2)")
-    if not items:
-        raise ConfigError("--devices: give at least one device count, e.g. --devices 1,2")
-    return list(dict.fromkeys(items))
-
-
-def axis_grid(axes: dict) -> list[list[tuple[str, Any]]]:
-    """Every combination of the fast-path axes' values, as (key, value) lists ([[]]: none)."""
-    grid: list[list[tuple[str, Any]]] = [[]]
-    for key, values in axes.items():
-        grid = [[*combo, (key, v)] for combo in grid for v in values]
-    return grid
-
-
-def parse_axis(option: str, key: str, text: str) -> list:
-    """The values of one fast-path axis as typed (``--compile off,default``), checked against
-    the config field's choices; ConfigError (one line) otherwise."""
-    from gputui.core.config_schema import COMPILE_MODES, PRECISIONS
-
-    items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    if key == "run.channels_last":
-        words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
-        bad = [t for t in items if t.lower() not in words]
-        choices = "off, on"
-        values: list[Any] = [words.get(t.lower()) for t in items]
-    else:
-        allowed = PRECISIONS if key == "run.precision" else COMPILE_MODES
-        bad = [t for t in items if t not in allowed]
-        choices, values = ", ".join(allowed), items
-    if bad or not items:
-        raise ConfigError(f"{option} {text}: {', '.join(map(repr, bad)) or 'nothing'} is not "
-                          f"one of {choices}; give a comma list, e.g. {option} "
-                          f"{choices.replace(' ', '')}")
-    return list(dict.fromkeys(values))
-
-
-KINDS = ("auto", "gpu", "cpu")
-KIND_WORDS = {"gpu": "GPUs", "cpu": "CPU virtual devices"}
-
-
-def resolve_kind(kind: str, preset_spec: str, gpus: list | None = None,
-                 no_gpu_reason: str = "") -> tuple[str, str]:
-    """What a sweep's device counts mean, "gpu" or "cpu", and a line for the user.
-
-    "auto" is GPUs when the preset names GPUs and this machine has some, else CPU virtual
-    devices; the line then says how to scale over the GPUs that are there. "gpu" on a machine
-    without one is refused (ConfigError, one line)."""
-    from gputui.core.devices import wants_gpus
-    from gputui.hw.discovery import discover_gpus
-
-    if kind not in KINDS:
-        raise ConfigError(f"--kind {kind}: must be one of {', '.join(KINDS)}")
-    if gpus is None:
-        gpus, no_gpu_reason = discover_gpus()
-    have = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
-    if kind == "gpu":
-        if not gpus:
-            raise ConfigError(f"--kind gpu: no GPU is available "
-                              f"({no_gpu_reason or 'no NVIDIA GPU was found'}); use --kind cpu")
-        return "gpu", f"scaling over GPUs (this machine has {have})"
-    if kind == "cpu" or not gpus:
-        return "cpu", "scaling over CPU virtual devices" + (
-            f"; this machine has {have}: --kind gpu scales over them" if gpus else "")
-    if wants_gpus(preset_spec):
-        return "gpu", f"scaling over GPUs, as the preset names GPUs (this machine has {have})"
-    return "cpu", (f"scaling over CPU virtual devices, as the preset names CPU devices; this "
-                   f"machine has {have}: --kind gpu scales over them")
-
-
-def spec_for(item: str, kind: str) -> str:
-    """The devices.spec of a grid point: a count of GPUs or of CPU virtual devices."""
-    if not item.isdigit():
-        return item
-    if kind == "cpu":
-        return "cpu" if item == "1" else f"cpu*{item}"
-    return item  # the first N GPUs
 
 
 class Sweep:

@@ -150,7 +150,8 @@ class Tuner:
         """Measure what the prediction needs (the preset's inputs, then each setting's factor,
         cheapest first, while the budget lasts) and rank every candidate."""
         from gputui.runs.predict import predict
-        from gputui.runs.predict_measure import Cache, Measurer, cores
+        from gputui.runs.predict_cache import Cache, cores
+        from gputui.runs.predict_measure import Measurer
 
         base = self.preset_candidate()
         cfg0 = self.base.replace(optim={"batch_size": base.batch, "scale_with_devices": False})
@@ -221,7 +222,7 @@ class Tuner:
         """A job measuring the one-device step of ``m``'s config at ``batch``, over ``t_1``;
         its ``kept`` attribute says whether the figure is kept (free)."""
         from gputui.runs.predict_inputs import stale
-        from gputui.runs.predict_measure import compute_key
+        from gputui.runs.predict_cache import compute_key
 
         device = f"gpu:{getattr(m, '_gpu_label', '')}" if self.kind == "gpu" else "cpu"
         hit = m.cache.get(compute_key(m.cfg, batch, threads, 1, device))

@@ -103,6 +103,8 @@ def choose(res: list[Result]) -> tuple[Result | None, list[str]]:
     if best.marks:
         notes.append(f"the choice rests on a figure that is {'; '.join(best.marks)}: "
                      f"run `gputui tune` again on a quieter machine to be sure")
+    if best.flags:  # compare's trust rules: its speedup over the baseline is not a result
+        notes.append(f"its speedup is flagged: {best.flags[0]}")
     if len(measured) > 1:
         second = measured[1]
         noise = (best.noise or MIN_NOISE) + (second.noise or MIN_NOISE)

@@ -274,8 +274,17 @@ def stop_helpers() -> None:
     """End the fork server and the resource tracker this process started, and wait for them:
     orphaned, they would end by themselves only a moment after this process, outliving the
     run. (multiprocessing's own stop methods are private: whatever is left is killed.)"""
+    import multiprocessing.util as mp_util
     from multiprocessing import forkserver, resource_tracker
 
+    # first, while the tracker (the parent's, shared) still hears this process: the
+    # semaphores made here (the ranks' queue) are unlinked and unregistered by their
+    # finalizers, or the host's os._exit leaves them registered and the tracker warns of them
+    # as "leaked" after the parent's last line (a run stopped before its ranks started)
+    try:
+        mp_util._run_finalizers(0)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - on the way out: the warning is all that is at stake
+        pass
     for owner in (getattr(forkserver, "_forkserver", None),
                   getattr(resource_tracker, "_resource_tracker", None)):
         if owner is None:

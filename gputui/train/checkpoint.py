@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gputui.core.errors import UserError, first_line
+from gputui.core.errors import UserError, brief, first_line
 from gputui.core.filewrite import write_with
 from gputui.core.runstore import CHECKPOINT_NAME
 from gputui.train.strategies.base import Strategy
@@ -125,7 +125,8 @@ def load(where: str | Path) -> dict[str, Any]:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torn, foreign or code-carrying files alike
         first = first_line(exc) or type(exc).__name__
-        raise CheckpointError(f"{path}: not a readable gputui checkpoint ({first[:160]})") from None
+        raise CheckpointError(f"{path}: not a readable gputui checkpoint ({brief(first)})") \
+            from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a gputui checkpoint of format {FORMAT}")
     return data
@@ -141,7 +142,8 @@ def restore(strategy: Strategy, data: dict[str, Any]) -> Position:
         strategy.load_state_dict(data["state"])
     except (RuntimeError, ValueError, KeyError) as exc:
         first = first_line(exc) or type(exc).__name__
-        raise CheckpointError(f"the checkpoint does not fit this model ({first[:160]})") from None
+        raise CheckpointError(f"the checkpoint does not fit this model ({brief(first)})") \
+            from None
     set_rng_state(data["rng"])
     position = Position(**data["position"])
     strategy.updater.steps = data.get("schedule", {}).get("steps", position.global_step)

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from gputui.core.config import RunConfig
-from gputui.core.errors import first_line
+from gputui.core.errors import brief, first_line
 from gputui.core.events import Event, FlopsInfo, LogLine, MemoryReport
 from gputui.train import flops, memory
 from gputui.train.data import Dataset
@@ -30,7 +30,7 @@ def flops_info(cfg: RunConfig, strategy: Strategy, ds: Dataset,
                                        cfg.run.channels_last, strategy.task)
     except Exception as exc:  # noqa: BLE001 - a user's model may not build on meta tensors
         emit(LogLine(level="info", message=f"FLOPs not counted (the model does not build on "
-                                           f"the meta device: {first_line(exc)[:120]})"))
+                                           f"the meta device: {brief(first_line(exc), 160)})"))
         return None
     device = strategy.data_device()
     dtype = flops.matmul_dtype(cfg.run.precision, device)

@@ -66,6 +66,9 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
     delay = cfg.debug.data_delay_s
     injected = [f"debug.{k} = {v:g} s" for k, v in (("comm_delay_s", cfg.debug.comm_delay_s),
                                                       ("data_delay_s", delay)) if v]
+    if cfg.debug.slow_rank >= 0 and cfg.debug.slow_backward_ms:
+        injected.append(f"debug.slow_backward_ms = {cfg.debug.slow_backward_ms:g} on rank "
+                        f"{cfg.debug.slow_rank}")
     if injected:
         emit(LogLine(level="warning", message=f"{', '.join(injected)}: delays added on "
                                               f"purpose; speeds are not this machine's"))

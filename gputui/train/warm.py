@@ -81,7 +81,13 @@ class Host:
         self.busy = False
 
     def close(self, timeout: float = 5.0) -> None:
-        """Ask the host to exit; kill it if it does not."""
+        """Ask the host to exit; kill it if it does not. An idle warm host (no run handed
+        over) holds no record and no child: it is killed at once, so quitting never waits
+        for it to finish importing torch (2.3 s of the app's quit, before)."""
+        if self.warm and not self.busy and self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+            return
         if self.process.is_alive():
             try:
                 self.channels.jobs.put(None)

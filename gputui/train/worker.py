@@ -33,6 +33,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
     is given in each process of a multi-process run; ``load_data`` replaces
     ``data.load_from_config`` (the ranks map the copy their host loaded). ``notes`` are the
     launcher's lines for the record (e.g. the devices' fallback), logged after RunStarted."""
+    launch_s = time.time() - t_launch  # the spawn, the agent, the interpreter: before this
     run_dir = Path(run_dir)
     started = False
     try:
@@ -94,7 +95,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
                       params=count_params(strategy.primary_model()),
                       threads=torch.get_num_threads(), cores=_cores(), task=strategy.task,
                       tokens_per_sample=ds.image_size if strategy.task == "lm" else 0,
-                      baseline_loss=ds.baseline))
+                      baseline_loss=ds.baseline, launch_s=launch_s))
         t_train = time.time()
         status = train(cfg, strategy, batches, ds, emit, should_stop, run_dir=run_dir)
         strategy.close()

@@ -3,5 +3,6 @@
 import sys
 
 from gputui.tui.app import run_tui
+from gputui.tui.lifecycle import leave
 
-raise SystemExit(run_tui(sys.argv[1] if len(sys.argv) > 1 else None))
+leave(run_tui(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -24,6 +24,7 @@ from textual.binding import Binding
 from textual.worker import get_current_worker
 
 from gputui.core.config import ConfigError, RunConfig, load_preset
+from gputui.tui.defaults import app_default
 from gputui.tui.inventory import Inventory, discover_inventory
 from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
 from gputui.tui.messages import (ControlRun, LaunchFailed, RunControlled, RunEnded,
@@ -48,6 +49,12 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "gputui"
+    # size classes every screen gets (app.tcss lays the screens out by them; under 80x24,
+    # widgets.too_small says so instead)
+    HORIZONTAL_BREAKPOINTS = [(0, "-w-tiny"), (80, "-w-small"), (100, "-w-medium"),
+                              (160, "-w-large")]
+    VERTICAL_BREAKPOINTS = [(0, "-h-tiny"), (24, "-h-small"), (30, "-h-medium"),
+                            (45, "-h-large")]
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "show_help_panel", "Keys", show=False),
@@ -93,7 +100,7 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
             config, preset=preset_path,
             inventory=self.fixed_inventory or Inventory(discovered=self.discover is None),
             discover=self.discover,
-            presets=self.preset_list)
+            presets=self.preset_list, runs_dir=self.runs_path)
         self.push_screen(setup)
         if error:
             self.notify(error, title="Preset not loaded", severity="error", timeout=12)
@@ -115,14 +122,15 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
         warm.ensure_host(cuda=warm.cuda_indices(config.devices.spec))
 
     def _initial_config(self) -> tuple[RunConfig, Path | None, str]:
-        """The preset given on the command line, or the defaults (with the reason)."""
+        """The preset given on the command line, or the app's default (one that learns within
+        its first minute: gputui.tui.defaults), with the reason when the preset failed."""
         if not self.preset_arg:
-            return RunConfig(), None, ""
+            return app_default(), None, ""
         try:
             path = resolve_preset_path(self.preset_arg)
             return load_preset(path), path, ""
         except ConfigError as exc:
-            return RunConfig(), None, str(exc)
+            return app_default(), None, str(exc)
 
     @property
     def runs_path(self) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from gputui.core.devices import human_bytes
 
@@ -63,3 +64,27 @@ def thin(points: list[tuple[float, float]], limit: int) -> list[tuple[float, flo
         return list(points)
     step = (n - 1) / (limit - 1)
     return [points[round(i * step)] for i in range(limit)]
+
+
+_DEVICES_FLAG = re.compile(r"--devices ('?)(cpu\*(\d+)|cpu|[^\s',;)]+)\1")
+_SPEC_GIVES = re.compile(r"devices\.spec '([^']*)' gives (\d+)")
+_FLAG_ASIDE = re.compile(r" \(--[a-z][a-z-]*\)")
+_SET_FLAG = re.compile(r"--set ([a-z_]+\.[a-z_]+)=")
+
+
+def app_terms(text: str) -> str:
+    """A rule's sentence, written for the command line, in the app's terms: what to choose
+    where, not which flag to pass ("use --devices cpu" -> "choose 1 CPU device (Devices,
+    F2)"). Text without a flag is returned as it is."""
+    def devices(m: re.Match) -> str:
+        if m.group(3):
+            return f"{m.group(3)} CPU devices (Devices, F2: the CPU count under the table)"
+        if m.group(2) == "cpu":
+            return "1 CPU device (Devices, F2)"
+        return f"devices {m.group(2)} (Devices, F2)"
+
+    text = _SPEC_GIVES.sub(r"the chosen devices (\1) are \2", text)
+    text = _DEVICES_FLAG.sub(devices, text)
+    text = text.replace("with tp_size", "with TP group size")
+    text = _FLAG_ASIDE.sub("", text)
+    return _SET_FLAG.sub(r"\1 = ", text)

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from gputui.core.errors import fault_line
 
@@ -147,3 +147,24 @@ def crash_line(exc: BaseException | None) -> str:
     if exc is None:
         return "gputui: error: the app ended with an internal error"
     return f"gputui: error: the app crashed: {fault_line(exc)}"
+
+
+def leave(code: int, threads_s: float = 2.0) -> NoReturn:
+    """End the app's process now with ``code``: what the interpreter's exit does that matters
+    (the non-daemon threads, bounded by ``threads_s``; the exit handlers, which close the
+    warm hosts and run multiprocessing's finalizers; the output flushed), then ``os._exit``,
+    skipping the teardown of every module the app loaded (0.5-1 s of a 2 s quit here). Only
+    for the process that ran the app, after it returned."""
+    import atexit
+
+    deadline = time.monotonic() + threads_s  # all of them together, not each
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)

@@ -105,6 +105,14 @@ class FilesChecked(Message):
         self.problem = problem
 
 
+class HistoryRead(Message):
+    """The run history's rows, read off the UI thread (for the set-up's estimate)."""
+
+    def __init__(self, rows: tuple) -> None:
+        super().__init__()
+        self.rows = rows
+
+
 class SummaryRead(Message):
     """The run record's summary, read after the run ended (None when it has none)."""
 

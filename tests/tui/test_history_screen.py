@@ -167,3 +167,23 @@ async def test_history_shows_record_text_literally(tmp_path, inventory, presets)
         await pilot.press("down", "enter")
         await wait_until(pilot, lambda: isinstance(app.screen, CompareScreen) and
                          app.screen.loaded, what="the run view")
+
+
+async def test_the_compare_screen_shows_a_runs_scaling_waterfall(tmp_path, inventory, presets):
+    from gputui.core.breakdown import make
+
+    runs = tmp_path / "runs"
+    one = make(span_s=0.1, data_s=0.0, compute_s=0.09, optimizer_s=0.01, comm_exposed_s=None)
+    two = make(span_s=0.1, data_s=0.0, compute_s=0.06, optimizer_s=0.01, comm_exposed_s=0.03)
+    write_record(runs, "20260101-100000-exp-base", "single", 1, batch=256, sps=1000,
+                 windows=2, epochs=3, breakdowns=[one] * 3)
+    run = write_record(runs, "20260101-110000-exp-ddp2", "ddp", 2, batch=256, scale=True,
+                       sps=1500, windows=2, epochs=3, breakdowns=[two] * 3)
+    app = make_app(runs_dir=runs, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.push_screen(CompareScreen([run], runs))
+        await wait_until(pilot, lambda: app.screen.loaded, what="the comparison")
+        assert app.screen.query_one("#compare-waterfall").display
+        text = str(app.screen.query_one("#compare-waterfall-text", Static).render())
+        assert "scaling waterfall" in text and "exposed communication" in text
+        assert "-0.60x" in text and "1.50x" in text

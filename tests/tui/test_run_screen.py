@@ -14,11 +14,11 @@ from gputui.tui.screens.run import RunScreen
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.widgets.device_panel import DevicePanel, Meter
 from gputui.tui.widgets.epoch_table import EpochTable
+from gputui.tui.widgets.history_row import HistoryRow
 from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, ThroughputPlot
 from gputui.tui.widgets.run_log import RunLog
-from textual.widgets import Sparkline
 
-SIZE = (140, 44)
+SIZE = (200, 50)  # every panel shows (the compact layouts: test_snapshots, test_run_figures)
 
 
 def text(screen, selector: str) -> str:
@@ -62,10 +62,10 @@ async def test_a_finished_run_fills_every_panel(presets):
         # Epochs: time beside test accuracy.
         table = screen.query_one(EpochTable)
         assert table.row_count == 3
-        assert list(table.get_row("2")) == ["2/3", "2.0 s", "0.4 s", "0.5000", "70.00%", "6,000"]
+        assert list(table.get_row("2")) == ["2/3", "70.00%", "0.5000", "2.0 s", "0.4 s", "6,000"]
         # Status strip: progress, ETA, init time, throughput.
-        assert text(screen, "#epoch-label") == "epoch 3/3  step 20/20"
-        assert text(screen, "#eta-label") == "ETA 0:00"
+        assert text(screen, "#epoch-label") == "epoch 3/3 · step 60/60"
+        assert text(screen, "#eta-label") == "ETA 0:00 (whole run)"
         meta = text(screen, "#status-meta")
         assert meta.startswith("init 2.5 s · samples/s 5,600 · step 60")
         assert "finished" in text(screen, "#state-badge")
@@ -74,7 +74,7 @@ async def test_a_finished_run_fills_every_panel(presets):
         last1 = [e for e in events if isinstance(e, DeviceSample) and e.device == "cpu:1"]
         assert cpu1.query_one(".util-meter", Meter).value_text == f"{last1[-1].cpu_percent:5.1f}%"
         assert cpu1.query_one(".mem-meter", Meter).value_text == "1.0 GiB/8.0 GiB"
-        history = cpu1.query_one(".util-spark", Sparkline).data
+        history = list(cpu1.query_one(".util-spark", HistoryRow).data)
         # Coalescing may drop stale samples, but never reorders or invents one: the history
         # is an in-order subsequence of what was sent, and ends with the latest.
         sent = iter(e.cpu_percent for e in last1)
@@ -83,7 +83,8 @@ async def test_a_finished_run_fills_every_panel(presets):
         assert text(cpu1, ".dev-extra") == "pid 4243"  # a CPU process: no temp or power
         # The run's MFU under the utilization, the device's training memory under its own.
         assert cpu1.query_one(".mfu-meter", Meter).value_text == " 31.0%"
-        assert text(cpu1, ".train-mem") == "par 241K grad 241K opt 241K act 16.8M"
+        assert text(cpu1, ".train-mem") == ("params 241 KiB · grads 241 KiB\noptim 241 KiB · "
+                                            "activ. 16.8 MiB")
         # Where the last metered step went: a stacked bar as wide as the panel, and a legend.
         parts = text(cpu1, ".dev-breakdown")
         bar_line, legend = parts.split("\n", 1)
@@ -153,8 +154,8 @@ async def test_stop_is_graceful_and_kill_asks_first(presets):
         await wait_until(pilot, lambda: screen.ended, what="the stopped run")
         assert launcher.handles[0].stop_calls == 1 and screen.state == "stopped"
         assert "run stopped: stopped by user" in "\n".join(screen.query_one(RunLog).plain)
-        assert text(screen, "#eta-label") == "ETA --:--"
-        assert screen.check_action("stop", ()) is None  # greyed out in the footer now
+        assert text(screen, "#eta-label") == "ETA --:-- (whole run)"
+        assert screen.check_action("stop", ()) is False  # no longer offered in the footer
 
 
 async def test_kill_from_the_dialog(presets):
@@ -168,7 +169,7 @@ async def test_kill_from_the_dialog(presets):
         assert launcher.handles[0].kill_calls == 1
         assert screen.state == "killed" and "killed" in text(screen, "#state-badge")
         assert "run killed: killed by user" in "\n".join(screen.query_one(RunLog).plain)
-        assert text(screen, "#eta-label") == "ETA --:--"  # not 0:00: it never got there
+        assert text(screen, "#eta-label") == "ETA --:-- (whole run)"  # not 0:00: it never got there
 
 
 async def test_quitting_with_an_active_run_stops_it_first(presets):
@@ -334,8 +335,9 @@ async def test_a_language_models_run_shows_loss_perplexity_and_tokens(presets):
         steps = [e for e in events if isinstance(e, StepMetrics)]
         assert thr.title == "Tokens/s" and thr.last_y == steps[-1].tokens_per_s
         table = screen.query_one(EpochTable)
-        assert table.labels[4:] == ("val loss (ppl)", "tokens/s")
-        assert list(table.get_row("2"))[4:] == ["loss 2.0000 (ppl 7.39)", "384,000"]
+        assert table.labels[1] == "val loss (ppl)" and table.labels[5] == "tokens/s"
+        row = list(table.get_row("2"))
+        assert (row[1], row[5]) == ("loss 2.0000 (ppl 7.39)", "384,000")
         assert "tokens/s" in text(screen, "#status-meta")
         log = screen.query_one(RunLog).plain
         assert any("train loss 0.5000, val loss 2.0000 / ppl 7.39" in line for line in log)
@@ -356,3 +358,33 @@ async def test_a_scheduled_lr_shows_in_the_status_strip(presets):
         await wait_until(pilot, lambda: screen.ended, what="the end of the run")
         await pilot.pause()
         assert "· step 10 · lr 0.01 · elapsed" in text(screen, "#status-meta")
+
+
+async def test_the_slowest_ranks_panel_names_it_its_phase_and_the_others_wait(presets):
+    from gputui.core.breakdown import make
+    from gputui.core.events import RunStarted
+
+    def rank(i: int, backward: float, exposed: float):
+        bd = make(span_s=0.3, data_s=0.0, compute_s=0.02 + backward, optimizer_s=0.01,
+                  comm_exposed_s=exposed)
+        return dict(rank=i, breakdown=bd, forward_s=0.02, backward_s=backward)
+
+    events = []
+    for ev in run_events(epochs=1, steps_per_epoch=10, log_every=5):
+        if isinstance(ev, RunStarted):
+            ev = dataclasses.replace(ev, world_size=2, strategy="ddp")
+        elif isinstance(ev, StepMetrics):  # rank 1 is 200 ms slower in backward
+            rows = tuple(dataclasses.replace(r, **rank(i, (0.05, 0.25)[i], (0.21, 0.01)[i]))
+                         for i, r in enumerate(ev.per_device))
+            ev = dataclasses.replace(ev, per_device=rows)
+        events.append(ev)
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        shown = [text(screen.query_one(f"#dev-cpu-{i}", DevicePanel), ".dev-breakdown")
+                 for i in (0, 1)]
+        assert "straggler" not in shown[0]
+        assert "straggler: rank 1 (cpu:1), in backward: +200.0 ms" in shown[1].replace("\n", " ")
+        assert "waited 200.0 ms" in shown[1].replace("\n", " ")

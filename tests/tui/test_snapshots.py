@@ -1,33 +1,33 @@
-"""Deterministic snapshots of the set-up and run screens (pytest-textual-snapshot).
+"""Deterministic snapshots of the app's screens (pytest-textual-snapshot).
 
-Fixed inventory, the quickstart preset only, scripted events fed straight to the run screen
-(no pump: the app pumps only the runs it launched, so no timing decides which samples are
-coalesced), timestamps from the events.
+Every screen (set-up, run, history, compare, sweep) at 80x24, 100x30 and 200x50: the
+panels give way rather than squash (tests/tui/screens_at.py builds each screen from fixed
+records and scripted events: nothing trains, no timing decides what shows), and under 80x24
+one message says so. Plus the set-up with a bad field.
 Update after an intended change with: pytest tests/tui/test_snapshots.py --snapshot-update
+(then look at the SVGs: tests/tui/__snapshots__/test_snapshots/).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
+from screens_at import SCREENS, SIZES, make
 
-from scripted import FakeHandle, fixed_inventory, run_events
-
-from gputui.core import runstore
-from gputui.core.events import DeviceSample
-from gputui.train.recorder import write_summary
 from gputui.tui.app import make_app
-from gputui.tui.screens.run import RunScreen
+from scripted import fixed_inventory
 
 SIZE = (140, 44)
-RUN_ID = "20240101-000000-quickstart"
 
 
-def setup_app(presets):
-    return make_app(preset="quickstart", inventory=fixed_inventory(gpus=2), presets=presets)
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("screen", list(SCREENS))
+def test_screen_at_size(snap_compare, presets, tmp_path, monkeypatch, screen, size):
+    monkeypatch.chdir(tmp_path)  # the records go to ./runs, shown as "runs"
+    assert snap_compare(make(presets), terminal_size=SIZES[size], run_before=SCREENS[screen])
 
 
-def test_setup_screen(snap_compare, presets):
-    assert snap_compare(setup_app(presets), terminal_size=SIZE)
+def test_under_the_smallest_size_one_message_shows(snap_compare, presets):
+    assert snap_compare(make(presets), terminal_size=(70, 20), run_before=SCREENS["setup"])
 
 
 def test_setup_screen_with_a_bad_field(snap_compare, presets):
@@ -37,28 +37,5 @@ def test_setup_screen_with_a_bad_field(snap_compare, presets):
         pilot.app.screen.query_one("#f-optim-lr").cursor_blink = False  # no clock in a snapshot
         await pilot.pause()
 
-    assert snap_compare(setup_app(presets), terminal_size=SIZE, run_before=type_bad_lr)
-
-
-def test_run_screen_after_a_finished_run(snap_compare, presets, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    events = run_events(run_id=RUN_ID, epochs=3, steps_per_epoch=20, log_every=2)
-    run_dir = Path("runs") / RUN_ID
-    run_dir.mkdir(parents=True)
-    write_summary(run_dir, runstore.summarize(events))
-    app = make_app(inventory=fixed_inventory(), presets=presets)
-
-    async def show_run(pilot):
-        screen = RunScreen(FakeHandle([], run_id=RUN_ID, run_dir=run_dir))
-        await app.push_screen(screen)
-        await pilot.pause()
-        screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])
-        for e in events:
-            if isinstance(e, DeviceSample):
-                screen.show_sample(e)
-        await app.workers.wait_for_complete()  # the summary read (no pump runs here)
-        await pilot.pause()
-        app.clear_notifications()
-        await pilot.pause()
-
-    assert snap_compare(app, terminal_size=SIZE, run_before=show_run)
+    app = make_app(preset="quickstart", inventory=fixed_inventory(gpus=2), presets=presets)
+    assert snap_compare(app, terminal_size=SIZE, run_before=type_bad_lr)

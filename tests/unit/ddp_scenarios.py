@@ -119,11 +119,15 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
 
 DELAY = 0.05  # seconds injected by the breakdown scenarios
 FSDP_DELAY = 0.01  # ... on each of fsdp's collectives (several a step)
+SLOW_MS = 60.0  # added to rank 1's backward by the straggler scenarios
 # name -> config overrides of a ddp (or fsdp) run through the real loop, every step metered
 BREAKDOWN = {"plain": {}, "comm_delay": {"debug.comm_delay_s": DELAY},
              "data_delay": {"debug.data_delay_s": DELAY},
              "fsdp_plain": {"strategy.name": "fsdp"},
-             "fsdp_comm_delay": {"strategy.name": "fsdp", "debug.comm_delay_s": FSDP_DELAY}}
+             "fsdp_comm_delay": {"strategy.name": "fsdp", "debug.comm_delay_s": FSDP_DELAY},
+             "slow_rank": {"debug.slow_rank": 1, "debug.slow_backward_ms": SLOW_MS},
+             "fsdp_slow_rank": {"strategy.name": "fsdp", "debug.slow_rank": 1,
+                                "debug.slow_backward_ms": SLOW_MS}}
 
 
 def run_breakdown(name: str, spec: str = "cpu*2") -> list[list]:

@@ -9,7 +9,7 @@ import pytest
 from gputui.core.events import StepMetrics
 from gputui.runs import comm_peak
 from gputui.runs.compare import read_hw_figures
-from gputui.runs.predict_measure import Cache
+from gputui.runs.predict_cache import Cache
 
 
 def _result(*algbw: float, n: int = 2) -> dict:

@@ -235,3 +235,67 @@ def test_a_delay_in_fsdps_collectives_shows_as_exposed_comm(ranks):
     assert 0.7 * calls * FSDP_DELAY <= grown <= 2 * calls * FSDP_DELAY, (grown, calls)
     assert part["slow"]["compute_s"] < part["plain"]["compute_s"] + 0.5 * calls * FSDP_DELAY
     assert plain[0].comm_gbps is None  # no all-reduce: no bandwidth beside bench-comm's
+
+
+# ---------------------------------------------------------------- stragglers and the waterfall
+def _steps(ranks, scenario: str) -> list:
+    return ranks[0]["breakdown"][scenario]
+
+
+@pytest.mark.parametrize("scenario", ["slow_rank", "fsdp_slow_rank"])
+def test_a_rank_slow_in_backward_is_named_with_its_phase_and_the_wait_it_caused(ranks, scenario):
+    """debug.slow_rank = 1 sleeps SLOW_MS in that rank's backward only: the rows name rank 1
+    and backward, and rank 0 waited about that long in the collective (at least half of it,
+    at most the step: a loaded machine stretches both ways)."""
+    from statistics import median
+
+    from ddp_scenarios import SLOW_MS
+
+    from gputui.core import straggler
+
+    found = [straggler.find(rows) for rows in _steps(ranks, scenario)]
+    assert all(s is not None for s in found)
+    run = straggler.over_steps(found)
+    assert run is not None and (run.rank, run.device, run.phase) == (1, "cpu:1", "backward")
+    assert run.significant() and run.agree >= 0.7
+    assert 0.5 * SLOW_MS / 1000 <= run.wait_s <= run.step_s, run
+    assert "straggler: rank 1 (cpu:1), in backward" in straggler.line(run)
+    # the slow rank's own backward holds the delay (medians: a loaded machine slows a step)
+    mine = median(rows[1].backward_s - rows[0].backward_s for rows in _steps(ranks, scenario))
+    assert mine >= 0.5 * SLOW_MS / 1000, mine
+
+
+@pytest.fixture(scope="module")
+def single_step():
+    """single's mean metered step on the scenarios' model and batch, in this process."""
+    from test_breakdown import _run
+
+    from gputui.core import breakdown
+
+    return breakdown.mean(e.per_device[0].breakdown for e in _run("single", "cpu")[1:])
+
+
+@pytest.mark.parametrize("scenario,cause,delay_s", [
+    ("slow_rank", "straggler", None), ("fsdp_slow_rank", "straggler", None),
+    ("data_delay", "data", "DELAY"), ("comm_delay", "comm", "DELAY")])
+def test_each_injected_delay_lands_in_its_waterfall_bar(ranks, single_step, scenario, cause,
+                                                        delay_s):
+    """The waterfall of each delayed 2-rank run against single on the same global batch (in
+    this process): the bars add up to the measured speedup, and the delayed cause's bar is at
+    least half of what the delay alone takes from the ideal 2x (2 x delay / step; a
+    straggler's wait is spread over the two ranks: 2 x delay / 2 / step)."""
+    import ddp_scenarios
+
+    from gputui.core import breakdown, straggler
+    from gputui.runs import waterfall
+
+    steps = _steps(ranks, scenario)[1:]
+    bd = breakdown.mean(row.breakdown for rows in steps for row in rows)
+    slow = straggler.over_steps([straggler.find(rows) for rows in _steps(ranks, scenario)])
+    single = single_step
+    assert bd is not None and single is not None
+    measured = single.step_s / bd.step_s  # the same global batch of 32: step time ratio
+    wf = waterfall.build(2.0, measured, waterfall.shares(bd, slow), waterfall.shares(single))
+    assert wf.ideal - sum(v for _, v in wf.bars) == pytest.approx(measured)
+    delay = ddp_scenarios.SLOW_MS / 2000 if delay_s is None else getattr(ddp_scenarios, delay_s)
+    assert wf.lost(cause) >= 0.5 * 2.0 * delay / bd.step_s, (wf, bd)

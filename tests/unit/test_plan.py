@@ -4,8 +4,10 @@ devices are resolved once: per run on the command line, per point in a sweep."""
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,10 @@ CASES = [
     ({"strategy.name": "model_parallel", "strategy.pipeline_chunks": 1000}, CPU2,
      "strategy.pipeline_chunks (1000) is more than"),
     ({"optim.batch_size": 1, "optim.micro_batches": 2}, CPU1, "is smaller than optim.micro_batches"),
+    ({"debug.slow_rank": 0}, CPU1, "debug.slow_rank slows a rank of ddp, fsdp or tp, not single"),
+    ({"strategy.name": "ddp", "debug.slow_rank": 2}, CPU2,
+     "debug.slow_rank (2) is not a rank of this run: it has 2"),
+    ({"strategy.name": "fsdp", "debug.slow_rank": 1, "debug.slow_backward_ms": 50.0}, CPU2, None),
     ({"strategy.name": "pp"}, CPU1, "strategy 'pp' needs at least 2 devices"),
     ({"strategy.name": "pp", "model.name": "mlp"}, [["cpu", i] for i in range(4)],
      "strategy 'pp' cuts mlp into at most 3 stages (one per block)"),
@@ -167,7 +173,12 @@ def test_the_files_are_checked_apart_and_blamed_on_their_flag(tmp_path):
                               f"{tmp_path / 'no-run'}; give a run folder holding checkpoint.pt "
                               f"(see `gputui resume`)")
     (tmp_path / "no-run").mkdir()
-    (tmp_path / "no-run" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "no-run" / "checkpoint.pt").write_bytes(b"")  # a file, but not a checkpoint
+    with pytest.raises(ConfigError, match="is not a whole checkpoint"):
+        check_files(found, "p.toml")
+    with zipfile.ZipFile(tmp_path / "no-run" / "checkpoint.pt", "w") as archive:  # as torch's
+        archive.writestr("checkpoint/data.pkl", pickle.dumps(
+            {"format": 1, "position": {}, "state": {}, "rng": {}}, protocol=2))
     check_files(found, "p.toml")
 
 

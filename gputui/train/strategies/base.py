@@ -65,6 +65,7 @@ from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.models import build_model, gpt_shape
 from gputui.train.optim import Updater, make_optimizer
 from gputui.train.strategies import fastpath
+from gputui.train.strategies.memory_rows import MemoryRows
 from gputui.train.strategies.meter import Meter
 from gputui.train.task import batch_score, mean_loss, zero_score
 
@@ -86,7 +87,7 @@ def flat_layers(module: nn.Module) -> list[nn.Module]:
     return out
 
 
-class Strategy:
+class Strategy(MemoryRows):
     """Base class: configuration, model building, the optimizer, the loss and one micro-batched
     forward/backward pass, the update, evaluation and checkpoints (see the module doc)."""
 
@@ -211,14 +212,19 @@ class Strategy:
     def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
               device: torch.device) -> torch.Tensor:
         """One forward/backward of a slice (see ``scaled_loss``); the detached loss."""
+        loss = self.forward_loss(model, x, y, denom, device)
+        self.backward(loss)
+        return loss.detach()
+
+    def forward_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
+                     device: torch.device) -> torch.Tensor:
+        """The forward of a slice and its scaled loss (``_pass`` without the backward)."""
         if self.amp_dtype is None:
             out = model(x)
         else:
             with torch.autocast(device_type=device.type, dtype=self.amp_dtype):
                 out = model(x)
-        loss = self.scaled_loss(out, y, denom)
-        self.backward(loss)
-        return loss.detach()
+        return self.scaled_loss(out, y, denom)
 
     def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
         """One update of each optimizer at the schedule's lr, after clipping (``updater``),
@@ -322,48 +328,6 @@ class Strategy:
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Combine a metric over processes (identity for single-process strategies)."""
         return value
-
-    def device_memory(self) -> dict[str, tuple[int, int]]:
-        """Each CUDA device's (allocated, reserved) bytes now, by device name, for the metered
-        step's rows (torch's allocator; CPU devices have none)."""
-        return {d.name: (torch.cuda.memory_allocated(d.index), torch.cuda.memory_reserved(d.index))
-                for d in self.devices if d.kind == "cuda"}
-
-    def memory_groups(self) -> list[tuple[str, torch.device, nn.Module, list]]:
-        """(device name, torch device, model, optimizers) for each device this process holds
-        training state on: one per device when every device has its own model and optimizer
-        (replicas), else everything on the first device (one model spread over several, as
-        model_parallel and dp, is counted whole there)."""
-        models, opts = self.models(), self.optimizers()
-        if len(models) == len(opts) == len(self.devices) > 1:
-            return [(d.name, dev, m, [o])
-                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts,
-                                            strict=True)]
-        return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
-
-    def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
-        """Every device's memory (see events.MemoryReport), gathered over the processes (a
-        collective in multi-process strategies: call on every rank). ``activations``: an
-        ActivationMeter's peaks by torch device, shared evenly by the virtual devices that
-        share one torch device."""
-        from gputui.train import memory
-
-        groups = self.memory_groups()
-        sharing: dict[str, int] = {}
-        for _, dev, _, _ in groups:
-            sharing[str(dev)] = sharing.get(str(dev), 0) + 1
-        rows = []
-        for name, dev, model, opts in groups:
-            row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}
-            act = activations.get(str(dev)) if activations is not None else None
-            row["activations"] = act // sharing[str(dev)] if act is not None else None
-            row.update(memory.allocator(dev))
-            rows.append(row)
-        return self.gather_rows(rows)
-
-    def gather_rows(self, rows: list[dict]) -> list[dict]:
-        """Every process's rows, in rank order (this process's alone here)."""
-        return rows
 
     def close(self) -> None:
         """Release resources (process groups, CUDA memory)."""

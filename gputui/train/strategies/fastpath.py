@@ -24,7 +24,7 @@ from typing import Any, Callable, cast
 import torch
 from torch import nn
 
-from gputui.core.errors import UserError, fault_line
+from gputui.core.errors import UserError, brief, fault_line
 from gputui.core.events import Event, LogLine
 
 
@@ -68,7 +68,7 @@ def eager(value: Any) -> tuple[Any, int]:
 
 
 def _one_line(exc: BaseException) -> str:
-    return fault_line(exc)[:300]
+    return brief(fault_line(exc), 300)
 
 
 def warm_up(strategy, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -109,6 +109,7 @@ class Meter:
         first = self.lanes[0]
         self.clock, self.compute, self.comm = first.clock, first.compute, first.comm
         self.optimizer = Span(self, self.clock)
+        self.forward = Span(self, self.clock)  # forward passes (ranks: inside compute)
         self.data_s = 0.0  # the loop's wait for the metered step's batch
         self.samples = 0  # examples the metered step trained on here
         self.comm_bytes = 0  # bytes its timed collectives moved (ddp's all-reduce)
@@ -137,7 +138,8 @@ class Meter:
             self.on = False
 
     def spans(self) -> list[Span]:
-        return [self.optimizer, *(s for lane in self.lanes for s in (lane.compute, lane.comm))]
+        return [self.optimizer, self.forward,
+                *(s for lane in self.lanes for s in (lane.compute, lane.comm))]
 
     def step_s(self) -> float:
         """The metered step's seconds on the first device's clock, begin to finish."""

@@ -195,7 +195,8 @@ class ModelParallel(Strategy):
         return self.score(out, y.to(out.device, non_blocking=True))
 
 
-def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:
+def stage_blocks(model: nn.Module, label: str,
+                 strategy: str = "model_parallel") -> list[nn.Module]:
     """The consecutive blocks model_parallel may cut between: an nn.Sequential's children, or
     what the model's ``gputui_blocks()`` returns (its blocks in forward order: running them one
     after another must be its forward). Anything else is refused with what to provide."""
@@ -204,7 +205,7 @@ def stage_blocks(model: nn.Module, label: str) -> list[nn.Module]:
     declared = getattr(model, "gputui_blocks", None)
     cls = type(model).__name__
     if not callable(declared):
-        raise ConfigError(f"strategy 'model_parallel' needs the stage boundaries of {label}: "
+        raise ConfigError(f"strategy '{strategy}' needs the stage boundaries of {label}: "
                           f"it built a {cls}, not an nn.Sequential; return an nn.Sequential of "
                           f"blocks, or give {cls} a gputui_blocks() method returning its blocks "
                           f"in forward order")

@@ -90,7 +90,7 @@ class PipelineParallel(RankStrategy):
 
         p, s = self.world_size, self.rank
         label = self.cfg.model.factory or self.cfg.model.name
-        blocks = stage_blocks(model, label)
+        blocks = stage_blocks(model, label, "pp")
         cut = cut_blocks(blocks, p, self.cfg.strategy.split_points, label, "pp", "ranks")
         self.bounds, counts = cut.bounds, cut.counts
         a, b = self.bounds[s], self.bounds[s + 1]

@@ -65,8 +65,19 @@ class RankStrategy(Strategy):
                         if self.backend != "gloo" else None)
         self.meter = Meter([self.device])
         self.comm = None
+        dbg = self.cfg.debug  # a straggler on purpose (tests): this rank's backward slowed
+        self._slow_s = dbg.slow_backward_ms / 1000.0 if dbg.slow_rank == self.rank else 0.0
         self._stop_countdown = self._stop_every = 1  # see agree_stop
         self._stop_t = time.perf_counter()
+
+    def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
+              device: torch.device) -> torch.Tensor:
+        """The shared forward/backward, with the forward marked on metered steps (the rank's
+        own phases, ``rank_step``) and, under debug.slow_rank, a slower backward."""
+        with self.meter.forward:
+            loss = self.forward_loss(model, x, y, denom, device)
+        self.backward(_SlowBackward.apply(loss, self._slow_s) if self._slow_s else loss)
+        return loss.detach()
 
     def data_device(self) -> torch.device:
         return self.device
@@ -119,6 +130,21 @@ class RankStrategy(Strategy):
         if self._owns_group and dist.is_initialized():
             dist.barrier(group=self.control)
             destroy_group()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward sleeps first (debug.slow_backward_ms): every gradient of
+    the step comes that much later, as on a rank whose backward is slow."""
+
+    @staticmethod
+    def forward(ctx, loss, seconds):  # noqa: ANN001 - autograd's signature
+        ctx.seconds = seconds
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        time.sleep(ctx.seconds)
+        return grad, None
 
 
 def destroy_group() -> None:

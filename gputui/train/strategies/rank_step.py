@@ -22,7 +22,7 @@ import torch.distributed as dist
 from gputui.core import breakdown
 from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.strategies.comm_timer import SpanTimer, gbps
-from gputui.train.strategies.meter import Meter
+from gputui.train.strategies.meter import Meter, merged
 
 if TYPE_CHECKING:
     from gputui.train.strategies.process_group import RankStrategy
@@ -51,8 +51,11 @@ def row(strategy: RankStrategy) -> DeviceStep:
                       mem_reserved=torch.cuda.memory_reserved(strategy.device))
     if not m.measured:
         return out
+    bd = split(m, timer)
+    forward = own_forward(m)
     out = replace(out, samples=m.samples, compute_s=m.until(m.compute_end()),
-                  step_time_s=m.step_s(), breakdown=split(m, timer))
+                  step_time_s=m.step_s(), breakdown=bd, forward_s=forward,
+                  backward_s=None if forward is None else max(0.0, bd.compute_s - forward))
     if timer is not None and m.comm.marks:  # the collectives it timed
         comm_s = m.comm.busy(m.start)
         out = replace(out, comm_s=comm_s, comm_calls=len(m.comm.marks))
@@ -76,6 +79,17 @@ def split(m: Meter, timer: SpanTimer | None) -> breakdown.Breakdown:
         compute_end, exposed, overlap = cut
         compute = compute_end - m.until(begin)
     return breakdown.make(step, m.data_s, compute, m.optimizer.seconds(), exposed, overlap)
+
+
+def own_forward(m: Meter) -> float | None:
+    """The rank's forward passes, less the collectives that ran inside them (fsdp's
+    all-gathers): its own forward work (None where no forward was marked)."""
+    if not m.forward.marks:
+        return None
+    spans = m.forward.intervals(m.start)
+    comm = m.comm.intervals(m.start)
+    inside = [(max(a, c), min(b, d)) for a, b in spans for c, d in comm if min(b, d) > max(a, c)]
+    return max(0.0, merged(spans) - merged(inside))
 
 
 @functools.cache

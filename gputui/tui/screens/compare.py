@@ -12,25 +12,37 @@ from pathlib import Path
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core import scores
+from gputui.runs import waterfall
 from gputui.runs.cells import cell
 from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 from gputui.tui.widgets.plain_table import PlainTable
+from gputui.tui.widgets.too_small import TooSmall
 
 HEADERS = {"time_per_epoch_s": "time/epoch", "samples_per_s": "samples/s",
            "test_acc": "test acc", "comm_share": "comm", "bubble_share": "bubble",
-           "init_s": "init",
+           "init_s": "init (s)",
            "predicted_speedup": "predicted",
            "compute_share": "compute", "comm_exposed_share": "exposed",
            "comm_overlap_share": "hidden", "optimizer_share": "optim", "data_share": "data",
            "host_share": "host", "train_mem": "train mem", **scores.HEADERS}
+
+
+# read first, so they come first: a narrow terminal cuts the others
+FIRST = ("id", "strategy", "devices", "speedup", "samples_per_s", "time_per_epoch_s",
+         "test_acc", "val_loss", "val_ppl", "efficiency")
+
+
+def key_first(columns: list[str]) -> list[str]:
+    """The table's columns with the ones read first in front, the rest in their order."""
+    return [c for c in FIRST if c in columns] + [c for c in columns if c not in FIRST]
 
 
 class CompareLoaded(Message):
@@ -56,6 +68,13 @@ class CompareScreen(Screen):
     #compare-plots { height: 1fr; min-height: 12; }
     #compare-plots OverlayPlot { width: 1fr; }
     #compare-notes { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
+    #compare-waterfall { height: auto; max-height: 14; padding: 0 1; }
+    CompareScreen.-h-small #compare-table { max-height: 5; }
+    CompareScreen.-h-small #compare-plots { min-height: 9; }
+    CompareScreen.-h-small #compare-notes, CompareScreen.-h-medium #compare-notes {
+        max-height: 4;
+    }
+    CompareScreen.-h-small #compare-waterfall { max-height: 6; }
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("r", "reload", "Reload")]
 
@@ -76,12 +95,16 @@ class CompareScreen(Screen):
             yield OverlayPlot("Training loss", "epoch", id="compare-loss")
             yield OverlayPlot("Test accuracy (%)", "epoch", id="compare-acc", ylim=(0, 100))
         yield Static("reading the records…", id="compare-notes", markup=False)
+        with VerticalScroll(id="compare-waterfall"):  # shown when some run has a waterfall
+            yield Static("", id="compare-waterfall-text", markup=False)
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = self.title_text
+        self.query_one("#compare-waterfall").display = False  # until a run brings one
         table = self.query_one(DataTable)
-        for key in TABLE_COLUMNS:
+        for key in key_first(list(TABLE_COLUMNS)):
             table.add_column(HEADERS.get(key, key), key=key)
         self.load()
 
@@ -99,7 +122,8 @@ class CompareScreen(Screen):
         self.items = message.items
         table = self.query_one(DataTable)
         # a language model's runs bring their columns (val loss, ppl, tokens/s)
-        columns = scores.columns_for(TABLE_COLUMNS, [it.row for it in message.items])
+        columns = key_first(list(scores.columns_for(TABLE_COLUMNS,
+                                                    [it.row for it in message.items])))
         table.clear(columns=True)
         for key in columns:
             table.add_column(HEADERS.get(key, key), key=key)
@@ -118,7 +142,19 @@ class CompareScreen(Screen):
              for it in message.items})
         notes = [message.error] if message.error else summary_lines(list(message.items))
         self.query_one("#compare-notes", Static).update("\n".join(notes))
+        self.show_waterfalls(message.items)
         self.loaded = True
+
+    def show_waterfalls(self, items: tuple[CompareRow, ...]) -> None:
+        """Each run's scaling waterfall (``gputui.runs.waterfall``), where it has one."""
+        text = []
+        for it in items:
+            if it.waterfall is not None:
+                title = (f"{label(it)} against {it.baseline.rsplit('-', 1)[-1]}: scaling "
+                         f"waterfall, speedup x")
+                text += waterfall.lines(it.waterfall, width=30, title=title)
+        self.query_one("#compare-waterfall-text", Static).update("\n".join(text))
+        self.query_one("#compare-waterfall").display = bool(text)
 
     def action_reload(self) -> None:
         """Read the records again (a run may have finished meanwhile)."""

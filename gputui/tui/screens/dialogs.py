@@ -59,7 +59,8 @@ class SavePresetDialog(ModalScreen[Path | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label("Save as preset", classes="dialog-title")
-            yield Static("A TOML file that `gputui run FILE` accepts. Enter saves.",
+            yield Static("A TOML file that `gputui run FILE` accepts; saved in presets/ (made "
+                         "if need be) it runs as `gputui run NAME`. Enter saves.",
                          classes="dialog-message")
             yield Input(str(self.default), id="preset-path")
             yield Static("", id="save-error", classes="field-error", markup=False)
@@ -83,7 +84,7 @@ class SavePresetDialog(ModalScreen[Path | None]):
         path = Path(raw).expanduser()
         if path.suffix != ".toml":
             path = path.with_suffix(path.suffix + ".toml" if path.suffix else ".toml")
-        if not path.parent.exists():
+        if not path.parent.exists() and path.parent != self.default.parent:
             self._error(f"the folder {path.parent} does not exist")
             return
         if path.exists() and self._confirm_overwrite != path:

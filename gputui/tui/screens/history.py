@@ -23,13 +23,15 @@ from gputui.runs.cells import fmt
 from gputui.runs.history import RunRow, load_rows
 from gputui.tui.messages import OpenCompare
 from gputui.tui.widgets.plain_table import PlainTable
+from gputui.tui.widgets.too_small import TooSmall
 
-COLUMNS = [("", "mark"), ("id", "id"), ("name", "name"), ("strategy", "strategy"),
-           ("devices", "devices"), ("batch", "batch"), ("lr", "lr"),
-           ("time/epoch", "time_per_epoch_s"), ("samples/s", "samples_per_s"),
-           ("tokens/s", "tokens_per_s"),
+# the columns read first come first, so a narrow terminal cuts the others
+COLUMNS = [("", "mark"), ("id", "id"), ("strategy", "strategy"), ("devices", "devices"),
            # one column, each cell naming its score: accuracy, or a language model's loss
-           ("test acc / val loss", "score"), ("status", "status"), ("date", "date")]
+           ("test acc / val loss", "score"), ("status", "status"),
+           ("samples/s", "samples_per_s"), ("time/epoch", "time_per_epoch_s"),
+           ("name", "name"), ("batch", "batch"), ("lr", "lr"), ("tokens/s", "tokens_per_s"),
+           ("date", "date")]
 
 
 class HistoryLoaded(Message):
@@ -68,6 +70,7 @@ class HistoryScreen(Screen):
         yield Static(f"Runs in {self.runs_dir}: loading…", id="history-note", markup=False)
         yield PlainTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = "run history"

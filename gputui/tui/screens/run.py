@@ -16,14 +16,14 @@ from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
-from textual.widgets import Footer, Header
+from textual.widgets import Footer, Header, Static
 
-from gputui.core import breakdown
+from gputui.core import breakdown, straggler
 from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           StepMetrics, plural)
+                           StepMetrics, init_text, plural)
 from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
@@ -33,8 +33,10 @@ from gputui.tui.widgets.hw_figures import flops_line
 from gputui.tui.widgets.plots import AccuracyPlot, LossPlot, MetricPlot, ThroughputPlot
 from gputui.tui.widgets.run_log import RunLog
 from gputui.tui.widgets.run_status import RunStatus
+from gputui.tui.widgets.too_small import TooSmall
 
 ENDED = ("finished", "stopped", "killed", "failed")
+FULL_SIZE = (160, 45)  # from here every panel shows at once
 PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
 
@@ -46,8 +48,14 @@ class RunScreen(RunControls, Screen):
         Binding("k", "kill", "Kill"),
         Binding("escape", "back", "Set-up"),
         Binding("l", "focus_log", "Log"),
+        Binding("t", "time_axis", "Time axis"),
+        Binding("d", "toggle_devices", "Devices"),
+        Binding("p", "next_plot", "Next plot"),
     ]
     state: reactive[str] = reactive("starting")
+    time_axis: reactive[bool] = reactive(False)  # plots against elapsed time, not steps
+    show_devices: reactive[bool] = reactive(False)  # compact layouts: devices, not charts
+    plot_index: reactive[int] = reactive(0)  # compact layouts: the one plot shown
 
     def __init__(self, handle: Any = None, config: Any = None) -> None:
         super().__init__(id="run")
@@ -70,6 +78,7 @@ class RunScreen(RunControls, Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield RunStatus(self.run_id)
+        yield Static("", id="run-views", markup=False)
         with Horizontal(id="run-body"):
             with VerticalScroll(id="device-panels"):
                 for d in self.devices:
@@ -81,12 +90,74 @@ class RunScreen(RunControls, Screen):
                 yield EpochTable()
         yield RunLog()
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = f"run · {self.run_id}" if self.run_id else "run"
         self.query_one("#device-panels").border_title = "Devices"
         self.query_one(RunLog).border_title = "Log"
         self.set_interval(PLOT_EVERY_S, self.redraw_plots)
+        self._lay_out()
+
+    # ------------------------------------------------------------------ layout
+    def on_resize(self) -> None:
+        self._lay_out()
+
+    @property
+    def compact(self) -> bool:
+        """Too small for every panel at once (under 160x45): the charts or the devices, one
+        plot at a time beside the epoch table."""
+        return self.app.size.width < FULL_SIZE[0] or self.app.size.height < FULL_SIZE[1]
+
+    def _lay_out(self) -> None:
+        self.set_class(self.compact, "-compact")
+        self.set_class(self.show_devices, "-devices")
+        plots = list(self.query(MetricPlot))
+        for i, plot in enumerate(plots):
+            plot.set_class(i == self.plot_index % len(plots), "-current")
+        if self.compact:
+            shown = plots[self.plot_index % len(plots)].title if plots else ""
+            n = len(self.query(DevicePanel))
+            views = (f"▸ Devices ({n})  ·  d: charts" if self.show_devices else
+                     f"▸ {shown}  ·  p: next plot  ·  d: devices ({n})  ·  t: x axis")
+            self.query_one("#run-views", Static).update(views)
+        self.refresh_bindings()
+
+    def watch_show_devices(self) -> None:
+        if self.is_mounted:
+            self._lay_out()
+
+    def watch_plot_index(self) -> None:
+        if self.is_mounted:
+            self._lay_out()
+            self.redraw_plots()
+
+    def action_toggle_devices(self) -> None:
+        """Compact layouts: the device panels in place of the charts, and back."""
+        self.show_devices = not self.show_devices
+
+    def action_next_plot(self) -> None:
+        """Compact layouts: the next plot beside the epoch table."""
+        self.plot_index = (self.plot_index + 1) % max(1, len(self.query(MetricPlot)))
+
+    def action_time_axis(self) -> None:
+        """The loss and throughput plots against elapsed time, or against steps."""
+        self.time_axis = not self.time_axis
+
+    def watch_time_axis(self, on: bool) -> None:
+        t0 = self._started_ev.t if self._started_ev is not None else None
+        for plot in (self.query_one(LossPlot), self.query_one(ThroughputPlot)):
+            plot.set_time_axis(on, t0)
+        if self.is_mounted:
+            self.redraw_plots()
+            self.notify("x axis: elapsed time" if on else "x axis: steps", timeout=2)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("toggle_devices", "next_plot") and not self.compact:
+            return False  # every panel shows: nothing to switch
+        if action == "next_plot" and self.show_devices:
+            return False
+        return super().check_action(action, parameters)
 
     # ------------------------------------------------------------------ what the app posts
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -144,8 +215,8 @@ class RunScreen(RunControls, Screen):
             self.events_handled += 1
             status.touch(ev.t)
             if isinstance(ev, StepMetrics):
-                loss.add_point(ev.global_step, ev.loss)
-                thr.add_point(ev.global_step, ev.tokens_per_s or ev.samples_per_s)
+                loss.add_point(ev.global_step, ev.loss, ev.t)
+                thr.add_point(ev.global_step, ev.tokens_per_s or ev.samples_per_s, ev.t)
                 status.step_metrics(ev)
                 self._show_breakdown(ev)
                 if ev.mfu is not None:
@@ -168,6 +239,9 @@ class RunScreen(RunControls, Screen):
                     ev.epoch, ev.val_loss if lm and ev.val_loss is not None else ev.test_acc * 100)
                 self.query_one(EpochTable).add_epoch(ev)
                 status.epoch_end(ev)
+                if ev.val_loss is not None:  # beside the training loss, at the epoch's end
+                    loss.add_extra("validation", ev.epoch * status.steps_per_epoch,
+                                   ev.val_loss, ev.t)
                 log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "
                                 f"{ev.train_loss:.4f}, "
                                 f"{score_text(ev.task, ev.test_acc, ev.val_loss)}", ev.t)
@@ -179,8 +253,7 @@ class RunScreen(RunControls, Screen):
                     self.query_one(AccuracyPlot).language_model(ev.baseline_loss)
                     thr.language_model()
                     self.query_one(EpochTable).language_model()
-                log.add("info", f"ready in {ev.seconds:.1f} s (import {ev.import_s:.1f} s, "
-                                f"data {ev.data_s:.1f} s, model {ev.model_s:.1f} s) · "
+                log.add("info", f"ready in {init_text(ev)} · "
                                 f"{ev.train_samples:,} train / {ev.test_samples:,} test samples"
                                 f" · {ev.params:,} parameters", ev.t)
                 if self.state == "starting":
@@ -198,6 +271,8 @@ class RunScreen(RunControls, Screen):
 
     def _started(self, ev: RunStarted, status: RunStatus, log: RunLog) -> None:
         self._started_ev = ev
+        for plot in (self.query_one(LossPlot), self.query_one(ThroughputPlot)):
+            plot.set_time_axis(self.time_axis, ev.t)
         self.run_id = ev.run_id
         self.sub_title = f"run · {ev.run_id}"
         status.started(ev)
@@ -241,15 +316,20 @@ class RunScreen(RunControls, Screen):
     def _show_breakdown(self, ev: StepMetrics) -> None:
         """Each device's part of the metered step (rows only on the logged, timed steps), and
         the all-reduce bandwidth its rank achieved beside bench-comm's peak where kept."""
+        slow = straggler.find(ev.per_device)  # the rank the others waited for, if any
         for row in ev.per_device:
             if row.breakdown is not None or ev.breakdown is not None:
                 self._panel(row.device).update_breakdown(row.breakdown)
+            lines = []
             if row.comm_gbps is not None:
-                self._panel(row.device).update_comm(comm_peak.text(row.comm_gbps,
-                                                                   self.comm_peak()))
+                lines.append(comm_peak.text(row.comm_gbps, self.comm_peak()))
             pipe = breakdown.pipeline_line(row)  # a pp stage: its bubble, sends and receives
             if pipe:
-                self._panel(row.device).update_comm(pipe)
+                lines.append(pipe)
+            if slow is not None and slow.significant() and slow.device == row.device:
+                lines.append(straggler.line(slow) or "")
+            if lines or row.forward_s is not None:
+                self._panel(row.device).update_comm("\n".join(lines))
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""

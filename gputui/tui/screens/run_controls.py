@@ -35,7 +35,7 @@ class RunControls(_Base):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("stop", "kill") and (self.ended or self.handle is None):
-            return None  # shown greyed out: nothing left to stop
+            return False  # not offered: nothing left to stop
         return True
 
     def action_stop(self) -> None:

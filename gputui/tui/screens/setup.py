@@ -15,16 +15,22 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Sta
 from gputui.core.config import (
     ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset)
 from gputui.core.events import plural
-from gputui.core.filewrite import write_atomic
+from gputui.core.filewrite import make_folder, write_atomic
+from gputui.core.presets import user_presets_dir
 from gputui.core.usercode import code_line, data_label, model_label
+from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
+from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
+from gputui.tui.estimate import estimate
+from gputui.tui.messages import (FilesChecked, HistoryRead, InventoryReady, SetupChanged,
+                                 StartRun)
 from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
 from gputui.tui.widgets.strategy_picker import StrategyPicker
+from gputui.tui.widgets.too_small import TooSmall
 
 INVENTORY_EVERY_S = 3.0
 
@@ -44,8 +50,10 @@ class SetupScreen(Screen):
     def __init__(self, config: RunConfig, *, preset: Path | None = None,
                  inventory: Inventory | None = None,
                  discover: Callable[[], Inventory] | None = None,
-                 presets: list[Path] | None = None) -> None:
+                 presets: list[Path] | None = None, runs_dir: Path | None = None) -> None:
         super().__init__(id="setup")
+        self.runs_dir = runs_dir  # earlier runs, for the estimate before Start (None: none)
+        self.history: tuple = ()
         self.base = config
         self.preset = preset
         self.inventory = inventory or Inventory()
@@ -67,13 +75,15 @@ class SetupScreen(Screen):
         with Horizontal(id="setup-bottom"):
             yield ParamForm(self.base)
             with Vertical(id="setup-side"):
-                panel = PresetPanel(self.presets)
+                panel = PresetPanel(self.presets, {k: v[0] for k, v in BUILTINS.items()})
                 panel.loaded = self.preset
                 yield panel
                 yield Static("", id="code-marker", classes="-none")
+                yield Static(SLOW_NOTE, id="slow-note", classes="-none", markup=False)
                 yield Static("", id="summary", markup=False)
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = f"set-up · {self.preset.stem}" if self.preset else "set-up"
@@ -81,6 +91,8 @@ class SetupScreen(Screen):
         if note:
             self.notify(note, severity="warning", timeout=8)
         self.revalidate()
+        if self.runs_dir is not None:
+            self.call_after_refresh(self.read_history)
         if self.discover is not None:
             # After the first paint: the discovery thread's imports would hold the GIL.
             self.call_after_refresh(self.refresh_inventory)
@@ -101,6 +113,27 @@ class SetupScreen(Screen):
             self.notify(note, severity="warning", timeout=8)
         self._files_asked = None  # look at the disk again too: files may have come or gone
         self.revalidate()
+
+    # ------------------------------------------------------------------ the estimate
+    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
+    def read_history(self) -> None:
+        """Read the earlier runs off the UI thread (the estimate before Start rests on
+        them)."""
+        from gputui.runs.history import load_rows
+
+        try:
+            self.post_message(HistoryRead(tuple(load_rows(self.runs_dir))))
+        except OSError:
+            pass  # no history: no estimate
+
+    def on_history_read(self, message: HistoryRead) -> None:
+        self.history = message.rows
+        self.revalidate()
+
+    def on_screen_resume(self) -> None:
+        """Back from a run or another screen: the history may hold a new run."""
+        if self.runs_dir is not None and self.is_mounted:
+            self.read_history()
 
     # ------------------------------------------------------------------ validation
     def revalidate(self, files_now: bool = False) -> FormResult:
@@ -171,18 +204,23 @@ class SetupScreen(Screen):
         marker = self.query_one("#code-marker", Static)
         marker.update(f"⚠ {code}" if code else "")
         marker.set_class(not code, "-none")
+        self.query_one("#slow-note").set_class(not learns_slowly(result.config or self.base),
+                                               "-none")
         cfg = result.config
         if cfg is not None:  # ok
             d = cfg.to_dict()
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
                     f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
+            expected = estimate(cfg, self.history, n)
+            if expected is not None:
+                text += f" · {expected.text()}"
         elif result.field_errors:
             first = next(iter(result.field_errors))
             text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
                     f"{FIELD_BY_KEY[first].label}")
         else:
-            text = f"✗ {result.error}"
+            text = f"✗ {app_terms(result.error)}"
         summary.update(text)
         summary.set_class(not result.ok, "-invalid")
         start.disabled = not result.ok
@@ -208,7 +246,7 @@ class SetupScreen(Screen):
         result = self.revalidate(files_now=True)  # the disk, read now whatever it said before
         if result.config is None:  # not ok
             message = next(iter(result.field_errors.values()), "") or result.error
-            self.notify(message, title="Cannot start", severity="error", timeout=8)
+            self.notify(app_terms(message), title="Cannot start", severity="error", timeout=8)
             return
         self.post_message(StartRun(result.config))
 
@@ -221,6 +259,11 @@ class SetupScreen(Screen):
         """Load a preset into every part of the screen."""
         self.load_preset(message.path)
 
+    def on_preset_panel_load_builtin(self, message: PresetPanel.LoadBuiltin) -> None:
+        """Load one of the app's own settings (its default, the material's)."""
+        label = BUILTINS[message.name][0]
+        self._show_config(builtin(message.name), None, label.split(" (")[0], label)
+
     def load_preset(self, path: Path) -> bool:
         """Read a preset; a bad one is reported here and changes nothing."""
         try:
@@ -228,16 +271,19 @@ class SetupScreen(Screen):
         except ConfigError as exc:
             self.notify(str(exc), title="Cannot load preset", severity="error", timeout=10)
             return False
+        self._show_config(cfg, path, path.stem, f"preset {path.stem}")
+        return True
+
+    def _show_config(self, cfg: RunConfig, path: Path | None, name: str, what: str) -> None:
         self.base, self.preset = cfg, path
         self.query_one(ParamForm).load(cfg)
         note = self.query_one(DevicePicker).set_spec(cfg.devices.spec, cfg.devices.fallback)
         self.query_one(StrategyPicker).select(cfg.strategy.name)
         self.query_one(PresetPanel).set_presets(self.presets, path)
-        self.sub_title = f"set-up · {path.stem}"
+        self.sub_title = f"set-up · {name}"
         self.revalidate()
-        self.notify(f"Loaded preset {path.stem}" + (f" ({note})" if note else ""),
+        self.notify(f"Loaded {what}" + (f" ({note})" if note else ""),
                     severity="warning" if note else "information")
-        return True
 
     def on_preset_panel_save_requested(self) -> None:
         self.action_save_preset()
@@ -249,7 +295,7 @@ class SetupScreen(Screen):
         if cfg is None:  # not ok
             self.notify("Fix the form before saving it as a preset", severity="error")
             return
-        folder = self.preset.parent if self.preset else Path.cwd()
+        folder = user_presets_dir()  # the user's, never the project's own presets/
         default = folder / f"{cfg.run.name}.toml"
         n = 2
         while default.exists():
@@ -259,6 +305,8 @@ class SetupScreen(Screen):
             if path is None:
                 return
             try:
+                if path.parent == folder:
+                    make_folder(folder)
                 write_atomic(path, cfg.to_toml())
             except OSError as exc:  # WriteFailed: the file, the cause and the fix
                 self.notify(str(exc), severity="error", markup=False)
@@ -267,15 +315,18 @@ class SetupScreen(Screen):
                 self.presets = sorted([*self.presets, path])
             self.preset = path
             self.query_one(PresetPanel).set_presets(self.presets, path)
-            self.notify(f"Saved {path}; run it with `gputui run {path}`", timeout=8)
+            name = path.stem if path.parent == folder else str(path)
+            self.notify(f"Saved {path}; run it with `gputui run {name}`", timeout=8)
 
         self.app.push_screen(SavePresetDialog(default), write)
 
 
 def _files_key(result: FormResult) -> str:
     """What the file checks of a form's config depend on: its data, factories, batch size,
-    checkpoint to resume, and which source set each key (the message names it)."""
+    checkpoint to resume, the cut of a factory's model into stages (strategy, devices, split
+    points: see runs/model_check.py), and which source set each key (the message names it)."""
     cfg = result.config
     assert cfg is not None  # asked only for a valid config
-    return repr((cfg.data, cfg.model.factory, cfg.optim.batch_size, cfg.run.resume_from,
-                 sorted(result.origins.items())))
+    return repr((cfg.data, cfg.model.factory, cfg.model.kwargs, cfg.optim.batch_size,
+                 cfg.run.resume_from, cfg.strategy.name, cfg.devices.spec,
+                 cfg.strategy.split_points, sorted(result.origins.items())))

@@ -26,6 +26,7 @@ from gputui.core.usercode import code_line, data_label, model_label
 from gputui.runs.sweep import Point, Sweep, parse_devices
 from gputui.tui.messages import OpenCompare, StartSweep, StopSweep, SweepStarted
 from gputui.tui.widgets.plain_table import PlainTable
+from gputui.tui.widgets.too_small import TooSmall
 
 
 class PointChanged(Message):
@@ -61,7 +62,7 @@ class SweepScreen(Screen):
     """Start, watch and stop a sweep; then compare its runs."""
 
     DEFAULT_CSS = """
-    #sweep-form { height: 3; }
+    #sweep-form, #sweep-actions { height: 3; }
     #sweep-form Label { padding: 1 1 0 1; }
     #sweep-devices { width: 14; }
     #sweep-strategies { width: 1fr; }
@@ -91,6 +92,8 @@ class SweepScreen(Screen):
             yield Input("1,2", id="sweep-devices")
             yield Label("strategies")
             yield Input(",".join(self.default_strategies), id="sweep-strategies")
+        # a row of its own: on one row with the inputs, 80 columns left the strategies 4
+        with Horizontal(id="sweep-actions"):
             yield Checkbox("scale batch/lr with devices", id="sweep-scale")
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
@@ -101,6 +104,7 @@ class SweepScreen(Screen):
                      f"{plural(self.config.run.epochs, 'epoch')}{' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status", markup=False)
         yield Footer()
+        yield TooSmall()
 
     def on_mount(self) -> None:
         self.sub_title = "sweep"
@@ -160,13 +164,15 @@ class SweepScreen(Screen):
         """Show a point's new state."""
         p = message.point
         table = self.query_one(DataTable)
-        table.update_cell(p.key, "status", p.status)
-        table.update_cell(p.key, "run", p.run_id.rsplit("-", 1)[-1] if p.run_id else "")
-        table.update_cell(p.key, "detail", p.reason)
+        # the columns widen to what they hold: a status, a run id, a reason are read whole
+        table.update_cell(p.key, "status", p.status, update_width=True)
+        table.update_cell(p.key, "run", p.run_id, update_width=True)
+        table.update_cell(p.key, "detail", p.reason, update_width=True)
 
     def on_point_progress(self, message: PointProgress) -> None:
         """The run in flight's latest figures."""
-        self.query_one(DataTable).update_cell(message.key, "detail", message.text)
+        self.query_one(DataTable).update_cell(message.key, "detail", message.text,
+                                              update_width=True)
 
     def on_sweep_ended(self, message: SweepEnded) -> None:
         """Say how the sweep ended; ctrl+e compares its runs."""

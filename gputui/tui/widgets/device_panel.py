@@ -10,12 +10,13 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from gputui.core import breakdown
 from gputui.core.breakdown import Breakdown
 from gputui.core.events import DeviceSample
 from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
+from gputui.tui.widgets.history_row import HistoryRow
 from gputui.tui.widgets.hw_figures import TrainMemory, show_mfu
 
 HISTORY = 120  # samples kept per device for the sparklines
@@ -120,10 +121,10 @@ class DevicePanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
-        yield Sparkline([], classes="util-spark")
+        yield HistoryRow(100.0, classes="util-spark")
         yield Meter("mfu", classes="mfu-meter")
         yield Meter("mem", classes="mem-meter")
-        yield Sparkline([], classes="mem-spark")
+        yield HistoryRow(None, classes="mem-spark")
         yield TrainMemory()
         yield Static("temp n/a · power n/a", classes="dev-extra")
         yield StepBreakdown(classes="dev-breakdown")
@@ -186,7 +187,7 @@ class DevicePanel(Vertical):
             util_meter.fraction = min(util, 100.0) / 100.0
             util_meter.value_text = f"{util:5.1f}%"
             self.util_history.append(float(util))
-            self.query_one(".util-spark", Sparkline).data = list(self.util_history)
+            self.query_one(".util-spark", HistoryRow).data = tuple(self.util_history)
         else:
             util_meter.fraction, util_meter.value_text = None, "n/a"
         util_meter.refresh()
@@ -235,7 +236,9 @@ class DevicePanel(Vertical):
             meter.value_text = (f"{fmt_bytes(used)}/{fmt_bytes(total)}" if total
                                 else fmt_bytes(used))
             self.mem_history.append(float(used))
-            self.query_one(".mem-spark", Sparkline).data = list(self.mem_history)
+            row = self.query_one(".mem-spark", HistoryRow)
+            row.top = float(total) if total else None  # 0 to the device's total
+            row.data = tuple(self.mem_history)
         meter.refresh()
 
 

@@ -9,17 +9,17 @@ from textual.widgets import Static
 
 
 def short_bytes(n: int | None) -> str:
-    """516272 -> '504K', 28852228 -> '27.5M' (binary units; the panel is narrow)."""
+    """516272 -> '504 KiB', 28852228 -> '27.5 MiB' (binary units, three figures at most)."""
     if n is None:
         return "n/a"
     value = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if value < 1024 or unit == "T":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
             if unit == "B":
-                return f"{int(value)}B"
-            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.1f}{unit}"
+                return f"{int(value)} B"
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f}T"
+    return f"{value:.1f} TiB"
 
 
 def flops_text(flops_per_s: float | None) -> str:
@@ -51,12 +51,15 @@ class TrainMemory(Static):
 
 
 def memory_text(row: dict) -> str:
-    """'par 504K grad 504K opt 504K act 27.5M', and on CUDA a second line with the
-    allocator's figures: 'torch 1.2G peak 3.4G'."""
-    text = (f"par {short_bytes(row.get('params'))} grad {short_bytes(row.get('grads'))} "
-            f"opt {short_bytes(row.get('optim'))} act {short_bytes(row.get('activations'))}")
+    """Two lines that fit a device panel, each figure with its unit:
+    'params 504 KiB · grads 504 KiB' / 'optim 504 KiB · activ. 27.5 MiB', and on CUDA a third
+    with the allocator's figures: 'torch 1.2 GiB · peak 3.4 GiB'."""
+    text = (f"params {short_bytes(row.get('params'))} · grads {short_bytes(row.get('grads'))}\n"
+            f"optim {short_bytes(row.get('optim'))} · activ. "
+            f"{short_bytes(row.get('activations'))}")
     if row.get("alloc") is not None:
-        text += f"\ntorch {short_bytes(row['alloc'])} peak {short_bytes(row.get('peak'))}"
+        text += (f"\ntorch {short_bytes(row['alloc'])} · peak "
+                 f"{short_bytes(row.get('peak'))}")
     return text
 
 

@@ -48,7 +48,7 @@ class ParamForm(VerticalScroll):
         with Horizontal(classes="field-row"):
             yield Label("More --set", classes="field-label")
             yield Input(placeholder="e.g. data.test_size=500",
-                        id=EXTRA_ID, compact=True,
+                        id=EXTRA_ID, compact=True, select_on_focus=False,
                         tooltip="Any other setting, written as for `gputui run --set`.")
         yield Static("", id="field-help", markup=False)
 
@@ -61,7 +61,9 @@ class ParamForm(VerticalScroll):
             return Checkbox(spec.label, value=bool(value), id=spec.dom_id, compact=True,
                             tooltip=spec.help())
         return Input(field_text(spec.key, value), placeholder=empty_meaning(spec.key),
-                     id=spec.dom_id, compact=True, tooltip=spec.help(),
+                     # focus coming back (a dialog, a toast, a screen closing) must not
+                     # select the text: the next key would replace the whole value
+                     id=spec.dom_id, compact=True, tooltip=spec.help(), select_on_focus=False,
                      validators=[ConfigFieldValidator(spec.key, lambda: self.base)],
                      validate_on=["changed", "submitted"])
 

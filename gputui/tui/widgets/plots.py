@@ -23,11 +23,16 @@ def draw_empty(plt, message: str) -> None:
     plt.yticks([])
 
 class MetricPlot(PlotextPlot):
-    """A line plot of (x, y) points with a title, axis labels and an empty-state message."""
+    """A line plot of (x, y) points with a title, axis labels and an empty-state message.
+
+    Each point may carry the wall-clock time it was taken (``t``): with ``time_axis`` the
+    plot's x axis is the run's elapsed time instead of ``xlabel``'s unit. A second series
+    (``extra``, e.g. the validation loss beside the training loss) is drawn on the same axes.
+    """
 
     def __init__(self, title: str, xlabel: str, ylabel: str = "", *, id: str | None = None,
                  marker: str = "braille", bars: bool = False,
-                 ylim: tuple[float, float] | None = None) -> None:
+                 ylim: tuple[float, float] | None = None, label: str = "") -> None:
         super().__init__(id=id, classes="metric-plot")
         self.title = title
         self.xlabel = xlabel
@@ -35,17 +40,39 @@ class MetricPlot(PlotextPlot):
         self.marker = marker
         self.bars = bars
         self.ylim = ylim
+        self.label = label  # the main series' legend entry, shown when there is an extra
         self.points: list[tuple[float, float]] = []
+        self.times: list[float | None] = []  # each point's wall-clock time, when known
+        self.extra: list[tuple[float, float, float | None]] = []  # (x, y, t)
+        self.extra_label = ""
+        self.t0: float | None = None  # the run's start: time 0 of the time axis
+        self.time_axis = False
         self._dirty = True
 
-    def add_point(self, x: float, y: float) -> None:
+    def add_point(self, x: float, y: float, t: float | None = None) -> None:
         """Append one point (drawn at the next redraw)."""
         self.points.append((float(x), float(y)))
+        self.times.append(t)
         if len(self.points) > MAX_POINTS:
             # Halve the history: the curve keeps its shape, memory stays bounded.
-            self.points = self.points[::2] + ([self.points[-1]] if len(self.points) % 2 == 0
-                                              else [])
+            keep = list(range(0, len(self.points), 2))
+            if keep[-1] != len(self.points) - 1:
+                keep.append(len(self.points) - 1)
+            self.points = [self.points[i] for i in keep]
+            self.times = [self.times[i] for i in keep]
         self._dirty = True
+
+    def add_extra(self, label: str, x: float, y: float, t: float | None = None) -> None:
+        """Append a point of the second series (``label`` in the legend)."""
+        self.extra_label = label
+        self.extra.append((float(x), float(y), t))
+        self._dirty = True
+
+    def set_time_axis(self, on: bool, t0: float | None) -> None:
+        """Draw against the run's elapsed time (seconds since ``t0``) or against x."""
+        if on != self.time_axis or t0 != self.t0:
+            self.time_axis, self.t0 = on, t0
+            self._dirty = True
 
     @property
     def last_y(self) -> float | None:
@@ -60,28 +87,42 @@ class MetricPlot(PlotextPlot):
         self._dirty = True
         self.redraw()
 
+    def _xy(self, points: list[tuple[float, float, float | None]]) -> list[tuple[float, float]]:
+        """The points against the axis in use (time: only those that carry a time)."""
+        if not self.time_axis or self.t0 is None:
+            return [(x, y) for x, y, _ in points]
+        return [(t - self.t0, y) for _, y, t in points if t is not None]
+
     def redraw(self) -> None:
-        """Rebuild the plot from the history if it changed."""
-        if not self._dirty:
+        """Rebuild the plot from the history if it changed (not while hidden: a plot the
+        layout gave no room would draw inverted axes)."""
+        if not self._dirty or not self.display or self.size.height < 5:
             return
         self._dirty = False
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
         plt.title(self.title)
-        plt.xlabel(self.xlabel)
+        timed = self.time_axis and self.t0 is not None
+        plt.xlabel("time (s)" if timed else self.xlabel)
         if self.ylabel:
             plt.ylabel(self.ylabel)
         limit = max(16, 2 * max(1, self.size.width))
-        pts = thin(self.points, limit)
-        if pts:
-            xs = [p[0] for p in pts]
-            ys = [p[1] for p in pts]
-            if self.bars:
+        main = thin(self._xy([(x, y, t) for (x, y), t in zip(self.points, self.times,
+                                                             strict=True)]), limit)
+        extra = thin(self._xy(self.extra), limit)
+        if main:
+            xs = [p[0] for p in main]
+            ys = [p[1] for p in main]
+            if self.bars and not timed:
                 plt.bar(xs, ys, width=0.4)
                 plt.xticks(xs, [f"{x:g}" for x in xs])
             else:
-                plt.plot(xs, ys, marker=self.marker)
+                plt.plot(xs, ys, marker=self.marker, label=self.label if extra else "")
+            if extra:
+                plt.plot([p[0] for p in extra], [p[1] for p in extra],
+                         marker="dot" if len(extra) < 4 else self.marker,
+                         label=self.extra_label)
             if self.ylim:
                 plt.ylim(*self.ylim)
         else:
@@ -93,7 +134,7 @@ class LossPlot(MetricPlot):
     """Training loss at each logged step."""
 
     def __init__(self) -> None:
-        super().__init__("Training loss", "step", id="loss-plot")
+        super().__init__("Loss", "step", id="loss-plot", label="train")
 
 
 class AccuracyPlot(MetricPlot):

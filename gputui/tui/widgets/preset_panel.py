@@ -18,8 +18,12 @@ def available_presets() -> list[Path]:
     return [Path(p) for p in list_presets()]
 
 
+BUILTIN = "builtin:"  # the option id of a built-in choice (gputui.tui.defaults.BUILTINS)
+
+
 class PresetPanel(Vertical):
-    """Enter or a click on a preset loads it into the form; the button saves the form."""
+    """Enter or a click on a preset loads it into the form; the button saves the form. The
+    app's built-in choices (its default, the material's settings) follow the files."""
 
     class Load(Message):
         """Load this preset file into the set-up screen."""
@@ -28,13 +32,21 @@ class PresetPanel(Vertical):
             super().__init__()
             self.path = path
 
+    class LoadBuiltin(Message):
+        """Load one of the app's built-in settings (``gputui.tui.defaults.builtin``)."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
     class SaveRequested(Message):
         """The user asked to save the form as a preset."""
 
-    def __init__(self, presets: list[Path]) -> None:
+    def __init__(self, presets: list[Path], builtins: dict[str, str] | None = None) -> None:
         super().__init__(id="presets")
         self.border_title = "Presets"
         self.presets = list(presets)
+        self.builtins = dict(builtins or {})  # name -> label
         self.loaded: Path | None = None
 
     def compose(self) -> ComposeResult:
@@ -42,14 +54,16 @@ class PresetPanel(Vertical):
         yield Button("Save as preset…", id="save-preset", compact=True)
 
     def _options(self) -> list[Option]:
+        # after the files, so a preset keeps its place in the list whatever the app offers
+        own = [Option(f"  {label}", id=BUILTIN + name) for name, label in self.builtins.items()]
         if not self.presets:
-            return [Option("(no presets found)", id="", disabled=True)]
+            return [Option("(no presets found)", id="", disabled=True)] + own
         return [Option(("● " if p == self.loaded else "  ") + p.stem, id=str(p))
-                for p in self.presets]
+                for p in self.presets] + own
 
     def set_presets(self, presets: list[Path], loaded: Path | None = None) -> None:
-        """Show a new list (after saving one), marking the loaded preset."""
-        self.presets, self.loaded = list(presets), loaded or self.loaded
+        """Show a new list (after saving one), marking the loaded preset (None: no file)."""
+        self.presets, self.loaded = list(presets), loaded
         ol = self.query_one("#preset-list", OptionList)
         highlighted = ol.highlighted
         ol.clear_options()
@@ -60,7 +74,9 @@ class PresetPanel(Vertical):
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         """Load the chosen preset."""
         event.stop()
-        if event.option_id:
+        if event.option_id and event.option_id.startswith(BUILTIN):
+            self.post_message(self.LoadBuiltin(event.option_id.removeprefix(BUILTIN)))
+        elif event.option_id:
             self.post_message(self.Load(Path(event.option_id)))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

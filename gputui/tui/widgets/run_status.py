@@ -49,7 +49,7 @@ class RunStatus(Vertical):
             yield Label(STATE_TEXT["starting"], id="state-badge")
             yield Static(self.run_id, id="status-headline", markup=False)
         with Horizontal(id="status-progress"):
-            yield Label("epoch -/-", id="epoch-label")
+            yield Label("epoch -/- · step -/-", id="epoch-label")
             yield ProgressBar(total=None, show_eta=False, id="epoch-progress")
             yield Label("ETA --:--", id="eta-label")
         yield Static("init n/a · samples/s n/a · elapsed --:--", id="status-meta")
@@ -116,20 +116,35 @@ class RunStatus(Vertical):
         for a run that ended before its last epoch (stopped, killed, failed)."""
         if ended:
             return 0.0 if finished else None
-        total = self.steps_per_epoch * self.epochs
-        done = self.steps_per_epoch * max(0, self.epoch - 1) + self.step
         evals_left = max(0, self.epochs - self.finished_epochs)
-        return eta_seconds(done, total, self.step_time, evals_left, self.eval_s)
+        return eta_seconds(self.done_steps, self.total_steps, self.step_time, evals_left,
+                           self.eval_s)
+
+    @property
+    def total_steps(self) -> int:
+        """The whole run's optimizer steps (0 until the steps per epoch are known)."""
+        return self.steps_per_epoch * self.epochs
+
+    @property
+    def done_steps(self) -> int:
+        """Steps done in the whole run: the bar, the step count and the ETA all mean these,
+        as the headless printer's progress does."""
+        return self.steps_per_epoch * max(0, self.epoch - 1) + self.step
+
+    def progress_text(self) -> str:
+        """'epoch 2/3 · step 92/138': the epoch as text, the steps of the whole run."""
+        total = self.total_steps
+        steps = f"{self.done_steps}/{total}" if total else f"{self.done_steps}/?"
+        return f"epoch {self.epoch or '-'}/{self.epochs or '?'} · step {steps}"
 
     def redraw(self, ended: bool = False, finished: bool = False) -> None:
         """Refresh the progress line and the meta line from the numbers held."""
-        epochs = self.epochs or "?"
-        self.query_one("#epoch-label", Label).update(
-            f"epoch {self.epoch or '-'}/{epochs}  step {self.step}/{self.steps_per_epoch or '?'}")
+        self.query_one("#epoch-label", Label).update(self.progress_text())
         bar = self.query_one("#epoch-progress", ProgressBar)
-        if self.steps_per_epoch:
-            bar.update(total=self.steps_per_epoch, progress=self.step)
-        self.query_one("#eta-label", Label).update(f"ETA {fmt_duration(self.eta(ended, finished))}")
+        if self.total_steps:
+            bar.update(total=self.total_steps, progress=self.done_steps)
+        self.query_one("#eta-label", Label).update(
+            f"ETA {fmt_duration(self.eta(ended, finished))} (whole run)")
         init = f"{self.init_s:.1f} s" if self.init_s is not None else "n/a"
         elapsed = (self.t_last - self.t0) if self.t0 is not None and self.t_last else None
         lr = f" · lr {self.lr:.3g}" if self.show_lr and self.lr is not None else ""

@@ -14,6 +14,7 @@ from textual.widgets.option_list import Option
 
 from gputui.core import registry
 from gputui.plan import caveat, why_not
+from gputui.tui.fmt import app_terms
 
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
@@ -54,9 +55,9 @@ class StrategyPicker(Vertical):
             except Exception as exc:  # a strategy's check must not break the screen
                 why, note = f"cannot check this strategy ({type(exc).__name__}: {exc})", None
             if why:
-                reasons[info.name] = why
+                reasons[info.name] = app_terms(why)
             if note:
-                caveats[info.name] = note
+                caveats[info.name] = app_terms(note)
         if reasons != self.reasons or caveats != self.caveats or not self._built:
             self.reasons, self.caveats = reasons, caveats
             self._rebuild()

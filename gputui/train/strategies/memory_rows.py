@@ -1,0 +1,70 @@
+"""A strategy's memory rows: what each device holds for training (parameters, gradients,
+optimizer state, activations, the allocator's figures), for the run's memory report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from gputui.core.devices import Device
+
+
+class MemoryRows:
+    """The memory figures of a strategy (mixed into ``Strategy``, whose models, optimizers and
+    devices it reads)."""
+
+    devices: list[Device]
+    torch_devices: list[torch.device]
+
+    def models(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def primary_model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def device_memory(self) -> dict[str, tuple[int, int]]:
+        """Each CUDA device's (allocated, reserved) bytes now, by device name, for the metered
+        step's rows (torch's allocator; CPU devices have none)."""
+        return {d.name: (torch.cuda.memory_allocated(d.index), torch.cuda.memory_reserved(d.index))
+                for d in self.devices if d.kind == "cuda"}
+
+    def memory_groups(self) -> list[tuple[str, torch.device, nn.Module, list]]:
+        """(device name, torch device, model, optimizers) for each device this process holds
+        training state on: one per device when every device has its own model and optimizer
+        (replicas), else everything on the first device (one model spread over several, as
+        model_parallel and dp, is counted whole there)."""
+        models, opts = self.models(), self.optimizers()
+        if len(models) == len(opts) == len(self.devices) > 1:
+            return [(d.name, dev, m, [o])
+                    for d, dev, m, o in zip(self.devices, self.torch_devices, models, opts,
+                                            strict=True)]
+        return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
+
+    def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
+        """Every device's memory (see events.MemoryReport), gathered over the processes (a
+        collective in multi-process strategies: call on every rank). ``activations``: an
+        ActivationMeter's peaks by torch device, shared evenly by the virtual devices that
+        share one torch device."""
+        from gputui.train import memory
+
+        groups = self.memory_groups()
+        sharing: dict[str, int] = {}
+        for _, dev, _, _ in groups:
+            sharing[str(dev)] = sharing.get(str(dev), 0) + 1
+        rows = []
+        for name, dev, model, opts in groups:
+            row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}
+            act = activations.get(str(dev)) if activations is not None else None
+            row["activations"] = act // sharing[str(dev)] if act is not None else None
+            row.update(memory.allocator(dev))
+            rows.append(row)
+        return self.gather_rows(rows)
+
+    def gather_rows(self, rows: list[dict]) -> list[dict]:
+        """Every process's rows, in rank order (this process's alone here)."""
+        return rows

@@ -1,0 +1,64 @@
+"""An estimate before Start for runs expected to take more than a minute, from this
+machine's earlier runs of the same work (issue 26)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from scripted import wait_until
+from textual.widgets import Static
+
+from gputui.core.config import RunConfig
+from gputui.runs.history import load_rows
+from gputui.tui.app import make_app
+from gputui.tui.estimate import duration_words, estimate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+
+from run_records import write_record  # noqa: E402
+
+SIZE = (140, 44)
+
+
+def runs_of_the_same_work(runs: Path) -> None:
+    """Two finished single-device lenet runs of 1,000 examples at 1,000 and 500 samples/s
+    (1 and 2 s an epoch), and others that are not the same work."""
+    write_record(runs, "20260101-100000-exp-aaaa", sps=1000)
+    write_record(runs, "20260101-110000-exp-bbbb", sps=500)
+    write_record(runs, "20260101-120000-exp-cccc", "scratch", 2, sps=100)  # other strategy
+    write_record(runs, "20260101-130000-exp-dddd", sps=10, batch=128)  # other batch
+    write_record(runs, "20260101-140000-exp-eeee", sps=10, status="failed")
+
+
+def config(epochs: int) -> RunConfig:
+    return RunConfig().replace(run={"epochs": epochs}, data={"train_size": 1000})
+
+
+def test_estimate_from_the_same_work_only(tmp_path):
+    runs_of_the_same_work(tmp_path)
+    rows = load_rows(tmp_path)
+    found = estimate(config(100), rows, 1)
+    assert found is not None and found.runs == 2
+    # the median epoch (1.5 s) x 100 epochs, plus the runs' start-up
+    init = rows[-1].init_s or 0.0
+    assert abs(found.seconds - (150 + init)) < 1e-6
+    assert found.text() == "about 3 min on this machine (from 2 earlier runs)"
+    assert estimate(config(2), rows, 1) is None  # 3 s: starts without a word
+    assert estimate(config(100), rows, 4) is None  # never run on 4 devices
+    assert [duration_words(s) for s in (61, 250, 3600, 4800)] == [
+        "1 min", "4 min", "1 h", "1 h 20 min"]
+
+
+async def test_the_ready_line_says_how_long(tmp_path, inventory, presets):
+    runs_of_the_same_work(tmp_path / "runs")
+    app = make_app(runs_dir=tmp_path / "runs", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#f-run-epochs").value = "100"
+        screen.query_one("#f-data-train-size").value = "1000"
+        summary = screen.query_one("#summary", Static)
+        await wait_until(pilot, lambda: "earlier runs" in str(summary.render()),
+                         what="the estimate in the ready line")
+        assert "about 3 min on this machine (from 2 earlier runs)" in str(summary.render())
