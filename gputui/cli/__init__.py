@@ -1,6 +1,6 @@
 """The command line's entry point: ``gputui`` (the app), the ``strategies`` and ``presets``
-listings, and the parser, built from one module per command family in
-this package (run, devices, compare, sweep, predict, bench_comm, resume; what they share is in
+listings, and the parser, built from one module per command family in this package (run,
+devices, compare, sweep, predict, verify, bench_comm, resume; what they share is in
 ``common``, their tables in ``output``).
 
 Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
@@ -133,10 +133,10 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true",
                    help="print names, paths and descriptions as JSON")
     p.set_defaults(func=cmd_presets)
-    from gputui.cli import bench_comm, compare, devices, predict, resume, sweep, tune
+    from gputui.cli import bench_comm, compare, devices, predict, resume, sweep, tune, verify
 
     # compare registers `runs` and `compare`; the order is the order of `gputui --help`
-    for family in (devices, compare, sweep, predict, tune, bench_comm, resume):
+    for family in (devices, compare, sweep, predict, tune, verify, bench_comm, resume):
         family.register(sub)
     return parser
 

@@ -45,6 +45,10 @@ def register(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
+    p.add_argument("--target-acc", type=float, metavar="PERCENT",
+                   help="time and energy to this test accuracy (default: the baseline's final)")
+    p.add_argument("--target-loss", type=float, metavar="LOSS",
+                   help="time and energy to this validation loss (language models)")
     p.add_argument("--waterfall", action="store_true",
                    help="print each run's scaling waterfall: the ideal speedup, what each "
                         "cause took away, the measured speedup (--plots adds waterfall.png)")
@@ -157,7 +161,11 @@ def cmd_compare(args) -> int:
         dirs = resolve_runs(args.runs, args.sweep, args.runs_dir)
     except LookupError as exc:
         return fail(str(exc))
-    items = compare(dirs, args.runs_dir, only_compared=bool(args.sweep and not args.runs))
+    acc = args.target_acc
+    if acc is not None and not 0 < acc <= 100:
+        return fail(f"--target-acc must be a percentage above 0 and at most 100; got {acc:g}")
+    items = compare(dirs, args.runs_dir, only_compared=bool(args.sweep and not args.runs),
+                    target_acc=None if acc is None else acc / 100, target_loss=args.target_loss)
     try:
         write_extras(items, dirs, args.plots, args.tensorboard)
         groups = _repeat_groups(items, args.sweep, args.runs_dir)

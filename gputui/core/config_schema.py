@@ -301,6 +301,14 @@ class TelemetrySection:
     interval_s: float = opt(1.0, "Seconds between samples (at least 0.25).", min=0.25, max=3600.0)
 
 
+def _strategy_or_empty(name: str) -> str | None:
+    from gputui.core import registry
+
+    if name and registry.get(name) is None:
+        return f"debug.fault_strategy must be a strategy ({', '.join(registry.names())}) or \"\""
+    return None
+
+
 @dataclass(frozen=True)
 class DebugSection:
     """[debug]: knobs that slow a run down on purpose, to see a cost where the step breakdown
@@ -311,6 +319,15 @@ class DebugSection:
                                    "model_parallel transfer (0 = none).", min=0.0, max=60.0)
     data_delay_s: float = opt(0.0, "Seconds added to the wait for every training batch "
                                    "(0 = none).", min=0.0, max=60.0)
+    trace_steps: int = opt(0, "Train only this many steps, keeping each one's loss and "
+                              "parameters (gathered onto the first rank) in the run folder's "
+                              "param_trace.npz: what `gputui verify` runs (0 = off).",
+                           min=0, max=10_000)
+    fault_strategy: str = opt("", "A strategy broken on purpose: its runs scale every "
+                                  "gradient by 1.5 from global step debug.fault_step on, so "
+                                  "`gputui verify` can be seen to catch a fault (\"\" = none).",
+                              check=_strategy_or_empty)
+    fault_step: int = opt(1, "The first global step debug.fault_strategy breaks.", min=1)
     slow_rank: int = opt(-1, "For testing straggler attribution: the global rank (ddp, fsdp, "
                              "tp) whose backward debug.slow_backward_ms slows down (-1 = none).",
                          min=-1, max=65535)

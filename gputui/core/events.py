@@ -189,6 +189,10 @@ class DeviceSample(Event):
     pid: int | None = None  # for CPU virtual devices: the rank's process
     cpu_percent: float | None = None
     rss: int | None = None
+    energy_j: float | None = None  # the GPU's energy counter (since the driver loaded)
+    sm_active: float | None = None  # GPM (Hopper+), percent: SMs busy since the last sample
+    sm_occupancy: float | None = None  # GPM: warps resident against the maximum
+    tensor_active: float | None = None  # GPM: time any tensor core op ran
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,9 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         s["steady"]["tokens_per_s"] = s["steady"]["samples_per_s"] * s["tokens_per_sample"]
     if first_t is not None:
         s["total_s"] = last_t - first_t
+    from gputui.core.memcheck import memory_check
+
+    s["memory_check"] = memory_check(events)  # [] off CUDA: no allocator peak
     return s
 
 

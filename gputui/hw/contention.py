@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -75,6 +76,20 @@ class LoadWatch:
         out["contended"] = share >= CONTENDED or bool(gpu_others)
         out["note"] = note(out)
         return out
+
+
+def write_state(run_dir: Path, watch: LoadWatch) -> None:
+    """The machine's state over ``watch``'s interval as the run's machine.json; a write that
+    fails leaves the run's figures without one (and they say so), never the run failed."""
+    import json
+
+    from gputui.core.filewrite import WriteFailed, write_atomic
+    from gputui.core.machine import FILE
+
+    try:
+        write_atomic(run_dir / FILE, json.dumps(watch.state(), indent=2) + "\n")
+    except (OSError, WriteFailed):
+        pass
 
 
 def gpu_uuids(devices: list) -> tuple[str, ...]:

@@ -80,3 +80,19 @@ def busy_warnings(devices: list[Device], gpus: list[GpuInfo] | None = None,
         lines.append(f"{n_cpu} CPU virtual devices share {cores} CPU core(s), so they take "
                      f"turns; per-device speed will be lower than on separate devices")
     return lines
+
+
+def gpu_links(gpus: list[GpuInfo]) -> dict[tuple[int, int], tuple[int, str | None]]:
+    """How each pair of GPUs (by CUDA ordinal, lower first) is joined: active NVLinks between
+    them and the PCIe path NVML names (None where it does not say). Blocking NVML calls:
+    from a thread worker. {} without NVML."""
+    from gputui.hw import nvml
+
+    out: dict[tuple[int, int], tuple[int, str | None]] = {}
+    whole = [g for g in gpus if not g.mig]
+    for i, a in enumerate(whole):
+        for b in whole[i + 1:]:
+            ha, hb = nvml.handle(a.uuid), nvml.handle(b.uuid)
+            if ha is not None and hb is not None:
+                out[min(a.index, b.index), max(a.index, b.index)] = nvml.link(ha, hb, b.pci_bus_id)
+    return out

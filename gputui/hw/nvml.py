@@ -261,3 +261,92 @@ def cuda_gpus(env: dict[str, str] | None = None) -> tuple[list[GpuInfo], str]:
     if out:
         return out, ""
     return [], seen.reason or "the NVIDIA driver is loaded but reports no GPU"
+
+
+# ---------------------------------------------------------------- energy, GPM, links
+def energy_mj(h: Any) -> int | None:
+    """The device's energy counter since the driver loaded, in millijoules (Volta and newer;
+    None where the GPU or driver lacks it)."""
+    value = call("nvmlDeviceGetTotalEnergyConsumption", h)
+    return None if value is None else int(value)
+
+
+# what gputui reads from GPM (Hopper and newer), by its own name: SM active (the share of SMs
+# busy), SM occupancy (warps resident against the maximum) and tensor active (any tensor op)
+GPM_METRICS = {"sm_active": "NVML_GPM_METRIC_SM_UTIL",
+               "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
+               "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL"}
+
+
+def gpm_supported(h: Any) -> bool:
+    """Whether the device gives GPM metrics (``nvmlGpmQueryDeviceSupport``)."""
+    support = call("nvmlGpmQueryDeviceSupport", h)
+    return bool(getattr(support, "isSupportedDevice", 0))
+
+
+def gpm_sample(h: Any) -> Any | None:
+    """A new GPM sample of the device, taken now (free it with :func:`gpm_free`), or None."""
+    sample = call("nvmlGpmSampleAlloc")
+    if sample is None:
+        return None
+    if call("nvmlGpmSampleGet", h, sample) is None:
+        gpm_free(sample)
+        return None
+    return sample
+
+
+def gpm_free(sample: Any) -> None:
+    call("nvmlGpmSampleFree", sample)
+
+
+def gpm_metrics(earlier: Any, later: Any) -> dict[str, float]:
+    """The GPM metrics between two samples of one device, in percent (those NVML gave)."""
+    mod = _state["mod"]
+    make = getattr(mod, "c_nvmlGpmMetricsGet_t", None) if mod is not None else None
+    wanted = [(name, getattr(mod, const, None)) for name, const in GPM_METRICS.items()]
+    wanted = [(name, mid) for name, mid in wanted if mid is not None]
+    if make is None or not wanted:
+        return {}
+    request = make()
+    request.version = getattr(mod, "NVML_GPM_METRICS_GET_VERSION", 1)
+    request.numMetrics = len(wanted)
+    request.sample1, request.sample2 = earlier, later
+    for i, (_, mid) in enumerate(wanted):
+        request.metrics[i].metricId = mid
+    got = call("nvmlGpmMetricsGet", request)
+    if got is None:
+        return {}
+    ok = getattr(mod, "NVML_SUCCESS", 0)
+    return {name: float(got.metrics[i].value) for i, (name, _) in enumerate(wanted)
+            if got.metrics[i].nvmlReturn == ok}
+
+
+# nvmlDeviceGetTopologyCommonAncestor's levels, as nvidia-smi topo -m names them
+TOPOLOGY = {0: "same board", 10: "PCIe switch", 20: "PCIe switches", 30: "PCIe host bridge",
+            40: "across PCIe host bridges (one CPU)", 50: "across CPU sockets"}
+
+
+def nvlinks(h: Any, other_bus: str) -> int:
+    """Active NVLinks from ``h`` to the GPU at PCI bus id ``other_bus``."""
+    count = 0
+    for link in range(int(getattr(_state["mod"], "NVML_NVLINK_MAX_LINKS", 18))):
+        state = call("nvmlDeviceGetNvLinkState", h, link)
+        if state is None:
+            if link == 0:
+                return 0  # no NVLink on this GPU (or driver): nothing to walk
+            continue
+        if not state:
+            continue
+        remote = call("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+        bus = text(getattr(remote, "busId", None)) or ""
+        if bus and bus.lower().endswith(other_bus.lower()[-12:]):
+            count += 1
+    return count
+
+
+def link(a: Any, b: Any, b_bus: str) -> tuple[int, str | None]:
+    """How two GPUs are joined: (active NVLinks between them, the PCIe path's description or
+    None where NVML does not say)."""
+    level = call("nvmlDeviceGetTopologyCommonAncestor", a, b)
+    return nvlinks(a, b_bus), None if level is None else TOPOLOGY.get(int(level),
+                                                                         f"level {level}")

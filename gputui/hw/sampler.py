@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -47,6 +48,7 @@ class Sampler:
         self._meters: dict[int, ProcessMeter] = {}
         self._dead: set[int] = set()  # never measure again: the pid may be reused
         self._uuids: dict[str, str] | None = None  # "cuda:N" -> NVML UUID, looked up once
+        self._gpm_samples: dict[str, Any] = {}  # "cuda:N" -> its last GPM sample (None: no GPM)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,6 +72,11 @@ class Sampler:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5.0)
+        with self._lock:  # NVML holds the GPM samples' memory until they are freed
+            for sample in self._gpm_samples.values():
+                if sample is not None:
+                    nvml.gpm_free(sample)
+            self._gpm_samples.clear()
 
     @property
     def running(self) -> bool:
@@ -162,10 +169,30 @@ class Sampler:
         uuid = self._uuids.get(dev.name)
         h = nvml.handle(uuid) if uuid else None
         r = nvml.read(h) if h is not None else nvml.GpuReading()
+        energy = nvml.energy_mj(h) if h is not None else None
+        gpm = self._gpm(dev.name, h) if h is not None else {}
         return DeviceSample(
             device=dev.name, name=dev.label, util=r.util, mem_used=r.mem_used,
             mem_total=r.mem_total, temp_c=r.temp_c, power_w=r.power_w,
             power_limit_w=r.power_limit_w, pid=proc.pid if proc else None,
             cpu_percent=None if proc is None or proc.cpu_percent is None
             else round(proc.cpu_percent, 1),
-            rss=proc.rss if proc else None)
+            rss=proc.rss if proc else None,
+            energy_j=None if energy is None else energy / 1000.0, **gpm)
+
+    def _gpm(self, device: str, h) -> dict[str, float]:
+        """The GPM metrics since this device's previous sample (none on the first, or where
+        the GPU has no GPM); the new sample is kept for the next."""
+        if device not in self._gpm_samples:
+            self._gpm_samples[device] = None if not nvml.gpm_supported(h) else nvml.gpm_sample(h)
+            return {}
+        earlier = self._gpm_samples[device]
+        if earlier is None:
+            return {}
+        later = nvml.gpm_sample(h)
+        if later is None:
+            return {}
+        self._gpm_samples[device] = later
+        got = nvml.gpm_metrics(earlier, later)
+        nvml.gpm_free(earlier)
+        return {k: round(v, 1) for k, v in got.items()}

@@ -32,6 +32,7 @@ from gputui.core import runstore, scores
 from gputui.core.breakdown import Breakdown
 from gputui.core.steady import RULE
 from gputui.core import machine
+from gputui.runs.compare_energy import add_energy, gpu_truth_lines
 from gputui.runs.compare_predict import add_prediction, kept_comm_peak
 from gputui.runs.history import RunRow, load_rows, row_for
 
@@ -77,6 +78,15 @@ class CompareRow:
     refused: list = field(default_factory=list)  # baselines refused, with why
     predicted_speedup: float | None = None  # from this machine's kept measurements
     predicted_reason: str = ""  # why there is no prediction
+    # the GPUs' energy over the training epochs (gputui.runs.energy; None off GPUs), the
+    # first epoch reaching the target with the seconds and joules until then, and the
+    # allocator peak against the memory model per device (gputui.core.memcheck)
+    energy_j: float | None = None
+    j_per_sample: float | None = None
+    j_per_step: float | None = None
+    target: str = ""  # e.g. "test acc >= 95.0% (baseline X's final)"
+    to_target: dict | None = None
+    memory_check: list = field(default_factory=list)
     # the rank the others waited for, over the metered steps (gputui.core.straggler)
     straggler: Straggler | None = None
     waterfall: Waterfall | None = None  # ideal to measured speedup, cause by cause
@@ -95,7 +105,10 @@ class CompareRow:
                    flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
                    comm_peak_gbps=self.comm_peak_gbps, bubble_share=self.bubble_share,
-                   bubble_theory=self.bubble_theory)
+                   bubble_theory=self.bubble_theory, energy_j=self.energy_j,
+                   j_per_sample=self.j_per_sample, j_per_step=self.j_per_step,
+                   target=self.target, to_target=self.to_target,
+                   memory_check=[dict(r) for r in self.memory_check])
         out.update(breakdown.shares(self.breakdown))
         return out
 
@@ -236,9 +249,11 @@ def _id_order(row: RunRow) -> float:
 
 
 def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
-            only_compared: bool = False) -> list[CompareRow]:
+            only_compared: bool = False, target_acc: float | None = None,
+            target_loss: float | None = None) -> list[CompareRow]:
     """Compare these runs; baselines are looked for among them and every run under runs_dir
-    (``only_compared``: among them only, as a sweep's are)."""
+    (``only_compared``: among them only, as a sweep's are). Time and energy to a target:
+    ``target_acc`` (a fraction) or ``target_loss``, else the baseline's final figure."""
     rows = [row_for(p) for p in run_dirs]
     compared = {r.id for r in rows}
     try:
@@ -270,6 +285,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
                        read_record(base.run_dir)[3])
             item.waterfall = waterfall.for_run(row, item.speedup, parts, item.straggler,
                                                base, base_bd)
+        add_energy(item, base, target_acc, target_loss)
         out.append(item)
     return out
 
@@ -333,6 +349,7 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"span measured (its stages idle, waiting on each other), "
                          f"{it.bubble_theory:.0%} in theory ((p-1)/(m+p-1): equal stages, "
                          f"free sends)")
+        lines += gpu_truth_lines(it)
         if it.straggler is not None:
             lines.append(f"{r.id}: {straggler.line(it.straggler)}")
         if it.baseline:
@@ -361,4 +378,3 @@ def one_device_flags(row: RunRow) -> str:
 def as_plain(items: list[CompareRow]) -> list[dict[str, Any]]:
     """Every figure of every compared run, curves included."""
     return [it.to_dict() for it in items]
-

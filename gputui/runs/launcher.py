@@ -29,7 +29,7 @@ from gputui.core.events import DeviceSample, Event, RunFailed, RunStopped, is_te
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core.proctree import adopt_orphans, kill_tree, own_tracker
 from gputui.hw.discovery import resolve_with_note
-from gputui.runs import runlock
+from gputui.runs import energy, runlock
 from gputui.train import recorder
 from gputui.train.handoff import LaunchSpec, RankProcess, RecordClosed
 
@@ -70,6 +70,7 @@ class RunHandle:
         self._tree: dict[int, Any] = {}  # every process seen below the host (psutil objects)
         self._tree_t = 0.0
         self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
+        self._energy = energy.EnergyMeter(devices)  # the GPUs' energy counters, per epoch
 
     def start(self, host: Any, spec: LaunchSpec, resumed: Any = None) -> None:
         """Hand the run to ``host`` (a warm.Host) and start sampling its devices. ``resumed``:
@@ -146,6 +147,7 @@ class RunHandle:
             else:
                 if is_terminal(item) and self._terminal is None:
                     self._terminal = item
+                self._energy.seen(item)
                 out.append(item)
         return out
 
@@ -241,6 +243,7 @@ class RunHandle:
             recorder.end_after_host(self.run_dir, terminal)
         runstore.release_space(self.run_dir)
         self._write_machine_state()
+        self._energy.write(self.run_dir)
         if self.multiprocess:  # the node's dataset copy, left behind when the host was killed
             from gputui.train import shared_data
 
@@ -252,16 +255,10 @@ class RunHandle:
 
     def _write_machine_state(self) -> None:
         """machine.json: what else used the hardware while the run ran (hw.contention)."""
-        if self._watch is None:
-            return
-        import json
+        if self._watch is not None:
+            from gputui.hw.contention import write_state
 
-        from gputui.core.machine import FILE
-
-        try:
-            write_atomic(self.run_dir / FILE, json.dumps(self._watch.state(), indent=2) + "\n")
-        except (OSError, WriteFailed):  # the figures then carry no machine state, said so
-            pass
+            write_state(self.run_dir, self._watch)
         self._watch = None
 
     # ------------------------------------------------------------------ control

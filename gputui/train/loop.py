@@ -24,6 +24,7 @@ from gputui.core.events import EpochEnd, Event, LogLine, StepMetrics
 from gputui.core.steps import DeviceStep, StepReport
 from gputui.train import checkpoint as ckpt, figures
 from gputui.train.data import Dataset, eval_batches
+from gputui.train.paramtrace import ParamTrace
 from gputui.train.guards import (OOM_ERRORS, Diverged, diverged_message, first_bad,
                                     out_of_memory)
 from gputui.train.strategies.base import Strategy
@@ -45,7 +46,20 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
           run_dir: str | Path | None = None) -> str:
     """Run every epoch; returns "finished" or "stopped" (checked before each step). Raises
     Diverged, OutOfMemory or CheckpointError with a one-line message. With ``run_dir``,
-    checkpoints go to ``run_dir/checkpoint.pt`` (written by each node's local rank 0)."""
+    checkpoints go to ``run_dir/checkpoint.pt`` (written by each node's local rank 0), and
+    under debug.trace_steps its first steps' losses and parameters to its param_trace.npz
+    (``gputui.train.paramtrace``, whatever way the run ends)."""
+    traces: list[ParamTrace] = []
+    try:
+        return _train(cfg, strategy, batches, ds, emit, should_stop, run_dir, traces)
+    finally:
+        if traces and run_dir is not None:
+            traces[0].save(run_dir)
+
+
+def _train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
+           emit: Callable[[Event], None], should_stop: Callable[[], bool],
+           run_dir: str | Path | None, traces: list[ParamTrace]) -> str:
     steps = batches.steps_per_epoch
     log_every, every = cfg.run.log_every, cfg.run.checkpoint_every
     saving = run_dir is not None and cfg.run.checkpoint
@@ -72,6 +86,10 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
     if injected:
         emit(LogLine(level="warning", message=f"{', '.join(injected)}: delays added on "
                                               f"purpose; speeds are not this machine's"))
+    if cfg.debug.fault_strategy == strategy.name:
+        emit(LogLine(level="warning", message=(
+            f"debug.fault_strategy = {strategy.name!r}: this run's gradients are wrong on "
+            f"purpose from global step {cfg.debug.fault_step} on")))
 
     first_epoch, skip, carried, global_step = 1, 0, 0.0, 0
     if cfg.run.resume_from:
@@ -84,6 +102,9 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
     # the lr schedule spans the whole run and continues from the steps already taken
     strategy.updater.plan(cfg.run.epochs * steps,
                           strategy.updater.steps if cfg.run.resume_from else 0)
+    trace = ParamTrace(strategy, cfg.debug.trace_steps) if cfg.debug.trace_steps else None
+    if trace is not None:
+        traces.append(trace)
 
     tokens = ds.image_size if strategy.task == "lm" else 0  # tokens per example (a window)
     flop_info = figures.flops_info(cfg, strategy, ds, emit)
@@ -159,6 +180,9 @@ def train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 raise out_of_memory(exc, strategy, x, y) from None
             first.after_step(epoch)
             window.losses.append(loss)
+            if trace is not None and trace.after_step(loss):  # the steps traced: done
+                flush(epoch, step, global_step, False)
+                return "finished"
             global_step += 1
             if logged:
                 flush(epoch, step, global_step, True)

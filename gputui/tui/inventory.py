@@ -52,6 +52,8 @@ class Inventory:
     # False until discovery has answered: the app's first paint comes before it, and a preset's
     # GPUs must wait for it rather than fall back to CPU devices
     discovered: bool = True
+    # (cuda i, cuda j) -> (active NVLinks between them, the PCIe path), from discovery
+    links: dict = field(default_factory=dict, compare=False)
 
     def cpu_rows(self, n: int) -> list[DeviceRow]:
         """N CPU virtual devices; they share the host's cores and memory."""
@@ -110,5 +112,31 @@ def discover_inventory() -> Inventory:
         util = f"{psutil.cpu_percent(interval=0.2 if first else None):.0f}% host"
     except Exception:  # psutil missing or unreadable: the table says n/a
         pass
+    try:
+        from gputui.hw.discovery import gpu_links
+
+        links = gpu_links(gpus) if len(gpus) > 1 else {}
+    except Exception:  # the links are a hint; the table stands without them
+        links = {}
     return Inventory(tuple(device_row(g) for g in gpus), reason, memory, util,
-                     os.cpu_count() or 1, tuple(gpus))
+                     os.cpu_count() or 1, tuple(gpus), links=links)
+
+
+def links_note(selected: set[int], links: dict) -> str:
+    """The links between the chosen GPUs, one pair a line, a warning on a pair without a
+    fast link (a pair without NVLink ran at 20 GB/s where an NVLink pair ran at 208 in
+    nccl-tests#178); "" for fewer than two GPUs or when NVML did not say."""
+    chosen = sorted(selected)
+    lines = []
+    for n, i in enumerate(chosen):
+        for j in chosen[n + 1:]:
+            if (i, j) not in links:
+                continue
+            nvlinks, path = links[i, j]
+            pair = f"cuda:{i}–cuda:{j}"
+            if nvlinks:
+                lines.append(f"{pair}: NVLink ×{nvlinks}")
+            else:
+                lines.append(f"⚠ {pair}: no NVLink, {path or 'PCIe'}: collectives between "
+                             f"them run at PCIe speed, far below NVLink's")
+    return "\n".join(lines)

@@ -55,6 +55,24 @@ class FakeGpu:
     ci: int = 0
     unsupported: set = field(default_factory=set)  # function names raising NotSupported
     lost: bool = False  # every call raises GpuIsLost
+    energy_mj: int | None = 1_000_000  # the energy counter (None: NotSupported, pre-Volta)
+    gpm: dict | None = None  # GPM metric id -> value (None: no GPM, pre-Hopper)
+    nvlinks: list = field(default_factory=list)  # per link: the remote bus id, "" = inactive
+    topology: dict = field(default_factory=dict)  # other GPU's bus id -> common-ancestor level
+
+
+class _Metric:
+    def __init__(self):
+        self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+
+class GpmMetricsGet:
+    """pynvml's c_nvmlGpmMetricsGet_t: the caller fills version, numMetrics, the two samples
+    and each metric's id; nvmlGpmMetricsGet fills each metric's nvmlReturn and value."""
+
+    def __init__(self):
+        self.version, self.numMetrics, self.sample1, self.sample2 = 0, 0, None, None
+        self.metrics = [_Metric() for _ in range(98)]
 
 
 class FakeNvml:
@@ -62,6 +80,13 @@ class FakeNvml:
 
     NVML_TEMPERATURE_GPU = 0
     NVML_DEVICE_MIG_ENABLE = 1
+    NVML_SUCCESS = 0
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+    NVML_GPM_METRIC_SM_OCCUPANCY = 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+    c_nvmlGpmMetricsGet_t = GpmMetricsGet
     NVMLError = NVMLError
 
     def __init__(self, gpus: list[FakeGpu] | None = None, init_error: type | None = None,
@@ -168,6 +193,58 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list:
         self._check("nvmlDeviceGetGraphicsRunningProcesses", h)
         return []
+
+    # --- energy, GPM, links ----------------------------------------------------------------
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:
+        return self._value("nvmlDeviceGetTotalEnergyConsumption", h, h.energy_mj)
+
+    def nvmlGpmQueryDeviceSupport(self, h: FakeGpu):
+        self._check("nvmlGpmQueryDeviceSupport", h)
+        return SimpleNamespace(version=1, isSupportedDevice=int(h.gpm is not None))
+
+    def nvmlGpmSampleAlloc(self):
+        self._ready("nvmlGpmSampleAlloc")
+        self.gpm_live = getattr(self, "gpm_live", 0) + 1  # samples not freed yet
+        return SimpleNamespace(gpu=None)
+
+    def nvmlGpmSampleGet(self, h: FakeGpu, sample):
+        self._check("nvmlGpmSampleGet", h)
+        if h.gpm is None:
+            raise _ERRORS["NotSupported"]()
+        sample.gpu = h
+        return sample
+
+    def nvmlGpmSampleFree(self, sample) -> None:
+        self._ready("nvmlGpmSampleFree")
+        self.gpm_live -= 1
+
+    def nvmlGpmMetricsGet(self, request):
+        self._ready("nvmlGpmMetricsGet")
+        gpu = request.sample2.gpu
+        if request.sample1.gpu is not gpu or gpu is None:
+            raise _ERRORS["InvalidArgument"]()
+        for m in request.metrics[:request.numMetrics]:
+            if m.metricId in gpu.gpm:
+                m.nvmlReturn, m.value = 0, float(gpu.gpm[m.metricId])
+            else:
+                m.nvmlReturn = _CODES["NotSupported"]
+        return request
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeGpu, b: FakeGpu) -> int:
+        self._check("nvmlDeviceGetTopologyCommonAncestor", a)
+        if b.bus_id not in a.topology:
+            raise _ERRORS["NotSupported"]()
+        return a.topology[b.bus_id]
+
+    def nvmlDeviceGetNvLinkState(self, h: FakeGpu, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkState", h)
+        if link >= len(h.nvlinks):
+            raise _ERRORS["NotSupported"]() if not h.nvlinks else _ERRORS["InvalidArgument"]()
+        return int(bool(h.nvlinks[link]))
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: FakeGpu, link: int):
+        self._check("nvmlDeviceGetNvLinkRemotePciInfo", h)
+        return SimpleNamespace(busId=h.nvlinks[link].encode())
 
     # --- helpers ------------------------------------------------------------------------
     def _ready(self, fn: str) -> None:

@@ -148,6 +148,18 @@ async def test_the_app_runs_a_sweep_and_compares_it(tmp_path, inventory):
         assert "no steady-state steps" in notes and "both from steady-state" not in notes
 
 
+async def test_history_names_a_damaged_record_and_what_does_not_read(tmp_path, inventory,
+                                                                      presets):
+    runs = make_runs(tmp_path / "runs")
+    (runs / "20260101-120000-exp-torn" / "events.jsonl").unlink()  # as a crash of the disk may
+    app = make_app(runs_dir=runs, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, app)
+        note = str(screen.query_one("#history-note", Static).render())
+        assert ("1 record read only in part: 20260101-120000-exp-torn: events.jsonl is missing"
+                in note), note
+
+
 async def test_history_shows_record_text_literally(tmp_path, inventory, presets):
     runs = tmp_path / "runs"
     odd = write_record(runs, "20260101-100000-q-aaaa", name="placeholder")

@@ -158,6 +158,23 @@ async def test_save_as_preset_writes_a_file_gputui_run_accepts(tmp_path, invento
         assert saved.run.epochs == 7 and saved.strategy.name == "scratch"
 
 
+async def test_save_as_preset_onto_a_folder_says_so_in_the_dialog(tmp_path, inventory,
+                                                                   presets):
+    folder = tmp_path / "taken.toml"
+    folder.mkdir()
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.screen.query_one("#preset-path", Input).value = str(folder)
+        await pilot.press("enter")
+        await pilot.pause()
+        shown = str(app.screen.query_one("#save-error").render())
+        assert "it is a folder; give a file name" in shown, shown
+        assert folder.is_dir() and not list(folder.iterdir())  # nothing written
+
+
 async def test_start_runs_the_launcher_and_opens_the_run_screen(inventory, presets):
     launcher = ScriptedLauncher()
     app = make_app(preset="quickstart", launcher=launcher, inventory=inventory, presets=presets)

@@ -12,7 +12,7 @@ folder (records go to a temp folder through GPUTUI_RUNS_DIR), exactly as written
 * small overrides appended so the suite stays fast: ``run``, ``resume`` and ``sweep`` train
   1 epoch on 512 images (resume: the run it continues is that small), ``bench-comm`` times
   one small size once, ``tune`` measures and confirms one small candidate (its preset and
-  kept figures go to the temp folder);
+  kept figures go to the temp folder), ``verify`` compares 2 steps;
 * ``--dry-run`` appended to a ``run`` line whose point is its flags (``--epochs``,
   ``--strategy``, ``--set``, ``--devices``): the preset is loaded, the flags applied and every
   rule checked against this machine's devices and disk, as for a real run, but nothing
@@ -47,7 +47,8 @@ SHRINK = {"run": ["--epochs", "1", "--set", "data.train_size=512", "--set", "dat
           # one candidate, measured and confirmed: test_tune ranks and confirms several
           "tune": ["--set", "model.name=mlp", "--set", "optim.batch_size=32", "--strategies",
                    "single", "--micro-batches", "1", "--precisions", "fp32", "--compile", "off",
-                   "--batch-per-device", "16", "--top", "1", "--steps", "20"]}
+                   "--batch-per-device", "16", "--top", "1", "--steps", "20"],
+          "verify": ["--steps", "2"]}
 FLAG_ONLY = ("--epochs", "--lr", "--strategy", "--set", "--devices", "--batch-size", "--seed")
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
     "optional-dependencies"]

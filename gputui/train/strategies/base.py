@@ -63,6 +63,7 @@ from gputui.core.config_schema import task_of
 from gputui.core.devices import Device
 from gputui.core.steps import DeviceStep, StepReport
 from gputui.train.models import build_model, gpt_shape
+from gputui.train.paramtrace import fault
 from gputui.train.optim import Updater, make_optimizer
 from gputui.train.strategies import fastpath
 from gputui.train.strategies.memory_rows import MemoryRows
@@ -232,6 +233,7 @@ class Strategy(MemoryRows):
         call, once per optimizer step."""
         scaler = self.scaler
         self.updater.before(opts, scaler)
+        fault(self.cfg.debug, self.name, self.updater.steps, opts)  # after clipping
         if scaler is None:
             for opt in opts:
                 opt.step()

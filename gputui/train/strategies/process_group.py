@@ -44,6 +44,7 @@ class RankStrategy(Strategy):
     _stop_countdown: int
     _stop_every: int
     _stop_t: float
+    _slow_s: float  # debug.slow_backward_ms on debug.slow_rank, in seconds (else 0)
 
     def join_group(self) -> None:
         """This rank's identity, device, process groups and meter (see the module doc)."""

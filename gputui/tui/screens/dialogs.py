@@ -87,6 +87,12 @@ class SavePresetDialog(ModalScreen[Path | None]):
         if not path.parent.exists() and path.parent != self.default.parent:
             self._error(f"the folder {path.parent} does not exist")
             return
+        from gputui.core.filewrite import file_problem
+
+        problem = file_problem(path, "preset")  # a folder, a device, no permission: say so here
+        if problem:
+            self._error(problem)
+            return
         if path.exists() and self._confirm_overwrite != path:
             self._confirm_overwrite = path
             self._error(f"{path} exists: press Save again to overwrite it")

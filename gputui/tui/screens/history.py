@@ -101,8 +101,14 @@ class HistoryScreen(Screen):
         elif not message.rows:
             note.update(f"No runs recorded in {self.runs_dir} yet.")
         else:
-            note.update(f"{plural(len(message.rows), 'run')} in {self.runs_dir}. "
-                        f"Enter opens a run, space marks runs, c compares the marked ones.")
+            text = (f"{plural(len(message.rows), 'run')} in {self.runs_dir}. "
+                    f"Enter opens a run, space marks runs, c compares the marked ones.")
+            damaged = [r for r in message.rows if r.problem]
+            if damaged:  # as `gputui runs` says it: which record, and what in it does not read
+                more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+                text += (f"\n{plural(len(damaged), 'record')} read only in part: "
+                         f"{damaged[0].id}: {damaged[0].problem}{more}")
+            note.update(text)
         self.loaded = True
 
     def _cells(self, row: RunRow) -> list[str]:

@@ -219,8 +219,9 @@ class RunScreen(RunControls, Screen):
                 thr.add_point(ev.global_step, ev.tokens_per_s or ev.samples_per_s, ev.t)
                 status.step_metrics(ev)
                 self._show_breakdown(ev)
-                if ev.mfu is not None:
-                    for panel in self.query(DevicePanel):
+                for panel in self.query(DevicePanel):
+                    panel.update_rate(ev.samples_per_s)
+                    if ev.mfu is not None:
                         panel.update_mfu(ev.mfu)
                 if self.state == "starting":
                     self.state = "running"

@@ -118,6 +118,8 @@ class DevicePanel(Vertical):
         self.step_parts: Breakdown | None = None  # the last metered step's breakdown
         self.step_seen = False  # a StepMetrics has named this device
         self.comm_text = ""  # the last all-reduce bandwidth line (ddp ranks)
+        self.energy0: float | None = None  # the energy counter at this panel's first reading
+        self.samples_per_s: float | None = None  # the run's, at its last logged step
 
     def compose(self) -> ComposeResult:
         yield Meter("util", classes="util-meter")
@@ -163,6 +165,10 @@ class DevicePanel(Vertical):
         if self.is_mounted and self.children:
             show_mfu(self.query_one(".mfu-meter", Meter), mfu)
 
+    def update_rate(self, samples_per_s: float | None) -> None:
+        """The run's samples/s (StepMetrics): with this GPU's power, its joules per sample."""
+        self.samples_per_s = samples_per_s
+
     def update_memory(self, row: dict) -> None:
         """This device's training memory (a MemoryReport row)."""
         self.memory = row
@@ -172,6 +178,8 @@ class DevicePanel(Vertical):
     def update_sample(self, s: DeviceSample) -> None:
         """Show one reading (held until the panel is composed, when it is brand new)."""
         self.last = s
+        if self.energy0 is None and s.energy_j is not None:
+            self.energy0 = s.energy_j
         if self.is_mounted and self.children:
             self._show(s)
 
@@ -207,6 +215,7 @@ class DevicePanel(Vertical):
             if s.power_w is not None and s.power_limit_w:
                 power += f" / {s.power_limit_w:.0f} W"
             parts.append(f"temp {fmt_opt(s.temp_c, '°C')} · power {power}")
+        parts += gpu_truth(s, self.energy0, self.samples_per_s)
         if s.pid is not None:
             parts.append(f"pid {s.pid}")
         if self.sharing:  # short: the panel is narrow
@@ -240,6 +249,24 @@ class DevicePanel(Vertical):
             row.top = float(total) if total else None  # 0 to the device's total
             row.data = tuple(self.mem_history)
         meter.refresh()
+
+
+def gpu_truth(s: DeviceSample, energy0: float | None,
+              samples_per_s: float | None = None) -> list[str]:
+    """What NVML says beyond utilization, each part only where the GPU gives it: GPM's SM and
+    tensor-core activity (utilization counts any kernel running; these count real work),
+    the energy used since the panel's first reading, and joules per sample now (power over
+    the run's samples/s)."""
+    out = []
+    if s.sm_active is not None:
+        out.append(f"SM {s.sm_active:.0f}%" + (f" · tensor {s.tensor_active:.0f}%"
+                                                 if s.tensor_active is not None else ""))
+    if s.energy_j is not None and energy0 is not None:
+        used = s.energy_j - energy0
+        out.append(f"{used / 1000:.1f} kJ" if used >= 1000 else f"{used:.0f} J")
+    if s.energy_j is not None and s.power_w is not None and samples_per_s:
+        out.append(f"{s.power_w / samples_per_s:.2g} J/sample")
+    return out
 
 
 def panel_id(device: str) -> str:

@@ -11,7 +11,8 @@ from textual.widgets import DataTable, Label, Select, Static
 
 from gputui.core.devices import Device, DeviceSpecError, requested_count, resolve_spec, wants_gpus
 from gputui.core.events import plural
-from gputui.tui.inventory import MAX_CPU_DEVICES, DeviceRow, Inventory, gpu_indices
+from gputui.tui.inventory import (MAX_CPU_DEVICES, DeviceRow, Inventory, gpu_indices,
+                                  links_note)
 
 COLUMNS = ("use", "device", "name", "memory", "util", "status")
 CPU_ROW_NOTE = ("A CPU row cannot be toggled on its own: CPU virtual devices are used together. "
@@ -71,6 +72,7 @@ class DevicePicker(Vertical):
             yield Select(options, value=self.cpu_count, allow_blank=False, id="cpu-count",
                          compact=True)
         yield Static("", id="no-gpu-note")
+        yield Static("", id="link-note")
 
     def on_mount(self) -> None:
         table = self.query_one("#device-table", DataTable)
@@ -174,6 +176,9 @@ class DevicePicker(Vertical):
                 for col, value in zip(COLUMNS, self._cells(r, on), strict=True):
                     table.update_cell(r.name, col, value, update_width=True)
         self.query_one("#no-gpu-note", Static).update(self.inventory.gpu_note())
+        note = links_note(self.selected_gpus, self.inventory.links) if not self.waiting else ""
+        self.query_one("#link-note", Static).update(note)
+        self.set_class(bool(note), "-links")
         self.set_class(not self.inventory.gpus, "-no-gpu")
 
     @staticmethod

@@ -53,13 +53,21 @@ class TrainMemory(Static):
 def memory_text(row: dict) -> str:
     """Two lines that fit a device panel, each figure with its unit:
     'params 504 KiB · grads 504 KiB' / 'optim 504 KiB · activ. 27.5 MiB', and on CUDA a third
-    with the allocator's figures: 'torch 1.2 GiB · peak 3.4 GiB'."""
+    with the allocator's figures and its peak against the memory model's terms:
+    'torch 1.2 GiB · peak 3.4 GiB vs 3.0 GiB predicted (+0.4 GiB)'."""
     text = (f"params {short_bytes(row.get('params'))} · grads {short_bytes(row.get('grads'))}\n"
             f"optim {short_bytes(row.get('optim'))} · activ. "
             f"{short_bytes(row.get('activations'))}")
     if row.get("alloc") is not None:
         text += (f"\ntorch {short_bytes(row['alloc'])} · peak "
                  f"{short_bytes(row.get('peak'))}")
+        terms = [row.get(k) for k in ("params", "grads", "optim", "activations")]
+        if isinstance(row.get("peak"), int) and all(isinstance(t, int) for t in terms[:3]):
+            # the memory model's terms (gputui.core.memcheck): what the peak took beyond them
+            predicted = sum(t for t in terms if isinstance(t, int))
+            diff = row["peak"] - predicted
+            text += (f" vs {short_bytes(predicted)} predicted "
+                     f"({'+' if diff >= 0 else '-'}{short_bytes(abs(diff))})")
     return text
 
 
