@@ -63,14 +63,16 @@ class Cache:
 
 def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
                 strategy: str = "single") -> str:
-    """What a compute figure depends on: model, data, precision, fast path, per-process batch,
-    threads, the processes running at once, the device, and the strategy that trained it
-    (``single``, or a multi-process one on a world of one rank)."""
+    """What a compute figure depends on: model, data, precision, fast path, per-process batch
+    (and its micro-batches), threads, the processes running at once, the device, and the
+    strategy that trained it (``single``, or a multi-process one on a world of one rank)."""
     from gputui.core.usercode import data_label, model_label
 
     d = cfg.to_dict()
+    micro = cfg.optim.micro_batches  # a step of several micro-batches is another figure
     parts = ["compute", model_label(d), data_label(d), cfg.run.precision, cfg.run.compile,
-             cfg.run.channels_last, f"b{batch}", f"t{threads}", f"x{copies}", device]
+             cfg.run.channels_last, f"b{batch}" + (f"/{micro}" if micro > 1 else ""),
+             f"t{threads}", f"x{copies}", device]
     if strategy != "single":
         parts.append(f"{strategy}@1")
     return "|".join(map(str, parts))

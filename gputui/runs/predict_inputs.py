@@ -24,7 +24,9 @@ def input_label(key: str) -> str:
     if parts[0] == "compute" and len(parts) >= 10:
         strategy = parts[10].removesuffix("@1") if len(parts) > 10 else "single"
         copies = parts[8][1:]
-        return (f"compute {strategy}, batch {parts[6][1:]}, {parts[7][1:]} threads, {copies} "
+        batch, _, micro = parts[6][1:].partition("/")
+        batch += f" in {micro} micro-batches" if micro else ""
+        return (f"compute {strategy}, batch {batch}, {parts[7][1:]} threads, {copies} "
                 f"cop{'y' if copies == '1' else 'ies'} on {parts[9]}")
     if parts[0] == "comm" and len(parts) >= 4:
         size = int(parts[3]) if parts[3].isdigit() else 0

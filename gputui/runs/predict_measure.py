@@ -91,8 +91,9 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     peak = _peak_memory(handles[0].run_dir)
     summary = runstore.read_summary(handles[0].run_dir)
     own = f", {comm * 1000:.2f} ms of it its own comm" if comm else ""
-    line(f"  measured {copies} x {strategy}({batch} per step, {threads or 'auto'} threads) on "
-         f"{spec}: {step * 1000:.2f} ms per step{own}")
+    mb = f" in {m.optim.micro_batches} micro-batches" if m.optim.micro_batches > 1 else ""
+    line(f"  measured {copies} x {strategy}({batch} per step{mb}, {threads or 'auto'} threads) "
+         f"on {spec}: {step * 1000:.2f} ms per step{own}")
     return {"step_time_s": step, "noise": steady[slowest].get("noise"), "comm_s": comm,
             "params": summary.get("params") or 0, "peak_mem": peak,
             "threads": summary.get("threads") or threads}

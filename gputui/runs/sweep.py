@@ -55,7 +55,9 @@ class Point:
     @property
     def group(self) -> str:
         """The grid cell, the same for every repetition."""
-        extra = "".join(f" {AXES[k]}={v}" for k, v in self.settings.items())
+        # a key outside AXES (tune's micro-batches, batch) is named by its field
+        extra = "".join(f" {AXES.get(k, k.rsplit('.', 1)[-1])}={v}"
+                        for k, v in self.settings.items())
         return f"{self.strategy}@{self.devices}{extra}"
 
     @property
@@ -151,6 +153,8 @@ class Sweep:
         # headless: the process's Supervisor (signals.py), which turns SIGINT, SIGTERM and
         # SIGHUP into the current point's graceful stop, then the kill; None in the app
         self.supervisor = None
+        # before a point starts: None to run it, else why it is skipped (tune's time budget)
+        self.gate: Callable[[Point], str | None] | None = None
         self.base = load_preset(manifest.preset, overrides)
         if not manifest.points:  # repetitions outermost: each pass measures the whole grid
             reps = range(1, manifest.repeat + 1) if manifest.repeat > 1 else [0]
@@ -266,6 +270,7 @@ class Sweep:
                 continue
             cfg = self.config_for(point)
             devices, note, reason = self.check(point, cfg)
+            reason = reason or (self.gate(point) if self.gate is not None else None)
             if reason:
                 point.status, point.reason, point.run_id = "skipped", reason, ""
                 self.save()

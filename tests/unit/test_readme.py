@@ -11,7 +11,8 @@ folder (records go to a temp folder through GPUTUI_RUNS_DIR), exactly as written
   and ``SWEEP_ID`` (the sweep an earlier line ran);
 * small overrides appended so the suite stays fast: ``run``, ``resume`` and ``sweep`` train
   1 epoch on 512 images (resume: the run it continues is that small), ``bench-comm`` times
-  one small size once, ``verify`` compares 2 steps;
+  one small size once, ``tune`` measures and confirms one small candidate (its preset and
+  kept figures go to the temp folder), ``verify`` compares 2 steps;
 * ``--dry-run`` appended to a ``run`` line whose point is its flags (``--epochs``,
   ``--strategy``, ``--set``, ``--devices``): the preset is loaded, the flags applied and every
   rule checked against this machine's devices and disk, as for a real run, but nothing
@@ -43,6 +44,10 @@ SHRINK = {"run": ["--epochs", "1", "--set", "data.train_size=512", "--set", "dat
           "sweep": ["--epochs", "1", "--set", "data.train_size=512", "--set",
                     "data.test_size=128"],
           "bench-comm": ["--sizes", "4K", "--iters", "2", "--warmup", "1", "--repeats", "1"],
+          # one candidate, measured and confirmed: test_tune ranks and confirms several
+          "tune": ["--set", "model.name=mlp", "--set", "optim.batch_size=32", "--strategies",
+                   "single", "--micro-batches", "1", "--precisions", "fp32", "--compile", "off",
+                   "--batch-per-device", "16", "--top", "1", "--steps", "20"],
           "verify": ["--steps", "2"]}
 FLAG_ONLY = ("--epochs", "--lr", "--strategy", "--set", "--devices", "--batch-size", "--seed")
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
@@ -155,12 +160,15 @@ def _argv(line: str, runs: list[str], sweep_id: str | None, seen: set[str]) -> l
 def test_every_gputui_line_runs_as_written(tmp_path, monkeypatch, capsys):
     runs_dir = tmp_path / "runs"
     monkeypatch.setenv("GPUTUI_RUNS_DIR", str(runs_dir))
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))  # tune's kept figures
     monkeypatch.chdir(ROOT)  # relative paths (examples/tiny.toml) as a reader's shell has them
     sweep_id, seen = None, set()
     for line in [ln for ln in command_lines() if ln.startswith(".venv/bin/gputui ")]:
         runs = sorted(p.name for p in runs_dir.iterdir() if p.name != "sweeps") \
             if runs_dir.is_dir() else []
         argv = _argv(line, runs, sweep_id, seen)
+        if argv[0] == "tune":  # its preset into the temp folder, not the clone's presets/
+            argv += ["-o", str(tmp_path / "tuned.toml")]
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,
                                                      signal.SIGHUP)}
         try:
