@@ -36,6 +36,9 @@ def test_the_best_torch_figure_is_kept_and_only_a_better_one_replaces_it(tmp_pat
     assert comm_peak.keep({"error": "boom", "n": 2}, "cpu", cache) is None
     assert comm_peak.text(0.5, 2.0) == "allreduce 0.50 GB/s, 25% of bench-comm's 2.00"
     assert comm_peak.text(0.5, None) == "allreduce 0.50 GB/s"
+    # a kept peak below what a run achieved is not a peak: no share above 100 % is printed
+    above = comm_peak.text(0.24, 0.0014)
+    assert "%" not in above and "above bench-comm's kept peak 0.0014 GB/s" in above
 
 
 def test_compare_averages_the_metered_steps_but_the_first():
