@@ -27,6 +27,7 @@ from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDo
 from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
+from gputui.tui.screens.run_layout import RunLayout
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
 from gputui.tui.widgets.epoch_table import EpochTable
 from gputui.tui.widgets.hw_figures import flops_line
@@ -36,11 +37,11 @@ from gputui.tui.widgets.run_status import RunStatus
 from gputui.tui.widgets.too_small import TooSmall
 
 ENDED = ("finished", "stopped", "killed", "failed")
-FULL_SIZE = (160, 45)  # from here every panel shows at once
+from gputui.tui.screens.run_layout import FULL_SIZE  # noqa: E402,F401 - also here
 PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
 
-class RunScreen(RunControls, Screen):
+class RunScreen(RunLayout, RunControls, Screen):
     """Watches one run; Stop keeps its record, Kill ends it now, Escape goes back."""
 
     BINDINGS = [
@@ -98,59 +99,6 @@ class RunScreen(RunControls, Screen):
         self.query_one(RunLog).border_title = "Log"
         self.set_interval(PLOT_EVERY_S, self.redraw_plots)
         self._lay_out()
-
-    # ------------------------------------------------------------------ layout
-    def on_resize(self) -> None:
-        self._lay_out()
-
-    @property
-    def compact(self) -> bool:
-        """Too small for every panel at once (under 160x45): the charts or the devices, one
-        plot at a time beside the epoch table."""
-        return self.app.size.width < FULL_SIZE[0] or self.app.size.height < FULL_SIZE[1]
-
-    def _lay_out(self) -> None:
-        self.set_class(self.compact, "-compact")
-        self.set_class(self.show_devices, "-devices")
-        plots = list(self.query(MetricPlot))
-        for i, plot in enumerate(plots):
-            plot.set_class(i == self.plot_index % len(plots), "-current")
-        if self.compact:
-            shown = plots[self.plot_index % len(plots)].title if plots else ""
-            n = len(self.query(DevicePanel))
-            views = (f"▸ Devices ({n})  ·  d: charts" if self.show_devices else
-                     f"▸ {shown}  ·  p: next plot  ·  d: devices ({n})  ·  t: x axis")
-            self.query_one("#run-views", Static).update(views)
-        self.refresh_bindings()
-
-    def watch_show_devices(self) -> None:
-        if self.is_mounted:
-            self._lay_out()
-
-    def watch_plot_index(self) -> None:
-        if self.is_mounted:
-            self._lay_out()
-            self.redraw_plots()
-
-    def action_toggle_devices(self) -> None:
-        """Compact layouts: the device panels in place of the charts, and back."""
-        self.show_devices = not self.show_devices
-
-    def action_next_plot(self) -> None:
-        """Compact layouts: the next plot beside the epoch table."""
-        self.plot_index = (self.plot_index + 1) % max(1, len(self.query(MetricPlot)))
-
-    def action_time_axis(self) -> None:
-        """The loss and throughput plots against elapsed time, or against steps."""
-        self.time_axis = not self.time_axis
-
-    def watch_time_axis(self, on: bool) -> None:
-        t0 = self._started_ev.t if self._started_ev is not None else None
-        for plot in (self.query_one(LossPlot), self.query_one(ThroughputPlot)):
-            plot.set_time_axis(on, t0)
-        if self.is_mounted:
-            self.redraw_plots()
-            self.notify("x axis: elapsed time" if on else "x axis: steps", timeout=2)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("toggle_devices", "next_plot") and not self.compact:
