@@ -70,6 +70,8 @@ class RunScreen(RunLayout, RunControls, Screen):
         self.display_errors: list[str] = []  # bugs caught while showing events (tests: empty)
         self._started_ev: RunStarted | None = None
         self._comm_peak: list[float | None] | None = None  # bench-comm's kept peak, read once
+        # device -> its panel: a DOM query per event cost ~3 ms, seconds for a burst of steps
+        self._panels: dict[str, DevicePanel] = {}
 
     @property
     def ended(self) -> bool:
@@ -98,6 +100,8 @@ class RunScreen(RunLayout, RunControls, Screen):
         self.query_one("#device-panels").border_title = "Devices"
         self.query_one(RunLog).border_title = "Log"
         self.set_interval(PLOT_EVERY_S, self.redraw_plots)
+        for panel in self.query(DevicePanel):
+            self._panels[panel.device] = panel
         self._lay_out()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -167,7 +171,7 @@ class RunScreen(RunLayout, RunControls, Screen):
                 thr.add_point(ev.global_step, ev.tokens_per_s or ev.samples_per_s, ev.t)
                 status.step_metrics(ev)
                 self._show_breakdown(ev)
-                for panel in self.query(DevicePanel):
+                for panel in self._panels.values():
                     panel.update_rate(ev.samples_per_s)
                     if ev.mfu is not None:
                         panel.update_mfu(ev.mfu)
@@ -255,11 +259,15 @@ class RunScreen(RunLayout, RunControls, Screen):
         self.load_summary()
 
     def _panel(self, device: str, label: str = "") -> DevicePanel:
-        found = self.query(f"#{panel_id(device)}")
-        if found:
-            return found.first(DevicePanel)
-        panel = DevicePanel(device, label)
-        self.query_one("#device-panels").mount(panel)
+        panel = self._panels.get(device)
+        if panel is None:
+            found = self.query(f"#{panel_id(device)}")
+            if found:
+                panel = found.first(DevicePanel)
+            else:
+                panel = DevicePanel(device, label)
+                self.query_one("#device-panels").mount(panel)
+            self._panels[device] = panel
         return panel
 
     def _show_breakdown(self, ev: StepMetrics) -> None:
