@@ -82,7 +82,11 @@ def test_the_set_up_lines_are_what_ci_runs_and_install_the_console_script():
     assert "'.[test]'" in tests[0]
     # the static checks run before the suite, so CI fails on a lint or type error
     assert tests[0].endswith(" && .venv/bin/ruff check gputui && .venv/bin/mypy gputui"
-                             " && .venv/bin/python -m pytest -q"), tests[0]
+                             " && .venv/bin/python -m pytest -q -n auto --maxprocesses 4"
+                             " --dist loadfile"), tests[0]
+    # a test file runs whole on one worker: its module fixtures (one launch for many tests)
+    # are paid once; pytest-xdist is a test extra
+    assert "pytest-xdist" in {re.split(r"[<>=!~ ]", d)[0] for d in EXTRAS["test"]}
     assert {"ruff", "mypy"} <= {re.split(r"[<>=!~ ]", d)[0] for d in EXTRAS["test"]}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["gputui"] == "gputui.cli:main"
