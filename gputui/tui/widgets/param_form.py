@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -21,13 +21,12 @@ EXTRA_ID = "f-extra"
 class ConfigFieldValidator(Validator):
     """Validates one field by applying it to the config as ``--set`` would."""
 
-    def __init__(self, key: str, base: Callable[[], RunConfig]) -> None:
+    def __init__(self, key: str) -> None:
         super().__init__()
         self.key = key
-        self.base = base
 
     def validate(self, value: str) -> ValidationResult:
-        message = check_field(self.base(), self.key, value)
+        message = check_field(self.key, value)
         return self.failure(message, value) if message else self.success()
 
 
@@ -64,7 +63,7 @@ class ParamForm(VerticalScroll):
                      # focus coming back (a dialog, a toast, a screen closing) must not
                      # select the text: the next key would replace the whole value
                      id=spec.dom_id, compact=True, tooltip=spec.help(), select_on_focus=False,
-                     validators=[ConfigFieldValidator(spec.key, lambda: self.base)],
+                     validators=[ConfigFieldValidator(spec.key)],
                      validate_on=["changed", "submitted"])
 
     # ------------------------------------------------------------------ values
