@@ -42,6 +42,7 @@ CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by
 CRASH_LOG = "app-crash.log"  # the traceback of a crash (the terminal gets one line)
 STOP_GRACE_S = 20.0  # quitting: how long a graceful stop may take before the run is killed
 KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event before leaving
+WARM_AFTER_PAINT_S = 0.3  # the warm host starts this long after the first paint
 
 
 class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
@@ -104,7 +105,11 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
         self.push_screen(setup)
         if error:
             self.notify(error, title="Preset not loaded", severity="error", timeout=12)
-        self.prepare_warm_start(config)
+        # The warm host after the first paint: its start (a spawn, and the parent's imports
+        # of the host's side) and its import of torch would compete with the first paint
+        # for the two cores and the GIL.
+        setup.call_after_refresh(self.set_timer, WARM_AFTER_PAINT_S,
+                                 lambda: self.prepare_warm_start(config))
 
     def prepare_warm_start(self, config: RunConfig) -> None:
         """While the user is on the set-up screen, a training process loads torch (and, on

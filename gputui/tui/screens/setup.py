@@ -91,8 +91,6 @@ class SetupScreen(Screen):
         if note:
             self.notify(note, severity="warning", timeout=8)
         self.revalidate()
-        if self.runs_dir is not None:
-            self.call_after_refresh(self.read_history)
         if self.discover is not None:
             # After the first paint: the discovery thread's imports would hold the GIL.
             self.call_after_refresh(self.refresh_inventory)
@@ -131,9 +129,11 @@ class SetupScreen(Screen):
         self.revalidate()
 
     def on_screen_resume(self) -> None:
-        """Back from a run or another screen: the history may hold a new run."""
+        """Shown (first, or back from a run or another screen: the history may hold a new
+        run): read the history after the screen is painted, so the first paint does not
+        wait for the thread's imports."""
         if self.runs_dir is not None and self.is_mounted:
-            self.read_history()
+            self.call_after_refresh(self.read_history)
 
     # ------------------------------------------------------------------ validation
     def revalidate(self, files_now: bool = False) -> FormResult:
