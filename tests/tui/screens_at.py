@@ -58,6 +58,8 @@ async def settle(pilot) -> None:
 
 
 async def open_setup(pilot) -> None:
+    # the estimate's sources (the history, the prediction's cache) are read off the UI thread
+    await wait_until(pilot, lambda: pilot.app.screen.estimate_settled, what="the estimate")
     await settle(pilot)
 
 

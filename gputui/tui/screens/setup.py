@@ -22,10 +22,9 @@ from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
 from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.estimate import estimate
-from gputui.tui.messages import (FilesChecked, HistoryRead, InventoryReady, SetupChanged,
-                                 StartRun)
+from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
 from gputui.tui.screens.dialogs import SavePresetDialog
+from gputui.tui.screens.setup_estimate import SetupEstimate
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
@@ -35,7 +34,7 @@ from gputui.tui.widgets.too_small import TooSmall
 INVENTORY_EVERY_S = 3.0
 
 
-class SetupScreen(Screen):
+class SetupScreen(SetupEstimate, Screen):
     """Everything a run needs, validated live; Ctrl+R starts it."""
 
     BINDINGS = [
@@ -53,7 +52,6 @@ class SetupScreen(Screen):
                  presets: list[Path] | None = None, runs_dir: Path | None = None) -> None:
         super().__init__(id="setup")
         self.runs_dir = runs_dir  # earlier runs, for the estimate before Start (None: none)
-        self.history: tuple = ()
         self.base = config
         self.preset = preset
         self.inventory = inventory or Inventory()
@@ -111,29 +109,6 @@ class SetupScreen(Screen):
             self.notify(note, severity="warning", timeout=8)
         self._files_asked = None  # look at the disk again too: files may have come or gone
         self.revalidate()
-
-    # ------------------------------------------------------------------ the estimate
-    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
-    def read_history(self) -> None:
-        """Read the earlier runs off the UI thread (the estimate before Start rests on
-        them)."""
-        from gputui.runs.history import load_rows
-
-        try:
-            self.post_message(HistoryRead(tuple(load_rows(self.runs_dir))))
-        except OSError:
-            pass  # no history: no estimate
-
-    def on_history_read(self, message: HistoryRead) -> None:
-        self.history = message.rows
-        self.revalidate()
-
-    def on_screen_resume(self) -> None:
-        """Shown (first, or back from a run or another screen: the history may hold a new
-        run): read the history after the screen is painted, so the first paint does not
-        wait for the thread's imports."""
-        if self.runs_dir is not None and self.is_mounted:
-            self.call_after_refresh(self.read_history)
 
     # ------------------------------------------------------------------ validation
     def revalidate(self, files_now: bool = False) -> FormResult:
@@ -212,9 +187,7 @@ class SetupScreen(Screen):
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
                     f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
-            expected = estimate(cfg, self.history, n)
-            if expected is not None:
-                text += f" · {expected.text()}"
+            text += self.time_text(cfg, n, self._gpu_name())
         elif result.field_errors:
             first = next(iter(result.field_errors))
             text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
@@ -222,8 +195,16 @@ class SetupScreen(Screen):
         else:
             text = f"✗ {app_terms(result.error)}"
         summary.update(text)
+        summary.tooltip = (self.time_hint or None) if cfg is not None else None
         summary.set_class(not result.ok, "-invalid")
         start.disabled = not result.ok
+
+    def _gpu_name(self) -> str:
+        """The first chosen GPU's name as the last discovery gave it ('' on CPU devices)."""
+        picker = self.query_one(DevicePicker)
+        index = next((d.index for d in picker.devices() if d.kind == "cuda"), None)
+        return next((g.name for g in picker.inventory.gpu_infos if g.index == index), "") \
+            if index is not None else ""
 
     @on(Input.Changed)
     @on(Select.Changed)
