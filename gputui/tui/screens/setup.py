@@ -71,7 +71,9 @@ class SetupScreen(SetupEstimate, Screen):
                                self.base.devices.fallback)
             yield StrategyPicker(self.base.strategy.name)
         with Horizontal(id="setup-bottom"):
-            yield ParamForm(self.base)
+            # in a terminal the form's rows come after the first paint (a headless app,
+            # tests and snapshots included, paints nothing to wait for)
+            yield ParamForm(self.base, lazy=not self.app.is_headless)
             with Vertical(id="setup-side"):
                 panel = PresetPanel(self.presets, {k: v[0] for k, v in BUILTINS.items()})
                 panel.loaded = self.preset
@@ -219,8 +221,13 @@ class SetupScreen(SetupEstimate, Screen):
 
     # ------------------------------------------------------------------ actions
     def action_focus_widget(self, widget_id: str) -> None:
-        """Move the focus to one part of the screen."""
-        self.query_one(f"#{widget_id}").focus()
+        """Move the focus to one part of the screen (the form's, once its rows are in)."""
+        for widget in self.query(f"#{widget_id}"):
+            widget.focus()
+
+    def on_param_form_ready(self) -> None:
+        """The form's rows are in (after the first paint): check what they hold."""
+        self.revalidate()
 
     def action_start(self) -> None:
         """Start the run if the config is valid; otherwise say what is wrong."""
