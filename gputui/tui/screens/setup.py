@@ -22,7 +22,8 @@ from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
 from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.messages import FilesChecked, InventoryReady, SetupChanged, StartRun
+from gputui.tui.messages import (FilesChecked, InventoryReady, SetupChanged, SetupShown,
+                                 StartRun)
 from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.screens.setup_estimate import SetupEstimate
 from gputui.tui.widgets.device_picker import DevicePicker
@@ -92,9 +93,19 @@ class SetupScreen(SetupEstimate, Screen):
             self.notify(note, severity="warning", timeout=8)
         self.revalidate()
         if self.discover is not None:
-            # After the first paint: the discovery thread's imports would hold the GIL.
-            self.call_after_refresh(self.refresh_inventory)
             self.set_interval(INVENTORY_EVERY_S, self.refresh_inventory)
+        if self.query_one(ParamForm).ready:
+            self.call_after_refresh(self._painted)
+        # else once the form's rows are in (on_param_form_ready)
+
+    def _painted(self) -> None:
+        """Painted whole: now the threads (discovery, the history) and the app's warm host,
+        whose imports (and torch's) would have held the GIL and the cores the paint needed."""
+        self.painted = True
+        if self.discover is not None:
+            self.refresh_inventory()
+        self.read_history()
+        self.post_message(SetupShown())
 
     # ------------------------------------------------------------------ inventory
     @work(thread=True, exclusive=True, group="inventory", exit_on_error=False)
@@ -228,6 +239,7 @@ class SetupScreen(SetupEstimate, Screen):
     def on_param_form_ready(self) -> None:
         """The form's rows are in (after the first paint): check what they hold."""
         self.revalidate()
+        self.call_after_refresh(self._painted)
 
     def action_start(self) -> None:
         """Start the run if the config is valid; otherwise say what is wrong."""

@@ -33,6 +33,7 @@ class SetupEstimate:
     runs_dir: Path | None
     history: tuple = ()
     history_read = False  # the history's rows are in (or there is none to read)
+    painted = False  # the screen has been painted whole (SetupScreen._painted)
     _predict_asked: str | None = None  # the key of the config last sent to the prediction
     _predict_answer: tuple[str, Estimate | str] | None = None
     time_hint = ""  # the ready line's tooltip, when it says the time is unknown
@@ -55,10 +56,9 @@ class SetupEstimate:
         self.revalidate()  # type: ignore[attr-defined]
 
     def on_screen_resume(self) -> None:
-        """Shown (first, or back from a run or another screen: the history may hold a new
-        run): read the history after the screen is painted, so the first paint does not
-        wait for the thread's imports."""
-        if self.is_mounted:  # type: ignore[attr-defined]
+        """Back from a run or another screen: the history may hold a new run (the first time
+        the screen shows, it is read once the screen is painted: SetupScreen._painted)."""
+        if self.painted:
             self.call_after_refresh(self.read_history)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ the prediction
