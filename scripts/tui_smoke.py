@@ -104,9 +104,11 @@ def main() -> int:
         wait_for(r"Ready: scratch on cpu\*2", 5, "the set-up is valid")
         # The device table fills when discovery (NVML, psutil: a thread) answers, which on a
         # loaded machine comes after the form is valid: wait for it, never assume it is there.
-        text = wait_for(r"cpu:1[\s\S]*CPU virtual device|CPU virtual device[\s\S]*cpu:1", 30,
-                        "the device table lists the preset's CPU virtual devices")
-        assert "Start run" in text and "^r Start run" in text, "footer bindings"
+        wait_for(r"cpu:1[\s\S]*CPU virtual device|CPU virtual device[\s\S]*cpu:1", 30,
+                 "the device table lists the preset's CPU virtual devices")
+        # the form's rows, and the footer's keys, come after the first paint
+        text = wait_for(r"Learning rate[\s\S]*\^r Start run", 30, "the form and the footer's keys")
+        assert "Start run (ctrl+r)" in text, "the Start button"
         tmux("send-keys", "-t", SESSION, "C-r")
         wait_for(r"● running", 60, "the run screen, running")
         wait_for(r"samples/s [\d,]+ ", 90, "samples/s from the real run")

@@ -109,15 +109,34 @@ def cmd_tui(args) -> int:
     leave(run_tui(preset=args.preset, runs_dir=args.runs_dir))  # the quit: no module teardown
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="gputui", description="A terminal experiment runner for multi-GPU "
-                    "training. With no command, opens the app.")
-    parser.add_argument("--version", action="version", version=f"gputui {__version__}")
+def _global_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", help="open the app with this preset loaded")
     parser.add_argument("--runs-dir", dest="global_runs_dir", metavar="RUNS_DIR",
                         help="where run records go, for the app and every command "
                              "(default ./runs or $GPUTUI_RUNS_DIR)")
-    parser.set_defaults(func=cmd_tui)
+    parser.set_defaults(func=cmd_tui, command=None)
+
+
+def app_args(argv: list[str]) -> argparse.Namespace | None:
+    """``gputui`` with no command (only --preset and --runs-dir): the app's arguments, read
+    without building the whole parser, whose command families' imports would delay the app's
+    first paint by a tenth of a second; None for anything else (a command, --help, a typo)."""
+    if any(a in ("-h", "--help", "--version") for a in argv):
+        return None
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    _global_flags(parser)
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except argparse.ArgumentError:  # a flag without its value: the whole parser says so
+        return None
+    return None if rest else args
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="gputui", description="A terminal experiment runner for multi-GPU "
+                    "training. With no command, opens the app.")
+    parser.add_argument("--version", action="version", version=f"gputui {__version__}")
+    _global_flags(parser)
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     add_run_parser(sub)
     p = sub.add_parser("strategies", help="list the strategies and whether they can run",
@@ -158,8 +177,11 @@ def empty_path_flag(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gputui`` console script."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = app_args(argv) or build_parser().parse_args(argv)
     except KeyboardInterrupt:  # the parser imports every command family
         return EXIT_INTERRUPTED
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own

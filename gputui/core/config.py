@@ -93,7 +93,7 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         choices = ", ".join(meta["choices"])
         raise ConfigError(f"{source}: {key} must be one of {choices}; got {value!r}")
     if ftype in (int, float):
-        _check_number(source, key, value, meta, f"(e.g. {key} = {_example(f)})")
+        _check_number(source, key, value, meta, f)
     if ftype is list and "items" in meta:
         item_type, rules = meta["items"]
         for i, item in enumerate(value):
@@ -103,7 +103,7 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
             if not isinstance(item, item_type) or isinstance(item, bool):
                 raise ConfigError(f"{source}: {where} must be {_TYPE_NAMES[item_type]}, got "
                                   f"{item!r}; fix the value (e.g. {key} = {_example(f)})")
-            _check_number(source, where, item, rules, f"(e.g. {key} = {_example(f)})")
+            _check_number(source, where, item, rules, f, key)
     if ftype is list:
         value = list(value)
     if ftype is dict:
@@ -120,11 +120,14 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     return value
 
 
-def _check_number(source: str, key: str, value: int | float, rules: Any, example: str) -> None:
-    """A number against its rules (min, max, gt); NaN and infinities are never a setting."""
+def _check_number(source: str, key: str, value: int | float, rules: Any,
+                  f: dataclasses.Field, field_key: str = "") -> None:
+    """A number against its rules (min, max, gt); NaN and infinities are never a setting.
+    (The example in the message is written only when there is a message: the app checks
+    every field on every keystroke.)"""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}; fix the "
-                          f"value {example}")
+                          f"value (e.g. {field_key or key} = {_example(f)})")
     if "min" in rules and value < rules["min"]:
         raise ConfigError(f"{source}: {key} must be at least {rules['min']}, got {value!r}")
     if "max" in rules and value > rules["max"]:

@@ -158,7 +158,8 @@ class StepMetrics(Event):
 @dataclass(frozen=True)
 class EpochEnd(Event):
     """An epoch finished: its time, mean train loss and its test score: accuracy when the
-    task is "classify", validation loss per token (perplexity = exp of it) when "lm"."""
+    task is "classify" (and the test set's mean loss, drawn beside the training loss),
+    validation loss per token (perplexity = exp of it) when "lm"."""
 
     kind: ClassVar[str] = "epoch_end"
     epoch: int
@@ -171,6 +172,7 @@ class EpochEnd(Event):
     task: str = "classify"  # or "lm"
     val_loss: float | None = None  # lm: mean validation loss per token, nats
     tokens_per_s: float | None = None  # lm: samples_per_s x tokens per sample
+    test_loss: float | None = None  # classify: mean loss per test example (None before it)
 
 
 @dataclass(frozen=True)

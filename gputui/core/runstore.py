@@ -124,6 +124,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
                                      "samples_per_s": ev.samples_per_s}
             if ev.task == "lm":  # no accuracy: a validation loss
                 entry.update(test_acc=None, val_loss=ev.val_loss, tokens_per_s=ev.tokens_per_s)
+            elif ev.test_loss is not None:
+                entry["test_loss"] = ev.test_loss
             s["per_epoch"].append(entry)
             s["epochs_done"] = ev.epoch
         elif isinstance(ev, StepMetrics):

@@ -209,7 +209,8 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
                     score = ((("val/loss", ev.val_loss), ("val/perplexity",
                                                           perplexity(ev.val_loss)),
                               ("epoch/tokens_per_s", ev.tokens_per_s))
-                             if lm else (("test/accuracy", ev.test_acc),))
+                             if lm else (("test/accuracy", ev.test_acc),
+                                         ("test/loss", ev.test_loss)))
                     for tag, value in (*score, ("epoch/seconds", ev.seconds),
                                        ("epoch/samples_per_s", ev.samples_per_s)):
                         if value is not None:

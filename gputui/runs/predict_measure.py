@@ -166,7 +166,8 @@ class Measurer:
     """Gathers (from the cache, or by measuring) the inputs of a prediction."""
 
     def __init__(self, cfg: RunConfig, kind: str, runs_dir: Path, line: Line = print,
-                 measure: bool = True, again: bool = False, cache: Cache | None = None):
+                 measure: bool = True, again: bool = False, cache: Cache | None = None,
+                 gpu_name: str = ""):
         self.cfg, self.kind, self.runs_dir, self.line = cfg, kind, Path(runs_dir), line
         self.measure, self.again = measure, again
         self.cache = cache or Cache()
@@ -177,7 +178,9 @@ class Measurer:
         # "note" (its contention, or why it was measured again)}
         self.sources: list[dict[str, Any]] = []
         self._now: dict[str, dict] = {}  # measured in this sitting: never measured twice
-        if kind == "gpu":
+        if kind == "gpu" and gpu_name:  # known already (the app's last discovery)
+            self._gpu_label = gpu_name
+        elif kind == "gpu":
             from gputui.hw.discovery import discover_gpus
 
             gpus, _ = discover_gpus()

@@ -193,7 +193,7 @@ def _train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
         epoch_s = time.perf_counter() - t_epoch
         train_loss = epoch_sum / steps if steps else float("nan")
         t_eval = time.perf_counter()
-        score = evaluate(strategy, ds)
+        score, test_loss = evaluate_with_loss(strategy, ds)
         first.report(epoch)  # a collective on every rank, like evaluate's
         samples_s = (steps - done_before) * strategy.batch_size / max(epoch_s, 1e-9)
         lm = strategy.task == "lm"
@@ -201,6 +201,7 @@ def _train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                       train_loss=train_loss, test_acc=float("nan") if lm else score,
                       samples_per_s=samples_s, eval_s=time.perf_counter() - t_eval,
                       task=strategy.task, val_loss=score if lm else None,
+                      test_loss=None if lm else test_loss,
                       tokens_per_s=samples_s * tokens if lm else None))
         save(ckpt.Position(epoch, steps, global_step, epoch_sum, epoch_done=True))
         if should_stop():
@@ -242,6 +243,12 @@ def _diverged(cfg: RunConfig, emit, warned: list, global_step: int, epoch: int, 
 def evaluate(strategy: Strategy, ds: Dataset) -> float:
     """The test score, with the test batches split across the strategy's devices: accuracy,
     or for a language model the mean validation loss per token (``Strategy.score``)."""
+    return evaluate_with_loss(strategy, ds)[0]
+
+
+def evaluate_with_loss(strategy: Strategy, ds: Dataset) -> tuple[float, float]:
+    """The test score (as :func:`evaluate`) and the mean loss over the test set (per example
+    when classifying; for a language model the same validation loss per token)."""
     strategy.set_train(False)
     device = strategy.data_device()
     correct = None
@@ -250,9 +257,10 @@ def evaluate(strategy: Strategy, ds: Dataset) -> float:
         correct = c if correct is None else correct + c.to(correct.device)
     strategy.set_train(True)
     if correct is None:
-        return float("nan")
+        return float("nan"), float("nan")
     total = strategy.reduce_metric(torch.tensor(float(ds.n_test), device=correct.device))
-    return (strategy.reduce_metric(correct.double()) / total).item()  # SYNC POINT (epoch end)
+    score, loss = (strategy.reduce_metric(correct.double()) / total).tolist()  # SYNC POINT
+    return score, loss
 
 
 def _per_device(strategy: Strategy, report: StepReport | None) -> tuple[DeviceStep, ...]:

@@ -49,16 +49,21 @@ def mean_loss(out: Any, y: torch.Tensor, loss: str = "cross_entropy") -> torch.T
 
 def batch_score(out: Any, y: torch.Tensor, task: str, loss: str = "cross_entropy"
                 ) -> torch.Tensor:
-    """The batch's summed score, float64: correct predictions (classification) or the sum
-    of each example's mean loss (language modelling)."""
+    """The batch's summed scores, float64, as ``[score, loss]``: the score is the correct
+    predictions (classification) or the sum of each example's mean loss (language modelling);
+    the loss is the sum of each example's loss, for either task (for a language model the
+    score itself), so the test loss is drawn beside the training loss."""
     logits = logits_of(out)
     if task == "lm":
         per_token = loss_function(loss)(logits.float().reshape(-1, logits.shape[-1]),
                                         y.reshape(-1), reduction="sum")
-        return (per_token / y[0].numel()).double()
-    return (logits.argmax(dim=1) == y).sum().double()
+        total = (per_token / y[0].numel()).double()
+        return torch.stack((total, total))
+    correct = (logits.argmax(dim=1) == y).sum().double()
+    summed = loss_function(loss)(logits.float(), y, reduction="sum").double()
+    return torch.stack((correct, summed))
 
 
 def zero_score(device: torch.device) -> torch.Tensor:
-    """A score at zero on ``device`` (what evaluation sums from)."""
-    return torch.zeros((), dtype=torch.float64, device=device)
+    """Scores at zero on ``device``, ``[score, loss]`` (what evaluation sums from)."""
+    return torch.zeros(2, dtype=torch.float64, device=device)

@@ -42,6 +42,7 @@ CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by
 CRASH_LOG = "app-crash.log"  # the traceback of a crash (the terminal gets one line)
 STOP_GRACE_S = 20.0  # quitting: how long a graceful stop may take before the run is killed
 KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event before leaving
+WARM_AFTER_PAINT_S = 0.3  # the warm host starts this long after the set-up is painted
 
 
 class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
@@ -101,10 +102,24 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
             inventory=self.fixed_inventory or Inventory(discovered=self.discover is None),
             discover=self.discover,
             presets=self.preset_list, runs_dir=self.runs_path)
+        if self.is_headless:
+            self._open_setup(setup, error)
+        else:
+            # In a terminal, after Textual's start-up: it paints nothing until its start-up
+            # batch ends, and a screen pushed here was mounted inside that batch, so its first
+            # frame was dropped and the first paint came a frame (and the form) later.
+            self.call_later(self._open_setup, setup, error)
+
+    def _open_setup(self, setup: SetupScreen, error: str) -> None:
         self.push_screen(setup)
         if error:
             self.notify(error, title="Preset not loaded", severity="error", timeout=12)
-        self.prepare_warm_start(config)
+
+    def on_setup_shown(self) -> None:
+        """The set-up screen is painted whole: the warm host may start. Not before: its start
+        (a spawn, and the parent's imports of the host's side) and its import of torch
+        competed with the first paint for the two cores and the GIL."""
+        self.set_timer(WARM_AFTER_PAINT_S, lambda: self.prepare_warm_start(self.setup_config))
 
     def prepare_warm_start(self, config: RunConfig) -> None:
         """While the user is on the set-up screen, a training process loads torch (and, on

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputui import plan
-from gputui.core.config import (ConfigError, RunConfig, apply_overrides, override_origins,
-                           parse_assignment)
+from gputui.core.config import (ConfigError, RunConfig, apply_overrides, from_dict,
+                           override_origins, parse_assignment)
 from gputui.core.config_schema import SECTIONS
 from gputui.core.devices import Device
 
@@ -139,10 +139,12 @@ def parse_field(key: str, raw: Any) -> Any:
     return parse_assignment(f"{key}={text}")[1]
 
 
-def check_field(base: RunConfig, key: str, raw: Any) -> str | None:
-    """The one-line error for this field's value, or None when it is valid on its own."""
+def check_field(key: str, raw: Any) -> str | None:
+    """The one-line error for this field's value, or None when it is valid on its own (the
+    check ``apply_overrides`` makes of each override before it builds the whole config)."""
     try:
-        apply_overrides(base, [(SOURCE, key, parse_field(key, raw))])
+        table, _, name = key.partition(".")
+        from_dict({table: {name: parse_field(key, raw)}}, source=SOURCE)
     except ConfigError as exc:
         return str(exc)
     return None
@@ -186,7 +188,7 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
     errors: dict[str, str] = {}
     overrides: list[tuple[str, str, Any]] = []
     for key, raw in values.items():
-        message = check_field(base, key, raw)
+        message = check_field(key, raw)
         if message:
             errors[key] = message
         else:

@@ -136,6 +136,11 @@ class RunEnded(Message):
 # Screens never call the app or another screen: they post these, and the app (the owner of
 # the run's lifecycle, through gputui.tui.run_control) answers.
 
+class SetupShown(Message):
+    """The set-up screen is painted whole (its form's rows in): what waited for that (the
+    warm host) may start."""
+
+
 class StartRun(Message):
     """The set-up screen asks for a run of ``config`` (already checked)."""
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from scripted import FakeHandle, fixed_inventory, run_events, wait_until
-from textual.widgets import Input
+from textual.widgets import DataTable, Input
 
 from gputui.core import runstore
 from gputui.core.events import DeviceSample
@@ -58,6 +58,8 @@ async def settle(pilot) -> None:
 
 
 async def open_setup(pilot) -> None:
+    # the estimate's sources (the history, the prediction's cache) are read off the UI thread
+    await wait_until(pilot, lambda: pilot.app.screen.estimate_settled, what="the estimate")
     await settle(pilot)
 
 
@@ -78,19 +80,32 @@ async def open_run(pilot) -> None:
     await settle(pilot)
 
 
+def measured(screen, kind: type) -> bool:
+    """The screen of ``kind`` has its rows and its table has measured them. A DataTable
+    sizes its columns to their cells, and its height to its rows, when its message queue is
+    next idle, some time after the rows were added: a snapshot taken in between shows the
+    empty table's column widths (one run in three did). The measure sets the table's virtual
+    height to its header and rows, so that height says it has run."""
+    if not isinstance(screen, kind) or not screen.loaded:
+        return False
+    table = screen.query_one(DataTable)
+    return table.row_count > 0 and table.virtual_size.height == (
+        table.header_height + sum(row.height for row in table.rows.values()))
+
+
 async def open_history(pilot) -> None:
     write_runs()
     await pilot.press("f6")
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, HistoryScreen)
-                     and pilot.app.screen.loaded, what="the history table")
+    await wait_until(pilot, lambda: measured(pilot.app.screen, HistoryScreen),
+                     what="the history table, measured")
     await settle(pilot)
 
 
 async def open_compare(pilot) -> None:
     write_runs()
     pilot.app.post_message(OpenCompare([RUNS / i for i in IDS], RUNS, title="comparing 3 runs"))
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen)
-                     and pilot.app.screen.loaded, what="the comparison")
+    await wait_until(pilot, lambda: measured(pilot.app.screen, CompareScreen),
+                     what="the comparison's table, measured")
     await settle(pilot)
 
 

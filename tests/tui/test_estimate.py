@@ -62,3 +62,44 @@ async def test_the_ready_line_says_how_long(tmp_path, inventory, presets):
         await wait_until(pilot, lambda: "earlier runs" in str(summary.render()),
                          what="the estimate in the ready line")
         assert "about 3 min on this machine (from 2 earlier runs)" in str(summary.render())
+
+
+def keep_step(cfg: RunConfig, seconds: float) -> None:
+    """What `gputui predict` keeps after measuring ``cfg``'s step on one device (the CPU,
+    every core): its steady step time, in this machine's cache file."""
+    from gputui.runs.predict_cache import Cache, compute_key, cores
+
+    Cache().put(compute_key(cfg, cfg.optim.batch_size, cores(), 1, "cpu"),
+                {"step_time_s": seconds, "params": 61706})
+
+
+async def ready_line(app, pilot) -> str:
+    screen = app.screen
+    await wait_until(pilot, lambda: screen.estimate_settled, what="the estimate's sources")
+    await pilot.pause()
+    return str(screen.query_one("#summary", Static).render())
+
+
+async def test_a_first_run_says_why_there_is_no_estimate_then_uses_a_measured_step(
+        tmp_path, inventory, presets, monkeypatch):
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))  # nothing measured yet
+    app = make_app(runs_dir=tmp_path / "runs", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        line = await ready_line(app, pilot)
+        assert line.endswith(" · time unknown: first run of this work here"), line
+        assert "gputui predict PRESET" in str(app.screen.query_one("#summary").tooltip)
+        cfg = app.screen.result.config
+        assert (cfg.strategy.name, cfg.devices.spec, cfg.data.train_size) == ("single", "cpu",
+                                                                              12000)
+        # measured at 0.5 s a step: 46 steps an epoch of 12,000 examples in batches of 256
+        keep_step(cfg, 0.5)
+        app.screen.query_one("#f-run-epochs").value = "10"  # 230 s of steps
+        await pilot.pause()
+        line = await ready_line(app, pilot)
+        assert line.endswith(" · about 4 min of training steps on this machine (predicted "
+                             "from its measured steps)"), line
+        app.screen.query_one("#f-run-epochs").value = "2"  # 46 s: starts without a word
+        await pilot.pause()
+        line = await ready_line(app, pilot)
+        assert line.endswith("lr 0.1"), line
+        assert app.screen.query_one("#summary").tooltip is None

@@ -23,7 +23,7 @@ def cli_message(key: str, text: str) -> str:
     ("data.train_size", "-1"), ("run.log_every", "0"),
 ])
 def test_field_errors_are_the_cli_messages(key, text):
-    message = check_field(RunConfig(), key, text)
+    message = check_field(key, text)
     assert message == f"form: {cli_message(key, text)}"
 
 
@@ -90,5 +90,5 @@ def test_defaults_that_mean_all_or_default_show_as_what_they_mean(tmp_path):
     assert result.ok, result
     assert (result.config.data.train_size, result.config.data.root,
             result.config.data.source) == (0, str(tmp_path), "test-split")
-    assert check_field(RunConfig(), "run.epochs", "") == ("form: run.epochs needs a value; e.g. "
+    assert check_field("run.epochs", "") == ("form: run.epochs needs a value; e.g. "
                                                           "run.epochs = 2")

@@ -106,3 +106,25 @@ async def test_validation_loss_beside_training_loss_and_a_time_axis(inventory, p
         assert timed[0] == (steps[0].t - T0, steps[0].loss)
         await pilot.press("t")
         assert not loss.time_axis
+
+
+async def test_a_classification_runs_test_loss_beside_its_training_loss(inventory, presets):
+    from dataclasses import replace
+
+    from gputui.core.events import EpochEnd
+    from gputui.tui.widgets.plots import LossPlot
+
+    events = [replace(e, test_loss=1.5 / e.epoch) if isinstance(e, EpochEnd) else e
+              for e in run_events(epochs=2, steps_per_epoch=20, log_every=5)]
+    app = make_app(inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RunScreen(FakeHandle([]))
+        await app.push_screen(screen)
+        await pilot.pause()
+        screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])
+        await pilot.pause()
+        loss = screen.query_one(LossPlot)
+        # one test-loss point per epoch, at the epoch's last step, in the legend as "test"
+        assert [(x, y) for x, y, _ in loss.extra] == [(20.0, 1.5), (40.0, 0.75)]
+        assert loss.extra_label == "test" and loss.label == "train"
+        assert "test loss 0.7500" in "\n".join(screen.query_one(RunLog).plain)

@@ -41,3 +41,33 @@ async def test_a_missing_dataset_is_refused_in_the_app(tmp_path, inventory, pres
         await pilot.pause()
         assert isinstance(app.screen, SetupScreen)
         assert any("mnist: missing" in n.message for n in app._notifications)
+
+
+async def test_a_lazy_form_answers_from_its_config_until_its_rows_are_in():
+    """In a terminal the set-up's form mounts its rows after the first paint: until then it
+    answers from its config (what its editors will hold), and an error waits for its row."""
+    from textual.app import App
+
+    from gputui.core.config import RunConfig
+    from gputui.tui.widgets.param_form import ParamForm
+
+    cfg = RunConfig().replace(run={"epochs": 7}, data={"train_size": 0})
+    form = ParamForm(cfg, lazy=True)
+    before = form.values()
+    assert not form.ready and (before["run.epochs"], before["data.train_size"]) == ("7", "")
+    assert form.extra() == ""
+    form.show_errors({}, "--set zz=1: the key must be table.key, e.g. optim.lr")
+
+    class OneForm(App):
+        def compose(self):
+            yield form
+
+    app = OneForm()
+    async with app.run_test() as pilot:
+        for _ in range(50):
+            if form.ready:
+                break
+            await pilot.pause(0.02)
+        assert form.ready and form.values() == before  # the rows hold what it said
+        assert form.query_one("#f-run-epochs", Input).value == "7"
+        assert form.error_text("extra") == "--set zz=1: the key must be table.key, e.g. optim.lr"

@@ -9,7 +9,8 @@ Used by test_equivalence_ddp.py (one launch instead of one per scenario: each la
 a torch import per process). Every rank builds the strategy exactly as a run does (registry,
 config, rank and world size), walks the same global batches ``single`` sees in
 strategy_harness, and returns its parameters (gathered to full tensors for fsdp), the
-per-step losses reduced over ranks, and the test accuracy through the loop's evaluate.
+per-step losses reduced over ranks, and the test accuracy and loss through the loop's
+evaluate_with_loss.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
     """Train one scenario on this rank; returns params, losses, accuracy (on the CPU) and
     every rank's memory rows; fsdp also what its checkpoint restores into a fresh strategy."""
     from gputui.train.data import TensorBatches
-    from gputui.train.loop import evaluate
+    from gputui.train.loop import evaluate_with_loss
     from gputui.train.strategies import fastpath
     from strategy_harness import params
 
@@ -108,8 +109,8 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
             losses.append(strategy.train_step(x, y))
     losses = strategy.reduce_metric(torch.stack(losses)).tolist()
     model_ = strategy.full_model() if strategy_name == "fsdp" else strategy.module
-    acc = evaluate(strategy, ds)
-    out = {"params": params(model_), "losses": losses, "acc": acc,
+    acc, test_loss = evaluate_with_loss(strategy, ds)
+    out = {"params": params(model_), "losses": losses, "acc": acc, "test_loss": test_loss,
            "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0]),
            "memory": strategy.memory_rows(None)}
     if strategy_name == "fsdp" and name in ("fsdp", "fsdp_adamw"):

@@ -5,8 +5,9 @@
 Used by test_equivalence_pp.py. Every rank builds the strategy exactly as a run does
 (registry, config, rank and world size), walks the same global batches ``single`` sees in
 strategy_harness, and returns the whole model's parameters (gathered from the stages), the
-per-step losses reduced over ranks, the test score through the loop's evaluate (accuracy, or
-the GPT's validation loss on text), and what a checkpoint restores into a fresh strategy.
+per-step losses reduced over ranks, the test score and loss through the loop's
+evaluate_with_loss (accuracy, or the GPT's validation loss on text), and what a checkpoint
+restores into a fresh strategy.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run_scenario(name: str, spec: str, workdir: str) -> dict:
     import torch.distributed as dist
 
     from gputui.train import checkpoint as ckpt
-    from gputui.train.loop import evaluate
+    from gputui.train.loop import evaluate_with_loss
     from strategy_harness import params
 
     model, batch, extra = SCENARIOS[name]
@@ -72,7 +73,7 @@ def run_scenario(name: str, spec: str, workdir: str) -> dict:
     losses = strategy.reduce_metric(torch.stack(losses)).tolist()
     report = strategy.step_report()
     out = {"params": params(strategy.full_model()), "losses": losses,
-           "score": evaluate(strategy, ds),
+           "score": evaluate_with_loss(strategy, ds),  # (accuracy or val loss, test loss)
            "rows": [r.to_dict() for r in report.devices], "notes": list(strategy.notes),
            "memory": strategy.memory_rows(None),
            "state": strategy.state_dict()["models"][0]}  # every stage's own tensors

@@ -128,7 +128,7 @@ def test_typed_form_values_give_a_config_or_one_line_shown_as_text(values, extra
 
     base = RunConfig()
     for key, text in values.items():
-        message = ConfigFieldValidator(key, lambda: base).validate(text)
+        message = ConfigFieldValidator(key).validate(text)
         for line in message.failure_descriptions:
             assert "\n" not in line
             assert str(Static(line, markup=False).render()) == line  # never markup

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddp_scenarios import SCENARIOS, STEPS
-from gputui.train.loop import evaluate
+from gputui.train.loop import evaluate_with_loss
 from gputui.train.models import build_model
 from strategy_harness import assert_params_close, data_for, make_config, params, run_steps
 
@@ -22,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """{rank: {scenario: {"params", "losses", "acc", "batch_size"}}} from one 2-rank launch."""
+    """{rank: {scenario: {"params", "losses", "acc", "test_loss", "batch_size"}}} from one
+    2-rank launch."""
     out = tmp_path_factory.mktemp("ddp") / "scenarios.pt"
     proc = subprocess.run([sys.executable, str(HERE / "ddp_scenarios.py"), str(out)],
                           capture_output=True, text=True, timeout=240)
@@ -31,10 +32,11 @@ def ranks(tmp_path_factory):
 
 
 def single_reference(model: str, batch: int, **extra):
-    """The single-device run of the same global batches: params, losses, test accuracy."""
+    """The single-device run of the same global batches: params, losses, (test accuracy or
+    a language model's validation loss, and the test loss)."""
     cfg = make_config("single", "cpu", model, batch, **extra)
     strategy, losses = run_steps(cfg, STEPS)
-    return params(strategy.model), losses, evaluate(strategy, data_for(cfg))
+    return params(strategy.model), losses, evaluate_with_loss(strategy, data_for(cfg))
 
 
 def initial_model(model: str):
@@ -62,7 +64,7 @@ def test_equals_single(ranks, name):
         assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
         # evaluation split over the ranks and all-reduced (a language model's validation
         # loss is a sum of floats in another order: equal within rounding)
-        assert got["acc"] == pytest.approx(ref_acc, rel=1e-6)
+        assert (got["acc"], got["test_loss"]) == pytest.approx(ref_acc, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["ddp_adamw", "fsdp_adamw"])

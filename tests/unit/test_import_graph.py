@@ -268,3 +268,23 @@ def test_config_and_plan_reach_no_hardware_and_no_torch():
         heavy = {m: sorted(external_imports(modules[m]) & {"torch", "pynvml", "textual"})
                  for m in {name, *reached}}
         assert not any(heavy.values()), f"{name} reaches {heavy}"
+
+
+def test_the_app_starts_without_torch_or_the_command_families():
+    """`gputui` with no command reads its two flags without building the whole parser (whose
+    command families' imports delayed the first paint), and what the app imports to start
+    brings no torch: training runs in other processes."""
+    code = ("import sys\n"
+            "from gputui.cli import app_args\n"
+            "assert app_args(['run', 'quickstart']) is None and app_args(['--help']) is None\n"
+            "args = app_args(['--preset', 'quickstart', '--runs-dir', 'r'])\n"
+            "assert (args.func.__name__, args.preset, args.global_runs_dir) == "
+            "('cmd_tui', 'quickstart', 'r'), args\n"
+            "import gputui.tui.app\n"
+            "extra = sorted(m for m in sys.modules if m.startswith('gputui.cli.')\n"
+            "               and m not in ('gputui.cli.common', 'gputui.cli.run'))\n"
+            "heavy = [m for m in ('torch', 'torchvision', 'numpy') if m in sys.modules]\n"
+            "sys.exit(f'families {extra}, heavy {heavy}' if extra or heavy else 0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr.strip()

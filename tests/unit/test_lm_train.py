@@ -45,7 +45,7 @@ def test_nll_for_a_log_softmax_model_equals_cross_entropy_on_its_logits():
     assert mean_loss(F.log_softmax(logits, -1), y, "nll") == pytest.approx(ce.item())
     assert ce == pytest.approx(F.cross_entropy(logits.reshape(-1, 7), y.reshape(-1)).item())
     # the summed score is each example's mean loss, summed
-    assert batch_score(logits, y, "lm").item() == pytest.approx(3 * ce.item(), rel=1e-6)
+    assert batch_score(logits, y, "lm")[0].item() == pytest.approx(3 * ce.item(), rel=1e-6)
     assert logits_of(user_lm.Output(logits=logits)) is logits
     assert logits_of((logits, None)) is logits
     with pytest.raises(TypeError, match="return a tensor of logits"):

@@ -308,8 +308,8 @@ class Strategy(MemoryRows):
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The test batch's summed score (``score``), split evenly over ``models()``, each on
-        its device."""
+        """The test batch's summed scores (``score``: ``[score, loss]``), split evenly over
+        ``models()``, each on its device."""
         models = self.models()
         devs = self.torch_devices[:len(models)]
         correct = no_correct(devs[0])
@@ -323,8 +323,9 @@ class Strategy(MemoryRows):
         return correct
 
     def score(self, out: Any, y: torch.Tensor) -> torch.Tensor:
-        """A test batch's summed score (float64): correct predictions when classifying, the
-        sum of the examples' mean loss per token for language modelling (``task``)."""
+        """A test batch's summed scores (float64, ``[score, loss]``): correct predictions
+        when classifying, the sum of the examples' mean loss per token for language modelling
+        (``task``); then the sum of the examples' losses (``gputui.train.task.batch_score``)."""
         return batch_score(out, y, self.task, self.loss_name)
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:

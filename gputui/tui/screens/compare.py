@@ -120,17 +120,15 @@ class CompareScreen(Screen):
     def on_compare_loaded(self, message: CompareLoaded) -> None:
         """Fill the table, the overlaid curves and the notes."""
         self.items = message.items
-        table = self.query_one(DataTable)
+        table = self.query_one(PlainTable)
         # a language model's runs bring their columns (val loss, ppl, tokens/s)
         columns = key_first(list(scores.columns_for(TABLE_COLUMNS,
                                                     [it.row for it in message.items])))
-        table.clear(columns=True)
-        for key in columns:
-            table.add_column(HEADERS.get(key, key), key=key)
-        for it in message.items:
-            # a flagged speedup reads "flagged" (gputui.core.trust)
-            flat = table_rows([it], columns)[0]
-            table.add_row(*(cell(k, flat) for k in columns), key=it.row.id)
+        # a flagged speedup reads "flagged" (gputui.core.trust)
+        flat = table_rows(list(message.items), columns)
+        table.fill([(HEADERS.get(key, key), key) for key in columns],
+                   [(it.row.id, [cell(k, row) for k in columns])
+                    for it, row in zip(message.items, flat, strict=True)])
         tasks = {it.row.task for it in message.items}
         acc = self.query_one("#compare-acc", OverlayPlot)
         if tasks == {"lm"}:

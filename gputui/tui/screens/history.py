@@ -89,12 +89,10 @@ class HistoryScreen(Screen):
 
     def on_history_loaded(self, message: HistoryLoaded) -> None:
         """Fill the table (marks survive a reload)."""
-        table = self.query_one(DataTable)
-        table.clear()
         self.rows = {r.id: r for r in message.rows}
         self.marked = [m for m in self.marked if m in self.rows]
-        for row in message.rows:
-            table.add_row(*self._cells(row), key=row.id)
+        self.query_one(PlainTable).fill(COLUMNS, [(r.id, self._cells(r)) for r in message.rows],
+                                        at_least={"mark": 1})
         note = self.query_one("#history-note", Static)
         if message.error:
             note.update(message.error)

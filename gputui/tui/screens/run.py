@@ -192,12 +192,15 @@ class RunScreen(RunLayout, RunControls, Screen):
                     ev.epoch, ev.val_loss if lm and ev.val_loss is not None else ev.test_acc * 100)
                 self.query_one(EpochTable).add_epoch(ev)
                 status.epoch_end(ev)
-                if ev.val_loss is not None:  # beside the training loss, at the epoch's end
-                    loss.add_extra("validation", ev.epoch * status.steps_per_epoch,
-                                   ev.val_loss, ev.t)
+                held_out = ev.val_loss if lm else ev.test_loss
+                if held_out is not None:  # beside the training loss, at the epoch's end
+                    loss.add_extra("validation" if lm else "test", ev.epoch *
+                                   status.steps_per_epoch, held_out, ev.t)
                 log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "
                                 f"{ev.train_loss:.4f}, "
-                                f"{score_text(ev.task, ev.test_acc, ev.val_loss)}", ev.t)
+                                f"{score_text(ev.task, ev.test_acc, ev.val_loss)}"
+                                + ("" if lm or ev.test_loss is None
+                                   else f", test loss {ev.test_loss:.4f}"), ev.t)
             elif isinstance(ev, RunStarted):
                 self._started(ev, status, log)
             elif isinstance(ev, InitDone):

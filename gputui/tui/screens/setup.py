@@ -22,10 +22,10 @@ from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
 from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
 from gputui.tui.inventory import Inventory
-from gputui.tui.estimate import estimate
-from gputui.tui.messages import (FilesChecked, HistoryRead, InventoryReady, SetupChanged,
+from gputui.tui.messages import (FilesChecked, InventoryReady, SetupChanged, SetupShown,
                                  StartRun)
 from gputui.tui.screens.dialogs import SavePresetDialog
+from gputui.tui.screens.setup_estimate import SetupEstimate
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
 from gputui.tui.widgets.preset_panel import PresetPanel, available_presets
@@ -35,7 +35,7 @@ from gputui.tui.widgets.too_small import TooSmall
 INVENTORY_EVERY_S = 3.0
 
 
-class SetupScreen(Screen):
+class SetupScreen(SetupEstimate, Screen):
     """Everything a run needs, validated live; Ctrl+R starts it."""
 
     BINDINGS = [
@@ -53,7 +53,6 @@ class SetupScreen(Screen):
                  presets: list[Path] | None = None, runs_dir: Path | None = None) -> None:
         super().__init__(id="setup")
         self.runs_dir = runs_dir  # earlier runs, for the estimate before Start (None: none)
-        self.history: tuple = ()
         self.base = config
         self.preset = preset
         self.inventory = inventory or Inventory()
@@ -73,7 +72,9 @@ class SetupScreen(Screen):
                                self.base.devices.fallback)
             yield StrategyPicker(self.base.strategy.name)
         with Horizontal(id="setup-bottom"):
-            yield ParamForm(self.base)
+            # in a terminal the form's rows come after the first paint (a headless app,
+            # tests and snapshots included, paints nothing to wait for)
+            yield ParamForm(self.base, lazy=not self.app.is_headless)
             with Vertical(id="setup-side"):
                 panel = PresetPanel(self.presets, {k: v[0] for k, v in BUILTINS.items()})
                 panel.loaded = self.preset
@@ -91,12 +92,20 @@ class SetupScreen(Screen):
         if note:
             self.notify(note, severity="warning", timeout=8)
         self.revalidate()
-        if self.runs_dir is not None:
-            self.call_after_refresh(self.read_history)
         if self.discover is not None:
-            # After the first paint: the discovery thread's imports would hold the GIL.
-            self.call_after_refresh(self.refresh_inventory)
             self.set_interval(INVENTORY_EVERY_S, self.refresh_inventory)
+        if self.query_one(ParamForm).ready:
+            self.call_after_refresh(self._painted)
+        # else once the form's rows are in (on_param_form_ready)
+
+    def _painted(self) -> None:
+        """Painted whole: now the threads (discovery, the history) and the app's warm host,
+        whose imports (and torch's) would have held the GIL and the cores the paint needed."""
+        self.painted = True
+        if self.discover is not None:
+            self.refresh_inventory()
+        self.read_history()
+        self.post_message(SetupShown())
 
     # ------------------------------------------------------------------ inventory
     @work(thread=True, exclusive=True, group="inventory", exit_on_error=False)
@@ -113,27 +122,6 @@ class SetupScreen(Screen):
             self.notify(note, severity="warning", timeout=8)
         self._files_asked = None  # look at the disk again too: files may have come or gone
         self.revalidate()
-
-    # ------------------------------------------------------------------ the estimate
-    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
-    def read_history(self) -> None:
-        """Read the earlier runs off the UI thread (the estimate before Start rests on
-        them)."""
-        from gputui.runs.history import load_rows
-
-        try:
-            self.post_message(HistoryRead(tuple(load_rows(self.runs_dir))))
-        except OSError:
-            pass  # no history: no estimate
-
-    def on_history_read(self, message: HistoryRead) -> None:
-        self.history = message.rows
-        self.revalidate()
-
-    def on_screen_resume(self) -> None:
-        """Back from a run or another screen: the history may hold a new run."""
-        if self.runs_dir is not None and self.is_mounted:
-            self.read_history()
 
     # ------------------------------------------------------------------ validation
     def revalidate(self, files_now: bool = False) -> FormResult:
@@ -212,9 +200,7 @@ class SetupScreen(Screen):
             text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
                     f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
-            expected = estimate(cfg, self.history, n)
-            if expected is not None:
-                text += f" · {expected.text()}"
+            text += self.time_text(cfg, n, self._gpu_name())
         elif result.field_errors:
             first = next(iter(result.field_errors))
             text = (f"✗ {plural(len(result.field_errors), 'field')} to fix, first: "
@@ -222,8 +208,16 @@ class SetupScreen(Screen):
         else:
             text = f"✗ {app_terms(result.error)}"
         summary.update(text)
+        summary.tooltip = (self.time_hint or None) if cfg is not None else None
         summary.set_class(not result.ok, "-invalid")
         start.disabled = not result.ok
+
+    def _gpu_name(self) -> str:
+        """The first chosen GPU's name as the last discovery gave it ('' on CPU devices)."""
+        picker = self.query_one(DevicePicker)
+        index = next((d.index for d in picker.devices() if d.kind == "cuda"), None)
+        return next((g.name for g in picker.inventory.gpu_infos if g.index == index), "") \
+            if index is not None else ""
 
     @on(Input.Changed)
     @on(Select.Changed)
@@ -238,8 +232,14 @@ class SetupScreen(Screen):
 
     # ------------------------------------------------------------------ actions
     def action_focus_widget(self, widget_id: str) -> None:
-        """Move the focus to one part of the screen."""
-        self.query_one(f"#{widget_id}").focus()
+        """Move the focus to one part of the screen (the form's, once its rows are in)."""
+        for widget in self.query(f"#{widget_id}"):
+            widget.focus()
+
+    def on_param_form_ready(self) -> None:
+        """The form's rows are in (after the first paint): check what they hold."""
+        self.revalidate()
+        self.call_after_refresh(self._painted)
 
     def action_start(self) -> None:
         """Start the run if the config is valid; otherwise say what is wrong."""

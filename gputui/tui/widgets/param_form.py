@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.validation import ValidationResult, Validator
 from textual.widget import Widget
 from textual.widgets import Checkbox, Input, Label, Select, Static
@@ -21,50 +22,85 @@ EXTRA_ID = "f-extra"
 class ConfigFieldValidator(Validator):
     """Validates one field by applying it to the config as ``--set`` would."""
 
-    def __init__(self, key: str, base: Callable[[], RunConfig]) -> None:
+    def __init__(self, key: str) -> None:
         super().__init__()
         self.key = key
-        self.base = base
 
     def validate(self, value: str) -> ValidationResult:
-        message = check_field(self.base(), self.key, value)
+        message = check_field(self.key, value)
         return self.failure(message, value) if message else self.success()
 
 
-class ParamForm(VerticalScroll):
-    """One row per field: label, editor, and the error under it when there is one."""
+def initial_value(config: RunConfig, spec: FieldSpec) -> Any:
+    """What a field's editor holds for ``config``: an input's text, a checkbox's bool, a
+    select's choice."""
+    value = current_value(config, spec.key)
+    if spec.kind == "switch":
+        return bool(value)
+    return field_text(spec.key, value) if spec.kind == "input" else value
 
-    def __init__(self, config: RunConfig) -> None:
+
+class ParamForm(VerticalScroll):
+    """One row per field: label, editor, and the error under it when there is one.
+
+    ``lazy``: the rows are mounted after the screen's first paint (in a terminal: the form is
+    most of the set-up screen's widgets, and styling them held its first paint back). Until
+    they are (``ready``), the form answers from its config: ``values()`` is what the editors
+    will show, and errors wait to be shown."""
+
+    class Ready(Message):
+        """The rows are mounted (a lazy form)."""
+
+    def __init__(self, config: RunConfig, lazy: bool = False) -> None:
         super().__init__(id="params")
         self.border_title = "Hyperparameters"
         self.base = config
+        self.lazy = lazy
+        self.ready = not lazy  # the rows are mounted
         self.shown: dict[str, str] = {}  # dom id -> the message under that field
+        self._waiting_errors: tuple[dict[str, str], str] | None = None
 
     def compose(self) -> ComposeResult:
-        for spec in FIELDS:
-            with Horizontal(classes="field-row"):
-                yield Label("" if spec.kind == "switch" else spec.label, classes="field-label")
-                yield self._editor(spec)
-        with Horizontal(classes="field-row"):
-            yield Label("More --set", classes="field-label")
-            yield Input(placeholder="e.g. data.test_size=500",
-                        id=EXTRA_ID, compact=True, select_on_focus=False,
-                        tooltip="Any other setting, written as for `gputui run --set`.")
-        yield Static("", id="field-help", markup=False)
+        if not self.lazy:
+            yield from self._rows()
+
+    def on_mount(self) -> None:
+        if self.lazy:
+            self.call_after_refresh(self._mount_rows)
+
+    async def _mount_rows(self) -> None:
+        await self.mount_all(self._rows())
+        self.ready = True
+        if self._waiting_errors is not None:
+            self.show_errors(*self._waiting_errors)
+        self.post_message(self.Ready())
+
+    def _rows(self) -> list[Widget]:
+        rows: list[Widget] = [
+            Horizontal(Label("" if spec.kind == "switch" else spec.label, classes="field-label"),
+                       self._editor(spec), classes="field-row") for spec in FIELDS]
+        rows.append(Horizontal(
+            Label("More --set", classes="field-label"),
+            Input(placeholder="e.g. data.test_size=500", id=EXTRA_ID, compact=True,
+                  select_on_focus=False,
+                  tooltip="Any other setting, written as for `gputui run --set`."),
+            classes="field-row"))
+        rows.append(Static("", id="field-help", markup=False))
+        return rows
 
     def _editor(self, spec: FieldSpec) -> Widget:
-        value = current_value(self.base, spec.key)
+        value = initial_value(self.base, spec)
         if spec.kind == "select":
             return Select([(c, c) for c in spec.choices()], value=value, allow_blank=False,
                           id=spec.dom_id, compact=True, tooltip=spec.help())
         if spec.kind == "switch":
-            return Checkbox(spec.label, value=bool(value), id=spec.dom_id, compact=True,
+            return Checkbox(spec.label, value=value, id=spec.dom_id, compact=True,
                             tooltip=spec.help())
-        return Input(field_text(spec.key, value), placeholder=empty_meaning(spec.key),
+        return Input(value, placeholder=empty_meaning(spec.key),
                      # focus coming back (a dialog, a toast, a screen closing) must not
                      # select the text: the next key would replace the whole value
                      id=spec.dom_id, compact=True, tooltip=spec.help(), select_on_focus=False,
-                     validators=[ConfigFieldValidator(spec.key, lambda: self.base)],
+                     validators=[ConfigFieldValidator(spec.key)],
                      validate_on=["changed", "submitted"])
 
     # ------------------------------------------------------------------ values
@@ -78,6 +114,8 @@ class ParamForm(VerticalScroll):
 
     def values(self) -> dict[str, Any]:
         """Raw values by config key: input text, a select's choice, a checkbox's bool."""
+        if not self.ready:  # what the editors will hold
+            return {spec.key: initial_value(self.base, spec) for spec in FIELDS}
         out: dict[str, Any] = {}
         for spec in FIELDS:
             out[spec.key] = self._mounted_editor(spec).value
@@ -85,24 +123,22 @@ class ParamForm(VerticalScroll):
 
     def extra(self) -> str:
         """The 'More --set' text: overrides as table.key=value, space separated."""
-        return self.query_one(f"#{EXTRA_ID}", Input).value
+        return self.query_one(f"#{EXTRA_ID}", Input).value if self.ready else ""
 
     def load(self, config: RunConfig) -> None:
         """Show a config's values (after loading a preset)."""
         self.base = config
+        if not self.ready:  # the rows will be made from it
+            return
         for spec in FIELDS:
-            widget = self._mounted_editor(spec)
-            value = current_value(config, spec.key)
-            if isinstance(widget, Input):
-                widget.value = field_text(spec.key, value)
-            elif isinstance(widget, Checkbox):
-                widget.value = bool(value)
-            else:
-                widget.value = value
+            self._mounted_editor(spec).value = initial_value(config, spec)
         self.query_one(f"#{EXTRA_ID}", Input).value = ""
 
     def show_errors(self, errors: dict[str, str], extra_error: str = "") -> None:
         """Put each message under its field; clear the others."""
+        if not self.ready:
+            self._waiting_errors = (errors, extra_error)
+            return
         for spec in FIELDS:
             self._show(spec.dom_id, errors.get(spec.key, ""))
         self._show(EXTRA_ID, extra_error)
