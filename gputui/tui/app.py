@@ -119,7 +119,13 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
         """The set-up screen is painted whole: the warm host may start. Not before: its start
         (a spawn, and the parent's imports of the host's side) and its import of torch
         competed with the first paint for the two cores and the GIL."""
-        self.set_timer(WARM_AFTER_PAINT_S, lambda: self.prepare_warm_start(self.setup_config))
+        self.set_timer(WARM_AFTER_PAINT_S, self._warm_after_paint)
+
+    def _warm_after_paint(self) -> None:
+        # a run started before this (Ctrl+R at once) has its own host; the next warm one is
+        # prepared when it ends (on_run_ended), not beside it
+        if not self.run_active:
+            self.prepare_warm_start(self.setup_config)
 
     def prepare_warm_start(self, config: RunConfig) -> None:
         """While the user is on the set-up screen, a training process loads torch (and, on

@@ -98,14 +98,19 @@ def train_examples(cfg: RunConfig) -> int | None:
     return None
 
 
+UNKNOWN_GPU = "?"  # a GPU is chosen but the last discovery gave no name for it
+
+
 def predicted(cfg: RunConfig, n_devices: int, gpu: str = "") -> Estimate | str:
     """The training steps' time (steps per epoch x epochs x the predicted step) from the
     prediction's kept measurements of this machine, measuring nothing; or why there is
-    none, as a phrase. ``gpu``: the chosen GPUs' name ('' on CPU devices), as the last
-    discovery gave it. Reads the cache file: call it off the UI thread."""
+    none, as a phrase. ``gpu``: the chosen GPUs' name ('' on CPU devices, UNKNOWN_GPU when
+    the last discovery gave none). Reads the cache file: call it off the UI thread."""
     from gputui.runs.predict import STRATEGIES, predict
     from gputui.runs.predict_measure import Measurer
 
+    if gpu == UNKNOWN_GPU:  # never a CPU's measured steps for a GPU run
+        return FIRST_RUN
     strategy = cfg.strategy.name
     if n_devices > 1 and strategy not in STRATEGIES:
         return f"{FIRST_RUN} ({strategy} has no prediction)"

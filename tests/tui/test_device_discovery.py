@@ -68,7 +68,8 @@ async def test_a_gpu_preset_waits_for_discovery_then_keeps_its_gpu(fake_gpus, tm
 
 
 async def test_fewer_gpus_follow_the_fallback_then_the_gpus_when_they_come(fake_gpus, tmp_path):
-    discover, gate, calls = gated_discovery(fake_gpus, [1, 2])
+    counts = [1]  # every reading (the screen reads again every few seconds) until changed
+    discover, gate, calls = gated_discovery(fake_gpus, counts)
     gate.set()
     app = make_app(preset(tmp_path, "2", "cpu"), discover=discover, presets=[])
     async with app.run_test(size=SIZE, notifications=True) as pilot:
@@ -80,7 +81,8 @@ async def test_fewer_gpus_follow_the_fallback_then_the_gpus_when_they_come(fake_
         assert picker.spec == "cpu*2" and ticked(app) == ["cpu:0", "cpu:1"]
         messages = [n.message for n in app._notifications]
         assert any("running on 2 CPU virtual device(s) instead" in m for m in messages)
-        screen.refresh_inventory()  # the next reading: the machine now shows two GPUs
+        counts[:] = [2]  # the machine now shows two GPUs
+        screen.refresh_inventory()  # the next reading
         await wait_until(pilot, lambda: picker.spec == "0,1", what="the GPUs applied")
         await pilot.pause()
         assert ticked(app) == ["cuda:0", "cuda:1"]

@@ -103,3 +103,16 @@ async def test_a_first_run_says_why_there_is_no_estimate_then_uses_a_measured_st
         line = await ready_line(app, pilot)
         assert line.endswith("lr 0.1"), line
         assert app.screen.query_one("#summary").tooltip is None
+
+
+def test_a_gpu_without_a_known_name_is_never_given_the_cpus_steps(tmp_path, monkeypatch):
+    """The CPU's measured step is no estimate for a GPU run: with a GPU chosen whose name the
+    last discovery did not give, the answer is 'time unknown', even where the CPU's is kept."""
+    from gputui.tui.estimate import FIRST_RUN, UNKNOWN_GPU, Estimate, predicted
+
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = RunConfig().replace(strategy={"name": "single"}, data={"name": "synthetic"},
+                              run={"epochs": 10})
+    keep_step(cfg, 0.5)
+    assert isinstance(predicted(cfg, 1, ""), Estimate)  # the CPU's own run: its steps
+    assert predicted(cfg, 1, UNKNOWN_GPU) == FIRST_RUN

@@ -71,3 +71,63 @@ async def test_a_lazy_form_answers_from_its_config_until_its_rows_are_in():
         assert form.ready and form.values() == before  # the rows hold what it said
         assert form.query_one("#f-run-epochs", Input).value == "7"
         assert form.error_text("extra") == "--set zz=1: the key must be table.key, e.g. optim.lr"
+
+
+async def test_a_preset_loaded_while_the_lazy_rows_mount_is_what_they_show():
+    """The rows are made from the config of their start; a preset loaded before they are in
+    (the set-up's list is live meanwhile) must not be lost to them."""
+    from textual.app import App
+
+    from gputui.core.config import RunConfig
+    from gputui.tui.widgets.param_form import ParamForm
+
+    first = RunConfig().replace(run={"epochs": 7})
+    loaded = RunConfig().replace(run={"epochs": 3}, optim={"lr": 0.25})
+
+    class LoadedMeanwhile(ParamForm):
+        def _rows(self):
+            rows = super()._rows()  # made from `first`
+            if not self.ready:
+                self.load(loaded)  # the preset arrives while they mount
+            return rows
+
+    form = LoadedMeanwhile(first, lazy=True)
+
+    class OneForm(App):
+        def compose(self):
+            yield form
+
+    async with OneForm().run_test() as pilot:
+        for _ in range(50):
+            if form.ready:
+                break
+            await pilot.pause(0.02)
+        await pilot.pause()
+        assert form.ready
+        assert form.query_one("#f-run-epochs", Input).value == "3"
+        assert form.values()["run.epochs"] == "3" and form.values()["optim.lr"] == "0.25"
+
+
+async def test_a_run_started_before_the_warm_host_gets_no_second_host_beside_it(
+        tmp_path, presets, monkeypatch):
+    """The warm host starts a moment after the set-up is painted; a run started sooner
+    (Ctrl+R at once) has a host of its own, and a second one beside it would take a core
+    (and a GPU's memory) for the whole run. The warm-up asked for meanwhile is skipped; the
+    next is prepared when the run ends. (The host itself is the boundary here: counted, not
+    spawned.)"""
+    from scripted import fixed_inventory, wait_until
+
+    from gputui.tui.app import GpuTuiApp, make_app
+
+    asked = []
+    monkeypatch.setattr(GpuTuiApp, "prepare_warm_start", lambda self, cfg: asked.append(cfg))
+    app = make_app(runs_dir=tmp_path / "runs", inventory=fixed_inventory(), presets=presets,
+                   warm_start=True)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: len(asked) == 1, what="the warm-up after the paint")
+        app.launching = True  # Ctrl+R before the warm-up's moment
+        app._warm_after_paint()
+        assert len(asked) == 1
+        app.launching = False
+        app._warm_after_paint()
+        assert len(asked) == 2

@@ -7,6 +7,7 @@ screen can also be fed directly (``apply_events``) by tests.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from textual import work
@@ -193,7 +194,7 @@ class RunScreen(RunLayout, RunControls, Screen):
                 self.query_one(EpochTable).add_epoch(ev)
                 status.epoch_end(ev)
                 held_out = ev.val_loss if lm else ev.test_loss
-                if held_out is not None:  # beside the training loss, at the epoch's end
+                if held_out is not None and math.isfinite(held_out):  # beside the training loss
                     loss.add_extra("validation" if lm else "test", ev.epoch *
                                    status.steps_per_epoch, held_out, ev.t)
                 log.add("info", f"epoch {ev.epoch}/{ev.epochs}: {ev.seconds:.1f} s, train loss "

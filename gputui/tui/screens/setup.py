@@ -25,6 +25,7 @@ from gputui.tui.inventory import Inventory
 from gputui.tui.messages import (FilesChecked, InventoryReady, SetupChanged, SetupShown,
                                  StartRun)
 from gputui.tui.screens.dialogs import SavePresetDialog
+from gputui.tui.estimate import UNKNOWN_GPU
 from gputui.tui.screens.setup_estimate import SetupEstimate
 from gputui.tui.widgets.device_picker import DevicePicker
 from gputui.tui.widgets.param_form import ParamForm
@@ -213,11 +214,14 @@ class SetupScreen(SetupEstimate, Screen):
         start.disabled = not result.ok
 
     def _gpu_name(self) -> str:
-        """The first chosen GPU's name as the last discovery gave it ('' on CPU devices)."""
+        """The first chosen GPU's name as the last discovery gave it ('' on CPU devices,
+        UNKNOWN_GPU when it gave none)."""
         picker = self.query_one(DevicePicker)
         index = next((d.index for d in picker.devices() if d.kind == "cuda"), None)
-        return next((g.name for g in picker.inventory.gpu_infos if g.index == index), "") \
-            if index is not None else ""
+        if index is None:
+            return ""
+        return next((g.name for g in picker.inventory.gpu_infos if g.index == index and g.name),
+                    UNKNOWN_GPU)
 
     @on(Input.Changed)
     @on(Select.Changed)

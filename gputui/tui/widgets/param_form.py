@@ -69,8 +69,11 @@ class ParamForm(VerticalScroll):
             self.call_after_refresh(self._mount_rows)
 
     async def _mount_rows(self) -> None:
+        base = self.base
         await self.mount_all(self._rows())
         self.ready = True
+        if self.base is not base:  # a preset loaded while the rows were mounting
+            self.load(self.base)
         if self._waiting_errors is not None:
             self.show_errors(*self._waiting_errors)
         self.post_message(self.Ready())
