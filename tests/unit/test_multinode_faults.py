@@ -114,8 +114,8 @@ def test_a_node_that_dies_mid_run_is_named_with_the_resume(machines, tmp_path):
     """With dist.interface (the fix the refusal names) both nodes train; node 1's machine
     then dies (every process in its namespace SIGKILLed) once node 0 has recorded a step of
     epoch 2. An epoch is a few steps, so the run may be further on when the kill lands: the
-    reason must name the epoch it was in and the checkpoint of the epoch before (the run has
-    epochs enough that it cannot finish first)."""
+    reason must name the epoch it was in and the last checkpoint written (the run has epochs
+    enough that it cannot finish first)."""
     small = ["--epochs", "30", "--set", "data.train_size=1024", "--set", "data.test_size=64",
              "--set", "run.log_every=1", "--set", "strategy.timeout_s=60"]
     procs = [subprocess.Popen(machines.command(r, _args(
@@ -142,13 +142,19 @@ def test_a_node_that_dies_mid_run_is_named_with_the_resume(machines, tmp_path):
     last = read_events(run_dir)[-1]
     assert last.kind == "run_failed"
     died = re.match(rf"node 1 \({re.escape(machines.addr[1])}\) went away at epoch (\d+) after "
-                    rf"step \d+; ", last.reason)
-    assert died and int(died.group(1)) >= 2, last.reason
+                    rf"step (\d+); the last checkpoint is (.+) \(end of epoch (\d+)\); ",
+                    last.reason)
+    assert died, last.reason
+    epoch, step, ckpt, ckpt_epoch = died.groups()
+    epoch, step, ckpt_epoch = int(epoch), int(step), int(ckpt_epoch)
+    per_epoch = next(e.steps_per_epoch for e in read_events(run_dir) if e.kind == "step")
+    assert epoch >= 2 and ckpt == str(run_dir / "checkpoint.pt"), last.reason
+    # the checkpoint is the epoch's before, or its own when the death came after its last
+    # step (at its end: evaluation, the checkpoint, the next epoch's first collective)
+    assert ckpt_epoch == epoch - 1 or (ckpt_epoch == epoch and step == per_epoch), last.reason
     assert last.reason.endswith(
-        f"; the last checkpoint is {run_dir / 'checkpoint.pt'} (end of epoch "
-        f"{int(died.group(1)) - 1}); once every "
-        f"node is back, resume with `gputui resume {run_dir.name}` here and `gputui resume` "
-        f"of its own run on each other node"), last.reason
+        f"; once every node is back, resume with `gputui resume {run_dir.name}` here and "
+        f"`gputui resume` of its own run on each other node"), last.reason
     assert "peer" in last.detail  # gloo's own line, for whoever wants it
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
     assert "Traceback" not in out + err
