@@ -11,8 +11,8 @@ import pytest
 # OpenMP threads that wait passively (sleep) instead of spinning. torch's intra-op threads spin
 # at every barrier by default; when anything else shares the cores (a second pytest worker, a
 # run's ranks, the app's thread) a spinning thread burns the time slice its partner needs:
-# ResNet-18 steps on 2 quiet cores took 1.27 s with two such processes at once against 0.46-0.53
-# s passive (0.30 s alone, 0.33-0.36 s alone and passive; docs/development.md). Set before torch loads here, inherited by
+# ResNet-18 steps on 2 quiet cores: 3.2 s with two such processes at once against 0.45 s passive
+# (0.23 s alone, 0.26 s alone and passive; benchmarks/bench_omp_wait.py). Set before torch loads here, inherited by
 # every process a test starts; timings are never asserted, so only the suite's time changes.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
