@@ -48,14 +48,13 @@ def _heaviest_files_first(items) -> None:
     to pytest-xdist's workers in this order: a long file started last would leave the other
     workers idle at the end. Every worker collects the same order (it depends only on the
     items)."""
+    def file_of(item) -> str:
+        return item.nodeid.split("::")[0]
+
     slow: dict[str, int] = {}
     for item in items:
-        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + (
-            1 if item.get_closest_marker("slow") else 0)
-    first_seen = {f: i for i, f in enumerate(dict.fromkeys(i.nodeid.split("::")[0]
-                                                            for i in items))}
-    items.sort(key=lambda it: (-slow[it.nodeid.split("::")[0]],
-                               first_seen[it.nodeid.split("::")[0]]))
+        slow[file_of(item)] = slow.get(file_of(item), 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda it: -slow[file_of(it)])  # stable: files and tests keep their order
 
 
 @pytest.fixture

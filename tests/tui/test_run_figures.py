@@ -77,6 +77,16 @@ def test_the_start_up_line_adds_up_with_the_launch():
     assert round(sum(v for _, v in init_parts(compiled, 2)), 2) == 3.0
 
 
+async def screen_showing(app, pilot, events) -> RunScreen:
+    """A run screen pushed on ``app`` that has been handed ``events`` (samples left out)."""
+    screen = RunScreen(FakeHandle([]))
+    await app.push_screen(screen)
+    await pilot.pause()
+    screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])
+    await pilot.pause()
+    return screen
+
+
 async def test_validation_loss_beside_training_loss_and_a_time_axis(inventory, presets):
     from dataclasses import replace
 
@@ -87,11 +97,7 @@ async def test_validation_loss_beside_training_loss_and_a_time_axis(inventory, p
               for e in run_events(epochs=2, steps_per_epoch=20, log_every=5)]
     app = make_app(inventory=inventory, presets=presets)
     async with app.run_test(size=SIZE) as pilot:
-        screen = RunScreen(FakeHandle([]))
-        await app.push_screen(screen)
-        await pilot.pause()
-        screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])
-        await pilot.pause()
+        screen = await screen_showing(app, pilot, events)
         loss = screen.query_one(LossPlot)
         # one validation point per epoch, at the epoch's last step, beside the steps' loss
         assert [(x, y) for x, y, _ in loss.extra] == [(20.0, 2.0), (40.0, 1.0)]
@@ -118,11 +124,7 @@ async def test_a_classification_runs_test_loss_beside_its_training_loss(inventor
               for e in run_events(epochs=2, steps_per_epoch=20, log_every=5)]
     app = make_app(inventory=inventory, presets=presets)
     async with app.run_test(size=SIZE) as pilot:
-        screen = RunScreen(FakeHandle([]))
-        await app.push_screen(screen)
-        await pilot.pause()
-        screen.apply_events([e for e in events if not isinstance(e, DeviceSample)])
-        await pilot.pause()
+        screen = await screen_showing(app, pilot, events)
         loss = screen.query_one(LossPlot)
         # one test-loss point per epoch, at the epoch's last step, in the legend as "test"
         assert [(x, y) for x, y, _ in loss.extra] == [(20.0, 1.5), (40.0, 0.75)]
