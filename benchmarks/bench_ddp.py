@@ -116,7 +116,7 @@ def _plain_rank(epochs: int, batch: int, sync: bool = True, device: str = "cpu")
     sps, _ = plain.train(ds.train_x, ds.train_y, dev, batch, epochs, lr=0.1, momentum=0.9,
                          shard=(rank, world), wrap=wrap)
     dist.barrier()
-    time.sleep(0.1)  # see strategies.ddp.destroy_group
+    time.sleep(0.1)  # see strategies.rank.destroy_group
     dist.destroy_process_group()
     return sps
 

@@ -25,6 +25,7 @@ from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
+from gputui.core.mesh import MESH_STRATEGIES, mesh_of, tp_group
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
 
@@ -73,10 +74,10 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
         yield (("dist.nnodes", "dist.rdzv_endpoint"),
                "dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' (--rdzv-endpoint)")
     slow = cfg.debug.slow_rank  # a straggler on purpose: a rank of a multi-process strategy
-    if slow >= 0 and cfg.strategy.name not in ("ddp", "fsdp", "tp", "fsdp_tp"):
+    if slow >= 0 and cfg.strategy.name not in ("ddp", "fsdp", "tp", "fsdp_tp", "mesh"):
         yield (("debug.slow_rank", "strategy.name"),
-               f"debug.slow_rank slows a rank of ddp, fsdp or tp, not {cfg.strategy.name} "
-               f"(-1 = none)")
+               f"debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp or mesh, not "
+               f"{cfg.strategy.name} (-1 = none)")
     elif slow >= 0 and devices and slow >= len(devices) * cfg.dist.nnodes:
         yield (("debug.slow_rank",), f"debug.slow_rank ({slow}) is not a rank of this run: it "
                                      f"has {len(devices) * cfg.dist.nnodes} (0 to "
@@ -102,6 +103,9 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
                f"optim.warmup_steps ({cfg.optim.warmup_steps}) is not shorter than the run "
                f"({steps} optimizer steps); lower it or train longer")
 
+    ac = _ac_problem(cfg)
+    if ac:
+        yield ac
     yield from _task_problems(cfg)
 
 
@@ -156,13 +160,17 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
                                f"devices.spec '{spec}'")
         if nccl:
             yield CHOICE, nccl
+    if name in MESH_STRATEGIES:
+        yield from _mesh_problems(cfg, devices, name)
+    elif cfg.parallel.ac != "none" and name != "single":
+        yield CHOICE + ("parallel.ac",), (
+            f"parallel.ac applies to single and the mesh strategies ({', '.join(MESH_STRATEGIES)}"
+            f"), not '{name}'; set parallel.ac = 'none'")
     if name == "model_parallel":
         yield from _stage_problems(cfg, devices)
-    elif name in ("tp", "fsdp_tp"):
-        yield from _tp_problems(cfg, devices, name)
     elif name == "pp":
         yield from _pipeline_problems(cfg, devices)
-    elif cfg.strategy.split_weights and not info.weighted:
+    elif cfg.strategy.split_weights and not info.weighted and name != "mesh":
         yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
     batch = _batch_problem(cfg, devices, info)
     if batch:
@@ -198,24 +206,86 @@ def _stage_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
         yield CHOICE, reason
 
 
-def _tp_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[Problem]:
-    """tp and fsdp_tp: the built-in GPT, whose heads split over the tensor-parallel ranks
-    (fsdp_tp: several groups of strategy.tp_size ranks)."""
-    if cfg.model.factory or cfg.model.name != "gpt":
-        yield CHOICE, (f"strategy '{name}' shards the built-in GPT's attention and MLP: set "
-                       f"model.name = 'gpt' (model.factory models are not split)")
-        return
+# [parallel]'s mesh degrees at their defaults: what a named strategy leaves them at
+_DEGREE_DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1}
+
+
+def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[Problem]:
+    """The mesh strategies: the degrees multiply to the ranks (every rule of the mesh, once);
+    tp on the built-in GPT whose heads divide over it; the ZeRO stage and the activation
+    checkpointing where they apply."""
     ranks = len(devices) * cfg.dist.nnodes
-    tp = ranks
+    par = cfg.parallel
+    if name != "mesh":
+        for key, default in _DEGREE_DEFAULTS.items():
+            if getattr(par, key) != default:
+                yield CHOICE + (f"parallel.{key}",), (
+                    f"parallel.{key} sets a degree of strategy 'mesh'; '{name}' is its own "
+                    f"point of the mesh: set strategy.name = 'mesh' or remove parallel.{key}")
+                return
     if name == "fsdp_tp":
-        tp = cfg.strategy.tp_size or 2
+        tp = tp_group(cfg.strategy.tp_size, ranks)
         if ranks % tp or ranks == tp:
             yield CHOICE, (f"strategy 'fsdp_tp' needs the {ranks} ranks to be several groups "
                            f"of strategy.tp_size = {tp}; e.g. --devices cpu*4 with tp_size 2")
             return
-    if cfg.model.n_head % tp:
-        yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {tp} "
-                       f"tensor-parallel ranks; use a head count divisible by {tp}")
+    shape = mesh_of(cfg, ranks)
+    if name == "mesh":
+        fixed = par.pp * par.dp_replicate * par.tp
+        degrees = (f"pp {par.pp} x dp_replicate {par.dp_replicate} x dp_shard "
+                   f"{par.dp_shard} x tp {par.tp}")
+        if par.dp_shard == -1 and ranks % fixed:
+            yield CHOICE + ("parallel.pp", "parallel.dp_replicate", "parallel.tp"), (
+                f"the mesh's pp x dp_replicate x tp = {fixed} does not divide the {ranks} "
+                f"ranks devices.spec gives; choose degrees whose product divides {ranks}")
+            return
+        if shape.world != ranks:
+            yield CHOICE + ("parallel.dp_shard",), (
+                f"the mesh's degrees ({degrees}) multiply to {shape.world}, not the {ranks} "
+                f"ranks devices.spec gives; change a degree (parallel.dp_shard = -1 takes the "
+                f"ranks the others leave)")
+            return
+    if shape.tp > 1:
+        if cfg.model.factory or cfg.model.name != "gpt":
+            yield CHOICE, (f"strategy '{name}' shards the built-in GPT's attention and MLP over "
+                           f"{shape.tp} tensor-parallel ranks: set model.name = 'gpt' "
+                           f"(model.factory models are not split)")
+            return
+        if cfg.model.n_head % shape.tp:
+            yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {shape.tp} "
+                           f"tensor-parallel ranks; use a head count divisible by {shape.tp}")
+    if shape.pp > 1 and shape.pp != shape.world:
+        yield CHOICE + ("parallel.pp",), (
+            f"pipeline parallelism beside other dimensions (mesh {shape.describe()}) is not "
+            f"in gputui yet; use parallel.pp = 1, or strategy 'pp' alone")
+    if par.zero != 3 and shape.dp_shard == 1:
+        yield CHOICE + ("parallel.zero",), (
+            f"parallel.zero = {par.zero} shards over the dp_shard dimension, and strategy "
+            f"'{name}' has none (mesh {shape.describe()}); use fsdp or a mesh with "
+            f"parallel.dp_shard > 1, or leave parallel.zero at 3")
+    if par.zero == 1 and shape.tp > 1:
+        yield CHOICE + ("parallel.zero",), (
+            "parallel.zero = 1 (DDP with a sharded optimizer) does not take tensor "
+            "parallelism's DTensor parameters; use parallel.zero = 2 or 3")
+    if par.ac != "none" and shape.pp > 1:
+        yield CHOICE + ("parallel.ac",), ("parallel.ac is not applied to pipeline stages yet; "
+                                          "set parallel.ac = 'none' with pp")
+    if cfg.strategy.split_weights and shape.dp != ranks:
+        yield CHOICE + ("strategy.split_weights",), (
+            f"strategy.split_weights shares each batch over data-parallel ranks; mesh "
+            f"{shape.describe()} has {shape.dp} data-parallel group(s) of "
+            f"{ranks // max(1, shape.dp)} ranks: remove it")
+
+
+def _ac_problem(cfg: RunConfig) -> Problem | None:
+    """Activation checkpointing wraps blocks: the GPT's, or a model.factory's (named by
+    strategy.fsdp_wrap or its gputui_blocks(), checked once it is built)."""
+    if cfg.parallel.ac == "none" or cfg.model.factory or cfg.model.name == "gpt":
+        return None
+    return (("parallel.ac", "model.name"),
+            f"parallel.ac checkpoints each transformer block, and model.name = "
+            f"{cfg.model.name!r} has none; use model.name = 'gpt' (or a model.factory with "
+            f"blocks) or set parallel.ac = 'none'")
 
 
 def _pipeline_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
@@ -260,9 +330,12 @@ def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) ->
     if info.multiprocess:
         ranks = len(devices) * cfg.dist.nnodes
         batch = effective_batch_size(cfg, ranks)
-        if batch < ranks * micro:
+        # each data-parallel group takes a slice (tensor-parallel ranks share theirs)
+        groups = mesh_of(cfg, ranks).dp if info.name not in ("pp", "fsdp_tp") else ranks
+        who = f"{ranks} ranks" if groups == ranks else f"{groups} data-parallel groups"
+        if batch < groups * micro:
             return CHOICE + optim, (f"optim.batch_size ({batch}) must give every one of the "
-                                    f"{ranks} ranks at least one example per micro-batch; "
+                                    f"{who} at least one example per micro-batch; "
                                     f"raise the batch size")
         return None
     n = len(devices)

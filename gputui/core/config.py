@@ -20,8 +20,9 @@ from typing import Any
 import tomli_w
 
 from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this module's API
-    DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection, RunSection,
-    SECTIONS, StrategySection, TelemetrySection, effective_batch_size, effective_lr,
+    DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection,
+    ParallelSection, RunSection, SECTIONS, StrategySection, TelemetrySection,
+    effective_batch_size, effective_lr,
 )
 from gputui.core.errors import UserError
 
@@ -48,6 +49,7 @@ class RunConfig:
     optim: OptimSection = dataclasses.field(default_factory=OptimSection)
     devices: DevicesSection = dataclasses.field(default_factory=DevicesSection)
     strategy: StrategySection = dataclasses.field(default_factory=StrategySection)
+    parallel: ParallelSection = dataclasses.field(default_factory=ParallelSection)
     dist: DistSection = dataclasses.field(default_factory=DistSection)
     telemetry: TelemetrySection = dataclasses.field(default_factory=TelemetrySection)
     debug: DebugSection = dataclasses.field(default_factory=DebugSection)
@@ -90,7 +92,7 @@ def _coerce(source: str, key: str, value: Any, f: dataclasses.Field) -> Any:
                           f"fix the value (e.g. {key} = {_example(f)})")
     meta = f.metadata
     if "choices" in meta and value not in meta["choices"]:
-        choices = ", ".join(meta["choices"])
+        choices = ", ".join(str(c) for c in meta["choices"])
         raise ConfigError(f"{source}: {key} must be one of {choices}; got {value!r}")
     if ftype in (int, float):
         _check_number(source, key, value, meta, f)

@@ -251,8 +251,9 @@ class StrategySection:
     """[strategy]: how the work is spread over the devices."""
 
     name: str = opt("single", "single, scratch (from-scratch allreduce), dp (DataParallel), ddp, "
-                              "model_parallel, fsdp, tp (tensor parallel), fsdp_tp or pp "
-                              "(pipeline parallel); `gputui strategies` lists them.")
+                              "model_parallel, fsdp, tp (tensor parallel), fsdp_tp, pp "
+                              "(pipeline parallel) or mesh (the degrees of [parallel]); "
+                              "`gputui strategies` lists them.")
     check_replicas: bool = opt(False, "scratch: after each step, verify every replica still "
                                       "equals the first (slow; a debugging aid).")
     split_weights: list = opt([], "scratch/ddp: relative share of each batch per device, e.g. "
@@ -275,6 +276,44 @@ class StrategySection:
                                "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
     timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",
                            gt=0.0, max=86_400.0)
+
+
+def _degree(name: str):
+    def check(value: int) -> str | None:
+        if value != 1:
+            return (f"parallel.{name} = {value}: {name} parallelism is not in gputui yet (it "
+                    f"comes with the context- and expert-parallel work); leave it at 1")
+        return None
+    return check
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """[parallel]: the device mesh (torchtitan's degrees, whose product is the world size) of
+    strategy.name = 'mesh', and the memory levers of every multi-process strategy. The named
+    strategies are points of the same mesh: ddp = dp_replicate N, fsdp = dp_shard N, tp = tp N,
+    fsdp_tp = dp_shard N/t x tp t, pp = pp N."""
+
+    dp_replicate: int = opt(1, "mesh: data-parallel replicas (gradients all-reduced, every "
+                               "replica holding the whole model state).", min=1, max=65536)
+    dp_shard: int = opt(-1, "mesh: data-parallel shards (parameters, gradients and optimizer "
+                            "state sharded as parallel.zero says); -1 = the ranks the other "
+                            "degrees leave.", min=-1, max=65536)
+    tp: int = opt(1, "mesh: tensor-parallel degree (each GPT block's heads and MLP width split "
+                     "over tp ranks).", min=1, max=65536)
+    pp: int = opt(1, "mesh: pipeline-parallel degree (consecutive blocks as stages).", min=1,
+                  max=65536)
+    cp: int = opt(1, "Context-parallel degree (not yet in gputui: 1).", min=1, max=65536,
+                  check=_degree("cp"))
+    ep: int = opt(1, "Expert-parallel degree (not yet in gputui: 1).", min=1, max=65536,
+                  check=_degree("ep"))
+    zero: int = opt(3, "ZeRO stage of the sharded data-parallel dimension: 1 = optimizer state "
+                       "sharded, 2 = gradients too (parameters stay gathered from forward to "
+                       "backward), 3 = parameters too (fsdp).", choices=(1, 2, 3))
+    ac: str = opt("none", "Activation checkpointing of each block: none, full (every block's "
+                          "activations recomputed in backward) or selective (the matmuls' "
+                          "outputs kept, the rest recomputed).",
+                  choices=("none", "full", "selective"))
 
 
 @dataclass(frozen=True)
@@ -346,6 +385,7 @@ SECTIONS: dict[str, type] = {
     "optim": OptimSection,
     "devices": DevicesSection,
     "strategy": StrategySection,
+    "parallel": ParallelSection,
     "dist": DistSection,
     "telemetry": TelemetrySection,
     "debug": DebugSection,

@@ -72,21 +72,25 @@ register(StrategyInfo(
     "model_parallel", min_devices=2))
 register(StrategyInfo(
     "ddp", "DistributedDataParallel: one process per device (torch elastic launcher, also "
-           "across machines), gradients all-reduced during backward.", "ddp",
+           "across machines), gradients all-reduced during backward.", "rank",
     multiprocess=True, weighted=True))
 register(StrategyInfo(
     "fsdp", "Fully sharded data parallel (fully_shard): like ddp, but parameters, gradients and "
-            "optimizer state are sharded over the ranks.", "fsdp",
+            "optimizer state are sharded over the ranks.", "rank",
     multiprocess=True, weighted=True))
 register(StrategyInfo(
     "tp", "Tensor parallelism (Megatron style) of the built-in GPT: each block's heads and MLP "
           "width split over the ranks, activations all-reduced, every rank on the whole batch.",
-    "tp", multiprocess=True, min_devices=2))
+    "rank", multiprocess=True, min_devices=2))
 register(StrategyInfo(
     "fsdp_tp", "fsdp x tp on a 2-D mesh: tensor parallelism inside groups of "
                "strategy.tp_size ranks, fully_shard over the groups (4 devices or more).",
-    "fsdp_tp", multiprocess=True, min_devices=2))
+    "rank", multiprocess=True, min_devices=2))
 register(StrategyInfo(
     "pp", "Pipeline parallel (torch.distributed.pipelining): consecutive blocks as stages on "
           "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
           "bubble.", "pp", multiprocess=True, min_devices=2))
+register(StrategyInfo(
+    "mesh", "The device mesh of [parallel]: data-parallel replicas and shards (ZeRO 1, 2 or 3), "
+            "tensor and pipeline parallelism in any combination whose product is the ranks; "
+            "activation checkpointing; HSDP, dp x tp, ...", "rank", multiprocess=True))

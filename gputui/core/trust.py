@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
-RANKS = ("ddp", "fsdp", "tp", "fsdp_tp", "pp")  # one process per device
+RANKS = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "mesh")  # one process per device
 MIN_NOISE = 0.02  # the least relative noise assumed for one measurement
 NOISY = 0.20  # a speedup whose relative noise is above this supports no conclusion
 

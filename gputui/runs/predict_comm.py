@@ -78,17 +78,18 @@ def fsdp_units(cfg_dict: dict, n: int) -> tuple[list[int], int]:
     from gputui.core.config import from_dict
     from gputui.core.devices import Device
     from gputui.train import data as data_mod
-    from gputui.train.strategies.fsdp import FSDPStrategy, wrap_targets
+    from gputui.train.parallelize import fsdp_targets
+    from gputui.train.strategies.rank import RankStrategy
 
     small = {**cfg_dict, "data": {**cfg_dict.get("data", {}), "train_size": 64,
                                   "test_size": 64}}  # the shapes only
     cfg = from_dict(small)
     ds = data_mod.load_from_config(cfg.data)
-    strategy = FSDPStrategy(cfg, [Device("cpu", 0)], ds.in_channels, ds.image_size,
+    strategy = RankStrategy(cfg, [Device("cpu", 0)], ds.in_channels, ds.image_size,
                             ds.num_classes, height=ds.height)
     model = strategy.build_model()
     names = list(cfg.strategy.fsdp_wrap)
-    targets = wrap_targets(model, names)  # innermost first: a unit owns what no inner one does
+    targets = fsdp_targets(model, names)  # innermost first: a unit owns what no inner one does
     seen: set[int] = set()
     owned = []
     for t in targets:
@@ -141,7 +142,7 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str,
                 works.append(t1 - t0)
         return _added(cycles, works)
     finally:
-        time.sleep(0.1)  # see strategies.ddp.destroy_group
+        time.sleep(0.1)  # see strategies.rank.destroy_group
         dist.destroy_process_group()
 
 

@@ -36,8 +36,8 @@ from gputui.train.recorder import Recorder
 # path. A module that fails to import here is simply imported later by the rank.
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.train.ranks",
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",
-                "gputui.train.strategies.ddp", "gputui.train.strategies.fsdp",
-                "torch.distributed.tensor.parallel", "gputui.train.strategies.tp"]
+                "gputui.train.strategies.rank", "torch.distributed.tensor.parallel",
+                "gputui.train.parallelize"]
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
 
 
@@ -261,10 +261,10 @@ def check_user_code(cfg: RunConfig, data_file: Path) -> tuple[str, str] | None:
 
             model = build_model(cfg.model, ds.in_channels, ds.height, ds.image_size,
                                 ds.num_classes, seed=cfg.run.seed)
-            if cfg.strategy.name == "fsdp":
-                from gputui.train.strategies.fsdp import wrap_targets
+            if cfg.strategy.name == "fsdp" or cfg.strategy.fsdp_wrap:
+                from gputui.train.parallelize import fsdp_targets
 
-                wrap_targets(model, list(cfg.strategy.fsdp_wrap))
+                fsdp_targets(model, list(cfg.strategy.fsdp_wrap))
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
         return describe(exc), _traceback()
     return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -25,11 +26,20 @@ from gputui.core.config_schema import OptimSection, lr_scheduled
 
 def make_optimizer(o: OptimSection, params: Iterable, lr: float) -> torch.optim.Optimizer:
     """``optim.name`` over ``params`` at ``lr`` (the effective lr, after scale_with_devices)."""
+    kind, args = optimizer_class(o, lr)
+    return kind(params, **args)
+
+
+def optimizer_class(o: OptimSection, lr: float) -> tuple[type[torch.optim.Optimizer],
+                                                          dict[str, Any]]:
+    """The optimizer class ``optim.name`` names and its arguments at ``lr`` (what
+    make_optimizer builds; ZeRO-1's sharded optimizer builds the same over its partition)."""
     if o.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        return torch.optim.SGD, {"lr": lr, "momentum": o.momentum,
+                                 "weight_decay": o.weight_decay}
     kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[o.name]
-    return kind(params, lr=lr, betas=(float(o.betas[0]), float(o.betas[1])), eps=o.eps,
-                weight_decay=o.weight_decay)
+    return kind, {"lr": lr, "betas": (float(o.betas[0]), float(o.betas[1])), "eps": o.eps,
+                  "weight_decay": o.weight_decay}
 
 
 def lr_factor(o: OptimSection, step: int, total: int) -> float:

@@ -1,38 +1,56 @@
-"""Tensor parallelism of the built-in GPT, and fsdp x tp on a 2-D mesh, as functions of a
-model and a device mesh (torchtitan's ``parallelize_llama``, picotron's one file per idea).
+"""Every parallelism as a function of a model and a dimension of one device mesh, composed by
+:func:`parallelize` in one documented order (torchtitan's ``parallelize_llama``; picotron's
+one short idea each). The rank strategy (``gputui.train.strategies.rank``) calls it once.
 
-:func:`parallelize_gpt` shards every block Megatron-style with
-``torch.distributed.tensor.parallel``: q, k, v and the MLP's first layer column-wise (each rank
-computes its heads and its quarter-width slice of the MLP), the attention and MLP output
-projections row-wise (each rank's partial sum all-reduced). Each block's attention and MLP take
-their input as one replicated DTensor (``PrepareModuleInput``), so the gradients of q, k and v
-meet there and backward all-reduces once per sub-layer, not once per linear. Per block, a step
-therefore runs 4 all-reduces of a ``batch x context x n_embd`` activation: 2 in forward (the
-row-wise outputs), 2 in backward (the inputs' gradients). The layers keep local tensors
-between them (``use_local_output``): attention runs ``scaled_dot_product_attention`` on plain
-tensors of this rank's heads (a DTensor there fails on the CPU). Embeddings, norms and the
-tied head stay replicated: every rank sees the same batch and computes the same values and
-gradients for them.
+The mesh (:func:`build_mesh`) has the dimensions of ``gputui.core.mesh.MeshShape`` whose degree
+is above 1, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. The order the
+functions run in, each on what the one before made:
 
-:func:`fsdp_tp` puts that inside a ``(dp, tp)`` mesh and shards the tp-sharded blocks again
-over ``dp`` with ``fully_shard`` (FSDP2 takes the DTensor parameters as they are).
+1. :func:`apply_tp`: tensor parallelism of the built-in GPT over ``mesh["tp"]``, Megatron-style
+   with ``torch.distributed.tensor.parallel``: q, k, v and the MLP's first layer column-wise
+   (each rank computes its heads and its slice of the MLP), the attention and MLP output
+   projections row-wise (each rank's partial sum all-reduced). Each block's attention and MLP
+   take their input as one replicated DTensor (``PrepareModuleInput``), so backward all-reduces
+   once per sub-layer: per block and step 4 all-reduces of a ``batch x context x n_embd``
+   activation, 2 in forward, 2 in backward. Attention runs on plain tensors of this rank's
+   heads (a DTensor there fails on the CPU). Embeddings, norms and the tied head stay
+   replicated.
+2. :func:`apply_ac`: activation checkpointing of each block, full (only the block's input kept,
+   everything recomputed in backward) or selective (torch's selective-checkpoint policy: the
+   matmuls' and attention's outputs kept, the cheap elementwise work recomputed). The block's
+   ``forward`` is wrapped in place, so parameter names and checkpoints do not change.
+3. :func:`apply_fsdp` or :func:`apply_ddp`: the data-parallel dimensions. ``fully_shard`` over
+   ``dp_shard`` (ZeRO-3; ZeRO-2 keeps the parameters gathered from forward to backward:
+   ``reshard_after_forward=False``), over ``(dp_replicate, dp_shard)`` for HSDP (and for any
+   data-parallel dimension beside tp: torch's DDP does not take DTensors); else
+   DistributedDataParallel over the data-parallel ranks, with ZeRO-1's sharded optimizer state
+   (:func:`zero1_optimizer`) where the mesh shards at stage 1.
 
-:class:`TPCommTimer` marks those all-reduces on metered steps with module hooks around the
-ones torch registers (forward: the row-wise layers' outputs; backward: an identity autograd
-node on each side of the input's redistribution), in the shape the ddp strategy's breakdown
-reads (``meter.comm``, :mod:`~gputui.train.strategies.meter`).
+Compilation (``run.compile``) applies to the plain DDP model only (the strategy compiles what
+DDP wraps); fully_shard's and tensor parallelism's hooks are not compiled here.
+
+:class:`TPCommTimer` marks tensor parallelism's all-reduces on metered steps with module hooks
+around the ones torch registers (forward: the row-wise layers' outputs; backward: an identity
+autograd node on each side of the input's redistribution), in the shape the breakdown reads
+(``meter.comm``, :mod:`~gputui.train.strategies.meter`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from gputui.core.config import ConfigError
+from gputui.core.mesh import MeshShape
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer
 from gputui.train.strategies.meter import Meter
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 # the linears tensor parallelism shards in each block, and how (GPT's module names)
 COLWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc")
@@ -40,11 +58,52 @@ ROWWISE = ("attn.proj", "mlp.proj")
 INPUTS = ("attn", "mlp")  # sub-layers whose input is replicated once for their colwise linears
 
 
+# ---------------------------------------------------------------- the mesh
+def build_mesh(device_type: str, shape: MeshShape) -> DeviceMesh:
+    """The device mesh of ``shape`` over every rank (a collective: every rank calls it). A
+    data-parallel dimension beside replicas that fully_shard takes is kept even at size 1:
+    HSDP's mesh is always 2-D."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dims = dict(shape.dims())
+    if shape.data_parallel == "fsdp" and shape.dp_replicate > 1:
+        dims.setdefault("dp_shard", 1)
+    names = tuple(d for d in ("pp", "dp_replicate", "dp_shard", "tp") if d in dims)
+    return init_device_mesh(device_type, tuple(dims[d] for d in names), mesh_dim_names=names)
+
+
+def dp_dims(mesh: DeviceMesh) -> tuple[str, ...]:
+    """The mesh's data-parallel dimensions, outermost first."""
+    names = mesh.mesh_dim_names or ()
+    return tuple(d for d in ("dp_replicate", "dp_shard") if d in names)
+
+
+def dp_coordinate(mesh: DeviceMesh, shape: MeshShape) -> int:
+    """This rank's data-parallel group (0 .. dp - 1): which slice of each batch it takes."""
+    names = mesh.mesh_dim_names or ()
+    coord = dict(zip(names, mesh.get_coordinate() or [0] * len(names), strict=True))
+    return coord.get("dp_replicate", 0) * shape.dp_shard + coord.get("dp_shard", 0)
+
+
+def dp_group(mesh: DeviceMesh, shape: MeshShape):
+    """The process group of this rank's data-parallel peers (every dp dimension flattened);
+    None when the data-parallel ranks are the whole world (the default group)."""
+    dims = dp_dims(mesh)
+    if shape.dp == shape.world or not dims:
+        return None
+    sub = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+    if len(dims) > 1:
+        sub = sub._flatten("dp")  # torch 2.5+: one group over both dimensions
+    return sub.get_group()
+
+
+# ---------------------------------------------------------------- tensor parallelism
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a GPT (``gpt.Block``), in order."""
+    """The transformer blocks of a GPT (``gpt.Block``), in order, anywhere in the model (a
+    pipeline stage holds some of them under its own names)."""
     from gputui.train.gpt import Block
 
-    return [m for m in model.children() if isinstance(m, Block)]
+    return [m for m in model.modules() if isinstance(m, Block)]
 
 
 def why_not_tp(model: nn.Module, tp: int) -> str | None:
@@ -77,7 +136,7 @@ def tp_plan() -> dict[str, Any]:
     return plan
 
 
-def parallelize_gpt(model: nn.Module, tp_mesh, timer: TPCommTimer | None = None) -> nn.Module:
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, timer: TPCommTimer | None = None) -> nn.Module:
     """Shard every block of a GPT over the 1-D ``tp_mesh`` in place (see the module doc);
     with ``timer``, its all-reduces are marked on metered steps. Returns ``model``."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -92,12 +151,167 @@ def parallelize_gpt(model: nn.Module, tp_mesh, timer: TPCommTimer | None = None)
     return model
 
 
+parallelize_gpt = apply_tp  # the name the tests and tools knew it by
+
+
+# ---------------------------------------------------------------- activation checkpointing
+def ac_blocks(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The blocks activation checkpointing wraps: the GPT's, the modules of the classes
+    ``names`` (strategy.fsdp_wrap) or what the model's ``gputui_blocks()`` returns. A model
+    with none of those is a ConfigError naming the fix."""
+    found = blocks(model)
+    if found:
+        return found
+    if names:
+        return fsdp_targets(model, names)
+    declared = getattr(model, "gputui_blocks", None)
+    if callable(declared):
+        return [m for m in declared() if isinstance(m, nn.Module)]
+    raise ConfigError(f"parallel.ac checkpoints each block, and {type(model).__name__} names "
+                      f"none: set strategy.fsdp_wrap = ['YourBlock'] or give the model a "
+                      f"gputui_blocks() method returning its blocks")
+
+
+@functools.cache
+def _saved_ops() -> frozenset:
+    """The ops whose outputs selective checkpointing keeps: the matmuls and attention (the
+    expensive ones to recompute), each where this torch has it."""
+    aten = torch.ops.aten
+    names = [("mm", "default"), ("addmm", "default"), ("bmm", "default"),
+             ("_scaled_dot_product_flash_attention", "default"),
+             ("_scaled_dot_product_efficient_attention", "default"),
+             ("_scaled_dot_product_cudnn_attention", "default"),
+             ("_scaled_dot_product_flash_attention_for_cpu", "default")]
+    out = set()
+    for op, overload in names:
+        packet = getattr(aten, op, None)
+        if packet is not None and hasattr(packet, overload):
+            out.add(getattr(packet, overload))
+    return frozenset(out)
+
+
+def _selective_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep = _saved_ops()
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_ac(model: nn.Module, mode: str, names: list[str] | None = None) -> int:
+    """Checkpoint each block's activations (``mode``: full or selective; none does nothing):
+    the block's forward runs under ``torch.utils.checkpoint`` (non-reentrant), so backward
+    recomputes what it did not keep. Returns how many blocks."""
+    if mode == "none":
+        return 0
+    from torch.utils.checkpoint import checkpoint
+
+    found = ac_blocks(model, list(names or []))
+    for block in found:
+        inner = block.forward
+        context = {"context_fn": _selective_context} if mode == "selective" else {}
+
+        def forward(*args, _inner=inner, _context=context, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **_context, **kwargs)
+
+        block.forward = forward  # the instance's own: names and hooks unchanged
+    return len(found)
+
+
+# ---------------------------------------------------------------- data parallelism
+def fsdp_targets(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The modules that get their own fully_shard, innermost first (FSDP2 shards bottom-up):
+    those whose class name is in ``names`` (strategy.fsdp_wrap), or every top-level block
+    that holds parameters of its own: a block sharing a parameter with another (a head tied
+    to the embedding) is left to the root's unit, since one parameter cannot be sharded by
+    two units. A name no module has is a ConfigError."""
+    if not names:
+        top = [m for m in model.children() if any(True for _ in m.parameters())]
+        owners: dict[int, int] = {}
+        for i, block in enumerate(top):
+            for p in block.parameters():
+                owners.setdefault(id(p), i)
+        shared = {i for i, block in enumerate(top)
+                  for p in block.parameters() if owners[id(p)] != i}
+        shared |= {owners[id(p)] for i in shared for p in top[i].parameters()}
+        return [b for i, b in enumerate(top) if i not in shared]
+    found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    seen = {type(m).__name__ for m in found}
+    unknown = [n for n in names if n not in seen]
+    if unknown:
+        classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
+        raise ConfigError(f"strategy.fsdp_wrap names {', '.join(unknown)}, which no module of "
+                          f"the model is; its module classes: {', '.join(classes)}")
+    return found[::-1]  # modules() lists parents before children
+
+
+wrap_targets = fsdp_targets  # the name the tools knew it by
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int,
+               names: list[str] | None = None) -> int:
+    """``fully_shard`` each target (see :func:`fsdp_targets`) and then the whole model over the
+    data-parallel dimensions of ``mesh`` (2-D: HSDP, replicas of shards). ZeRO-3 frees each
+    unit's gathered parameters after its forward (gathered again for backward); ZeRO-2 keeps
+    them from forward to backward (one all-gather a step, more memory). Returns the number of
+    units besides the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    dims = dp_dims(mesh)
+    dp_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+    targets = fsdp_targets(model, list(names or []))
+    for unit in targets:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=zero >= 3)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero >= 3)
+    return len(targets)
+
+
+def apply_ddp(model: nn.Module, group, device: torch.device):
+    """DistributedDataParallel over the data-parallel ranks (``group``; None: the world):
+    buckets overlap the all-reduce with backward; gradients are views into the buckets."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, process_group=group,
+                                   gradient_as_bucket_view=True)
+
+
+def zero1_optimizer(params, kind: type[torch.optim.Optimizer], args: dict[str, Any],
+                    group) -> torch.optim.Optimizer:
+    """ZeRO-1: the optimizer's state sharded over ``group`` (the dp_shard ranks): each rank
+    keeps and updates its partition of the parameters' state, then broadcasts its updated
+    parameters (``ZeroRedundancyOptimizer``). The gradients stay whole (DDP's all-reduce)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=kind, process_group=group, **args)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, shape: MeshShape, fsdp_wrap: list[str],
+                tp_timer: TPCommTimer | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Apply the mesh's parallelisms to ``model`` in the documented order (tp, ac, then fsdp;
+    DDP is the strategy's, around what a step calls). Returns the model (sharded in place)
+    and what was done, for the run's notes: {"ac_blocks", "fsdp_units"}."""
+    done: dict[str, Any] = {"ac_blocks": 0, "fsdp_units": 0}
+    if shape.tp > 1:
+        try:
+            apply_tp(model, mesh["tp"], tp_timer)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    done["ac_blocks"] = apply_ac(model, shape.ac, fsdp_wrap)
+    if shape.data_parallel == "fsdp":
+        done["fsdp_units"] = apply_fsdp(model, mesh, shape.zero, fsdp_wrap)
+    return model, done
+
+
 def fsdp_tp(model: nn.Module, mesh, timer: TPCommTimer | None = None) -> nn.Module:
     """2-D: tensor parallelism over ``mesh["tp"]``, then every block and the whole model
     ``fully_shard``-ed over ``mesh["dp"]`` (torchtitan's order: tp first, fsdp outside)."""
     from torch.distributed.fsdp import fully_shard
 
-    parallelize_gpt(model, mesh["tp"], timer)
+    apply_tp(model, mesh["tp"], timer)
     for block in blocks(model):
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])

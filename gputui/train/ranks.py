@@ -135,7 +135,7 @@ def _destroy_group() -> None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            from gputui.train.strategies.process_group import destroy_group
+            from gputui.train.strategies.rank import destroy_group
 
             destroy_group()
     except Exception:  # noqa: BLE001 - the group may be broken after a peer died

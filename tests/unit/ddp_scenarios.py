@@ -176,7 +176,7 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
         out["breakdown"] = {name: run_breakdown(name, spec) for name in BREAKDOWN}
         return out
     finally:
-        from gputui.train.strategies.process_group import destroy_group
+        from gputui.train.strategies.rank import destroy_group
 
         dist.barrier()
         destroy_group()

@@ -55,7 +55,7 @@ def world_of_one():
     """A gloo process group of this process alone (ddp and fsdp set up inside it)."""
     import torch.distributed as dist
 
-    from gputui.train.strategies.process_group import destroy_group
+    from gputui.train.strategies.rank import destroy_group
 
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}",

@@ -102,7 +102,7 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
     try:
         return {name: run_scenario(name, spec, workdir) for name in SCENARIOS}
     finally:
-        from gputui.train.strategies.process_group import destroy_group
+        from gputui.train.strategies.rank import destroy_group
 
         dist.barrier()
         destroy_group()

@@ -37,7 +37,7 @@ from gputui.core.config import ConfigError
 from gputui.core.steps import StepReport
 from gputui.train.strategies.base import no_correct
 from gputui.train.strategies import rank_step
-from gputui.train.strategies.process_group import RankStrategy
+from gputui.train.strategies.rank import RankStrategy
 from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks
 from gputui.train.strategies.pp_comm import cpu_copy, recv_tensor, send_tensor
 from gputui.train.strategies.pp_meter import PipeMeter, TimedStage

@@ -25,7 +25,7 @@ from gputui.train.strategies.comm_timer import SpanTimer, gbps
 from gputui.train.strategies.meter import Meter, merged
 
 if TYPE_CHECKING:
-    from gputui.train.strategies.process_group import RankStrategy
+    from gputui.train.strategies.rank import RankStrategy
 
 
 def gather(strategy: RankStrategy) -> StepReport:

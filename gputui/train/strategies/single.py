@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gputui.train.parallelize import apply_ac
 from gputui.train.strategies.base import Strategy
 from gputui.train.strategies.meter import Meter
 
@@ -20,6 +21,9 @@ class Single(Strategy):
     def setup(self) -> None:
         self.device = self.torch_devices[0]
         self.model = self.build_model().to(self.device)
+        ac = self.cfg.parallel.ac  # activation checkpointing: the baseline of its memory
+        if apply_ac(self.model, ac, list(self.cfg.strategy.fsdp_wrap)):
+            self.notes.append(f"{ac} activation checkpointing of each block")
         self.wrapped = self.fast(self.lean(self.model))
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)

@@ -1,0 +1,122 @@
+"""The device mesh of a multi-process run, before torch: its degrees, their names and order.
+
+torchtitan's model: the ranks form an N-D mesh whose dimensions are the parallelisms (pipeline,
+data-parallel replicate, data-parallel shard, tensor), the product of the degrees is the world
+size, and each parallelism is applied by a function over the model and its dimension of the
+mesh (``gputui.train.parallelize``). Every named multi-process strategy is a point of that mesh
+(:func:`mesh_of`); ``strategy.name = 'mesh'`` takes the degrees from ``[parallel]``. Whether a
+mesh can run with a config on some devices is ``gputui.plan``'s to say: this module only
+derives it (torch-free: the CLI, the app and the plan read it without importing torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gputui.core.config import RunConfig
+
+# the dimensions, outermost first (torchtitan's order: pp, dp_replicate, dp_shard, tp): ranks
+# next to each other (on one machine, on NVLink) share a tensor-parallel group
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_STRATEGIES = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "mesh")  # every point of the mesh
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """The degrees of one run's mesh and its memory levers (``[parallel]``'s zero and ac)."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    zero: int = 3  # ZeRO stage of the dp_shard dimension (1, 2, 3)
+    ac: str = "none"  # activation checkpointing: none, full, selective
+    # how one data-parallel group keeps the model: ddp and fsdp wrap even a single rank, so
+    # their one-device run is the same program as their N-device one
+    one_group: str = "none"
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel groups: each takes its own slice of every batch."""
+        return self.dp_replicate * self.dp_shard
+
+    def degree(self, dim: str) -> int:
+        return int(getattr(self, dim))
+
+    def dims(self) -> list[tuple[str, int]]:
+        """The dimensions with a degree above 1, outermost first (one dimension of size 1
+        when every degree is 1: a mesh of one rank)."""
+        out = [(d, self.degree(d)) for d in DIMS if self.degree(d) > 1]
+        return out or [("dp_shard", 1)]
+
+    @property
+    def data_parallel(self) -> str:
+        """How the data-parallel ranks keep the model: 'none' (one group), 'ddp' (replicas
+        all-reducing gradients: DistributedDataParallel, with ZeRO-1's sharded optimizer state
+        where zero = 1 and the mesh shards), or 'fsdp' (fully_shard over the dp dimensions:
+        ZeRO-2 or 3, HSDP with replicas, and every data-parallel dimension beside tp)."""
+        if self.dp == 1:
+            return self.one_group
+        if self.tp == 1 and (self.dp_shard == 1 or self.zero == 1):
+            return "ddp"
+        return "fsdp"
+
+    def describe(self) -> str:
+        """'dp_shard 2 x tp 2', 'dp_replicate 4', '1 rank'."""
+        dims = [f"{d} {n}" for d, n in self.dims() if n > 1]
+        return " x ".join(dims) if dims else "1 rank"
+
+    def levers(self) -> str:
+        """The memory levers that apply, in words ('' when none does)."""
+        out = []
+        if self.dp_shard > 1:
+            out.append(f"ZeRO-{self.zero}")
+        if self.ac != "none":
+            out.append(f"{self.ac} activation checkpointing")
+        return ", ".join(out)
+
+
+def tp_group(asked: int, world: int) -> int:
+    """fsdp_tp's ranks per tensor-parallel group: ``strategy.tp_size``, or 0 for 2 (1 with
+    one rank)."""
+    return asked or min(2, world)
+
+
+def mesh_of(cfg: RunConfig, world: int) -> MeshShape:
+    """The mesh of ``cfg``'s strategy over ``world`` ranks: the named strategy's point, or
+    ``[parallel]``'s degrees for 'mesh' (dp_shard = -1: the ranks the others leave, at least
+    1). Degrees that do not multiply to the world are ``gputui.plan``'s rule to report; here
+    they are returned as they are."""
+    par, name = cfg.parallel, cfg.strategy.name
+    z, ac = par.zero, par.ac
+    if name == "ddp":
+        return MeshShape(dp_replicate=world, zero=z, ac=ac, one_group="ddp")
+    if name == "fsdp":
+        return MeshShape(dp_shard=world, zero=z, ac=ac, one_group="fsdp")
+    if name == "tp":
+        return MeshShape(tp=world, zero=z, ac=ac)
+    if name == "pp":
+        return MeshShape(pp=world, zero=z, ac=ac)
+    if name == "fsdp_tp":
+        tp = tp_group(cfg.strategy.tp_size, world)
+        return MeshShape(dp_shard=max(1, world // tp), tp=tp, zero=z, ac=ac)
+    rest = par.pp * par.dp_replicate * par.tp
+    shard = par.dp_shard if par.dp_shard != -1 else max(1, world // rest)
+    return MeshShape(pp=par.pp, dp_replicate=par.dp_replicate, dp_shard=shard, tp=par.tp,
+                     zero=z, ac=ac)
+
+
+def meshes(world: int) -> list[MeshShape]:
+    """Every mesh of ``world`` ranks (each degree a divisor, the product the world), the
+    plain data-parallel ones first: what the app and ``gputui strategies`` offer."""
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    out = [MeshShape(pp=p, dp_replicate=r, dp_shard=s, tp=t)
+           for p in divisors for r in divisors for s in divisors for t in divisors
+           if p * r * s * t == world]
+    return sorted(out, key=lambda m: (m.pp, m.tp, m.dp_replicate))

@@ -1,0 +1,435 @@
+"""The one rank strategy: a process per device, the parallelisms of its mesh applied to the model.
+
+Every torch.distributed run (``ddp``, ``fsdp``, ``tp``, ``fsdp_tp``, ``mesh``) is this class:
+the strategy's name only picks a point of the mesh (``gputui.core.mesh.mesh_of``). A step,
+read top to bottom (``train_step``):
+
+1. take this data-parallel group's slice of the global batch (``shard``: ddp's even or
+   weighted split, over the ``dp = dp_replicate x dp_shard`` groups; tensor-parallel ranks of
+   one group see the same slice);
+2. forward and backward, the loss scaled by ``len(slice) / (batch / dp)`` so that the
+   data-parallel average of the gradients (DDP's all-reduce, fully_shard's reduce-scatter) is
+   exactly the full batch's; tensor parallelism's all-reduces run inside forward and backward;
+   with micro-batches the data-parallel sync runs on the last only (``no_sync``);
+3. the update (clipping by the global norm, the lr schedule: ``Strategy.optimizer_step``).
+
+``setup`` joins the process group (NCCL on CUDA, gloo on the CPU, and a gloo group on the CPU
+for the small control messages), builds the mesh and the model on this rank's device, and calls
+``gputui.train.parallelize.parallelize`` (tp, activation checkpointing, fully_shard), then wraps
+what a step calls in DDP where the mesh's data parallelism is plain replicas (ddp, and ZeRO-1).
+Metrics are means over ranks of each rank's share scaled to the whole; each rank's metered step
+is gathered at the log interval (``rank_step``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import timedelta
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gputui.core.devices import backend_for
+from gputui.core.mesh import MeshShape, mesh_of
+from gputui.core.steps import StepReport
+from gputui.train import parallelize as par
+from gputui.train.optim import optimizer_class
+from gputui.train.rankinfo import RankInfo
+from gputui.train.strategies import rank_step
+from gputui.train.strategies.base import Strategy, no_correct
+from gputui.train.strategies.comm_timer import CommTimer, SpanTimer
+from gputui.train.strategies.fsdp_comm import FSDPCommTimer, install
+from gputui.train.strategies.meter import Meter
+from gputui.train.strategies.scratch import split_sizes
+
+STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
+STOP_CHECK_MAX = 50  # ... but at least every 50 steps
+
+
+class RankStrategy(Strategy):
+    """One process per device, one mesh (see the module doc)."""
+
+    name = "ddp"  # each instance takes its config's strategy name
+    local_world: int  # ranks on this machine
+    node: int  # this machine's place among the machines
+    device: torch.device
+    cuda: bool
+    backend: str  # the process group's: nccl or gloo
+    _owns_group: bool  # join_group initialised the process group (close destroys it)
+    control: dist.ProcessGroup | None  # gloo group of the control messages (None: the default)
+    comm: SpanTimer | None  # the communication timer of the step's collectives (or None)
+    shape: MeshShape  # the mesh's degrees and levers
+    mesh_of_ranks: Any  # torch's DeviceMesh over every rank
+    dp: int  # data-parallel groups
+    dp_rank: int  # this rank's group
+    tp: int  # ranks per tensor-parallel group
+    module: nn.Module  # the model itself (parameter names, evaluation, checkpoints)
+    model: nn.Module  # what a step calls: the module, or DDP around it (compiled, flattened)
+    opt: torch.optim.Optimizer
+    weights: list[float] | None  # every dp group's share of a batch (strategy.split_weights)
+    _shard: dict[int, tuple[int, int]]
+    _stop_countdown: int
+    _stop_every: int
+    _stop_t: float
+    _slow_s: float  # debug.slow_backward_ms on debug.slow_rank, in seconds (else 0)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.name = self.cfg.strategy.name
+
+    # ---------------------------------------------------------------- set-up
+    def join_group(self) -> None:
+        """This rank's identity, device, process groups and meter."""
+        me = RankInfo.of_process(len(self.devices), self.rank, self.world_size)
+        self.local_rank, self.local_world = me.local_rank, me.local_world_size
+        dev = self.devices[self.local_rank]
+        self.device = self.torch_devices[self.local_rank]
+        self.cuda = dev.kind == "cuda"
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        self.backend = backend_for(self.cfg.strategy.backend, dev.kind)
+        timeout = timedelta(seconds=self.cfg.strategy.timeout_s)
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:  # a test may have set the group up already
+            dist.init_process_group(self.backend, timeout=timeout)
+        self.rank, self.world_size, self.node = me.rank, me.world_size, me.node
+        # control messages over gloo on the CPU; for a gloo job that is the default group
+        self.control = (dist.new_group(backend="gloo", timeout=timeout)
+                        if self.backend != "gloo" else None)
+        self.meter = Meter([self.device])
+        self.comm = None
+        dbg = self.cfg.debug  # a straggler on purpose (tests): this rank's backward slowed
+        self._slow_s = dbg.slow_backward_ms / 1000.0 if dbg.slow_rank == self.rank else 0.0
+        self._stop_countdown = self._stop_every = 1  # see agree_stop
+        self._stop_t = time.perf_counter()
+
+    def setup(self) -> None:
+        self.join_group()
+        shape = self.shape = mesh_of(self.cfg, self.world_size)
+        mesh = self.mesh_of_ranks = par.build_mesh(self.device.type, shape)
+        self.dp, self.tp = shape.dp, shape.tp
+        self.dp_rank = par.dp_coordinate(mesh, shape)
+        group = par.dp_group(mesh, shape)
+        self.module = self.build_model().to(self.device)
+        tp_timer = (par.TPCommTimer(self.meter, delay_s=self.comm_delay_s,
+                                    count_bytes=shape.dp == 1) if shape.tp > 1 else None)
+        wrap = list(self.cfg.strategy.fsdp_wrap)
+        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer)
+        self.comm = tp_timer
+        kind, args = optimizer_class(self.cfg.optim, self.lr)
+        if shape.data_parallel == "ddp":
+            # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
+            # breaks its graph at DDP's own forward) model; self.module is the model itself
+            self.model = par.apply_ddp(self.fast(self.lean(self.module)), group, self.device)
+            hook = CommTimer(self.meter, group=group, delay_s=self.comm_delay_s)
+            cast(Any, self.model).register_comm_hook(None, hook.hook)
+            self.comm = hook
+        elif shape.data_parallel == "fsdp":
+            self.model = self.module
+            if tp_timer is not None:  # fully_shard's collectives on the same timer
+                install(self.module, tp_timer)
+            else:
+                timer = FSDPCommTimer(self.meter, delay_s=self.comm_delay_s)
+                self.comm = timer if install(self.module, timer) else None
+        else:
+            self.model = self.module if shape.tp > 1 else self.fast(self.lean(self.module))
+        if shape.data_parallel == "ddp" and shape.dp_shard > 1:  # ZeRO-1
+            shard_group = mesh["dp_shard"].get_group()
+            self.opt = par.zero1_optimizer(self.module.parameters(), kind, args, shard_group)
+        else:
+            self.opt = kind(self.module.parameters(), **args)
+        self.make_scaler(self.device)
+        weights, n_local = self.cfg.strategy.split_weights, len(self.devices)
+        # split_weights name the local devices; every node has the same layout
+        self.weights = ([weights[r % n_local] for r in range(self.world_size)]
+                        if weights and self.dp == self.world_size else None)
+        self._shard = {}  # batch size -> (start, size), once
+        if self.rank == 0:
+            self.notes += self._describe(done)
+
+    def _describe(self, done: dict[str, Any]) -> list[str]:
+        """What the run says once at its start: the ranks, the mesh and what each rank holds."""
+        shape = self.shape
+        ranks = (f"{self.world_size} {self.backend} ranks on the CPU, "
+                 f"{torch.get_num_threads()} thread(s) each" if not self.cuda
+                 else f"{self.world_size} {self.backend} rank(s), one per GPU")
+        out = [f"{ranks}; mesh {shape.describe()}"]
+        if shape.tp > 1:
+            sees = "every rank sees the whole batch" if shape.dp == 1 else \
+                "each tensor-parallel group sees its slice of the batch"
+            out.append(f"attention heads and MLP width split over {shape.tp} ranks (q, k, v, "
+                       f"fc column-wise; the projections row-wise); {sees}")
+        if shape.data_parallel == "fsdp":
+            hsdp = (f"HSDP: {shape.dp_replicate} replica(s) of {shape.dp_shard} shard(s), "
+                    if shape.dp_replicate > 1 else "")
+            what, kept = (("parameters, gradients and optimizer state",
+                           "each unit's parameters gathered for its forward and again for "
+                           "backward") if shape.zero >= 3 else
+                          ("gradients and optimizer state (ZeRO-2)",
+                           "each unit's parameters gathered once, kept from forward to "
+                           "backward"))
+            out.append(f"{hsdp}{what} sharded over the data-parallel ranks ({kept}): "
+                       f"{done['fsdp_units']} fully_shard unit(s) and the whole model")
+        elif shape.data_parallel == "ddp" and shape.dp_shard > 1:
+            out.append(f"ZeRO-1: optimizer state sharded over {shape.dp_shard} ranks "
+                       f"(ZeroRedundancyOptimizer), gradients all-reduced whole, each rank's "
+                       f"updated parameters broadcast in the update")
+        if done["ac_blocks"]:
+            out.append(f"{shape.ac} activation checkpointing of {done['ac_blocks']} block(s): "
+                       f"backward recomputes "
+                       + ("each block's forward" if shape.ac == "full"
+                          else "all but the matmuls' and attention's outputs"))
+        return out
+
+    def compiles(self) -> bool:
+        """Only the model DDP wraps (or a mesh of one rank): torch.compile around fully_shard's
+        and tensor parallelism's hooks traced no graph on torch 2.13 with gloo, so such a run
+        says so and trains eager."""
+        if self.shape.data_parallel != "fsdp" and self.shape.tp == 1:
+            return True
+        if self.cfg.run.compile != "off" and self.rank == 0:
+            self.notes.append(f"run.compile does not apply to {self.name} here: fully_shard's "
+                              f"and tensor parallelism's hooks break torch.compile's graph; "
+                              f"eager")
+        return False
+
+    def models(self) -> list[nn.Module]:
+        return [self.module]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
+
+    # ---------------------------------------------------------------- training
+    def shard(self, x: torch.Tensor, y: torch.Tensor):
+        """This rank's data-parallel group's slice of the global batch."""
+        if self.dp == 1:
+            return x, y
+        cut = self._shard.get(len(x))
+        if cut is None:
+            sizes = split_sizes(len(x), self.dp, self.weights)
+            cut = self._shard[len(x)] = (sum(sizes[:self.dp_rank]), sizes[self.dp_rank])
+        lo, n = cut
+        return x[lo:lo + n], y[lo:lo + n]
+
+    def no_sync(self):
+        """Context for every micro-batch but the last: accumulate without syncing."""
+        if self.shape.data_parallel == "ddp":
+            return cast(Any, self.model).no_sync()
+        if self.shape.data_parallel == "fsdp":
+            return self._fsdp_no_sync()
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _fsdp_no_sync(self):
+        model = cast(Any, self.model)  # fully_shard's module
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor,
+                   data_s: float | None = None) -> torch.Tensor:
+        m = self.meter.begin(data_s)  # the comm timers mark while the meter is on
+        xs, ys = self.shard(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        with m.compute:  # the collectives run inside forward and backward
+            loss = self.forward_backward(self.model, xs, ys, len(x) / self.dp, self.device,
+                                         before_last=self.no_sync)
+        with m.optimizer:
+            self.optimizer_step(self.opt)
+        m.finish(samples=len(xs))
+        return loss
+
+    def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
+              device: torch.device) -> torch.Tensor:
+        """The shared forward/backward, with the forward marked on metered steps (the rank's
+        own phases, ``rank_step``) and, under debug.slow_rank, a slower backward."""
+        with self.meter.forward:
+            loss = self.forward_loss(model, x, y, denom, device)
+        self.backward(_SlowBackward.apply(loss, self._slow_s) if self._slow_s else loss)
+        return loss.detach()
+
+    def data_device(self) -> torch.device:
+        return self.device
+
+    # ---------------------------------------------------------------- evaluation
+    def set_train(self, mode: bool) -> None:
+        self.model.train(mode)
+        self.module.train(mode)  # the nested containers DDP's flattened model skips
+        if not mode:
+            for buf in self.module.buffers():  # rank 0's BatchNorm statistics, everywhere
+                dist.broadcast(buf, src=0)
+        elif self.shape.data_parallel == "fsdp":
+            # the root's parameters stay gathered after a forward without backward
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in self.module.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The score of this data-parallel group's slice of the test batch, times dp
+        (``reduce_metric`` averages over the ranks). A sharded model's forward is a
+        collective: a group whose slice is empty still runs one (on one example, counted
+        nowhere); DDP's evaluates the module itself, alone."""
+        xs = torch.tensor_split(x, self.dp)[self.dp_rank]
+        ys = torch.tensor_split(y, self.dp)[self.dp_rank]
+        alone = self.shape.data_parallel != "fsdp" and self.shape.tp == 1
+        with self.autocast(self.device):
+            if len(xs) == 0:
+                if not alone:
+                    self.module(x[:1])
+                return no_correct(self.device)
+            out = self.module(xs)
+        return self.score(out, ys) * self.dp
+
+    # ---------------------------------------------------------------- checkpoints
+    def _sharded(self) -> bool:
+        """The parameters are DTensors (fully_shard, tp): their state is gathered whole."""
+        return self.shape.data_parallel == "fsdp" or self.shape.tp > 1
+
+    def _writers(self) -> list[int]:
+        """The ranks that write a checkpoint: every machine's first."""
+        return list(range(0, self.world_size, self.local_world))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) model and optimizer state, gathered for the checkpoint only, onto
+        the CPU: on one machine onto rank 0 alone (the only writer); across machines every
+        node's first rank writes its own copy, so every rank gathers. ZeRO-1's sharded
+        optimizer state is consolidated on each writing rank."""
+        if self._sharded():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            rank0_only = self.local_world == self.world_size
+            model, optim = get_state_dict(self.module, self.opt, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=rank0_only))
+            if not rank0_only:
+                model, optim = _to_cpu(model), _to_cpu(optim)
+            return {"models": [model], "optimizers": [optim], "scaler": self.scaler_state()}
+        consolidate = getattr(self.opt, "consolidate_state_dict", None)
+        if consolidate is None:
+            return super().state_dict()
+        for writer in self._writers():
+            consolidate(to=writer)
+        optim = self.opt.state_dict() if self.rank in self._writers() else {}
+        return {"models": [self.module.state_dict()], "optimizers": [optim],
+                "scaler": self.scaler_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._sharded():
+            super().load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(self.module, self.opt, model_state_dict=state["models"][0],
+                       optim_state_dict=state["optimizers"][0],
+                       options=StateDictOptions(full_state_dict=True))
+        self.load_scaler_state(state)
+
+    @torch.no_grad()
+    def full_model(self) -> nn.Module:
+        """A new plain module holding the full parameters, gathered now (a collective: call on
+        every rank; for tests and tools, training never keeps one)."""
+        full: dict[str, Any] = self.module.state_dict()
+        if self._sharded():
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                 get_model_state_dict)
+
+            full = get_model_state_dict(self.module,
+                                        options=StateDictOptions(full_state_dict=True))
+        plain = self.build_model()
+        plain.load_state_dict({k: v.cpu() if isinstance(v, torch.Tensor) else v
+                               for k, v in full.items()})
+        return plain
+
+    # ---------------------------------------------------------------- the ranks together
+    def step_report(self) -> StepReport | None:
+        """Every rank's metered step, gathered (a collective, on every rank)."""
+        return rank_step.gather(self)
+
+    def agree_stop(self, mine: bool) -> bool:
+        """True when any rank wants to stop. The ranks agree with a small MAX all-reduce, not
+        at every step (that sync point costs a few % of throughput on fast steps) but every
+        k-th check, k agreed in the same all-reduce (the smallest of the ranks' proposals)
+        so that a check happens about every STOP_CHECK_S: every rank makes the same checks,
+        so all stop at the same step. A stop asked between checks waits for the next one."""
+        self._stop_countdown -= 1
+        if self._stop_countdown > 0:
+            return False
+        now = time.perf_counter()
+        step_s = (now - self._stop_t) / max(1, self._stop_every)
+        self._stop_t = now
+        proposal = max(1, min(STOP_CHECK_MAX, int(STOP_CHECK_S / max(step_s, 1e-6))))
+        flag = torch.tensor([1.0 if mine else 0.0, -float(proposal)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
+        self._stop_every = self._stop_countdown = int(-flag[1].item())
+        return bool(flag[0].item())
+
+    def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
+        """Mean over ranks of each rank's whole-scaled share: the global figure."""
+        out = value.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out / self.world_size
+
+    def memory_groups(self) -> list[tuple[str, torch.device, nn.Module, list]]:
+        name = self.devices[self.local_rank].name
+        if self.node:
+            name = f"{name}@node{self.node}"
+        return [(name, self.device, self.models()[0], self.optimizers())]
+
+    def gather_rows(self, rows: list[dict]) -> list[dict]:
+        """Every rank's rows, in rank order (a collective over the control group)."""
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, rows, group=self.control)
+        return [row for part in out for row in part]
+
+    def device_memory(self) -> dict[str, tuple[int, int]]:
+        return {}  # the gathered rows carry memory; querying other GPUs would touch them
+
+    def close(self) -> None:
+        """Barrier, then destroy the process group (ranks.py does it again in ``finally``)."""
+        if self._owns_group and dist.is_initialized():
+            dist.barrier(group=self.control)
+            destroy_group()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward sleeps first (debug.slow_backward_ms): every gradient of
+    the step comes that much later, as on a rank whose backward is slow."""
+
+    @staticmethod
+    def forward(ctx, loss, seconds):  # noqa: ANN001 - autograd's signature
+        ctx.seconds = seconds
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+def destroy_group() -> None:
+    """destroy_process_group, without the deadlock it can hit on gloo: its destructor joins
+    gloo's worker threads while holding the GIL, and a worker that is still releasing a
+    finished collective's tensors needs the GIL for that. Sleeping first hands it over."""
+    time.sleep(0.1)
+    dist.destroy_process_group()
+
+
+def _to_cpu(value: Any) -> Any:
+    """A state dict with every tensor moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+STRATEGY = RankStrategy
