@@ -160,8 +160,17 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
                                f"devices.spec '{spec}'")
         if nccl:
             yield CHOICE, nccl
+    degrees = [k for k, v in _DEGREE_DEFAULTS.items() if getattr(cfg.parallel, k) != v]
     if name in MESH_STRATEGIES:
         yield from _mesh_problems(cfg, devices, name)
+    elif degrees:
+        yield CHOICE + (f"parallel.{degrees[0]}",), (
+            f"parallel.{degrees[0]} sets a degree of strategy 'mesh', not '{name}': set "
+            f"strategy.name = 'mesh' or remove parallel.{degrees[0]}")
+    elif cfg.parallel.zero != 3:
+        yield CHOICE + ("parallel.zero",), (
+            f"parallel.zero shards the data-parallel ranks of fsdp or a mesh, not '{name}'; "
+            f"leave it at 3")
     elif cfg.parallel.ac != "none" and name != "single":
         yield CHOICE + ("parallel.ac",), (
             f"parallel.ac applies to single and the mesh strategies ({', '.join(MESH_STRATEGIES)}"

@@ -18,6 +18,8 @@ from gputui.plan import check_files, validate
 
 CPU1, CPU2 = [["cpu", 0]], [["cpu", 0], ["cpu", 1]]
 CUDA2 = [["cuda", 0, "NVIDIA H100"], ["cuda", 1, "NVIDIA H100"]]
+CPU4 = [["cpu", i] for i in range(4)]
+GPT = {"model.name": "gpt", "data.name": "pystdlib"}
 
 # (overrides, devices, what the refusal says, or None for a config that passes): every rule
 CASES = [
@@ -40,7 +42,8 @@ CASES = [
     ({"strategy.name": "model_parallel", "strategy.pipeline_chunks": 1000}, CPU2,
      "strategy.pipeline_chunks (1000) is more than"),
     ({"optim.batch_size": 1, "optim.micro_batches": 2}, CPU1, "is smaller than optim.micro_batches"),
-    ({"debug.slow_rank": 0}, CPU1, "debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp or mesh, not single"),
+    ({"debug.slow_rank": 0}, CPU1,
+     "debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp or mesh, not single"),
     ({"strategy.name": "ddp", "debug.slow_rank": 2}, CPU2,
      "debug.slow_rank (2) is not a rank of this run: it has 2"),
     ({"strategy.name": "fsdp", "debug.slow_rank": 1, "debug.slow_backward_ms": 50.0}, CPU2, None),
@@ -62,6 +65,33 @@ CASES = [
     ({"strategy.name": "scratch", "strategy.split_weights": [1]}, CPU2,
      "strategy.split_weights has 1 entries for 2 devices"),
     ({"run.precision": "fp16"}, CPU1, "run.precision = 'fp16' needs CUDA devices"),
+    # the mesh: its degrees multiply to the ranks, each lever where it applies
+    ({"strategy.name": "mesh", **GPT, "parallel.dp_replicate": 2, "parallel.dp_shard": 2,
+      "parallel.tp": 2}, CPU4, "the mesh's degrees (pp 1 x dp_replicate 2 x dp_shard 2 x tp 2) "
+                               "multiply to 8, not the 4 ranks"),
+    ({"strategy.name": "mesh", **GPT, "parallel.tp": 3}, CPU4,
+     "the mesh's pp x dp_replicate x tp = 3 does not divide the 4 ranks"),
+    ({"strategy.name": "mesh", **GPT, "parallel.dp_replicate": 2}, CPU4, None),  # HSDP 2 x 2
+    ({"strategy.name": "mesh", **GPT, "parallel.dp_replicate": 2, "parallel.dp_shard": 1,
+      "parallel.tp": 2}, CPU4, None),
+    ({"strategy.name": "mesh", "parallel.tp": 2}, CPU4, "shards the built-in GPT's attention"),
+    ({"strategy.name": "mesh", **GPT, "model.n_head": 2, "parallel.tp": 4}, CPU4,
+     "model.n_head = 2 does not split over 4 tensor-parallel ranks"),
+    ({"strategy.name": "ddp", "parallel.tp": 2}, CPU2,
+     "parallel.tp sets a degree of strategy 'mesh'; 'ddp' is its own point of the mesh"),
+    ({"parallel.dp_shard": 2}, CPU1, "parallel.dp_shard sets a degree of strategy 'mesh', "
+                                     "not 'single'"),
+    ({"strategy.name": "ddp", "parallel.zero": 2}, CPU2,
+     "parallel.zero = 2 shards over the dp_shard dimension, and strategy 'ddp' has none"),
+    ({"strategy.name": "fsdp", "parallel.zero": 1}, CPU2, None),
+    ({"strategy.name": "fsdp_tp", **GPT, "parallel.zero": 1}, CPU4,
+     "parallel.zero = 1 (DDP with a sharded optimizer) does not take tensor parallelism"),
+    ({"strategy.name": "ddp", "parallel.ac": "full"}, CPU2,
+     "parallel.ac checkpoints each transformer block, and model.name = 'lenet' has none"),
+    ({"strategy.name": "scratch", **GPT, "parallel.ac": "full"}, CPU2,
+     "parallel.ac applies to single and the mesh strategies"),
+    ({"strategy.name": "mesh", **GPT, "parallel.pp": 2}, CPU4,
+     "pipeline parallelism beside other dimensions (mesh pp 2 x dp_shard 2)"),
     # GPUs, and files named but not read: validate passes them without asking anyone
     ({"strategy.name": "ddp", "devices.spec": "0,1", "run.precision": "fp16"}, CUDA2, None),
     ({"model.factory": "{py}:build", "data.factory": "mypkg.data:load", "data.name": "mnist",

@@ -70,6 +70,20 @@ SCENARIOS = {
 # AdamW, warm-up + cosine and clipping by the global norm of DTensor and plain gradients
 SCENARIOS["tp4_adamw"] = ("tp", 16, {"model.n_head": 4, **ADAMW})
 SCENARIOS["fsdp_tp_adamw"] = ("fsdp_tp", 16, {"strategy.tp_size": 2, **ADAMW})
+# the mesh: combinations the named strategies lack, the ZeRO stages and activation
+# checkpointing, each with AdamW, warm-up + cosine and clipping
+MESH = {
+    "hsdp": {"parallel.dp_replicate": 2, "parallel.dp_shard": 2},  # 2 replicas of 2 shards
+    "dp_x_tp": {"parallel.dp_replicate": 2, "parallel.dp_shard": 1, "parallel.tp": 2},
+    "shard_x_tp_selective": {"parallel.dp_shard": 2, "parallel.tp": 2,
+                             "parallel.ac": "selective"},
+    "hsdp_zero1": {"parallel.dp_replicate": 2, "parallel.dp_shard": 2, "parallel.zero": 1},
+}
+SCENARIOS.update({name: ("mesh", 16, {**extra, **ADAMW}) for name, extra in MESH.items()})
+SCENARIOS["fsdp_zero1"] = ("fsdp", 16, {"parallel.zero": 1, **ADAMW})
+SCENARIOS["fsdp_zero2"] = ("fsdp", 16, {"parallel.zero": 2, **ADAMW})
+SCENARIOS["fsdp_ac_full"] = ("fsdp", 16, {"parallel.ac": "full", **ADAMW})
+SCENARIOS["ddp_ac_selective"] = ("ddp", 16, {"parallel.ac": "selective", **ADAMW})
 
 
 def strategy_scenario(name: str, workdir: str) -> dict:

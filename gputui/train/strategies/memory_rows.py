@@ -56,6 +56,11 @@ class MemoryRows:
         sharing: dict[str, int] = {}
         for _, dev, _, _ in groups:
             sharing[str(dev)] = sharing.get(str(dev), 0) + 1
+        # selective checkpointing keeps its outputs in torch's own cache, out of the meter's
+        # sight: no activation figure rather than a low one
+        unseen = getattr(getattr(self, "cfg", None), "parallel", None)
+        if unseen is not None and unseen.ac == "selective":
+            activations = None
         rows = []
         for name, dev, model, opts in groups:
             row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}

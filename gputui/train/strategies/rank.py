@@ -380,7 +380,9 @@ class RankStrategy(Strategy):
         name = self.devices[self.local_rank].name
         if self.node:
             name = f"{name}@node{self.node}"
-        return [(name, self.device, self.models()[0], self.optimizers())]
+        # ZeRO-1 keeps its partition's state in the local optimizer it wraps
+        opts = [getattr(o, "optim", o) for o in self.optimizers()]
+        return [(name, self.device, self.models()[0], opts)]
 
     def gather_rows(self, rows: list[dict]) -> list[dict]:
         """Every rank's rows, in rank order (a collective over the control group)."""

@@ -1,0 +1,59 @@
+"""The mesh before torch (``gputui.core.mesh``): every named strategy is a point of it, the
+degrees of ``[parallel]`` resolve against the world, and the dimensions not built yet are
+refused with their reason when the config is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputui.core.config import ConfigError, RunConfig, apply_overrides
+from gputui.core.mesh import MeshShape, mesh_of, meshes
+
+
+def cfg(**sets) -> RunConfig:
+    return apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()])
+
+
+@pytest.mark.parametrize("name, world, expected, kind", [
+    ("ddp", 4, MeshShape(dp_replicate=4, one_group="ddp"), "ddp"),
+    ("fsdp", 4, MeshShape(dp_shard=4, one_group="fsdp"), "fsdp"),
+    ("ddp", 1, MeshShape(one_group="ddp"), "ddp"),  # one rank: still DDP's program
+    ("tp", 4, MeshShape(tp=4), "none"),
+    ("pp", 2, MeshShape(pp=2), "none"),
+    ("fsdp_tp", 8, MeshShape(dp_shard=4, tp=2), "fsdp"),
+])
+def test_each_named_strategy_is_a_point_of_the_mesh(name, world, expected, kind):
+    shape = mesh_of(cfg(**{"strategy.name": name}), world)
+    assert shape == expected and shape.world == world and shape.data_parallel == kind
+
+
+def test_the_mesh_takes_its_degrees_and_the_rest_goes_to_dp_shard():
+    c = cfg(**{"strategy.name": "mesh", "parallel.dp_replicate": 2, "parallel.tp": 2,
+               "parallel.zero": 2, "parallel.ac": "full"})
+    shape = mesh_of(c, 8)
+    assert (shape.dp_replicate, shape.dp_shard, shape.tp, shape.pp) == (2, 2, 2, 1)
+    assert shape.dp == 4 and shape.data_parallel == "fsdp"
+    assert shape.describe() == "dp_replicate 2 x dp_shard 2 x tp 2"
+    assert shape.levers() == "ZeRO-2, full activation checkpointing"
+
+
+def test_zero1_is_ddp_with_a_sharded_optimizer_and_hsdp_is_fully_shard():
+    zero1 = mesh_of(cfg(**{"strategy.name": "fsdp", "parallel.zero": 1}), 4)
+    assert zero1.data_parallel == "ddp" and zero1.dp_shard == 4
+    hsdp = mesh_of(cfg(**{"strategy.name": "mesh", "parallel.dp_replicate": 2}), 4)
+    assert hsdp.data_parallel == "fsdp" and (hsdp.dp_replicate, hsdp.dp_shard) == (2, 2)
+
+
+def test_every_mesh_of_a_world_multiplies_to_it():
+    found = meshes(8)
+    assert all(m.world == 8 for m in found) and len(found) == len(set(found))
+    # 8 = 2^3 over 4 dimensions: C(3 + 3, 3) = 20 ways
+    assert len(found) == 20 and found[0].tp == 1 and found[0].pp == 1
+
+
+@pytest.mark.parametrize("key", ["cp", "ep"])
+def test_context_and_expert_degrees_are_refused_until_they_exist(key):
+    with pytest.raises(ConfigError, match=f"parallel.{key} = 2: {key} parallelism is not in "
+                                          f"gputui yet"):
+        cfg(**{f"parallel.{key}": 2})
+    assert getattr(cfg(**{f"parallel.{key}": 1}).parallel, key) == 1
