@@ -4,7 +4,8 @@
 # logs into OUTDIR (an argument, else $OUT): at most 8 files. Exit status 1 when a part failed.
 #
 # Prepare (on a machine with the network, in the checkout's root):
-#   ../shared/gpu/fetch-wheels.sh .whl     # the wheels the GPU machine lacks (Textual and friends)
+#   ../shared/gpu/fetch-wheels.sh .whl 'plotext<6'   # the wheels the GPU machine lacks (Textual
+#                                                    # and friends; plotext 6 breaks textual-plotext)
 # .whl/ is ignored by git; hand it to the machine beside the checkout (the device tool: carry
 # [".whl"]). Then run there, from the checkout's root, with nothing else installed:
 #   PYTHONUNBUFFERED=1 scripts/gpu-check.sh "$OUT"            # about 8 minutes on one H100

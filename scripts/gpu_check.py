@@ -625,7 +625,8 @@ def report(parts: list[Part], install_part: Part, info: dict[str, Any], cpu: boo
     lines = [f"# gputui GPU check: {'FAIL' if failed else 'PASS'}", ""]
     smi = "; ".join(info.get("nvidia_smi") or []) or "no nvidia-smi"
     lines += [f"- mode: {'CPU rehearsal (--cpu)' if cpu else 'GPU'}",
-              f"- when: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, checkout {info.get('commit')}",
+              f"- when: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, checkout "
+              f"{info.get('commit') or 'unknown'}",
               f"- python {info.get('python', '?')}, torch {info.get('torch', '?')} "
               f"(CUDA {info.get('cuda')}, {info.get('gpus', 0)} GPU(s) seen by torch)"
               + (f"; torch failed: {info['torch_error']}" if "torch_error" in info else ""),
@@ -699,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         install_part = install(args, env, out / "install.log")
         install_part.log = "install.log"
-        info = probe(args.python, env) if install_part.verdict == "PASS" else {}
+        info = probe(args.python, env)
         if not args.cpu and install_part.verdict == "PASS" and not info.get("gpus"):
             bad("torch sees no CUDA GPU here: run with --cpu for the rehearsal")
         env["GPUCHECK_GPU_NAME"] = (info.get("nvidia_smi") or [""])[0].split(",")[0]
