@@ -311,6 +311,10 @@ def events(run_dir: Path, name: str = "events.jsonl") -> list[dict]:
     return out
 
 
+def num(value: Any, fmt: str = ".3f") -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
+
+
 def gib(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
 
@@ -350,7 +354,7 @@ def w_transformer() -> dict:
     figures += [
         ["model", f"GPT {model.get('n_layer')} x {model.get('n_embd')}, {model.get('n_head')} "
                   f"heads, context {cfg.get('data', {}).get('context')}, "
-                  f"{summary.get('params'):,} parameters"],
+                  f"{summary.get('params') or 0:,} parameters"],
         ["precision, compile", f"{run.get('precision')}, {run.get('compile')}"],
         ["device", ", ".join(summary.get("devices") or [])],
         ["steps", f"{summary.get('steps_per_epoch')} of batch "
@@ -368,8 +372,9 @@ def w_transformer() -> dict:
          "n/a" if mfu is None else f"{mfu * 100:.1f} %"],
         ["peak memory (CUDA allocator)", gib(max(peaks)) if peaks else "n/a (no CUDA allocator)"],
         ["training memory counted (params + grads + optimizer + activations)", gib(counted)],
-        ["loss", f"first logged {steps[0]['loss']:.3f}, last {summary.get('train_loss'):.3f}, "
-                 f"val {summary.get('val_loss'):.3f}" if steps else "no steps logged"],
+        ["loss", f"first logged {num(steps[0].get('loss'))}, last "
+                 f"{num(summary.get('train_loss'))}, val {num(summary.get('val_loss'))}"
+         if steps else "no steps logged"],
     ]
     if not tps or tps <= 0:
         problems.append("no tokens/s")
@@ -472,7 +477,7 @@ def w_nvml() -> dict:
     rows = [r for r in events(run_dir, "telemetry.jsonl") if r.get("device") == "cuda:0"]
     figures += [
         ["the run", f"quickstart (LeNet), {summary.get('epochs_done')} epochs of "
-                    f"{summary.get('train_samples'):,} samples on {summary.get('devices')}, "
+                    f"{summary.get('train_samples') or 0:,} samples on {summary.get('devices')}, "
                     f"{summary.get('samples_per_s') or 0:,.0f} samples/s"],
         ["energy (energy.json, the epochs)",
          "n/a" if got["energy_j"] is None else f"{got['energy_j']:.1f} J"],
