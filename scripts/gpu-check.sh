@@ -22,6 +22,9 @@
 #   --wheels DIR    where the wheels are (default .whl)
 #   --budget S      the whole run's wall-clock limit in seconds (default 540 on a GPU, 300 --cpu)
 # The Python: $GPUCHECK_PYTHON, else python3 (on the lent GPU machines the one with torch+CUDA).
+# Every command runs from this checkout's root, so its own gputui is the one tested even with
+# a venv made for another clone (a clean clone's rehearsal: GPUCHECK_PYTHON=../wt/.venv/bin/python
+# scripts/gpu-check.sh --cpu /tmp/out, in about 30 s).
 #
 # The parts, in the report's order (they run in the order 3, 2, 4, 5, 1 so that the GPU test
 # suite, the longest, gets what time is left):

@@ -671,7 +671,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", nargs=2, metavar=("PART", "RESULT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
+        # this checkout's gputui, also where the Python has another one installed (a venv
+        # made for another clone): every command here runs from this checkout's root
+        sys.path.insert(0, str(ROOT))
         name, result = args.worker
+        import gputui
+
+        print(f"gputui from {Path(gputui.__file__).parent}", flush=True)
         got = WORKERS[name]()
         Path(result).write_text(json.dumps(got), encoding="utf-8")
         return 0
