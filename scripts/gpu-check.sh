@@ -8,7 +8,7 @@
 #                                                    # and friends; plotext 6 breaks textual-plotext)
 # .whl/ is ignored by git; hand it to the machine beside the checkout (the device tool: carry
 # [".whl"]). Then run there, from the checkout's root, with nothing else installed:
-#   PYTHONUNBUFFERED=1 scripts/gpu-check.sh "$OUT"            # about 8 minutes on one H100
+#   PYTHONUNBUFFERED=1 scripts/gpu-check.sh "$OUT"   # sized for 9 minutes (--budget 540) on one H100
 # It installs the wheels with pip --no-index --target (into $GPUCHECK_SITE, default
 # /tmp/gpucheck-site, put first on PYTHONPATH) and gputui itself with pip install --no-deps -e .
 # (the checkout on PYTHONPATH where that is refused). Where gputui and its dependencies already

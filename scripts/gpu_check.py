@@ -279,8 +279,10 @@ def worker_env() -> dict[str, Any]:
 def child(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
     """A command of a worker: its stderr into the part's log, its stdout kept and echoed."""
     print("$", " ".join(cmd), flush=True)
+    t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, **kw)
     print(proc.stdout, end="", flush=True)
+    print(f"[exit status {proc.returncode}, {time.monotonic() - t0:.1f} s]", flush=True)
     return proc
 
 
