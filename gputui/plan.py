@@ -177,8 +177,6 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
             f"), not '{name}'; set parallel.ac = 'none'")
     if name == "model_parallel":
         yield from _stage_problems(cfg, devices)
-    elif name == "pp":
-        yield from _pipeline_problems(cfg, devices)
     elif cfg.strategy.split_weights and not info.weighted and name != "mesh":
         yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
     batch = _batch_problem(cfg, devices, info)
@@ -263,10 +261,12 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
         if cfg.model.n_head % shape.tp:
             yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {shape.tp} "
                            f"tensor-parallel ranks; use a head count divisible by {shape.tp}")
-    if shape.pp > 1 and shape.pp != shape.world:
-        yield CHOICE + ("parallel.pp",), (
-            f"pipeline parallelism beside other dimensions (mesh {shape.describe()}) is not "
-            f"in gputui yet; use parallel.pp = 1, or strategy 'pp' alone")
+    if shape.pp > 1:
+        yield from _pipeline_problems(cfg, shape.pp, shape.dp, name)
+        if par.zero == 1:
+            yield CHOICE + ("parallel.zero",), (
+                "parallel.zero = 1 is not applied to pipeline stages; use parallel.zero = 2 "
+                "or 3 with pp")
     if par.zero != 3 and shape.dp_shard == 1:
         yield CHOICE + ("parallel.zero",), (
             f"parallel.zero = {par.zero} shards over the dp_shard dimension, and strategy "
@@ -276,9 +276,10 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
         yield CHOICE + ("parallel.zero",), (
             "parallel.zero = 1 (DDP with a sharded optimizer) does not take tensor "
             "parallelism's DTensor parameters; use parallel.zero = 2 or 3")
-    if par.ac != "none" and shape.pp > 1:
-        yield CHOICE + ("parallel.ac",), ("parallel.ac is not applied to pipeline stages yet; "
-                                          "set parallel.ac = 'none' with pp")
+    if par.ac != "none" and shape.pp > 1 and cfg.model.factory:
+        yield CHOICE + ("parallel.ac",), ("parallel.ac finds a model.factory's blocks in the "
+                                          "whole model, not in pipeline stages; set "
+                                          "parallel.ac = 'none' with pp")
     if cfg.strategy.split_weights and shape.dp != ranks:
         yield CHOICE + ("strategy.split_weights",), (
             f"strategy.split_weights shares each batch over data-parallel ranks; mesh "
@@ -297,37 +298,60 @@ def _ac_problem(cfg: RunConfig) -> Problem | None:
             f"blocks) or set parallel.ac = 'none'")
 
 
-def _pipeline_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
-    """pp (one rank per device and stage): a block per stage at least, valid split points,
-    a batch the micro-batches divide evenly, no fp16 (its grad scaler is not applied to the
-    stages' backward), 1f1b with at least as many micro-batches as stages. A weight tied
-    across stages is fine: pp sums its gradients."""
-    n, model = len(devices) * cfg.dist.nnodes, cfg.model.factory or cfg.model.name
+# strategy.schedule -> stages a rank holds: 1, "v" (strategy.stages_per_rank) or 2 in a V
+_STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": "v", "looped_bfs": "v",
+                    "interleaved_zb": "v", "zbv": "V", "dualpipev": "V"}
+
+
+def _pipeline_problems(cfg: RunConfig, pp: int, dp: int, name: str) -> Iterator[Problem]:
+    """pp (``pp`` ranks a pipeline, ``dp`` data-parallel groups): a block per stage at least,
+    valid split points, a slice the micro-batches divide evenly, no fp16 (its grad scaler is
+    not applied to the stages' backward), enough micro-batches for the schedule, the V
+    schedules (whose two stages a rank share the tied weight) without data parallelism. A
+    weight tied across stages is fine: pp sums its gradients."""
+    model = cfg.model.factory or cfg.model.name
+    schedule = cfg.strategy.schedule
+    kind = _STAGES_PER_RANK[schedule]
+    v = 1 if kind == 1 else 2 if kind == "V" else cfg.strategy.stages_per_rank
+    n = pp * v
     layers = model_layers(cfg)
+    stages = f"{pp} ranks" if v == 1 else f"{pp} ranks x {v} stages per rank = {n} stages"
     if layers is not None and n > layers:
-        yield CHOICE, (f"strategy 'pp' cuts {model} into at most {layers} stages (one per "
-                       f"block), devices.spec '{cfg.devices.spec}' gives {n}; use fewer devices")
+        yield CHOICE, (f"strategy '{name}' cuts {model} into at most {layers} stages (one per "
+                       f"block), and the pipeline asks for {stages}; use fewer devices"
+                       + (" or fewer stages per rank" if v > 1 else ""))
     if cfg.strategy.split_weights:
-        yield CHOICE, "strategy.split_weights applies to scratch and ddp, not 'pp'; remove it"
+        yield CHOICE, f"strategy.split_weights applies to scratch and ddp, not '{name}'; remove it"
     reason = check_split_points(list(cfg.strategy.split_points),
                                 layers if layers is not None else 2**62, n, model)
     if reason:
         yield CHOICE + ("strategy.split_points",), reason
-    batch, micro, chunks = (effective_batch_size(cfg, n), cfg.optim.micro_batches,
+    batch, micro, chunks = (effective_batch_size(cfg, pp * dp), cfg.optim.micro_batches,
                             cfg.strategy.pipeline_chunks)
-    if batch % (micro * chunks):
-        yield CHOICE + ("optim.batch_size", "optim.micro_batches", "strategy.pipeline_chunks"), (
-            f"strategy 'pp' splits each batch into optim.micro_batches x "
-            f"strategy.pipeline_chunks = {micro} x {chunks} equal micro-batches; "
-            f"optim.batch_size ({batch}) is not divisible by {micro * chunks}")
+    keys = CHOICE + ("optim.batch_size", "optim.micro_batches", "strategy.pipeline_chunks")
+    if batch % (dp * micro * chunks):
+        groups = "each batch" if dp == 1 else f"each of the {dp} data-parallel slices"
+        yield keys, (f"strategy '{name}' splits {groups} into optim.micro_batches x "
+                     f"strategy.pipeline_chunks = {micro} x {chunks} equal micro-batches; "
+                     f"optim.batch_size ({batch}) is not divisible by {dp * micro * chunks}")
     if cfg.run.precision == "fp16":
         yield CHOICE + ("run.precision",), (
-            "strategy 'pp' does not apply fp16's grad scaler to its stages' backward; use "
-            "run.precision = 'bf16' or 'fp32'")
-    if cfg.strategy.schedule == "1f1b" and chunks < n:  # torch's Schedule1F1B refuses it
+            f"strategy '{name}' does not apply fp16's grad scaler to its stages' backward; use "
+            f"run.precision = 'bf16' or 'fp32'")
+    need = {"1f1b": pp, "dualpipev": n, "zbv": n}.get(schedule, 0)
+    if chunks < need:  # torch's schedules refuse it
         yield CHOICE + ("strategy.pipeline_chunks", "strategy.schedule"), (
-            f"strategy.schedule = '1f1b' needs strategy.pipeline_chunks of at least the {n} "
-            f"stages ({chunks} given); raise it or use strategy.schedule = 'gpipe'")
+            f"strategy.schedule = {schedule!r} needs strategy.pipeline_chunks of at least the "
+            f"{need} stages ({chunks} given); raise it or use strategy.schedule = 'gpipe'")
+    if kind == "v" and v > 1 and chunks % pp:
+        yield CHOICE + ("strategy.pipeline_chunks", "strategy.schedule"), (
+            f"strategy.schedule = {schedule!r} runs the micro-batches in rounds of the {pp} "
+            f"pipeline ranks: strategy.pipeline_chunks ({chunks}) must be a multiple of {pp}")
+    if kind == "V" and dp > 1:
+        yield CHOICE + ("strategy.schedule",), (
+            f"strategy.schedule = {schedule!r} puts the first and last stage (sharing the tied "
+            f"head) on one rank, which data parallelism would sync twice; use interleaved_zb "
+            f"or 1f1b with data parallelism")
 
 
 def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) -> Problem | None:

@@ -25,6 +25,8 @@ LOSSES = ("cross_entropy", "nll")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv",
+                "dualpipev")
 SCHEDULES = ("constant", "cosine", "linear", "step")
 
 
@@ -267,9 +269,16 @@ class StrategySection:
                               "top-level block with parameters.")
     pipeline_chunks: int = opt(1, "model_parallel and pp: micro-batches that flow through the "
                                   "stages as a pipeline (1 = no pipelining).", min=1, max=1024)
-    schedule: str = opt("1f1b", "pp: the pipeline schedule, gpipe (every forward, then every "
-                                "backward) or 1f1b (one forward, one backward in steady state).",
-                        choices=("gpipe", "1f1b"))
+    schedule: str = opt("1f1b", "pp: the pipeline schedule: gpipe (every forward, then every "
+                                "backward), 1f1b (one forward, one backward in steady state), "
+                                "interleaved_1f1b and looped_bfs (strategy.stages_per_rank "
+                                "stages a rank), interleaved_zb, zbv and dualpipev (zero "
+                                "bubble: backward split into input and weight gradients; zbv "
+                                "and dualpipev place two stages a rank in a V); those this "
+                                "torch has.", choices=PP_SCHEDULES)
+    stages_per_rank: int = opt(2, "pp: stages each rank holds under interleaved_1f1b, "
+                                  "looped_bfs and interleaved_zb (the V schedules hold 2; gpipe "
+                                  "and 1f1b 1).", min=1, max=64)
     tp_size: int = opt(0, "fsdp_tp: ranks per tensor-parallel group (the rest of the ranks "
                           "form the data-parallel dimension); 0 = 2.", min=0, max=4096)
     backend: str = opt("auto", "ddp/fsdp/tp/pp process-group backend: auto (nccl on CUDA, gloo on "

@@ -60,10 +60,11 @@ class MeshShape:
         """How the data-parallel ranks keep the model: 'none' (one group), 'ddp' (replicas
         all-reducing gradients: DistributedDataParallel, with ZeRO-1's sharded optimizer state
         where zero = 1 and the mesh shards), or 'fsdp' (fully_shard over the dp dimensions:
-        ZeRO-2 or 3, HSDP with replicas, and every data-parallel dimension beside tp)."""
+        ZeRO-2 or 3, HSDP with replicas, and every data-parallel dimension beside tp or pp)."""
         if self.dp == 1:
             return self.one_group
-        if self.tp == 1 and (self.dp_shard == 1 or self.zero == 1):
+        # DDP takes neither DTensors (tp) nor a pipeline's several forwards before backward
+        if self.tp == 1 and self.pp == 1 and (self.dp_shard == 1 or self.zero == 1):
             return "ddp"
         return "fsdp"
 

@@ -89,7 +89,7 @@ register(StrategyInfo(
 register(StrategyInfo(
     "pp", "Pipeline parallel (torch.distributed.pipelining): consecutive blocks as stages on "
           "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
-          "bubble.", "pp", multiprocess=True, min_devices=2))
+          "bubble.", "rank", multiprocess=True, min_devices=2))
 register(StrategyInfo(
     "mesh", "The device mesh of [parallel]: data-parallel replicas and shards (ZeRO 1, 2 or 3), "
             "tensor and pipeline parallelism in any combination whose product is the ranks; "

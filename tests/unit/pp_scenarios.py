@@ -32,6 +32,13 @@ SCENARIOS = {
     # AdamW, warm-up + cosine, clipping by the norm over both stages (the tied weight once)
     "1f1b_gpt_adamw": ("gpt", 8, {"strategy.schedule": "1f1b", "strategy.pipeline_chunks": 2,
                                   **ADAMW}),
+    # every other schedule this torch has: several stages a rank (looped, interleaved), the
+    # zero-bubble ones (backward split into input and weight gradients), the V placements
+    # (the tied head and embedding on one rank, one parameter); AdamW, schedule, clipping
+    **{f"{kind}_gpt": ("gpt", 8, {"strategy.schedule": kind, "strategy.pipeline_chunks": chunks,
+                                  **ADAMW})
+       for kind, chunks in (("interleaved_1f1b", 2), ("looped_bfs", 2), ("interleaved_zb", 2),
+                            ("zbv", 4), ("dualpipev", 4))},
     # the user's own model, not a Sequential: its gputui_blocks() are the stages' blocks
     "gpipe_user": ("lenet", 16, {"model.factory": user_model.NET, "strategy.schedule": "gpipe",
                                  "strategy.pipeline_chunks": 2}),

@@ -95,3 +95,17 @@ def test_memory_rows_are_per_stage(ranks):
     rows = ranks[0]["gpipe_mlp"]["memory"]
     assert [r["device"] for r in rows] == ["cpu:0", "cpu:1"]
     assert rows[0]["params"] != rows[1]["params"]  # each rank holds its own stage
+
+
+@pytest.mark.parametrize("kind, per_rank, theory", [
+    ("interleaved_1f1b", 2, 1 / (2 * 2 + 1)), ("looped_bfs", 2, 1 / (2 * 2 + 1)),
+    ("interleaved_zb", 2, None), ("zbv", 2, None), ("dualpipev", 2, None)])
+def test_each_schedule_ran_with_its_stages_and_says_its_bubble(ranks, kind, per_rank, theory):
+    """The schedule named ran (its note), with its stages per rank, and each rank's row sets the
+    measured bubble beside the theory's (p-1)/(v m+p-1), none for the zero-bubble ones."""
+    got = ranks[0][f"{kind}_gpt"]
+    assert any(f"on the {kind} schedule, {per_rank} stages per rank" in n for n in got["notes"])
+    for row in got["rows"]:
+        assert row.get("bubble_theory") == (pytest.approx(theory) if theory is not None
+                                            else None)
+        assert row["bubble_share"] is not None and 0 <= row["bubble_share"] <= 1

@@ -78,6 +78,13 @@ MESH = {
     "shard_x_tp_selective": {"parallel.dp_shard": 2, "parallel.tp": 2,
                              "parallel.ac": "selective"},
     "hsdp_zero1": {"parallel.dp_replicate": 2, "parallel.dp_shard": 2, "parallel.zero": 1},
+    # pipelines beside the other dimensions: 2 stages, each fully_shard-ed, DDP-replicated or
+    # tensor-parallel over the other 2 ranks
+    "pp_x_shard": {"parallel.pp": 2, "strategy.pipeline_chunks": 2},
+    "pp_x_replicate": {"parallel.pp": 2, "parallel.dp_replicate": 2, "parallel.dp_shard": 1,
+                       "strategy.pipeline_chunks": 2},
+    "pp_x_tp": {"parallel.pp": 2, "parallel.tp": 2, "parallel.dp_shard": 1,
+                "strategy.pipeline_chunks": 2, "strategy.schedule": "gpipe"},
 }
 SCENARIOS.update({name: ("mesh", 16, {**extra, **ADAMW}) for name, extra in MESH.items()})
 SCENARIOS["fsdp_zero1"] = ("fsdp", 16, {"parallel.zero": 1, **ADAMW})

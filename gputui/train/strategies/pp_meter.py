@@ -36,9 +36,13 @@ class PipeMeter:
     the schedule's span (the tied-gradient sums included), the messages, and the link's
     transfer time."""
 
-    def __init__(self, meter: Meter, stage: int, stages: int, chunks: int):
+    def __init__(self, meter: Meter, stage: int, stages: int, chunks: int,
+                 peers: list[int] | None = None, theory: float | None = None):
+        # stage: this rank's place in its pipeline of ``stages`` ranks, whose global ranks
+        # are ``peers`` (the pipeline's order; the whole world for pp alone)
         self.meter, self.stage, self.stages, self.chunks = meter, stage, stages, chunks
-        self.theory = (stages - 1) / (chunks + stages - 1)
+        self.peers = peers if peers is not None else list(range(stages))
+        self.theory = theory
         self.messages: list[tuple[bool, int, int]] = []  # (sent, peer, bytes)
         self.begin: Any = None
         self.end: Any = None
@@ -65,7 +69,7 @@ class PipeMeter:
         one message each way, at the link's transfer time."""
         if not self.meter.on:
             return
-        peer = self.stages - 1 if first else 0
+        peer = self.peers[self.stages - 1 if first else 0]
         nbytes = grad.numel() * grad.element_size()
         self.messages += [(True, peer, nbytes), (False, peer, nbytes)]
 
@@ -83,7 +87,7 @@ class PipeMeter:
         for s in range(self.stages - 1):
             if self.stage not in (s, s + 1):
                 continue
-            peer = s + 1 if self.stage == s else s
+            peer = self.peers[s + 1 if self.stage == s else s]  # its global rank
             nbytes = max(4, self.sizes.get(peer, 4))
             buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=clock.device)
             begin = None
@@ -139,6 +143,11 @@ class TimedStage(PipelineStage):
     def backward_one_chunk(self, *args, **kwargs):
         with self.meter.compute:
             return super().backward_one_chunk(*args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        # the zero-bubble schedules' weight gradients, apart from the input's: compute too
+        with self.meter.compute:
+            return super().backward_weight_one_chunk(*args, **kwargs)
 
     def get_fwd_recv_ops(self, *args, **kwargs):
         ops = super().get_fwd_recv_ops(*args, **kwargs)

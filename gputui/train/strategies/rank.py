@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from datetime import timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ from gputui.train.strategies.comm_timer import CommTimer, SpanTimer
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer, install
 from gputui.train.strategies.meter import Meter
 from gputui.train.strategies.scratch import split_sizes
+
+if TYPE_CHECKING:
+    from gputui.train.pipeline import Pipeline
 
 STOP_CHECK_S = 0.25  # about how often the ranks agree on a stop request
 STOP_CHECK_MAX = 50  # ... but at least every 50 steps
@@ -69,6 +73,10 @@ class RankStrategy(Strategy):
     module: nn.Module  # the model itself (parameter names, evaluation, checkpoints)
     model: nn.Module  # what a step calls: the module, or DDP around it (compiled, flattened)
     opt: torch.optim.Optimizer
+    pipeline: Pipeline | None  # this rank's stages and schedule (pp > 1)
+    _pp_group: Any  # the pp dimension's process group (None: the world)
+    _denom: float  # the pipeline step's data-parallel slice (its loss's scale)
+    _whole: nn.Module | None  # the whole model on the meta device (pp's primary_model)
     weights: list[float] | None  # every dp group's share of a batch (strategy.split_weights)
     _shard: dict[int, tuple[int, int]]
     _stop_countdown: int
@@ -113,13 +121,22 @@ class RankStrategy(Strategy):
         self.dp, self.tp = shape.dp, shape.tp
         self.dp_rank = par.dp_coordinate(mesh, shape)
         group = par.dp_group(mesh, shape)
-        self.module = self.build_model().to(self.device)
         tp_timer = (par.TPCommTimer(self.meter, delay_s=self.comm_delay_s,
                                     count_bytes=shape.dp == 1) if shape.tp > 1 else None)
-        wrap = list(self.cfg.strategy.fsdp_wrap)
-        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer)
         self.comm = tp_timer
+        wrap = list(self.cfg.strategy.fsdp_wrap)
         kind, args = optimizer_class(self.cfg.optim, self.lr)
+        self.pipeline = None
+        if shape.pp > 1:
+            done = self._setup_pipeline(mesh, wrap, tp_timer)
+            self.opt = kind(list(dict.fromkeys(self.module.parameters())), **args)
+            pipe = self.pipeline
+            assert pipe is not None
+            self.updater.reduce_sq = lambda sq: pipe.stages_sq(sq, self._pp_group)
+            self._finish_setup(done)
+            return
+        self.module = self.build_model().to(self.device)
+        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer)
         if shape.data_parallel == "ddp":
             # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
             # breaks its graph at DDP's own forward) model; self.module is the model itself
@@ -141,6 +158,9 @@ class RankStrategy(Strategy):
             self.opt = par.zero1_optimizer(self.module.parameters(), kind, args, shard_group)
         else:
             self.opt = kind(self.module.parameters(), **args)
+        self._finish_setup(done)
+
+    def _finish_setup(self, done: dict[str, Any]) -> None:
         self.make_scaler(self.device)
         weights, n_local = self.cfg.strategy.split_weights, len(self.devices)
         # split_weights name the local devices; every node has the same layout
@@ -149,6 +169,47 @@ class RankStrategy(Strategy):
         self._shard = {}  # batch size -> (start, size), once
         if self.rank == 0:
             self.notes += self._describe(done)
+
+    def _setup_pipeline(self, mesh: Any, wrap: list[str],
+                        tp_timer: par.TPCommTimer | None) -> dict[str, Any]:
+        """pp and its neighbours: the whole model cut into this rank's stages
+        (``gputui.train.pipeline``), the other dimensions applied to each stage, then the
+        stages and the schedule built over them."""
+        from gputui.train.pipeline import apply_pp
+
+        shape = self.shape
+        names = list(mesh.mesh_dim_names or ())
+        pp_dim = names.index("pp")
+        # every pipeline of the mesh: its global ranks in pp order
+        lines = mesh.mesh.movedim(pp_dim, -1).reshape(-1, shape.pp).tolist()
+        pp_rank = mesh["pp"].get_local_rank()
+        peers = next(line for line in lines if self.rank in line)
+        self._pp_group = mesh["pp"].get_group() if shape.pp != shape.world else None
+        label = self.cfg.model.factory or self.cfg.model.name
+        whole = self.build_model().to(self.device)
+        pipe = self.pipeline = apply_pp(whole, self.cfg, label, pp_rank, peers, lines,
+                                        self.device, self.meter)
+        done: dict[str, Any] = {"ac_blocks": 0, "fsdp_units": 0}
+        for module in pipe.modules:  # data parallelism beside pp is fully_shard's (mesh.py)
+            _, part = par.parallelize(module, mesh, shape, wrap, tp_timer)
+            done["fsdp_units"] += part["fsdp_units"]
+            done["ac_blocks"] += part["ac_blocks"]
+            if tp_timer is not None and shape.data_parallel == "fsdp":
+                install(module, tp_timer)
+        pipe.build(self._loss, self._pp_group, pipe.modules)
+        self.module = pipe.modules[0] if len(pipe.modules) == 1 else nn.ModuleList(pipe.modules)
+        self.model = self.module
+        self._denom = 1.0
+        self._whole: nn.Module | None = None
+        if self.rank == 0:
+            self.notes += pipe.describe(label)
+        return done
+
+    def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The schedule's loss_fn (last stage): a micro-batch's mean loss times its share of
+        the data-parallel group's slice, timed as compute."""
+        with self.meter.compute:
+            return self.scaled_loss(out, y, self._denom)
 
     def _describe(self, done: dict[str, Any]) -> list[str]:
         """What the run says once at its start: the ranks, the mesh and what each rank holds."""
@@ -188,8 +249,13 @@ class RankStrategy(Strategy):
         """Only the model DDP wraps (or a mesh of one rank): torch.compile around fully_shard's
         and tensor parallelism's hooks traced no graph on torch 2.13 with gloo, so such a run
         says so and trains eager."""
-        if self.shape.data_parallel != "fsdp" and self.shape.tp == 1:
+        if self.shape.data_parallel != "fsdp" and self.shape.tp == 1 and self.shape.pp == 1:
             return True
+        if self.shape.pp > 1:
+            if self.cfg.run.compile != "off" and self.rank == 0:
+                self.notes.append(f"run.compile does not apply to {self.name} here: the "
+                                  f"pipelining stage runs its module eagerly")
+            return False
         if self.cfg.run.compile != "off" and self.rank == 0:
             self.notes.append(f"run.compile does not apply to {self.name} here: fully_shard's "
                               f"and tensor parallelism's hooks break torch.compile's graph; "
@@ -198,6 +264,16 @@ class RankStrategy(Strategy):
 
     def models(self) -> list[nn.Module]:
         return [self.module]
+
+    def primary_model(self) -> nn.Module:
+        """The whole model (with pp, on the meta device: no memory): what stands for the run,
+        e.g. its parameter count; a pipeline rank trains only its stages."""
+        if self.pipeline is None:
+            return self.module
+        if self._whole is None:
+            with torch.device("meta"):
+                self._whole = self.build_model()
+        return self._whole
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.opt]
@@ -236,6 +312,8 @@ class RankStrategy(Strategy):
         m = self.meter.begin(data_s)  # the comm timers mark while the meter is on
         xs, ys = self.shard(x, y)
         self.opt.zero_grad(set_to_none=True)
+        if self.pipeline is not None:
+            return self._pipeline_step(m, xs, ys, len(x))
         with m.compute:  # the collectives run inside forward and backward
             loss = self.forward_backward(self.model, xs, ys, len(x) / self.dp, self.device,
                                          before_last=self.no_sync)
@@ -243,6 +321,22 @@ class RankStrategy(Strategy):
             self.optimizer_step(self.opt)
         m.finish(samples=len(xs))
         return loss
+
+    def _pipeline_step(self, m: Any, xs: torch.Tensor, ys: torch.Tensor,
+                       total: int) -> torch.Tensor:
+        """The slice through the pipeline's schedule (its stages mark their compute); the
+        last stage's loss times pp (the mean over every rank is then the batch's), zero on
+        the others."""
+        assert self.pipeline is not None
+        self._denom = total / self.dp
+        with self.autocast(self.device):
+            losses = self.pipeline.step(xs, ys, self.micro)
+        with m.optimizer:
+            self.optimizer_step(self.opt)
+        m.finish(samples=len(xs))
+        if self.pipeline.has_last:
+            return torch.stack([loss.detach().float() for loss in losses]).sum() * self.shape.pp
+        return torch.zeros((), device=self.device)
 
     def _pass(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, denom: float,
               device: torch.device) -> torch.Tensor:
@@ -260,6 +354,8 @@ class RankStrategy(Strategy):
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
         self.module.train(mode)  # the nested containers DDP's flattened model skips
+        if self.pipeline is not None:
+            return  # stages differ: no buffers to share
         if not mode:
             for buf in self.module.buffers():  # rank 0's BatchNorm statistics, everywhere
                 dist.broadcast(buf, src=0)
@@ -279,6 +375,11 @@ class RankStrategy(Strategy):
         nowhere); DDP's evaluates the module itself, alone."""
         xs = torch.tensor_split(x, self.dp)[self.dp_rank]
         ys = torch.tensor_split(y, self.dp)[self.dp_rank]
+        if self.pipeline is not None:  # the last stage's score, times pp x dp
+            out = self.pipeline.forward_only(xs if len(xs) else x[:1], self.autocast(self.device))
+            if out is None or len(xs) == 0:
+                return no_correct(self.device)
+            return self.score(out, ys) * self.shape.pp * self.dp
         alone = self.shape.data_parallel != "fsdp" and self.shape.tp == 1
         with self.autocast(self.device):
             if len(xs) == 0:
@@ -298,6 +399,74 @@ class RankStrategy(Strategy):
         return list(range(0, self.world_size, self.local_world))
 
     def state_dict(self) -> dict[str, Any]:
+        if self.pipeline is not None:
+            return self._pipeline_state()
+        return self._state()
+
+    def _pipeline_state(self) -> dict[str, Any]:
+        """The whole model's parameters (every stage's, gathered onto every rank, on the CPU;
+        names as in the whole model) and every pipeline rank's optimizer state, in pp order
+        (one pipeline's: the data-parallel and tensor-parallel copies are the same)."""
+        assert self.pipeline is not None
+        pipe = self.pipeline
+        if self._sharded():
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
+
+            full = StateDictOptions(full_state_dict=True)
+            model: dict[str, Any] = {}
+            for module in pipe.modules:
+                model.update(pipe.full_names(_to_cpu(get_model_state_dict(module, options=full))))
+            optim = _to_cpu(get_optimizer_state_dict(self.module, self.opt, options=full))
+        else:
+            model = pipe.plain_state()
+            optim = _to_cpu(self.opt.state_dict())
+        lead = self.dp_rank == 0 and self.mesh_coordinate("tp") == 0
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, {"model": model, "opt": optim, "pp": pipe.pp_rank,
+                                       "lead": lead}, group=self.control)
+        whole: dict[str, Any] = {}
+        for part in parts:
+            whole.update(part["model"])
+        opts = [p["opt"] for p in sorted((p for p in parts if p["lead"]), key=lambda p: p["pp"])]
+        return {"models": [whole], "optimizers": opts, "scaler": None}
+
+    def mesh_coordinate(self, dim: str) -> int:
+        """This rank's place along the mesh dimension ``dim`` (0 where the mesh has none)."""
+        names = list(self.mesh_of_ranks.mesh_dim_names or ())
+        coord = self.mesh_of_ranks.get_coordinate() or [0] * len(names)
+        return int(coord[names.index(dim)]) if dim in names else 0
+
+    def _load_pipeline_state(self, state: dict[str, Any]) -> None:
+        assert self.pipeline is not None
+        pipe, saved = self.pipeline, state["optimizers"]
+        if len(saved) != pipe.pp:
+            raise ValueError(f"{len(saved)} pipeline stage(s) saved, {pipe.pp} here")
+        full = state["models"][0]
+        for module in pipe.modules:
+            names = pipe.full_names(module.state_dict())  # whole-model name -> tensor here
+            missing = [k for k in names if k not in full]
+            if missing:
+                raise ValueError(f"the checkpoint lacks {', '.join(missing[:3])}")
+            mine = dict(zip(module.state_dict(), (full[k] for k in names), strict=True))
+            if self._sharded():
+                from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                     set_model_state_dict)
+
+                set_model_state_dict(module, mine,
+                                     options=StateDictOptions(full_state_dict=True))
+            else:
+                module.load_state_dict(mine)
+        if self._sharded():
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                 set_optimizer_state_dict)
+
+            set_optimizer_state_dict(self.module, self.opt, saved[pipe.pp_rank],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.opt.load_state_dict(saved[pipe.pp_rank])
+
+    def _state(self) -> dict[str, Any]:
         """Full (unsharded) model and optimizer state, gathered for the checkpoint only, onto
         the CPU: on one machine onto rank 0 alone (the only writer); across machines every
         node's first rank writes its own copy, so every rank gathers. ZeRO-1's sharded
@@ -321,6 +490,9 @@ class RankStrategy(Strategy):
                 "scaler": self.scaler_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.pipeline is not None:
+            self._load_pipeline_state(state)
+            return
         if not self._sharded():
             super().load_state_dict(state)
             return
@@ -336,7 +508,9 @@ class RankStrategy(Strategy):
         """A new plain module holding the full parameters, gathered now (a collective: call on
         every rank; for tests and tools, training never keeps one)."""
         full: dict[str, Any] = self.module.state_dict()
-        if self._sharded():
+        if self.pipeline is not None:
+            full = self.state_dict()["models"][0]
+        elif self._sharded():
             from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                                  get_model_state_dict)
 
@@ -349,8 +523,23 @@ class RankStrategy(Strategy):
 
     # ---------------------------------------------------------------- the ranks together
     def step_report(self) -> StepReport | None:
-        """Every rank's metered step, gathered (a collective, on every rank)."""
-        return rank_step.gather(self)
+        """Every rank's metered step, gathered (a collective, on every rank); a pipeline
+        rank's row carries its stage's compute, breakdown and pipeline figures."""
+        if self.pipeline is None:
+            return rank_step.gather(self)
+        pipe = self.pipeline.pipe
+        pipe.calibrate()  # once: the link's transfer time, from a ping-pong
+        mine = rank_step.row(self)
+        if self.meter.measured:
+            mine = replace(mine, **pipe.figures())
+        rows: list[Any] = [None] * self.world_size
+        dist.all_gather_object(rows, (self.node, mine), group=self.control)
+        devices = tuple(r if node == self.node else replace(r, device=f"{r.device}@node{node}")
+                        for node, r in rows)
+        m = self.meter
+        comm = mine.breakdown.comm_exposed_s if mine.breakdown is not None else None
+        return StepReport(step_s=m.step_s() if m.measured else 0.0, comm_s=comm,
+                          devices=devices)
 
     def agree_stop(self, mine: bool) -> bool:
         """True when any rank wants to stop. The ranks agree with a small MAX all-reduce, not
