@@ -46,6 +46,40 @@ def test_equals_one_model(ranks, reference, name):
             assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
 
 
+@pytest.fixture(scope="module")
+def ranks8(tmp_path_factory):
+    """The 3-D scenarios on 8 gloo ranks (one launch)."""
+    out = tmp_path_factory.mktemp("mesh8") / "ranks.pt"
+    proc = subprocess.run([sys.executable, str(HERE / "tp_ranks.py"), str(out), "8"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(tp_ranks.SCENARIOS8))
+def test_a_3d_mesh_equals_single(ranks8, name):
+    """dp_shard x tp x pp on 8 ranks: the same parameters, losses and validation score as
+    single, and its checkpoint restores them."""
+    from strategy_harness import data_for, make_config, params, run_steps
+
+    from gputui.train.loop import evaluate
+
+    _, size, extra = tp_ranks.SCENARIOS8[name]
+    extra = {k: v for k, v in extra.items() if not k.startswith(("strategy.", "parallel."))}
+    cfg = make_config("single", "cpu", "gpt", size, **extra)
+    single, losses = run_steps(cfg, tp_ranks.STEPS)
+    reference, score = params(single.model), evaluate(single, data_for(cfg))
+    for rank in range(8):
+        got = ranks8[rank]["strategies"][name]
+        assert_params_close(got["params"], reference)
+        assert got["losses"] == pytest.approx(losses, rel=1e-5)
+        assert got["score"] == pytest.approx(score, rel=1e-5)
+        assert_params_close(got["resumed_params"], got["params"])
+    rows = ranks8[0]["strategies"][name]["memory"]
+    assert len(rows) == 8 and all(r["params"] > 0 for r in rows)
+
+
 @pytest.mark.slow
 def test_timer_marks_four_all_reduces_per_block(ranks):
     shape = tp_ranks.SHAPE

@@ -109,15 +109,17 @@ def strategy_scenario(name: str, workdir: str) -> dict:
 
     which, size, extra = SCENARIOS[name]
 
+    spec = f"cpu*{dist.get_world_size()}"
+
     def build():
-        s = registry.get(which).load()(cfg, resolve_devices("cpu*4"), ds.in_channels,
+        s = registry.get(which).load()(cfg, resolve_devices(spec), ds.in_channels,
                                        ds.image_size, ds.num_classes, rank=dist.get_rank(),
                                        world_size=dist.get_world_size())
         s.setup()
         s.updater.plan(STEPS)  # the schedule over the steps taken, as run_steps plans it
         return s
 
-    cfg = make_config(which, "cpu*4", "gpt", size, **extra)
+    cfg = make_config(which, spec, "gpt", size, **extra)
     ds = data_for(cfg)
     strategy = build()
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
@@ -165,17 +167,39 @@ def rank_fn(workdir: str) -> dict:
         dist.destroy_process_group()
 
 
-def main(out: str) -> None:
+# 3-D on 8 ranks: 2 pipeline stages, each tensor-parallel over 2 ranks and fully_shard-ed
+# over 2 (launched on its own: ``tp_ranks.py OUT 8``)
+SCENARIOS8 = {"dp_x_tp_x_pp": ("mesh", 16, {"parallel.pp": 2, "parallel.tp": 2,
+                                            "strategy.pipeline_chunks": 2, **ADAMW})}
+
+
+def rank_fn8(workdir: str) -> dict:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        SCENARIOS.update(SCENARIOS8)
+        return {"strategies": {name: strategy_scenario(name, workdir) for name in SCENARIOS8}}
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(out: str, ranks: str = "4") -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from gputui.train.agent import free_port
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4, rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="tp",
-                          rdzv_configs={"is_host": True}, max_restarts=0,
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=int(ranks),
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+                          run_id="tp", rdzv_configs={"is_host": True}, max_restarts=0,
                           start_method="spawn", monitor_interval=0.1)
-    torch.save(elastic_launch(config, rank_fn)(os.path.dirname(os.path.abspath(out))), out)
+    fn = rank_fn if ranks == "4" else rank_fn8
+    torch.save(elastic_launch(config, fn)(os.path.dirname(os.path.abspath(out))), out)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
