@@ -58,6 +58,7 @@ def parse_size(text: str) -> int:
 def cmd_bench_comm(args) -> int:
     """``gputui bench-comm``: measure, then print the nccl-tests style table."""
     from gputui.core.devices import DeviceSpecError
+    from gputui.core.signals import Interrupted
     from gputui.hw.discovery import resolve_devices
 
     try:
@@ -90,6 +91,11 @@ def cmd_bench_comm(args) -> int:
     except KeyboardInterrupt:
         print("bench-comm interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Interrupted as exc:  # the stop contract: its processes killed, nothing kept
+        from gputui.cli import interrupted
+
+        return interrupted(exc.signum, ": the benchmark's processes were ended; nothing "
+                                       "measured is kept")
     if "torch" in result and "error" not in result:
         from gputui.runs.comm_peak import keep
 

@@ -100,6 +100,20 @@ def deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def hold() -> None:
+    """A measuring process (bench-comm's, predict's collectives: started under
+    :func:`deferred`): the stop signals stay held for its whole life, so neither Python's nor
+    torch's handlers (its elastic agent installs some) ever act on one; the parent, which took
+    the signal too, decides, and ends it with its processes (the stop contract)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def rank_of_held() -> None:
+    """A rank below a :func:`hold` process: SIGTERM let through again, so torch's own teardown
+    of a failed launch (SIGTERM to the ranks left) still ends it; SIGINT and SIGHUP stay held."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+
+
 def die_by(signum: int) -> None:
     """End this process as the signal's default action would (from any thread): what a rank
     does with torch's own teardown, so the agent sees the exit code it expects."""
