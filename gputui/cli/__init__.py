@@ -253,6 +253,7 @@ def interrupted(signum: int, what: str) -> int:
     from gputui.core.signals import describe as signal_words
 
     try:
+        what = what.lstrip()
         sep = "" if what.startswith((":", ",")) else " "
         print(f"gputui: stopped by {signal_words(signum)}{sep}{what}", file=sys.stderr,
               flush=True)

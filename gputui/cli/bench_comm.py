@@ -85,6 +85,9 @@ def cmd_bench_comm(args) -> int:
     nccl = backend_problem(args.backend, devices, "--backend nccl", f"--devices {args.devices}")
     if nccl and "torch" in impls:
         return fail(nccl)
+    print(f"bench-comm: timing allreduce ({', '.join(impls)}) over "
+          f"{', '.join(d.name for d in devices)} at {len(sizes)} sizes ...", file=sys.stderr,
+          flush=True)
     try:
         result = run_bench(devices, sizes, args.iters, args.warmup, impls, args.backend,
                            args.timeout, args.repeats)
