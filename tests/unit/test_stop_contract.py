@@ -109,7 +109,7 @@ CASES = {
     "sweep-first": (["sweep", "quickstart", "--devices", "cpu", "--strategies", "single",
                      "--epochs", "1", *TINY], None, signal.SIGTERM, True),
     "sweep-started": (["sweep", "quickstart", "--devices", "cpu,cpu*2", "--strategies",
-                       "single,scratch", "--epochs", "50", *TINY], "strategy single",
+                       "single,scratch", "--epochs", "50", *TINY], "[1/4] single on cpu",
                       signal.SIGINT, True),
     "verify-first": (["verify", "quickstart", "--devices", "cpu*2", "--strategies", "ddp",
                       "--steps", "2", *TINY], None, signal.SIGTERM, True),
