@@ -186,3 +186,19 @@ def test_ctrl_c_before_the_run_starts_is_never_lost(tmp_path, module):
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert [p.pid for p in tagged(tag)] == []
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_contract(tmp_path):
+    """`gputui resume` of a stopped run, stopped once it has started in its turn."""
+    run = Command(tmp_path, ["run", "quickstart", "--strategy", "single", "--devices", "cpu",
+                             "--epochs", "50", *TINY])
+    run.wait_for("epoch 1")
+    _send(run, signal.SIGINT)
+    check_contract(run, signal.SIGINT, tmp_path)
+    stopped = next((tmp_path / "runs").iterdir()).name
+    again = Command(tmp_path, ["resume", stopped])
+    again.wait_for("strategy single")
+    _send(again, signal.SIGTERM)
+    summaries = check_contract(again, signal.SIGTERM, tmp_path)
+    assert len(summaries) == 2 and summaries[-1]["status"] in ("stopped", "finished")
