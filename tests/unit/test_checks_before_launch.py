@@ -36,7 +36,7 @@ def _refused(tmp_path, *sets: str) -> str:
                         "data.context=1000: data: data.path t.txt: its training split has 900 "
                         "bytes, fewer than one window of data.context + 1 = 1001; lower "
                         "data.context or give more text"),
-])
+], ids=["empty", "one-byte", "context-longer-than-the-text"])
 def test_text_that_cannot_train_is_refused_before_launch(tmp_path, content, context, expected):
     (tmp_path / "t.txt").write_bytes(content)
     sets = ["--set", "data.path=t.txt"] + (["--set", f"data.context={context}"]
