@@ -129,6 +129,17 @@ def _task_problems(cfg: RunConfig) -> Iterator[Problem]:
                                            "or a folder of them")
 
 
+def warmup_problem(cfg: RunConfig, devices: list[Device], n_train: int) -> str | None:
+    """The warm-up rule of :func:`validate` for data whose training set size only the disk
+    tells (``n_train`` examples, e.g. the windows of a text file): None, or the line."""
+    batch = effective_batch_size(cfg, len(devices))
+    steps = cfg.run.epochs * (n_train // batch) if 0 < batch <= n_train else None
+    if steps is not None and cfg.optim.warmup_steps >= steps:
+        return (f"optim.warmup_steps ({cfg.optim.warmup_steps}) is not shorter than the run "
+                f"({steps} optimizer steps); lower it or train longer")
+    return None
+
+
 def planned_steps(cfg: RunConfig, batch: int) -> int | None:
     """The run's optimizer steps where the config alone fixes them (the embedded synthetic
     set: its size is data.train_size); None for data read from disk or built by code, whose

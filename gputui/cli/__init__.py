@@ -4,27 +4,40 @@ devices, compare, sweep, predict, verify, bench_comm, resume; what they share is
 ``common``, their tables in ``output``).
 
 Exit status: 0 finished, 1 run failed, 2 bad input (one line on stderr, no traceback), 128 +
-the signal's number when a signal stopped the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+the signal's number when a stop signal came (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), with one
+line saying what was kept (the stop contract: docs/failures.md).
 Nothing here imports torch; training runs in a spawned child process.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import signal
-import threading
-from typing import Any
+
+_NOTED: list[int] = []  # stop signals that came while the command line loaded
 
 
-def _loading_interrupted(signum, frame):
-    raise SystemExit(128 + signum)
+def _loading_signal(signum, frame) -> None:
+    if signum not in _NOTED:
+        _NOTED.append(signum)
 
 
-# A Ctrl-C while the command line loads (its imports take a moment) ends the command quietly
-# with 130, as after it; the previous handler is back once this module has loaded.
-_LOADING = threading.current_thread() is threading.main_thread()
-_previous = signal.signal(signal.SIGINT, _loading_interrupted) if _LOADING else None
+# The stop contract (docs/failures.md) holds from this module's first line: a stop signal
+# while the command line loads (its imports take a moment) is noted, not raised, and main()
+# acts on it (128 + the signal, one line) before anything starts. main() installs the
+# process-wide Supervisor first thing; imported as a library, the previous handlers are back
+# once this module has loaded.
+_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+try:
+    _previous = {sig: signal.signal(sig, _loading_signal) for sig in _STOP}
+    _LOADING = True
+except ValueError:  # not the main thread: signals are not this import's to take
+    _previous, _LOADING = {}, False
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
 
 from gputui import __version__  # noqa: E402
 from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail  # noqa: E402
@@ -175,15 +188,41 @@ def empty_path_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
+# The commands that train or measure (the stop contract of docs/failures.md): a stop signal
+# is noted, stops what runs, starts nothing more, and the command exits 128 + the signal with
+# one line saying what was kept. The other commands end at once on Ctrl-C (130), as before.
+TRAINING = {"run", "resume", "sweep", "verify", "tune", "predict", "bench-comm"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gputui`` console script."""
+    from gputui.core import signals
+
+    own = threading.current_thread() is threading.main_thread()
+    sup = signals.take_over(received=_NOTED) if own else None
+    _NOTED.clear()
+    try:
+        return _main(argv, sup)
+    finally:
+        if sup is not None:
+            sup.uninstall()
+
+
+def _main(argv: list[str] | None, sup) -> int:
     import sys
+
+    from gputui.core import signals
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = app_args(argv) or build_parser().parse_args(argv)
     except KeyboardInterrupt:  # the parser imports every command family
         return EXIT_INTERRUPTED
+    if sup is not None and sup.first is not None:  # came while the command line loaded
+        return interrupted(sup.first, "before anything started: nothing recorded")
+    if sup is not None and args.command not in TRAINING:
+        sup.uninstall()  # the app takes the signals itself; a listing ends at once
+        sup = None
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
     if getattr(args, "runs_dir", None) is None:
         args.runs_dir = args.global_runs_dir
@@ -191,14 +230,58 @@ def main(argv: list[str] | None = None) -> int:
     if empty:
         return fail(empty)
     try:
-        return args.func(args)
+        code = args.func(args)
+    except signals.Interrupted as exc:  # before the command's first run, or between runs
+        return interrupted(exc.signum, "before its next run started: nothing more recorded")
     except UserError as exc:  # bad input found wherever: its one line, exit 2
         return fail(describe(exc))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+    first = sup.first if sup is not None else None
+    if first is not None and code != 128 + first:  # came as the command ended its work
+        return interrupted(first, "after its work was done: everything kept")
+    return code
 
 
-if _LOADING:
-    signal.signal(signal.SIGINT, _previous)
+def interrupted(signum: int, what: str) -> int:
+    """The stop contract's last line, for a command that ended on a stop signal: which
+    signal, and what was kept; returns 128 + the signal."""
+    import sys
+
+    from gputui.core.signals import describe as signal_words
+
+    try:
+        what = what.lstrip()
+        sep = "" if what.startswith((":", ",")) else " "
+        print(f"gputui: stopped by {signal_words(signum)}{sep}{what}", file=sys.stderr,
+              flush=True)
+    except (OSError, ValueError):
+        pass
+    return 128 + signum
+
+
+def _entry_point() -> bool:
+    """This import is the command line's own (the console script, ``python -m gputui``), not
+    a library's, a test's or a spawned child's: its signal handling stays until main()."""
+    import multiprocessing.process
+    import os
+    import sys
+
+    if multiprocessing.process.parent_process() is not None:
+        return False
+    entry = sys.modules.get("__main__")
+    spec = getattr(entry, "__spec__", None)
+    if spec is not None and spec.name == "gputui.__main__":
+        return True
+    return os.path.basename(getattr(entry, "__file__", "") or "") == "gputui"
+
+
+if _LOADING and not _entry_point():
+    for _sig, _handler in _previous.items():
+        signal.signal(_sig, _handler)
+    if _NOTED:  # imported as a library: its own handling takes the signal, as it came
+        _first = _NOTED[0]
+        _NOTED.clear()
+        os.kill(os.getpid(), _first)

@@ -58,6 +58,7 @@ def parse_size(text: str) -> int:
 def cmd_bench_comm(args) -> int:
     """``gputui bench-comm``: measure, then print the nccl-tests style table."""
     from gputui.core.devices import DeviceSpecError
+    from gputui.core.signals import Interrupted
     from gputui.hw.discovery import resolve_devices
 
     try:
@@ -84,12 +85,20 @@ def cmd_bench_comm(args) -> int:
     nccl = backend_problem(args.backend, devices, "--backend nccl", f"--devices {args.devices}")
     if nccl and "torch" in impls:
         return fail(nccl)
+    print(f"bench-comm: timing allreduce ({', '.join(impls)}) over "
+          f"{', '.join(d.name for d in devices)} at {len(sizes)} sizes ...", file=sys.stderr,
+          flush=True)
     try:
         result = run_bench(devices, sizes, args.iters, args.warmup, impls, args.backend,
                            args.timeout, args.repeats)
     except KeyboardInterrupt:
         print("bench-comm interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Interrupted as exc:  # the stop contract: its processes killed, nothing kept
+        from gputui.cli import interrupted
+
+        return interrupted(exc.signum, ": the benchmark's processes were ended; nothing "
+                                       "measured is kept")
     if "torch" in result and "error" not in result:
         from gputui.runs.comm_peak import keep
 

@@ -154,6 +154,7 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
                      title: str) -> int:
     """Measure, then print the table (or JSON on stdout; progress on stderr)."""
     from gputui.cli.output import emit
+    from gputui.core.signals import Interrupted
     from gputui.runs.predict import FORMULAS
     from gputui.runs.predict_cache import cache_dir
 
@@ -175,6 +176,11 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
     except KeyboardInterrupt:
         print("prediction interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Interrupted as exc:  # the stop contract: the measuring stopped, nothing predicted
+        from gputui.cli import interrupted
+
+        return interrupted(exc.signum, f" while measuring: nothing predicted; the figures "
+                                       f"measured before it are kept in {cache_dir()}")
     except RuntimeError as exc:
         print(f"gputui: prediction failed: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, runs_dir_problem
+from gputui.cli.common import EXIT_FAILED, EXIT_OK, fail, runs_dir_problem
 from gputui.core.filewrite import WriteFailed
 
 SHORT_FLAGS = {  # flag dest -> config key
@@ -105,12 +105,19 @@ def cmd_run(args) -> int:
     if code:
         printer.line(code)
     # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
-    # stop outlasting run.stop_grace_s, kills (see gputui.core.signals)
-    from gputui.core.signals import Supervisor
+    # stop outlasting run.stop_grace_s, kills. The process-wide Supervisor (taken by main
+    # first thing, so a signal during the imports above is not lost): every poll acts on it.
+    from gputui.core import signals
 
-    sup = Supervisor(cfg.run.stop_grace_s).install()
+    sup = signals.take_over(cfg.run.stop_grace_s)
+    sup.grace_s = cfg.run.stop_grace_s
+    sup.say = lambda text: _print(printer.line, text)
     try:
         handle = launch(cfg, args.runs_dir, devices, device_note)
+    except signals.Interrupted as exc:  # a signal before it: nothing was made
+        from gputui.cli import interrupted
+
+        return interrupted(exc.signum, "before the run started: nothing recorded")
     except OSError as exc:  # WriteFailed says which file and why in one line
         return fail(str(exc) if isinstance(exc, WriteFailed) else
                     f"cannot create the run folder ({exc})")
@@ -119,16 +126,25 @@ def cmd_run(args) -> int:
             _print(printer.handle, ev)
         for sample in handle.samples():
             _print(printer.handle, sample)
-        sup.check(handle, lambda text: _print(printer.line, text))
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)
     _print(printer.summary, summary)
     if args.json:
         _print(print, json.dumps(summary, indent=2, sort_keys=True))
+    if sup.first:  # the stop contract: 128 + the signal, and what was kept
+        from gputui.cli import interrupted
+        from gputui.core.runstore import CHECKPOINT_NAME
+
+        kept = {"finished": "the run had finished", "stopped": "the run stopped",
+                "killed": "the run was killed"}.get(summary["status"], "the run ended "
+                                                    f"{summary['status']}")
+        resumable = summary["status"] != "finished" and \
+            (handle.run_dir / CHECKPOINT_NAME).is_file()
+        return interrupted(sup.first, f": {kept}; its record is kept in {handle.run_dir}"
+                           + (f" (continue it: gputui resume {handle.run_id})"
+                              if resumable else ""))
     if summary["status"] == "finished":
         return EXIT_OK
-    if summary["status"] in ("stopped", "killed") and sup.first:
-        return sup.exit_code() or EXIT_INTERRUPTED
     return EXIT_FAILED
 
 

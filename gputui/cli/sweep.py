@@ -153,7 +153,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     from gputui.cli.output import emit
     from gputui.runs.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
                                      columns_for, compare, table_rows)
-    from gputui.core.signals import Supervisor
+    from gputui.core import signals
     from gputui.runs.sweep_progress import SweepProgress
 
     out = sys.stderr if args.json else sys.stdout
@@ -162,7 +162,8 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     # SIGINT, SIGTERM and SIGHUP (a closed terminal signals the whole group): the running
     # point stops gracefully with the signal named in its record, no further point starts,
     # the manifest says "interrupted"; a second signal kills the point (signals.Supervisor)
-    sup = sweep.supervisor = Supervisor(sweep.base.run.stop_grace_s).install()
+    sup = sweep.supervisor = signals.take_over(sweep.base.run.stop_grace_s)
+    sup.grace_s = sweep.base.run.stop_grace_s
     progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
     with progress:
         keys = ", ".join(p.key for p in m.points)
@@ -200,8 +201,15 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
         if any(w in text for w in ("FLAGGED", "NOISY", "contended", "short of",
                                    "no speed figures")):
             print(text, file=out)
+    if state == "interrupted" and sup.first:
+        from gputui.cli import interrupted
+
+        done = sum(p.status == "finished" for p in m.points)
+        return interrupted(sup.first, f": {done} of {plural(len(m.points), 'point')} finished; "
+                                      f"their records and the manifest are kept (continue: "
+                                      f"gputui sweep --resume {m.sweep_id})")
     if state == "interrupted":
-        return sup.exit_code() or EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     return EXIT_FAILED if any(p.status == "failed" for p in m.points) else EXIT_OK
 
 

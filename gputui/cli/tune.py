@@ -146,16 +146,24 @@ def cmd_tune(args) -> int:
 
 
 def _tune(args, tuner, cands, out: Path) -> int:
-    from gputui.core.signals import Supervisor
+    from gputui.cli import interrupted
+    from gputui.core import signals
     from gputui.runs.sweep_progress import SweepProgress
     from gputui.runs.tune_result import choose, results
 
+    # the stop contract (docs/failures.md): the process-wide Supervisor, taken by main
+    sup = signals.take_over(tuner.base.run.stop_grace_s)
+    sup.grace_s = tuner.base.run.stop_grace_s
     try:
         tuner.predict(cands)
     except KeyboardInterrupt:
         print("tune interrupted while measuring the prediction's inputs: nothing ranked yet",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except signals.Interrupted as exc:
+        return interrupted(exc.signum, " while measuring the prediction's inputs: nothing "
+                                       "ranked, no preset written (the figures measured "
+                                       "before it are kept for the next tune)")
     except RuntimeError as exc:
         print(f"gputui: tune: a measurement failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -163,13 +171,12 @@ def _tune(args, tuner, cands, out: Path) -> int:
                f"the top {args.top} with runs of {tuner.steps} steps")
     for note in tuner.budget_notes:
         tuner.line(note)
-    sup = Supervisor(tuner.base.run.stop_grace_s).install()
-    try:
-        progress = SweepProgress(tuner.plan_confirm(), stream=sys.stderr, epochs=1)
-        with progress:
-            state = tuner.confirm(sup, progress.on_point, progress.on_event)
-    finally:
-        sup.uninstall()
+    if sup.first is not None:  # came as the ranking ended: confirm nothing, write nothing
+        return interrupted(sup.first, f": {len(tuner.ranked)} candidates ranked, none "
+                                      f"confirmed, no preset written")
+    progress = SweepProgress(tuner.plan_confirm(), stream=sys.stderr, epochs=1)
+    with progress:
+        state = tuner.confirm(sup, progress.on_point, progress.on_event)
     points = tuner.sweep.manifest.points if tuner.sweep else []
     over = [p for p in points if p.status == "skipped" and "budget" in p.reason]
     res = results(tuner.ranked, points, tuner.runs_dir)
@@ -184,8 +191,13 @@ def _tune(args, tuner, cands, out: Path) -> int:
         written = _write(tuner, best, out, args)
         notes.append(f"preset written to {written}: gputui run {written}")
     _print(args, tuner, res, best, notes, state, written)
+    if state == "interrupted" and sup.first is not None:
+        done = sum(p.status == "finished" for p in points)
+        return interrupted(sup.first, f": {done} of {len(points)} confirming runs finished "
+                                      f"(their records are kept); the table is partial and "
+                                      f"no preset was written")
     if state == "interrupted":
-        return sup.exit_code() or EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     return EXIT_OK if best is not None else EXIT_FAILED
 
 

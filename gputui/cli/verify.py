@@ -101,6 +101,17 @@ def _print(args, cfg, devices, strategies: list[str]) -> int:
     title = (f"verify {args.preset}: {report.steps} steps against single "
              f"(run {report.single_run}), {report.precision} tolerance rtol {report.rtol:g} "
              f"atol {report.atol:g}")
+    if report.interrupted:  # the stop contract: what was compared, then one line
+        from gputui.cli import interrupted
+
+        if rows or args.json:
+            emit(rows, COLUMNS, "json" if args.json else "table", None,
+                 f"{title} (interrupted: partial)", json_data=report.to_dict())
+        where = f"during {report.interrupted_at}'s run (its record is kept)" \
+            if report.interrupted_at else ""
+        return interrupted(report.interrupted,
+                           f"{where}: {len(report.outcomes)} of {len(strategies)} "
+                           f"strategies compared with single; no verdict on the rest")
     emit(rows, COLUMNS, "json" if args.json else "table", None, title,
          json_data=report.to_dict())
     return EXIT_OK if report.passed else EXIT_FAILED

@@ -144,10 +144,75 @@ def data_problem(cfg) -> str | None:
     d = cfg.data
     if getattr(d, "factory", ""):  # the user's data: their code reads it in the training process
         return None
-    if d.name in ("pystdlib", "text"):  # read in the training process (plan checks data.path)
+    if d.name == "text":  # read in the training process; its size is known here
+        return text_problem(d.path, d.context)
+    if d.name == "pystdlib":  # read in the training process
         return None
     problem = missing_data(d.name, d.root, d.source)
     if problem:
         return None if d.download else problem
     return size_problem(d.name, d.root, d.source, d.train_size, d.test_size,
                         cfg.optim.batch_size)
+
+
+TEXT_VAL_SHARE = 0.1  # as gputui.train.text.VAL_SHARE: the text's last tenth validates
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    for test, words in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISFIFO, "a fifo (named pipe)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def text_bytes(path: str) -> tuple[int, str | None]:
+    """The bytes of text ``data.path`` names (a file, or a folder's visible files, as
+    ``gputui.train.text.user_bytes`` reads them), from their sizes alone; (0, why) when it
+    names no file or folder of text."""
+    import os
+
+    p = Path(path).expanduser()
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return 0, f"data.path: no file or folder at {p}"
+    import stat
+
+    if stat.S_ISREG(mode):
+        return p.stat().st_size, None
+    if not stat.S_ISDIR(mode):
+        return 0, (f"data.path: {p} is {_kind(mode)}, not a text file or folder; point it at "
+                   f"a text file or a folder of them")
+    total = 0
+    for f in p.rglob("*"):
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts):
+            total += f.stat().st_size
+    return total, None
+
+
+def text_problem(path: str, context: int) -> str | None:
+    """Why the text ``data.path`` names cannot train as configured (it is no file or folder,
+    it is empty, a split is shorter than one window), or None."""
+    if not path:
+        return None  # plan's rule: data.name = 'text' needs data.path
+    total, why = text_bytes(path)
+    if why:
+        return why
+    if total == 0:
+        return f"data.path {path} is empty (0 bytes of text); point it at a file with text in it"
+    cut = int(total * (1 - TEXT_VAL_SHARE))
+    for split, size in (("training", cut), ("validation", total - cut)):
+        if size < context + 1:
+            return (f"data.path {path}: its {split} split has {size:,} bytes, fewer than one "
+                    f"window of data.context + 1 = {context + 1}; lower data.context or give "
+                    f"more text")
+    return None
+
+
+def text_windows(total: int, context: int, train_size: int = 0) -> int:
+    """Training windows of ``total`` bytes of text (``gputui.train.text.windows``)."""
+    n = max(0, (int(total * (1 - TEXT_VAL_SHARE)) - 1) // max(context, 1))
+    return min(n, train_size) if train_size else n

@@ -42,12 +42,23 @@ def own_tracker() -> None:
     _TRACKED.append(True)
     from multiprocessing import resource_tracker
 
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited through exec
-        try:
+    # The tracker unlinks the semaphores of a process gputui had to kill (a stop signal ends a
+    # measurement's processes at once), then warns of "leaked semaphore objects" on its way
+    # out: nothing is left, and the warning names no fault, so the tracker is started without
+    # it (its command line takes this interpreter's -W options).
+    quiet = "ignore:resource_tracker:UserWarning"
+    sys.warnoptions.append(quiet)
+    try:
+        if threading.current_thread() is threading.main_thread():
+            old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited through exec
+            try:
+                resource_tracker.ensure_running()
+            finally:
+                signal.signal(signal.SIGHUP, old)
+        else:
             resource_tracker.ensure_running()
-        finally:
-            signal.signal(signal.SIGHUP, old)
+    finally:
+        sys.warnoptions.remove(quiet)
 
     def stop() -> None:
         try:

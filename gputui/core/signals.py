@@ -13,6 +13,14 @@ installs handlers that raise in its main thread; blocked signals never reach the
 sender is known, so a rank can tell torch's own teardown (SIGTERM from its agent) from a stop.
 The parent (:class:`Supervisor`) notes the signals in a handler and acts in its poll loop.
 The whole stop path, from here to the step the ranks agree on, is told in ``stopping.py``.
+
+One stop contract for every headless command that trains (run, resume, sweep, verify, tune,
+predict's measuring, bench-comm; docs/failures.md): the command line installs one process-wide
+Supervisor before it imports its command families (:func:`take_over`), so no signal lands
+where nothing takes it; every run handle asks it at each poll (``launcher``), so the first
+signal stops whatever runs, and no new run or measurement starts once one came
+(:func:`raise_if_stopped` raises :class:`Interrupted`). The command prints what it has, says in
+one line what was kept, and exits 128 + the signal.
 Torch-free: the CLI and the app use it.
 """
 
@@ -92,6 +100,20 @@ def deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def hold() -> None:
+    """A measuring process (bench-comm's, predict's collectives: started under
+    :func:`deferred`): the stop signals stay held for its whole life, so neither Python's nor
+    torch's handlers (its elastic agent installs some) ever act on one; the parent, which took
+    the signal too, decides, and ends it with its processes (the stop contract)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def rank_of_held() -> None:
+    """A rank below a :func:`hold` process: SIGTERM let through again, so torch's own teardown
+    of a failed launch (SIGTERM to the ranks left) still ends it; SIGINT and SIGHUP stay held."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+
+
 def die_by(signum: int) -> None:
     """End this process as the signal's default action would (from any thread): what a rank
     does with torch's own teardown, so the agent sees the exit code it expects."""
@@ -111,16 +133,25 @@ class Supervisor:
         self._acted = 0
         self._stop_asked_at: float | None = None
         self._previous: dict[int, object] = {}
+        # what the stop and the kill say, from the thread that polls (a command sets its own)
+        self.say: Callable[[str], None] = _say
 
     def install(self) -> "Supervisor":
+        """Take the stop signals in this process (main thread) until :meth:`uninstall`; the
+        process-wide Supervisor (:func:`active`) from then on."""
+        global _ACTIVE
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        _ACTIVE = self
         return self
 
     def uninstall(self) -> None:
+        global _ACTIVE
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
+        if _ACTIVE is self:
+            _ACTIVE = None
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGHUP:
@@ -159,3 +190,67 @@ class Supervisor:
     def exit_code(self) -> int | None:
         """128 + the first signal's number (130 for Ctrl-C), or None when none came."""
         return 128 + self.first if self.first else None
+
+
+class Interrupted(Exception):
+    """A stop signal came before (or between) a command's runs or measurements: nothing more
+    starts. ``signum`` is the first signal; ``exit_code`` 128 + it."""
+
+    def __init__(self, signum: int):
+        super().__init__(stop_reason(signum))
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_ACTIVE: Supervisor | None = None
+
+
+def _say(text: str) -> None:
+    import sys
+
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a terminal that hung up: the stop goes on unsaid
+        pass
+
+
+def active() -> Supervisor | None:
+    """The process-wide Supervisor a headless command installed, or None (the app, a script
+    using gputui as a library: their own handling stands)."""
+    return _ACTIVE
+
+
+def take_over(grace_s: float = 30.0, received: list[int] | tuple[int, ...] = ()) -> Supervisor:
+    """The process-wide Supervisor, installed now (main thread) unless one is: a command's
+    first act, so a signal is noted wherever it lands. ``received``: signals noted before it
+    (while the command line loaded)."""
+    sup = _ACTIVE or Supervisor(grace_s).install()
+    for signum in received:
+        if signum not in sup.received:
+            sup.received.append(signum)
+    return sup
+
+
+def stopped() -> int | None:
+    """The first stop signal the process-wide Supervisor received, or None."""
+    sup = _ACTIVE
+    return sup.first if sup is not None else None
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Interrupted` when a stop signal came: a command starts nothing after it."""
+    signum = stopped()
+    if signum is not None:
+        raise Interrupted(signum)
+
+
+def supervise(target) -> None:
+    """Act on the signals received (the stop, then the kill) for ``target`` (what has
+    ``stop(reason)`` and ``kill(reason)``: the live runs); no-op without a process-wide
+    Supervisor. Called from the thread that polls the runs."""
+    sup = _ACTIVE
+    if sup is not None:
+        sup.check(target, sup.say)

@@ -19,6 +19,7 @@ import queue as queue_mod
 import time
 from typing import Any
 
+from gputui.core import signals
 from gputui.core.devices import backend_for
 from gputui.core.proctree import kill_tree
 
@@ -81,17 +82,25 @@ def _child(spec: dict[str, Any], queue) -> None:
 def spawn_driver(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run the measuring process and return its result; it and its ranks never outlive this
     call (killed on timeout, Ctrl-C or error)."""
+    from gputui.core.proctree import own_tracker
+
+    own_tracker()  # before the queue: starting the tracker would unblock the signals
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_child, args=(spec, q), name="gputui-bench-comm")
-    proc.start()
+    with signals.deferred():  # held from its birth: never a traceback in its imports
+        proc.start()
     deadline = time.monotonic() + timeout
     try:
         while True:
+            signals.raise_if_stopped()  # a stop signal: killed below, nothing kept
             try:
-                return q.get(timeout=0.5)
+                got = q.get(timeout=0.5)
             except queue_mod.Empty:
                 pass
+            else:  # a result that a signal cut short is no result
+                signals.raise_if_stopped()
+                return got
             if not proc.is_alive():
                 try:
                     return q.get(timeout=1.0)
@@ -99,7 +108,7 @@ def spawn_driver(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
                     return {"error": f"the benchmark process exited with code {proc.exitcode}"}
             if time.monotonic() > deadline:
                 return {"error": f"no result within {timeout:g} s (raise --timeout)"}
-    except BaseException:  # Ctrl-C: no waiting for the ranks to finish
+    except BaseException:  # a stop signal, Ctrl-C: no waiting for the ranks to finish
         kill_tree(proc.pid)
         raise
     finally:

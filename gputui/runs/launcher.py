@@ -22,7 +22,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from gputui.core import runstore
+from gputui.core import runstore, signals
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device
 from gputui.core.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
@@ -106,6 +106,7 @@ class RunHandle:
         """Events that arrived since the last call; waits at most ``timeout`` seconds."""
         if self._done:
             return []
+        signals.supervise(_ALL_LIVE)  # a headless command's stop signal: the stop, the kill
         out = self._take(timeout, max_events)
         self._watch_tree()
         if self._terminal is not None:
@@ -326,12 +327,31 @@ class RunHandle:
                 log.close()
 
 
+class _AllLive:
+    """Every live run of this process, as one target of the stop signals: a command's first
+    signal stops them all (a measurement runs several at once), the second kills them."""
+
+    def stop(self, reason: str) -> None:
+        for h in list(_LIVE):
+            h.stop(reason)
+
+    def kill(self, reason: str) -> None:
+        for h in list(_LIVE):
+            h.kill(reason)
+
+
+_ALL_LIVE = _AllLive()
+
+
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
            devices: list[Device] | None = None, device_note: str = "") -> RunHandle:
     """Create the run folder, hand the run to a host, return its handle at once.
 
     ``devices`` as resolved by the caller (with ``device_note``, the fallback's one line, when
-    it replaced the spec's GPUs); resolved here when not given. The note goes in the record."""
+    it replaced the spec's GPUs); resolved here when not given. The note goes in the record.
+    Raises ``signals.Interrupted`` (nothing made) once a headless command took a stop signal:
+    no run starts after one."""
+    signals.raise_if_stopped()
     if not devices:
         devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
     # The folder this run resumes is taken before anything is made: a second command resuming

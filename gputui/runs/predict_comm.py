@@ -108,6 +108,9 @@ def _rank(size: int, gap: float, iters: int, threads: int, kind: str,
     import torch
     import torch.distributed as dist
 
+    from gputui.core import signals
+
+    signals.rank_of_held()
     torch.set_num_threads(threads)
     from gputui.train.rankinfo import RankInfo
 
@@ -230,9 +233,10 @@ def _calibrate(work, gap: float, kind: str, device) -> int:
 def _driver(n: int, size: int, gap: float, iters: int, threads: int, kind: str, q,
             cfg_dict: dict | None = None) -> None:
     import logging
-    import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from gputui.core import signals
+
+    signals.hold()  # the parent decides on a stop signal: it ends this process and its ranks
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
@@ -277,14 +281,20 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
     busy = cores if kind == "cpu" and size > FIRST_BUCKET and cfg_dict is None else 0
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(timeout)])
                 for _ in range(busy)]
+    from gputui.core import signals
+    from gputui.core.proctree import own_tracker
+
+    own_tracker()  # before the queue: starting the tracker would unblock the signals
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_driver, args=(n, size, gap, iters, threads, kind, q, cfg_dict),
                        name="gputui-predict-comm")
-    proc.start()
+    with signals.deferred():  # held from its birth: never a traceback in its imports
+        proc.start()
     deadline = time.monotonic() + timeout
     try:
         while True:
+            signals.raise_if_stopped()  # a stop signal: the measurement ends here, unkept
             try:
                 result: dict[str, Any] = q.get(timeout=0.5)
                 break
@@ -292,6 +302,11 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
                 if not proc.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError(
                         "the allreduce measurement ended without a result") from None
+    except signals.Interrupted:
+        from gputui.core.proctree import kill_tree
+
+        kill_tree(proc.pid)  # no waiting for the ranks to finish
+        raise
     finally:
         from gputui.core.proctree import kill_tree
 
@@ -302,6 +317,7 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
         for s in spinners:
             s.kill()
             s.wait()
+    signals.raise_if_stopped()  # a result that a signal cut short is no result
     if "error" in result:
         what = "fsdp collectives" if cfg_dict is not None else "allreduce"
         raise RuntimeError(f"{what} measurement failed: {result['error']}")

@@ -73,6 +73,9 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
         for h in handles:
             h.kill("prediction measurement interrupted")
         raise
+    from gputui.core import signals
+
+    signals.raise_if_stopped()  # its runs were stopped by a signal: no figure from them
     rows = [row_for(h.run_dir) for h in handles]
     bad = next((r for r in rows if r.status != "finished"), None)
     if bad is not None:

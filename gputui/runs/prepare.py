@@ -81,6 +81,16 @@ def check_disk(cfg: RunConfig, source: str = "config",
 
     plan.check_files(cfg, source, origins)
     _check_data(cfg, source, origins)
+    if cfg.data.name == "text" and not cfg.data.factory and devices:
+        # the warm-up rule once the text's size is known (plan.validate cannot read it)
+        from gputui.core.datafiles import text_bytes, text_windows
+
+        total, _ = text_bytes(cfg.data.path)
+        late = plan.warmup_problem(cfg, devices, text_windows(total, cfg.data.context,
+                                                               cfg.data.train_size))
+        if late:
+            keys = ("optim.warmup_steps", "run.epochs", "optim.batch_size", "data.path")
+            raise ConfigError(f"{plan.blame(source, origins, *keys, text=late)}: {late}")
     problem = cut_problem(cfg, devices)
     if problem:
         raise ConfigError(f"{plan.blame(source, origins, *CUT_KEYS, text=problem)}: {problem}")

@@ -263,6 +263,8 @@ class Sweep:
         m.state = "running"
         m.sessions += 1
         self.save()
+        from gputui.core import signals
+
         for point in m.points:
             if self.supervisor is not None and self.supervisor.first is not None:
                 self.stop_requested = True  # a signal between two points: start no other
@@ -279,6 +281,9 @@ class Sweep:
             self._warm(point, devices)
             try:
                 handle = launch(cfg, self.runs_dir, devices, note)
+            except signals.Interrupted:  # a signal since the check above: start no other
+                self.stop_requested = True
+                continue
             except (OSError, ValueError, UserError) as exc:  # e.g. an unwritable runs folder
                 point.status, point.reason = "failed", f"could not start: {exc}"
                 self.save()

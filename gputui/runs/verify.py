@@ -62,6 +62,8 @@ class Report:
     steps: int
     single_run: str = ""
     outcomes: list[Outcome] = field(default_factory=list)
+    interrupted: int = 0  # the stop signal that ended verify early (0: none came)
+    interrupted_at: str = ""  # the strategy whose run it stopped ("" between two runs)
 
     @property
     def passed(self) -> bool:
@@ -70,7 +72,9 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"precision": self.precision, "rtol": self.rtol, "atol": self.atol,
                 "steps": self.steps, "single_run": self.single_run, "passed": self.passed,
-                "strategies": [o.to_dict() for o in self.outcomes]}
+                "strategies": [o.to_dict() for o in self.outcomes],
+                "interrupted": self.interrupted or None,
+                "interrupted_at": self.interrupted_at or None}
 
 
 def single_spec(device: Device) -> str:
@@ -154,17 +158,35 @@ def verify(cfg: RunConfig, devices: list[Device], strategies: list[str], steps: 
            runs_dir: str | Path | None = None, line: Line = lambda s: None) -> Report:
     """Run single and each strategy for ``steps`` steps from the same start; compare.
     Raises RuntimeError (one line) when single's own run fails."""
+    from gputui.core import signals
+
     rtol, atol = tolerance(cfg, steps)
     report = Report(cfg.run.precision, rtol, atol, steps)
     where = Path(runs_dir) if runs_dir else None
-    report.single_run, ref_dir, error = _run(cfg, "single", single_spec(devices[0]), steps,
-                                             where, line)
+    # The stop contract: a stop signal stops the run in flight (its record kept, "stopped"),
+    # starts no other, and the report ends there: what was compared, and where it stopped.
+    try:
+        report.single_run, ref_dir, error = _run(cfg, "single", single_spec(devices[0]),
+                                                 steps, where, line)
+    except signals.Interrupted as exc:
+        report.interrupted = exc.signum
+        return report
+    if signals.stopped():
+        report.interrupted, report.interrupted_at = signals.stopped() or 0, "single"
+        return report
     if ref_dir is None:
         raise RuntimeError(f"single's reference run failed: {error}")
     ref = read_trace(ref_dir)
     spec = cfg.devices.spec
     for name in strategies:
-        run_id, run_dir, error = _run(cfg, name, spec, steps, where, line)
+        try:
+            run_id, run_dir, error = _run(cfg, name, spec, steps, where, line)
+        except signals.Interrupted as exc:
+            report.interrupted = exc.signum
+            break
+        if signals.stopped():  # its run was stopped: no verdict on it
+            report.interrupted, report.interrupted_at = signals.stopped() or 0, name
+            break
         outcome = Outcome(name, spec, run_id, error=error)
         if run_dir is not None:
             try:

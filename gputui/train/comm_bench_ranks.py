@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 import traceback
 import uuid
@@ -79,6 +78,10 @@ def rank_main(sizes: list[int], iters: int, warmup: int, kind: str, indices: lis
     """One rank: time all_reduce over every size; rank 0 returns the results."""
     import torch.distributed as dist
 
+    from gputui.core import signals
+
+    signals.rank_of_held()
+
     from gputui.train.rankinfo import RankInfo
 
     me = RankInfo.of_process(len(indices))
@@ -141,7 +144,9 @@ def bench_dist(kind: str, indices: list[int], sizes: list[int], iters: int, warm
 
 def driver(spec: dict[str, Any], queue) -> None:
     """Entry point of the spawned benchmark process: puts one result dict on ``queue``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a kill
+    from gputui.core import signals
+
+    signals.hold()  # the parent decides on a stop signal: it ends this process and its ranks
     out: dict[str, Any] = {}
     try:
         kind, indices = spec["kind"], spec["indices"]

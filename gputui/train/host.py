@@ -41,12 +41,13 @@ class _Life:
         self.running = False
 
     def on_signal(self, signum: int, sender: int) -> None:
-        """A stop signal: the run in flight (or about to start, in a cold host) stops
-        gracefully with the signal named; an idle warm host simply ends."""
-        if self.running or not self.channels.warm:
-            self.channels.stop.ask(signals.stop_reason(signum))
-        else:
-            os._exit(0)
+        """A stop signal: the run in flight (or about to start) stops gracefully with the
+        signal named. An idle warm host asks the stop too and stays: a run its parent handed
+        over at that moment (in the queue, not yet taken) stops at its first step, where
+        ending the host had failed it ("exited with code 0 before the run ended", a sweep's
+        point on a group's Ctrl-C); the parent, which took the signal as well, closes the
+        host (warm.close_all), or its death does (watch_parent)."""
+        self.channels.stop.ask(signals.stop_reason(signum))
 
     def watch_parent(self) -> None:
         """The fault of a dead parent, for the host's whole life: stop the run in flight
