@@ -229,7 +229,7 @@ def fsdp_targets(model: nn.Module, names: list[str]) -> list[nn.Module]:
     to the embedding) is left to the root's unit, since one parameter cannot be sharded by
     two units. A name no module has is a ConfigError."""
     if not names:
-        top = [m for m in model.children() if any(True for _ in m.parameters())]
+        top = [m for m in _top_blocks(model) if any(True for _ in m.parameters())]
         owners: dict[int, int] = {}
         for i, block in enumerate(top):
             for p in block.parameters():
@@ -246,6 +246,18 @@ def fsdp_targets(model: nn.Module, names: list[str]) -> list[nn.Module]:
         raise ConfigError(f"strategy.fsdp_wrap names {', '.join(unknown)}, which no module of "
                           f"the model is; its module classes: {', '.join(classes)}")
     return found[::-1]  # modules() lists parents before children
+
+
+def _top_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's top-level blocks: its children, a ModuleList's or ModuleDict's opened (a
+    container has no forward of its own, so it cannot be a unit; its blocks are)."""
+    out: list[nn.Module] = []
+    for child in model.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += _top_blocks(child)
+        else:
+            out.append(child)
+    return out
 
 
 wrap_targets = fsdp_targets  # the name the tools knew it by

@@ -21,6 +21,7 @@ import sys
 import torch
 
 import user_model
+import user_transformer
 from strategy_harness import ADAMW
 
 STEPS = 5
@@ -43,6 +44,11 @@ SCENARIOS = {
     "ddp_user": ("ddp", "lenet", 32, {"model.factory": user_model.NET}, 1),
     "fsdp_user": ("fsdp", "lenet", 32, {"model.factory": user_model.NET,
                                         "strategy.fsdp_wrap": ["Block"]}, 1),
+    # a transformer of the user's own (blocks in a ModuleList, nn.MultiheadAttention) on
+    # text, without naming its blocks: fsdp finds them inside the ModuleList
+    "fsdp_user_transformer": ("fsdp", "lenet", 16, {"model.factory": user_transformer.TRANSFORMER,
+                                                    "data.name": "pystdlib",
+                                                    "data.context": 32}, 1),
     # the built-in GPT on text (strategy_harness.GPT_SMALL): its tied head stays in the root
     # unit of fsdp, the blocks get a unit each
     "ddp_gpt": ("ddp", "gpt", 16, {}, 1),

@@ -87,11 +87,11 @@ def test_fsdp_adamw_checkpoint_restores_the_optimizer_and_the_schedule(ranks):
         assert got["resumed_steps"] == STEPS and got["resumed_opt_steps"] == [float(STEPS)]
 
 
-@pytest.mark.parametrize("name", ["ddp_user", "fsdp_user"])
+@pytest.mark.parametrize("name", ["ddp_user", "fsdp_user", "fsdp_user_transformer"])
 def test_a_user_model_equals_single(ranks, name):
     _, model, batch, extra, _ = SCENARIOS[name]
-    strategy, ref_losses = run_steps(make_config("single", "cpu", model, batch, **{
-        "model.factory": extra["model.factory"]}), STEPS)
+    same = {k: v for k, v in extra.items() if k.startswith(("model.", "data."))}
+    strategy, ref_losses = run_steps(make_config("single", "cpu", model, batch, **same), STEPS)
     reference = params(strategy.model)
     assert any(k.startswith("blocks.1.") for k in reference)  # the user's Net, not LeNet
     for rank in (0, 1):
