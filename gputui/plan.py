@@ -25,7 +25,7 @@ from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
-from gputui.core.mesh import MESH_STRATEGIES, mesh_of, tp_group
+from gputui.core.mesh import MESH_STRATEGIES, MeshShape, mesh_of, meshes, tp_group
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
 
@@ -50,6 +50,20 @@ def why_not(cfg: RunConfig, devices: list[Device]) -> str | None:
         if "strategy.name" in keys:
             return text
     return None
+
+
+def mesh_choices(cfg: RunConfig, devices: list[Device]) -> list[tuple[MeshShape, str | None]]:
+    """Every mesh of the ranks ``devices`` give (``dist.nnodes`` machines of them), each with
+    why ``cfg`` cannot run on it (None: it can): what ``gputui strategies`` and the app show
+    for strategy 'mesh'."""
+    ranks = len(devices) * cfg.dist.nnodes
+    out = []
+    for shape in meshes(ranks):
+        trial = cfg.replace(strategy={"name": "mesh"}, parallel={
+            "dp_replicate": shape.dp_replicate, "dp_shard": shape.dp_shard, "tp": shape.tp,
+            "pp": shape.pp})
+        out.append((mesh_of(trial, ranks), why_not(trial, devices)))
+    return out
 
 
 def caveat(cfg: RunConfig, devices: list[Device]) -> str | None:

@@ -54,8 +54,19 @@ def cmd_strategies(args) -> int:
     from gputui.hw.discovery import resolve_devices
     from gputui.plan import caveat, why_not
 
+    from gputui.cli.common import set_overrides
+    from gputui.core.config import load_preset
+    from gputui.core.presets import resolve_preset
+    from gputui.plan import mesh_choices
+
     try:
-        cfg = apply_overrides(RunConfig(), [("--devices", "devices.spec", args.devices)])
+        sets = set_overrides(args.set)
+        base = load_preset(resolve_preset(args.preset), sets) if args.preset else \
+            apply_overrides(RunConfig(), sets)
+    except ConfigError as exc:
+        return fail(str(exc))
+    try:
+        cfg = apply_overrides(base, [("--devices", "devices.spec", args.devices)])
         devices = resolve_devices(args.devices)
     except (ConfigError, DeviceSpecError) as exc:
         return fail(f"--devices: {exc}")
@@ -67,8 +78,16 @@ def cmd_strategies(args) -> int:
                      "multiprocess": info.multiprocess, "available": reason is None,
                      "reason": reason or "",
                      "caveat": (caveat(trial, devices) or "") if reason is None else ""})
+    meshes: list[dict[str, Any]] = []
+    for m, reason in mesh_choices(cfg, devices):
+        degrees = {"pp": m.pp, "dp_replicate": m.dp_replicate, "dp_shard": m.dp_shard,
+                   "tp": m.tp}
+        meshes.append({"degrees": degrees, "mesh": m.describe(),
+                       "data_parallel": m.data_parallel, "available": reason is None,
+                       "reason": reason or ""})
     if args.json:
-        print(json.dumps({"devices": [d.name for d in devices], "strategies": rows}, indent=2))
+        print(json.dumps({"devices": [d.name for d in devices], "strategies": rows,
+                          "meshes": meshes}, indent=2))
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
@@ -80,7 +99,18 @@ def cmd_strategies(args) -> int:
         can = (f"yes, {r['caveat']}" if r["caveat"] else "yes") if r["available"] \
             else f"no: {r['reason']}"
         table.add_row(r["name"], can, r["description"])
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    grid = Table(title=f"strategy 'mesh' on {len(devices) * cfg.dist.nnodes} ranks: "
+                       f"--set parallel.pp=P --set parallel.dp_replicate=R "
+                       f"--set parallel.dp_shard=S --set parallel.tp=T")
+    for col in ("pp", "dp_replicate", "dp_shard", "tp", "can run"):
+        grid.add_column(col, justify="right" if col != "can run" else "left")
+    for row in meshes:
+        d = row["degrees"]
+        grid.add_row(str(d["pp"]), str(d["dp_replicate"]), str(d["dp_shard"]), str(d["tp"]),
+                     "yes" if row["available"] else f"no: {row['reason']}")
+    console.print(grid)
     return EXIT_OK
 
 
@@ -156,6 +186,11 @@ def build_parser() -> Parser:
                        description="Every parallelism strategy, what it does, and whether it "
                                    "can run on the given devices (with the reason when not).")
     p.add_argument("--devices", default="cpu*2", help="device choice to check against")
+    p.add_argument("--preset", default="",
+                   help="check this preset's model and settings (default: the built-in "
+                        "defaults, LeNet)")
+    p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override a setting before checking (repeatable)")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_strategies)
     p = sub.add_parser("presets", help="list the presets and what each one runs",

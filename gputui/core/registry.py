@@ -91,6 +91,7 @@ register(StrategyInfo(
           "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
           "bubble.", "rank", multiprocess=True, min_devices=2))
 register(StrategyInfo(
-    "mesh", "The device mesh of [parallel]: data-parallel replicas and shards (ZeRO 1, 2 or 3), "
-            "tensor and pipeline parallelism in any combination whose product is the ranks; "
-            "activation checkpointing; HSDP, dp x tp, ...", "rank", multiprocess=True))
+    "mesh", "The device mesh the parallel table names: data-parallel replicas and shards "
+            "(ZeRO 1, 2 or 3), tensor and pipeline parallelism in any combination whose "
+            "product is the ranks (HSDP, dp x tp, dp x tp x pp, ...).", "rank",
+    multiprocess=True))

@@ -57,3 +57,29 @@ def test_context_and_expert_degrees_are_refused_until_they_exist(key):
                                           f"gputui yet"):
         cfg(**{f"parallel.{key}": 2})
     assert getattr(cfg(**{f"parallel.{key}": 1}).parallel, key) == 1
+
+
+def test_strategies_lists_every_mesh_of_the_devices_with_why_not():
+    """`gputui strategies --devices cpu*4 --json`: every mesh of 4 ranks; the default LeNet
+    cannot take tensor parallelism (the reason says so), the GPT preset can."""
+    import json
+    import subprocess
+    import sys
+
+    def meshes(*flags):
+        out = subprocess.run([sys.executable, "-m", "gputui", "strategies", "--devices", "cpu*4",
+                              "--json", *flags], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)["meshes"]
+
+    lenet = meshes()
+    assert len(lenet) == 10 and all(m["degrees"]["pp"] * m["degrees"]["dp_replicate"]
+                                    * m["degrees"]["dp_shard"] * m["degrees"]["tp"] == 4
+                                    for m in lenet)
+    no_tp = [m for m in lenet if m["degrees"]["tp"] > 1]
+    assert no_tp and all(not m["available"] and "built-in GPT" in m["reason"] for m in no_tp)
+    gpt = meshes("--preset", "gpt-tiny", "--set", "model.n_head=2")
+    tp4 = next(m for m in gpt if m["degrees"]["tp"] == 4)
+    assert "model.n_head = 2 does not split over 4" in tp4["reason"]
+    hsdp = next(m for m in gpt if m["degrees"]["dp_replicate"] == 2 and m["degrees"]["tp"] == 1
+                and m["degrees"]["pp"] == 1)
+    assert hsdp["available"] and hsdp["data_parallel"] == "fsdp"
