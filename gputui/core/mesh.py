@@ -83,6 +83,35 @@ class MeshShape:
         return ", ".join(out)
 
 
+def coordinates(shape: MeshShape, rank: int) -> dict[str, int]:
+    """Rank ``rank``'s place along each dimension of ``shape`` above 1 (the mesh is laid
+    out row-major over DIMS, as torch's init_device_mesh lays it)."""
+    out: dict[str, int] = {}
+    rest = rank
+    for dim in reversed(DIMS):
+        n = shape.degree(dim)
+        out[dim] = rest % n
+        rest //= n
+    return {d: out[d] for d in DIMS if shape.degree(d) > 1}
+
+
+def rank_label(shape: MeshShape, rank: int) -> str:
+    """What rank ``rank`` holds, in words: 'stage 1 · dp 0 (replica 0, shard 0) · tp 1'."""
+    c = coordinates(shape, rank)
+    parts = []
+    if "pp" in c:
+        parts.append(f"stage {c['pp']}")
+    if shape.dp > 1:
+        dp = c.get("dp_replicate", 0) * shape.dp_shard + c.get("dp_shard", 0)
+        sub = []
+        if "dp_replicate" in c and "dp_shard" in c:
+            sub = [f"replica {c['dp_replicate']}", f"shard {c['dp_shard']}"]
+        parts.append(f"dp {dp}" + (f" ({', '.join(sub)})" if sub else ""))
+    if "tp" in c:
+        parts.append(f"tp {c['tp']}")
+    return " · ".join(parts)
+
+
 def tp_group(asked: int, world: int) -> int:
     """fsdp_tp's ranks per tensor-parallel group: ``strategy.tp_size``, or 0 for 2 (1 with
     one rank)."""

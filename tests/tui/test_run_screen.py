@@ -388,3 +388,24 @@ async def test_the_slowest_ranks_panel_names_it_its_phase_and_the_others_wait(pr
         assert "straggler" not in shown[0]
         assert "straggler: rank 1 (cpu:1), in backward: +200.0 ms" in shown[1].replace("\n", " ")
         assert "waited 200.0 ms" in shown[1].replace("\n", " ")
+
+
+async def test_a_mesh_run_shows_what_each_rank_holds(presets):
+    """A run of strategy 'mesh' (2 replicas of 2 shards x tp ... here dp_replicate 2 x tp 2 on 4
+    ranks): each device panel's title says its rank's place, the log the mesh once."""
+    events = run_events(devices=4, epochs=1)
+    cfg = {"run": {"epochs": 1, "name": "quickstart"}, "strategy": {"name": "mesh"},
+           "model": {"name": "gpt"}, "data": {"name": "pystdlib"},
+           "parallel": {"dp_replicate": 2, "dp_shard": 1, "tp": 2, "zero": 3, "ac": "full"}}
+    events[0] = dataclasses.replace(events[0], config=cfg, strategy="mesh", world_size=4)
+    app, _ = scripted_app(events, presets)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_run(pilot, app)
+        await wait_until(pilot, lambda: screen.ended, what="the end of the run")
+        await pilot.pause()
+        titles = [str(p.border_title) for p in screen.query(DevicePanel)]
+        assert titles == ["cpu:0 · dp 0 · tp 0", "cpu:1 · dp 0 · tp 1",
+                          "cpu:2 · dp 1 · tp 0", "cpu:3 · dp 1 · tp 1"], titles
+        lines = [str(line) for line in screen.query_one(RunLog).lines]
+        assert any("mesh dp_replicate 2 x tp 2 (full activation checkpointing)" in line
+                   for line in lines), lines

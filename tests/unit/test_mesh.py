@@ -83,3 +83,14 @@ def test_strategies_lists_every_mesh_of_the_devices_with_why_not():
     hsdp = next(m for m in gpt if m["degrees"]["dp_replicate"] == 2 and m["degrees"]["tp"] == 1
                 and m["degrees"]["pp"] == 1)
     assert hsdp["available"] and hsdp["data_parallel"] == "fsdp"
+
+
+def test_each_rank_knows_its_place_as_torch_lays_the_mesh_out():
+    from gputui.core.mesh import coordinates, rank_label
+
+    shape = MeshShape(pp=2, dp_replicate=2, dp_shard=2, tp=2)  # row-major, tp innermost
+    assert coordinates(shape, 0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}
+    assert coordinates(shape, 13) == {"pp": 1, "dp_replicate": 1, "dp_shard": 0, "tp": 1}
+    assert rank_label(shape, 13) == "stage 1 · dp 2 (replica 1, shard 0) · tp 1"
+    assert rank_label(MeshShape(dp_shard=4), 3) == "dp 3"
+    assert rank_label(MeshShape(), 0) == ""

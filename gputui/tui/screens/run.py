@@ -240,6 +240,29 @@ class RunScreen(RunLayout, RunControls, Screen):
                         f"{plural(len(ev.devices), 'device')}, world size {ev.world_size}", ev.t)
         for note in ev.notes:
             log.add("warning", str(note), ev.t)
+        self._show_mesh(ev, log)
+
+    def _show_mesh(self, ev: RunStarted, log: RunLog) -> None:
+        """A mesh strategy's run: each device panel says what its rank holds, and the log the
+        mesh once."""
+        from gputui.core.config import from_dict
+        from gputui.core.mesh import MESH_STRATEGIES, mesh_of, rank_label
+
+        if ev.strategy not in MESH_STRATEGIES or not ev.world_size:
+            return
+        try:
+            shape = mesh_of(from_dict(dict(ev.config), source="run"), ev.world_size)
+        except Exception:  # noqa: BLE001 - an older record's config: no mesh shown
+            return
+        names = [d["name"] for d in ev.devices if isinstance(d, dict) and d.get("name")]
+        if len(names) != shape.world:
+            return
+        for rank, name in enumerate(names):
+            panel = self._panels.get(name)
+            if panel is not None and rank_label(shape, rank):
+                panel.border_title = f"{name} · {rank_label(shape, rank)}"
+        levers = f" ({shape.levers()})" if shape.levers() else ""
+        log.add("info", f"mesh {shape.describe()}{levers}", ev.t)
 
     def _ended(self, ev: Event, log: RunLog) -> None:
         self.terminal = ev
