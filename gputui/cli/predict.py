@@ -143,7 +143,7 @@ def writable_problem(runs_dir: str | None) -> str | None:
     """Why predict could not keep what it measures, as one line naming the folder, or None:
     the measuring runs' folder (``--runs-dir``, else inside the cache) and the cache."""
     from gputui.core.filewrite import folder_problem
-    from gputui.runs.predict_cache import cache_dir
+    from gputui.core.cachedir import cache_dir
 
     cache = folder_problem(cache_dir(), "the measure cache (GPUTUI_CACHE_DIR, XDG_CACHE_HOME "
                                         "or ~/.cache)")
@@ -155,7 +155,7 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
     """Measure, then print the table (or JSON on stdout; progress on stderr)."""
     from gputui.cli.output import emit
     from gputui.runs.predict import FORMULAS
-    from gputui.runs.predict_cache import cache_dir
+    from gputui.core.cachedir import cache_dir
 
     out = sys.stderr if as_json else sys.stdout
     where = Path(runs_dir) if runs_dir else cache_dir() / "predict-runs"

@@ -73,7 +73,7 @@ def build(args):
     from gputui.core import registry
     from gputui.core.presets import resolve_preset
     from gputui.core.runstore import default_runs_dir
-    from gputui.runs.predict_cache import cache_dir
+    from gputui.core.cachedir import cache_dir
     from gputui.runs.prepare import load_base
     from gputui.runs.sweep import parse_axis, resolve_kind
     from gputui.runs.tune import Axes, Tuner
