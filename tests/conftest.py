@@ -54,8 +54,21 @@ def snapshot(folders: list[Path]) -> dict[str, tuple]:
     return out
 
 
-GUARDED = guarded_folders()
-SESSION_TMP = Path(tempfile.mkdtemp(prefix="gputui-tests-"))  # shared compile caches
+def private_env(folder: Path) -> dict[str, str]:
+    """A home, cache and runs folder under ``folder``, in the usual layout (so the app still
+    shows "~/.cache/gputui/data")."""
+    home = folder / "home"
+    return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+            "GPUTUI_CACHE_DIR": str(home / ".cache" / "gputui"),
+            "GPUTUI_RUNS_DIR": str(folder / "runs")}
+
+
+GUARDED = guarded_folders()  # the user's, read before they are moved aside below
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="gputui-tests-"))
+# Module- and session-scoped fixtures start before any test's own folders exist: they get
+# this session's, not the user's.
+os.environ.update(private_env(SESSION_TMP))
+os.environ.setdefault("TRITON_CACHE_DIR", str(SESSION_TMP / "triton"))  # shared compiles
 _BEFORE = pytest.StashKey[dict]()
 
 
@@ -85,14 +98,9 @@ def _private_folders(tmp_path, monkeypatch):
     """Every test gets its own home, cache and runs folder under its temp folder: no test
     reads or writes the user's ~/.cache/gputui (kept measurements change predict's and tune's
     answers), home or ./runs. Compile caches (inductor's under /tmp, triton's) stay shared
-    over the session so a compiling test does not start cold each time."""
-    monkeypatch.setenv("GPUTUI_RUNS_DIR", str(tmp_path / "runs"))
-    home = tmp_path / "home"  # the usual layout, so the app still shows "~/.cache/gputui/data"
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
-    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(home / ".cache" / "gputui"))
-    if not os.environ.get("TRITON_CACHE_DIR"):
-        monkeypatch.setenv("TRITON_CACHE_DIR", str(SESSION_TMP / "triton"))
+    over the session, so a compiling test does not start cold each time."""
+    for name, value in private_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
 
 
 def pytest_collection_modifyitems(config, items):
