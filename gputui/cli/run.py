@@ -122,6 +122,10 @@ def cmd_run(args) -> int:
         sup.check(handle, lambda text: _print(printer.line, text))
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)
+    from gputui.core import machine, trust
+
+    summary["machine"] = machine.read(handle.run_dir)  # what else ran meanwhile
+    summary["baseline_warning"] = trust.poisoned(summary, summary["machine"])
     _print(printer.summary, summary)
     if args.json:
         _print(print, json.dumps(summary, indent=2, sort_keys=True))

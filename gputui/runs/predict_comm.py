@@ -276,6 +276,9 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
     busy = cores if kind == "cpu" and size > FIRST_BUCKET and cfg_dict is None else 0
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(timeout)])
                 for _ in range(busy)]
+    from gputui.core import ompwait
+
+    ompwait.for_children()  # as a run's ranks wait (before the child loads torch)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_driver, args=(n, size, gap, iters, threads, kind, q, cfg_dict),

@@ -241,3 +241,34 @@ def test_fsdp_units_are_the_mlps_three_layers_as_the_fsdp_strategy_wraps_them():
                                              (10 * 128 + 10) * 4], 0)
     units, _ = fsdp_units(cfg.to_dict(), 3)  # 256 rows padded to 258, 10 to 12
     assert units[0] == (258 * 784 + 258) * 4 and units[2] == (12 * 128 + 12) * 4
+
+
+def test_the_issues_impossible_prediction_is_flagged_as_compare_flags_it():
+    """The issue's inputs: one 2-thread step of 1,818 ms (spinning under load), two 1-thread
+    half-batch ddp steps of 84.6 ms: 18x, 907 % efficiency, flagged by compare's rule."""
+    from gputui.cli.predict import flag_lines
+    from gputui.runs.predict import impossible
+
+    inp = Inputs(n=2, on_gpu=False, batch=64, batch_1=64, t_1=1.818, t_c=0.0846,
+                 t_own={"ddp": 0.0846}, t_ar=0.001, t_sync=0.0001, params=1000)
+    p = predict("ddp", inp)
+    assert p.speedup == pytest.approx(21.4, rel=0.05) or p.speedup > 10
+    (why,) = impossible(p, inp, cores=2)
+    assert "exceeds 100 %" in why and "t_1 (1,818.0 ms a step on one device)" in why
+    assert "--measure-again" in why and "measure both in one sweep" not in why
+    row = dict(p.to_dict(), devices=2, flags=[why])
+    assert flag_lines([row])[0].startswith("ddp on 2: FLAGGED, predicted speedup ")
+    fair = replace(inp, t_1=0.16)  # about twice the half-batch step: a plausible 1.9x
+    assert impossible(predict("ddp", fair), fair, cores=2) == []
+    assert impossible(predict("single", replace(inp, n=1)), replace(inp, n=1), cores=2) == []
+
+
+def test_a_kept_step_measured_with_other_waiting_is_measured_again(monkeypatch):
+    from gputui.runs.predict_inputs import stale
+
+    kept = {"step_time_s": 0.1, "machine": {"contended": False}, "measured_t": 1.0}
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # runs wait passively (default)
+    assert "threads waiting active" in stale(kept)  # kept before the waiting was recorded
+    assert stale(dict(kept, omp_wait="passive (gputui's default)")) is None
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert "runs now wait active" in stale(dict(kept, omp_wait="passive (gputui's default)"))
