@@ -43,7 +43,8 @@ def add_run_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the summary (or, with --dry-run, the config) as JSON on stdout")
     p.add_argument("--quiet", action="store_true",
-                   help="no progress output: only the summary line and the record's path")
+                   help="no progress output: only the summary line and the record's path "
+                        "(and a warning when the machine's load made its speed no baseline)")
     p.add_argument("--exclusive", action="store_true",
                    help="refuse to start when a chosen GPU is busy with another process")
     p.set_defaults(func=cmd_run)
