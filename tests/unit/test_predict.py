@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -272,3 +273,42 @@ def test_a_kept_step_measured_with_other_waiting_is_measured_again(monkeypatch):
     assert stale(dict(kept, omp_wait="passive (gputui's default)")) is None
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert "runs now wait active" in stale(dict(kept, omp_wait="passive (gputui's default)"))
+
+
+@pytest.mark.slow
+def test_a_slow_kept_baseline_makes_predict_and_compare_flag_the_prediction(tmp_path):
+    """Really measured inputs for ddp on 2, then t_1 kept 40x slower (as a spinning 2-thread
+    step beside other work was): predict shows the speedup as flagged, with the reason and
+    the remedy, and compare gives no predicted figure to fall short of."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.runs.compare import compare
+
+    runs = tmp_path / "runs"
+    ddp = write_record(runs, "20260101-100000-exp-d2", "ddp", 2, batch=32, sps=900, epochs=3,
+                       model="mlp", windows=2)
+    env = dict(os.environ, GPUTUI_CACHE_DIR=os.environ["GPUTUI_CACHE_DIR"])
+    cmd = [sys.executable, "-m", "gputui", "predict", str(ddp / "config.toml"), "--devices",
+           "1,2", "--strategies", "ddp", "--runs-dir", str(tmp_path / "measure")]
+    first = subprocess.run(cmd + ["--json"], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "flags" in json.loads(first.stdout)["rows"][1]
+    cache = next(Path(os.environ["GPUTUI_CACHE_DIR"]).glob("predict-*.json"))
+    kept = json.loads(cache.read_text())
+    for v in kept.values():  # as if measured on a quiet machine: read back, not measured again
+        v["machine"] = dict(v["machine"], contended=False)
+    (key,) = [k for k in kept if k.startswith("compute|") and "|b32|" in k and "|x1|" in k
+              and "@1" not in k]
+    kept[key]["step_time_s"] *= 40
+    cache.write_text(json.dumps(kept))
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "flagged" in again.stdout and "ddp on 2: FLAGGED, predicted speedup" in again.stdout
+    assert "--measure-again" in again.stdout
+    single = write_record(runs, "20260101-090000-exp-s1", "single", 1, batch=32, sps=500,
+                         epochs=3, model="mlp", windows=2)
+    item = compare([single, ddp], runs)[1]
+    assert item.speedup == pytest.approx(1.8) and item.predicted_speedup is None
+    assert "is no result: efficiency" in item.predicted_reason
