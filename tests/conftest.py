@@ -1,9 +1,12 @@
-"""Shared fixtures: paths, and a clean runs folder per test."""
+"""Shared fixtures: paths, and a private home, cache and runs folder per test; the session
+fails when a test changed the user's own folders or the repository's presets/."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,10 +24,83 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 GPUTUI = [sys.executable, "-m", "gputui"]
 
 
+def guarded_folders() -> list[Path]:
+    """The user's folders gputui reads and writes by default, as this environment names them
+    (read before any test changes it): the cache (each rule of gputui.core.cachedir), the
+    repository's runs/ and presets/."""
+    home = Path(os.environ.get("HOME") or Path.home())
+    found = [home / ".cache" / "gputui", ROOT / "presets", ROOT / "runs"]
+    if os.environ.get("XDG_CACHE_HOME"):
+        found.append(Path(os.environ["XDG_CACHE_HOME"]) / "gputui")
+    if os.environ.get("GPUTUI_CACHE_DIR"):
+        found.append(Path(os.environ["GPUTUI_CACHE_DIR"]))
+    return sorted(set(found))
+
+
+def snapshot(folders: list[Path]) -> dict[str, tuple]:
+    """Every file under ``folders``: its size and modification time (a folder that is not
+    there is recorded as missing)."""
+    out: dict[str, tuple] = {}
+    for folder in folders:
+        if not folder.is_dir():
+            out[str(folder)] = ("missing",)
+            continue
+        for path in sorted(folder.rglob("*")):
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            out[str(path)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def private_env(folder: Path) -> dict[str, str]:
+    """A home, cache and runs folder under ``folder``, in the usual layout (so the app still
+    shows "~/.cache/gputui/data")."""
+    home = folder / "home"
+    return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+            "GPUTUI_CACHE_DIR": str(home / ".cache" / "gputui"),
+            "GPUTUI_RUNS_DIR": str(folder / "runs")}
+
+
+GUARDED = guarded_folders()  # the user's, read before they are moved aside below
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="gputui-tests-"))
+# Module- and session-scoped fixtures start before any test's own folders exist: they get
+# this session's, not the user's.
+os.environ.update(private_env(SESSION_TMP))
+os.environ.setdefault("TRITON_CACHE_DIR", str(SESSION_TMP / "triton"))  # shared compiles
+_BEFORE = pytest.StashKey[dict]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_BEFORE] = snapshot(GUARDED)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when a test changed the user's cache, or the repo's runs/ or presets/."""
+    before = session.config.stash.get(_BEFORE, None)
+    if before is None:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
+        return
+    after = snapshot(GUARDED)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        sys.stderr.write(f"\nA test changed the user's own folders or the repository's presets/: "
+                         f"{shown}. Tests must write under tmp_path (conftest's _private_folders)."
+                         f"\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
-def _runs_dir(tmp_path, monkeypatch):
-    """Every test writes run records under its own temp folder, never ./runs."""
-    monkeypatch.setenv("GPUTUI_RUNS_DIR", str(tmp_path / "runs"))
+def _private_folders(tmp_path, monkeypatch):
+    """Every test gets its own home, cache and runs folder under its temp folder: no test
+    reads or writes the user's ~/.cache/gputui (kept measurements change predict's and tune's
+    answers), home or ./runs. Compile caches (inductor's under /tmp, triton's) stay shared
+    over the session, so a compiling test does not start cold each time."""
+    for name, value in private_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
 
 
 def pytest_collection_modifyitems(config, items):

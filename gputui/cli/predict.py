@@ -62,24 +62,35 @@ def parse_strategies(text: str) -> list[str]:
 
 def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_dir: Path,
                  line, again: bool = False, measure: bool = True,
-                 sources: list | None = None) -> list[dict[str, Any]]:
-    """Prediction rows (dicts) for every count x strategy, the one-device row first;
-    ``sources`` gets, per input, whether it was measured now or read from the cache."""
-    from gputui.runs.predict import predict
+                 sources: list | None = None,
+                 warnings: list | None = None) -> list[dict[str, Any]]:
+    """Prediction rows (dicts) for every count x strategy, the one-device row first, each
+    with its ``flags`` (the trust rules: an impossible figure is no result); ``sources`` gets,
+    per input, whether it was measured now or read from the cache; ``warnings`` a line when
+    contention poisoned t_1, the baseline of every speedup."""
+    from gputui.core.trust import poisoned
+    from gputui.runs.predict import impossible, predict
     from gputui.runs.predict_measure import Measurer
 
     m = Measurer(cfg, kind, runs_dir, line=line, measure=measure, again=again)
     rows = []
     for n in sorted(set(counts) | {1}):
         inp = m.inputs(n, strategies)
+        one = m.baseline or {}
         for s in (["single"] if n == 1 else strategies):
             p = predict(s, inp)
             if n == 1 and not inp.t_1:
                 p.reason = "not measured: t_1"
             rows.append(dict(p.to_dict(), devices=n, step_ms=(p.step_time_s or 0) * 1000
-                             if p.step_time_s else None))
+                             if p.step_time_s else None,
+                             flags=impossible(p, inp, m.cores, one.get("noise"))))
     if sources is not None:
         sources.extend(m.sources)
+    why = poisoned({"steady": {"noise": one.get("noise")}, "threads": one.get("threads"),
+                    "omp_wait": one.get("omp_wait")}, one.get("machine")) if one else ""
+    if why and warnings is not None:
+        warnings.append(f"t_1, the one-device step every speedup divides by: "
+                        f"{why.replace('rerun it', 'measure it again (--measure-again)')}")
     return rows
 
 
@@ -143,7 +154,7 @@ def writable_problem(runs_dir: str | None) -> str | None:
     """Why predict could not keep what it measures, as one line naming the folder, or None:
     the measuring runs' folder (``--runs-dir``, else inside the cache) and the cache."""
     from gputui.core.filewrite import folder_problem
-    from gputui.runs.predict_cache import cache_dir
+    from gputui.core.cachedir import cache_dir
 
     cache = folder_problem(cache_dir(), "the measure cache (GPUTUI_CACHE_DIR, XDG_CACHE_HOME "
                                         "or ~/.cache)")
@@ -156,7 +167,7 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
     from gputui.cli.output import emit
     from gputui.core.signals import Interrupted
     from gputui.runs.predict import FORMULAS
-    from gputui.runs.predict_cache import cache_dir
+    from gputui.core.cachedir import cache_dir
 
     out = sys.stderr if as_json else sys.stdout
     where = Path(runs_dir) if runs_dir else cache_dir() / "predict-runs"
@@ -171,8 +182,9 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
          f"this machine has not measured yet (kept in {cache_dir()})")
     try:
         sources: list[dict] = []
+        warnings: list[str] = []
         rows = predict_grid(cfg, counts, strategies, kind, where, line, again,
-                            sources=sources)
+                            sources=sources, warnings=warnings)
     except KeyboardInterrupt:
         print("prediction interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -184,9 +196,20 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
     except RuntimeError as exc:
         print(f"gputui: prediction failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    emit(rows, COLUMNS, "json" if as_json else "table", None, f"predicted scaling: {title}",
-         json_data={"rows": rows, "formulas": FORMULAS, "kind": kind, "inputs": sources})
+    shown = [dict(r, speedup="flagged", efficiency="flagged") if r.get("flags") else r
+             for r in rows]  # as compare shows an impossible figure: the reason below
+    emit(shown, COLUMNS, "json" if as_json else "table", None, f"predicted scaling: {title}",
+         json_data={"rows": rows, "formulas": FORMULAS, "kind": kind, "inputs": sources,
+                    "warnings": warnings})
+    for text in flag_lines(rows) + [f"warning: {w}" for w in warnings]:
+        line(text)
     line("inputs:")
     for text in source_lines(sources):
         line(text)
     return EXIT_OK
+
+
+def flag_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per flagged prediction: the figure and why it is no result."""
+    return [f"{r['strategy']} on {r['devices']}: FLAGGED, predicted speedup {r['speedup']:.2f}x "
+            f"is not a result: {why}" for r in rows for why in r.get("flags") or []]

@@ -217,6 +217,8 @@ class Printer:
         if init is not None:
             parts.append(f"init {init:.2f} s")
         self.line("summary: " + ", ".join(parts), always=True)
+        if s.get("baseline_warning"):  # contention poisoned its figures (core.trust.poisoned)
+            self.line(f"warning: {s['baseline_warning']}", always=True)
         if s.get("run_dir"):
             self.line(f"record: {shown_path(s['run_dir'])}", always=True)
 

@@ -43,7 +43,8 @@ def add_run_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the summary (or, with --dry-run, the config) as JSON on stdout")
     p.add_argument("--quiet", action="store_true",
-                   help="no progress output: only the summary line and the record's path")
+                   help="no progress output: only the summary line and the record's path "
+                        "(and a warning when the machine's load made its speed no baseline)")
     p.add_argument("--exclusive", action="store_true",
                    help="refuse to start when a chosen GPU is busy with another process")
     p.set_defaults(func=cmd_run)
@@ -128,6 +129,10 @@ def cmd_run(args) -> int:
             _print(printer.handle, sample)
     summary = read_summary(handle.run_dir)
     summary["run_dir"] = str(handle.run_dir)
+    from gputui.core import machine, trust
+
+    summary["machine"] = machine.read(handle.run_dir)  # what else ran meanwhile
+    summary["baseline_warning"] = trust.poisoned(summary, summary["machine"])
     _print(printer.summary, summary)
     if args.json:
         _print(print, json.dumps(summary, indent=2, sort_keys=True))

@@ -12,6 +12,7 @@ printed; no preset is written).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def build(args):
     from gputui.core import registry
     from gputui.core.presets import resolve_preset
     from gputui.core.runstore import default_runs_dir
-    from gputui.runs.predict_cache import cache_dir
+    from gputui.core.cachedir import cache_dir
     from gputui.runs.prepare import load_base
     from gputui.runs.sweep import parse_axis, resolve_kind
     from gputui.runs.tune import Axes, Tuner
@@ -135,6 +136,11 @@ def cmd_tune(args) -> int:
         first = tuner.skipped[0] if tuner.skipped else ("", "no candidate")
         return fail(f"no candidate configuration can run on {tuner.n} {tuner.kind} devices "
                     f"(e.g. {first[0]}: {first[1]})")
+    least, why = tuner.least_budget_s()
+    if tuner.budget_s < least:  # before anything runs: a budget that confirms nothing
+        return fail(f"--budget {args.budget:g}: too short to confirm even one candidate "
+                    f"(about {least:.0f} s here: {why}); give --budget "
+                    f"{math.ceil(least / 6) / 10:g} or more")
     tuner.line(f"tune {Path(tuner.preset).stem} on {tuner.n} {tuner.kind} devices: "
                f"{len(cands)} candidates ({len(tuner.skipped)} cannot run here), budget "
                f"{args.budget:g} min")

@@ -88,6 +88,8 @@ class InitDone(Event):
     params: int = 0
     threads: int = 0  # torch intra-op threads of this process (0: not recorded)
     cores: int = 0  # cores this process may run on (0: not recorded)
+    # how its OpenMP threads wait (gputui.core.ompwait.described; "": not recorded)
+    omp_wait: str = ""
     task: str = "classify"  # or "lm": language modelling (loss, perplexity, tokens/s)
     tokens_per_sample: int = 0  # lm: data.context
     baseline_loss: float | None = None  # lm: the unigram baseline, nats per token

@@ -114,7 +114,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         elif isinstance(ev, InitDone):
             s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
                      steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
-                     cores=getattr(ev, "cores", 0), task=ev.task)
+                     cores=getattr(ev, "cores", 0), omp_wait=getattr(ev, "omp_wait", ""),
+                     task=ev.task)
             if s["task"] == "lm":
                 s.update(tokens_per_sample=ev.tokens_per_sample,
                          baseline_loss=ev.baseline_loss)

@@ -25,6 +25,13 @@ SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every
 RANKS = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "mesh")  # one process per device
 MIN_NOISE = 0.02  # the least relative noise assumed for one measurement
 NOISY = 0.20  # a speedup whose relative noise is above this supports no conclusion
+# What an efficiency above 100 % asks for, by how the baseline was measured (``flags``'s
+# ``remedy``): apart from the run, or in one sweep with it (back to back already, so the
+# baseline was slowed as it ran)
+APART = ("now (warm-up, other load, another session): measure both in one sweep")
+SWEPT = ("(both ran in one sweep, so other load, or threads spinning on shared cores, slowed "
+         "the baseline as it ran): rerun the sweep on a quiet machine, with --repeat 3 so each "
+         "pass pairs its own baseline")
 
 
 def on_cpu(row: Any) -> bool:
@@ -68,10 +75,12 @@ def noise_of(row: Any, base: Any) -> float:
     return max(MIN_NOISE, (row.noise or MIN_NOISE) + (base.noise or MIN_NOISE))
 
 
-def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list[str]:
+def flags(row: Any, base: Any, speedup: float, low: float | None = None,
+          remedy: str = APART) -> list[str]:
     """The reasons ``speedup`` of ``row`` over ``base`` is not a result ([] when it is).
     ``low``: the lowest of repeated measurements (default: ``speedup``); less the runs' own
-    noise, it is the bound the measurements allow."""
+    noise, it is the bound the measurements allow. ``remedy`` ends an efficiency above
+    100 %: what slowed the baseline and what to do (``APART``, ``SWEPT``, or predict's)."""
     n = row.devices or 1
     noise = noise_of(row, base)
     low = (speedup if low is None else low) * (1 - noise)
@@ -83,8 +92,7 @@ def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list
     if speedup / n > 1:
         out.append(f"efficiency {speedup / n:.0%} exceeds 100 % (noise ±{noise:.0%}"
                    f"): impossible on {n} device{'s' if n != 1 else ''}; the baseline "
-                   f"{base.id} ran slower than this machine runs it now (warm-up, other load, "
-                   f"another session): measure both in one sweep")
+                   f"{base.id} ran slower than this machine runs it {remedy}")
     if n > 1 and on_cpu(row) and low > 1:
         if row.strategy in SHARED_PROCESS:
             out.append(f"{row.strategy} drives its {n} CPU virtual devices one after another "
@@ -94,3 +102,35 @@ def flags(row: Any, base: Any, speedup: float, low: float | None = None) -> list
             out.append(f"{n} ranks x {row.threads} thread(s) share {row.cores} cores: no "
                        f"speedup over one process using those cores is possible")
     return out
+
+
+def poisoned(summary: dict, state: dict | None) -> str:
+    """Why a run's speed cannot serve as a baseline, in plain words with the remedy ("" when
+    it can): other processes held the cores while it ran (``state``: its machine.json), or
+    its steady steps varied by more than ``NOISY``. Spinning threads (``omp_wait``, see
+    gputui.core.ompwait) are named: under contention they make every step wait for the time
+    slice a spinning partner burns."""
+    from gputui.core.machine import CONTENDED
+    from gputui.core.ompwait import spins
+
+    steady = summary.get("steady") if isinstance(summary.get("steady"), dict) else {}
+    noise = steady.get("noise") if steady else None
+    share = (state or {}).get("others_share") or 0.0
+    why = []
+    if share >= CONTENDED:
+        cores = (state or {}).get("cores")
+        load = (state or {}).get("load_end")
+        why.append(f"other processes used {share:.0%} of the {cores} cores while it ran"
+                   + (f" (load {load})" if load is not None else ""))
+    if noise is not None and noise > NOISY:
+        why.append(f"its steady steps varied ±{noise:.0%} (above {NOISY:.0%})")
+    if not why:
+        return ""
+    text = "its speed is not a baseline: " + " and ".join(why)
+    threads, wait = int(summary.get("threads") or 0), str(summary.get("omp_wait") or "")
+    if threads > 1 and spins(wait) and share >= CONTENDED:
+        text += (f"; its {threads} threads spin while they wait ({wait}), so each step also "
+                 f"waits for the time the others take: unset OMP_WAIT_POLICY or set it to "
+                 f"PASSIVE")
+    return (text + "; rerun it on a quiet machine (load below its cores), and measure the runs "
+            "you compare back to back in one sweep (`gputui sweep PRESET --repeat 3`)")

@@ -82,9 +82,11 @@ def _child(spec: dict[str, Any], queue) -> None:
 def spawn_driver(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run the measuring process and return its result; it and its ranks never outlive this
     call (killed on timeout, Ctrl-C or error)."""
+    from gputui.core import ompwait
     from gputui.core.proctree import own_tracker
 
     own_tracker()  # before the queue: starting the tracker would unblock the signals
+    ompwait.for_children()  # as a run's ranks wait (before the child loads torch)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_child, args=(spec, q), name="gputui-bench-comm")

@@ -262,7 +262,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
         others = []
     pool = rows + others
     out = []
-    from gputui.core.trust import flags, noise_of, noisy
+    from gputui.core.trust import APART, SWEPT, flags, noise_of, noisy
 
     for row in rows:
         events = readable_events(row.run_dir)  # read once, for the curves and the figures
@@ -278,7 +278,8 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
             item.efficiency = item.speedup / row.devices
             item.baseline, item.baseline_kind = base.id, kind
             item.noise = noise_of(row, base)
-            item.flags = flags(row, base, item.speedup)
+            item.flags = flags(row, base, item.speedup,
+                               remedy=SWEPT if only_compared and base.id in compared else APART)
             item.noisy = noisy(row, base, item.speedup)
             add_prediction(item, base)
             base_bd = (parts if base.id == row.id else

@@ -55,7 +55,7 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     from gputui.core.config import from_dict
     from gputui.core.trust import on_cpu
     from gputui.runs.history import read_config
-    from gputui.runs.predict import predict
+    from gputui.runs.predict import impossible, predict
     from gputui.runs.predict_measure import Measurer
 
     if not row.devices:
@@ -63,8 +63,12 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     cfg = from_dict(read_config(Path(row.run_dir)), source="record")
     kind = "cpu" if on_cpu(row) else "gpu"
     m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)
-    p = predict(row.strategy, m.inputs(row.devices, [row.strategy]))
+    inp = m.inputs(row.devices, [row.strategy])
+    p = predict(row.strategy, inp)
     if p.speedup is None:
         return None, (p.reason or "no prediction") + (
             "; `gputui predict PRESET` measures it on this machine")
+    why = impossible(p, inp, m.cores, (m.baseline or {}).get("noise"))
+    if why:  # predict's own rule: an impossible prediction is no figure to fall short of
+        return None, f"the prediction {p.speedup:.2f}x is no result: {why[0]}"
     return p.speedup, ""

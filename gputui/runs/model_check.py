@@ -77,8 +77,10 @@ def _ask_child(cfg: RunConfig, n: int):
     """The check child's answer: a reason, None (it cuts), or _UNKNOWN. The child and
     anything it started are gone when this returns, whatever happens (Ctrl-C included)."""
     from gputui.core.proctree import kill_tree
+    from gputui.core import ompwait
     from gputui.train.cutcheck import check_main  # torch-free: the spawn target
 
+    ompwait.for_children()
     ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=check_main, args=(cfg, n, send, os.getpid()),

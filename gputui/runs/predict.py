@@ -234,3 +234,28 @@ def short_of(measured: float | None, predicted: float | None, noise: float = 0.0
     if measured is None or not predicted:
         return False
     return measured < predicted * (1 - SHORT_MARGIN - noise)
+
+
+PREDICT_REMEDY = ("(other load while t_1 was measured, or threads spinning on shared cores): "
+                  "measure it again on a quiet machine (`gputui predict ... --measure-again`)")
+
+
+def impossible(p: Prediction, inp: Inputs, cores: int, noise_1: float | None = None) -> list[str]:
+    """Why a predicted speedup is no result, by the rules compare and sweep apply to measured
+    ones (:func:`gputui.core.trust.flags`): an efficiency above 100 % says t_1, the measured
+    one-device step, was slow, not that N devices would be fast. ``noise_1``: t_1's noise."""
+    from types import SimpleNamespace
+
+    from gputui.core.trust import flags
+
+    if p.n <= 1 or p.speedup is None:
+        return []
+    kind = "cuda" if inp.on_gpu else "cpu"
+    shared = p.strategy in ("scratch", "dp")  # one process drives every device
+    row = SimpleNamespace(id=f"{p.strategy} on {p.n}", devices=p.n, steady=True,
+                          strategy=p.strategy, noise=None,
+                          device_names=[f"{kind}:{i}" for i in range(p.n)],
+                          threads=cores if shared else max(1, cores // p.n), cores=cores)
+    base = SimpleNamespace(id=f"t_1 ({inp.t_1 * 1000:,.1f} ms a step on one device)",
+                           steady=True, noise=noise_1)
+    return flags(row, base, p.speedup, remedy=PREDICT_REMEDY)

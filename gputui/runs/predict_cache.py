@@ -11,15 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gputui.core.cachedir import cache_dir
 from gputui.core.config import RunConfig
-
-
-def cache_dir() -> Path:
-    """Where per-machine measurements are kept."""
-    if os.environ.get("GPUTUI_CACHE_DIR"):
-        return Path(os.environ["GPUTUI_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gputui"
 
 
 def machine_id() -> str:

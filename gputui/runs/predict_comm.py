@@ -281,10 +281,11 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
     busy = cores if kind == "cpu" and size > FIRST_BUCKET and cfg_dict is None else 0
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(timeout)])
                 for _ in range(busy)]
-    from gputui.core import signals
+    from gputui.core import ompwait, signals
     from gputui.core.proctree import own_tracker
 
     own_tracker()  # before the queue: starting the tracker would unblock the signals
+    ompwait.for_children()  # as a run's ranks wait (before the child loads torch)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_driver, args=(n, size, gap, iters, threads, kind, q, cfg_dict),

@@ -99,7 +99,8 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
          f"on {spec}: {step * 1000:.2f} ms per step{own}")
     return {"step_time_s": step, "noise": steady[slowest].get("noise"), "comm_s": comm,
             "params": summary.get("params") or 0, "peak_mem": peak,
-            "threads": summary.get("threads") or threads}
+            "threads": summary.get("threads") or threads,
+            "omp_wait": summary.get("omp_wait") or ""}
 
 
 def _steady_comm(run_dir: Path) -> float:
@@ -177,6 +178,7 @@ class Measurer:
         self.cores = cores()
         self._gpu_label = ""
         self._step_s: float | None = None  # the one-device step, once known: sizes the rest
+        self.baseline: dict | None = None  # t_1's figures: noise, threads, waiting, machine
         # per input: {"input", "source" ("measured now" | "cached"), "measured", "age_s",
         # "note" (its contention, or why it was measured again)}
         self.sources: list[dict[str, Any]] = []
@@ -270,7 +272,7 @@ class Measurer:
         """The inputs for N devices (missing figures stay None when measuring is off)."""
         on_gpu = self.kind == "gpu"
         b1, bn = self.global_batch(1), self.global_batch(n)
-        one = self.compute(b1, 0 if on_gpu else self.cores, 1)
+        one = self.baseline = self.compute(b1, 0 if on_gpu else self.cores, 1)
         inp = Inputs(n=n, on_gpu=on_gpu, batch=bn, batch_1=b1,
                      t_1=one["step_time_s"] if one else 0.0,
                      momentum=self.cfg.optim.momentum > 0,

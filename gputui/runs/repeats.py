@@ -26,7 +26,7 @@ def _range(s: dict[str, Any], form: str) -> str:
 
 def grouped(items: list, points: list) -> list[dict[str, Any]]:
     """One row per grid cell: medians and ranges over the repetitions, trust flags."""
-    from gputui.core.trust import flags
+    from gputui.core.trust import SWEPT, flags
 
     by_run = {it.row.id: it for it in items}
     where = {p.run_id: p for p in points if p.run_id}
@@ -56,7 +56,8 @@ def grouped(items: list, points: list) -> list[dict[str, Any]]:
         why = []
         if sp["median"] is not None:
             base = base_row or _Base(first)
-            why = flags(first.row, base, sp["median"], low=sp["min"] if sp["n"] > 1 else None)
+            why = flags(first.row, base, sp["median"], low=sp["min"] if sp["n"] > 1 else None,
+                        remedy=SWEPT)  # the passes pair each point with its own baseline
         warn = [w for _, it in members for w in it.warnings][:1]
         # a pass measured under contention or with too much noise: no conclusion
         noisy = [] if why else list(dict.fromkeys(w for _, it in members for w in it.noisy))

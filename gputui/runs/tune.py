@@ -64,6 +64,8 @@ class Tuner:
     _wall: dict = field(default_factory=dict)  # point key -> (started, candidate)
     _start_s: float = 0.0  # the longest start-up + evaluation seen in a confirming run
     _over: bool = False
+    _admitted: int = 0  # confirming runs the gate let start
+    _t_1: float = 0.0  # the one-device step at the preset's batch, once known
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -144,6 +146,37 @@ class Tuner:
             return str(exc).removeprefix("tune: ")
         return None
 
+    # -- the budget ------------------------------------------------------------------------
+
+    def least_budget_s(self) -> tuple[float, str]:
+        """The least budget that buys one confirming run, before anything is measured, and
+        how it is made up: the one-device step measured for the prediction (free when kept)
+        plus one confirming run of ``steps`` steps at that step's time (a start-up guess
+        where nothing is kept)."""
+        from gputui.runs.predict_cache import Cache, cores
+        from gputui.runs.predict_measure import Measurer
+
+        cfg0 = self._cfg0()
+        kept = Measurer(cfg0, self.kind, self.measure_dir, line=lambda text: None,
+                        measure=False, cache=Cache()).compute(
+            cfg0.optim.batch_size, 0 if self.kind == "gpu" else cores(), 1)
+        if kept and kept.get("step_time_s"):
+            step = float(kept["step_time_s"])
+            return (START_GUESS_S + self.steps * step,
+                    f"a start-up of about {START_GUESS_S:g} s and {self.steps} steps of "
+                    f"{step * 1000:,.0f} ms, the kept one-device step")
+        return (2 * START_GUESS_S,
+                f"the one-device step measured, then one run, about {START_GUESS_S:g} s of "
+                f"start-up each at least")
+
+    def _reserve_s(self) -> float:
+        """What one confirming run is expected to take: kept free while measuring."""
+        return (self._start_s or START_GUESS_S) + self.steps * self._t_1
+
+    def _cfg0(self) -> RunConfig:
+        base = self.preset_candidate()
+        return self.base.replace(optim={"batch_size": base.batch, "scale_with_devices": False})
+
     # -- the prediction --------------------------------------------------------------------
 
     def predict(self, cands: list[Candidate]) -> list[Ranked]:
@@ -154,7 +187,7 @@ class Tuner:
         from gputui.runs.predict_measure import Measurer
 
         base = self.preset_candidate()
-        cfg0 = self.base.replace(optim={"batch_size": base.batch, "scale_with_devices": False})
+        cfg0 = self._cfg0()
         cache = Cache()
         threads = 0 if self.kind == "gpu" else cores()
 
@@ -174,9 +207,10 @@ class Tuner:
             from gputui.runs.predict_measure import MEASURE_STEPS
 
             self._start_s = max(0.0, one_s - MEASURE_STEPS * inp1.t_1)
+            self._t_1 = inp1.t_1
         est = 2 * one_s
-        for s in multi:  # one strategy at a time, while the budget lasts
-            if self.elapsed() + est > self.budget_s:
+        for s in multi:  # one strategy at a time, while the budget lasts (one run kept free)
+            if self.elapsed() + est + self._reserve_s() > self.budget_s:
                 self.budget_notes.append(f"not measured: {s}'s inputs (they would end after "
                                          f"the {self.budget_s / 60:g} min budget)")
                 continue
@@ -198,7 +232,7 @@ class Tuner:
                 break
             est = one_s * (3 if key == "run.compile" else 1)
             kept = getattr(job, "kept", False)
-            if not kept and self.elapsed() + est > self.budget_s:
+            if not kept and self.elapsed() + est + self._reserve_s() > self.budget_s:
                 self.budget_notes.append(
                     f"not measured: the one-device step with {key}={value} (it would end "
                     f"after the {self.budget_s / 60:g} min budget)")
@@ -301,7 +335,11 @@ class Tuner:
 
     def _gate(self, point) -> str | None:
         """None when the point's run fits in what is left of the budget, else why not (and
-        no later point runs either)."""
+        no later point runs either). The first always runs: the budget kept its time free
+        (``least_budget_s``, ``_reserve_s``)."""
+        if not self._admitted:
+            self._admitted += 1
+            return None
         _, r = self._wall.get(point.key, (None, None))
         est = (self._start_s or START_GUESS_S) + (r.step_s * self.steps if r and r.step_s
                                                   else 0.0)

@@ -8,7 +8,7 @@ convolutions, which are nearly all of a network's arithmetic).
 
 The peak is dense FLOP/s for the dtype the matrix products run in: from :data:`PEAK_TFLOPS`
 for the GPUs it lists (by the name NVML and CUDA report), else measured here with a short
-square matmul and cached per machine under the user's cache dir (``peak_flops.json``), each
+square matmul and cached per machine in gputui's cache folder (``peak_flops.json``), each
 entry with when, where and under what load it was measured (``gputui.hw.contention``). An
 entry is measured again when it is not trusted: measured under contention, from an older
 cache without that state, or contradicting another (more CPU threads slower than fewer).
@@ -112,8 +112,10 @@ def cpu_name() -> str:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gputui" / CACHE_NAME
+    """The kept peaks, in gputui's one cache folder (``gputui.core.cachedir``)."""
+    from gputui.core.cachedir import cache_dir
+
+    return cache_dir() / CACHE_NAME
 
 
 def measure_matmul(device: torch.device, dtype: str, seconds: float = MEASURE_S) -> float:

@@ -32,8 +32,10 @@ class Host:
     the run sets it back with :meth:`release` once the host says the record is closed."""
 
     def __init__(self, warm: bool = False, cuda: tuple[int, ...] = ()):
+        from gputui.core import ompwait
         from gputui.train.host import host_main  # torch-free: the spawn target
 
+        ompwait.for_children()  # before the child loads torch: inherited by all below it
         ctx = mp.get_context("spawn")
         self.channels = HostChannels(queue=ctx.Queue(), stop=StopChannel.create(ctx),
                                      jobs=ctx.Queue(), ready=ctx.Event(),

@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from gputui.core import ompwait
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device
 from gputui.core.errors import describe
@@ -93,7 +94,8 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
                       model_s=t3 - t2, compile_s=compile_s, train_samples=ds.n_train,
                       test_samples=ds.n_test, steps_per_epoch=batches.steps_per_epoch,
                       params=count_params(strategy.primary_model()),
-                      threads=torch.get_num_threads(), cores=_cores(), task=strategy.task,
+                      threads=torch.get_num_threads(), cores=_cores(),
+                      omp_wait=ompwait.described(), task=strategy.task,
                       tokens_per_sample=ds.image_size if strategy.task == "lm" else 0,
                       baseline_loss=ds.baseline, launch_s=launch_s))
         t_train = time.time()

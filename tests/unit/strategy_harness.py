@@ -6,6 +6,7 @@ import itertools
 
 import torch
 
+import rounding
 from gputui.core import registry
 from gputui.core.config import RunConfig
 from gputui.hw.discovery import resolve_devices
@@ -76,6 +77,8 @@ def run_steps(cfg: RunConfig, steps: int = 5):
     strategy = registry.get(cfg.strategy.name).load()(cfg, devices, ds.in_channels,
                                                       ds.image_size, ds.num_classes)
     strategy.setup()
+    if cfg.strategy.name == "single":  # a reference: how far rounding alone may move it
+        rounding.watch(strategy)
     strategy.updater.plan(steps)
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
     losses = [strategy.train_step(x, y).item()

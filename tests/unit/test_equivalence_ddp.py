@@ -14,6 +14,7 @@ import torch
 from ddp_scenarios import SCENARIOS, STEPS
 from gputui.train.loop import evaluate_with_loss
 from gputui.train.models import build_model
+from rounding import assert_equal_within_rounding
 from strategy_harness import assert_params_close, data_for, make_config, params, run_steps
 
 pytestmark = pytest.mark.slow
@@ -32,11 +33,12 @@ def ranks(tmp_path_factory):
 
 
 def single_reference(model: str, batch: int, **extra):
-    """The single-device run of the same global batches: params, losses, (test accuracy or
-    a language model's validation loss, and the test loss)."""
+    """The single-device run of the same global batches: the strategy (which carries its
+    rounding bound, rounding.py), losses, (test accuracy or a language model's validation
+    loss, and the test loss)."""
     cfg = make_config("single", "cpu", model, batch, **extra)
     strategy, losses = run_steps(cfg, STEPS)
-    return params(strategy.model), losses, evaluate_with_loss(strategy, data_for(cfg))
+    return strategy, losses, evaluate_with_loss(strategy, data_for(cfg))
 
 
 def initial_model(model: str):
@@ -54,13 +56,14 @@ def initial_model(model: str):
                                   "fsdp_micro", "ddp_compiled", "ddp_gpt", "fsdp_gpt"])
 def test_equals_single(ranks, name):
     _, model, batch, _, _ = SCENARIOS[name]
-    reference, ref_losses, ref_acc = single_reference(model, batch)
+    single, ref_losses, ref_acc = single_reference(model, batch)
+    reference = params(single.model)
     init = params(initial_model(model))
     assert max((reference[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
     for rank in (0, 1):  # every rank holds the same full-batch update
         got = ranks[rank][name]
         assert got["batch_size"] == batch  # the global batch, not a per-rank one
-        assert_params_close(got["params"], reference)
+        assert_equal_within_rounding(got["params"], single)
         assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
         # evaluation split over the ranks and all-reduced (a language model's validation
         # loss is a sum of floats in another order: equal within rounding)
@@ -73,10 +76,10 @@ def test_adamw_with_warmup_cosine_and_clipping_equals_single(ranks, name):
     gradients, fsdp by the norm of its gradient shards (a DTensor norm made whole over the
     mesh), both as single clips by its full gradient."""
     _, model, batch, extra, _ = SCENARIOS[name]
-    reference, ref_losses, _ = single_reference(model, batch, **extra)
+    single, ref_losses, _ = single_reference(model, batch, **extra)
     for rank in (0, 1):
         got = ranks[rank][name]
-        assert_params_close(got["params"], reference)
+        assert_equal_within_rounding(got["params"], single)
         assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
 
 
@@ -96,7 +99,7 @@ def test_a_user_model_equals_single(ranks, name):
     assert any(k.startswith("blocks.1.") for k in reference)  # the user's Net, not LeNet
     for rank in (0, 1):
         got = ranks[rank][name]
-        assert_params_close(got["params"], reference)
+        assert_equal_within_rounding(got["params"], strategy)
         assert got["losses"] == pytest.approx(ref_losses, rel=1e-5)
 
 
@@ -105,7 +108,7 @@ def test_scale_with_devices_multiplies_batch_and_lr_by_the_world_size(ranks):
                                  STEPS)
     got = ranks[0]["ddp_scaled"]
     assert got["batch_size"] == 32  # 16 per device x 2 ranks, lr 0.1 x 2
-    assert_params_close(got["params"], params(strategy.model))
+    assert_equal_within_rounding(got["params"], strategy)
     assert got["losses"] == pytest.approx(losses, rel=1e-5)
 
 

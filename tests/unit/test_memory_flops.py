@@ -85,7 +85,7 @@ def test_peak_table_by_nvml_name(name, dtype, tflops):
 
 
 def test_measured_peak_is_cached_per_machine(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "gputui"))
     peak, source = flops.device_peak(torch.device("cpu"), "fp32")
     assert peak > 1e8 and "measured" in source
     data = json.loads(flops.cache_path().read_text())
@@ -98,7 +98,7 @@ def test_measured_peak_is_cached_per_machine(tmp_path, monkeypatch):
 
 
 def _peak_cache(tmp_path, monkeypatch, entries: dict) -> str:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "gputui"))
     key = f"cpu|{flops.cpu_name()}|fp32|threads={torch.get_num_threads()}"
     data = {key.replace(f"threads={torch.get_num_threads()}", f"threads={t}"): e
             for t, e in entries.items()}
@@ -134,7 +134,7 @@ def test_a_peak_measured_under_contention_or_without_its_state_is_measured_again
 
 
 def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "gputui"))
     cfg = make_config("single", "cpu", "mlp", 32, **{"run.epochs": 1, "run.log_every": 5})
     ds = small_data()
     strategy = registry.get("single").load()(cfg, resolve_devices("cpu"), ds.in_channels,

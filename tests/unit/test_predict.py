@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -241,3 +242,73 @@ def test_fsdp_units_are_the_mlps_three_layers_as_the_fsdp_strategy_wraps_them():
                                              (10 * 128 + 10) * 4], 0)
     units, _ = fsdp_units(cfg.to_dict(), 3)  # 256 rows padded to 258, 10 to 12
     assert units[0] == (258 * 784 + 258) * 4 and units[2] == (12 * 128 + 12) * 4
+
+
+def test_the_issues_impossible_prediction_is_flagged_as_compare_flags_it():
+    """The issue's inputs: one 2-thread step of 1,818 ms (spinning under load), two 1-thread
+    half-batch ddp steps of 84.6 ms: 18x, 907 % efficiency, flagged by compare's rule."""
+    from gputui.cli.predict import flag_lines
+    from gputui.runs.predict import impossible
+
+    inp = Inputs(n=2, on_gpu=False, batch=64, batch_1=64, t_1=1.818, t_c=0.0846,
+                 t_own={"ddp": 0.0846}, t_ar=0.001, t_sync=0.0001, params=1000)
+    p = predict("ddp", inp)
+    assert p.speedup == pytest.approx(21.4, rel=0.05) or p.speedup > 10
+    (why,) = impossible(p, inp, cores=2)
+    assert "exceeds 100 %" in why and "t_1 (1,818.0 ms a step on one device)" in why
+    assert "--measure-again" in why and "measure both in one sweep" not in why
+    row = dict(p.to_dict(), devices=2, flags=[why])
+    assert flag_lines([row])[0].startswith("ddp on 2: FLAGGED, predicted speedup ")
+    fair = replace(inp, t_1=0.16)  # about twice the half-batch step: a plausible 1.9x
+    assert impossible(predict("ddp", fair), fair, cores=2) == []
+    assert impossible(predict("single", replace(inp, n=1)), replace(inp, n=1), cores=2) == []
+
+
+def test_a_kept_step_measured_with_other_waiting_is_measured_again(monkeypatch):
+    from gputui.runs.predict_inputs import stale
+
+    kept = {"step_time_s": 0.1, "machine": {"contended": False}, "measured_t": 1.0}
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # runs wait passively (default)
+    assert "threads waiting active" in stale(kept)  # kept before the waiting was recorded
+    assert stale(dict(kept, omp_wait="passive (gputui's default)")) is None
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert "runs now wait active" in stale(dict(kept, omp_wait="passive (gputui's default)"))
+
+
+@pytest.mark.slow
+def test_a_slow_kept_baseline_makes_predict_and_compare_flag_the_prediction(tmp_path):
+    """Really measured inputs for ddp on 2, then t_1 kept 40x slower (as a spinning 2-thread
+    step beside other work was): predict shows the speedup as flagged, with the reason and
+    the remedy, and compare gives no predicted figure to fall short of."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.runs.compare import compare
+
+    runs = tmp_path / "runs"
+    ddp = write_record(runs, "20260101-100000-exp-d2", "ddp", 2, batch=32, sps=900, epochs=3,
+                       model="mlp", windows=2)
+    env = dict(os.environ, GPUTUI_CACHE_DIR=os.environ["GPUTUI_CACHE_DIR"])
+    cmd = [sys.executable, "-m", "gputui", "predict", str(ddp / "config.toml"), "--devices",
+           "1,2", "--strategies", "ddp", "--runs-dir", str(tmp_path / "measure")]
+    first = subprocess.run(cmd + ["--json"], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "flags" in json.loads(first.stdout)["rows"][1]
+    cache = next(Path(os.environ["GPUTUI_CACHE_DIR"]).glob("predict-*.json"))
+    kept = json.loads(cache.read_text())
+    for v in kept.values():  # as if measured on a quiet machine: read back, not measured again
+        v["machine"] = dict(v["machine"], contended=False)
+    (key,) = [k for k in kept if k.startswith("compute|") and "|b32|" in k and "|x1|" in k
+              and "@1" not in k]
+    kept[key]["step_time_s"] *= 40
+    cache.write_text(json.dumps(kept))
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "flagged" in again.stdout and "ddp on 2: FLAGGED, predicted speedup" in again.stdout
+    assert "--measure-again" in again.stdout
+    single = write_record(runs, "20260101-090000-exp-s1", "single", 1, batch=32, sps=500,
+                         epochs=3, model="mlp", windows=2)
+    item = compare([single, ddp], runs)[1]
+    assert item.speedup == pytest.approx(1.8) and item.predicted_speedup is None
+    assert "is no result: efficiency" in item.predicted_reason

@@ -186,7 +186,8 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
     from gputui.runs.predict_inputs import input_label, stale
 
     kept = {"step_time_s": 0.05, "measured": "2026-01-01 10:00:00",
-            "measured_t": time.time() - 7200, "machine": QUIET}
+            "measured_t": time.time() - 7200, "machine": QUIET,
+            "omp_wait": "passive (OMP_WAIT_POLICY set by the user)"}  # as the suite's runs
     assert stale(kept) is None
     assert "other processes" in stale(dict(kept, machine=BUSY))
     assert "without when" in stale({"step_time_s": 0.052, "measured": "2025-12-01"})
@@ -221,3 +222,43 @@ def test_other_processes_on_the_gpu_make_a_run_contended_through_nvml():
     # this process is ours; pid 424242 is another user's job on the same GPU
     assert [o["pid"] for o in state["gpu_others"]] == [424242] and state["gpu_util"] == [87.0]
     assert state["contended"] and "other processes on the GPU: pid 424242" in state["note"]
+
+
+def test_an_impossible_efficiency_in_one_sweep_is_not_told_to_measure_in_one_sweep(tmp_path):
+    """A sweep's runs were measured back to back already: its flag names what slowed the
+    baseline as it ran and asks for a quiet machine and --repeat; runs measured apart are told
+    to measure both in one sweep."""
+    runs, base, s1, d2 = _noisy_runs(tmp_path)
+    swept = {it.row.id: it for it in compare([base, d2], runs, only_compared=True)}
+    (why,) = swept[d2.name].flags
+    assert "both ran in one sweep" in why and "--repeat 3" in why
+    assert "measure both in one sweep" not in why
+    apart = {it.row.id: it for it in compare([d2], runs)}
+    assert apart[d2.name].flags[0].endswith("measure both in one sweep")
+
+
+def test_a_poisoned_baseline_is_said_in_plain_words_with_the_remedy():
+    from gputui.core.trust import poisoned
+
+    steady = {"steady": {"noise": 0.05}, "threads": 2}
+    assert poisoned(steady, QUIET) == ""
+    assert poisoned(steady, None) == ""  # no machine state recorded, steady steps
+    busy = poisoned({**steady, "omp_wait": "passive (gputui's default)"}, BUSY)
+    assert busy.startswith("its speed is not a baseline: other processes used 50% of the 2 "
+                           "cores while it ran (load 3.2)")
+    assert "rerun it on a quiet machine" in busy and "spin" not in busy
+    spun = poisoned({**steady, "omp_wait": "active (OMP_WAIT_POLICY set by the user)"}, BUSY)
+    assert "its 2 threads spin while they wait" in spun and "PASSIVE" in spun
+    unsteady = poisoned({"steady": {"noise": 0.35}, "threads": 2}, QUIET)
+    assert "its steady steps varied ±35% (above 20%)" in unsteady
+
+
+def test_the_run_summary_prints_the_warning():
+    import io
+
+    from gputui.cli.printer import Printer
+
+    out = io.StringIO()
+    Printer(stream=out, live=False).summary({"status": "finished", "run_id": "r",
+                                             "baseline_warning": "its speed is not a baseline: x"})
+    assert "warning: its speed is not a baseline: x" in out.getvalue()

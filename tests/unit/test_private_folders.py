@@ -1,0 +1,69 @@
+"""No test reads or writes the user's own folders: every default path gputui uses lies in the
+test's temp folder (conftest's _private_folders), and a session in which a test changed the
+user's cache fails (conftest's pytest_sessionfinish)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def test_every_default_path_lies_in_the_tests_own_folder(tmp_path):
+    from gputui.core.cachedir import cache_dir
+    from gputui.core.config_schema import default_data_root
+    from gputui.core.runstore import default_runs_dir
+    from gputui.runs.predict_cache import Cache
+    from gputui.train import flops
+
+    for path in (cache_dir(), flops.cache_path(), Cache().path, Path(default_data_root()),
+                 Path.home(), Path(os.path.expanduser("~")), default_runs_dir()):
+        assert path.resolve().is_relative_to(tmp_path.resolve()), path
+
+
+def test_the_flops_peak_is_kept_in_gputuis_cache_folder(tmp_path, monkeypatch):
+    """GPUTUI_CACHE_DIR moves every kept measurement, the FLOP/s peak included."""
+    from gputui.train import flops
+
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert flops.cache_path() == tmp_path / "elsewhere" / "peak_flops.json"
+
+
+INNER = """
+import os
+from pathlib import Path
+
+def test_inner(tmp_path):
+    (tmp_path / "mine.txt").write_text("a test's own file")
+    if os.environ["INNER_WRITES"] == "1":
+        users = Path(os.environ["INNER_REAL_HOME"]) / ".cache" / "gputui"
+        users.mkdir(parents=True, exist_ok=True)
+        (users / "predict-host.json").write_text("{}")
+"""
+
+
+def inner_session(tmp_path, writes: bool) -> subprocess.CompletedProcess:
+    """A pytest session under this suite's conftest, in a home of its own (the "user's")."""
+    home = tmp_path / f"home-{int(writes)}"
+    home.mkdir()
+    (tmp_path / "test_inner.py").write_text(INNER)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_CACHE_HOME", "GPUTUI_CACHE_DIR", "PYTEST_ADDOPTS")}
+    env.update(HOME=str(home), INNER_REAL_HOME=str(home), INNER_WRITES=str(int(writes)),
+               PYTHONPATH=str(ROOT / "tests"))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest",
+                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           str(tmp_path / "test_inner.py")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def test_a_session_that_wrote_the_users_cache_fails(tmp_path):
+    quiet = inner_session(tmp_path, writes=False)
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    wrote = inner_session(tmp_path, writes=True)
+    assert wrote.returncode == 1 and "1 passed" in wrote.stdout, wrote.stdout + wrote.stderr
+    assert "A test changed the user's own folders" in wrote.stderr
+    assert str(tmp_path / "home-1" / ".cache" / "gputui") in wrote.stderr
