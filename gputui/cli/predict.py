@@ -142,6 +142,10 @@ def cmd_predict(args) -> int:
         strategies = parse_strategies(args.strategies)
         cfg = load_base(path, set_overrides(args.sets, None))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
+        from gputui.runs.predict import unmodelled
+
+        if unmodelled(cfg):
+            raise ConfigError(str(unmodelled(cfg)))
     except (ConfigError, LookupError) as exc:
         return fail(str(exc))
     if args.scale_with_devices:

@@ -92,6 +92,11 @@ def build(args):
     path = str(resolve_preset(args.preset).resolve())
     overrides = set_overrides(args.sets)
     base = load_base(path, overrides)
+    from gputui.runs.predict import unmodelled
+
+    if unmodelled(base):  # tune ranks its candidates by predict's models
+        raise ConfigError(str(unmodelled(base)).replace("predict's models", "tune's "
+                                                        "predictions"))
     kind = "cpu" if text.startswith("cpu*") else resolve_kind(args.kind, base.devices.spec)[0]
     strategies = None
     if args.strategies is not None:

@@ -137,6 +137,22 @@ def static_bytes(inp: Inputs) -> int:
     return inp.params * 4 * (2 + states)
 
 
+def unmodelled(cfg) -> str | None:
+    """Why predict (and tune, which ranks by it) cannot answer for ``cfg``'s mesh levers, or
+    None: its models are ddp's, ZeRO-3 fsdp's, tp's, pp's on GPipe/1F1B, scratch's and dp's,
+    without activation checkpointing."""
+    par = cfg.parallel
+    levers = [f"parallel.{k} = {getattr(par, k)!r}" for k, default in
+              (("zero", 3), ("ac", "none")) if getattr(par, k) != default]
+    if cfg.strategy.schedule not in ("gpipe", "1f1b"):
+        levers.append(f"strategy.schedule = {cfg.strategy.schedule!r}")
+    if not levers:
+        return None
+    return (f"{', '.join(levers)}: predict's models do not cover this yet (they are ddp, fsdp "
+            f"at ZeRO-3, tp, pp on gpipe or 1f1b, scratch and dp, without activation "
+            f"checkpointing); remove it with --set, or measure it with `gputui sweep`")
+
+
 def predict(strategy: str, inp: Inputs) -> Prediction:
     """The prediction of ``strategy`` on ``inp.n`` devices from measured inputs."""
     p = Prediction(strategy, inp.n, inp.batch, formula=FORMULAS.get(strategy, ""))

@@ -94,3 +94,26 @@ def test_each_rank_knows_its_place_as_torch_lays_the_mesh_out():
     assert rank_label(shape, 13) == "stage 1 · dp 2 (replica 1, shard 0) · tp 1"
     assert rank_label(MeshShape(dp_shard=4), 3) == "dp 3"
     assert rank_label(MeshShape(), 0) == ""
+
+
+@pytest.mark.parametrize("command, sets, says", [
+    (["predict", "gpt-tiny", "--devices", "2", "--strategies", "fsdp"], ["parallel.zero=2"],
+     "parallel.zero = 2: predict's models do not cover this yet"),
+    (["tune", "gpt-tiny", "--devices", "2"], ["parallel.ac=full"],
+     "parallel.ac = 'full': tune's predictions do not cover this yet"),
+    (["predict", "gpt-tiny", "--devices", "2", "--strategies", "fsdp"],
+     ["strategy.schedule=zbv"], "strategy.schedule = 'zbv': predict's models"),
+    (["predict", "gpt-tiny", "--devices", "2", "--strategies", "mesh"], [],
+     "'mesh' has no prediction"),
+])
+def test_predict_and_tune_say_plainly_what_they_do_not_model(command, sets, says, tmp_path):
+    """The mesh's levers that predict's formulas do not model are refused in one line, exit 2,
+    before anything is measured (nothing is written)."""
+    import subprocess
+    import sys
+
+    flags = [x for s in sets for x in ("--set", s)]
+    out = subprocess.run([sys.executable, "-m", "gputui", *command, *flags],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert list(tmp_path.iterdir()) == []
