@@ -63,6 +63,9 @@ def breakdown_lines(ev) -> list[str]:
             pipe = breakdown.pipeline_line(row)
             if pipe:
                 out.append(f"{row.device} {pipe}")
+            named = breakdown.collectives_line(row)
+            if named and len(named.split(" · ")) > 1:  # one kind is the comm share already
+                out.append(f"{row.device} collectives: {named}")
     slow = straggler.find(ev.per_device)  # ddp/fsdp/tp: the rank the others waited for
     if slow is not None:
         out.append(straggler.line(slow) or "")

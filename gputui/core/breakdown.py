@@ -201,3 +201,14 @@ def pipeline_line(row: Any) -> str | None:
         text += f" (theory {row.bubble_theory:.0%})"
     return (text + f" · sends {1000 * (row.send_s or 0.0):.1f} ms · receives "
             f"{1000 * (row.recv_s or 0.0):.1f} ms")
+
+
+def collectives_line(row: Any) -> str | None:
+    """The metered step's collectives by name, e.g. 'tp all-reduce 3.1 ms · fsdp all-gather
+    1.2 ms · fsdp reduce-scatter 0.8 ms' (seconds each kind was in flight; pp's sends and
+    receives estimated); None for a row that named none."""
+    kinds = getattr(row, "collectives", None)
+    if not kinds:
+        return None
+    return " · ".join(f"{kind} {1000 * float(seconds):.1f} ms"
+                      for kind, seconds in kinds.items())

@@ -36,6 +36,9 @@ class DeviceStep:
     comm_calls: int | None = None  # how many collectives were timed
     comm_bytes: int | None = None  # bytes the gradient all-reduce moved (ddp)
     comm_gbps: float | None = None  # comm_bytes / comm_s, GB/s (ddp)
+    # seconds each kind of collective was in flight ("ddp all-reduce", "fsdp all-gather",
+    # "fsdp reduce-scatter", "tp all-reduce"; pp's "pp send" and "pp recv", estimated)
+    collectives: dict | None = None
     # pp: the stage's pipeline (gputui.train.strategies.pp_meter); None for other strategies
     stage: int | None = None  # its place in the pipeline, 0 = the first
     pipeline_s: float | None = None  # the schedule's span on this stage

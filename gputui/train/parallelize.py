@@ -420,6 +420,6 @@ class TPCommTimer(FSDPCommTimer):
             time.sleep(self.delay_s)
         m = self.meter
         if m.on:
-            m.comm.add(start, m.clock.mark())
+            m.collective("tp all-reduce", start, m.clock.mark())
             if self.count_bytes:
                 m.comm_bytes += value.numel() * value.element_size()

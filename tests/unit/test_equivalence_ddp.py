@@ -304,3 +304,22 @@ def test_each_injected_delay_lands_in_its_waterfall_bar(ranks, single_step, scen
     assert wf.ideal - sum(v for _, v in wf.bars) == pytest.approx(measured)
     delay = ddp_scenarios.SLOW_MS / 2000 if delay_s is None else getattr(ddp_scenarios, delay_s)
     assert wf.lost(cause) >= 0.5 * 2.0 * delay / bd.step_s, (wf, bd)
+
+
+@pytest.mark.parametrize("scenario, kinds", [
+    ("plain", {"ddp all-reduce"}),
+    ("fsdp_plain", {"fsdp all-gather", "fsdp reduce-scatter"}),
+])
+def test_each_collective_is_named_where_it_runs(ranks, scenario, kinds):
+    """Every rank's metered step names its collectives: ddp's bucket all-reduces, fsdp's
+    all-gathers and reduce-scatters; the named spans lie within the rank's comm time (overlaps
+    of several kinds merged there, summed here)."""
+    from gputui.core.breakdown import collectives_line
+
+    for rows in ranks[0]["breakdown"][scenario][1:]:
+        for row in rows:
+            assert set(row.collectives) == kinds, row.collectives
+            assert all(v > 0 for v in row.collectives.values())
+            assert max(row.collectives.values()) <= row.comm_s + 1e-9
+            assert sum(row.collectives.values()) >= row.comm_s - 1e-9
+            assert all(k in collectives_line(row) for k in kinds)

@@ -88,6 +88,8 @@ def test_timer_marks_four_all_reduces_per_block(ranks):
     activation = tp_ranks.BATCH * shape["context"] * shape["n_embd"] * 4  # fp32 bytes
     for rank in range(4):
         assert ranks[rank]["spans"] == per_block * shape["n_layer"]  # the metered step only
+        # each named where it runs: the step's collectives are all tp's all-reduces
+        assert ranks[rank]["kinds"] == {"tp all-reduce": per_block * shape["n_layer"]}
         assert ranks[rank]["nbytes"] == per_block * shape["n_layer"] * activation
 
 

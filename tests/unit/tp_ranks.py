@@ -155,7 +155,8 @@ def rank_fn(workdir: str) -> dict:
         tp_model = par.parallelize_gpt(model(), mesh["tp"], par.TPCommTimer(meter))
         out = {"tp": {"losses": train(tp_model, meter=meter),
                       "params": par.full_parameters(tp_model)},
-               "spans": len(meter.comm.marks), "nbytes": meter.comm_bytes}
+               "spans": len(meter.comm.marks), "nbytes": meter.comm_bytes,
+               "kinds": {k: len(v.marks) for k, v in meter.kinds.items()}}
         dp_rank = mesh["dp"].get_local_rank()
         both = par.fsdp_tp(model(), mesh)
         out["fsdp_tp"] = {"losses": train(both, 2, dp_rank),

@@ -68,7 +68,7 @@ class CommTimer(SpanTimer):
             fut = fut.then(self._late)
 
         def done(f: torch.futures.Future) -> torch.Tensor:
-            m.comm.add(start, m.clock.mark())
+            m.collective("ddp all-reduce", start, m.clock.mark())
             return f.value()
 
         return fut.then(done)

@@ -45,14 +45,15 @@ class FSDPCommTimer(SpanTimer):
         # on the CPU the calls block the training thread: their span is exposed
         super().__init__(meter, delay_s, splits=not meter.clock.cuda)
 
-    def timed(self, inner, output: torch.Tensor, input_tensor: torch.Tensor, *args, **kwargs):
-        """Run one collective of torch's (``inner``), marked on metered steps."""
+    def timed(self, kind: str, inner, output: torch.Tensor, input_tensor: torch.Tensor, *args,
+              **kwargs):
+        """Run one collective of torch's (``inner``, named ``kind``), marked on metered steps."""
         m = self.meter
         start = m.clock.mark() if m.on else None
         work = inner(output, input_tensor, *args, **kwargs)
         self._late(work)
         if start is not None:
-            m.comm.add(start, m.clock.mark())
+            m.collective(kind, start, m.clock.mark())
         return work
 
     def _late(self, work) -> None:
@@ -90,14 +91,15 @@ def install(model: nn.Module, timer: FSDPCommTimer) -> bool:
     class TimedAllGather(gather_cls):  # type: ignore[valid-type, misc]
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             inner = super().__call__
-            return timer.timed(lambda o, i, **kw: inner(o, i, **kw), output_tensor,
-                               input_tensor, group=group, async_op=async_op)
+            return timer.timed("fsdp all-gather", lambda o, i, **kw: inner(o, i, **kw),
+                               output_tensor, input_tensor, group=group, async_op=async_op)
 
     class TimedReduceScatter(scatter_cls):  # type: ignore[valid-type, misc]
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             inner = super().__call__
-            return timer.timed(lambda o, i, **kw: inner(o, i, **kw), output_tensor,
-                               input_tensor, group=group, op=op, async_op=async_op)
+            return timer.timed("fsdp reduce-scatter", lambda o, i, **kw: inner(o, i, **kw),
+                               output_tensor, input_tensor, group=group, op=op,
+                               async_op=async_op)
 
     for unit in units:
         unit.set_custom_all_gather(TimedAllGather())

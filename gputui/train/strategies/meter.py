@@ -113,6 +113,9 @@ class Meter:
         self.data_s = 0.0  # the loop's wait for the metered step's batch
         self.samples = 0  # examples the metered step trained on here
         self.comm_bytes = 0  # bytes its timed collectives moved (ddp's all-reduce)
+        # the collectives by name ("tp all-reduce", "fsdp all-gather", ...): each interval
+        # is in ``comm`` too
+        self.kinds: dict[str, Span] = {}
         self.start: Any = None
         self.end: Any = None
 
@@ -123,10 +126,23 @@ class Meter:
         if self.on:
             for span in self.spans():
                 span.marks = []
+            self.kinds = {}
             self.comm_bytes = 0
             self.data_s = data_s or 0.0
             self.start = self.clock.mark()
         return self
+
+    def collective(self, kind: str, start: Any, end: Any) -> None:
+        """One collective of ``kind`` ran from ``start`` to ``end`` (marks of this clock)."""
+        self.comm.add(start, end)
+        self.kinds.setdefault(kind, Span(self, self.clock)).add(start, end)
+
+    def collectives(self) -> dict[str, float] | None:
+        """Seconds each kind of collective was in flight on the metered step (overlaps of
+        one kind merged); None where none was named."""
+        if not self.kinds:
+            return None
+        return {kind: span.busy(self.start) for kind, span in sorted(self.kinds.items())}
 
     def finish(self, samples: int = 0) -> None:
         """The step's update is done: its end mark (metered steps) and how many examples it

@@ -125,6 +125,8 @@ class PipeMeter:
                 "stage": self.stage, "pipeline_s": span, "bubble_s": bubble,
                 "bubble_share": bubble / span if span > 0 else None,
                 "bubble_theory": self.theory, "send_s": sends, "recv_s": recvs,
+                "collectives": {**(m.collectives() or {}), "pp send": sends,
+                                "pp recv": recvs},
                 "p2p_bytes": sum(b for _, _, b in self.messages),
                 "p2p_messages": len(self.messages)}
 

@@ -58,7 +58,8 @@ def row(strategy: RankStrategy) -> DeviceStep:
                   backward_s=None if forward is None else max(0.0, bd.compute_s - forward))
     if timer is not None and m.comm.marks:  # the collectives it timed
         comm_s = m.comm.busy(m.start)
-        out = replace(out, comm_s=comm_s, comm_calls=len(m.comm.marks))
+        out = replace(out, comm_s=comm_s, comm_calls=len(m.comm.marks),
+                      collectives=m.collectives())
         if m.comm_bytes:  # ddp's gradient all-reduce: its bandwidth
             out = replace(out, comm_bytes=m.comm_bytes, comm_gbps=gbps(m.comm_bytes, comm_s))
     return out

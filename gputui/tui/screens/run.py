@@ -310,6 +310,9 @@ class RunScreen(RunLayout, RunControls, Screen):
             pipe = breakdown.pipeline_line(row)  # a pp stage: its bubble, sends and receives
             if pipe:
                 lines.append(pipe)
+            named = breakdown.collectives_line(row)  # each kind of collective, by name
+            if named and len(named.split(" · ")) > 1:
+                lines.append(named)
             if slow is not None and slow.significant() and slow.device == row.device:
                 lines.append(straggler.line(slow) or "")
             if lines or row.forward_s is not None:
