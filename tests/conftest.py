@@ -94,12 +94,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(autouse=True)
-def _private_folders(tmp_path, monkeypatch):
-    """Every test gets its own home, cache and runs folder under its temp folder: no test
-    reads or writes the user's ~/.cache/gputui (kept measurements change predict's and tune's
-    answers), home or ./runs. Compile caches (inductor's under /tmp, triton's) stay shared
-    over the session, so a compiling test does not start cold each time."""
-    for name, value in private_env(tmp_path).items():
+def _private_folders(tmp_path_factory, monkeypatch):
+    """Every test gets its own home, cache and runs folder in a temp folder of its own (not
+    its tmp_path, which stays as empty as the test expects): no test reads or writes the
+    user's ~/.cache/gputui (kept measurements change predict's and tune's answers), home or
+    ./runs. Compile caches (inductor's under /tmp, triton's) stay shared over the session, so
+    a compiling test does not start cold each time."""
+    for name, value in private_env(tmp_path_factory.mktemp("private")).items():
         monkeypatch.setenv(name, value)
 
 

@@ -40,7 +40,7 @@ import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
 from gputui import __version__  # noqa: E402
-from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail  # noqa: E402
+from gputui.cli.common import EXIT_INTERRUPTED, EXIT_OK, Parser, fail, interrupted  # noqa: E402,F401
 from gputui.cli.run import add_run_parser, cmd_run, resolve_config  # noqa: E402,F401
 from gputui.core.config import ConfigError  # noqa: E402
 from gputui.core.errors import UserError, describe  # noqa: E402
@@ -278,23 +278,6 @@ def _main(argv: list[str] | None, sup) -> int:
     if first is not None and code != 128 + first:  # came as the command ended its work
         return interrupted(first, "after its work was done: everything kept")
     return code
-
-
-def interrupted(signum: int, what: str) -> int:
-    """The stop contract's last line, for a command that ended on a stop signal: which
-    signal, and what was kept; returns 128 + the signal."""
-    import sys
-
-    from gputui.core.signals import describe as signal_words
-
-    try:
-        what = what.lstrip()
-        sep = "" if what.startswith((":", ",")) else " "
-        print(f"gputui: stopped by {signal_words(signum)}{sep}{what}", file=sys.stderr,
-              flush=True)
-    except (OSError, ValueError):
-        pass
-    return 128 + signum
 
 
 def _entry_point() -> bool:

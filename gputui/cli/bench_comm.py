@@ -95,7 +95,7 @@ def cmd_bench_comm(args) -> int:
         print("bench-comm interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Interrupted as exc:  # the stop contract: its processes killed, nothing kept
-        from gputui.cli import interrupted
+        from gputui.cli.common import interrupted
 
         return interrupted(exc.signum, ": the benchmark's processes were ended; nothing "
                                        "measured is kept")

@@ -67,3 +67,20 @@ def set_overrides(sets: list[str], epochs: int | None = None) -> list:
     if epochs is not None:
         out.append(("--epochs", "run.epochs", epochs))
     return out
+
+
+def interrupted(signum: int, what: str) -> int:
+    """The stop contract's last line, for a command that ended on a stop signal: which
+    signal, and what was kept; returns 128 + the signal."""
+    import sys
+
+    from gputui.core.signals import describe as signal_words
+
+    try:
+        what = what.lstrip()
+        sep = "" if what.startswith((":", ",")) else " "
+        print(f"gputui: stopped by {signal_words(signum)}{sep}{what}", file=sys.stderr,
+              flush=True)
+    except (OSError, ValueError):
+        pass
+    return 128 + signum

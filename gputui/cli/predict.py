@@ -193,7 +193,7 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
         print("prediction interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Interrupted as exc:  # the stop contract: the measuring stopped, nothing predicted
-        from gputui.cli import interrupted
+        from gputui.cli.common import interrupted
 
         return interrupted(exc.signum, f" while measuring: nothing predicted; the figures "
                                        f"measured before it are kept in {cache_dir()}")

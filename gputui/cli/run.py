@@ -116,7 +116,7 @@ def cmd_run(args) -> int:
     try:
         handle = launch(cfg, args.runs_dir, devices, device_note)
     except signals.Interrupted as exc:  # a signal before it: nothing was made
-        from gputui.cli import interrupted
+        from gputui.cli.common import interrupted
 
         return interrupted(exc.signum, "before the run started: nothing recorded")
     except OSError as exc:  # WriteFailed says which file and why in one line
@@ -137,7 +137,7 @@ def cmd_run(args) -> int:
     if args.json:
         _print(print, json.dumps(summary, indent=2, sort_keys=True))
     if sup.first:  # the stop contract: 128 + the signal, and what was kept
-        from gputui.cli import interrupted
+        from gputui.cli.common import interrupted
         from gputui.core.runstore import CHECKPOINT_NAME
 
         kept = {"finished": "the run had finished", "stopped": "the run stopped",

@@ -202,7 +202,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
                                    "no speed figures")):
             print(text, file=out)
     if state == "interrupted" and sup.first:
-        from gputui.cli import interrupted
+        from gputui.cli.common import interrupted
 
         done = sum(p.status == "finished" for p in m.points)
         return interrupted(sup.first, f": {done} of {plural(len(m.points), 'point')} finished; "

@@ -157,7 +157,7 @@ def cmd_tune(args) -> int:
 
 
 def _tune(args, tuner, cands, out: Path) -> int:
-    from gputui.cli import interrupted
+    from gputui.cli.common import interrupted
     from gputui.core import signals
     from gputui.runs.sweep_progress import SweepProgress
     from gputui.runs.tune_result import choose, results

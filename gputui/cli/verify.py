@@ -102,7 +102,7 @@ def _print(args, cfg, devices, strategies: list[str]) -> int:
              f"(run {report.single_run}), {report.precision} tolerance rtol {report.rtol:g} "
              f"atol {report.atol:g}")
     if report.interrupted:  # the stop contract: what was compared, then one line
-        from gputui.cli import interrupted
+        from gputui.cli.common import interrupted
 
         if rows or args.json:
             emit(rows, COLUMNS, "json" if args.json else "table", None,

@@ -73,15 +73,6 @@ def stage_ids(schedule: str, pp_rank: int, pp: int, v: int) -> list[int]:
     return [pp_rank + k * pp for k in range(v)]
 
 
-def theory(schedule: str, pp: int, chunks: int, v: int) -> float | None:
-    """The bubble's share of the pipeline's span with equal stages and free communication:
-    (p - 1) / (v m + p - 1) (GPipe, 1F1B, and the looped schedules with v stages a rank);
-    None for the zero-bubble schedules, which fill it with weight-gradient work."""
-    if schedule in ZERO_BUBBLE:
-        return None
-    return (pp - 1) / (v * chunks + pp - 1)
-
-
 class Pipeline:
     """This rank's stages and the schedule that drives them (see the module doc). ``peers``
     are the global ranks of this rank's pipeline, in pp order."""
@@ -115,8 +106,8 @@ class Pipeline:
             self.prefixes.update({str(i): where.get(id(blocks[i]), str(i)) for i in range(a, b)})
         self.ties = self._tie_groups(blocks, lines)
         self.chunks = cfg.strategy.pipeline_chunks
-        self.pipe = PipeMeter(meter, pp_rank, pp, self.chunks, peers=peers,
-                              theory=theory(self.schedule_name, pp, self.chunks, self.v))
+        self.pipe = PipeMeter(meter, pp_rank, pp, self.chunks, peers=peers, per_rank=self.v,
+                              zero_bubble=self.schedule_name in ZERO_BUBBLE)
         self.meter = meter
         self.loss_fn: Callable | None = None
         self.schedule: Any = None

@@ -87,7 +87,7 @@ def test_the_model_and_the_data_must_agree_on_the_task(changes, message):
 def test_a_missing_text_path_is_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="^p: data.path: no file or folder"):
         _cfg(**{"model.name": "gpt", "data.name": "text", "data.path": str(tmp_path / "x")})
-    (tmp_path / "x").write_text("some text")
+    (tmp_path / "x").write_text("some text, long enough for a window of context " * 40)
     cfg = _cfg(**{"model.name": "gpt", "data.name": "text", "data.path": str(tmp_path / "x")})
     check_files(cfg, "p.toml")
 

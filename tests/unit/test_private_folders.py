@@ -12,7 +12,8 @@ from pathlib import Path
 from conftest import ROOT
 
 
-def test_every_default_path_lies_in_the_tests_own_folder(tmp_path):
+def test_every_default_path_lies_in_the_tests_own_folder():
+    """Every default path is in the test's private home (conftest), none in the user's."""
     from gputui.core.cachedir import cache_dir
     from gputui.core.config_schema import default_data_root
     from gputui.core.runstore import default_runs_dir
@@ -21,7 +22,8 @@ def test_every_default_path_lies_in_the_tests_own_folder(tmp_path):
 
     for path in (cache_dir(), flops.cache_path(), Cache().path, Path(default_data_root()),
                  Path.home(), Path(os.path.expanduser("~")), default_runs_dir()):
-        assert path.resolve().is_relative_to(tmp_path.resolve()), path
+        home = Path(os.environ["HOME"]).resolve().parent  # the test's private folder
+        assert path.resolve().is_relative_to(home) and home.name.startswith("private"), path
 
 
 def test_the_flops_peak_is_kept_in_gputuis_cache_folder(tmp_path, monkeypatch):

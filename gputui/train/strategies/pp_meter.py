@@ -37,12 +37,17 @@ class PipeMeter:
     transfer time."""
 
     def __init__(self, meter: Meter, stage: int, stages: int, chunks: int,
-                 peers: list[int] | None = None, theory: float | None = None):
+                 peers: list[int] | None = None, per_rank: int = 1, zero_bubble: bool = False):
         # stage: this rank's place in its pipeline of ``stages`` ranks, whose global ranks
-        # are ``peers`` (the pipeline's order; the whole world for pp alone)
+        # are ``peers`` (the pipeline's order; the whole world for pp alone); ``per_rank``
+        # stages on each
         self.meter, self.stage, self.stages, self.chunks = meter, stage, stages, chunks
         self.peers = peers if peers is not None else list(range(stages))
-        self.theory = theory
+        # the bubble's share of the span with equal stages and free communication:
+        # (p - 1) / (v m + p - 1); none given for the zero-bubble schedules, which fill it
+        # with weight-gradient work
+        self.theory = (None if zero_bubble else
+                       (stages - 1) / (per_rank * chunks + stages - 1))
         self.messages: list[tuple[bool, int, int]] = []  # (sent, peer, bytes)
         self.begin: Any = None
         self.end: Any = None
