@@ -123,7 +123,7 @@ class PipeMeter:
             sends, recvs = sends * idle / (sends + recvs), recvs * idle / (sends + recvs)
         elif idle == 0:
             sends = recvs = 0.0
-        bubble = idle - sends - recvs
+        bubble = max(0.0, idle - sends - recvs)  # the scaled estimate may round below 0
         bd = breakdown.make(m.step_s(), m.data_s, compute, m.optimizer.seconds(),
                             sends + recvs, 0.0, bubble)
         return {"compute_s": compute, "breakdown": bd, "comm_s": sends + recvs,
