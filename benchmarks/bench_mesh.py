@@ -69,10 +69,10 @@ def run(cfg) -> dict:
         out[key] = max(values) if values and all(v is not None for v in values) else None
     parts = [out[k] for k in ("params", "grads", "optim", "activations")]
     out["peak"] = sum(parts) if all(p is not None for p in parts) else None
-    shares = [r["bubble_share"] for e in steps for r in (e.per_device or ())
-              if r.get("bubble_share") is not None]
-    theory = [r["bubble_theory"] for e in steps for r in (e.per_device or ())
-              if r.get("bubble_theory") is not None]
+    shares = [r.bubble_share for e in steps for r in (e.per_device or ())
+              if r.bubble_share is not None]
+    theory = [r.bubble_theory for e in steps for r in (e.per_device or ())
+              if r.bubble_theory is not None]
     out["bubble"] = statistics.mean(shares) if shares else None
     out["bubble_theory"] = theory[0] if theory else None
     return out
@@ -83,7 +83,8 @@ def mib(n: int | None) -> str:
 
 
 def main() -> None:
-    from gputui.cli.common import load_preset_checked, set_overrides
+    from gputui.cli.common import set_overrides
+    from gputui.runs.prepare import load_base
     from gputui.core.presets import resolve_preset
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,7 +95,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    base = load_preset_checked(str(resolve_preset(args.preset)),
+    base = load_base(str(resolve_preset(args.preset)),
                                set_overrides(args.sets, args.epochs))
     base = base.replace(run={"checkpoint": False, "log_every": 4},
                         telemetry={"enabled": False})

@@ -38,8 +38,8 @@ def run(cfg) -> dict:
     if not steps:
         raise SystemExit(f"{cfg.strategy.name}: no steps after the first epoch; raise --epochs")
     out = {"samples_per_s": statistics.mean(e.samples_per_s for e in steps)}
-    rows = [r["breakdown"] for e in steps for r in (e.per_device or ()) if r.get("breakdown")]
-    rows = rows or [e.breakdown for e in steps if e.breakdown]
+    rows = [r.breakdown.to_dict() for e in steps for r in (e.per_device or ()) if r.breakdown]
+    rows = rows or [e.breakdown.to_dict() for e in steps if e.breakdown]
     for part in PARTS:
         values = [r[part] for r in rows if r.get(part) is not None]
         out[part] = statistics.mean(values) if values else None
@@ -47,7 +47,8 @@ def run(cfg) -> dict:
 
 
 def main() -> None:
-    from gputui.cli.common import load_preset_checked, set_overrides
+    from gputui.cli.common import set_overrides
+    from gputui.runs.prepare import load_base
     from gputui.core.presets import resolve_preset
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    base = load_preset_checked(str(resolve_preset(args.preset)),
+    base = load_base(str(resolve_preset(args.preset)),
                                set_overrides(args.sets, args.epochs))
     base = base.replace(run={"checkpoint": False, "log_every": 5},
                         telemetry={"enabled": False})
