@@ -68,6 +68,9 @@ class CompareRow:
     # over stages and metered steps, the first left out), and the theory's (p-1)/(m+p-1)
     bubble_share: float | None = None
     bubble_theory: float | None = None
+    # each kind of collective's seconds a metered step ("tp all-reduce", "fsdp all-gather",
+    # ...), the mean over the ranks and the metered steps
+    collectives: dict | None = None
     memory: list = field(default_factory=list)  # the last MemoryReport's per-device rows
     loss_curve: list = field(default_factory=list)  # [(epoch progress, loss)]
     acc_curve: list = field(default_factory=list)  # [(epoch, test accuracy or val loss)]
@@ -105,7 +108,8 @@ class CompareRow:
                    flops_per_s=self.flops_per_s,
                    train_mem=self.train_mem, comm_gbps=self.comm_gbps,
                    comm_peak_gbps=self.comm_peak_gbps, bubble_share=self.bubble_share,
-                   bubble_theory=self.bubble_theory, energy_j=self.energy_j,
+                   bubble_theory=self.bubble_theory, collectives=self.collectives,
+                   energy_j=self.energy_j,
                    j_per_sample=self.j_per_sample, j_per_step=self.j_per_step,
                    target=self.target, to_target=self.to_target,
                    memory_check=[dict(r) for r in self.memory_check])
@@ -160,9 +164,13 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
     events: the means over its log windows (comm_gbps: its metered steps but the first, when
     there are more), and its last MemoryReport (None / [] where not recorded)."""
     mfus, rates, memory, gbps, bubbles, theory, slow = [], [], [], [], [], None, []
+    named: dict[str, list[float]] = {}  # each kind of collective's seconds, per rank and step
     events = readable_events(run_dir) if events is None else events
     for ev in events:
         if ev.kind == "step":
+            for r in ev.per_device:
+                for kind, seconds in (getattr(r, "collectives", None) or {}).items():
+                    named.setdefault(kind, []).append(float(seconds))
             if getattr(ev, "mfu", None) is not None:
                 mfus.append(ev.mfu)
             if getattr(ev, "flops_per_s", None) is not None:
@@ -184,7 +192,8 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
             "comm_gbps": breakdown.mean_value(gbps[1:] or gbps),
             "train_mem": max(totals) if totals else None, "memory": memory,
             "bubble_share": breakdown.mean_value(bubbles[1:] or bubbles),
-            "bubble_theory": theory, "straggler": straggler.over_steps(slow)}
+            "bubble_theory": theory, "straggler": straggler.over_steps(slow),
+            "collectives": {k: sum(v) / len(v) for k, v in sorted(named.items())} or None}
 
 
 def match_key(row: RunRow) -> tuple:
@@ -345,6 +354,10 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
                          f"all-reduce, mean of the metered steps)"
                          + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
                             "these devices: `gputui bench-comm` measures one"))
+        if it.collectives:
+            lines.append(f"{r.id}: collectives a step (mean over ranks and metered steps): "
+                         + " · ".join(f"{k} {1000 * v:.1f} ms"
+                                      for k, v in it.collectives.items()))
         if it.bubble_share is not None and it.bubble_theory is not None:
             lines.append(f"{r.id}: pipeline bubble {it.bubble_share:.0%} of the pipeline's "
                          f"span measured (its stages idle, waiting on each other), "

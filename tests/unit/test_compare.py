@@ -223,3 +223,23 @@ def test_step_breakdown_shares_in_the_table_and_every_export(tmp_path):
     data = json.loads(export.to_json([item.to_dict()]))[0]
     assert data["breakdown"]["comm_exposed_s"] == pytest.approx(0.02)
     assert summary_lines([item])[0].startswith("step breakdown, as shares of a metered step")
+
+
+def test_compare_names_each_collective_a_step_took():
+    """A record's steps name their collectives per rank (tp's all-reduces, fsdp's all-gathers
+    ...): compare gives each kind's mean over the ranks and metered steps, and says it."""
+    from gputui.core.events import StepMetrics
+    from gputui.core.steps import DeviceStep
+    from gputui.runs.compare import read_hw_figures
+
+    def step(n, tp_ms, ag_ms):
+        rows = tuple(DeviceStep(f"cpu:{r}", rank=r, collectives={
+            "tp all-reduce": tp_ms[r] / 1000, "fsdp all-gather": ag_ms[r] / 1000})
+            for r in range(2))
+        return StepMetrics(epoch=1, step=n, global_step=n, steps_per_epoch=4, loss=1.0,
+                           samples_per_s=10.0, step_time_s=0.1, lr=0.1, per_device=rows)
+
+    got = read_hw_figures("", events=[step(1, (2, 4), (1, 1)), step(2, (4, 6), (3, 3))])
+    assert got["collectives"] == pytest.approx({"fsdp all-gather": 0.002,
+                                                "tp all-reduce": 0.004})
+    assert read_hw_figures("", events=[])["collectives"] is None
