@@ -25,7 +25,8 @@ from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
-from gputui.core.mesh import MESH_STRATEGIES, MeshShape, mesh_of, meshes, tp_group
+from gputui.core.mesh import (MESH_STRATEGIES, MeshShape, mesh_of, meshes, tp_group,
+                              tp_heads_problem)
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
 
@@ -283,9 +284,9 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
                            f"{shape.tp} tensor-parallel ranks: set model.name = 'gpt' "
                            f"(model.factory models are not split)")
             return
-        if cfg.model.n_head % shape.tp:
-            yield CHOICE, (f"model.n_head = {cfg.model.n_head} does not split over {shape.tp} "
-                           f"tensor-parallel ranks; use a head count divisible by {shape.tp}")
+        heads = tp_heads_problem(cfg.model.n_head, shape.tp)
+        if heads:
+            yield CHOICE, heads
     if shape.pp > 1:
         yield from _pipeline_problems(cfg, shape.pp, shape.dp, name)
         if par.zero == 1:

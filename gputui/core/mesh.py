@@ -112,6 +112,15 @@ def rank_label(shape: MeshShape, rank: int) -> str:
     return " · ".join(parts)
 
 
+def tp_heads_problem(heads: int, tp: int) -> str | None:
+    """Tensor parallelism's rule, written once (the plan checks the config's model.n_head, the
+    tp function the built model's heads): every rank holds n_head / tp whole heads."""
+    if heads % tp:
+        return (f"model.n_head = {heads} does not split over {tp} tensor-parallel ranks; use a "
+                f"head count divisible by {tp}")
+    return None
+
+
 def tp_group(asked: int, world: int) -> int:
     """fsdp_tp's ranks per tensor-parallel group: ``strategy.tp_size``, or 0 for 2 (1 with
     one rank)."""

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from gputui.core.config import ConfigError
-from gputui.core.mesh import MeshShape
+from gputui.core.mesh import MeshShape, tp_heads_problem
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer
 from gputui.train.strategies.meter import Meter
 
@@ -113,10 +113,7 @@ def why_not_tp(model: nn.Module, tp: int) -> str | None:
         return "tensor parallelism needs the built-in GPT (model.name = 'gpt'): its blocks' " \
                "q, k, v and MLP layers are what it shards"
     attn: Any = found[0].attn
-    heads = attn.q.out_features // attn.head_dim
-    if heads % tp:
-        return f"the GPT's {heads} attention heads do not split over {tp} tensor-parallel ranks"
-    return None
+    return tp_heads_problem(attn.q.out_features // attn.head_dim, tp)
 
 
 def tp_plan() -> dict[str, Any]:

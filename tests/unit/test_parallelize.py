@@ -122,7 +122,8 @@ def test_why_not_names_the_model_and_the_heads():
     from gputui.train.parallelize import why_not_tp
 
     assert "built-in GPT" in why_not_tp(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2)
-    assert "3 attention heads" in why_not_tp(gpt(GPTShape(n_head=3, n_embd=48, n_layer=1)), 2)
+    assert "model.n_head = 3 does not split over 2" in why_not_tp(
+        gpt(GPTShape(n_head=3, n_embd=48, n_layer=1)), 2)
     assert why_not_tp(gpt(GPTShape(n_layer=1)), 2) is None
 
 
