@@ -241,3 +241,36 @@ async def test_the_form_covers_data_and_shows_defaults_as_what_they_mean(invento
         cfg = setup_of(app).result.config
         assert (cfg.data.root, cfg.data.source, cfg.data.train_size) == (
             str(tmp_path), "test-split", 0)
+
+
+async def test_the_mesh_is_set_from_the_form_and_says_what_these_devices_allow(inventory,
+                                                                             presets):
+    """Four CPU devices and the GPT preset: the 'mesh' option lists the meshes of 4 ranks the
+    settings allow; the Mesh fields set the degrees (dp replicas 2: HSDP), a product that
+    misses the ranks is the plan's one line in the summary, and Start waits for a valid one."""
+    app = make_app(preset="gpt-tiny", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.screen.query_one("#cpu-count", Select).value = 4
+        await pilot.pause()
+        strategies = app.screen.query_one(StrategyPicker)
+        assert strategies.meshes.startswith("4 ranks allow: dp_shard 4, dp_replicate 2 x "
+                                            "dp_shard 2"), strategies.meshes
+        options = app.screen.query_one("#strategy-list", OptionList)
+        assert "4 ranks allow" in str(options.get_option("mesh").prompt)
+        options.focus()
+        options.highlighted = [o.id for o in options._options].index("mesh")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert strategies.selected == "mesh"
+        await pilot.click("#f-parallel-dp-replicate")
+        await pilot.press("ctrl+a", "ctrl+k", "2")
+        await pilot.pause()
+        result = setup_of(app).result
+        assert result.ok and result.config.parallel.dp_replicate == 2
+        await pilot.click("#f-parallel-tp")
+        await pilot.press("ctrl+a", "ctrl+k", "4")
+        await pilot.pause()
+        summary = str(app.screen.query_one("#summary").render())
+        assert "pp x dp_replicate x tp = 8 does not divide the 4 ranks" in summary, summary
+        assert app.screen.query_one("#start").disabled

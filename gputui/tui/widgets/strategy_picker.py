@@ -13,7 +13,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui.core import registry
-from gputui.plan import caveat, why_not
+from gputui.plan import caveat, mesh_choices, why_not
 from gputui.tui.fmt import app_terms
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ class StrategyPicker(Vertical):
         self.selected = selected
         self.reasons: dict[str, str] = {}
         self.caveats: dict[str, str] = {}  # what one that can run really does (plan.caveat)
+        self.meshes = ""  # the meshes the config allows on these devices (plan.mesh_choices)
         self._built = False  # the options reflect self.reasons and self.selected
 
     def compose(self) -> ComposeResult:
@@ -58,9 +59,28 @@ class StrategyPicker(Vertical):
                 reasons[info.name] = app_terms(why)
             if note:
                 caveats[info.name] = app_terms(note)
-        if reasons != self.reasons or caveats != self.caveats or not self._built:
-            self.reasons, self.caveats = reasons, caveats
+        meshes = self._meshes(cfg, devices)
+        if reasons != self.reasons or caveats != self.caveats or meshes != self.meshes \
+                or not self._built:
+            self.reasons, self.caveats, self.meshes = reasons, caveats, meshes
             self._rebuild()
+
+    @staticmethod
+    def _meshes(cfg: "RunConfig", devices: list["Device"]) -> str:
+        """Which meshes of these devices' ranks the config allows, and why not the others
+        (the plan's words): what the 'mesh' option shows under its description."""
+        try:
+            choices = mesh_choices(cfg, devices)
+        except Exception:  # noqa: BLE001 - a check must not break the screen
+            return ""
+        ok = [m.describe() for m, why in choices if why is None]
+        refused = [(m.describe(), why) for m, why in choices if why]
+        ranks = len(devices) * cfg.dist.nnodes
+        text = f"{ranks} ranks allow: {', '.join(ok) if ok else 'none'}"
+        if refused:
+            name, why = refused[0]
+            text += f"; {len(refused)} not, e.g. {name}: {app_terms(why)}"
+        return text
 
     def select(self, name: str) -> None:
         """Mark ``name`` as the chosen strategy (e.g. from a preset)."""
@@ -74,6 +94,8 @@ class StrategyPicker(Vertical):
             text.append(f"\n  ✗ {self.reasons[name]}", style="italic")
         elif name in self.caveats:
             text.append(f"\n  ! {self.caveats[name]}", style="italic")
+        if name == "mesh" and self.meshes:  # the degrees are the Mesh fields of the form
+            text.append(f"\n  {self.meshes}", style="dim")
         return text
 
     def _rebuild(self) -> None:
