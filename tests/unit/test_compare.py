@@ -223,3 +223,18 @@ def test_step_breakdown_shares_in_the_table_and_every_export(tmp_path):
     data = json.loads(export.to_json([item.to_dict()]))[0]
     assert data["breakdown"]["comm_exposed_s"] == pytest.approx(0.02)
     assert summary_lines([item])[0].startswith("step breakdown, as shares of a metered step")
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--target-loss", "inf", "'inf' is not a finite number"),
+    ("--target-loss", "nan", "'nan' is not a finite number"),
+    ("--target-loss", "-1", "--target-loss must be a loss above 0; got -1"),
+    ("--target-acc", "-inf", "'-inf' is not a finite number"),
+])
+def test_a_target_that_can_never_be_met_is_refused(runs, capsys, flag, value, expected):
+    try:
+        code = cli.main(["compare", "--runs-dir", str(runs), "b256", "strong", f"{flag}={value}"])
+    except SystemExit as exc:  # argparse's own refusal, one line through cli's Parser
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
