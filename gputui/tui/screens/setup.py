@@ -315,6 +315,9 @@ class SetupScreen(SetupEstimate, Screen):
             except OSError as exc:  # WriteFailed: the file, the cause and the fix
                 self.notify(str(exc), severity="error", markup=False)
                 return
+            if not path.is_file():  # a device or a pipe took the bytes: no preset to run
+                self.notify(f"Wrote the preset to {path}", timeout=8)
+                return
             if path not in self.presets and path.parent == folder:
                 self.presets = sorted([*self.presets, path])
             self.preset = path
