@@ -37,6 +37,20 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def finite(text: str) -> float:
+    """An argparse type: a number, refusing inf and nan (float() reads both, and a target or a
+    time limit of either is never met)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give one like 2.5")
+    return value
+
+
 def fail(message: str) -> int:
     """Print a one-line usage error and return exit status 2."""
     from gputui.core.errors import printable

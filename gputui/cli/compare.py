@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gputui.cli.common import EXIT_OK, fail
+from gputui.cli.common import EXIT_OK, fail, finite
 from gputui.cli.compact import add_wide, print_compact
 from gputui.cli.output import add_output, emit, form_of
 from gputui.core.filewrite import WriteFailed, file_problem, folder_problem, os_error_in
@@ -45,9 +45,9 @@ def register(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="write curves.png and speedup.png there "
                                                   "(needs matplotlib: pip install 'gputui[plots]')")
     p.add_argument("--tensorboard", metavar="DIR", help="write the runs' scalars for TensorBoard")
-    p.add_argument("--target-acc", type=float, metavar="PERCENT",
+    p.add_argument("--target-acc", type=finite, metavar="PERCENT",
                    help="time and energy to this test accuracy (default: the baseline's final)")
-    p.add_argument("--target-loss", type=float, metavar="LOSS",
+    p.add_argument("--target-loss", type=finite, metavar="LOSS",
                    help="time and energy to this validation loss (language models)")
     p.add_argument("--waterfall", action="store_true",
                    help="print each run's scaling waterfall: the ideal speedup, what each "
@@ -164,6 +164,8 @@ def cmd_compare(args) -> int:
     acc = args.target_acc
     if acc is not None and not 0 < acc <= 100:
         return fail(f"--target-acc must be a percentage above 0 and at most 100; got {acc:g}")
+    if args.target_loss is not None and not args.target_loss > 0:
+        return fail(f"--target-loss must be a loss above 0; got {args.target_loss:g}")
     items = compare(dirs, args.runs_dir, only_compared=bool(args.sweep and not args.runs),
                     target_acc=None if acc is None else acc / 100, target_loss=args.target_loss)
     try:

@@ -71,6 +71,16 @@ def resolve_config(args) -> Any:
     return load_checked(path, overrides, what="run config" if resumed else "preset")
 
 
+def as_run(cfg) -> dict:
+    """The config as the run uses it: a name a factory replaces (model.name under
+    model.factory, data.name under data.factory) is left out, not shown as "lenet"."""
+    d = cfg.to_dict()
+    for table in ("model", "data"):
+        if d[table].get("factory"):
+            d[table].pop("name", None)
+    return d
+
+
 def cmd_run(args) -> int:
     """``gputui run PRESET``: train headless and print progress and a summary."""
     prepared = resolve_config(args)  # a ConfigError is main's one line, exit 2
@@ -79,11 +89,14 @@ def cmd_run(args) -> int:
 
     code = code_line(cfg)
     if args.dry_run:  # shows the code a preset names; imports and runs none of it
+        shown = as_run(cfg)
         if args.json:
-            print(json.dumps(cfg.to_dict(), indent=2), end="")
+            print(json.dumps(shown, indent=2), end="")
         else:
+            import tomli_w
+
             print(f"# {code} (not run by --dry-run)\n" if code else "", end="")
-            print(cfg.to_toml(), end="")
+            print(tomli_w.dumps(shown), end="")
         return EXIT_OK
     from gputui.cli.printer import Printer
     from gputui.core.runstore import read_summary

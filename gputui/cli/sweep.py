@@ -124,6 +124,18 @@ def build(args, runs_dir: Path):
     return sweep, f"sweep {sweep.manifest.sweep_id}; {kind_note}"
 
 
+SHOWN_POINTS = 8  # a header names this many points at most: a grid of thousands is one line
+
+
+def points_shown(points: list) -> str:
+    """The points a sweep's header names: every one of a small grid, else the first few and
+    how many more (each is in the manifest, and the progress names each as it runs)."""
+    keys = [p.key for p in points]
+    if len(keys) <= SHOWN_POINTS:
+        return ", ".join(keys)
+    return f"{', '.join(keys[:SHOWN_POINTS - 2])}, ... and {len(keys) - SHOWN_POINTS + 2:,} more"
+
+
 def cmd_sweep(args) -> int:
     """``gputui sweep``: run the grid, then print the scaling table."""
     from gputui.cli.common import runs_dir_problem
@@ -166,8 +178,7 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     sup.grace_s = sweep.base.run.stop_grace_s
     progress = SweepProgress(m.points, stream=out, epochs=sweep.base.run.epochs)
     with progress:
-        keys = ", ".join(p.key for p in m.points)
-        progress.line(f"{note}: {plural(len(m.points), 'point')} ({keys}); "
+        progress.line(f"{note}: {plural(len(m.points), 'point')} ({points_shown(m.points)}); "
                       f"manifest {sweep.save()}")
         state = sweep.run(progress.on_point, progress.on_event)
     if state == "interrupted":

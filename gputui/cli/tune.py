@@ -55,7 +55,9 @@ def register(sub) -> None:
                                       "or $GPUTUI_RUNS_DIR)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("-o", "--output", metavar="BEST.toml", help="where the chosen preset is "
-                   "written (default ./presets/<preset>-tuned.toml)")
+                   "written (default <preset>-tuned.toml in your presets folder: ./presets, or "
+                   "~/.config/gputui/presets when ./presets is gputui's own; "
+                   "$GPUTUI_PRESETS_DIR overrides)")
     p.set_defaults(func=cmd_tune)
 
 
@@ -126,7 +128,10 @@ def cmd_tune(args) -> int:
     from gputui.cli.common import runs_dir_problem
     from gputui.core.filewrite import WriteFailed, file_problem
 
-    out = Path(args.output) if args.output else Path.cwd() / "presets" / (
+    from gputui.core.presets import user_presets_dir
+
+    # the user's presets folder, never the project's own presets/ (see user_presets_dir)
+    out = Path(args.output) if args.output else Path.cwd() / user_presets_dir() / (
         f"{Path(args.preset).stem}-tuned.toml")
     problem = runs_dir_problem(args.runs_dir) or file_problem(out, "-o")
     if problem:

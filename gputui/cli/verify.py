@@ -100,7 +100,11 @@ def _print(args, cfg, devices, strategies: list[str]) -> int:
         rows.append(d)
     title = (f"verify {args.preset}: {report.steps} steps against single "
              f"(run {report.single_run}), {report.precision} tolerance rtol {report.rtol:g} "
-             f"atol {report.atol:g}")
+             f"atol {report.atol:g}"
+             + (f"; ROUNDING: beyond it, within the {report.bound:.2g} the optimizer's "
+                f"update allows, and the same parameters part when single only sums in "
+                f"another order (run {report.control_run})"
+                if any(o.rounding for o in report.outcomes) else ""))
     if report.interrupted:  # the stop contract: what was compared, then one line
         from gputui.cli.common import interrupted
 

@@ -10,6 +10,7 @@ several fields, or a field and the devices, are ``gputui.plan.validate``'s, in o
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,10 +60,19 @@ def _plain_name(name: str) -> str | None:
     return None
 
 
+# a host name (RFC 1123 labels, "_" tolerated as resolvers do), an IPv4 address, or an IPv6
+# address in brackets as torch's rendezvous reads it
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?"
+                   r"|\[[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?\]")
+
+
 def _host_port(endpoint: str) -> str | None:
     host, _, port = endpoint.rpartition(":")
     if endpoint and not (host and port.isdigit() and 0 < int(port) < 65536):
         return f"dist.rdzv_endpoint must be HOST:PORT, e.g. 10.0.0.1:29400; got {endpoint!r}"
+    if endpoint and (len(host) > 253 or not _HOST.fullmatch(host)):
+        return (f"dist.rdzv_endpoint's host must be a host name or address (letters, digits, "
+                f"'-', '.'; an IPv6 address in brackets), e.g. node-a:29400; got {host!r}")
     return None
 
 

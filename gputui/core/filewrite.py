@@ -86,9 +86,11 @@ def write_with(path: str | Path, fill: Callable[[BinaryIO], object], hint: str =
     which is fsynced and renamed over it. On any failure the temporary file is removed and the
     file keeps its previous content; a failure of the disk raises WriteFailed."""
     shown = Path(path)
+    # asked of the path as given: the kernel follows /proc's links to a pipe or a terminal
+    # (/proc/self/fd/1, /dev/stdout), which realpath turns into a name that does not exist
+    if _is_special(shown):
+        return _write_in_place(shown, shown, fill, hint)
     path = Path(os.path.realpath(shown))
-    if _is_special(path):
-        return _write_in_place(path, shown, fill, hint)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as fh:
@@ -272,10 +274,10 @@ def file_problem(path: str | Path, what: str) -> str | None:
 
 def _file_problem(path: str | Path, what: str) -> str | None:
     target = Path(os.path.realpath(path))
-    if target.is_dir():
+    if Path(path).is_dir():
         return f"{what} {path}: it is a folder; give a file name"
-    if _is_special(target):  # written in place: its own permission is what counts
-        if os.access(target, os.W_OK):
+    if _is_special(Path(path)):  # written in place: its own permission is what counts
+        if os.access(path, os.W_OK):
             return None
         return f"{what} {path}: cannot write there: {os.strerror(errno.EACCES)} " \
                f"({default_hint(errno.EACCES)})"

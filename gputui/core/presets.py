@@ -13,14 +13,28 @@ PACKAGE_PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
 def user_presets_dir() -> Path:
-    """Where a user's own presets live: ./presets, the first folder names are looked up in
-    (so a preset saved there runs as `gputui run NAME`); it may not exist yet."""
-    return Path("presets")
+    """Where a user's own presets are written (the app's Save as preset, `gputui tune`), the
+    first folder names are looked up in (so a preset saved there runs as `gputui run NAME`);
+    it may not exist yet. $GPUTUI_PRESETS_DIR when set; else ./presets, unless that is the
+    project's own presets/ (gputui run from its repository), whose files are the project's:
+    then $XDG_CONFIG_HOME/gputui/presets (~/.config/gputui/presets)."""
+    if os.environ.get("GPUTUI_PRESETS_DIR"):
+        return Path(os.environ["GPUTUI_PRESETS_DIR"])
+    here = Path("presets")
+    try:
+        ours = here.resolve() == PACKAGE_PRESETS.resolve()
+    except OSError:
+        ours = False
+    if not ours:
+        return here
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gputui" / "presets"
 
 
 def preset_dirs() -> list[Path]:
-    """Folders searched for preset names: ./presets, then the project's presets/."""
-    dirs = [Path.cwd() / user_presets_dir(), PACKAGE_PRESETS]
+    """Folders searched for preset names: the user's (:func:`user_presets_dir`), ./presets,
+    then the project's presets/."""
+    dirs = [Path.cwd() / user_presets_dir(), Path.cwd() / "presets", PACKAGE_PRESETS]
     out: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:

@@ -107,8 +107,9 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         first_t = ev.t if first_t is None else first_t
         last_t = ev.t
         if isinstance(ev, RunStarted):
-            s.update(run_id=ev.run_id, strategy=ev.strategy, world_size=ev.world_size,
-                     devices=[d["name"] for d in ev.devices], notes=list(ev.notes),
+            s.update(run_id=ev.run_id, started_t=ev.t, strategy=ev.strategy,
+                     world_size=ev.world_size, devices=[d["name"] for d in ev.devices],
+                     notes=list(ev.notes),
                      epochs=ev.config.get("run", {}).get("epochs"),
                      model=model_label(ev.config), dataset=data_label(ev.config))
         elif isinstance(ev, InitDone):

@@ -34,7 +34,7 @@ from gputui.core.steady import RULE
 from gputui.core import machine
 from gputui.runs.compare_energy import add_energy, gpu_truth_lines
 from gputui.runs.compare_predict import add_prediction, kept_comm_peak
-from gputui.runs.history import RunRow, load_rows, row_for
+from gputui.runs.history import RunRow, load_rows, read_config, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "predicted_speedup", "efficiency", "comm_share", "bubble_share",
@@ -63,6 +63,7 @@ class CompareRow:
     # metered step, warm-up, left out when there are more), and bench-comm's kept peak
     comm_gbps: float | None = None
     comm_peak_gbps: float | None = None
+    comm_what: str = ""  # the collectives comm_gbps timed, in words (measured_collective)
     train_mem: int | None = None  # the largest device's params+grads+optim+activations, bytes
     # pp: the share of the pipeline's span its stages sat idle waiting on each other (mean
     # over stages and metered steps, the first left out), and the theory's (p-1)/(m+p-1)
@@ -196,6 +197,25 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
             "collectives": {k: sum(v) / len(v) for k, v in sorted(named.items())} or None}
 
 
+def measured_collective(row: RunRow) -> str:
+    """What a run's achieved bandwidth timed, by its mesh: the gradient all-reduce of a
+    ddp group (ddp, a mesh of replicas), or the activation all-reduces of a tensor-parallel
+    group with no data-parallel dimension beside it (tp: four a block, two in forward and
+    two in backward)."""
+    from gputui.core.config import from_dict
+    from gputui.core.mesh import mesh_of
+
+    try:
+        shape = mesh_of(from_dict(read_config(Path(row.run_dir))), row.devices or 1)
+    except Exception:  # noqa: BLE001 - a damaged config names no collective
+        return "its timed collectives"
+    if shape.data_parallel == "ddp":
+        return "its gradient all-reduce"
+    if shape.tp > 1:
+        return "its tensor-parallel activation all-reduces, 4 a block"
+    return "its timed collectives"
+
+
 def match_key(row: RunRow) -> tuple:
     """What must be equal for two runs to be compared for speed."""
     return (row.model, row.dataset, row.train_size, row.precision)
@@ -280,6 +300,7 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
                           acc_curve=acc, **read_hw_figures(row.run_dir, events))
         if item.comm_gbps is not None:
             item.comm_peak_gbps = kept_comm_peak(row)
+            item.comm_what = measured_collective(row)
         base, kind = find_baseline(row, pool, compared, item.refused, only_compared)
         if base is not None and row.samples_per_s and base.samples_per_s and row.devices \
                 and row.steady:
@@ -350,8 +371,9 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         if it.comm_gbps is not None:
             from gputui.runs.comm_peak import text
 
-            lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} (its gradient "
-                         f"all-reduce, mean of the metered steps)"
+            lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} "
+                         f"({it.comm_what or 'its timed collectives'}, mean of the metered "
+                         f"steps)"
                          + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
                             "these devices: `gputui bench-comm` measures one"))
         if it.collectives:

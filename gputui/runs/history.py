@@ -8,6 +8,7 @@ damaged folder never hides the others. Torch-free: the CLI and the TUI import th
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,7 @@ class RunRow:
     baseline_loss: float | None = None  # the unigram baseline its val_loss is read against
     status: str = "unknown"
     date: str = ""
+    started: float = 0.0  # when it started, seconds since the epoch (started_at; 0: unknown)
     epochs_done: int = 0
     epochs: int | None = None
     init_s: float | None = None
@@ -138,21 +140,40 @@ def exc_text(name: str, exc: OSError) -> str:
     return str(exc) if isinstance(exc, safeio.Unreadable) else f"{name}: {safeio.reason(exc)}"
 
 
-def _date(run_id: str, run_dir: Path) -> str:
+def started_at(run_dir: Path, summary: dict[str, Any] | None = None) -> float:
+    """When the run started, seconds since the epoch (0.0: nothing says): the record's own
+    RunStarted time (the summary's ``started_t``, else the first line of events.jsonl), else
+    the time in its id, else when events.jsonl was last written. Never the folder's name
+    alone: two runs of one second, or a folder named by hand, would sort by their names."""
+    t = (summary or {}).get("started_t")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+        return float(t)
     try:
-        return datetime.strptime(run_id[:15], "%Y%m%d-%H%M%S").strftime("%Y-%m-%d %H:%M:%S")
+        for line in safeio.iter_lines(run_dir / "events.jsonl"):
+            first = json.loads(line)
+            if isinstance(first, dict) and isinstance(first.get("t"), (int, float)):
+                return float(first["t"])
+            break
+    except (OSError, ValueError):
+        pass
+    try:
+        return datetime.strptime(run_dir.name[:15], "%Y%m%d-%H%M%S").timestamp()
     except ValueError:
-        try:
-            mtime = (run_dir / "events.jsonl").stat().st_mtime
-        except OSError:
-            return ""
-        return datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
+        pass
+    try:
+        return (run_dir / "events.jsonl").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _date(started: float) -> str:
+    return datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S") if started else ""
 
 
 def row_for(run_dir: str | Path) -> RunRow:
     """The table row of one run folder; never raises for a damaged record."""
     run_dir = Path(run_dir)
-    row = RunRow(id=run_dir.name, run_dir=str(run_dir), date=_date(run_dir.name, run_dir))
+    row = RunRow(id=run_dir.name, run_dir=str(run_dir))
     row.problem = problems(run_dir)
     if row.problem.startswith("the folder cannot be read"):
         row.status, row.reason = "unreadable", row.problem
@@ -162,7 +183,11 @@ def row_for(run_dir: str | Path) -> RunRow:
         cfg = read_config(run_dir)
     except Exception as exc:  # noqa: BLE001 - a damaged record must not break the listing
         row.status, row.reason = "unreadable", f"{type(exc).__name__}: {exc}"
+        row.started = started_at(run_dir)
+        row.date = _date(row.started)
         return row
+    row.started = started_at(run_dir, s)
+    row.date = _date(row.started)
 
     def sect(name: str) -> dict[str, Any]:
         table = cfg.get(name)
@@ -222,8 +247,10 @@ def fast_path_label(run: dict) -> str:
 
 
 def load_rows(runs_dir: str | Path | None = None) -> list[RunRow]:
-    """Every run under ``runs_dir`` (default: $GPUTUI_RUNS_DIR or ./runs), newest first."""
-    return [row_for(p) for p in runstore.run_folders(runs_dir)]
+    """Every run under ``runs_dir`` (default: $GPUTUI_RUNS_DIR or ./runs), newest first: by
+    when each started (:func:`started_at`), the id breaking a tie."""
+    rows = [row_for(p) for p in runstore.run_folders(runs_dir)]
+    return sorted(rows, key=lambda r: (r.started, r.id), reverse=True)
 
 
 def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | None = None,

@@ -48,7 +48,25 @@ def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
         ids = [p.name for p in runstore.run_folders(base)]
     except OSError as exc:
         raise LookupError(f"cannot list the runs folder {base} ({exc})") from None
-    return base / match_id(ref, ids, "run", str(base))
+    try:
+        return base / match_id(ref, ids, "run", str(base))
+    except LookupError:
+        # no run holds it (an ambiguous part stays that): it may name a sweep
+        sweep = None if any(ref in i for i in ids) else _sweep_named(ref, base)
+        if sweep is None:
+            raise
+        raise LookupError(f"'{ref}' is a sweep, not a run: `gputui sweep --resume {sweep}` "
+                          f"continues it, `gputui compare --sweep {sweep}` compares its "
+                          f"runs") from None
+
+
+def _sweep_named(ref: str, runs_dir: Path) -> str | None:
+    """The one sweep whose id is or holds ``ref`` (None: none or several), for a run id
+    that names a sweep instead."""
+    try:
+        return find_sweep(ref, runs_dir) if ref.strip() else None
+    except LookupError:
+        return None
 
 
 def sweep_ids(runs_dir: Path) -> list[str]:

@@ -26,18 +26,28 @@ def stale(entry: dict | None) -> str | None:
 
 def input_label(key: str) -> str:
     """A kept figure's key as the input it is: "compute single, batch 64, 2 threads, 1
-    copy" or "allreduce of 1.23 MiB over 2 devices"."""
-    parts = key.split("|")
-    if parts[0] == "compute" and len(parts) >= 10:
-        strategy = parts[10].removesuffix("@1") if len(parts) > 10 else "single"
-        copies = parts[8][1:]
-        batch, _, micro = parts[6][1:].partition("/")
-        batch += f" in {micro} micro-batches" if micro else ""
-        return (f"compute {strategy}, batch {batch}, {parts[7][1:]} threads, {copies} "
-                f"cop{'y' if copies == '1' else 'ies'} on {parts[9]}")
-    if parts[0] == "comm" and len(parts) >= 4:
-        size = int(parts[3]) if parts[3].isdigit() else 0
-        what = "fsdp collectives" if ":fsdp" in parts[1] or parts[1].startswith("fsdp") else \
-            f"allreduce of {size / 2**20:.2f} MiB"
-        return f"{what} over {parts[2][1:]} devices"
+    copy" or "allreduce of 1.23 MiB over 2 devices".
+
+    Read from the key's fixed ends: the model, data and fsdp labels in its middle may hold
+    ``|`` themselves (an fsdp label holds the data label), so no field is found by position
+    from the front."""
+    kind, _, rest = key.partition("|")
+    if kind == "compute":
+        parts = rest.split("|")
+        strategy = "single"
+        if parts and parts[-1].endswith("@1"):
+            strategy = parts.pop().removesuffix("@1")
+        if len(parts) >= 8:
+            batch_s, threads, copies_s, device = parts[-4:]
+            copies = copies_s[1:]
+            batch, _, micro = batch_s[1:].partition("/")
+            batch += f" in {micro} micro-batches" if micro else ""
+            return (f"compute {strategy}, batch {batch}, {threads[1:]} threads, {copies} "
+                    f"cop{'y' if copies == '1' else 'ies'} on {device}")
+    if kind == "comm" and rest.count("|") >= 2:
+        what, n, size_s = rest.rsplit("|", 2)
+        size = int(size_s) if size_s.isdigit() else 0
+        fsdp = what.startswith("fsdp") or what.partition(":")[2].startswith("fsdp")
+        label = "fsdp collectives" if fsdp else f"allreduce of {size / 2**20:.2f} MiB"
+        return f"{label} over {n.removeprefix('n')} devices"
     return key

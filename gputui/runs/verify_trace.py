@@ -94,6 +94,13 @@ def _worst(a: list[Any], b: list[Any], names: list[str], rtol: float,
 
 def _sums_off(a: Any, b: Any, n: list[int], rtol: float, atol: float) -> tuple[float, int]:
     """The checksums' largest difference over its tolerance, and the parameter's index."""
+    ratio = _sums_ratios(a, b, n, rtol, atol)
+    j = int(ratio.argmax())
+    return float(ratio[j]), j
+
+
+def _sums_ratios(a: Any, b: Any, n: list[int], rtol: float, atol: float) -> Any:
+    """Each parameter's checksum difference over its tolerance (inf where not finite)."""
     import numpy as np
 
     n_ = np.array(n, dtype=np.float64)
@@ -102,9 +109,7 @@ def _sums_off(a: Any, b: Any, n: list[int], rtol: float, atol: float) -> tuple[f
     tol_sq = 2 * norm * (np.sqrt(n_) * atol + rtol * norm) + 1e-30
     ratio = np.maximum(np.abs(a[:, 0] - b[:, 0]) / (tol_sum + 1e-30),
                        np.abs(a[:, 1] - b[:, 1]) / tol_sq)
-    ratio = np.where(np.isfinite(ratio), ratio, np.inf)
-    j = int(ratio.argmax())
-    return float(ratio[j]), j
+    return np.where(np.isfinite(ratio), ratio, np.inf)
 
 
 def compare(ref: Trace, got: Trace, rtol: float, atol: float) -> Difference:
@@ -140,3 +145,69 @@ def compare(ref: Trace, got: Trace, rtol: float, atol: float) -> Difference:
     if first is None and len(got.losses) != len(ref.losses):
         first, what = steps + 1, "loss"  # one run trained fewer steps than the other
     return Difference(big, big_name, max(loss_diffs, default=0.0), first, what, steps)
+
+
+def broken(ref: Trace, got: Trace, rtol: float, atol: float) -> set[str]:
+    """The parameters that break the tolerance at any step (``compare``'s rule)."""
+    import numpy as np
+
+    out: set[str] = set()
+    steps = min(len(ref.losses), len(got.losses)) + 1
+    for k in range(steps):
+        if ref.params is not None and got.params is not None:
+            for name, x, y in zip(ref.names, got.params[k], ref.params[k], strict=True):
+                d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+                tol = atol + rtol * np.abs(y.astype(np.float64))
+                if d.size and not bool((d <= tol).all()):
+                    out.add(name)
+        elif ref.sums is not None and got.sums is not None:
+            ratios = _sums_ratios(got.sums[k], ref.sums[k], [x.size for x in ref.last], rtol,
+                                  atol)
+            out.update(n for n, r in zip(ref.names, ratios, strict=True) if not r <= 1.0)
+    return out
+
+
+def largest(ref: Trace, got: Trace) -> float:
+    """The largest |difference| of any parameter element at any step kept whole."""
+    import numpy as np
+
+    whole = ref.params is not None and got.params is not None
+    pairs = zip(got.params or [], ref.params or [], strict=False) if whole \
+        else [(got.last, ref.last)]
+    big = 0.0
+    for a, b in pairs:
+        for x, y in zip(a, b, strict=True):
+            if x.size:
+                d = float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max())
+                big = max(big, d if np.isfinite(d) else float("inf"))
+    return big
+
+
+def explain(ref: Trace, got: Trace, control: Trace, rtol: float, atol: float,
+            bound: float) -> str | None:
+    """Why a difference beyond the tolerance is the arithmetic's alone, or None when it is
+    not. ``control`` is single again, summing each batch in another order (micro-batches):
+    a change of the arithmetic and nothing else. The difference is explained when every loss
+    agrees within the tolerance (or within the control's own loss difference), every element
+    stays within ``bound`` (what the optimizer's update can move an element by when rounding
+    changes its gradient: see ``gputui.runs.verify.rounding_bound``), and every parameter
+    that broke the tolerance broke it in the control too."""
+    off = broken(ref, got, rtol, atol)
+    if not off:
+        return None
+    control_off = broken(ref, control, rtol, atol)
+    control_loss = max((abs(a - b) for a, b in zip(control.losses, ref.losses, strict=False)),
+                       default=0.0)
+    steps = min(len(ref.losses), len(got.losses))
+    if len(got.losses) != len(ref.losses) or any(
+            not abs(a - b) <= max(atol + rtol * abs(b), control_loss)
+            for a, b in zip(got.losses[:steps], ref.losses[:steps], strict=True)):
+        return None
+    big = largest(ref, got)
+    if not big <= bound or not off <= control_off:
+        return None
+    names = sorted(off)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{shown} moved apart by up to {big:.2g}, within the {bound:.2g} the optimizer's "
+            f"update allows, and moved apart in single too when it only summed its batches "
+            f"in another order (largest there {largest(ref, control):.2g}); the losses agree")

@@ -19,6 +19,12 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from gputui.core.errors import UserError
+
+
+class OutputShapeError(UserError, ValueError):
+    """The model's output does not fit the task: one line, before any step trains."""
+
 
 def logits_of(out: Any) -> torch.Tensor:
     """The tensor a forward returned: itself, its ``logits`` or a tuple's first element."""
@@ -31,6 +37,30 @@ def logits_of(out: Any) -> torch.Tensor:
         return out[0]
     raise TypeError(f"the model's forward returned a {type(out).__name__}; return a tensor of "
                     f"logits or an object with a .logits tensor")
+
+
+def output_problem(out: Any, y: torch.Tensor, task: str, classes: int) -> str | None:
+    """Why a forward's output cannot be scored against targets ``y`` for ``task`` (one line),
+    or None. A language model must give ``[batch, context, vocab]`` for ``[batch, context]``
+    targets (torch would fail on another shape with "0D or 1D target tensor expected", or on
+    too few logits with "Target 116 is out of bounds", and would train on too many without a
+    word); a classifier ``[batch, classes]`` for ``[batch]``."""
+    try:
+        logits = logits_of(out)
+    except TypeError as exc:
+        return str(exc)
+    got = list(logits.shape)
+    if task == "lm":
+        want = [*y.shape, classes]
+        what = (f"[batch, context, vocab] = {want} (logits for each of the {classes} token "
+                f"values at every position)")
+    else:
+        want = [y.shape[0], classes]
+        what = f"[batch, classes] = {want} (a score for each of the {classes} classes)"
+    if got == want:
+        return None
+    return (f"the model's output has shape {got}, and the {'text' if task == 'lm' else 'data'}"
+            f" needs {what}; make the model's last layer give that shape")
 
 
 def loss_function(name: str) -> Callable[..., torch.Tensor]:

@@ -67,6 +67,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("data.name", "Dataset", "select"),
     FieldSpec("data.source", "Data source", "select"),
     FieldSpec("data.root", "Data root", "input"),
+    FieldSpec("data.path", "Text file", "input"),
     FieldSpec("run.epochs", "Epochs", "input"),
     FieldSpec("optim.batch_size", "Batch size", "input"),
     FieldSpec("optim.lr", "Learning rate", "input"),
@@ -94,6 +95,19 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("optim.scale_with_devices", "Scale batch & lr with devices", "switch"),
 )
 FIELD_BY_KEY = {f.key: f for f in FIELDS}
+# a select the config's code replaces: model.name under model.factory, data.name under
+# data.factory (the run ignores it; the select shows the code and is disabled)
+FACTORY_OF = {"model.name": "model.factory", "data.name": "data.factory"}
+
+
+def select_options(cfg: RunConfig, spec: FieldSpec) -> tuple[list[tuple[str, str]], bool]:
+    """A select's (label, value) options for ``cfg``, and whether it is disabled: the one
+    option naming the code when a factory replaces it, else the field's choices."""
+    factory = FACTORY_OF.get(spec.key)
+    code = current_value(cfg, factory) if factory else ""
+    if code:
+        return [(f"{code} ({factory})", current_value(cfg, spec.key))], True
+    return [(c, c) for c in spec.choices()], False
 
 
 def current_value(cfg: RunConfig, key: str) -> Any:
@@ -109,6 +123,8 @@ def empty_meaning(key: str) -> str:
         from gputui.core.datafiles import SYNTHETIC_SIZES
 
         return f"all (synthetic: {SYNTHETIC_SIZES['train']})"
+    if key == "data.path":
+        return "text data: a file or a folder"
     if key == "data.root":
         from pathlib import Path
 

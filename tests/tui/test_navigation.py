@@ -140,3 +140,49 @@ async def test_square_brackets_typed_into_the_form_are_text_not_markup(presets):
         await pilot.pause(0.3)
         notes = [n.message for n in app._notifications] + [form.error_text("extra")]
         assert any("[foo]" in m for m in notes), notes  # the message keeps its brackets
+
+
+async def test_f7_says_how_many_runs_the_grid_makes_and_how_long_by_earlier_runs(tmp_path,
+                                                                                presets):
+    """The sweep screen did not say how many runs its grid makes nor how long they take."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from run_records import write_record
+
+    runs = tmp_path / "runs"
+    app = make_app(preset="quickstart", runs_dir=runs, launcher=ScriptedLauncher(),
+                   inventory=fixed_inventory(), presets=presets)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await pilot.pause()
+        await pilot.press("f7")
+        await wait_until(pilot, lambda: isinstance(app.screen, SweepScreen), what="the sweep")
+        screen = app.screen
+        await wait_until(pilot, lambda: screen.history is not None, what="the history")
+        await _type_into(pilot, app, "sweep-strategies", "single,scratch")
+        plan = str(screen.query_one("#sweep-plan").render())
+        assert plan.startswith("grid: 2 device counts x 2 strategies = 4 runs"), plan
+        assert plan.endswith("= 4 runs; time unknown: none of them has run here before"), plan
+    # one point's work ran here before (quickstart's model, data, batch: 120 s an epoch)
+    from gputui.core.config import load_preset
+
+    base = load_preset(presets[0])
+    row = write_record(runs, "20260101-100000-quickstart-aaaa", "single", 1,
+                       batch=base.optim.batch_size, lr=base.optim.lr,
+                       sps=base.data.train_size / 120, train_size=base.data.train_size,
+                       model=base.model.name, epochs=2)
+    assert row.exists()
+    app = make_app(preset="quickstart", runs_dir=runs, launcher=ScriptedLauncher(),
+                   inventory=fixed_inventory(), presets=presets)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await pilot.pause()
+        await pilot.press("f7")
+        await wait_until(pilot, lambda: isinstance(app.screen, SweepScreen), what="the sweep")
+        screen = app.screen
+        await wait_until(pilot, lambda: screen.history is not None, what="the history")
+        await _type_into(pilot, app, "sweep-strategies", "single,scratch")
+        plan = str(screen.query_one("#sweep-plan").render())
+        minutes = round((120 * base.run.epochs + 2.5) / 60)
+        assert plan.endswith(f"; about {minutes} min by earlier runs here (3 never ran here: "
+                             f"not counted)"), plan

@@ -62,7 +62,7 @@ async def test_a_finished_run_fills_every_panel(presets):
         # Epochs: time beside test accuracy.
         table = screen.query_one(EpochTable)
         assert table.row_count == 3
-        assert list(table.get_row("2")) == ["2/3", "70.00%", "0.5000", "2.0 s", "0.4 s", "6,000"]
+        assert list(table.get_row("2")) == ["2/3", "70.00%", "2.0 s", "0.5000", "0.4 s", "6,000"]
         # Status strip: progress, ETA, init time, throughput.
         assert text(screen, "#epoch-label") == "epoch 3/3 · step 60/60"
         assert text(screen, "#eta-label") == "ETA 0:00 (whole run)"

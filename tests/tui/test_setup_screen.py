@@ -175,6 +175,56 @@ async def test_save_as_preset_onto_a_folder_says_so_in_the_dialog(tmp_path, inve
         assert folder.is_dir() and not list(folder.iterdir())  # nothing written
 
 
+async def test_save_as_preset_to_a_device_or_pipe_writes_there_not_to_a_toml_beside_it(
+        tmp_path, inventory, presets):
+    """Saving to /dev/null wrote /dev/null.toml: a path that is there is written as given,
+    as `-o` writes it (a named pipe stands for the device here)."""
+    import os
+    import threading
+
+    pipe = tmp_path / "sink"
+    os.mkfifo(pipe)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.screen.query_one("#preset-path", Input).value = str(pipe)
+        await pilot.press("enter")
+        await pilot.pause()
+        reader.join(timeout=60)
+        assert got and b"[strategy]" in got[0]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sink"]  # no sink.toml
+        assert any(n.message == f"Wrote the preset to {pipe}" for n in app._notifications)
+
+
+async def test_a_factory_model_shows_as_its_code_and_text_data_has_a_path_field(
+        tmp_path, inventory, presets):
+    """The set-up screen showed "Model: lenet" for a model.factory preset, and had no field
+    for data.path."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny.toml"
+    app = make_app(preset=example, inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await wait_until(pilot, lambda: app.screen.query_one(ParamForm).ready, what="the form")
+        model = app.screen.query_one("#f-model-name", Select)
+        label = str(model.query_one("SelectCurrent Static").render())
+        assert label.endswith("tiny_model.py:build (model.factory)") and model.disabled, label
+        assert "lenet" not in label
+        path = app.screen.query_one("#f-data-path", Input)
+        assert path.placeholder == "text data: a file or a folder"
+        text = tmp_path / "mine.txt"
+        text.write_text("hello world " * 200)
+        path.value = str(text)
+        await pilot.pause()
+        assert setup_of(app).query_one(ParamForm).values()["data.path"] == str(text)
+
+
 async def test_start_runs_the_launcher_and_opens_the_run_screen(inventory, presets):
     launcher = ScriptedLauncher()
     app = make_app(preset="quickstart", launcher=launcher, inventory=inventory, presets=presets)

@@ -40,3 +40,32 @@ def test_setup_screen_with_a_bad_field(snap_compare, presets):
 
     app = make_app(preset="quickstart", inventory=fixed_inventory(gpus=2), presets=presets)
     assert snap_compare(app, terminal_size=SIZE, run_before=type_bad_lr)
+
+
+async def test_at_80x24_start_and_the_epoch_tables_time_stay_on_the_screen(presets, tmp_path,
+                                                                           monkeypatch):
+    """At the smallest size a preset naming code (its warning), a slow preset's note and a
+    long summary pushed Start below the screen, and the epoch table cut its time column."""
+    from pathlib import Path
+
+    from screens_at import open_run
+
+    from gputui.tui.widgets.epoch_table import EpochTable
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
+    repo = Path(__file__).resolve().parents[2]
+    for preset in (repo / "examples" / "tiny.toml", repo / "presets" / "lenet-scratch-1dev.toml"):
+        app = make_app(preset=preset, inventory=fixed_inventory(gpus=2), presets=presets)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            start = app.screen.query_one("#start")
+            assert 0 < start.region.y and start.region.bottom <= 23, (preset, start.region)
+            assert app.screen.get_widget_at(start.region.x + 2, start.region.y + 1)[0] is start
+    async with make(presets).run_test(size=(80, 24)) as pilot:
+        await open_run(pilot)
+        table = pilot.app.screen.query_one(EpochTable)
+        shown = table.scrollable_content_region.width
+        widths = [c.get_render_width(table) for c in table.ordered_columns]
+        upto_time = sum(widths[:table.labels.index("time") + 1])
+        assert upto_time <= shown, (widths, shown)

@@ -6,6 +6,7 @@ real training runs are covered by test_sweep.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -56,6 +57,9 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
     events.append(RunFinished(seconds=3.0, t=10.0) if status == "finished"
                   else RunStopped(reason="stopped by user", t=10.0) if status == "stopped"
                   else RunFailed(reason="boom", t=10.0))
+    # the events' wall-clock times start when the id says (history sorts and dates by them)
+    t0 = _id_time(run_id)
+    events = [dataclasses.replace(ev, t=ev.t + t0) for ev in events]
     log = runstore.EventLog(run_dir / "events.jsonl")
     for ev in events:
         log.write(ev)
@@ -63,6 +67,17 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
     if summary:
         write_summary(run_dir, runstore.summarize(events))
     return run_dir
+
+
+def _id_time(run_id: str) -> float:
+    """Seconds since the epoch of a run id's YYYYMMDD-HHMMSS start, less 1 (the records' first
+    event is at t = 1); 0.0 for an id without one."""
+    from datetime import datetime
+
+    try:
+        return datetime.strptime(run_id[:15], "%Y%m%d-%H%M%S").timestamp() - 1.0
+    except ValueError:
+        return 0.0
 
 
 def truncate_record(run_dir: Path, keep_lines: int, torn: str = '{"type":"step","ep',

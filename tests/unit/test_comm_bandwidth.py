@@ -79,3 +79,31 @@ def test_compare_shows_the_bandwidth_beside_the_kept_peak(tmp_path, monkeypatch)
     assert item.comm_peak_gbps == 1.2
     assert any("allreduce 0.60 GB/s, 50% of bench-comm's 1.20" in line
                for line in summary_lines([item]))
+
+
+@pytest.mark.parametrize("strategy,what", [
+    ("ddp", "its gradient all-reduce"),
+    ("tp", "its tensor-parallel activation all-reduces, 4 a block"),
+])
+def test_compare_names_the_collective_the_bandwidth_timed(tmp_path, monkeypatch, strategy,
+                                                          what):
+    """tp's bytes are its activation all-reduces: compare called them "its gradient
+    all-reduce"."""
+    import dataclasses
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_records import write_record
+
+    from gputui.core.runstore import read_events
+    from gputui.runs.compare import compare, summary_lines
+
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
+    run = write_record(tmp_path / "runs", f"{strategy}2", strategy=strategy, n=2, epochs=2)
+    lines = [(dataclasses.replace(ev, comm_gbps=0.5) if ev.kind == "step" else ev).to_json()
+             for ev in read_events(run)]
+    (run / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (item,) = compare([run], tmp_path / "runs")
+    (line,) = [x for x in summary_lines([item]) if "GB/s" in x]
+    assert f"allreduce 0.50 GB/s ({what}, mean of the metered steps)" in line, line

@@ -243,3 +243,18 @@ def test_compare_names_each_collective_a_step_took():
     assert got["collectives"] == pytest.approx({"fsdp all-gather": 0.002,
                                                 "tp all-reduce": 0.004})
     assert read_hw_figures("", events=[])["collectives"] is None
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--target-loss", "inf", "'inf' is not a finite number"),
+    ("--target-loss", "nan", "'nan' is not a finite number"),
+    ("--target-loss", "-1", "--target-loss must be a loss above 0; got -1"),
+    ("--target-acc", "-inf", "'-inf' is not a finite number"),
+])
+def test_a_target_that_can_never_be_met_is_refused(runs, capsys, flag, value, expected):
+    try:
+        code = cli.main(["compare", "--runs-dir", str(runs), "b256", "strong", f"{flag}={value}"])
+    except SystemExit as exc:  # argparse's own refusal, one line through cli's Parser
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err

@@ -117,3 +117,26 @@ def test_preset_names_resolve_and_unknown_names_are_listed():
     assert "quickstart" in [p.stem for p in list_presets()]
     with pytest.raises(ConfigError, match="no such preset file or preset name; known presets:"):
         resolve_preset("nope")
+
+
+def test_the_users_presets_folder_is_never_the_projects_own(tmp_path, monkeypatch):
+    """`tune` (and the app's Save as preset) wrote into the repository's presets/ when run
+    from the repository: there the user's folder is ~/.config/gputui/presets."""
+    from gputui.core.presets import PACKAGE_PRESETS, preset_dirs, resolve_preset, user_presets_dir
+
+    monkeypatch.delenv("GPUTUI_PRESETS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(PACKAGE_PRESETS.parent)  # the repository
+    mine = tmp_path / "config" / "gputui" / "presets"
+    assert user_presets_dir() == mine
+    mine.mkdir(parents=True)
+    (mine / "gpt-tiny-tuned.toml").write_text('[run]\nname = "t"\n')
+    assert preset_dirs()[0] == mine and PACKAGE_PRESETS.resolve() in [
+        d.resolve() for d in preset_dirs()]
+    assert resolve_preset("gpt-tiny-tuned") == mine / "gpt-tiny-tuned.toml"
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert user_presets_dir() == Path("presets")  # a project of the user's own
+    monkeypatch.setenv("GPUTUI_PRESETS_DIR", str(tmp_path / "chosen"))
+    assert user_presets_dir() == tmp_path / "chosen"

@@ -65,3 +65,16 @@ def test_the_example_sweeps_over_devices(tmp_path):
     # compared as built-in runs are: the model named, the 2-device run against the 1-device one
     assert {r["model"] for r in runs} == {f"{REPO / 'examples' / 'tiny_model.py'}:build"}
     assert all(r["speedup"] > 0 for r in runs)
+
+
+def test_dry_run_shows_the_factory_not_the_built_in_name_it_replaces(tmp_path):
+    """`--dry-run` of a factory model printed name = "lenet", a model the run never builds."""
+    import tomllib
+
+    proc = gputui("run", str(PRESET), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = tomllib.loads(proc.stdout)
+    assert "name" not in shown["model"] and shown["model"]["factory"].endswith("tiny_model.py:build")
+    assert "name" not in shown["data"] and "lenet" not in proc.stdout
+    proc = gputui("run", str(PRESET), "--dry-run", "--json", cwd=tmp_path)
+    assert "name" not in json.loads(proc.stdout)["model"]

@@ -133,3 +133,26 @@ def test_cli_modules_do_not_import_torch():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_runs_last_is_the_newest_by_when_it_started_not_by_folder_name(tmp_path, capsys):
+    """Two runs of one second (ids differ only in their random tail) and a folder named by
+    hand: `runs --last 1` named the one whose folder sorted last."""
+    base = tmp_path / "runs"
+    write_record(base, "20260101-100000-exp-ffff", "single", 1)  # started first
+    newer = write_record(base, "20260101-100000-exp-0000", "single", 1)
+    lines = (newer / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first["t"] += 0.5  # half a second later, in the same second of its id
+    (newer / "events.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n",
+                                        encoding="utf-8")
+    (newer / "summary.json").unlink()  # the started time read from the record's first line
+    assert [r.id for r in history.filter_rows(history.load_rows(base), last=1)] == \
+        ["20260101-100000-exp-0000"]
+    hand = write_record(base, "zzz-my-copy", "single", 1)  # no time in its name
+    old = time.time() - 86400 * 365 * 30
+    for p in hand.iterdir():
+        os.utime(p, (old, old))
+    assert cli.main(["runs", "--runs-dir", str(base), "--last", "1", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["id"] == "20260101-100000-exp-0000"

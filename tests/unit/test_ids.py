@@ -85,3 +85,16 @@ def test_resume_finds_a_run_by_a_part(runs, capsys):
     assert err.count("\n") == 1 and "no checkpoint" in err and IDS[0] in err
     assert cli.main(["resume", "quickstart", "--runs-dir", str(runs)]) == 2
     assert "ambiguous" in capsys.readouterr().err
+
+
+def test_a_sweep_id_given_for_a_run_points_to_the_sweep_commands(runs, capsys):
+    """`gputui resume SWEEP_ID` said there is no such run, and nothing of `sweep --resume`."""
+    sweep = "20261124-090000-tiny-bbbb"
+    for argv in (["resume", sweep], ["resume", "tiny-bbbb"], ["compare", sweep]):
+        assert cli.main([*argv, "--runs-dir", str(runs)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert (f"is a sweep, not a run: `gputui sweep --resume {sweep}` continues it, "
+                f"`gputui compare --sweep {sweep}` compares its runs") in err, err
+    assert cli.main(["resume", "nothing-like-it", "--runs-dir", str(runs)]) == 2
+    assert "no run 'nothing-like-it'" in capsys.readouterr().err

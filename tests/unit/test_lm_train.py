@@ -62,6 +62,30 @@ def test_a_users_language_model_trains_with_its_loss(factory, loss):
     assert evaluate(strategy, data_for(cfg)) < losses[0]
 
 
+@pytest.mark.parametrize("factory, got", [
+    ("build_wrong_vocab", "[16, 32, 300]"),  # trained silently on 300 logits for 256 bytes
+    ("build_last_only", "[16, 256]"),  # torch: "0D or 1D target tensor expected"
+])
+def test_a_users_language_model_of_the_wrong_output_shape_is_stopped_before_its_first_step(
+        factory, got):
+    from gputui.core.errors import UserError
+
+    cfg = make_config("single", "cpu", "lenet", 16, **GPT_SMALL, **{
+        "model.factory": f"{user_lm.HERE}:{factory}"})
+    with pytest.raises(UserError) as err:
+        run_steps(cfg, 1)
+    assert str(err.value) == (
+        f"the model's output has shape {got}, and the text needs [batch, context, vocab] = "
+        f"[16, 32, 256] (logits for each of the 256 token values at every position); make "
+        f"the model's last layer give that shape")
+    assert "\n" not in str(err.value)
+    narrow = cfg.replace(model={"factory": f"{user_lm.HERE}:build_wrong_vocab",
+                                "kwargs": {"out": 100}})  # torch: "Target 116 is out of bounds"
+    with pytest.raises(UserError, match=r"has shape \[16, 32, 100\]"):
+        run_steps(narrow, 1)
+    run_steps(cfg.replace(model={"factory": user_lm.TRANSFORMER}), 1)  # the right shape trains
+
+
 def test_a_randomly_initialised_huggingface_gpt2_trains_as_the_users_model():
     pytest.importorskip("transformers", reason="the optional extra 'hf' (transformers) is not "
                                                "installed: pip install -e '.[hf]'")

@@ -119,3 +119,19 @@ def test_no_empty_brackets_in_a_failure(tmp_path):
                     str(WriteFailed(tmp_path / "nope" / "x",
                                     FileNotFoundError(2, "No such file or directory")))):
         assert problem and "()" not in problem, problem
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
+def test_the_processs_own_stdout_through_proc_gets_the_bytes(tmp_path, runs):
+    """``-o /proc/self/fd/1`` (or /dev/stdout) with stdout a pipe: the kernel follows the link
+    to the pipe, where realpath makes a name that does not exist ("pipe:[1234]"); it said the
+    folder does not exist."""
+    import subprocess
+    import sys
+
+    for out in ("/proc/self/fd/1", "/dev/stdout"):
+        done = subprocess.run([sys.executable, "-m", "gputui", "runs", "--runs-dir", str(runs),
+                               "--format", "csv", "-o", out], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "20260101-000000-a" in done.stdout

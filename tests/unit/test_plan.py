@@ -112,6 +112,10 @@ CASES = [
 # a field's own rules are checked where the field is read, before any cross-field rule
 FIELD_CASES = [
     ({"dist.rdzv_endpoint": "h"}, "dist.rdzv_endpoint must be HOST:PORT"),
+    # a host torch's launcher would fail on, after the run started
+    ({"dist.rdzv_endpoint": "my host;rm -rf x:29400"},
+     "dist.rdzv_endpoint's host must be a host name or address"),
+    ({"dist.rdzv_endpoint": "a..b:29400"}, "dist.rdzv_endpoint's host must be"),
     ({"strategy.split_weights": [1, -1]}, "strategy.split_weights[1] must be greater than 0.0, got -1.0"),
     ({"run.name": "../x"}, "run.name '../x' looks like a path"),
 ]
@@ -122,6 +126,14 @@ def test_a_fields_own_rule_is_checked_with_the_field(sets, expected):
     with pytest.raises(ConfigError) as err:
         apply_overrides(RunConfig(), [("t", k, v) for k, v in sets.items()])
     assert str(err.value).startswith("t: ") and expected in str(err.value)
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.1:29400", "node-a.example.com:29400",
+                                      "node_a:1", "[::1]:29400", "[fe80::1%eth0]:29400",
+                                      "localhost.:29400"])
+def test_a_rendezvous_host_name_or_address_is_accepted(endpoint):
+    cfg = apply_overrides(RunConfig(), [("t", "dist.rdzv_endpoint", endpoint)])
+    assert cfg.dist.rdzv_endpoint == endpoint
 
 
 def test_why_not_says_what_the_strategy_picker_shows():

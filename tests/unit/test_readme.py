@@ -7,8 +7,9 @@ blocks (install + app, install + tests) are what CI runs (the line after ``<!-- 
 (a line on several pages too), in this process through ``gputui.cli.main`` from the clone's
 folder (records go to a temp folder through GPUTUI_RUNS_DIR), exactly as written except for:
 
-* the placeholders the README defines: ``RUN`` (each one a run recorded by an earlier line)
-  and ``SWEEP_ID`` (the sweep an earlier line ran);
+* the placeholders the README defines: ``RUN`` (each one a run recorded by an earlier line;
+  for ``compare``, the runs of the last sweep, which are runs of the same work) and
+  ``SWEEP_ID`` (the sweep an earlier line ran);
 * small overrides appended so the suite stays fast: ``run``, ``resume`` and ``sweep`` train
   1 epoch on 512 images (resume: the run it continues is that small), ``bench-comm`` times
   one small size once, ``tune`` measures and confirms one small candidate (its preset and
@@ -35,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from gputui import cli
+from gputui.runs.sweep import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -140,13 +142,15 @@ def test_steps_an_epoch_are_what_runs_take():
         assert int(steps) == int(images.replace(",", "")) // batch, (where, images, steps)
 
 
-def _argv(line: str, runs: list[str], sweep_id: str | None, seen: set[str]) -> list[str]:
+def _argv(line: str, runs: list[str], sweep_id: str | None, seen: set[str],
+          sweep_runs: list[str] | None = None) -> list[str]:
     """The arguments of a documented line, as this test runs it (see the module docstring)."""
     argv = shlex.split(line)[1:]
     command = argv[0]
     if "RUN" in argv:
         assert runs, f"no run recorded before: {line}"
-        ids = iter(runs)
+        # compare pairs runs of the same work, as the README's line says: a sweep's runs
+        ids = iter(sweep_runs if command == "compare" and sweep_runs else runs)
         argv = [next(ids) if w == "RUN" else w for w in argv]
     if "SWEEP_ID" in argv:
         assert sweep_id, f"no sweep ran before: {line}"
@@ -170,7 +174,9 @@ def test_every_gputui_line_runs_as_written(tmp_path, monkeypatch, capsys):
     for line in [ln for ln in command_lines() if ln.startswith(".venv/bin/gputui ")]:
         runs = sorted(p.name for p in runs_dir.iterdir() if p.name != "sweeps") \
             if runs_dir.is_dir() else []
-        argv = _argv(line, runs, sweep_id, seen)
+        sweep_runs = [p.run_id for p in load_manifest(runs_dir, sweep_id).points
+                      if p.run_id] if sweep_id else []
+        argv = _argv(line, runs, sweep_id, seen, sweep_runs)
         if argv[0] == "tune":  # its preset into the temp folder, not the clone's presets/
             argv += ["-o", str(tmp_path / "tuned.toml")]
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,

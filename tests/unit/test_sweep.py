@@ -277,3 +277,18 @@ def test_kind_gpu_without_a_gpu_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("gputui: error: --kind gpu: no GPU is available (")
     assert proc.stderr.strip().endswith("use --kind cpu") and proc.stderr.count("\n") == 1
+
+
+def test_a_resumed_sweep_of_thousands_of_points_has_a_header_of_one_short_line(tiny, tmp_path):
+    """A grid of 2,016 points printed every key on one 25 KB line."""
+    runs = tmp_path / "runs"
+    points = [Point("single", str(n), f"cpu*{n}", "finished", settings={"run.seed": s})
+              for n in (1, 2) for s in range(1008)]
+    m = Manifest("20260101-000000-tiny-beef", str(tiny), [], ["1", "2"], ["single"],
+                 state="interrupted", points=points)
+    m.save(runs)
+    proc = gputui("sweep", "--resume", m.sweep_id, "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    (header,) = [line for line in proc.stdout.splitlines() if "2016 points" in line]
+    assert len(header) < 400, header
+    assert "... and 2,010 more" in header and f"manifest {runs}" in header

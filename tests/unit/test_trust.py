@@ -205,6 +205,23 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
     assert "different moments" in lines[2]
 
 
+def test_a_kept_inputs_name_is_read_from_the_keys_fixed_ends():
+    """Model, data and fsdp labels may hold the key's separator: an fsdp label holds the data
+    label, and a file path may hold ``|``; the name must not shift with them (it printed
+    "collectives over ystdlib devices")."""
+    from gputui.runs.predict_cache import comm_key
+    from gputui.runs.predict_inputs import input_label
+
+    fsdp = comm_key("cpu", 2, 0, "fsdp:gpt|text:/usr/lib/python3.11/stdlib.txt|Block|step"
+                                 ":gap5.2ms")
+    assert input_label(fsdp) == "fsdp collectives over 2 devices"
+    ring = comm_key("gpu", 4, 3 * 2**20, "NVIDIA H100 | 80GB:gap5ms")
+    assert input_label(ring) == "allreduce of 3.00 MiB over 4 devices"
+    compute = "compute|file:/tmp/a|b/model.py:make|text:/tmp/c|d.txt|fp32|off|False|b64/4|t1|x2|cpu|ddp@1"
+    assert input_label(compute) == ("compute ddp, batch 64 in 4 micro-batches, 1 threads, 2 "
+                                    "copies on cpu")
+
+
 def test_other_processes_on_the_gpu_make_a_run_contended_through_nvml():
     from fakes.nvml import FakeGpu, FakeNvml
 

@@ -158,3 +158,79 @@ def test_the_tolerance_is_the_precisions_and_widens_for_adam_with_its_lr():
     assert tolerance(sgd.replace(run={"precision": "bf16"}), 5) == (2e-2, 2e-3)
     rtol, atol = tolerance(sgd.replace(optim={"name": "adamw", "lr": 3e-3}), 2)
     assert rtol == 1e-5 and atol == pytest.approx(1e-6 + 1e-3 * 3e-3 * 2)
+
+
+def test_a_difference_is_the_arithmetics_only_where_the_control_shows_it_too():
+    """The third verdict: beyond the tolerance, within the optimizer's bound, the losses
+    equal, and every parameter that parted also parted when single only summed its batches
+    in another order (the control)."""
+    from gputui.runs.verify_trace import explain
+
+    a, b = np.ones(4, np.float32), np.zeros(3, np.float32)
+    ref = _trace([[a, b]] * 3, [1.0, 1.0])
+
+    def moved(db: float, da: float = 0.0, losses=(1.0, 1.0)) -> Trace:
+        return _trace([[a, b], [a + da, b + db], [a + da, b + db]], list(losses))
+
+    control = moved(3e-4)  # b parts by rounding alone
+    assert explain(ref, moved(1e-4), control, 1e-5, 1e-6, bound=0.01).startswith(
+        "b moved apart by up to 0.0001, within the 0.01")
+    assert explain(ref, moved(0.02), control, 1e-5, 1e-6, bound=0.01) is None  # past the bound
+    assert explain(ref, moved(1e-4, da=1e-4), control, 1e-5, 1e-6, 0.01) is None  # a parted too
+    assert explain(ref, moved(1e-4, losses=(1.0, 1.01)), control, 1e-5, 1e-6, 0.01) is None
+    assert explain(ref, ref, control, 1e-5, 1e-6, 0.01) is None  # nothing to explain: a pass
+
+
+def test_the_rounding_bound_is_adams_largest_step_twice_per_step():
+    from gputui.core.config import RunConfig
+    from gputui.runs.verify import rounding_bound
+
+    assert rounding_bound(RunConfig(), 5) == 0.0  # sgd: rounding stays rounding-sized
+    adamw = RunConfig().replace(optim={"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95]})
+    assert rounding_bound(adamw, 5) == pytest.approx(2 * 3e-3 * 5)
+    default = adamw.replace(optim={"betas": [0.9, 0.999]})  # (1 - b1) / sqrt(1 - b2) = 3.16
+    assert rounding_bound(default, 5) == pytest.approx(2 * 3e-3 * 5 * 0.1 / 0.001 ** 0.5)
+
+
+LM_PRESET = """[run]
+name = "v"
+[model]
+factory = "{factory}"
+[data]
+name = "pystdlib"
+context = 16
+train_size = 256
+test_size = 32
+[optim]
+batch_size = 16
+name = "adamw"
+lr = 0.003
+[devices]
+spec = "cpu*2"
+[strategy]
+name = "ddp"
+"""
+
+
+@pytest.mark.slow
+def test_the_users_transformer_under_adamw_is_no_failure_of_ddp_but_a_fault_is(tmp_path, capsys):
+    """The user's own transformer (nn.MultiheadAttention blocks) under AdamW: ddp's tiny
+    float differences in the attention's key bias were reported FAIL ("ddp breaks my
+    model"); they pass, or are ROUNDING with why; a fault on purpose still FAILs."""
+    import user_lm
+    from gputui.cli import main
+
+    preset = tmp_path / "lm.toml"
+    preset.write_text(LM_PRESET.format(factory=user_lm.TRANSFORMER))
+    argv = ["verify", str(preset), "--strategies", "ddp", "--steps", "5", "--json",
+            "--runs-dir", str(tmp_path / "runs")]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    (s,) = json.loads(out)["strategies"]
+    assert code == 0 and s["result"] in ("pass", "rounding"), err
+    if s["result"] == "rounding":
+        assert "ddp: ROUNDING (no fault found): " in err and "attn.in_proj_bias" in s["rounding"]
+    code = main([*argv, "--set", "debug.fault_strategy=ddp", "--set", "debug.fault_step=2"])
+    out, err = capsys.readouterr()
+    (s,) = json.loads(out)["strategies"]
+    assert code == 1 and s["result"] == "fail" and "ddp: FAIL: first diverged at step " in err

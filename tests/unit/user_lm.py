@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve()
 LOG_SOFTMAX = f"{HERE}:build_log_softmax"
 OUTPUT_OBJECT = f"{HERE}:build_output_object"
 HF_GPT2 = f"{HERE}:build_hf_gpt2"
+TRANSFORMER = f"{HERE}:build_transformer"  # a ModuleList of nn.MultiheadAttention blocks
 
 
 class Bigram(nn.Module):
@@ -80,3 +81,63 @@ def build_hf_gpt2(channels: int, height: int, width: int, classes: int, n_embd: 
     config = GPT2Config(vocab_size=classes, n_positions=width, n_embd=n_embd,
                         n_layer=n_layer, n_head=n_head, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(config)
+
+
+class AttentionBlock(nn.Module):
+    """A pre-norm block on torch's own nn.MultiheadAttention (causal) and an MLP: what a user
+    writes first. Its key bias has a gradient of zero in exact arithmetic (a softmax ignores
+    a shift of every score), so in float32 a gradient of rounding alone."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """A plain nn.Module: embeddings, a ModuleList of blocks, a head of ``out`` logits."""
+
+    def __init__(self, context: int, vocab: int, width: int = 32, heads: int = 2,
+                 layers: int = 2, out: int | None = None):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(AttentionBlock(width, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, out or vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+class LastOnlyLM(TransformerLM):
+    """The wrong shape: one prediction per window ([batch, vocab]), not one per position."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return super().forward(idx)[:, -1]
+
+
+def build_transformer(channels: int, height: int, context: int, vocab: int,
+                      **kw) -> nn.Module:
+    return TransformerLM(context, vocab, **kw)
+
+
+def build_wrong_vocab(channels: int, height: int, context: int, vocab: int,
+                      out: int = 300) -> nn.Module:
+    """Logits for ``out`` tokens where the data has ``vocab`` (300 for 256 byte values)."""
+    return TransformerLM(context, vocab, out=out)
+
+
+def build_last_only(channels: int, height: int, context: int, vocab: int) -> nn.Module:
+    return LastOnlyLM(context, vocab)

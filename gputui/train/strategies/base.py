@@ -68,7 +68,8 @@ from gputui.train.optim import Updater, make_optimizer
 from gputui.train.strategies import fastpath
 from gputui.train.strategies.memory_rows import MemoryRows
 from gputui.train.strategies.meter import Meter
-from gputui.train.task import batch_score, mean_loss, zero_score
+from gputui.train.task import (OutputShapeError, batch_score, mean_loss, output_problem,
+                               zero_score)
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -118,6 +119,9 @@ class Strategy(MemoryRows):
         self.loss_name = cfg.model.loss
         self.plain_loss = self.task == "classify" and self.loss_name == "cross_entropy" \
             and not cfg.model.factory
+        # a model of the user's own: its output's shape checked against the task at the first
+        # loss, before the first backward (a built-in model's is right by construction)
+        self.output_checked = not cfg.model.factory
         # CUDA graphs (compile "reduce-overhead") reuse their output memory: each step says
         # where it begins, so the previous step's outputs are not taken for live ones.
         self.graph_steps = cfg.run.compile == "reduce-overhead"
@@ -178,6 +182,11 @@ class Strategy(MemoryRows):
         if self.plain_loss:  # a classifier's logits: exactly what a hand-written step does
             loss = F.cross_entropy(out if self.amp_dtype is None else out.float(), y)
         else:
+            if not self.output_checked:
+                problem = output_problem(out, y, self.task, self.num_classes)
+                if problem:
+                    raise OutputShapeError(problem)
+                self.output_checked = True
             loss = mean_loss(out, y, self.loss_name)
         share = len(y) / denom
         return loss if share == 1.0 else loss * share

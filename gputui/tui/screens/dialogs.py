@@ -82,7 +82,9 @@ class SavePresetDialog(ModalScreen[Path | None]):
             self._error("give a file name, e.g. presets/mine.toml")
             return
         path = Path(raw).expanduser()
-        if path.suffix != ".toml":
+        # a new name gets .toml; a path that is there (a device, a pipe, a file by another
+        # name) is written as given, as `-o` writes it: /dev/null is not /dev/null.toml
+        if path.suffix != ".toml" and not (path.exists() or path.is_symlink()):
             path = path.with_suffix(path.suffix + ".toml" if path.suffix else ".toml")
         if not path.parent.exists() and path.parent != self.default.parent:
             self._error(f"the folder {path.parent} does not exist")
@@ -93,7 +95,7 @@ class SavePresetDialog(ModalScreen[Path | None]):
         if problem:
             self._error(problem)
             return
-        if path.exists() and self._confirm_overwrite != path:
+        if path.is_file() and self._confirm_overwrite != path:
             self._confirm_overwrite = path
             self._error(f"{path} exists: press Save again to overwrite it")
             return

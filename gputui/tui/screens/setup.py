@@ -8,7 +8,7 @@ from typing import Callable
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Static
 
@@ -80,10 +80,14 @@ class SetupScreen(SetupEstimate, Screen):
                 panel = PresetPanel(self.presets, {k: v[0] for k, v in BUILTINS.items()})
                 panel.loaded = self.preset
                 yield panel
-                yield Static("", id="code-marker", classes="-none")
-                yield Static(SLOW_NOTE, id="slow-note", classes="-none", markup=False)
-                yield Static("", id="summary", markup=False)
+                # Start is docked at the side's foot: however long the notes above it grow
+                # (a preset naming code, a slow one, an estimate), it stays on the screen and
+                # the notes scroll
                 yield Button("Start run (ctrl+r)", id="start", variant="success")
+                with VerticalScroll(id="setup-notes"):
+                    yield Static("", id="code-marker", classes="-none")
+                    yield Static(SLOW_NOTE, id="slow-note", classes="-none", markup=False)
+                    yield Static("", id="summary", markup=False)
         yield Footer()
         yield TooSmall()
 
@@ -314,6 +318,9 @@ class SetupScreen(SetupEstimate, Screen):
                 write_atomic(path, cfg.to_toml())
             except OSError as exc:  # WriteFailed: the file, the cause and the fix
                 self.notify(str(exc), severity="error", markup=False)
+                return
+            if not path.is_file():  # a device or a pipe took the bytes: no preset to run
+                self.notify(f"Wrote the preset to {path}", timeout=8)
                 return
             if path not in self.presets and path.parent == folder:
                 self.presets = sorted([*self.presets, path])

@@ -10,8 +10,10 @@ after the app goes away.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -24,7 +26,9 @@ from gputui.core.devices import wants_gpus
 from gputui.core.events import plural
 from gputui.core.usercode import code_line, data_label, model_label
 from gputui.runs.sweep import Point, Sweep, parse_devices
-from gputui.tui.messages import OpenCompare, StartSweep, StopSweep, SweepStarted
+from gputui.runs.sweep_grid import spec_for
+from gputui.tui.estimate import duration_words, same_work
+from gputui.tui.messages import HistoryRead, OpenCompare, StartSweep, StopSweep, SweepStarted
 from gputui.tui.widgets.plain_table import PlainTable
 from gputui.tui.widgets.too_small import TooSmall
 
@@ -67,7 +71,7 @@ class SweepScreen(Screen):
     #sweep-devices { width: 14; }
     #sweep-strategies { width: 1fr; }
     #sweep-points { height: 1fr; }
-    #sweep-status { height: auto; padding: 0 1; }
+    #sweep-status, #sweep-plan { height: auto; padding: 0 1; }
     """
     BINDINGS = [
         Binding("ctrl+r", "start", "Start sweep", priority=True),
@@ -84,6 +88,7 @@ class SweepScreen(Screen):
         self.sweep: Sweep | None = None
         self.running = False
         self.state = "idle"  # idle | running | finished | interrupted | failed
+        self.history: tuple | None = None  # this machine's earlier runs (None: not read yet)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -97,6 +102,7 @@ class SweepScreen(Screen):
             yield Checkbox("scale batch/lr with devices", id="sweep-scale")
             yield Button("Start", id="sweep-start", variant="primary")
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
+        yield Static("", id="sweep-plan", markup=False)
         yield PlainTable(id="sweep-points", cursor_type="row")
         d = self.config.to_dict()
         code = code_line(d)
@@ -112,6 +118,70 @@ class SweepScreen(Screen):
         for label, key in (("point", "point"), ("devices", "spec"), ("status", "status"),
                            ("run", "run"), ("detail", "detail")):
             table.add_column(label, key=key)
+        self.show_plan()
+        self.read_history()
+
+    @work(thread=True, exclusive=True, group="sweep-history", exit_on_error=False)
+    def read_history(self) -> None:
+        """This machine's earlier runs, off the UI thread (the estimate rests on them)."""
+        from gputui.runs.history import load_rows
+
+        try:
+            rows = tuple(load_rows(self.runs_dir))
+        except OSError:
+            rows = ()
+        self.post_message(HistoryRead(rows))
+
+    def on_history_read(self, message: HistoryRead) -> None:
+        self.history = message.rows
+        self.show_plan()
+
+    @on(Input.Changed, "#sweep-devices, #sweep-strategies")
+    def _grid_changed(self) -> None:
+        if not self.running:
+            self.show_plan()
+
+    def plan_text(self) -> str:
+        """How many runs the form's grid makes, and how long they take by this machine's
+        earlier runs of the same work (or that it does not know)."""
+        strategies = list(dict.fromkeys(
+            s.strip() for s in self.query_one("#sweep-strategies", Input).value.split(",")
+            if s.strip()))
+        try:
+            devices = parse_devices(self.query_one("#sweep-devices", Input).value)
+        except ConfigError as exc:
+            return f"grid: {exc}"
+        runs = len(devices) * len(strategies)
+        text = (f"grid: {plural(len(devices), 'device count')} x "
+                f"{plural(len(strategies), 'strategy').replace('strategys', 'strategies')} = "
+                f"{plural(runs, 'run')}")
+        if not runs:
+            return text
+        if self.history is None:
+            return text + "; reading this machine's earlier runs for an estimate…"
+        kind = "gpu" if wants_gpus(self.config.devices.spec) else "cpu"
+        seconds, known = 0.0, 0
+        for n in devices:
+            spec = spec_for(n, kind)
+            for name in strategies:
+                try:
+                    cfg = self.config.replace(strategy={"name": name}, devices={"spec": spec})
+                except ConfigError:
+                    continue
+                count = int(n) if n.isdigit() else max(1, len(spec.split(",")))
+                same = [r for r in self.history if same_work(r, cfg, count)]
+                if same:  # the median earlier run of this point's work, start-up included
+                    seconds += statistics.median(r.time_per_epoch_s * cfg.run.epochs
+                                                 + (r.init_s or 0.0) for r in same)
+                    known += 1
+        if not known:
+            return text + "; time unknown: none of them has run here before"
+        rest = "" if known == runs else f" ({runs - known} never ran here: not counted)"
+        took = duration_words(seconds) if seconds >= 60 else f"{seconds:.0f} s"
+        return text + f"; about {took} by earlier runs here{rest}"
+
+    def show_plan(self) -> None:
+        self.query_one("#sweep-plan", Static).update(self.plan_text())
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         """Start and Stop buttons."""

@@ -11,10 +11,11 @@ from gputui.tui.fmt import fmt_rate
 
 
 class EpochTable(DataTable):
-    """Epoch, test accuracy, train loss, train time, eval time, samples/s: the score first,
-    so a narrow table cuts the least read columns."""
+    """Epoch, test accuracy, train time, train loss, eval time, samples/s: the score and the
+    time first (the material's pair), so a narrow table (30 columns at 80x24) cuts the least
+    read columns and never the time."""
 
-    COLUMNS = ("epoch", "test acc", "loss", "time", "eval", "samples/s")
+    COLUMNS = ("epoch", "test acc", "time", "loss", "eval", "samples/s")
 
     def __init__(self) -> None:
         super().__init__(id="epoch-table", cursor_type="row", zebra_stripes=True)
@@ -29,7 +30,7 @@ class EpochTable(DataTable):
         """Relabel for a language model (before its first epoch): its score is the validation
         loss and perplexity, its speed tokens/s."""
         self.clear(columns=True)
-        self.labels = ("epoch", "val loss (ppl)", "loss", "time", "eval", "tokens/s")
+        self.labels = ("epoch", "val loss (ppl)", "time", "loss", "eval", "tokens/s")
         for name, label in zip(self.COLUMNS, self.labels, strict=True):
             self.add_column(label, key=name)
 
@@ -37,7 +38,7 @@ class EpochTable(DataTable):
         """Add (or replace, for a repeated epoch number) the row of one epoch."""
         score = (score_cell("lm", None, ev.val_loss) if ev.task == "lm"
                  else acc_text(ev.test_acc))
-        cells = (f"{ev.epoch}/{ev.epochs}", score, f"{ev.train_loss:.4f}", f"{ev.seconds:.1f} s",
+        cells = (f"{ev.epoch}/{ev.epochs}", score, f"{ev.seconds:.1f} s", f"{ev.train_loss:.4f}",
                  f"{ev.eval_s:.1f} s",
                  fmt_rate(ev.tokens_per_s if ev.task == "lm" and ev.tokens_per_s
                           else ev.samples_per_s))

@@ -14,7 +14,7 @@ from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from gputui.core.config import RunConfig
 from gputui.tui.form import (FIELDS, FieldSpec, check_field, current_value, empty_meaning,
-                             field_text)
+                             field_text, select_options)
 
 EXTRA_ID = "f-extra"
 
@@ -94,7 +94,8 @@ class ParamForm(VerticalScroll):
     def _editor(self, spec: FieldSpec) -> Widget:
         value = initial_value(self.base, spec)
         if spec.kind == "select":
-            return Select([(c, c) for c in spec.choices()], value=value, allow_blank=False,
+            options, disabled = select_options(self.base, spec)
+            return Select(options, value=value, allow_blank=False, disabled=disabled,
                           id=spec.dom_id, compact=True, tooltip=spec.help())
         if spec.kind == "switch":
             return Checkbox(spec.label, value=value, id=spec.dom_id, compact=True,
@@ -134,7 +135,11 @@ class ParamForm(VerticalScroll):
         if not self.ready:  # the rows will be made from it
             return
         for spec in FIELDS:
-            self._mounted_editor(spec).value = initial_value(config, spec)
+            editor = self._mounted_editor(spec)
+            if isinstance(editor, Select):
+                options, editor.disabled = select_options(config, spec)
+                editor.set_options(options)
+            editor.value = initial_value(config, spec)
         self.query_one(f"#{EXTRA_ID}", Input).value = ""
 
     def show_errors(self, errors: dict[str, str], extra_error: str = "") -> None:
