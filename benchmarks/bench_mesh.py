@@ -5,6 +5,10 @@ schedule this torch has and a few 2-D meshes, on ``--devices`` (default cpu*4).
     .venv/bin/python benchmarks/bench_mesh.py [PRESET] [--devices cpu*4] [--only NAME,...]
         [--epochs 2] [--set key=value ...] [--json]
 
+e.g. (gpt-tiny with 6 blocks, so that 4 ranks x 2 stages fit the looped schedules):
+    .venv/bin/python benchmarks/bench_mesh.py gpt-tiny --devices cpu*4 \
+        --set model.n_layer=6 --set data.train_size=512
+
 Each variant runs as a user's run does (the launcher, one rank per device). From the step
 events after the first epoch (warm-up): tokens/s (samples/s x data.context), and their ratio to
 `single` (one device, every core); from the run's first memory report: the largest rank's
@@ -106,14 +110,25 @@ def main() -> None:
     load0 = os.getloadavg()
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"{os.cpu_count()} cores", flush=True)
+    from gputui.core.config import ConfigError
+    from gputui.hw.discovery import resolve_devices
+    from gputui.plan import validate
+
     res: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
     for name in names:
         strategy, extra = VARIANTS[name]
         spec = "cpu" if strategy == "single" else args.devices
         changes = {t: dict(v) for t, v in extra.items()}
         changes.setdefault("strategy", {})["name"] = strategy
         cfg = base.replace(devices={"spec": spec}, **changes)
-        res[name] = run(cfg)
+        try:  # the plan's rules first, as `gputui run` checks them
+            validate(cfg, resolve_devices(spec), name)
+            res[name] = run(cfg)
+        except (ConfigError, SystemExit) as exc:
+            skipped[name] = str(exc)
+            print(f"{name:18s} skipped: {exc}", flush=True)
+            continue
         got = res[name]
         print(f"{name:18s} {got['samples_per_s'] * context:10,.0f} tokens/s", flush=True)
     load1 = os.getloadavg()
@@ -127,10 +142,12 @@ def main() -> None:
         print(f"{name:18s} {got['samples_per_s'] * context:10,.0f} "
               f"{got['samples_per_s'] / one:8.2f} {mib(got['params'])} {mib(got['grads'])} "
               f"{mib(got['optim'])} {mib(got['activations'])} {mib(got['peak'])}  {bubble}")
+    for name, why in skipped.items():
+        print(f"{name:18s} skipped: {why}")
     print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if args.json:
         print(json.dumps({"devices": args.devices, "load_before": load0, "load_after": load1,
-                          "results": res}, indent=2))
+                          "results": res, "skipped": skipped}, indent=2))
 
 
 if __name__ == "__main__":
