@@ -42,6 +42,18 @@ class Navigation(_Base):
                                        title=message.title,
                                        only_compared=message.only_compared))
 
+    def action_show_help_panel(self) -> None:
+        """The keys (F1): the app's and the screen's first, the focused widget's after."""
+        from textual.css.query import NoMatches
+
+        from gputui.tui.keys import AppHelpPanel
+
+        screen = self.screen
+        try:
+            screen.query_one(AppHelpPanel)
+        except NoMatches:
+            screen.mount(AppHelpPanel())
+
     def action_open_history(self) -> None:
         """The run history (F6): past runs with their plots, and comparisons."""
         from gputui.tui.screens.history import HistoryScreen

@@ -324,3 +324,23 @@ async def test_the_mesh_is_set_from_the_form_and_says_what_these_devices_allow(i
         summary = str(app.screen.query_one("#summary").render())
         assert "pp x dp_replicate x tp = 8 does not divide the 4 ranks" in summary, summary
         assert app.screen.query_one("#start").disabled
+
+
+async def test_f1_lists_the_apps_keys_before_the_focused_inputs(inventory, presets):
+    """F1 with the focus in a text field: the app's and the screen's keys (Start run, Save
+    preset, Quit ...) come first, the field's text-editing keys after them."""
+    from gputui.tui.keys import AppFirstBindings
+
+    app = make_app(preset="quickstart", inventory=inventory, presets=presets)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.click("#f-optim-lr")  # an Input: a dozen editing keys of its own
+        await pilot.press("f1")
+        await pilot.pause()
+        table = app.screen.query_one(AppFirstBindings).render_bindings_table()
+        descriptions = [str(cell) for cell in table.columns[1]._cells if str(cell)]
+        start = next(i for i, d in enumerate(descriptions) if "Start run" in d)
+        editing = next(i for i, d in enumerate(descriptions)
+                       if any(w in d.lower() for w in ("delete", "cursor", "select all")))
+        assert start < editing, descriptions
+        assert "Start run" in descriptions[start] and start < 6, descriptions
