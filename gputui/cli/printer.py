@@ -66,6 +66,9 @@ def breakdown_lines(ev) -> list[str]:
             named = breakdown.collectives_line(row)
             if named and len(named.split(" · ")) > 1:  # one kind is the comm share already
                 out.append(f"{row.device} collectives: {named}")
+            again = breakdown.recompute_line(row)
+            if again:
+                out.append(f"{row.device} {again}")
     slow = straggler.find(ev.per_device)  # ddp/fsdp/tp: the rank the others waited for
     if slow is not None:
         out.append(straggler.line(slow) or "")

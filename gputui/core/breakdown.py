@@ -203,6 +203,17 @@ def pipeline_line(row: Any) -> str | None:
             f"{1000 * (row.recv_s or 0.0):.1f} ms")
 
 
+def recompute_line(row: Any) -> str | None:
+    """Activation checkpointing's recomputation on the metered step, e.g. 'recompute 4.2 ms
+    (12% of the step), inside backward'; None where nothing was recomputed."""
+    seconds = getattr(row, "recompute_s", None)
+    if not seconds:
+        return None
+    step = row.breakdown.step_s if getattr(row, "breakdown", None) is not None else None
+    share = f" ({100 * seconds / step:.0f}% of the step)" if step else ""
+    return f"recompute {1000 * seconds:.1f} ms{share}, inside backward"
+
+
 def collectives_line(row: Any) -> str | None:
     """The metered step's collectives by name, e.g. 'tp all-reduce 3.1 ms · fsdp all-gather
     1.2 ms · fsdp reduce-scatter 0.8 ms' (seconds each kind was in flight; pp's sends and

@@ -39,6 +39,9 @@ class DeviceStep:
     # seconds each kind of collective was in flight ("ddp all-reduce", "fsdp all-gather",
     # "fsdp reduce-scatter", "tp all-reduce"; pp's "pp send" and "pp recv", estimated)
     collectives: dict | None = None
+    # activation checkpointing: the seconds backward spent recomputing the blocks' forward
+    # (part of compute)
+    recompute_s: float | None = None
     # pp: the stage's pipeline (gputui.train.strategies.pp_meter); None for other strategies
     stage: int | None = None  # its place in the pipeline, 0 = the first
     pipeline_s: float | None = None  # the schedule's span on this stage

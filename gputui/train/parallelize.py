@@ -198,10 +198,19 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_ac(model: nn.Module, mode: str, names: list[str] | None = None) -> int:
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread now (a checkpointed
+    block's second forward is its recomputation)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def apply_ac(model: nn.Module, mode: str, names: list[str] | None = None,
+             meter: Meter | None = None) -> int:
     """Checkpoint each block's activations (``mode``: full or selective; none does nothing):
     the block's forward runs under ``torch.utils.checkpoint`` (non-reentrant), so backward
-    recomputes what it did not keep. Returns how many blocks."""
+    recomputes what it did not keep; with ``meter``, a metered step's recomputation is
+    marked in ``meter.recompute``. Returns how many blocks."""
     if mode == "none":
         return 0
     from torch.utils.checkpoint import checkpoint
@@ -211,8 +220,14 @@ def apply_ac(model: nn.Module, mode: str, names: list[str] | None = None) -> int
         inner = block.forward
         context = {"context_fn": _selective_context} if mode == "selective" else {}
 
-        def forward(*args, _inner=inner, _context=context, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **_context, **kwargs)
+        def timed(*args, _inner=inner, **kwargs):
+            if meter is None or not meter.on or not _in_backward():
+                return _inner(*args, **kwargs)
+            with meter.recompute:
+                return _inner(*args, **kwargs)
+
+        def forward(*args, _timed=timed, _context=context, **kwargs):
+            return checkpoint(_timed, *args, use_reentrant=False, **_context, **kwargs)
 
         block.forward = forward  # the instance's own: names and hooks unchanged
     return len(found)
@@ -299,7 +314,8 @@ def zero1_optimizer(params, kind: type[torch.optim.Optimizer], args: dict[str, A
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, shape: MeshShape, fsdp_wrap: list[str],
-                tp_timer: TPCommTimer | None = None) -> tuple[nn.Module, dict[str, Any]]:
+                tp_timer: TPCommTimer | None = None,
+                meter: Meter | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Apply the mesh's parallelisms to ``model`` in the documented order (tp, ac, then fsdp;
     DDP is the strategy's, around what a step calls). Returns the model (sharded in place)
     and what was done, for the run's notes: {"ac_blocks", "fsdp_units"}."""
@@ -309,7 +325,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, shape: MeshShape, fsdp_wrap:
             apply_tp(model, mesh["tp"], tp_timer)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    done["ac_blocks"] = apply_ac(model, shape.ac, fsdp_wrap)
+    done["ac_blocks"] = apply_ac(model, shape.ac, fsdp_wrap, meter)
     if shape.data_parallel == "fsdp":
         done["fsdp_units"] = apply_fsdp(model, mesh, shape.zero, fsdp_wrap)
     return model, done

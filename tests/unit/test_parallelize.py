@@ -224,9 +224,14 @@ def test_activation_checkpointing_keeps_less_and_trains_the_same(model):
         strategy, _ = run_steps(cfg, 2)
         ds = data_for(cfg)
         with memory.ActivationMeter() as meter:
-            strategy.train_step(ds.train_x[:8], ds.train_y[:8])
+            strategy.train_step(ds.train_x[:8], ds.train_y[:8], data_s=0.0)  # metered
         peaks[mode] = meter.peak["cpu"]
         trained[mode] = params(strategy.model)
+        row = strategy.step_report().devices[0]  # the recompute, timed inside backward
+        if mode == "none":
+            assert row.recompute_s is None
+        else:
+            assert 0 < row.recompute_s < row.breakdown.step_s, row
     # selective's kept outputs live in torch's checkpoint cache, which autograd's saved-tensor
     # hooks (the meter) do not see: its figure is not reported (memory_rows), only checked
     # here to be no more than none's

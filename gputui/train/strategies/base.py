@@ -294,7 +294,8 @@ class Strategy(MemoryRows):
         step, comm = m.step_s(), m.comm.seconds()
         bd = breakdown.make(step, m.data_s, m.compute.seconds(), m.optimizer.seconds(), comm)
         row = DeviceStep(device=self.devices[0].name, samples=m.samples, compute_s=step,
-                         breakdown=bd)
+                         breakdown=bd, recompute_s=(m.recompute.seconds()
+                                                    if m.recompute.marks else None))
         return StepReport(step_s=step, comm_s=comm if m.comm.marks else None, devices=(row,))
 
     # ---------------------------------------------------------------- shared, overridable

@@ -110,6 +110,8 @@ class Meter:
         self.clock, self.compute, self.comm = first.clock, first.compute, first.comm
         self.optimizer = Span(self, self.clock)
         self.forward = Span(self, self.clock)  # forward passes (ranks: inside compute)
+        # activation checkpointing's recomputation of the blocks' forward, inside backward
+        self.recompute = Span(self, self.clock)
         self.data_s = 0.0  # the loop's wait for the metered step's batch
         self.samples = 0  # examples the metered step trained on here
         self.comm_bytes = 0  # bytes its timed collectives moved (ddp's all-reduce)
@@ -154,7 +156,7 @@ class Meter:
             self.on = False
 
     def spans(self) -> list[Span]:
-        return [self.optimizer, self.forward,
+        return [self.optimizer, self.forward, self.recompute,
                 *(s for lane in self.lanes for s in (lane.compute, lane.comm))]
 
     def step_s(self) -> float:

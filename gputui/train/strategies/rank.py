@@ -136,7 +136,7 @@ class RankStrategy(Strategy):
             self._finish_setup(done)
             return
         self.module = self.build_model().to(self.device)
-        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer)
+        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer, self.meter)
         if shape.data_parallel == "ddp":
             # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
             # breaks its graph at DDP's own forward) model; self.module is the model itself
@@ -191,7 +191,7 @@ class RankStrategy(Strategy):
                                         self.device, self.meter)
         done: dict[str, Any] = {"ac_blocks": 0, "fsdp_units": 0}
         for module in pipe.modules:  # data parallelism beside pp is fully_shard's (mesh.py)
-            _, part = par.parallelize(module, mesh, shape, wrap, tp_timer)
+            _, part = par.parallelize(module, mesh, shape, wrap, tp_timer, self.meter)
             done["fsdp_units"] += part["fsdp_units"]
             done["ac_blocks"] += part["ac_blocks"]
             if tp_timer is not None and shape.data_parallel == "fsdp":

@@ -53,7 +53,8 @@ def row(strategy: RankStrategy) -> DeviceStep:
         return out
     bd = split(m, timer)
     forward = own_forward(m)
-    out = replace(out, samples=m.samples, compute_s=m.until(m.compute_end()),
+    out = replace(out, recompute_s=m.recompute.seconds() if m.recompute.marks else None,
+                  samples=m.samples, compute_s=m.until(m.compute_end()),
                   step_time_s=m.step_s(), breakdown=bd, forward_s=forward,
                   backward_s=None if forward is None else max(0.0, bd.compute_s - forward))
     if timer is not None and m.comm.marks:  # the collectives it timed

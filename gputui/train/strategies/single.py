@@ -21,13 +21,13 @@ class Single(Strategy):
     def setup(self) -> None:
         self.device = self.torch_devices[0]
         self.model = self.build_model().to(self.device)
+        self.meter = Meter([self.device])
         ac = self.cfg.parallel.ac  # activation checkpointing: the baseline of its memory
-        if apply_ac(self.model, ac, list(self.cfg.strategy.fsdp_wrap)):
+        if apply_ac(self.model, ac, list(self.cfg.strategy.fsdp_wrap), self.meter):
             self.notes.append(f"{ac} activation checkpointing of each block")
         self.wrapped = self.fast(self.lean(self.model))
         self.opt = self.make_optimizer(self.model.parameters())
         self.make_scaler(self.device)
-        self.meter = Meter([self.device])
 
     def models(self) -> list[torch.nn.Module]:
         return [self.model]

@@ -313,6 +313,9 @@ class RunScreen(RunLayout, RunControls, Screen):
             named = breakdown.collectives_line(row)  # each kind of collective, by name
             if named and len(named.split(" · ")) > 1:
                 lines.append(named)
+            again = breakdown.recompute_line(row)  # activation checkpointing's recompute
+            if again:
+                lines.append(again)
             if slow is not None and slow.significant() and slow.device == row.device:
                 lines.append(straggler.line(slow) or "")
             if lines or row.forward_s is not None:
