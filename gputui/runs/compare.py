@@ -20,7 +20,7 @@ from this machine's kept measurements (``gputui.runs.predict``). Torch-free.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +316,8 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
                        read_record(base.run_dir)[3])
             item.waterfall = waterfall.for_run(row, item.speedup, parts, item.straggler,
                                                base, base_bd)
+            if item.waterfall is not None and item.collectives:
+                item.waterfall = replace(item.waterfall, comm_kinds=item.collectives)
         add_energy(item, base, target_acc, target_loss)
         out.append(item)
     return out

@@ -82,13 +82,17 @@ class Waterfall:
     ideal: float
     measured: float
     bars: tuple[tuple[str, float], ...]
+    # the run's collectives by name (seconds a metered step, gputui.runs.compare): what the
+    # communication bar was made of
+    comm_kinds: dict | None = None
 
     def lost(self, cause: str) -> float:
         return dict(self.bars)[cause]
 
     def to_dict(self) -> dict[str, Any]:
         return {"ideal": self.ideal, "measured": self.measured,
-                "bars": [{"cause": c, "label": LABELS[c], "lost": v} for c, v in self.bars]}
+                "bars": [{"cause": c, "label": LABELS[c], "lost": v} for c, v in self.bars],
+                "comm_kinds": self.comm_kinds}
 
 
 def build(ideal: float, measured: float, run: Shares, base: Shares | None = None) -> Waterfall:
@@ -118,6 +122,10 @@ def lines(wf: Waterfall, width: int = 40, title: str = "") -> list[str]:
         glyph = "▒" if lost >= 0 else "+"
         bar = " " * round(low * scale) + glyph * max(1, round((high - low) * scale))
         out.append(f"  {LABELS[cause]:<30} {-lost:+6.2f}x  {bar}")
+        if cause == "comm" and wf.comm_kinds:
+            total = sum(wf.comm_kinds.values()) or 1.0
+            out.append("    of which " + " · ".join(f"{kind} {100 * v / total:.0f}%"
+                                                    for kind, v in wf.comm_kinds.items()))
         level -= lost
     out.append(f"  {'measured':<30} {wf.measured:6.2f}x  {'█' * round(wf.measured * scale)}")
     return out

@@ -137,3 +137,19 @@ def test_a_run_without_a_baseline_says_why_it_has_no_waterfall(tmp_path, capsys)
     shutil.rmtree(base / "20260101-100000-exp-base")
     assert cli.main(["compare", "ddp2", "--runs-dir", str(base), "--waterfall"]) == 0
     assert "no waterfall (no speedup)" in capsys.readouterr().out
+
+
+def test_the_communication_bar_says_which_collectives_it_was():
+    """A run whose steps named their collectives: the waterfall's communication bar is followed
+    by what it was made of, each kind's share of the named time."""
+    from dataclasses import replace
+
+    from gputui.runs.waterfall import Shares, build, lines
+
+    wf = build(2.0, 1.2, Shares(comm=0.3), Shares())
+    assert not any("of which" in line for line in lines(wf))
+    wf = replace(wf, comm_kinds={"tp all-reduce": 0.003, "fsdp all-gather": 0.001})
+    text = lines(wf)
+    at = next(i for i, line in enumerate(text) if "exposed communication" in line)
+    assert text[at + 1].strip() == "of which tp all-reduce 75% · fsdp all-gather 25%"
+    assert wf.to_dict()["comm_kinds"] == {"tp all-reduce": 0.003, "fsdp all-gather": 0.001}
