@@ -315,7 +315,8 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
             base_bd = (parts if base.id == row.id else
                        read_record(base.run_dir)[3])
             item.waterfall = waterfall.for_run(row, item.speedup, parts, item.straggler,
-                                               base, base_bd)
+                                               base, base_bd,
+                                               pipeline=item.bubble_share is not None)
             if item.waterfall is not None and item.collectives:
                 item.waterfall = replace(item.waterfall, comm_kinds=item.collectives)
         add_energy(item, base, target_acc, target_loss)

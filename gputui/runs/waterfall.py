@@ -132,16 +132,18 @@ def lines(wf: Waterfall, width: int = 40, title: str = "") -> list[str]:
 
 
 def for_run(row: Any, measured: float, bd: Breakdown | None, slow: Straggler | None,
-            base_row: Any, base_bd: Breakdown | None) -> Waterfall | None:
+            base_row: Any, base_bd: Breakdown | None,
+            pipeline: bool | None = None) -> Waterfall | None:
     """A compared run's waterfall against its baseline (``RunRow``s, their mean breakdowns,
-    the run's straggler); None without a breakdown of the run."""
+    the run's straggler); None without a breakdown of the run. ``pipeline``: the run's
+    stages reported a bubble (pp, or a mesh with pp; default: its strategy is pp)."""
     if bd is None or not row.devices or not base_row.devices:
         return None
 
     def contention(r: Any) -> float | None:
         return (r.machine or {}).get("others_share") if r.machine else None
 
-    pp = row.strategy == "pp"
+    pp = row.strategy == "pp" if pipeline is None else pipeline
     return build(row.devices / base_row.devices, measured,
                  shares(bd, slow, pp, contention(row)),
                  shares(base_bd, None, base_row.strategy == "pp", contention(base_row)))
