@@ -42,8 +42,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "pp2_x_shard2": ("mesh", {"parallel": {"pp": 2, "dp_shard": 2},
                               "strategy": {"schedule": "1f1b"}}),
     **{f"pp_{kind}": ("pp", {"strategy": {"schedule": kind}})
-       for kind in ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv",
-                    "dualpipev")},
+       for kind in ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb")},
+    # the V schedules hold 2 stages a rank and need a micro-batch per stage at least
+    **{f"pp_{kind}": ("pp", {"strategy": {"schedule": kind, "pipeline_chunks": 8}})
+       for kind in ("zbv", "dualpipev")},
 }
 
 

@@ -25,8 +25,8 @@ from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
-from gputui.core.mesh import (MESH_STRATEGIES, MeshShape, mesh_of, meshes, tp_group,
-                              tp_heads_problem)
+from gputui.core.mesh import (MESH_STRATEGIES, PP_PLACEMENT, MeshShape, mesh_of, meshes,
+                              stages_per_rank, tp_group, tp_heads_problem)
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
 
@@ -186,13 +186,11 @@ def _strategy_problems(cfg: RunConfig, devices: list[Device],
                                f"devices.spec '{spec}'")
         if nccl:
             yield CHOICE, nccl
-    degrees = [k for k, v in _DEGREE_DEFAULTS.items() if getattr(cfg.parallel, k) != v]
-    if name in MESH_STRATEGIES:
+    degrees = _degrees_problem(cfg, name)
+    if degrees:
+        yield degrees
+    elif name in MESH_STRATEGIES:
         yield from _mesh_problems(cfg, devices, name)
-    elif degrees:
-        yield CHOICE + (f"parallel.{degrees[0]}",), (
-            f"parallel.{degrees[0]} sets a degree of strategy 'mesh', not '{name}': set "
-            f"strategy.name = 'mesh' or remove parallel.{degrees[0]}")
     elif cfg.parallel.zero != 3:
         yield CHOICE + ("parallel.zero",), (
             f"parallel.zero shards the data-parallel ranks of fsdp or a mesh, not '{name}'; "
@@ -243,19 +241,26 @@ def _stage_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
 _DEGREE_DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1}
 
 
+def _degrees_problem(cfg: RunConfig, name: str) -> Problem | None:
+    """[parallel]'s degrees belong to strategy 'mesh': every other strategy, a named point of
+    the mesh or not, leaves them at their defaults (one rule, one sentence)."""
+    if name == "mesh":
+        return None
+    for key, default in _DEGREE_DEFAULTS.items():
+        if getattr(cfg.parallel, key) != default:
+            point = " is its own point of the mesh;" if name in MESH_STRATEGIES else ":"
+            return CHOICE + (f"parallel.{key}",), (
+                f"parallel.{key} sets a degree of strategy 'mesh', and '{name}'{point} set "
+                f"strategy.name = 'mesh' or remove parallel.{key}")
+    return None
+
+
 def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[Problem]:
     """The mesh strategies: the degrees multiply to the ranks (every rule of the mesh, once);
     tp on the built-in GPT whose heads divide over it; the ZeRO stage and the activation
     checkpointing where they apply."""
     ranks = len(devices) * cfg.dist.nnodes
     par = cfg.parallel
-    if name != "mesh":
-        for key, default in _DEGREE_DEFAULTS.items():
-            if getattr(par, key) != default:
-                yield CHOICE + (f"parallel.{key}",), (
-                    f"parallel.{key} sets a degree of strategy 'mesh'; '{name}' is its own "
-                    f"point of the mesh: set strategy.name = 'mesh' or remove parallel.{key}")
-                return
     if name == "fsdp_tp":
         tp = tp_group(cfg.strategy.tp_size, ranks)
         if ranks % tp or ranks == tp:
@@ -288,12 +293,20 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
         if heads:
             yield CHOICE, heads
     if shape.pp > 1:
-        yield from _pipeline_problems(cfg, shape.pp, shape.dp, name)
-        if par.zero == 1:
+        yield from _pipeline_problems(cfg, shape.pp, shape.dp, name, ranks)
+        if par.zero == 1 and shape.dp_shard > 1:
             yield CHOICE + ("parallel.zero",), (
                 "parallel.zero = 1 is not applied to pipeline stages; use parallel.zero = 2 "
-                "or 3 with pp")
-    if par.zero != 3 and shape.dp_shard == 1:
+                "or 3 with pp (ZeRO shards over parallel.dp_shard)")
+    if cfg.debug.slow_rank >= 0 and shape.pp > 1:
+        yield CHOICE + ("debug.slow_rank",), (
+            "debug.slow_rank slows a rank's backward outside a pipeline schedule, which pp "
+            "does not call; set debug.slow_rank = -1 with pp")
+    if par.zero != 3 and shape.dp_shard == 1 and shape.world == 1 and name == "fsdp":
+        yield CHOICE + ("parallel.zero",), (
+            f"parallel.zero = {par.zero} shards over fsdp's ranks, and one rank has nothing "
+            f"to shard; use at least 2 devices, or leave parallel.zero at 3")
+    elif par.zero != 3 and shape.dp_shard == 1:
         yield CHOICE + ("parallel.zero",), (
             f"parallel.zero = {par.zero} shards over the dp_shard dimension, and strategy "
             f"'{name}' has none (mesh {shape.describe()}); use fsdp or a mesh with "
@@ -324,21 +337,18 @@ def _ac_problem(cfg: RunConfig) -> Problem | None:
             f"blocks) or set parallel.ac = 'none'")
 
 
-# strategy.schedule -> stages a rank holds: 1, "v" (strategy.stages_per_rank) or 2 in a V
-_STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": "v", "looped_bfs": "v",
-                    "interleaved_zb": "v", "zbv": "V", "dualpipev": "V"}
-
-
-def _pipeline_problems(cfg: RunConfig, pp: int, dp: int, name: str) -> Iterator[Problem]:
-    """pp (``pp`` ranks a pipeline, ``dp`` data-parallel groups): a block per stage at least,
+def _pipeline_problems(cfg: RunConfig, pp: int, dp: int, name: str,
+                       ranks: int) -> Iterator[Problem]:
+    """pp (``pp`` ranks a pipeline, ``dp`` data-parallel groups, ``ranks`` in all: the world
+    the batch scales with): a block per stage at least,
     valid split points, a slice the micro-batches divide evenly, no fp16 (its grad scaler is
     not applied to the stages' backward), enough micro-batches for the schedule, the V
     schedules (whose two stages a rank share the tied weight) without data parallelism. A
     weight tied across stages is fine: pp sums its gradients."""
     model = cfg.model.factory or cfg.model.name
     schedule = cfg.strategy.schedule
-    kind = _STAGES_PER_RANK[schedule]
-    v = 1 if kind == 1 else 2 if kind == "V" else cfg.strategy.stages_per_rank
+    kind = PP_PLACEMENT[schedule]
+    v = stages_per_rank(schedule, cfg.strategy.stages_per_rank)
     n = pp * v
     layers = model_layers(cfg)
     stages = f"{pp} ranks" if v == 1 else f"{pp} ranks x {v} stages per rank = {n} stages"
@@ -352,7 +362,7 @@ def _pipeline_problems(cfg: RunConfig, pp: int, dp: int, name: str) -> Iterator[
                                 layers if layers is not None else 2**62, n, model)
     if reason:
         yield CHOICE + ("strategy.split_points",), reason
-    batch, micro, chunks = (effective_batch_size(cfg, pp * dp), cfg.optim.micro_batches,
+    batch, micro, chunks = (effective_batch_size(cfg, ranks), cfg.optim.micro_batches,
                             cfg.strategy.pipeline_chunks)
     keys = CHOICE + ("optim.batch_size", "optim.micro_batches", "strategy.pipeline_chunks")
     if batch % (dp * micro * chunks):
@@ -389,8 +399,9 @@ def _batch_problem(cfg: RunConfig, devices: list[Device], info: StrategyInfo) ->
     if info.multiprocess:
         ranks = len(devices) * cfg.dist.nnodes
         batch = effective_batch_size(cfg, ranks)
-        # each data-parallel group takes a slice (tensor-parallel ranks share theirs)
-        groups = mesh_of(cfg, ranks).dp if info.name not in ("pp", "fsdp_tp") else ranks
+        # each data-parallel group takes a slice (tensor-parallel ranks and a pipeline's
+        # stages share theirs)
+        groups = mesh_of(cfg, ranks).dp if info.name in MESH_STRATEGIES else ranks
         who = f"{ranks} ranks" if groups == ranks else f"{groups} data-parallel groups"
         if batch < groups * micro:
             return CHOICE + optim, (f"optim.batch_size ({batch}) must give every one of the "

@@ -17,7 +17,6 @@ in a child process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import importlib.util
 import json
@@ -580,10 +579,15 @@ def w_cp() -> dict:
     ctx = worker_env()
     cpu = ctx["cpu"]
     from gputui.core import registry
-    from gputui.core.config_schema import StrategySection
+    from gputui.core.config import ConfigError, RunConfig, apply_overrides
 
-    fields = [f.name for f in dataclasses.fields(StrategySection)
-              if f.name in ("cp", "cp_size", "cp_degree")]
+    # context parallelism is the mesh's parallel.cp degree; until it lands, a degree above 1
+    # is refused when the config is read ("not in gputui yet")
+    try:
+        apply_overrides(RunConfig(), [("gpu-check", "parallel.cp", 2)])
+        fields = ["cp"]
+    except ConfigError:
+        fields = []
     has_strategy = "cp" in registry.names()
     torch_cp = child([sys.executable, "-c", "import torch.distributed.tensor.experimental as x; "
                       "print(hasattr(x, 'context_parallel'))"])
@@ -591,12 +595,12 @@ def w_cp() -> dict:
                 "absent from this torch"]]
     if not has_strategy and not fields:
         return {"verdict": "SKIP", "figures": figures,
-                "reason": "no context parallelism in gputui yet (issue 32): no `cp` strategy, "
-                          "no strategy.cp setting"}
+                "reason": "no context parallelism in gputui yet (issue 32): parallel.cp above 1 "
+                          "is refused"}
     if cpu:
         return {"verdict": "SKIP", "figures": figures,
                 "reason": "context_parallel drives CUDA attention kernels only: needs a GPU"}
-    extra = [] if has_strategy else ["--set", f"strategy.{fields[0]}=1"]
+    extra = [] if has_strategy else ["--set", "parallel.cp=1"]
     proc = child([sys.executable, "-m", "gputui", "verify", "gpt-tiny", "--devices", "0",
                   "--strategies", "cp" if has_strategy else "ddp", *extra, "--json"])
     figures.append(["gputui verify", f"exit status {proc.returncode}"])

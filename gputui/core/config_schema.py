@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gputui.core.mesh import PP_PLACEMENT
+
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
 
@@ -26,8 +28,7 @@ LOSSES = ("cross_entropy", "nll")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("sgd", "adam", "adamw")
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv",
-                "dualpipev")
+PP_SCHEDULES = tuple(PP_PLACEMENT)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 
 

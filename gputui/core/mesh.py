@@ -21,6 +21,18 @@ if TYPE_CHECKING:
 # next to each other (on one machine, on NVLink) share a tensor-parallel group
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 MESH_STRATEGIES = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "mesh")  # every point of the mesh
+# strategy.schedule -> the stages each rank holds: 1, "v" (strategy.stages_per_rank, looped:
+# rank r holds r, r + pp, ...) or "V" (two, in a V: rank r holds r and 2 pp - 1 - r)
+PP_PLACEMENT: dict[str, int | str] = {
+    "gpipe": 1, "1f1b": 1, "interleaved_1f1b": "v", "looped_bfs": "v", "interleaved_zb": "v",
+    "zbv": "V", "dualpipev": "V"}
+ZERO_BUBBLE = ("interleaved_zb", "zbv", "dualpipev")  # weight gradients fill the bubble
+
+
+def stages_per_rank(schedule: str, asked: int) -> int:
+    """How many stages each rank holds under ``schedule`` (``asked``: stages_per_rank)."""
+    kind = PP_PLACEMENT[schedule]
+    return 1 if kind == 1 else 2 if kind == "V" else asked
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gputui.core.mesh import MESH_STRATEGIES
+
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
-RANKS = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "mesh")  # one process per device
+RANKS = MESH_STRATEGIES  # one process per device
 MIN_NOISE = 0.02  # the least relative noise assumed for one measurement
 NOISY = 0.20  # a speedup whose relative noise is above this supports no conclusion
 # What an efficiency above 100 % asks for, by how the baseline was measured (``flags``'s

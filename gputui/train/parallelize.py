@@ -19,7 +19,8 @@ functions run in, each on what the one before made:
    everything recomputed in backward) or selective (torch's selective-checkpoint policy: the
    matmuls' and attention's outputs kept, the cheap elementwise work recomputed). The block's
    ``forward`` is wrapped in place, so parameter names and checkpoints do not change.
-3. :func:`apply_fsdp` or :func:`apply_ddp`: the data-parallel dimensions. ``fully_shard`` over
+3. :func:`apply_fsdp` (here) or :func:`apply_ddp` (the strategy's, around the flattened and
+   maybe compiled model a step calls): the data-parallel dimensions. ``fully_shard`` over
    ``dp_shard`` (ZeRO-3; ZeRO-2 keeps the parameters gathered from forward to backward:
    ``reshard_after_forward=False``), over ``(dp_replicate, dp_shard)`` for HSDP (and for any
    data-parallel dimension beside tp: torch's DDP does not take DTensors); else
@@ -148,9 +149,6 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, timer: TPCommTimer | None = 
     return model
 
 
-parallelize_gpt = apply_tp  # the name the tests and tools knew it by
-
-
 # ---------------------------------------------------------------- activation checkpointing
 def ac_blocks(model: nn.Module, names: list[str]) -> list[nn.Module]:
     """The blocks activation checkpointing wraps: the GPT's, the modules of the classes
@@ -272,9 +270,6 @@ def _top_blocks(model: nn.Module) -> list[nn.Module]:
     return out
 
 
-wrap_targets = fsdp_targets  # the name the tools knew it by
-
-
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int,
                names: list[str] | None = None) -> int:
     """``fully_shard`` each target (see :func:`fsdp_targets`) and then the whole model over the
@@ -329,18 +324,6 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, shape: MeshShape, fsdp_wrap:
     if shape.data_parallel == "fsdp":
         done["fsdp_units"] = apply_fsdp(model, mesh, shape.zero, fsdp_wrap)
     return model, done
-
-
-def fsdp_tp(model: nn.Module, mesh, timer: TPCommTimer | None = None) -> nn.Module:
-    """2-D: tensor parallelism over ``mesh["tp"]``, then every block and the whole model
-    ``fully_shard``-ed over ``mesh["dp"]`` (torchtitan's order: tp first, fsdp outside)."""
-    from torch.distributed.fsdp import fully_shard
-
-    apply_tp(model, mesh["tp"], timer)
-    for block in blocks(model):
-        fully_shard(block, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
-    return model
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -19,7 +19,8 @@ embedding group); on one rank (the V schedules put the first and last stage toge
 parameter. The loss exists on the last stage only.
 
 The other dimensions apply to the stages as to a whole model (``gputui.train.parallelize``):
-tensor parallelism to their blocks, fully_shard or DDP over the data-parallel ranks.
+tensor parallelism to their blocks, fully_shard over the data-parallel ranks (HSDP for plain
+replicas: DDP does not take a pipeline's several forwards before a backward).
 """
 
 from __future__ import annotations
@@ -34,41 +35,30 @@ import torch.distributed as dist
 from torch import nn
 
 from gputui.core.config import ConfigError, RunConfig
+from gputui.core.mesh import PP_PLACEMENT, ZERO_BUBBLE, stages_per_rank
 from gputui.train.strategies.meter import Meter
 from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks
 from gputui.train.strategies.pp_comm import cpu_copy, recv_tensor, send_tensor
 from gputui.train.strategies.pp_meter import PipeMeter, TimedStage
 
-# strategy.schedule -> (torch's class, stages per rank: 1, "v" = strategy.stages_per_rank, or
-# "V": two, placed in a V)
-SCHEDULES: dict[str, tuple[str, Any]] = {
-    "gpipe": ("ScheduleGPipe", 1),
-    "1f1b": ("Schedule1F1B", 1),
-    "interleaved_1f1b": ("ScheduleInterleaved1F1B", "v"),
-    "looped_bfs": ("ScheduleLoopedBFS", "v"),
-    "interleaved_zb": ("ScheduleInterleavedZeroBubble", "v"),
-    "zbv": ("ScheduleZBVZeroBubble", "V"),
-    "dualpipev": ("ScheduleDualPipeV", "V"),
-}
-ZERO_BUBBLE = ("interleaved_zb", "zbv", "dualpipev")
+# strategy.schedule -> torch's class (core.mesh.PP_PLACEMENT: how many stages a rank holds)
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved_1f1b": "ScheduleInterleaved1F1B", "looped_bfs": "ScheduleLoopedBFS",
+             "interleaved_zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}
 
 
 def available() -> list[str]:
     """The schedules this torch has, in SCHEDULES' order."""
     from torch.distributed import pipelining
 
-    return [name for name, (cls, _) in SCHEDULES.items()
+    return [name for name, cls in SCHEDULES.items()
             if hasattr(pipelining, cls) or hasattr(pipelining.schedules, cls)]
-
-
-def stages_per_rank(cfg: RunConfig) -> int:
-    kind = SCHEDULES[cfg.strategy.schedule][1]
-    return 1 if kind == 1 else 2 if kind == "V" else cfg.strategy.stages_per_rank
 
 
 def stage_ids(schedule: str, pp_rank: int, pp: int, v: int) -> list[int]:
     """The stages rank ``pp_rank`` of ``pp`` holds: looped (r, r + pp, ...) or a V."""
-    if SCHEDULES[schedule][1] == "V":
+    if PP_PLACEMENT[schedule] == "V":
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(v)]
 
@@ -85,7 +75,7 @@ class Pipeline:
         if self.schedule_name not in available():
             raise ConfigError(f"strategy.schedule = {self.schedule_name!r} is not in this torch "
                               f"({torch.__version__}); it has {', '.join(available())}")
-        self.v = stages_per_rank(cfg)
+        self.v = stages_per_rank(self.schedule_name, cfg.strategy.stages_per_rank)
         n_stages = pp * self.v
         blocks = stage_blocks(model, label, "pp")
         cut = cut_blocks(blocks, n_stages, cfg.strategy.split_points, label, "pp",
@@ -149,9 +139,8 @@ class Pipeline:
                 for (i, name), group, first in self.ties]
 
     def build(self, loss_fn: Callable, group, run: list[nn.Module]) -> None:
-        """The PipelineStages over what each stage runs (``run``: its module, parallelized,
-        or DDP around it) and the schedule; ``group``: the pp dimension's process group
-        (None: the world)."""
+        """The PipelineStages over what each stage runs (``run``: its module, parallelized)
+        and the schedule; ``group``: the pp dimension's process group (None: the world)."""
         from torch.distributed import pipelining
 
         n_stages = self.pp * self.v
@@ -160,9 +149,9 @@ class Pipeline:
             stage = TimedStage(module, s, n_stages, self.device, group=group)
             stage.meter, stage.pipe = self.meter, self.pipe
             self.stages.append(stage)
-        cls_name = SCHEDULES[self.schedule_name][0]
+        cls_name = SCHEDULES[self.schedule_name]
         kind = getattr(pipelining, cls_name, None) or getattr(pipelining.schedules, cls_name)
-        single = SCHEDULES[self.schedule_name][1] == 1
+        single = PP_PLACEMENT[self.schedule_name] == 1
         # scale_grads=False: the loss is already scaled to its share of the global batch
         self.schedule = kind(self.stages[0] if single else self.stages, self.chunks,
                              loss_fn=loss_fn, scale_grads=False)

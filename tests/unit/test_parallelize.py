@@ -152,12 +152,12 @@ def test_activation_meter_counts_a_tp_models_saved_shards(tmp_path):
 
     from gputui.train.gpt import GPTShape, gpt
     from gputui.train.memory import ActivationMeter
-    from gputui.train.parallelize import parallelize_gpt
+    from gputui.train.parallelize import apply_tp
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
-        model = parallelize_gpt(gpt(GPTShape(context=8, n_layer=1, n_embd=32)),
+        model = apply_tp(gpt(GPTShape(context=8, n_layer=1, n_embd=32)),
                                 init_device_mesh("cpu", (1,)))
         with ActivationMeter() as meter:
             model(torch.zeros(2, 8, dtype=torch.long)).sum().backward()

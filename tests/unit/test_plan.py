@@ -78,9 +78,15 @@ CASES = [
     ({"strategy.name": "mesh", **GPT, "model.n_head": 2, "parallel.tp": 4}, CPU4,
      "model.n_head = 2 does not split over 4 tensor-parallel ranks"),
     ({"strategy.name": "ddp", "parallel.tp": 2}, CPU2,
-     "parallel.tp sets a degree of strategy 'mesh'; 'ddp' is its own point of the mesh"),
+     "parallel.tp sets a degree of strategy 'mesh', and 'ddp' is its own point of the mesh"),
     ({"parallel.dp_shard": 2}, CPU1, "parallel.dp_shard sets a degree of strategy 'mesh', "
-                                     "not 'single'"),
+                                     "and 'single': set strategy.name = 'mesh'"),
+    ({"strategy.name": "fsdp", "parallel.zero": 2}, CPU1,
+     "one rank has nothing to shard; use at least 2 devices"),
+    ({"strategy.name": "mesh", **GPT, "parallel.pp": 2, "strategy.pipeline_chunks": 2,
+      "debug.slow_rank": 1}, CPU4, "debug.slow_rank slows a rank's backward outside a pipeline"),
+    ({"strategy.name": "fsdp_tp", **GPT, "optim.batch_size": 2}, CPU4, None),  # 2 dp groups
+
     ({"strategy.name": "ddp", "parallel.zero": 2}, CPU2,
      "parallel.zero = 2 shards over the dp_shard dimension, and strategy 'ddp' has none"),
     ({"strategy.name": "fsdp", "parallel.zero": 1}, CPU2, None),

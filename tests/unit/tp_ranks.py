@@ -152,13 +152,18 @@ def rank_fn(workdir: str) -> dict:
     try:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         meter = Meter([torch.device("cpu")])
-        tp_model = par.parallelize_gpt(model(), mesh["tp"], par.TPCommTimer(meter))
+        tp_model = par.apply_tp(model(), mesh["tp"], par.TPCommTimer(meter))
         out = {"tp": {"losses": train(tp_model, meter=meter),
                       "params": par.full_parameters(tp_model)},
                "spans": len(meter.comm.marks), "nbytes": meter.comm_bytes,
                "kinds": {k: len(v.marks) for k, v in meter.kinds.items()}}
         dp_rank = mesh["dp"].get_local_rank()
-        both = par.fsdp_tp(model(), mesh)
+        # the composition a run uses: tp, then fully_shard over the other dimension
+        from gputui.core.mesh import MeshShape
+
+        shape = MeshShape(dp_shard=2, tp=2)
+        both, _ = par.parallelize(model(), init_device_mesh(
+            "cpu", (2, 2), mesh_dim_names=("dp_shard", "tp")), shape, [])
         out["fsdp_tp"] = {"losses": train(both, 2, dp_rank),
                           "params": par.full_parameters(both)}
         out["strategies"] = {name: strategy_scenario(name, workdir) for name in SCENARIOS}

@@ -354,11 +354,10 @@ class RankStrategy(Strategy):
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
         self.module.train(mode)  # the nested containers DDP's flattened model skips
-        if self.pipeline is not None:
-            return  # stages differ: no buffers to share
         if not mode:
-            for buf in self.module.buffers():  # rank 0's BatchNorm statistics, everywhere
-                dist.broadcast(buf, src=0)
+            if self.pipeline is None:  # a pipeline's stages differ: no buffers to share
+                for buf in self.module.buffers():  # rank 0's BatchNorm statistics everywhere
+                    dist.broadcast(buf, src=0)
         elif self.shape.data_parallel == "fsdp":
             # the root's parameters stay gathered after a forward without backward
             from torch.distributed.fsdp import FSDPModule
@@ -413,6 +412,8 @@ class RankStrategy(Strategy):
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
 
+            # gathered whole on every rank of the stage (cpu_offload would keep it on global
+            # rank 0 alone, and each stage's lead needs its own), then moved to the CPU
             full = StateDictOptions(full_state_dict=True)
             model: dict[str, Any] = {}
             for module in pipe.modules:
@@ -421,10 +422,12 @@ class RankStrategy(Strategy):
         else:
             model = pipe.plain_state()
             optim = _to_cpu(self.opt.state_dict())
+        # one copy per stage travels: the data- and tensor-parallel copies are the same
         lead = self.dp_rank == 0 and self.mesh_coordinate("tp") == 0
+        mine = ({"model": model, "opt": optim, "pp": pipe.pp_rank, "lead": True} if lead
+                else {"model": {}, "opt": None, "pp": pipe.pp_rank, "lead": False})
         parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, {"model": model, "opt": optim, "pp": pipe.pp_rank,
-                                       "lead": lead}, group=self.control)
+        dist.all_gather_object(parts, mine, group=self.control)
         whole: dict[str, Any] = {}
         for part in parts:
             whole.update(part["model"])
@@ -483,8 +486,13 @@ class RankStrategy(Strategy):
         consolidate = getattr(self.opt, "consolidate_state_dict", None)
         if consolidate is None:
             return super().state_dict()
+        # each shard group consolidates onto its own writers, named by their rank in the
+        # group (ZeroRedundancyOptimizer's ``to``); the groups are disjoint
+        group = self.mesh_of_ranks["dp_shard"].get_group()
+        members = dist.get_process_group_ranks(group)
         for writer in self._writers():
-            consolidate(to=writer)
+            if writer in members:
+                consolidate(to=dist.get_group_rank(group, writer))
         optim = self.opt.state_dict() if self.rank in self._writers() else {}
         return {"models": [self.module.state_dict()], "optimizers": [optim],
                 "scaler": self.scaler_state()}
