@@ -12,11 +12,23 @@ import time
 from pathlib import Path
 
 from gputui.core import breakdown
-from gputui.core.steps import DeviceStep
 from gputui.core.devices import Device, cpu_devices
-from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
-                           MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           StepMetrics, is_terminal)
+from gputui.core.events import (
+    DeviceSample,
+    EpochEnd,
+    Event,
+    FlopsInfo,
+    InitDone,
+    LogLine,
+    MemoryReport,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    RunStopped,
+    StepMetrics,
+    is_terminal,
+)
+from gputui.core.steps import DeviceStep
 from gputui.tui.inventory import DeviceRow, Inventory
 
 T0 = 1_700_000_000.0
@@ -186,3 +198,11 @@ async def wait_until(pilot, predicate, timeout: float = 10.0, what: str = "") ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or predicate}")
         await pilot.pause(0.05)
+
+
+async def click_visible(pilot, selector: str) -> None:
+    """Scroll a form field into view, as a user would, then click it (the form is taller than
+    a 44-line terminal)."""
+    pilot.app.screen.query_one(selector).scroll_visible(animate=False, immediate=True)
+    await pilot.pause()
+    await pilot.click(selector)

@@ -7,20 +7,20 @@ import json
 from pathlib import Path
 
 import pytest
-from scripted import fixed_inventory, wait_until
+from scripted import click_visible, fixed_inventory, wait_until
+from textual.widgets import Input
 
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
 from gputui.tui.widgets.plots import LossPlot, ThroughputPlot
 from gputui.tui.widgets.run_log import RunLog
-from textual.widgets import Input
 
 pytestmark = pytest.mark.slow
 SIZE = (140, 44)
 
 
 async def type_into(pilot, selector: str, text: str) -> None:
-    await pilot.click(selector)
+    await click_visible(pilot, selector)
     await pilot.press("ctrl+a", "ctrl+k", *text)
 
 

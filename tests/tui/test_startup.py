@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from scripted import click_visible
+from textual.widgets import Input
+
 from gputui.tui.app import make_app
 from gputui.tui.screens.setup import SetupScreen
-from textual.widgets import Input
 
 
 def test_importing_and_building_the_app_does_not_import_torch():
@@ -29,7 +31,7 @@ async def test_a_missing_dataset_is_refused_in_the_app(tmp_path, inventory, pres
                    launcher=lambda *a: (_ for _ in ()).throw(AssertionError("launched")))
     async with app.run_test(size=(140, 44), notifications=True) as pilot:
         await pilot.pause()
-        await pilot.click("#f-extra")
+        await click_visible(pilot, "#f-extra")
         await pilot.press("d")  # typed, then the rest pasted at once (pilot keys are slow)
         app.screen.query_one("#f-extra", Input).insert_text_at_cursor(
             f"ata.name=mnist data.root={tmp_path}")

@@ -4,13 +4,13 @@ screen is open, Start hands the run to it (no new process), and it waits for the
 from __future__ import annotations
 
 import pytest
-from scripted import fixed_inventory, wait_until
+from scripted import click_visible, fixed_inventory, wait_until
+from textual.widgets import Input
 
 from gputui.core.runstore import read_events
 from gputui.train import warm
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
-from textual.widgets import Input
 
 pytestmark = pytest.mark.slow
 SIZE = (140, 44)
@@ -30,7 +30,7 @@ async def test_start_runs_in_the_worker_prepared_on_the_set_up_screen(tmp_path, 
             await pilot.pause()
             for selector, text in (("#f-data-train-size", "1024"), ("#f-run-epochs", "1"),
                                    ("#f-extra", "data.test_size=256")):
-                await pilot.click(selector)
+                await click_visible(pilot, selector)
                 await pilot.press("ctrl+a", "ctrl+k", *text)
             await pilot.pause()
             assert app.screen.query_one("#f-run-epochs", Input).value == "1"
