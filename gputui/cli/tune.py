@@ -16,7 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, set_overrides
+from gputui.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, fail, set_overrides, finite
 from gputui.core.config import ConfigError
 
 SHOWN = 8  # table rows beyond the confirmed ones (--json lists every candidate)
@@ -36,7 +36,7 @@ def register(sub) -> None:
                                                     "says) or cpu*2")
     p.add_argument("--kind", choices=("auto", "gpu", "cpu"), default="auto",
                    help="what the count is (as for sweep)")
-    p.add_argument("--budget", type=float, default=10.0, metavar="MINUTES",
+    p.add_argument("--budget", type=finite, default=10.0, metavar="MINUTES",
                    help="time for everything, measuring the prediction's inputs included")
     p.add_argument("--top", type=int, default=3, metavar="K", help="candidates confirmed by a "
                                                                     "run")

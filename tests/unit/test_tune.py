@@ -106,3 +106,15 @@ def test_tune_ranks_confirms_writes_a_preset_and_respects_its_budget(tmp_path):
     assert "  measured " not in enough.stderr
     assert out["candidates"][0]["samples_per_s"], out
     assert (tmp_path / "b3.toml").exists()
+
+
+@pytest.mark.parametrize("budget", ["inf", "nan", "-inf"])
+def test_a_budget_that_is_not_a_number_of_minutes_is_refused(budget, tmp_path):
+    """--budget inf (or nan) would measure without end: one line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "gputui", "tune", "quickstart", "--devices",
+                          "2", "--budget", budget], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and f"'{budget}' is not a finite number" in out.stderr
+    assert out.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
