@@ -115,6 +115,7 @@ def test_a_budget_that_is_not_a_number_of_minutes_is_refused(budget, tmp_path):
     import sys
 
     out = subprocess.run([sys.executable, "-m", "gputui", "tune", "quickstart", "--devices",
-                          "2", "--budget", budget], capture_output=True, text=True, cwd=tmp_path)
+                          "2", f"--budget={budget}"], capture_output=True, text=True,
+                         cwd=tmp_path)
     assert out.returncode == 2 and f"'{budget}' is not a finite number" in out.stderr
     assert out.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
