@@ -20,8 +20,8 @@ import sys
 
 import torch
 
+import user_lm
 import user_model
-import user_transformer
 from strategy_harness import ADAMW
 
 STEPS = 5
@@ -46,7 +46,7 @@ SCENARIOS = {
                                         "strategy.fsdp_wrap": ["Block"]}, 1),
     # a transformer of the user's own (blocks in a ModuleList, nn.MultiheadAttention) on
     # text, without naming its blocks: fsdp finds them inside the ModuleList
-    "fsdp_user_transformer": ("fsdp", "lenet", 16, {"model.factory": user_transformer.TRANSFORMER,
+    "fsdp_user_transformer": ("fsdp", "lenet", 16, {"model.factory": user_lm.TRANSFORMER,
                                                     "data.name": "pystdlib",
                                                     "data.context": 32}, 1),
     # the built-in GPT on text (strategy_harness.GPT_SMALL): its tied head stays in the root
