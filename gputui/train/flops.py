@@ -122,8 +122,11 @@ def measure_matmul(device: torch.device, dtype: str, seconds: float = MEASURE_S)
     """FLOP/s of repeated square matmuls in ``dtype`` on ``device`` for about ``seconds``."""
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     n = 4096 if device.type == "cuda" else 512
-    a = torch.randn(n, n, device=device).to(tdtype)
-    b = torch.randn(n, n, device=device).to(tdtype)
+    # from a generator of its own: drawing from the global one would shift the run's dropout
+    # masks by whether the peak was kept from an earlier run (same seed, another run)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=gen).to(tdtype)
+    b = torch.randn(n, n, device=device, generator=gen).to(tdtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     torch.mm(a, b)  # warm-up
     sync(device)

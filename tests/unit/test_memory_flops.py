@@ -182,3 +182,15 @@ def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
     assert got["mfu"] == pytest.approx(0.3) and got["flops_per_s"] == pytest.approx(3e9)
     assert got["train_mem"] == 470 and got["memory"] == [dict(r) for r in rows]
     assert fmt("mfu", 0.3) == "30.0%" and fmt("train_mem", 470) == "470 B"
+
+
+def test_measuring_the_peak_draws_nothing_from_the_runs_random_numbers():
+    """The peak is measured on matrices from a generator of its own: a run that measures it
+    (none kept yet) draws the same dropout masks as one that reads it kept."""
+    import torch
+
+    from gputui.train.flops import measure_matmul
+
+    before = torch.get_rng_state()
+    assert measure_matmul(torch.device("cpu"), "fp32", seconds=0.01) > 0
+    assert torch.equal(torch.get_rng_state(), before)
