@@ -158,10 +158,19 @@ def warmup_problem(cfg: RunConfig, devices: list[Device], n_train: int) -> str |
 def planned_steps(cfg: RunConfig, batch: int) -> int | None:
     """The run's optimizer steps where the config alone fixes them (the embedded synthetic
     set: its size is data.train_size); None for data read from disk or built by code, whose
-    size the run checks once it is loaded (``gputui.train.optim.Updater.plan``)."""
-    if cfg.data.name != "synthetic" or cfg.data.factory:
+    size the run checks once it is loaded (``gputui.train.optim.Updater.plan``).
+
+    The embedded ``pystdlib`` text capped by ``data.train_size`` has that many windows (its
+    text holds far more), so a warm-up the cap already outlasts is refused here, before any
+    process starts, not by the ranks after their start-up."""
+    if cfg.data.factory:
         return None
-    n_train = cfg.data.train_size or SYNTHETIC_SIZES["train"]
+    if cfg.data.name == "pystdlib" and cfg.data.train_size:
+        n_train = cfg.data.train_size
+    elif cfg.data.name == "synthetic":
+        n_train = cfg.data.train_size or SYNTHETIC_SIZES["train"]
+    else:
+        return None
     return cfg.run.epochs * (n_train // batch) if batch <= n_train else None
 
 

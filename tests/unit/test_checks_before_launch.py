@@ -57,3 +57,18 @@ def test_a_warm_up_longer_than_the_run_on_text_is_refused_before_launch(tmp_path
         == ("gputui: error: --set optim.warmup_steps=1000, --epochs, --set data.path=t.txt: "
             "optim.warmup_steps (1000) is not shorter than the run (9 optimizer steps); lower "
             "it or train longer")
+
+
+def test_a_warm_up_the_capped_stdlib_text_outlasts_is_refused_before_launch(tmp_path):
+    """gpt-tiny's 8 warm-up steps against 64 windows of the embedded text (2 steps of 32):
+    refused in one line before any process starts, as a failed run's ranks once said after
+    their start-up (found profiling a run: 25 s of start-up for a refusal)."""
+    runs = tmp_path / "runs"
+    done = subprocess.run([*GPUTUI, "run", "gpt-tiny", "--devices", "cpu", "--epochs", "1",
+                           "--runs-dir", str(runs), "--set", "data.train_size=64"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        "gputui: error: --epochs, --set data.train_size=64: optim.warmup_steps (8) is not "
+        "shorter than the run (2 optimizer steps); lower it or train longer\n")
+    assert not runs.exists() or not any(runs.iterdir())
