@@ -165,6 +165,9 @@ def _argv(line: str, runs: list[str], sweep_id: str | None, seen: set[str],
 
 
 @pytest.mark.slow
+# every documented command in turn, about 20 runs: 2 minutes on 2 idle cores, 10 at load 20,
+# where the suite's 300 s guard per test stopped it; its own guard is half an hour
+@pytest.mark.timeout(1800)
 def test_every_gputui_line_runs_as_written(tmp_path, monkeypatch, capsys):
     runs_dir = tmp_path / "runs"
     monkeypatch.setenv("GPUTUI_RUNS_DIR", str(runs_dir))
