@@ -24,7 +24,7 @@ from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           StepMetrics, init_text, plural)
+                           Stalled, StepMetrics, init_text, plural)
 from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
@@ -193,6 +193,11 @@ class RunScreen(RunLayout, RunControls, Screen):
                 self.show_sample(ev)
             elif isinstance(ev, LogLine):
                 log.add(ev.level, ev.message, ev.t)
+            elif isinstance(ev, Stalled):  # a hang named: which rank, where, how long
+                log.add("error", f"hang: {ev.message} (no progress for "
+                                 f"{ev.threshold_s:.0f} s)", ev.t)
+                for trace in ev.traces:
+                    log.add("info", f"NCCL flight recorder: {trace}", ev.t)
             elif isinstance(ev, EpochEnd):
                 lm = ev.task == "lm"
                 self.query_one(AccuracyPlot).add_point(

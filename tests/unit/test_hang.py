@@ -1,0 +1,184 @@
+"""A hang named (gputui.core.hang, gputui.train.collectives): the diagnosis over the ranks'
+collective counts, the threshold, the counter's bookkeeping, NCCL's flight-recorder dump
+through a small fake at the boundary (no GPU here); then a real ddp run on two gloo ranks
+whose rank 1 is stopped (SIGSTOP), followed from another process by `gputui watch`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from gputui.core import hang
+from gputui.core.hang import KINDS, Ledger, RankState, diagnose, threshold
+from gputui.core.runstore import read_events
+from gputui.train.collectives import Counter, dump_trace
+
+GPUTUI = [sys.executable, "-m", "gputui"]
+
+
+def _state(rank: int, entered: int, left: int, t: float, kind: str = "all-reduce",
+           step: int = 210, process: str = "") -> RankState:
+    return RankState(rank=rank, pid=100 + rank, step=step, entered=entered, left=left,
+                     kind=kind, nbytes=4096, t_enter=t, t_left=t - 1, process=process)
+
+
+def test_the_rank_that_never_entered_is_named_with_how_long_the_others_waited():
+    now = 1000.0
+    states = [_state(0, 1234, 1233, now - 120), _state(1, 1234, 1233, now - 121),
+              _state(2, 1234, 1233, now - 120), _state(3, 1233, 1233, now - 125, step=210)]
+    stall = diagnose(states, stall_s=60, now=now)
+    assert stall is not None and stall.behind == (3,) and stall.waiting == (0, 1, 2)
+    assert stall.message == "rank 3 never entered all-reduce #1234 of step 210; ranks 0-2 " \
+                            "waited 121 s"
+    assert diagnose(states, stall_s=130, now=now) is None  # not yet past the threshold
+    moving = states[:3] + [_state(3, 1233, 1233, now - 5)]
+    assert diagnose(moving, stall_s=60, now=now) is None  # rank 3 still computes: no hang
+    idle = [_state(r, 7, 7, now - 500) for r in range(2)]
+    assert diagnose(idle, stall_s=60, now=now) is None  # nobody waits: a long compute
+    # behind in the sequence, inside an earlier collective; or stuck in the same one
+    late = [_state(0, 12, 11, now - 90), _state(1, 11, 10, now - 95, kind="broadcast")]
+    assert diagnose(late, 60, now).message == ("rank 1 was still in broadcast #11 of step "
+                                               "210 while rank 0 waited 90 s in all-reduce #12")
+    same = [_state(0, 12, 11, now - 90), _state(1, 12, 11, now - 91, process="stopped")]
+    assert diagnose(same, 60, now).message == ("rank 1 entered all-reduce #12 of step 210 but "
+                                               "its process, pid 101, is stopped; rank 0 waited "
+                                               "90 s")
+    every = diagnose([_state(0, 12, 11, now - 90), _state(1, 12, 11, now - 90)], 60, now)
+    assert every.behind == () and "the collective itself hangs" in every.message
+
+
+def test_the_threshold_comes_from_the_flag_or_the_runs_own_steps():
+    assert threshold(5.0) == 5.0 and threshold(-1.0) is None
+    assert threshold(0.0) == hang.FLOOR_S  # no step seen: the floor
+    assert threshold(0.0, [0.1, 0.2]) == hang.FLOOR_S
+    assert threshold(0.0, [0.5, 4.0, float("nan")]) == 80.0  # 20 x the slowest step
+    assert threshold(0.0, [0.5], [30.0]) == 90.0  # 3 x the slowest evaluation
+
+
+def test_the_counter_counts_sync_and_async_collectives_once():
+    ledger = Ledger([0.0] * Ledger.size(2), 2)
+    ledger.join(1, rank=5, pid=4242)
+    counter = Counter(ledger, 1)
+    counter.step(3)
+
+    class Future:
+        def __init__(self):
+            self.callbacks = []
+
+        def then(self, fn):
+            self.callbacks.append(fn)
+
+    future = Future()
+    work = SimpleNamespace(get_future=lambda: future)
+    inner = counter.wrap(lambda *a, **k: None, "all-gather")  # an object collective's own call
+    sync = counter.wrap(lambda *a, **k: inner(), "broadcast")
+    tensor = SimpleNamespace(numel=lambda: 10, element_size=lambda: 4)
+    sync(tensor)
+    (row,) = ledger.snapshot()
+    assert (row.rank, row.pid, row.step, row.entered, row.left, row.kind, row.nbytes) == \
+        (5, 4242, 3, 1, 1, "broadcast", 40)  # the inner call was not counted again
+    started = counter.wrap(lambda *a, **k: work, "all-reduce")
+    started([tensor, tensor], async_op=True)
+    (row,) = ledger.snapshot()
+    assert (row.entered, row.left, row.inside, row.nbytes) == (2, 1, True, 80)
+    future.callbacks[0](future)  # the backend completes it
+    assert ledger.snapshot()[0].left == 2 and KINDS[int(ledger.get(1, "kind"))] == "all-reduce"
+
+
+def test_the_nccl_flight_recorder_is_dumped_where_torch_has_it(tmp_path):
+    # the boundary: torch._C._distributed_c10d (its _dump_nccl_trace needs NCCL and a GPU)
+    recorder = SimpleNamespace(_dump_nccl_trace=lambda: b"\x80pickled entries")
+    path = tmp_path / "ranks" / "nccl-trace-3.pkl"
+    assert dump_trace(recorder, path) and path.read_bytes() == b"\x80pickled entries"
+    assert not dump_trace(SimpleNamespace(), tmp_path / "none.pkl")  # a torch without it
+
+    def no_group():
+        raise RuntimeError("no NCCL process group")
+
+    assert not dump_trace(SimpleNamespace(_dump_nccl_trace=no_group), tmp_path / "x.pkl")
+    assert not (tmp_path / "none.pkl").exists() and not (tmp_path / "x.pkl").exists()
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout  # a failure guard only
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _first_step_pids(runs: Path) -> tuple[Path, dict[int, int]] | None:
+    for run_dir in runs.iterdir():
+        try:
+            steps = [e for e in read_events(run_dir) if e.kind == "step"]
+        except OSError:
+            continue
+        if steps and steps[-1].per_device:
+            return run_dir, {r.rank: r.pid for r in steps[-1].per_device}
+    return None
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_the_run_stops_and_a_watcher_sees_it(tmp_path):
+    runs = tmp_path / "runs"
+    env = dict(os.environ)  # conftest's private home, cache and runs folder
+    run = subprocess.Popen(
+        [*GPUTUI, "run", "quickstart", "--strategy", "ddp", "--devices", "cpu*2",
+         "--set", "data.train_size=4096", "--set", "data.test_size=256", "--epochs", "50",
+         "--set", "run.log_every=2", "--set", "telemetry.enabled=false",
+         "--set", "run.threads=1", "--set", "run.checkpoint_every=2", "--stall-after", "5",
+         "--runs-dir", str(runs)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    frozen = 0
+    try:
+        runs.mkdir(exist_ok=True)
+        run_dir, pids = _wait_for(lambda: _first_step_pids(runs), 180, "the run's first step")
+        watch = subprocess.Popen([*GPUTUI, "watch", run_dir.name, "--runs-dir", str(runs)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env)
+        frozen = pids[1]
+        os.kill(frozen, signal.SIGSTOP)
+        out, err = run.communicate(timeout=180)
+        w_out, w_err = watch.communicate(timeout=60)
+    finally:
+        for proc in [run] + ([watch] if "watch" in locals() else []):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        if frozen and psutil.pid_exists(frozen):
+            os.kill(frozen, signal.SIGKILL)  # never leave a stopped process behind a failure
+    print(out, err, w_out, w_err, sep="\n----\n")  # shown with -s: what the user saw
+    assert run.returncode == 1, err
+    events = read_events(run_dir)
+    (stalled,) = [e for e in events if e.kind == "stalled"]
+    assert stalled.behind == (1,) and stalled.threshold_s == 5.0
+    # where rank 1 froze is chance: before the collective the others wait in (the usual),
+    # inside it, or inside an earlier one; each is named so, with its stopped process
+    assert re.fullmatch(rf"rank 1 (never entered|entered|was still in) [a-z-]+ #\d+ of step "
+                        rf"\d+ (\(|but )its process, pid {frozen}, is stopped: SIGSTOP or a "
+                        rf"debugger\)?(; | while )rank 0 waited \d+ s( in [a-z-]+ #\d+)?",
+                        stalled.message), stalled.message
+    assert {r["rank"] for r in stalled.ranks} == {0, 1}
+    end = events[-1]
+    assert end.kind == "run_failed" and end.reason.startswith(f"hang: {stalled.message}; "
+                                                              f"stopped after 5 s")
+    assert end.reason.endswith(f"continue it: gputui resume {run_dir.name}"
+                               if (run_dir / "checkpoint.pt").is_file()
+                               else "no checkpoint to continue from (run.checkpoint)")
+    assert f"hang: {stalled.message}" in out  # on screen, as it happened
+    assert not psutil.pid_exists(frozen) and not psutil.pid_exists(pids[0])
+    # the other terminal followed it live, read-only, to the same end
+    assert watch.returncode == 1, w_err
+    assert f"started elsewhere (gputui pid {run.pid})" in w_out
+    assert f"hang: {stalled.message}" in w_out and "ended: failed (hang: rank 1" in w_out
