@@ -121,7 +121,7 @@ class Printer:
             self.line(f"hang: {ev.message} (no progress for {ev.threshold_s:.0f} s)",
                       always=True)
             for trace in ev.traces:
-                self.line(f"  NCCL flight recorder: {trace}", always=True)
+                self.line(f"  flight recorder: {trace}", always=True)
         elif isinstance(ev, InitDone):
             self.line(f"init {init_text(ev, 2)}; {ev.train_samples:,} training examples, "
                       f"{plural(ev.steps_per_epoch, 'step')} per epoch")

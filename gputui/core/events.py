@@ -277,7 +277,7 @@ class Stalled(Event):
     threshold_s: float
     behind: tuple = ()  # the ranks named
     ranks: tuple = ()  # dicts, one a rank seen by this node's host
-    traces: tuple = ()  # files of the backend's own trace (NCCL's flight recorder), if any
+    traces: tuple = ()  # the ranks' dumps of torch's flight recorder (ranks/fr-trace-N.pkl)
 
 
 TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})

@@ -73,8 +73,8 @@ class Ledger:
         return tuple(out)
 
     def ask_dump(self) -> None:
-        """Ask every rank for its backend's own trace (NCCL's flight recorder), where it
-        keeps one (``gputui.train.collectives.watch_dump``)."""
+        """Ask every rank for torch's own trace of its collectives (the flight recorder),
+        where this torch keeps one (``gputui.train.collectives``)."""
         for row in range(self.rows):
             self.set(row, "dump", 1.0)
 

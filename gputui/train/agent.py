@@ -45,7 +45,7 @@ RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.trai
                 "gputui.train.parallelize"]
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
 STALL_POLL_S = 0.5  # how often the host reads its ranks' collective counts
-DUMP_WAIT_S = 3.0  # how long a hang waits for the ranks' NCCL traces
+DUMP_WAIT_S = 3.0  # how long a hang waits for the ranks' flight-recorder dumps
 
 
 def free_port() -> int:
@@ -368,7 +368,7 @@ class _Watchdog(threading.Thread):
 class _StallWatch(threading.Thread):
     """A hang named (``gputui.core.hang``): reads the ranks' collective counts every
     STALL_POLL_S; when none moved for the stall threshold while a rank waits in a collective,
-    records which rank is behind and where (a Stalled event), asks NCCL's flight recorder for
+    records which rank is behind and where (a Stalled event), asks torch's flight recorder for
     its trace, and stops the run: its ranks killed (a hung collective takes no graceful stop),
     the record ended with the hang and the resume command (``end``)."""
 
@@ -438,8 +438,8 @@ def _process_states(states: tuple) -> dict[int, str]:
 
 
 def _dump_traces(ledger: Ledger, run_dir: Path) -> list[str]:
-    """Ask the ranks for NCCL's flight recorder and wait (bounded) for their answers; the
-    files written (none off NCCL, or where this torch has no recorder)."""
+    """Ask the ranks for torch's flight recorder and wait (bounded: a stopped rank never
+    answers) for their answers; the files written (none where this torch has no recorder)."""
     ledger.ask_dump()
     deadline = time.monotonic() + DUMP_WAIT_S
     while time.monotonic() < deadline:
@@ -447,7 +447,7 @@ def _dump_traces(ledger: Ledger, run_dir: Path) -> list[str]:
                if ledger.get(r, "pid")):
             break
         time.sleep(0.1)
-    return sorted(str(p.relative_to(run_dir)) for p in (run_dir / "ranks").glob("nccl-trace-*"))
+    return sorted(str(p.relative_to(run_dir)) for p in (run_dir / "ranks").glob("fr-trace-*"))
 
 
 def _kill_children() -> None:

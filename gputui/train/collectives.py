@@ -14,10 +14,11 @@ functions: a tp step counts its gputui collectives only), and what C++ issues by
 (DDP's broadcast of the parameters at start-up). An async collective is left when its work's
 future completes. A few float stores per collective; no lock crosses processes.
 
-NCCL's flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``, set before the process group is
-made) keeps the last collectives of each rank in torch itself; when the host asks
-(``Ledger.ask_dump``), :func:`dump_trace` writes it to ``ranks/nccl-trace-<rank>.pkl`` where
-this torch has ``_dump_nccl_trace``.
+torch's flight recorder (``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` in
+older torch, set before the process group is made) keeps the last collectives of each rank in
+torch itself: NCCL's, and gloo's in newer torch (2.13 here). When the host asks
+(``Ledger.ask_dump``), :func:`dump_trace` writes it to ``ranks/fr-trace-<rank>.pkl`` through
+``_dump_fr_trace``, or ``_dump_nccl_trace`` where only that exists.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from typing import Any, Callable
 
 from gputui.core.hang import KINDS, Ledger
 
-TRACE_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
-TRACE_ENTRIES = "2000"  # collectives NCCL's flight recorder keeps per rank
+# torch._C._distributed_c10d's dump of the flight recorder, newest name first, and the
+# environment variable that sizes the recorder in the torch that has it
+DUMPERS = (("_dump_fr_trace", "TORCH_FR_BUFFER_SIZE"),
+           ("_dump_nccl_trace", "TORCH_NCCL_TRACE_BUFFER_SIZE"))
+TRACE_ENTRIES = "2000"  # collectives the flight recorder keeps per rank
 DUMP_POLL_S = 0.25
 
 # torch.distributed's functions -> the kind counted (a name this torch lacks is skipped)
@@ -137,7 +141,9 @@ def install(ledger: Ledger, row: int, rank: int, run_dir: str | Path) -> Counter
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    os.environ.setdefault(TRACE_ENV, TRACE_ENTRIES)  # read when an NCCL group is made
+    env = trace_env(_c10d_module())
+    if env:  # read when a process group is made; a size the user set is kept
+        os.environ.setdefault(env, TRACE_ENTRIES)
     ledger.join(row, rank, os.getpid())
     counter = _COUNTER = Counter(ledger, row)
     for name, kind in WRAPPED.items():
@@ -159,22 +165,32 @@ def at_step(n: int) -> None:
         _COUNTER.step(n)
 
 
-def _watch_dump(ledger: Ledger, row: int, rank: int, run_dir: Path) -> None:
-    while ledger.get(row, "dump") != 1.0:
-        time.sleep(DUMP_POLL_S)
-    c10d_c: Any = None
+def _c10d_module() -> Any:
     try:
         import torch._C._distributed_c10d as c10d_c
     except ImportError:
-        pass
-    written = dump_trace(c10d_c, run_dir / "ranks" / f"nccl-trace-{rank}.pkl")
+        return None
+    return c10d_c
+
+
+def trace_env(module: Any) -> str:
+    """The variable sizing the flight recorder of the torch whose c10d is ``module`` ("" where
+    it has none)."""
+    return next((env for name, env in DUMPERS if hasattr(module, name)), "")
+
+
+def _watch_dump(ledger: Ledger, row: int, rank: int, run_dir: Path) -> None:
+    while ledger.get(row, "dump") != 1.0:
+        time.sleep(DUMP_POLL_S)
+    written = dump_trace(_c10d_module(), run_dir / "ranks" / f"fr-trace-{rank}.pkl")
     ledger.set(row, "dump", 2.0 if written else -1.0)
 
 
 def dump_trace(module: Any, path: Path) -> bool:
-    """Write NCCL's flight recorder (``module._dump_nccl_trace()``, bytes) to ``path``; False
-    where this torch has none, or it has nothing (no NCCL group in this process)."""
-    dump = getattr(module, "_dump_nccl_trace", None)
+    """Write torch's flight recorder (``module._dump_fr_trace()``, or ``_dump_nccl_trace()``
+    in a torch without it: pickled bytes) to ``path``; False where this torch has none, or
+    it has nothing to give (no process group in this process)."""
+    dump = next((getattr(module, name) for name, _ in DUMPERS if hasattr(module, name)), None)
     if dump is None:
         return False
     try:

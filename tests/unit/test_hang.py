@@ -1,7 +1,8 @@
 """A hang named (gputui.core.hang, gputui.train.collectives): the diagnosis over the ranks'
-collective counts, the threshold, the counter's bookkeeping, NCCL's flight-recorder dump
-through a small fake at the boundary (no GPU here); then a real ddp run on two gloo ranks
-whose rank 1 is stopped (SIGSTOP), followed from another process by `gputui watch`."""
+collective counts, the threshold, the counter's bookkeeping, the flight-recorder dump by the
+name each torch gives it (a small fake at the boundary for the older NCCL-only name: no GPU
+here); then a real ddp run on two gloo ranks whose rank 1 is stopped (SIGSTOP), followed from
+another process by `gputui watch`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from gputui.core import hang
 from gputui.core.hang import KINDS, Ledger, RankState, diagnose, threshold
 from gputui.core.runstore import read_events
-from gputui.train.collectives import Counter, dump_trace
+from gputui.train.collectives import Counter, dump_trace, trace_env
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 
@@ -94,17 +95,23 @@ def test_the_counter_counts_sync_and_async_collectives_once():
     assert ledger.snapshot()[0].left == 2 and KINDS[int(ledger.get(1, "kind"))] == "all-reduce"
 
 
-def test_the_nccl_flight_recorder_is_dumped_where_torch_has_it(tmp_path):
-    # the boundary: torch._C._distributed_c10d (its _dump_nccl_trace needs NCCL and a GPU)
-    recorder = SimpleNamespace(_dump_nccl_trace=lambda: b"\x80pickled entries")
-    path = tmp_path / "ranks" / "nccl-trace-3.pkl"
-    assert dump_trace(recorder, path) and path.read_bytes() == b"\x80pickled entries"
+def test_the_flight_recorder_is_dumped_by_whichever_name_this_torch_has(tmp_path):
+    # the boundary, torch._C._distributed_c10d: torch 2.13 has _dump_fr_trace (gloo and NCCL,
+    # dumped for real by the SIGSTOP test below); older CUDA builds only _dump_nccl_trace
+    older = SimpleNamespace(_dump_nccl_trace=lambda: b"\x80nccl entries")
+    assert trace_env(older) == "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    path = tmp_path / "ranks" / "fr-trace-3.pkl"
+    assert dump_trace(older, path) and path.read_bytes() == b"\x80nccl entries"
+    both = SimpleNamespace(_dump_fr_trace=lambda: b"fr", _dump_nccl_trace=lambda: b"nccl")
+    assert trace_env(both) == "TORCH_FR_BUFFER_SIZE"
+    assert dump_trace(both, path) and path.read_bytes() == b"fr"
+    assert trace_env(SimpleNamespace()) == ""
     assert not dump_trace(SimpleNamespace(), tmp_path / "none.pkl")  # a torch without it
 
     def no_group():
-        raise RuntimeError("no NCCL process group")
+        raise RuntimeError("no process group")
 
-    assert not dump_trace(SimpleNamespace(_dump_nccl_trace=no_group), tmp_path / "x.pkl")
+    assert not dump_trace(SimpleNamespace(_dump_fr_trace=no_group), tmp_path / "x.pkl")
     assert not (tmp_path / "none.pkl").exists() and not (tmp_path / "x.pkl").exists()
 
 
@@ -170,6 +177,16 @@ def test_a_stopped_rank_is_named_the_run_stops_and_a_watcher_sees_it(tmp_path):
                         rf"debugger\)?(; | while )rank 0 waited \d+ s( in [a-z-]+ #\d+)?",
                         stalled.message), stalled.message
     assert {r["rank"] for r in stalled.ranks} == {0, 1}
+    # torch's own flight recorder, from the rank that waited (the stopped one cannot answer)
+    import pickle
+
+    import torch._C._distributed_c10d as c10d_c
+
+    if hasattr(c10d_c, "_dump_fr_trace"):
+        assert stalled.traces == ("ranks/fr-trace-0.pkl",)
+        trace = pickle.loads((run_dir / stalled.traces[0]).read_bytes())
+        assert any(e["profiling_name"] == "gloo:all_reduce" for e in trace["entries"])
+        assert f"  flight recorder: {stalled.traces[0]}" in out
     end = events[-1]
     assert end.kind == "run_failed" and end.reason.startswith(f"hang: {stalled.message}; "
                                                               f"stopped after 5 s")

@@ -197,7 +197,7 @@ class RunScreen(RunLayout, RunControls, Screen):
                 log.add("error", f"hang: {ev.message} (no progress for "
                                  f"{ev.threshold_s:.0f} s)", ev.t)
                 for trace in ev.traces:
-                    log.add("info", f"NCCL flight recorder: {trace}", ev.t)
+                    log.add("info", f"flight recorder: {trace}", ev.t)
             elif isinstance(ev, EpochEnd):
                 lm = ev.task == "lm"
                 self.query_one(AccuracyPlot).add_point(
