@@ -24,7 +24,7 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier", "
          "all-to-all", "gather", "scatter", "reduce", "collective")
 # one row per local rank: its fields, in order
 FIELDS = ("rank", "pid", "step", "entered", "left", "kind", "bytes", "t_enter", "t_left",
-          "dump")
+          "dump", "t_step")
 WIDTH = len(FIELDS)
 _AT = {name: i for i, name in enumerate(FIELDS)}
 FLOOR_S = 60.0  # the default threshold is never below this
@@ -53,7 +53,8 @@ class Ledger:
     def join(self, row: int, rank: int, pid: int) -> None:
         """A rank takes its row (its global rank and pid; nothing entered yet)."""
         now = time.time()
-        for name, value in (("rank", rank), ("pid", pid), ("t_enter", now), ("t_left", now)):
+        for name, value in (("rank", rank), ("pid", pid), ("t_enter", now), ("t_left", now),
+                            ("t_step", now)):
             self.set(row, name, value)
 
     def snapshot(self) -> tuple[RankState, ...]:
@@ -69,7 +70,7 @@ class Ledger:
                 left=int(self.get(row, "left")),
                 kind=KINDS[kind] if 0 <= kind < len(KINDS) else "collective",
                 nbytes=int(self.get(row, "bytes")), t_enter=self.get(row, "t_enter"),
-                t_left=self.get(row, "t_left")))
+                t_left=self.get(row, "t_left"), t_step=self.get(row, "t_step")))
         return tuple(out)
 
     def ask_dump(self) -> None:
@@ -94,6 +95,7 @@ class RankState:
     nbytes: int
     t_enter: float
     t_left: float
+    t_step: float = 0.0  # when it began its current step
     process: str = ""  # "stopped", "gone", ... when the host looked at its process
 
     @property
@@ -103,8 +105,8 @@ class RankState:
 
     @property
     def moved(self) -> float:
-        """When its row last changed."""
-        return max(self.t_enter, self.t_left)
+        """When its row last changed (a collective entered or left, a step begun)."""
+        return max(self.t_enter, self.t_left, self.t_step)
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,8 @@ def diagnose(states: Sequence[RankState], stall_s: float, now: float | None = No
     if not states or any(now - s.moved < stall_s for s in states):
         return None
     waiting = [s for s in states if s.inside]
-    if not waiting:
-        return None
+    if not waiting:  # nobody waits in a counted collective: a hang only if a process stopped
+        return _stopped(states, now)
     # the collective the waiting ranks are in: the furthest one along
     front = max(waiting, key=lambda s: s.entered)
     seq, kind, step = front.entered, front.kind, front.step
@@ -195,6 +197,22 @@ def diagnose(states: Sequence[RankState], stall_s: float, now: float | None = No
                f"for {waited:.0f} s: the collective itself hangs (a rank on another node, "
                f"the network, or the backend)")
     return Stall((), tuple(waiters), kind, seq, step, waited, message)
+
+
+def _stopped(states: Sequence[RankState], now: float) -> Stall | None:
+    """No rank waits in a collective gputui counts (tensor parallelism's are not counted),
+    none moved, and some rank's process is stopped or gone: that rank is named."""
+    odd = [s for s in states if s.process]
+    if not odd:
+        return None  # a long step of compute is no hang
+    behind = sorted(s.rank for s in odd)
+    first = min(odd, key=lambda s: s.step)
+    others = sorted(s.rank for s in states if not s.process)
+    still = now - max(s.moved for s in states)
+    message = (f"{_ranks(behind)} stopped in step {first.step}{_process_note(odd)}"
+               + (f"; {_ranks(others)} made no progress for {still:.0f} s" if others else ""))
+    return Stall(tuple(behind), tuple(others), first.kind, first.entered, first.step, still,
+                 message)
 
 
 def _process_note(states: Sequence[RankState]) -> str:

@@ -387,11 +387,11 @@ class _StallWatch(threading.Thread):
             limit = hang.threshold(self.flag, *self._times())
             if limit is None:
                 return
-            found = hang.diagnose(states, limit)
-            if found is None:
+            if any(time.time() - s.moved < limit for s in states):
                 continue
-            # what the processes are doing: a stopped or dead one is named as such
-            found = hang.diagnose(hang.states_with(states, _process_states(states)), limit)
+            # nothing moved: what the processes are doing (a stopped or dead one is named)
+            states = hang.states_with(states, _process_states(states))
+            found = hang.diagnose(states, limit)
             if found is not None and not self.done.is_set():
                 self._stop(found, states, limit)
                 return

@@ -63,6 +63,7 @@ class Counter:
 
     def step(self, n: int) -> None:
         self.ledger.set(self.row, "step", n)
+        self.ledger.set(self.row, "t_step", time.time())
 
     def enter(self, kind: str, nbytes: int) -> None:
         with self._lock:

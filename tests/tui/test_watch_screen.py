@@ -1,5 +1,6 @@
 """History opens a run that is still running (started by another process, which holds its
-folder's lock) on the run screen, live and read-only, followed from its record to its end."""
+folder's lock) on the run screen, live and read-only, followed from its record to its end:
+here a hang named (a Stalled event) and the run's failure."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 from scripted import wait_until
 
-from gputui.core.events import RunFinished, RunStarted, StepMetrics
+from gputui.core.events import RunFailed, RunStarted, Stalled, StepMetrics
 from gputui.core.runstore import EventLog
 from gputui.tui.app import make_app
 from gputui.tui.screens.history import HistoryScreen
@@ -58,9 +59,15 @@ async def test_history_follows_a_run_started_elsewhere_live_and_read_only(tmp_pa
             assert not screen.check_action("stop", ()) and not screen.check_action("kill", ())
             assert screen.state == "running"
             log.write(_step(2))
-            log.write(RunFinished(seconds=2.0))
-            await wait_until(pilot, lambda: screen.state == "finished", what="the run's end")
-            assert screen.events_handled == 4 and app.run_control is None
+            hung = "rank 1 never entered all-reduce #9 of step 3; rank 0 waited 61 s"
+            log.write(Stalled(message=hung, threshold_s=60.0, behind=(1,),
+                              traces=("ranks/fr-trace-0.pkl",)))
+            log.write(RunFailed(reason=f"hang: {hung}; stopped after 60 s without progress"))
+            await wait_until(pilot, lambda: screen.state == "failed", what="the run's end")
+            assert screen.events_handled == 5 and app.run_control is None
+            text = "\n".join(screen.query_one(RunLog).plain)
+            assert f"hang: {hung} (no progress for 60 s)" in text
+            assert "flight recorder: ranks/fr-trace-0.pkl" in text
             await pilot.press("escape")  # leaving a watched run asks nothing
             assert isinstance(app.screen, HistoryScreen)
         log.close()
