@@ -203,8 +203,8 @@ def _stopped(states: Sequence[RankState], now: float) -> Stall | None:
     """No rank waits in a collective gputui counts (tensor parallelism's are not counted),
     none moved, and some rank's process is stopped or gone: that rank is named."""
     odd = [s for s in states if s.process]
-    if not odd:
-        return None  # a long step of compute is no hang
+    if not odd or all(s.process == "gone" for s in states):
+        return None  # a long step of compute is no hang, nor ranks that have all exited
     behind = sorted(s.rank for s in odd)
     first = min(odd, key=lambda s: s.step)
     others = sorted(s.rank for s in states if not s.process)

@@ -381,6 +381,8 @@ class _StallWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.done.wait(STALL_POLL_S):
+            if self.recorder.terminal is not None:
+                return  # the run has its end: its ranks are leaving, not hanging
             states = self.ledger.snapshot()
             if not states or max(s.step for s in states) < 2:
                 continue  # armed once a step has run: start-up has no step time to go by

@@ -49,6 +49,8 @@ def test_the_rank_that_never_entered_is_named_with_how_long_the_others_waited():
     idle[1] = _state(1, 7, 7, now - 500, process="gone", step=4)
     assert diagnose(idle, 60, now).message == ("rank 1 stopped in step 4 (its process, pid 101, "
                                                "is gone); rank 0 made no progress for 500 s")
+    assert diagnose([_state(r, 7, 7, now - 500, process="gone") for r in range(2)], 60,
+                    now) is None  # every rank exited: the job is ending, not hanging
     # behind in the sequence, inside an earlier collective; or stuck in the same one
     late = [_state(0, 12, 11, now - 90), _state(1, 11, 10, now - 95, kind="broadcast")]
     assert diagnose(late, 60, now).message == ("rank 1 was still in broadcast #11 of step "
