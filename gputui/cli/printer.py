@@ -118,7 +118,7 @@ class Printer:
         elif isinstance(ev, LogLine):
             self.line(f"{ev.level}: {ev.message}")
         elif isinstance(ev, Stalled):  # a hang named (gputui.core.hang): always shown
-            self.line(f"hang: {ev.message} (no progress for {ev.threshold_s:.0f} s)",
+            self.line(f"hang: {ev.message} (--stall-after {ev.threshold_s:.0f} s)",
                       always=True)
             for trace in ev.traces:
                 self.line(f"  flight recorder: {trace}", always=True)

@@ -96,14 +96,16 @@ class Counter:
                 raise
             finally:
                 self._inner.depth = 0
-            self._left_when_done(out)
-            return out
+            return self._left_when_done(out, kind in ("send", "recv"))
 
         counted.__wrapped__ = fn  # type: ignore[attr-defined]
         counted.__name__ = getattr(fn, "__name__", kind)
         return counted
 
-    def _left_when_done(self, out: Any) -> None:
+    def _left_when_done(self, out: Any, p2p: bool) -> Any:
+        """``out``, with the collective left now (a sync call), when its work's future
+        completes, or (a send or receive whose work has no future, gloo's) when the caller's
+        ``wait()`` on it returns."""
         works = out if isinstance(out, list) else [out]
         futures = []
         for work in works:
@@ -114,10 +116,32 @@ class Counter:
                 futures.append(get())
             except Exception:  # noqa: BLE001 - a backend without futures for this work
                 continue
-        if not futures:
-            self.leave()  # a sync call, or a work that cannot tell: left at its return
-            return
-        futures[-1].then(self.leave)
+        if futures:
+            futures[-1].then(self.leave)
+            return out
+        if p2p and callable(getattr(out, "wait", None)):
+            return _Waited(out, self.leave)
+        self.leave()  # a sync call, or a work that cannot tell: left at its return
+        return out
+
+
+class _Waited:
+    """A send's or receive's work whose backend gives no future: left when ``wait()``
+    returns (what the pipeline's schedules call), everything else is the work's own."""
+
+    def __init__(self, work: Any, leave: Callable[[], None]):
+        self._work, self._leave, self._done = work, leave, False
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            if not self._done:
+                self._done = True
+                self._leave()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
 
 
 def _nbytes(args: tuple) -> int:

@@ -66,7 +66,7 @@ async def test_history_follows_a_run_started_elsewhere_live_and_read_only(tmp_pa
             await wait_until(pilot, lambda: screen.state == "failed", what="the run's end")
             assert screen.events_handled == 5 and app.run_control is None
             text = "\n".join(screen.query_one(RunLog).plain)
-            assert f"hang: {hung} (no progress for 60 s)" in text
+            assert f"hang: {hung} (--stall-after 60 s)" in text
             assert "flight recorder: ranks/fr-trace-0.pkl" in text
             await pilot.press("escape")  # leaving a watched run asks nothing
             assert isinstance(app.screen, HistoryScreen)

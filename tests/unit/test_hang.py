@@ -99,6 +99,22 @@ def test_the_counter_counts_sync_and_async_collectives_once():
     assert (row.entered, row.left, row.inside, row.nbytes) == (2, 1, True, 80)
     future.callbacks[0](future)  # the backend completes it
     assert ledger.snapshot()[0].left == 2 and KINDS[int(ledger.get(1, "kind"))] == "all-reduce"
+    # gloo's send and receive works give no future: left when the schedule's wait() returns
+
+    def no_future():
+        raise RuntimeError("this work has no future")
+
+    waited = []
+    recv_work = SimpleNamespace(get_future=no_future, wait=lambda: waited.append(1) or True,
+                                is_completed=lambda: False)
+    got = counter.wrap(lambda *a, **k: recv_work, "recv")(tensor)
+    (row,) = ledger.snapshot()
+    assert (row.entered, row.left, row.inside, row.kind) == (3, 2, True, "recv")
+    assert got.is_completed() is False  # the work's own, through the wrapper
+    assert got.wait() is True and waited == [1]
+    assert ledger.snapshot()[0].left == 3
+    got.wait()
+    assert ledger.snapshot()[0].left == 3  # left once
 
 
 def test_the_flight_recorder_is_dumped_by_whichever_name_this_torch_has(tmp_path):

@@ -194,7 +194,7 @@ class RunScreen(RunLayout, RunControls, Screen):
             elif isinstance(ev, LogLine):
                 log.add(ev.level, ev.message, ev.t)
             elif isinstance(ev, Stalled):  # a hang named: which rank, where, how long
-                log.add("error", f"hang: {ev.message} (no progress for "
+                log.add("error", f"hang: {ev.message} (--stall-after "
                                  f"{ev.threshold_s:.0f} s)", ev.t)
                 for trace in ev.traces:
                     log.add("info", f"flight recorder: {trace}", ev.t)
