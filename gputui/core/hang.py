@@ -27,6 +27,7 @@ FIELDS = ("rank", "pid", "step", "entered", "left", "kind", "bytes", "t_enter", 
           "dump", "t_step")
 WIDTH = len(FIELDS)
 _AT = {name: i for i, name in enumerate(FIELDS)}
+P2P_MATE = {"recv": "sent", "send": "received"}  # what the peer of a waiting p2p never did
 FLOOR_S = 60.0  # the default threshold is never below this
 STEPS = 20.0  # ... and at least this many of the run's slowest logged steps
 
@@ -171,8 +172,12 @@ def diagnose(states: Sequence[RankState], stall_s: float, now: float | None = No
     if outside:  # never entered: its last collective is behind the others' current one
         behind = sorted(s.rank for s in outside)
         why = _process_note(outside)
-        message = (f"{_ranks(behind)} never entered {kind} #{seq} of step {step}{why}; "
-                   f"{_ranks(waiters)} waited {waited:.0f} s")
+        if kind in P2P_MATE:  # a send's peer does not enter a send: it never received
+            message = (f"{_ranks(waiters)} waited {waited:.0f} s in {kind} #{seq} of step "
+                       f"{step} for {_ranks(behind)}{why}, which never {P2P_MATE[kind]}")
+        else:
+            message = (f"{_ranks(behind)} never entered {kind} #{seq} of step {step}{why}; "
+                       f"{_ranks(waiters)} waited {waited:.0f} s")
         return Stall(tuple(behind), tuple(waiters), kind, seq, step, waited, message)
     late = [s for s in waiting if s.entered < seq]
     if late:  # inside an earlier collective than the others

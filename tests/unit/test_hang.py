@@ -51,6 +51,10 @@ def test_the_rank_that_never_entered_is_named_with_how_long_the_others_waited():
                                                "is gone); rank 0 made no progress for 500 s")
     assert diagnose([_state(r, 7, 7, now - 500, process="gone") for r in range(2)], 60,
                     now) is None  # every rank exited: the job is ending, not hanging
+    # a pipeline stage waiting to receive: its peer never sent
+    pipe = [_state(0, 52, 51, now - 61, kind="recv", step=3), _state(1, 40, 40, now - 70)]
+    assert diagnose(pipe, 60, now).message == ("rank 0 waited 61 s in recv #52 of step 3 for "
+                                               "rank 1, which never sent")
     # behind in the sequence, inside an earlier collective; or stuck in the same one
     late = [_state(0, 12, 11, now - 90), _state(1, 11, 10, now - 95, kind="broadcast")]
     assert diagnose(late, 60, now).message == ("rank 1 was still in broadcast #11 of step "
