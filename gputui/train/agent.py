@@ -405,7 +405,8 @@ class _StallWatch(threading.Thread):
 
     def _stop(self, found: hang.Stall, states: tuple, limit: float) -> None:
         run_dir = Path(self.spec.run_dir)
-        traces = _dump_traces(self.ledger, run_dir)
+        # a stopped or dead rank cannot answer: the others' dumps are not waited for in vain
+        traces = _dump_traces(self.ledger, run_dir, {s.pid for s in states if not s.process})
         resume = (f"continue it: gputui resume {self.spec.run_id}"
                   if (run_dir / CHECKPOINT_NAME).is_file()
                   else "no checkpoint to continue from (run.checkpoint)")
@@ -439,14 +440,15 @@ def _process_states(states: tuple) -> dict[int, str]:
     return out
 
 
-def _dump_traces(ledger: Ledger, run_dir: Path) -> list[str]:
-    """Ask the ranks for torch's flight recorder and wait (bounded: a stopped rank never
-    answers) for their answers; the files written (none where this torch has no recorder)."""
+def _dump_traces(ledger: Ledger, run_dir: Path, running: set[int]) -> list[str]:
+    """Ask the ranks for torch's flight recorder and wait (bounded) for the answers of those
+    whose process runs (pids ``running``); the files written (none where this torch has no
+    recorder)."""
     ledger.ask_dump()
     deadline = time.monotonic() + DUMP_WAIT_S
     while time.monotonic() < deadline:
         if all(ledger.get(r, "dump") != 1.0 for r in range(ledger.rows)
-               if ledger.get(r, "pid")):
+               if int(ledger.get(r, "pid")) in running):
             break
         time.sleep(0.1)
     return sorted(str(p.relative_to(run_dir)) for p in (run_dir / "ranks").glob("fr-trace-*"))
