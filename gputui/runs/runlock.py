@@ -232,6 +232,14 @@ class Writer:
             return True
         if self.elsewhere and self.beat is not None:
             return (time.time() if now is None else now) - self.beat < BEAT_STALE_S
+        if self.held is None and not self.elsewhere and self.pid:  # the lock cannot say
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except OSError:  # another user's process: it exists
+                return True
+            return True
         return False
 
 

@@ -124,6 +124,8 @@ def test_a_writer_on_another_host_is_judged_by_its_heartbeat(tmp_path):
     assert not other.alive(now + runlock.BEAT_STALE_S)  # its beats stopped: gone
     here = runlock._parse(f"4242 run-x\thost={runlock.HOST} beat={now:.1f}", False)
     assert not here.alive(now)  # on this host, a free lock is a writer gone, beat or not
+    # a lock that cannot be tested (a file system without flock): the pid, on this host
+    assert runlock._parse(f"{os.getpid()} run-x\thost={runlock.HOST}", None).alive()
     old = runlock._parse("4242 run-x", True)  # an older lock file: no host, no beat
     assert old.alive() and old.beat is None and old.who() == "gputui pid 4242"
     # a held lock's beat moves on while its holder lives
