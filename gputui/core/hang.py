@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, MutableSequence, Sequence
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier", "send", "recv",
@@ -229,8 +229,6 @@ def _process_note(states: Sequence[RankState]) -> str:
 
 def states_with(states: Sequence[RankState], process: dict[int, str]) -> tuple[RankState, ...]:
     """The states with what the host saw of each rank's process (pid -> "stopped", ...)."""
-    from dataclasses import replace
-
     return tuple(replace(s, process=process.get(s.pid, "")) for s in states)
 
 
