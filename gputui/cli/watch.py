@@ -45,6 +45,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         while not follower.done:
             for ev in follower.poll(timeout=0.25):
+                if follower.gone and ev is follower.terminal:
+                    continue  # the watcher's own end, said once below: not the run's failure
                 printer.handle(ev)
             for sample in follower.samples():
                 printer.handle(sample)
