@@ -98,7 +98,7 @@ def test_a_record_is_followed_line_by_line_to_its_end_without_a_write(holder):
     assert after == before
 
 
-def test_a_writer_killed_without_an_end_is_named_and_the_watch_ends(holder):
+def test_a_writer_killed_without_an_end_is_named_and_the_watch_ends(holder, capsys):
     run_dir, proc = holder
     _append(run_dir, _started(run_dir.name).to_json() + "\n" + _step(1).to_json() + "\n")
     follower = RecordFollower(run_dir)
@@ -113,6 +113,14 @@ def test_a_writer_killed_without_an_end_is_named_and_the_watch_ends(holder):
                              f"{proc.pid} is gone")
     assert follower.gone == got[0].reason
     assert _files(run_dir) == before  # that end is shown, never recorded
+    # `gputui watch` says it once, as the watch's end (exit 1: the run did not finish)
+    from gputui import cli
+
+    assert cli.main(["watch", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert f"started elsewhere (gputui pid {proc.pid}); read-only" in out
+    assert f"ended: incomplete ({got[0].reason})" in out and "run failed" not in out
+    assert _files(run_dir) == before
 
 
 def test_a_writer_on_another_host_is_judged_by_its_heartbeat(tmp_path):
