@@ -1,10 +1,13 @@
 """A hang named: each rank's collectives counted, and the rank a stalled job waits for.
 
 Every rank of a multi-process run counts the collectives it issues (kind, sequence number,
-bytes) as it enters and leaves them, in its row of a small shared table of numbers that its
-node's run host reads (:class:`Ledger`; written in the rank by ``gputui.train.collectives``,
-read in the host by ``gputui.train.agent``). Nothing crosses a queue or a lock: a row is a
-few float64 stores per collective, and the host reads them every half second.
+bytes) as it enters and leaves them, in its row (its global rank's) of a small shared table of
+numbers that its node's run host reads (:class:`Ledger`; written in the rank by
+``gputui.train.collectives``, read in the host by ``gputui.train.agent``). Nothing crosses a
+queue or a lock: a row is a few float64 stores per collective, and the host reads them every
+half second. On several nodes each rank also publishes its row through the job's c10d store
+every second, and each node's first rank copies the other nodes' rows into its table, so
+every node's host sees every rank (the others' as of their last publication).
 
 When no rank's row has moved for the stall threshold (:func:`threshold`) while some rank is
 inside a collective, :func:`diagnose` says which rank is behind and where: the rank that is
@@ -24,7 +27,7 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier", "
          "all-to-all", "gather", "scatter", "reduce", "collective")
 # one row per local rank: its fields, in order
 FIELDS = ("rank", "pid", "step", "entered", "left", "kind", "bytes", "t_enter", "t_left",
-          "dump", "t_step")
+          "dump", "t_step", "local")
 WIDTH = len(FIELDS)
 _AT = {name: i for i, name in enumerate(FIELDS)}
 P2P_MATE = {"recv": "sent", "send": "received"}  # what the peer of a waiting p2p never did
@@ -37,8 +40,9 @@ class Ledger:
     ``multiprocessing`` RawArray('d') made by the host, or a list in a test). A row's writer
     is its rank alone (``dump``: the host's request to that rank, see ``ask_dump``)."""
 
-    def __init__(self, cells: MutableSequence[float], rows: int):
-        self.cells, self.rows = cells, rows
+    def __init__(self, cells: MutableSequence[float], rows: int | None = None):
+        self.cells = cells
+        self.rows = len(cells) // WIDTH if rows is None else rows
 
     @classmethod
     def size(cls, rows: int) -> int:
@@ -55,8 +59,21 @@ class Ledger:
         """A rank takes its row (its global rank and pid; nothing entered yet)."""
         now = time.time()
         for name, value in (("rank", rank), ("pid", pid), ("t_enter", now), ("t_left", now),
-                            ("t_step", now)):
+                            ("t_step", now), ("local", 1)):
             self.set(row, name, value)
+
+    def row(self, row: int) -> list[float]:
+        """A row's cells (what a rank publishes to the other nodes)."""
+        return [float(v) for v in self.cells[row * WIDTH:(row + 1) * WIDTH]]
+
+    def put_remote(self, row: int, values: Sequence[float]) -> None:
+        """Another node's rank's row, as it published it (never over a local rank's row)."""
+        if self.get(row, "local") == 1.0 or len(values) != WIDTH:
+            return
+        for i, value in enumerate(values):
+            self.cells[row * WIDTH + i] = value
+        self.set(row, "local", 0)
+        self.set(row, "dump", 0)
 
     def snapshot(self) -> tuple[RankState, ...]:
         """Every row that a rank has joined, as plain values."""
@@ -71,14 +88,16 @@ class Ledger:
                 left=int(self.get(row, "left")),
                 kind=KINDS[kind] if 0 <= kind < len(KINDS) else "collective",
                 nbytes=int(self.get(row, "bytes")), t_enter=self.get(row, "t_enter"),
-                t_left=self.get(row, "t_left"), t_step=self.get(row, "t_step")))
+                t_left=self.get(row, "t_left"), t_step=self.get(row, "t_step"),
+                local=self.get(row, "local") == 1.0))
         return tuple(out)
 
     def ask_dump(self) -> None:
         """Ask every rank for torch's own trace of its collectives (the flight recorder),
         where this torch keeps one (``gputui.train.collectives``)."""
         for row in range(self.rows):
-            self.set(row, "dump", 1.0)
+            if self.get(row, "local") == 1.0:
+                self.set(row, "dump", 1.0)
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,7 @@ class RankState:
     t_enter: float
     t_left: float
     t_step: float = 0.0  # when it began its current step
+    local: bool = True  # a rank of this node (else another node's, as last published)
     process: str = ""  # "stopped", "gone", ... when the host looked at its process
 
     @property
@@ -160,6 +180,9 @@ def diagnose(states: Sequence[RankState], stall_s: float, now: float | None = No
     now = time.time() if now is None else now
     if not states or any(now - s.moved < stall_s for s in states):
         return None
+    local = [s for s in states if s.local]
+    if local and all(s.process == "gone" for s in local):
+        return None  # this node's ranks have exited: the job is ending (its agent says why)
     waiting = [s for s in states if s.inside]
     if not waiting:  # nobody waits in a counted collective: a hang only if a process stopped
         return _stopped(states, now)
@@ -208,8 +231,8 @@ def _stopped(states: Sequence[RankState], now: float) -> Stall | None:
     """No rank waits in a collective gputui counts (tensor parallelism's are not counted),
     none moved, and some rank's process is stopped or gone: that rank is named."""
     odd = [s for s in states if s.process]
-    if not odd or all(s.process == "gone" for s in states):
-        return None  # a long step of compute is no hang, nor ranks that have all exited
+    if not odd:
+        return None  # a long step of compute is no hang
     behind = sorted(s.rank for s in odd)
     first = min(odd, key=lambda s: s.step)
     others = sorted(s.rank for s in states if not s.process)
@@ -235,5 +258,5 @@ def states_with(states: Sequence[RankState], process: dict[int, str]) -> tuple[R
 def rows(states: Sequence[RankState]) -> tuple[dict[str, Any], ...]:
     """Every rank's row, JSON-ready (the record's Stalled event keeps them)."""
     return tuple({"rank": s.rank, "pid": s.pid, "step": s.step, "entered": s.entered,
-                  "left": s.left, "kind": s.kind, "bytes": s.nbytes, "process": s.process}
-                 for s in states)
+                  "left": s.left, "kind": s.kind, "bytes": s.nbytes, "process": s.process,
+                  "local": s.local} for s in states)

@@ -155,8 +155,11 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     relay.start()
     watchdog = _Watchdog(recorder, stop, data_file, leave)
     watchdog.start()
-    cells = mp.get_context("spawn").RawArray("d", Ledger.size(len(spec.devices)))
-    stall = _StallWatch(Ledger(cells, len(spec.devices)), recorder, spec)
+    # one row a rank of the job, by global rank: this node's ranks write their own, and on
+    # several nodes the others' arrive through the job's store (gputui.train.collectives)
+    ranks = len(spec.devices) * cfg.dist.nnodes
+    cells = mp.get_context("spawn").RawArray("d", Ledger.size(ranks))
+    stall = _StallWatch(Ledger(cells), recorder, spec)
     stall.start()
     # a rank takes SIGTERM from this process as torch's teardown, not as a stop
     ranks_spec = replace(spec, queue=relay.queue, stop=stop, host_pid=os.getpid(),
@@ -406,7 +409,8 @@ class _StallWatch(threading.Thread):
     def _stop(self, found: hang.Stall, states: tuple, limit: float) -> None:
         run_dir = Path(self.spec.run_dir)
         # a stopped or dead rank cannot answer: the others' dumps are not waited for in vain
-        traces = _dump_traces(self.ledger, run_dir, {s.pid for s in states if not s.process})
+        traces = _dump_traces(self.ledger, run_dir,
+                              {s.pid for s in states if s.local and not s.process})
         resume = (f"continue it: gputui resume {self.spec.run_id}"
                   if (run_dir / CHECKPOINT_NAME).is_file()
                   else "no checkpoint to continue from (run.checkpoint)")
@@ -415,7 +419,9 @@ class _StallWatch(threading.Thread):
         self.recorder.emit(Stalled(message=found.message, threshold_s=limit,
                                    behind=found.behind, ranks=hang.rows(states),
                                    traces=tuple(traces)))
-        for s in states:  # every local rank: the elastic agent then ends the launch
+        for s in states:  # every rank of this node: the elastic agent then ends the launch
+            if not s.local:
+                continue
             try:
                 os.kill(s.pid, signal.SIGKILL)
             except OSError:
@@ -428,6 +434,8 @@ def _process_states(states: tuple) -> dict[int, str]:
 
     out = {}
     for s in states:
+        if not s.local:  # another node's process: not ours to look at
+            continue
         try:
             status = psutil.Process(s.pid).status()
         except psutil.Error:
@@ -448,7 +456,7 @@ def _dump_traces(ledger: Ledger, run_dir: Path, running: set[int]) -> list[str]:
     deadline = time.monotonic() + DUMP_WAIT_S
     while time.monotonic() < deadline:
         if all(ledger.get(r, "dump") != 1.0 for r in range(ledger.rows)
-               if int(ledger.get(r, "pid")) in running):
+               if ledger.get(r, "local") == 1.0 and int(ledger.get(r, "pid")) in running):
             break
         time.sleep(0.1)
     return sorted(str(p.relative_to(run_dir)) for p in (run_dir / "ranks").glob("fr-trace-*"))

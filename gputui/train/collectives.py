@@ -37,6 +37,8 @@ DUMPERS = (("_dump_fr_trace", "TORCH_FR_BUFFER_SIZE"),
            ("_dump_nccl_trace", "TORCH_NCCL_TRACE_BUFFER_SIZE"))
 TRACE_ENTRIES = "2000"  # collectives the flight recorder keeps per rank
 DUMP_POLL_S = 0.25
+SHARE_S = 1.0  # how often a rank of a multi-node job publishes its row to the other nodes
+SHARE_KEY = "gputui/ledger"  # the store key of a rank's row: SHARE_KEY/<rank>
 
 # torch.distributed's functions -> the kind counted (a name this torch lacks is skipped)
 WRAPPED = {"all_reduce": "all-reduce", "all_gather": "all-gather",
@@ -159,12 +161,16 @@ def _nbytes(args: tuple) -> int:
 _COUNTER: Counter | None = None
 
 
-def install(ledger: Ledger, row: int, rank: int, run_dir: str | Path) -> Counter:
-    """Count this process's collectives in ``row`` of ``ledger`` (once per process), and
-    watch for the host's request for the backend's trace."""
+def install(ledger: Ledger, rank: int, run_dir: str | Path, local_rank: int = 0,
+            nodes: int = 1) -> Counter:
+    """Count this process's collectives in its row (``rank``'s) of ``ledger`` (once per
+    process), and watch for the host's request for the backend's trace; on several
+    ``nodes``, share the rows with the other nodes (:func:`_share`)."""
     global _COUNTER
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
+
+    row = rank
 
     env = trace_env(_c10d_module())
     if env:  # read when a process group is made; a size the user set is kept
@@ -181,7 +187,35 @@ def install(ledger: Ledger, row: int, rank: int, run_dir: str | Path) -> Counter
             setattr(c10d, name, counted)
     threading.Thread(target=_watch_dump, args=(ledger, row, rank, Path(run_dir)),
                      name="gputui-trace-dump", daemon=True).start()
+    if nodes > 1:
+        threading.Thread(target=_share, args=(ledger, rank, local_rank == 0),
+                         name="gputui-ledger-share", daemon=True).start()
     return counter
+
+
+def _share(ledger: Ledger, rank: int, gather: bool) -> None:
+    """Every SHARE_S: publish this rank's row through the job's c10d store (the rendezvous
+    store every rank already talks to; its client is thread-safe); with ``gather`` (a node's
+    first rank), copy the other nodes' rows into this node's ledger. Ends at the first
+    error: the job is ending, and its store may be gone."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    while not dist.is_initialized():
+        time.sleep(SHARE_S)
+    try:
+        store = _get_default_store()
+        while dist.is_initialized():
+            store.set(f"{SHARE_KEY}/{rank}", " ".join(repr(v) for v in ledger.row(rank)))
+            if gather:
+                for other in range(ledger.rows):
+                    key = f"{SHARE_KEY}/{other}"
+                    if ledger.get(other, "local") != 1.0 and store.check([key]):
+                        text = store.get(key).decode()
+                        ledger.put_remote(other, [float(v) for v in text.split()])
+            time.sleep(SHARE_S)
+    except Exception:  # noqa: BLE001 - a store gone at the job's end: nothing more to share
+        return
 
 
 def at_step(n: int) -> None:

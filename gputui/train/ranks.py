@@ -96,7 +96,8 @@ def rank_main(spec: LaunchSpec) -> str:
         from gputui.core.hang import Ledger
         from gputui.train.collectives import install
 
-        install(Ledger(spec.ledger, len(devices)), info.local_rank, info.rank, run_dir)
+        install(Ledger(spec.ledger), info.rank, run_dir, info.local_rank,
+                spec.config.dist.nnodes)
     sink = _RankEmit(queue if info.local_rank == 0 else None)
     try:
         load = shared_data.loader(Path(spec.data_file)) if spec.data_file else None

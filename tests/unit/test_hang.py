@@ -51,6 +51,17 @@ def test_the_rank_that_never_entered_is_named_with_how_long_the_others_waited():
                                                "is gone); rank 0 made no progress for 500 s")
     assert diagnose([_state(r, 7, 7, now - 500, process="gone") for r in range(2)], 60,
                     now) is None  # every rank exited: the job is ending, not hanging
+    # ... nor when this node's ranks exited (a peer on another node failed first): the
+    # other node's row, as last published, says nothing of its process
+    from dataclasses import replace
+
+    ended_here = [_state(0, 8, 8, now - 90, process="gone"),
+                  replace(_state(1, 7, 7, now - 95), local=False)]
+    assert diagnose(ended_here, 60, now) is None
+    # another node's rank behind, seen from the node whose rank waits
+    remote = [_state(0, 8, 7, now - 61), replace(_state(1, 7, 7, now - 62), local=False)]
+    assert diagnose(remote, 60, now).message == ("rank 1 never entered all-reduce #8 of step "
+                                                 "210; rank 0 waited 61 s")
     # a pipeline stage waiting to receive: its peer never sent
     pipe = [_state(0, 52, 51, now - 61, kind="recv", step=3), _state(1, 40, 40, now - 70)]
     assert diagnose(pipe, 60, now).message == ("rank 0 waited 61 s in recv #52 of step 3 for "
@@ -101,6 +112,13 @@ def test_the_counter_counts_sync_and_async_collectives_once():
     started([tensor, tensor], async_op=True)
     (row,) = ledger.snapshot()
     assert (row.entered, row.left, row.inside, row.nbytes) == (2, 1, True, 80)
+    # another node's row, copied in from the job's store: never over a local rank's row
+    theirs = [1.0] * len(ledger.row(0))
+    ledger.put_remote(1, theirs)
+    assert ledger.snapshot()[0].pid == 4242 and ledger.snapshot()[0].local
+    ledger.put_remote(0, theirs)
+    assert [(s.rank, s.local) for s in ledger.snapshot()] == [(1, False), (5, True)]
+    ledger.set(0, "pid", 0)  # as before (a row no rank has joined is not shown)
     future.callbacks[0](future)  # the backend completes it
     assert ledger.snapshot()[0].left == 2 and KINDS[int(ledger.get(1, "kind"))] == "all-reduce"
     # gloo's send and receive works give no future: left when the schedule's wait() returns
