@@ -429,7 +429,7 @@ class _StallWatch(threading.Thread):
 
 
 def _process_states(states: tuple) -> dict[int, str]:
-    """pid -> "stopped" / "gone" / "a zombie" for the ranks whose process does not run."""
+    """pid -> "stopped: ..." or "gone" for this node's ranks whose process does not run."""
     import psutil
 
     out = {}
