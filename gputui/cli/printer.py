@@ -21,8 +21,8 @@ from rich.text import Text
 from gputui.core import breakdown, straggler
 from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
-                                 RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
-                                 init_text, plural)
+                                 RunFinished, RunStarted, RunStopped, Stalled, StepMetrics,
+                                 acc_text, init_text, plural)
 from gputui.core.scores import perplexity, score_text, speed_text
 
 
@@ -117,6 +117,11 @@ class Printer:
                 self.line(f"note: {note}")
         elif isinstance(ev, LogLine):
             self.line(f"{ev.level}: {ev.message}")
+        elif isinstance(ev, Stalled):  # a hang named (gputui.core.hang): always shown
+            self.line(f"hang: {ev.message} (--stall-after {ev.threshold_s:.0f} s)",
+                      always=True)
+            for trace in ev.traces:
+                self.line(f"  flight recorder: {trace}", always=True)
         elif isinstance(ev, InitDone):
             self.line(f"init {init_text(ev, 2)}; {ev.train_samples:,} training examples, "
                       f"{plural(ev.steps_per_epoch, 'step')} per epoch")

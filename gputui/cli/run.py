@@ -16,6 +16,7 @@ SHORT_FLAGS = {  # flag dest -> config key
     "devices": "devices.spec", "strategy": "strategy.name", "epochs": "run.epochs",
     "batch_size": "optim.batch_size", "lr": "optim.lr", "seed": "run.seed",
     "nnodes": "dist.nnodes", "node_rank": "dist.node_rank", "rdzv_endpoint": "dist.rdzv_endpoint",
+    "stall_after": "strategy.stall_after_s",
 }
 
 
@@ -38,6 +39,10 @@ def add_run_parser(sub) -> None:
     p.add_argument("--nnodes", type=int, help="multi-node ddp/fsdp: number of machines")
     p.add_argument("--node-rank", type=int, help="multi-node: this machine's rank")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: c10d rendezvous")
+    p.add_argument("--stall-after", type=float, metavar="SECONDS",
+                   help="multi-process runs: when no rank's collectives move for this long, "
+                        "name the rank that is behind and stop the run (strategy.stall_after_s;"
+                        " default: 20 x the slowest logged step, at least 60 s; -1: never)")
     p.add_argument("--runs-dir", help="where run records go (default ./runs or $GPUTUI_RUNS_DIR)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.add_argument("--json", action="store_true",

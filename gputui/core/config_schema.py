@@ -296,6 +296,12 @@ class StrategySection:
                                "CPU), gloo or nccl.", choices=("auto", "gloo", "nccl"))
     timeout_s: float = opt(120.0, "ddp/fsdp: seconds a collective may wait before the run fails.",
                            gt=0.0, max=86_400.0)
+    stall_after_s: float = opt(0.0, "ddp/fsdp/tp/pp: seconds without progress in any rank's "
+                               "collectives after which the run names the rank that is behind "
+                               "and stops (gputui run --stall-after); 0 = from the run's own "
+                               "step time (20 x the slowest logged step, at least 60 s); -1 = "
+                               "never (the backend's timeout_s alone).", min=-1.0,
+                               max=86_400.0)
 
 
 def _degree(name: str):

@@ -264,12 +264,28 @@ class RunStopped(Event):
     killed: bool = False
 
 
+@dataclass(frozen=True)
+class Stalled(Event):
+    """The ranks' collectives stopped moving for ``threshold_s``: ``message`` names the rank
+    that is behind and where ("rank 1 never entered all-reduce #212 of step 54; rank 0 waited
+    61 s"); ``ranks`` holds every rank's count as its node's host last read it (rank, pid,
+    step, entered, left, kind, bytes, process). The run is stopped after it
+    (gputui.core.hang)."""
+
+    kind: ClassVar[str] = "stalled"
+    message: str
+    threshold_s: float
+    behind: tuple = ()  # the ranks named
+    ranks: tuple = ()  # dicts, one a rank seen by this node's host
+    traces: tuple = ()  # the ranks' dumps of torch's flight recorder (ranks/fr-trace-N.pkl)
+
+
 TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})
 
 _REGISTRY: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RunStarted, InitDone, StepMetrics, EpochEnd, DeviceSample, LogLine,
-                RunFinished, RunFailed, RunStopped, MemoryReport, FlopsInfo)
+                RunFinished, RunFailed, RunStopped, MemoryReport, FlopsInfo, Stalled)
 }
 
 

@@ -79,6 +79,8 @@ class RunHandle:
         # the folder, and the one this run resumes, are in use until the run ends (gputui
         # resume refuses a folder in use; the kernel frees the lock if this process dies)
         lock = runlock.hold(self.run_dir, self.run_id)
+        if lock is not None:  # a watcher on another node tells a live writer by its beat
+            lock.beat()
         for held in (lock, resumed):
             if held is not None:
                 self._locks.append(held)

@@ -16,14 +16,19 @@ from __future__ import annotations
 import inspect
 import os
 import queue as queue_mod
+import signal
 import socket
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from gputui.core.config import RunConfig
-from gputui.core.events import LogLine, RunFailed, RunStopped
+from gputui.core import hang
+from gputui.core.events import EpochEnd, LogLine, RunFailed, RunStopped, Stalled, StepMetrics
+from gputui.core.hang import Ledger
+from gputui.core.runstore import CHECKPOINT_NAME
 from gputui.core.filewrite import WriteFailed
 from gputui.core.usercode import code_named
 from gputui.hw.netaddr import backend_env, interface_address
@@ -39,6 +44,8 @@ RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.trai
                 "gputui.train.strategies.rank", "torch.distributed.tensor.parallel",
                 "gputui.train.parallelize"]
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for the surviving ranks after a failure
+STALL_POLL_S = 0.5  # how often the host reads its ranks' collective counts
+DUMP_WAIT_S = 3.0  # how long a hang waits for the ranks' flight-recorder dumps
 
 
 def free_port() -> int:
@@ -148,9 +155,15 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     relay.start()
     watchdog = _Watchdog(recorder, stop, data_file, leave)
     watchdog.start()
+    # one row a rank of the job, by global rank: this node's ranks write their own, and on
+    # several nodes the others' arrive through the job's store (gputui.train.collectives)
+    ranks = len(spec.devices) * cfg.dist.nnodes
+    cells = mp.get_context("spawn").RawArray("d", Ledger.size(ranks))
+    stall = _StallWatch(Ledger(cells), recorder, spec)
+    stall.start()
     # a rank takes SIGTERM from this process as torch's teardown, not as a stop
     ranks_spec = replace(spec, queue=relay.queue, stop=stop, host_pid=os.getpid(),
-                         data_file=str(data_file))
+                         data_file=str(data_file), ledger=cells)
     end = None
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -186,6 +199,9 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
         end = RunFailed(reason=f"the elastic launch failed: {type(exc).__name__}: {first}",
                         detail=_traceback())
     watchdog.done.set()
+    stall.done.set()
+    if stall.end is not None:  # the ranks were stopped because one of them hung
+        end = stall.end
     relay.finish()
     if isinstance(end, RunFailed):  # a node that went away, said as one
         end = peerloss.explain(end, cfg, run_dir, spec.run_id, list(recorder.events))
@@ -350,6 +366,100 @@ class _Watchdog(threading.Thread):
             stop_helpers()
             shared_data.remove(self.data_file)
             self.leave()
+
+
+class _StallWatch(threading.Thread):
+    """A hang named (``gputui.core.hang``): reads the ranks' collective counts every
+    STALL_POLL_S; when none moved for the stall threshold while a rank waits in a collective,
+    records which rank is behind and where (a Stalled event), asks torch's flight recorder for
+    its trace, and stops the run: its ranks killed (a hung collective takes no graceful stop),
+    the record ended with the hang and the resume command (``end``)."""
+
+    def __init__(self, ledger: Ledger, recorder: Recorder, spec: LaunchSpec):
+        super().__init__(name="gputui-stall-watch", daemon=True)
+        self.ledger, self.recorder, self.spec = ledger, recorder, spec
+        self.flag = spec.config.strategy.stall_after_s
+        self.done = threading.Event()
+        self.end: RunFailed | None = None
+
+    def run(self) -> None:
+        while not self.done.wait(STALL_POLL_S):
+            if self.recorder.terminal is not None:
+                return  # the run has its end: its ranks are leaving, not hanging
+            states = self.ledger.snapshot()
+            if not states or max(s.step for s in states) < 2:
+                continue  # armed once a step has run: start-up has no step time to go by
+            limit = hang.threshold(self.flag, *self._times())
+            if limit is None:
+                return
+            if any(time.time() - s.moved < limit for s in states):
+                continue
+            # nothing moved: what the processes are doing (a stopped or dead one is named)
+            states = hang.states_with(states, _process_states(states))
+            found = hang.diagnose(states, limit)
+            if found is not None and not self.done.is_set():
+                self._stop(found, states, limit)
+                return
+
+    def _times(self) -> tuple[list[float], list[float]]:
+        events = list(self.recorder.events)
+        return ([e.step_time_s for e in events if isinstance(e, StepMetrics)],
+                [e.eval_s for e in events if isinstance(e, EpochEnd)])
+
+    def _stop(self, found: hang.Stall, states: tuple, limit: float) -> None:
+        run_dir = Path(self.spec.run_dir)
+        # a stopped or dead rank cannot answer: the others' dumps are not waited for in vain
+        traces = _dump_traces(self.ledger, run_dir,
+                              {s.pid for s in states if s.local and not s.process})
+        resume = (f"continue it: gputui resume {self.spec.run_id}"
+                  if (run_dir / CHECKPOINT_NAME).is_file()
+                  else "no checkpoint to continue from (run.checkpoint)")
+        self.end = RunFailed(reason=f"hang: {found.message}; stopped after {limit:.0f} s "
+                                    f"without progress (--stall-after); {resume}")
+        self.recorder.emit(Stalled(message=found.message, threshold_s=limit,
+                                   behind=found.behind, ranks=hang.rows(states),
+                                   traces=tuple(traces)))
+        for s in states:  # every rank of this node: the elastic agent then ends the launch
+            if not s.local:
+                continue
+            try:
+                os.kill(s.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _process_states(states: tuple) -> dict[int, str]:
+    """pid -> "stopped: ..." or "gone" for this node's ranks whose process does not run."""
+    import psutil
+
+    out = {}
+    for s in states:
+        if not s.local:  # another node's process: not ours to look at
+            continue
+        try:
+            status = psutil.Process(s.pid).status()
+        except psutil.Error:
+            out[s.pid] = "gone"
+            continue
+        if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            out[s.pid] = "stopped: SIGSTOP or a debugger"
+        elif status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            out[s.pid] = "gone"
+    return out
+
+
+def _dump_traces(ledger: Ledger, run_dir: Path, running: set[int]) -> list[str]:
+    """Ask the ranks for torch's flight recorder and wait (bounded) for the answers of those
+    whose process runs (pids ``running``); the files written (none where this torch has no
+    recorder)."""
+    ledger.ask_dump()
+    deadline = time.monotonic() + DUMP_WAIT_S
+    while time.monotonic() < deadline:
+        if all(ledger.get(r, "dump") != 1.0 for r in range(ledger.rows)
+               if ledger.get(r, "local") == 1.0 and int(ledger.get(r, "pid")) in running):
+            break
+        time.sleep(0.1)
+    return sorted(str(p.relative_to(run_dir)) for p in (run_dir / "ranks").glob("fr-trace-*"))
 
 
 def _kill_children() -> None:

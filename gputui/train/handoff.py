@@ -74,6 +74,7 @@ class LaunchSpec:
     stop: StopChannel | None = None  # ranks: the run's stop flag (the host's)
     host_pid: int = 0  # ranks: the host's pid (its SIGTERM is torch's teardown)
     data_file: str = ""  # ranks: the node's shared copy of the dataset ("" = load it)
+    ledger: Any = None  # ranks: the node's collective counts (RawArray, gputui.core.hang)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from gputui.core import breakdown
 from gputui.core.config import RunConfig
 from gputui.core.events import EpochEnd, Event, LogLine, StepMetrics
 from gputui.core.steps import DeviceStep, StepReport
+from gputui.train import collectives
 from gputui.train import checkpoint as ckpt, figures
 from gputui.train.data import Dataset, eval_batches
 from gputui.train.paramtrace import ParamTrace
@@ -170,6 +171,7 @@ def _train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 save(ckpt.Position(epoch, step, global_step, epoch_sum))
                 return "stopped"
             step += 1
+            collectives.at_step(global_step + 1)  # where a hang is named (core/hang.py)
             logged = step == next_mark
             # a logged step is metered: it gets the seconds its batch took to arrive
             data_s = time.perf_counter() - fetch if logged else None

@@ -92,6 +92,12 @@ def rank_main(spec: LaunchSpec) -> str:
         queue.put(RankProcess(devices[info.local_rank].name, os.getpid(), info.rank))
     except (OSError, ValueError):
         pass
+    if spec.ledger is not None:  # every collective counted, for a hang to be named
+        from gputui.core.hang import Ledger
+        from gputui.train.collectives import install
+
+        install(Ledger(spec.ledger), info.rank, run_dir, info.local_rank,
+                spec.config.dist.nnodes)
     sink = _RankEmit(queue if info.local_rank == 0 else None)
     try:
         load = shared_data.loader(Path(spec.data_file)) if spec.data_file else None

@@ -187,6 +187,15 @@ class OpenCompare(Message):
         self.only_compared = only_compared
 
 
+class WatchRun(Message):
+    """A screen asks to follow a run started elsewhere (``run_dir``), live and read-only, on
+    the run screen (History: a run still running)."""
+
+    def __init__(self, run_dir: Any) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+
+
 class StartSweep(Message):
     """The sweep screen asks the app to run ``sweep`` (planned, not started); the app answers
     the screen (``screen``) with ``SweepStarted`` and the sweep's progress, or says why not."""

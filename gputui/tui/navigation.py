@@ -1,5 +1,6 @@
 """Where the app's screens go: history (F6), sweep (F7), a comparison asked for by a
-screen (``OpenCompare``), and the command palette's entries.
+screen (``OpenCompare``), a run started elsewhere followed on the run screen (``WatchRun``),
+and the command palette's entries.
 
 Screens never push another top-level screen themselves: they post a message and the app
 opens it (a modal dialog is still pushed by the screen that asks its question).
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from textual.app import SystemCommand
 from textual.screen import Screen
 
-from gputui.tui.messages import OpenCompare
+from gputui.tui.messages import OpenCompare, WatchRun
 
 if TYPE_CHECKING:  # what the mixin is checked against; at run time the app brings App
     from textual.app import App
@@ -41,6 +42,29 @@ class Navigation(_Base):
         self.push_screen(CompareScreen(message.run_dirs, message.runs_dir,
                                        title=message.title,
                                        only_compared=message.only_compared))
+
+    async def on_watch_run(self, message: WatchRun) -> None:
+        """Follow a run started elsewhere on the run screen, from its record (read-only: the
+        app's own run, if any, is untouched)."""
+        from gputui.runs.follow import RecordFollower
+        from gputui.tui.screens.run import RunScreen
+
+        follower = RecordFollower(message.run_dir)
+        screen = RunScreen(follower)
+        await self.push_screen(screen)  # mounted: the pump's first batch finds it attached
+        self.run_worker(lambda: self._follow(follower, screen), thread=True,
+                        group="watch", exit_on_error=False)
+
+    def _follow(self, follower: object, screen: Screen) -> None:
+        """The pump of a followed record, until it ends or its screen is closed."""
+        from textual.worker import get_current_worker
+
+        from gputui.tui.pump import EventPump
+
+        worker = get_current_worker()
+        EventPump(follower, screen.post_message,
+                  target_gone=lambda: not screen.is_attached).run(
+            lambda: worker.is_cancelled or not screen.is_attached)
 
     def action_show_help_panel(self) -> None:
         """The keys (F1): the app's and the screen's first, the focused widget's after."""

@@ -2,7 +2,8 @@
 compare them.
 
 Records are read in a thread worker (a runs folder can hold many runs, some damaged); the
-handler only fills the table. Enter opens the run under the cursor with its plots, space
+handler only fills the table. Enter opens the run under the cursor with its plots (a run
+still running: live on the run screen, read-only, from its record), space
 marks runs, c compares the marked runs (or the one under the cursor), r reloads.
 """
 
@@ -21,7 +22,7 @@ from gputui.core.events import plural
 from gputui.core.scores import score_cell
 from gputui.runs.cells import fmt
 from gputui.runs.history import RunRow, load_rows
-from gputui.tui.messages import OpenCompare
+from gputui.tui.messages import OpenCompare, WatchRun
 from gputui.tui.widgets.plain_table import PlainTable
 from gputui.tui.widgets.too_small import TooSmall
 
@@ -140,9 +141,15 @@ class HistoryScreen(Screen):
         self.action_open_run()
 
     def action_open_run(self) -> None:
-        """The run under the cursor, with its plots."""
+        """The run under the cursor, with its plots; a run still running (started
+        elsewhere: another terminal, a SLURM job, another node) opens live on the run screen,
+        followed from its record."""
         row = self.cursor_run()
-        if row is not None:
+        if row is None:
+            return
+        if row.status == "running":
+            self.post_message(WatchRun(self.runs_dir / row.id))
+        else:
             self.open_compare([row.id], title=f"run {row.id}")
 
     def action_compare(self) -> None:

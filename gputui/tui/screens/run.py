@@ -24,7 +24,7 @@ from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           StepMetrics, init_text, plural)
+                           Stalled, StepMetrics, init_text, plural)
 from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
@@ -64,6 +64,8 @@ class RunScreen(RunLayout, RunControls, Screen):
         self.handle = handle
         self.config = config
         self.run_id = str(getattr(handle, "run_id", "") or "")
+        # a run started elsewhere, followed from its record (gputui.runs.follow): no controls
+        self.read_only = bool(getattr(handle, "read_only", False))
         self.devices = list(getattr(handle, "devices", []) or [])
         self.terminal: Event | None = None
         self.events_handled = 0
@@ -98,6 +100,10 @@ class RunScreen(RunLayout, RunControls, Screen):
 
     def on_mount(self) -> None:
         self.sub_title = f"run · {self.run_id}" if self.run_id else "run"
+        if self.read_only:
+            self.sub_title = f"watching · {self.run_id}"
+            self.log_ui(f"{self.handle.started_here()}; followed from its record, read-only "
+                        f"(stop it where it runs)")
         self.query_one("#device-panels").border_title = "Devices"
         self.query_one(RunLog).border_title = "Log"
         self.set_interval(PLOT_EVERY_S, self.redraw_plots)
@@ -187,6 +193,11 @@ class RunScreen(RunLayout, RunControls, Screen):
                 self.show_sample(ev)
             elif isinstance(ev, LogLine):
                 log.add(ev.level, ev.message, ev.t)
+            elif isinstance(ev, Stalled):  # a hang named: which rank, where, how long
+                log.add("error", f"hang: {ev.message} (--stall-after "
+                                 f"{ev.threshold_s:.0f} s)", ev.t)
+                for trace in ev.traces:
+                    log.add("info", f"flight recorder: {trace}", ev.t)
             elif isinstance(ev, EpochEnd):
                 lm = ev.task == "lm"
                 self.query_one(AccuracyPlot).add_point(
@@ -231,7 +242,7 @@ class RunScreen(RunLayout, RunControls, Screen):
         for plot in (self.query_one(LossPlot), self.query_one(ThroughputPlot)):
             plot.set_time_axis(self.time_axis, ev.t)
         self.run_id = ev.run_id
-        self.sub_title = f"run · {ev.run_id}"
+        self.sub_title = f"{'watching' if self.read_only else 'run'} · {ev.run_id}"
         status.started(ev)
         for d in ev.devices:
             if isinstance(d, dict) and d.get("name"):

@@ -34,19 +34,21 @@ class RunControls(_Base):
         def log_ui(self, message: str, level: str = "ui") -> None: ...
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("stop", "kill") and (self.ended or self.handle is None):
-            return False  # not offered: nothing left to stop
+        if action in ("stop", "kill") and (self.ended or self.handle is None
+                                           or getattr(self, "read_only", False)):
+            return False  # not offered: nothing left to stop, or a run watched read-only
         return True
 
     def action_stop(self) -> None:
         """Graceful stop: the run ends at its next step and its record says 'stopped'."""
-        if self.ended or self.handle is None or self.state == "stopping":
+        if (self.ended or self.handle is None or self.state == "stopping"
+                or getattr(self, "read_only", False)):
             return
         self.post_message(ControlRun("stop"))
 
     def action_kill(self) -> None:
         """Kill the training processes now (asks first)."""
-        if self.ended or self.handle is None:
+        if self.ended or self.handle is None or getattr(self, "read_only", False):
             return
 
         def answer(choice: str | None) -> None:
@@ -70,8 +72,9 @@ class RunControls(_Base):
         self.query_one(RunLog).focus()
 
     def action_back(self) -> None:
-        """Back to the set-up screen; an active run is never left behind unasked."""
-        if self.ended or self.handle is None:
+        """Back to the set-up screen; an active run is never left behind unasked (a run
+        watched read-only goes on where it runs: leaving it asks nothing)."""
+        if self.ended or self.handle is None or getattr(self, "read_only", False):
             self.app.pop_screen()
             return
 

@@ -1,0 +1,64 @@
+"""``gputui watch RUN``: follow a run started elsewhere (another terminal, a SLURM job, another
+node sharing the runs folder) from its record, printed as ``gputui run`` prints its own, until
+it ends. Read-only: nothing is written to the record (``gputui.runs.follow``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gputui.cli.common import EXIT_FAILED, EXIT_OK
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `watch` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "watch", help="follow a run started elsewhere, from its record, until it ends",
+        description="Print a run's progress as `gputui run` does, read from its record as it "
+                    "grows: a run started in another terminal, by SLURM, or on another node "
+                    "whose runs folder is shared. Read-only. Ends when the run ends, or when "
+                    "its writer is gone without ending it. Exit 0 when the run finished, 1 "
+                    "otherwise.")
+    p.add_argument("run", help="a run id from `gputui runs` (or any unique part of it), or a "
+                               "run folder")
+    p.add_argument("--runs-dir", help="where to look for RUN (default ./runs or "
+                                      "$GPUTUI_RUNS_DIR)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress output: only the end, the summary line and the record")
+    p.set_defaults(func=cmd_watch)
+    return p
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Follow the run until it ends; exit 0 when it finished."""
+    from gputui.cli.printer import Printer, shown_path
+    from gputui.cli.resume import run_folder
+    from gputui.runs.follow import RecordFollower
+    from gputui.runs.history import run_state
+
+    folder = run_folder(args.run, args.runs_dir)  # ConfigError: main's one line, exit 2
+    follower = RecordFollower(folder)
+    printer = Printer(stream=sys.stdout, quiet=args.quiet)
+    printer.line(f"watching {shown_path(folder)}: {follower.started_here()}; read-only",
+                 always=True)
+    try:
+        while not follower.done:
+            for ev in follower.poll(timeout=0.25):
+                if follower.gone and ev is follower.terminal:
+                    continue  # the watcher's own end, said once below: not the run's failure
+                printer.handle(ev)
+            for sample in follower.samples():
+                printer.handle(sample)
+    except KeyboardInterrupt:
+        printer.line("stopped watching (the run goes on where it runs)", always=True)
+        return 130
+    summary = run_state(folder)
+    summary["run_dir"] = str(folder)
+    if follower.gone:
+        summary.update(status="incomplete", reason=follower.gone)
+    printer.line(f"ended: {summary.get('status')}" + (f" ({summary['reason']})"
+                                                     if summary.get("reason") else ""),
+                 always=True)
+    printer.summary(summary)
+    return EXIT_OK if summary.get("status") == "finished" else EXIT_FAILED
