@@ -23,6 +23,7 @@ from gputui.core.config_schema import lr_scheduled
 from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
                                  RunFinished, RunStarted, RunStopped, StepMetrics, acc_text,
                                  init_text, plural)
+from gputui.core.moe_text import moe_lines
 from gputui.core.scores import perplexity, score_text, speed_text
 
 
@@ -72,7 +73,7 @@ def breakdown_lines(ev) -> list[str]:
     slow = straggler.find(ev.per_device)  # ddp/fsdp/tp: the rank the others waited for
     if slow is not None:
         out.append(straggler.line(slow) or "")
-    return out
+    return out + moe_lines(getattr(ev, "moe", None))  # a mixture of experts' routing
 
 
 class Printer:
