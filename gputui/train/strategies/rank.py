@@ -484,12 +484,16 @@ class RankStrategy(Strategy):
             if name in model:
                 model[name] = whole
             mine = self.opt.state.get(p, {})
+            # the optimizer's state_dict shares its entries with the live state: a copy
+            at = name if name in states else index
+            entry = dict(states[at]) if at in states else None
             for key in sorted(k for k, v in mine.items()
                               if isinstance(v, torch.Tensor) and v.dim() > 0):
                 value = self._gathered(mine[key])
-                entry = states.get(name, states.get(index))
                 if entry is not None:
                     entry[key] = value
+            if entry is not None:
+                states[at] = entry
 
     def _sliced_experts(self, state: dict[str, Any]) -> dict[str, Any]:
         """A whole-model state (``state_dict``'s) with this rank's slices of the experts."""
