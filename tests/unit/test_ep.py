@@ -25,7 +25,17 @@ HERE = Path(__file__).resolve().parent
 
 def single(extra: dict):
     """single on the scenario's model and batches: (strategy, losses, first-step gradients,
-    routing per step, validation score)."""
+    routing per step, validation score); once per config."""
+    key = tuple(sorted((k, str(v)) for k, v in extra.items() if not k.startswith("parallel.")))
+    if key not in _SINGLE:
+        _SINGLE[key] = _single(extra)
+    return _SINGLE[key]
+
+
+_SINGLE: dict = {}
+
+
+def _single(extra: dict):
     from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
     from gputui.train.data import TensorBatches
