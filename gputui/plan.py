@@ -60,10 +60,14 @@ def mesh_choices(cfg: RunConfig, devices: list[Device]) -> list[tuple[MeshShape,
     ranks = len(devices) * cfg.dist.nnodes
     out = []
     for shape in meshes(ranks):
-        trial = cfg.replace(strategy={"name": "mesh"}, parallel={
-            "dp_replicate": shape.dp_replicate, "dp_shard": shape.dp_shard, "tp": shape.tp,
-            "pp": shape.pp})
-        out.append((mesh_of(trial, ranks), why_not(trial, devices)))
+        # a mixture of experts: each expert-parallel degree its data-parallel ranks allow too
+        eps = [1] + ([e for e in range(2, shape.dp + 1) if shape.dp % e == 0
+                      and cfg.model.moe_experts % e == 0] if cfg.model.moe_experts else [])
+        for ep in eps:
+            trial = cfg.replace(strategy={"name": "mesh"}, parallel={
+                "dp_replicate": shape.dp_replicate, "dp_shard": shape.dp_shard, "tp": shape.tp,
+                "pp": shape.pp, "ep": ep})
+            out.append((mesh_of(trial, ranks), why_not(trial, devices)))
     return out
 
 
