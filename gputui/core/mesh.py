@@ -123,6 +123,8 @@ def rank_label(shape: MeshShape, rank: int) -> str:
         if "dp_replicate" in c and "dp_shard" in c:
             sub = [f"replica {c['dp_replicate']}", f"shard {c['dp_shard']}"]
         parts.append(f"dp {dp}" + (f" ({', '.join(sub)})" if sub else ""))
+        if shape.ep > 1:  # its place in its expert-parallel group: which experts it holds
+            parts.append(f"ep {dp % shape.ep}")
     if "tp" in c:
         parts.append(f"tp {c['tp']}")
     return " · ".join(parts)

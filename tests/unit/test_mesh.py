@@ -69,6 +69,9 @@ def test_expert_parallelism_is_carved_from_the_data_parallel_ranks():
     mesh = mesh_of(cfg(**{"strategy.name": "mesh", "parallel.dp_replicate": 2,
                           "parallel.ep": 4}), 4)
     assert (mesh.world, mesh.ep, mesh.data_parallel) == (4, 4, "fsdp")
+    from gputui.core.mesh import rank_label
+
+    assert rank_label(shape, 3) == "dp 3 · ep 1"  # the app's device panel title
 
 
 def test_strategies_lists_every_mesh_of_the_devices_with_why_not():
