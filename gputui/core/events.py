@@ -143,7 +143,8 @@ class StepMetrics(Event):
     tokens_per_s: float | None = None  # lm: samples_per_s x tokens per sample (data.context)
     # a mixture of experts: its routing over the window, summed over the MoE layers and every
     # rank: {"routed": [assignments per expert], "kept": [... within the capacity], "dropped",
-    # "forwards", "layers", "ep", "experts", "top_k"} (gputui.train.moe.read_stats)
+    # "sent": [[each data-parallel rank's assignments per expert]], "forwards", "layers", "ep",
+    # "experts", "top_k"} (gputui.train.moe.read_stats)
     moe: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -215,7 +215,8 @@ def _exchange(x: torch.Tensor, recv: list[int], send: list[int], group: Any, met
 
 class MoEStats:
     """What the MoE layers routed since the last read (training forwards): assignments per
-    expert before the capacity and kept after it, summed over the layers and every rank."""
+    expert before the capacity and kept after it, summed over the layers and every rank, and
+    each data-parallel rank's assignments per expert (``sent``)."""
 
     def __init__(self, experts: int):
         self.experts = experts
@@ -224,11 +225,15 @@ class MoEStats:
     def reset(self) -> None:
         self.routed = torch.zeros(self.experts, dtype=torch.long)
         self.kept = torch.zeros(self.experts, dtype=torch.long)
+        self.sent: torch.Tensor | None = None  # [ranks, E]: each rank's assignments per expert
         self.forwards = 0
 
     def add(self, routed: torch.Tensor, kept: torch.Tensor, counts: torch.Tensor) -> None:
         self.routed += routed.cpu()
         self.kept += kept.cpu()
+        sent = counts.sum(1).cpu()  # [G, k, E] -> [G, E]
+        self.sent = sent if self.sent is None or self.sent.shape != sent.shape \
+            else self.sent + sent
         self.forwards += 1
 
 
@@ -247,17 +252,21 @@ def aux_term(model_layers: list[MoE], weight: float) -> torch.Tensor | None:
 
 def read_stats(model_layers: list[MoE]) -> dict[str, Any] | None:
     """The layers' routing since the last read, summed over the layers, then reset: tokens
-    routed and kept per expert, dropped (None: no MoE layer or no forward)."""
+    routed and kept per expert, dropped, and each data-parallel rank's assignments per expert
+    (``sent``: the tokens per expert per rank) (None: no MoE layer or no forward)."""
     if not model_layers or not any(m.stats.forwards for m in model_layers):
         return None
     routed = torch.stack([m.stats.routed for m in model_layers]).sum(0)
     kept = torch.stack([m.stats.kept for m in model_layers]).sum(0)
     forwards = max(m.stats.forwards for m in model_layers)
+    sent = [m.stats.sent for m in model_layers if m.stats.sent is not None]
+    by_rank = torch.stack(sent).sum(0).tolist() if sent and all(
+        t.shape == sent[0].shape for t in sent) else None
     for m in model_layers:
         m.stats.reset()
     return {"routed": routed.tolist(), "kept": kept.tolist(),
             "dropped": int(routed.sum() - kept.sum()), "forwards": forwards,
-            "layers": len(model_layers)}
+            "layers": len(model_layers), "sent": by_rank}
 
 
 def shard_experts(model: nn.Module, group: Any, ep_group: Any, ep: int, ep_rank: int,

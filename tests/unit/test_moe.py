@@ -136,6 +136,10 @@ def test_a_run_with_ep_shows_its_routing_and_costs(tmp_path):
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     steps = [e for e in events if e["type"] == "step"]
     assert steps and all(sum(e["moe"]["routed"]) == 2 * 16 * 16 * 2 for e in steps)
+    for e in steps:  # each rank's tokens per expert, which add up to the routing
+        sent = e["moe"]["sent"]
+        assert len(sent) == 2 and torch.tensor(sent).sum(0).tolist() == e["moe"]["routed"]
+        assert sum(sent[0]) == sum(sent[1]) == 2 * 8 * 16 * 2  # 8 sequences a rank
     timed = [r for e in steps for r in e["per_device"] if r.get("collective_bytes")]
     assert timed and all(r["collective_bytes"]["ep dispatch"] > 0 for r in timed)
     assert all({"ep dispatch", "ep combine"} <= set(r["collectives"]) for r in timed)
