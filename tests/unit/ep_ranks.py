@@ -23,10 +23,8 @@ MOE = {"model.moe_experts": 4, "model.moe_top_k": 2, "model.moe_aux_weight": 0.0
 NO_DROP = {"model.moe_capacity_factor": 0.0}  # no capacity limit: no assignment dropped
 DROPS = {"model.moe_capacity_factor": 0.5}  # half the even share: many dropped
 # world size -> name -> (strategy, config overrides)
+# (cpu*2's is a real `gputui run`: test_moe.py)
 SCENARIOS: dict[int, dict[str, tuple[str, dict]]] = {
-    2: {
-        "ddp_ep2": ("ddp", {**MOE, **NO_DROP, "parallel.ep": 2}),
-    },
     4: {
         # two ep groups of 2: each expert's gradient summed over its 2 replicas
         "ddp_ep2": ("ddp", {**MOE, **NO_DROP, "parallel.ep": 2}),

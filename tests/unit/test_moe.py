@@ -7,7 +7,6 @@ routing, the all-to-alls' bytes, the experts' memory per rank and the active par
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -113,41 +112,60 @@ def test_the_routing_in_words():
 
 
 @pytest.mark.slow
-def test_a_run_with_ep_shows_its_routing_and_costs(tmp_path):
-    """`gputui run` on cpu*2, ep 2 under ddp: the record and the printer."""
-    env = {"GPUTUI_RUNS_DIR": str(tmp_path / "runs"), "GPUTUI_CACHE_DIR": str(tmp_path / "c")}
+def test_a_run_with_ep_on_two_ranks_equals_single_and_shows_its_routing(tmp_path):
+    """`gputui run` on cpu*2, ep 2 under ddp, with a capacity that drops (the cpu*2 launch of
+    the equivalence tests: test_ep.py launches 4 ranks): its traced losses and parameters
+    (debug.trace_steps) are single's within float32 rounding's bound, and the record and the
+    printer show the routing, the all-to-alls' bytes, the experts per rank and the active
+    parameters."""
     import os
 
-    argv = [sys.executable, "-m", "gputui", "run", "quickstart", "--strategy", "ddp",
-            "--devices", "cpu*2", "--set", "model.name=gpt", "--set", "data.name=pystdlib",
-            "--set", "data.context=16", "--set", "data.train_size=64",
-            "--set", "data.test_size=16", "--set", "model.n_layer=1", "--set", "model.n_embd=16",
-            "--set", "model.n_head=2", "--set", "model.moe_experts=4",
-            "--set", "model.moe_top_k=2", "--set", "parallel.ep=2", "--set", "optim.batch_size=16",
-            "--set", "run.log_every=2", "--set", "run.epochs=1", "--set", "optim.lr=0.01"]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                          env={**os.environ, **env})
+    import ep_ranks
+    from rounding import assert_equal_within_rounding
+    from strategy_harness import make_config, run_steps
+
+    from gputui.runs.verify_trace import read_trace
+
+    steps, sets = 3, {**ep_ranks.MOE, **ep_ranks.DROPS, "data.train_size": 320,
+                      "data.test_size": 64, "run.log_every": 1}
+    cfg = make_config("ddp", "cpu*2", "gpt", ep_ranks.BATCH, **sets, **{
+        "parallel.ep": 2, "debug.trace_steps": steps, "run.checkpoint": False})
+    preset = tmp_path / "moe.toml"
+    preset.write_text(cfg.to_toml())
+    env = {**os.environ, "GPUTUI_RUNS_DIR": str(tmp_path / "runs"),
+           "GPUTUI_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "gputui", "run", str(preset)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    # equal to single on the same batches (the trace's init and every step's parameters)
+    single, losses = run_steps(make_config("single", "cpu", "gpt", ep_ranks.BATCH, **sets),
+                               steps)
+    trace = read_trace(run)
+    assert trace.losses == pytest.approx(losses, rel=1e-5)
+    assert trace.params is not None
+    assert_equal_within_rounding({n: torch.from_numpy(v) for n, v in
+                                  zip(trace.names, trace.params[-1], strict=True)}, single)
+    routing = single.moe_stats()  # single's since its first step: the run's three steps
     out = proc.stdout
     assert "moe 4 experts top-2, ep 2: tokens/expert" in out
     assert "kept tokens per ep rank" in out and "ep dispatch" in out
     assert "expert parallelism: 4 experts a layer over groups of 2" in out
-    (run,) = (tmp_path / "runs").iterdir()
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    steps = [e for e in events if e["type"] == "step"]
-    assert steps and all(sum(e["moe"]["routed"]) == 2 * 16 * 16 * 2 for e in steps)
-    for e in steps:  # each rank's tokens per expert, which add up to the routing
-        sent = e["moe"]["sent"]
-        assert len(sent) == 2 and torch.tensor(sent).sum(0).tolist() == e["moe"]["routed"]
-        assert sum(sent[0]) == sum(sent[1]) == 2 * 8 * 16 * 2  # 8 sequences a rank
-    timed = [r for e in steps for r in e["per_device"] if r.get("collective_bytes")]
-    assert timed and all(r["collective_bytes"]["ep dispatch"] > 0 for r in timed)
-    assert all({"ep dispatch", "ep combine"} <= set(r["collectives"]) for r in timed)
+    moe = [e["moe"] for e in events if e["type"] == "step"]
+    assert len(moe) == steps
+    assert [sum(c) for c in zip(*(m["routed"] for m in moe), strict=True)] == routing["routed"]
+    assert sum(m["dropped"] for m in moe) == routing["dropped"] > 0  # single's drops
+    for m in moe:  # each rank's tokens per expert, which add up to the routing
+        assert len(m["sent"]) == 2 and torch.tensor(m["sent"]).sum(0).tolist() == m["routed"]
+        assert sum(m["sent"][0]) == sum(m["sent"][1]) == 8 * 32 * 2 * 2  # 8 sequences a rank
+    rows = [r for e in events if e["type"] == "step" for r in e["per_device"]
+            if r.get("collective_bytes")]
+    assert rows and all(r["collective_bytes"]["ep dispatch"] > 0 for r in rows)
+    assert all({"ep dispatch", "ep combine"} <= set(r["collectives"]) for r in rows)
     (flops,) = [e for e in events if e["type"] == "flops"]
     assert 0 < flops["params_active"] < flops["params_total"]
     memory = [e for e in events if e["type"] == "memory"][0]
-    per_rank = [row["experts"] for row in memory["per_device"]]
-    assert len(per_rank) == 2 and per_rank[0] == per_rank[1]
-    whole = 4 * (16 * 64 + 64 + 64 * 16 + 16) * 4  # bytes of the layer's 4 experts, fp32
-    assert per_rank[0] == whole // 2
-    assert math.isfinite(steps[-1]["loss"])
+    whole = sum(p.numel() * 4 for n, p in single.primary_model().named_parameters()
+                if ".experts." in n)
+    assert [row["experts"] for row in memory["per_device"]] == [whole // 2] * 2
