@@ -38,6 +38,9 @@ SCENARIOS: dict[int, dict[str, tuple[str, dict]]] = {
     },
 }
 
+# the scenarios whose checkpoint is restored and trained on (one of ddp's, one of fsdp's)
+RESUMED = ("ddp_ep2", "fsdp_ep2_drops")
+
 
 def full_grads(strategy) -> dict[str, torch.Tensor]:
     """Every parameter's gradient whole, by name (a collective: every rank calls it)."""
@@ -91,6 +94,8 @@ def scenario(world: int, name: str, workdir: str) -> dict:
            "routing": routing, "params": params(strategy.full_model()),
            "score": evaluate(strategy, ds), "memory": strategy.memory_rows(None),
            "notes": list(strategy.notes)}
+    if name not in RESUMED:
+        return out
     path = os.path.join(workdir, f"ep{world}-{name}.pt")
     ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
     dist.barrier()
