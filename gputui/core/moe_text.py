@@ -62,3 +62,11 @@ def rank_line(moe: dict[str, Any] | None, ep_rank: int) -> str | None:
     last = (ep_rank + 1) * size - 1
     which = f"{ep_rank * size}-{last}" if size > 1 else f"{last}"
     return f"experts {which}: {ranks[ep_rank]:,} tokens kept{rel}"
+
+
+def active_line(flops_per_step: int, active: int, total: int) -> str:
+    """What a mixture of experts' FLOPs count: 'FLOPs: 1.23 GFLOP a step over the 0.41 M
+    active parameters (of 0.62 M: top-k experts a token); MFU is measured on those'."""
+    return (f"FLOPs: {flops_per_step / 1e9:,.2f} GFLOP a step over the {active / 1e6:,.2f} M "
+            f"active parameters (of {total / 1e6:,.2f} M: top-k experts a token); MFU is "
+            f"measured on those")

@@ -151,6 +151,7 @@ def test_a_run_with_ep_on_two_ranks_equals_single_and_shows_its_routing(tmp_path
     assert "moe 4 experts top-2, ep 2: tokens/expert" in out
     assert "kept tokens per ep rank" in out and "ep dispatch" in out
     assert "expert parallelism: 4 experts a layer over groups of 2" in out
+    assert "active parameters (of" in out
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     moe = [e["moe"] for e in events if e["type"] == "step"]
     assert len(moe) == steps
