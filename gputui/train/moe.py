@@ -134,8 +134,9 @@ class MoE(nn.Module):
         ranks holding their experts, through the local experts, and back."""
         p, local = self.ep_size, self.n_experts // self.ep_size
         q = (dist.get_rank(self.group) if self.group is not None else 0) - self.ep_first
+        # the split sizes are planned on the CPU (one copy, not a sync per element on a GPU)
         send = mine.view(p, local).sum(1).tolist()
-        peers = kept[self.ep_first:self.ep_first + p].sum(1)  # [p, E]: each peer's kept
+        peers = kept[self.ep_first:self.ep_first + p].sum(1).cpu()  # [p, E]: each peer's kept
         arrive = peers[:, q * local:(q + 1) * local]  # [p, local]: what each peer sends me
         recv = arrive.sum(1).tolist()
         got = AllToAll.apply(x, recv, send, self.ep_group, self.meter, DISPATCH)
