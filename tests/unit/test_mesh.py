@@ -120,6 +120,8 @@ def test_each_rank_knows_its_place_as_torch_lays_the_mesh_out():
      ["strategy.schedule=zbv"], "strategy.schedule = 'zbv': predict's models"),
     (["predict", "gpt-tiny", "--devices", "2", "--strategies", "mesh"], [],
      "'mesh' has no prediction"),
+    (["predict", "gpt-moe-tiny", "--devices", "2", "--strategies", "ddp"], ["parallel.ep=2"],
+     "model.moe_experts = 4: predict's models do not cover this yet"),
 ])
 def test_predict_and_tune_say_plainly_what_they_do_not_model(command, sets, says, tmp_path):
     """The mesh's levers that predict's formulas do not model are refused in one line, exit 2,
