@@ -1,8 +1,9 @@
 """Expert parallelism of the mixture-of-experts GPT on real gloo ranks, ONE elastic launch per
-world size (test_ep.py): each scenario builds its strategy as a run does (registry, config,
-the text data), trains STEPS steps and returns what the test compares with ``single``: the
-losses, the gradients of the first step (gathered whole), the parameters, the routing
-(tokens per expert, dropped), the memory rows, what its checkpoint restores.
+world size (test_equivalence_ep.py): each scenario builds its strategy as a run does
+(registry, config, the text data), trains STEPS steps and returns what the test compares
+with ``single``: the losses, the gradients of the first step (gathered whole), the
+parameters, the routing (tokens per expert, dropped), the memory rows, what its checkpoint
+restores.
 
     python tests/unit/ep_ranks.py OUT.pt RANKS
 """

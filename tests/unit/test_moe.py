@@ -114,10 +114,10 @@ def test_the_routing_in_words():
 @pytest.mark.slow
 def test_a_run_with_ep_on_two_ranks_equals_single_and_shows_its_routing(tmp_path):
     """`gputui run` on cpu*2, ep 2 under ddp, with a capacity that drops (the cpu*2 launch of
-    the equivalence tests: test_ep.py launches 4 ranks): its traced losses and parameters
-    (debug.trace_steps) are single's within float32 rounding's bound, and the record and the
-    printer show the routing, the all-to-alls' bytes, the experts per rank and the active
-    parameters."""
+    the equivalence tests: test_equivalence_ep.py launches 4 ranks): its traced losses and
+    parameters (debug.trace_steps) are single's within float32 rounding's bound, and the
+    record and the printer show the routing, the all-to-alls' bytes, the experts per rank and
+    the active parameters."""
     import os
 
     import ep_ranks
