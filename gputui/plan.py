@@ -60,10 +60,14 @@ def mesh_choices(cfg: RunConfig, devices: list[Device]) -> list[tuple[MeshShape,
     ranks = len(devices) * cfg.dist.nnodes
     out = []
     for shape in meshes(ranks):
-        trial = cfg.replace(strategy={"name": "mesh"}, parallel={
-            "dp_replicate": shape.dp_replicate, "dp_shard": shape.dp_shard, "tp": shape.tp,
-            "pp": shape.pp})
-        out.append((mesh_of(trial, ranks), why_not(trial, devices)))
+        # a mixture of experts: each expert-parallel degree its data-parallel ranks allow too
+        eps = [1] + ([e for e in range(2, shape.dp + 1) if shape.dp % e == 0
+                      and cfg.model.moe_experts % e == 0] if cfg.model.moe_experts else [])
+        for ep in eps:
+            trial = cfg.replace(strategy={"name": "mesh"}, parallel={
+                "dp_replicate": shape.dp_replicate, "dp_shard": shape.dp_shard, "tp": shape.tp,
+                "pp": shape.pp, "ep": ep})
+            out.append((mesh_of(trial, ranks), why_not(trial, devices)))
     return out
 
 
@@ -103,6 +107,7 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
                                    f"{', '.join(registry.names())}; got {cfg.strategy.name!r}")
         return
     yield from _strategy_problems(cfg, devices, info)
+    yield from _moe_problems(cfg, devices, info.name)
     n = len(devices)
     weights = cfg.strategy.split_weights
     if weights and len(weights) != n:
@@ -333,6 +338,65 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
             f"strategy.split_weights shares each batch over data-parallel ranks; mesh "
             f"{shape.describe()} has {shape.dp} data-parallel group(s) of "
             f"{ranks // max(1, shape.dp)} ranks: remove it")
+
+
+MOE_STRATEGIES = ("single", "ddp", "fsdp", "mesh")  # where the mixture-of-experts GPT trains
+
+
+def _moe_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[Problem]:
+    """The mixture of experts (model.moe_*) and expert parallelism (parallel.ep): the
+    built-in GPT; top_k within the experts; the strategies it trains with here (single, and
+    the data-parallel points of the mesh: ddp, fsdp, mesh without tp or pp); ep carved from
+    the data-parallel ranks (a divisor of them) over experts it divides."""
+    m, ep = cfg.model, cfg.parallel.ep
+    experts = m.moe_experts
+    gpt = not m.factory and m.name == "gpt"
+    if ep > 1 and not (experts and gpt):
+        yield ("parallel.ep", "model.moe_experts"), (
+            f"parallel.ep = {ep} shards the experts of a mixture of experts; set "
+            f"model.moe_experts (e.g. {2 * ep}) with model.name = 'gpt', or leave parallel.ep "
+            f"at 1")
+        return
+    if not experts:
+        return
+    if not gpt:
+        yield ("model.moe_experts", "model.name"), (
+            "model.moe_experts replaces the built-in GPT's MLPs; set model.name = 'gpt' "
+            "(a model.factory is not changed) or model.moe_experts = 0")
+        return
+    if m.moe_top_k > experts:
+        yield ("model.moe_top_k", "model.moe_experts"), (
+            f"model.moe_top_k ({m.moe_top_k}) routes each token to more experts than "
+            f"model.moe_experts ({experts}); lower it")
+    if experts % ep:
+        yield ("parallel.ep", "model.moe_experts"), (
+            f"model.moe_experts ({experts}) does not split over parallel.ep = {ep} ranks; use "
+            f"a multiple of {ep} experts")
+    if cfg.run.compile != "off":
+        yield ("run.compile", "model.moe_experts"), (
+            "run.compile does not take the mixture of experts here (its router's token counts "
+            "decide the shapes); set run.compile = 'off'")
+    if name not in MOE_STRATEGIES:
+        yield CHOICE + ("model.moe_experts",), (
+            f"the mixture-of-experts GPT trains with {', '.join(MOE_STRATEGIES)} here, not "
+            f"'{name}'; choose one of those or model.moe_experts = 0")
+        return
+    ranks = len(devices) * cfg.dist.nnodes
+    shape = mesh_of(cfg, ranks) if name != "single" else MeshShape()
+    if shape.tp > 1 or shape.pp > 1:
+        yield CHOICE + ("model.moe_experts",), (
+            f"the mixture-of-experts GPT does not take tensor or pipeline parallelism here "
+            f"(mesh {shape.describe()}); use parallel.tp = 1 and parallel.pp = 1")
+        return
+    if ep > 1 and shape.dp % ep:
+        yield CHOICE + ("parallel.ep",), (
+            f"parallel.ep = {ep} is carved from the data-parallel ranks, and strategy "
+            f"'{name}' has {shape.dp} on devices.spec '{cfg.devices.spec}'; use an ep that "
+            f"divides {shape.dp}, or more devices")
+    if ep > 1 and shape.data_parallel == "ddp" and shape.dp_shard > 1:
+        yield CHOICE + ("parallel.ep", "parallel.zero"), (
+            "parallel.zero = 1's sharded optimizer would broadcast one rank's experts over "
+            "another's under parallel.ep; use parallel.zero = 2 or 3")
 
 
 def _ac_problem(cfg: RunConfig) -> Problem | None:

@@ -82,6 +82,8 @@ def cmd_strategies(args) -> int:
     for m, reason in mesh_choices(cfg, devices):
         degrees = {"pp": m.pp, "dp_replicate": m.dp_replicate, "dp_shard": m.dp_shard,
                    "tp": m.tp}
+        if cfg.model.moe_experts:  # a mixture of experts: its expert-parallel degree too
+            degrees["ep"] = m.ep
         meshes.append({"degrees": degrees, "mesh": m.describe(),
                        "data_parallel": m.data_parallel, "available": reason is None,
                        "reason": reason or ""})
@@ -104,11 +106,12 @@ def cmd_strategies(args) -> int:
     grid = Table(title=f"strategy 'mesh' on {len(devices) * cfg.dist.nnodes} ranks: "
                        f"--set parallel.pp=P --set parallel.dp_replicate=R "
                        f"--set parallel.dp_shard=S --set parallel.tp=T")
-    for col in ("pp", "dp_replicate", "dp_shard", "tp", "can run"):
+    dims = ("pp", "dp_replicate", "dp_shard", "tp") + (("ep",) if cfg.model.moe_experts else ())
+    for col in (*dims, "can run"):
         grid.add_column(col, justify="right" if col != "can run" else "left")
     for row in meshes:
         d = row["degrees"]
-        grid.add_row(str(d["pp"]), str(d["dp_replicate"]), str(d["dp_shard"]), str(d["tp"]),
+        grid.add_row(*(str(d[k]) for k in dims),
                      "yes" if row["available"] else f"no: {row['reason']}")
     console.print(grid)
     return EXIT_OK

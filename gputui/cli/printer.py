@@ -20,9 +20,10 @@ from rich.text import Text
 
 from gputui.core import breakdown, straggler
 from gputui.core.config_schema import lr_scheduled
-from gputui.core.events import (DeviceSample, EpochEnd, Event, InitDone, LogLine, RunFailed,
-                                 RunFinished, RunStarted, RunStopped, Stalled, StepMetrics,
-                                 acc_text, init_text, plural)
+from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
+                                 RunFailed, RunFinished, RunStarted, RunStopped, Stalled,
+                                 StepMetrics, acc_text, init_text, plural)
+from gputui.core.moe_text import active_line, moe_lines
 from gputui.core.scores import perplexity, score_text, speed_text
 
 
@@ -72,7 +73,7 @@ def breakdown_lines(ev) -> list[str]:
     slow = straggler.find(ev.per_device)  # ddp/fsdp/tp: the rank the others waited for
     if slow is not None:
         out.append(straggler.line(slow) or "")
-    return out
+    return out + moe_lines(getattr(ev, "moe", None))  # a mixture of experts' routing
 
 
 class Printer:
@@ -128,6 +129,8 @@ class Printer:
             self._start_progress(ev.steps_per_epoch * self.epochs)
         elif isinstance(ev, StepMetrics):
             self._step(ev)
+        elif isinstance(ev, FlopsInfo) and ev.params_active:  # a mixture of experts
+            self.line(active_line(ev.flops_per_step, ev.params_active, ev.params_total))
         elif isinstance(ev, EpochEnd):
             warm = "" if self.epochs_seen else " (warm-up included)"
             self.epochs_seen += 1

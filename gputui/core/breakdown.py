@@ -221,5 +221,12 @@ def collectives_line(row: Any) -> str | None:
     kinds = getattr(row, "collectives", None)
     if not kinds:
         return None
+    sent = getattr(row, "collective_bytes", None) or {}  # ep's all-to-alls count their bytes
     return " · ".join(f"{kind} {1000 * float(seconds):.1f} ms"
+                      + (f" {_kib(sent[kind])}" if sent.get(kind) else "")
                       for kind, seconds in kinds.items())
+
+
+def _kib(n: int) -> str:
+    """Bytes sent, in KiB or MiB: '96 KiB', '1.5 MiB'."""
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"

@@ -147,6 +147,20 @@ class ModelSection:
                       max=256)
     n_embd: int = opt(128, "gpt: embedding width.", min=1, max=65_536)
     tie: bool = opt(True, "gpt: the output head shares the token embedding's weight (GPT-2).")
+    moe_experts: int = opt(0, "gpt: experts of a mixture of experts in place of each block's "
+                              "MLP (0 = the dense MLP); parallel.ep shards them over ranks.",
+                           min=0, max=1024)
+    moe_top_k: int = opt(1, "gpt with moe_experts: experts each token is routed to (1 = "
+                            "Switch, 2 = GShard/Mixtral).", min=1, max=64)
+    moe_capacity_factor: float = opt(1.25, "gpt with moe_experts: each expert takes at most "
+                                           "factor x tokens x top_k / experts assignments per "
+                                           "forward (tokens of every data-parallel rank); the "
+                                           "rest are dropped (passed through the residual) and "
+                                           "counted. 0 = no limit.", min=0.0, max=1024.0)
+    moe_aux_weight: float = opt(0.01, "gpt with moe_experts: weight of the router's "
+                                      "load-balancing loss (Switch's), added to the loss "
+                                      "differentiated, not to the loss reported.", min=0.0,
+                                max=100.0)
     loss: str = opt("cross_entropy", "The training loss on the model's output: cross_entropy "
                                      "(logits) or nll (a model ending in log_softmax). A forward "
                                      "may return a tensor or an object with .logits "
@@ -331,8 +345,10 @@ class ParallelSection:
                   max=65536)
     cp: int = opt(1, "Context-parallel degree (not yet in gputui: 1).", min=1, max=65536,
                   check=_degree("cp"))
-    ep: int = opt(1, "Expert-parallel degree (not yet in gputui: 1).", min=1, max=65536,
-                  check=_degree("ep"))
+    ep: int = opt(1, "Expert-parallel degree of a mixture-of-experts GPT (model.moe_experts): "
+                     "the experts sharded over groups of ep data-parallel ranks, tokens "
+                     "exchanged by all-to-all. Carved from the data-parallel ranks (it does "
+                     "not multiply the world); ddp, fsdp and mesh.", min=1, max=65536)
     zero: int = opt(3, "ZeRO stage of the sharded data-parallel dimension: 1 = optimizer state "
                        "sharded, 2 = gradients too (parameters stay gathered from forward to "
                        "backward), 3 = parameters too (fsdp).", choices=(1, 2, 3))

@@ -141,6 +141,11 @@ class StepMetrics(Event):
     # ranks (each row holds its own comm_bytes, comm_s, comm_gbps); ddp only
     comm_gbps: float | None = None
     tokens_per_s: float | None = None  # lm: samples_per_s x tokens per sample (data.context)
+    # a mixture of experts: its routing over the window, summed over the MoE layers and every
+    # rank: {"routed": [assignments per expert], "kept": [... within the capacity], "dropped",
+    # "sent": [[each data-parallel rank's assignments per expert]], "forwards", "layers", "ep",
+    # "experts", "top_k"} (gputui.train.moe.read_stats)
+    moe: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
@@ -225,6 +230,10 @@ class FlopsInfo(Event):
     dtype: str = "fp32"
     units: int = 1  # devices (GPUs, or CPU processes) the peak adds up
     source: str = ""
+    # a mixture of experts: flops_per_step counts the ACTIVE parameters (top_k experts a
+    # token); the model's parameters in all and those one token uses (0: a dense model)
+    params_total: int = 0
+    params_active: int = 0
 
 
 @dataclass(frozen=True)

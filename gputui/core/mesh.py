@@ -48,6 +48,9 @@ class MeshShape:
     # how one data-parallel group keeps the model: ddp and fsdp wrap even a single rank, so
     # their one-device run is the same program as their N-device one
     one_group: str = "none"
+    # expert parallelism: groups of ep consecutive data-parallel ranks share out the experts
+    # of a mixture of experts (carved from the dp ranks: not a factor of the world)
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -83,7 +86,8 @@ class MeshShape:
     def describe(self) -> str:
         """'dp_shard 2 x tp 2', 'dp_replicate 4', '1 rank'."""
         dims = [f"{d} {n}" for d, n in self.dims() if n > 1]
-        return " x ".join(dims) if dims else "1 rank"
+        ep = f" (ep {self.ep})" if self.ep > 1 else ""
+        return (" x ".join(dims) if dims else "1 rank") + ep
 
     def levers(self) -> str:
         """The memory levers that apply, in words ('' when none does)."""
@@ -119,6 +123,8 @@ def rank_label(shape: MeshShape, rank: int) -> str:
         if "dp_replicate" in c and "dp_shard" in c:
             sub = [f"replica {c['dp_replicate']}", f"shard {c['dp_shard']}"]
         parts.append(f"dp {dp}" + (f" ({', '.join(sub)})" if sub else ""))
+        if shape.ep > 1:  # its place in its expert-parallel group: which experts it holds
+            parts.append(f"ep {dp % shape.ep}")
     if "tp" in c:
         parts.append(f"tp {c['tp']}")
     return " · ".join(parts)
@@ -145,11 +151,11 @@ def mesh_of(cfg: RunConfig, world: int) -> MeshShape:
     1). Degrees that do not multiply to the world are ``gputui.plan``'s rule to report; here
     they are returned as they are."""
     par, name = cfg.parallel, cfg.strategy.name
-    z, ac = par.zero, par.ac
+    z, ac, ep = par.zero, par.ac, par.ep
     if name == "ddp":
-        return MeshShape(dp_replicate=world, zero=z, ac=ac, one_group="ddp")
+        return MeshShape(dp_replicate=world, zero=z, ac=ac, one_group="ddp", ep=ep)
     if name == "fsdp":
-        return MeshShape(dp_shard=world, zero=z, ac=ac, one_group="fsdp")
+        return MeshShape(dp_shard=world, zero=z, ac=ac, one_group="fsdp", ep=ep)
     if name == "tp":
         return MeshShape(tp=world, zero=z, ac=ac)
     if name == "pp":
@@ -160,7 +166,7 @@ def mesh_of(cfg: RunConfig, world: int) -> MeshShape:
     rest = par.pp * par.dp_replicate * par.tp
     shard = par.dp_shard if par.dp_shard != -1 else max(1, world // rest)
     return MeshShape(pp=par.pp, dp_replicate=par.dp_replicate, dp_shard=shard, tp=par.tp,
-                     zero=z, ac=ac)
+                     zero=z, ac=ac, ep=ep)
 
 
 def meshes(world: int) -> list[MeshShape]:

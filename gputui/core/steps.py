@@ -39,6 +39,9 @@ class DeviceStep:
     # seconds each kind of collective was in flight ("ddp all-reduce", "fsdp all-gather",
     # "fsdp reduce-scatter", "tp all-reduce"; pp's "pp send" and "pp recv", estimated)
     collectives: dict | None = None
+    # bytes this rank sent in each named collective that counts them (ep's "ep dispatch",
+    # "ep combine", "ep expert all-reduce")
+    collective_bytes: dict | None = None
     # activation checkpointing: the seconds backward spent recomputing the blocks' forward
     # (part of compute)
     recompute_s: float | None = None

@@ -146,6 +146,8 @@ def unmodelled(cfg) -> str | None:
               (("zero", 3), ("ac", "none")) if getattr(par, k) != default]
     if cfg.strategy.schedule not in ("gpipe", "1f1b"):
         levers.append(f"strategy.schedule = {cfg.strategy.schedule!r}")
+    if cfg.model.moe_experts:  # a mixture of experts, and ep's all-to-alls: not modelled
+        levers.append(f"model.moe_experts = {cfg.model.moe_experts}")
     if not levers:
         return None
     return (f"{', '.join(levers)}: predict's models do not cover this yet (they are ddp, fsdp "

@@ -191,13 +191,20 @@ def rounding_bound(cfg: RunConfig, steps: int) -> float:
     return 2 * cfg.optim.lr * steps * max(1.0, (1 - b1) / math.sqrt(1 - b2))
 
 
+def single_extra(cfg: RunConfig) -> dict[str, Any] | None:
+    """What single's reference run changes besides the strategy: no expert parallelism (its
+    one process holds every expert; parallel.ep is the other strategies')"""
+    return {"parallel.ep": 1} if cfg.parallel.ep > 1 else None
+
+
 def control_changes(cfg: RunConfig) -> dict[str, Any] | None:
     """The change that makes single sum each batch in another order and nothing else (twice
     its micro-batches), or None when its batch cannot be split so."""
     micro = cfg.optim.micro_batches * 2
     if cfg.optim.batch_size % micro:
         return None
-    return {"optim.micro_batches": micro, "run.name": "verify-single-reordered"}
+    return {"optim.micro_batches": micro, "run.name": "verify-single-reordered",
+            **(single_extra(cfg) or {})}
 
 
 def verify(cfg: RunConfig, devices: list[Device], strategies: list[str], steps: int,
@@ -213,7 +220,7 @@ def verify(cfg: RunConfig, devices: list[Device], strategies: list[str], steps: 
     # starts no other, and the report ends there: what was compared, and where it stopped.
     try:
         report.single_run, ref_dir, error = _run(cfg, "single", single_spec(devices[0]),
-                                                 steps, where, line)
+                                                 steps, where, line, single_extra(cfg))
     except signals.Interrupted as exc:
         report.interrupted = exc.signum
         return report

@@ -39,8 +39,10 @@ def flops_info(cfg: RunConfig, strategy: Strategy, ds: Dataset,
     else:
         units = strategy.world_size  # CPU devices of one process share its threads
     peak, source = flops.device_peak(device, dtype)
+    total, active = (flops.moe_params(strategy.build_model, cfg.model.moe_top_k)
+                     if cfg.model.moe_experts else (0, 0))
     return FlopsInfo(flops_per_step=count, peak_flops=peak * units, dtype=dtype, units=units,
-                     source=source)
+                     source=source, params_total=total, params_active=active)
 
 
 def rate(info: FlopsInfo | None, steps: int, seconds: float) -> tuple[float | None,

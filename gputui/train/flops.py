@@ -72,6 +72,21 @@ def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes
     return int(counter.get_total_flops())
 
 
+def moe_params(build: Callable[[], nn.Module], top_k: int) -> tuple[int, int]:
+    """A mixture-of-experts model's parameters: (all of them, those one token uses: the
+    router and ``top_k`` of each layer's experts besides every dense parameter), counted on
+    the meta device. What its FLOPs count is the second: MFU over all the parameters would
+    credit work no token does."""
+    from gputui.train.moe import layers
+
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build()
+    total = sum(p.numel() for p in model.parameters())
+    idle = sum(p.numel() * (layer.n_experts - top_k) // layer.n_experts
+               for layer in layers(model) for p in layer.experts.parameters())
+    return total, total - idle
+
+
 def lm_step_flops(params: int, n_layer: int, n_embd: int, context: int, tokens: int) -> int:
     """The usual closed form of a decoder's training FLOPs (Kaplan et al., PaLM's appendix):
     6 per parameter per token (forward 2, backward 4) plus attention's scores and weighted

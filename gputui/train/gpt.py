@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gputui.train.moe import MoE
+
 
 @dataclass(frozen=True)
 class GPTShape:
@@ -29,6 +31,10 @@ class GPTShape:
     n_head: int = 4
     n_embd: int = 128
     tie: bool = True
+    # a mixture of experts in place of each block's MLP (gputui.train.moe); 0 = dense
+    moe_experts: int = 0
+    moe_top_k: int = 1
+    moe_capacity_factor: float = 1.25
 
     @property
     def head_dim(self) -> int:
@@ -88,7 +94,8 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(shape.n_embd)
         self.attn = CausalSelfAttention(shape)
         self.ln_2 = nn.LayerNorm(shape.n_embd)
-        self.mlp = MLP(shape)
+        self.mlp: nn.Module = (MoE(shape.n_embd, shape.moe_experts, shape.moe_top_k,
+                                   shape.moe_capacity_factor) if shape.moe_experts else MLP(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -117,7 +124,9 @@ def gpt(shape: GPTShape) -> nn.Sequential:
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif p.dim() >= 2:
-            std = 0.02 / (2 * shape.n_layer) ** 0.5 if name.endswith("proj.weight") else 0.02
+            # the experts' projections (experts.proj) as the dense MLP's
+            out = name.endswith(("proj.weight", "experts.proj"))
+            std = 0.02 / (2 * shape.n_layer) ** 0.5 if out else 0.02
             nn.init.normal_(p, mean=0.0, std=std)
     if shape.tie:
         head, embed = model[-1].lm_head, model[0].wte

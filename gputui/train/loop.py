@@ -145,7 +145,7 @@ def _train(cfg: RunConfig, strategy: Strategy, batches, ds: Dataset,
                 step_time_s=elapsed / n, lr=strategy.updater.last_lr(),
                 comm_share=report.comm_share() if report else None, per_device=rows,
                 breakdown=breakdown.mean(r.breakdown for r in rows),
-                flops_per_s=flops_s, mfu=mfu,
+                flops_per_s=flops_s, mfu=mfu, moe=strategy.moe_stats(),
                 comm_gbps=breakdown.mean_value(r.comm_gbps for r in rows)))
             window = _Window(step + 1)
 

@@ -97,7 +97,9 @@ def init_weights(model: nn.Module, scheme: str, std: float) -> None:
 def gpt_shape(model, context: int, vocab: int) -> GPTShape:
     """The GPT a [model] table sizes, for windows of ``context`` tokens over ``vocab``."""
     return GPTShape(vocab_size=vocab, context=context, n_layer=model.n_layer,
-                    n_head=model.n_head, n_embd=model.n_embd, tie=model.tie)
+                    n_head=model.n_head, n_embd=model.n_embd, tie=model.tie,
+                    moe_experts=model.moe_experts, moe_top_k=model.moe_top_k,
+                    moe_capacity_factor=model.moe_capacity_factor)
 
 
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int, *, seed: int,

@@ -27,6 +27,12 @@ functions run in, each on what the one before made:
    DistributedDataParallel over the data-parallel ranks, with ZeRO-1's sharded optimizer state
    (:func:`zero1_optimizer`) where the mesh shards at stage 1.
 
+Before 2 and 3, :func:`apply_ep` for a mixture-of-experts GPT (``gputui.train.moe``): each MoE
+layer's capacity rule spans the data-parallel ranks, and with ``ep > 1`` the experts are sharded
+over groups of ``ep`` consecutive data-parallel ranks (tokens exchanged by two all-to-alls a
+layer); the expert parameters are then left out of DDP and fully_shard, their gradients summed
+over the ranks holding the same experts only (the strategy's, after backward).
+
 Compilation (``run.compile``) applies to the plain DDP model only (the strategy compiles what
 DDP wraps); fully_shard's and tensor parallelism's hooks are not compiled here.
 
@@ -271,7 +277,7 @@ def _top_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int,
-               names: list[str] | None = None) -> int:
+               names: list[str] | None = None, ignored: set | None = None) -> int:
     """``fully_shard`` each target (see :func:`fsdp_targets`) and then the whole model over the
     data-parallel dimensions of ``mesh`` (2-D: HSDP, replicas of shards). ZeRO-3 frees each
     unit's gathered parameters after its forward (gathered again for backward); ZeRO-2 keeps
@@ -282,10 +288,56 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int,
     dims = dp_dims(mesh)
     dp_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
     targets = fsdp_targets(model, list(names or []))
+    # parameters another parallelism owns (ep's experts) stay out of every unit
+    extra: dict[str, Any] = {"ignored_params": ignored} if ignored else {}
     for unit in targets:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=zero >= 3)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero >= 3)
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=zero >= 3, **extra)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=zero >= 3, **extra)
     return len(targets)
+
+
+class EPGroups:
+    """Expert parallelism's process groups for this rank: ``tokens`` (the data-parallel ranks
+    one capacity rule spans; None with one rank), ``ep`` (its expert-parallel group: ep
+    consecutive data-parallel ranks), ``replicas`` (the ranks holding the same experts in the
+    other ep groups; None when there are none), and its place ``ep_rank`` in its group, whose
+    first rank is ``first`` among ``tokens``' ranks."""
+
+    def __init__(self, mesh: DeviceMesh, shape: MeshShape):
+        import torch.distributed as dist
+
+        group = dp_group(mesh, shape)
+        self.tokens = group if group is not None else (
+            dist.group.WORLD if shape.dp > 1 else None)
+        me = dp_coordinate(mesh, shape)
+        ep = shape.ep
+        self.ep_rank, self.first = me % ep, me - me % ep
+        self.ep: Any = None
+        self.replicas: Any = None
+        if ep == 1:
+            return
+        # every rank creates every group, in one order (new_group is a collective); the
+        # data-parallel ranks are the global ones here (ep takes neither tp nor pp)
+        for start in range(0, shape.dp, ep):
+            g = dist.new_group(list(range(start, start + ep)))
+            if start == self.first:
+                self.ep = g
+        if shape.dp > ep:
+            for i in range(ep):
+                g = dist.new_group(list(range(i, shape.dp, ep)))
+                if i == self.ep_rank:
+                    self.replicas = g
+
+
+def apply_ep(model: nn.Module, groups: EPGroups, ep: int,
+             meter: Meter | None = None) -> list[nn.Parameter]:
+    """A mixture-of-experts GPT over the mesh: its MoE layers' capacity rule over the
+    data-parallel ranks, and its experts sharded over ``ep`` ranks (``gputui.train.moe``).
+    Returns the expert parameters (empty when the model has no MoE layer)."""
+    from gputui.train import moe
+
+    return moe.shard_experts(model, groups.tokens, groups.ep, ep, groups.ep_rank,
+                             groups.first, meter)
 
 
 def apply_ddp(model: nn.Module, group, device: torch.device):
@@ -311,18 +363,30 @@ def zero1_optimizer(params, kind: type[torch.optim.Optimizer], args: dict[str, A
 def parallelize(model: nn.Module, mesh: DeviceMesh, shape: MeshShape, fsdp_wrap: list[str],
                 tp_timer: TPCommTimer | None = None,
                 meter: Meter | None = None) -> tuple[nn.Module, dict[str, Any]]:
-    """Apply the mesh's parallelisms to ``model`` in the documented order (tp, ac, then fsdp;
-    DDP is the strategy's, around what a step calls). Returns the model (sharded in place)
-    and what was done, for the run's notes: {"ac_blocks", "fsdp_units"}."""
-    done: dict[str, Any] = {"ac_blocks": 0, "fsdp_units": 0}
+    """Apply the mesh's parallelisms to ``model`` in the documented order (tp, ep, ac, then
+    fsdp; DDP is the strategy's, around what a step calls). Returns the model (sharded in
+    place) and what was done, for the run's notes: {"ac_blocks", "fsdp_units", "experts"
+    (the expert parameters ep shards, left to the strategy's own gradient reduction),
+    "ep_groups"}."""
+    done: dict[str, Any] = {"ac_blocks": 0, "fsdp_units": 0, "experts": [], "ep_groups": None}
     if shape.tp > 1:
         try:
             apply_tp(model, mesh["tp"], tp_timer)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    from gputui.train.moe import layers
+
+    if layers(model):
+        groups = done["ep_groups"] = EPGroups(mesh, shape)
+        try:
+            experts = apply_ep(model, groups, shape.ep, meter)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        done["experts"] = experts if shape.ep > 1 else []
     done["ac_blocks"] = apply_ac(model, shape.ac, fsdp_wrap, meter)
     if shape.data_parallel == "fsdp":
-        done["fsdp_units"] = apply_fsdp(model, mesh, shape.zero, fsdp_wrap)
+        done["fsdp_units"] = apply_fsdp(model, mesh, shape.zero, fsdp_wrap,
+                                        set(done["experts"]))
     return model, done
 
 

@@ -51,12 +51,27 @@ def test_every_mesh_of_a_world_multiplies_to_it():
     assert len(found) == 20 and found[0].tp == 1 and found[0].pp == 1
 
 
-@pytest.mark.parametrize("key", ["cp", "ep"])
+@pytest.mark.parametrize("key", ["cp"])
 def test_context_and_expert_degrees_are_refused_until_they_exist(key):
     with pytest.raises(ConfigError, match=f"parallel.{key} = 2: {key} parallelism is not in "
                                           f"gputui yet"):
         cfg(**{f"parallel.{key}": 2})
     assert getattr(cfg(**{f"parallel.{key}": 1}).parallel, key) == 1
+
+
+def test_expert_parallelism_is_carved_from_the_data_parallel_ranks():
+    """ep does not multiply the world: 4 ranks of ddp with ep 2 are 4 ranks, 2 ep groups."""
+    from gputui.core.mesh import mesh_of
+
+    shape = mesh_of(cfg(**{"strategy.name": "ddp", "parallel.ep": 2}), 4)
+    assert (shape.world, shape.dp, shape.ep) == (4, 4, 2)
+    assert shape.describe() == "dp_replicate 4 (ep 2)"
+    mesh = mesh_of(cfg(**{"strategy.name": "mesh", "parallel.dp_replicate": 2,
+                          "parallel.ep": 4}), 4)
+    assert (mesh.world, mesh.ep, mesh.data_parallel) == (4, 4, "fsdp")
+    from gputui.core.mesh import rank_label
+
+    assert rank_label(shape, 3) == "dp 3 · ep 1"  # the app's device panel title
 
 
 def test_strategies_lists_every_mesh_of_the_devices_with_why_not():
@@ -105,6 +120,8 @@ def test_each_rank_knows_its_place_as_torch_lays_the_mesh_out():
      ["strategy.schedule=zbv"], "strategy.schedule = 'zbv': predict's models"),
     (["predict", "gpt-tiny", "--devices", "2", "--strategies", "mesh"], [],
      "'mesh' has no prediction"),
+    (["predict", "gpt-moe-tiny", "--devices", "2", "--strategies", "ddp"], ["parallel.ep=2"],
+     "model.moe_experts = 4: predict's models do not cover this yet"),
 ])
 def test_predict_and_tune_say_plainly_what_they_do_not_model(command, sets, says, tmp_path):
     """The mesh's levers that predict's formulas do not model are refused in one line, exit 2,

@@ -62,6 +62,7 @@ from gputui.core.config import RunConfig, effective_batch_size, effective_lr
 from gputui.core.config_schema import task_of
 from gputui.core.devices import Device
 from gputui.core.steps import DeviceStep, StepReport
+from gputui.train import moe
 from gputui.train.models import build_model, gpt_shape
 from gputui.train.paramtrace import fault
 from gputui.train.optim import Updater, make_optimizer
@@ -122,6 +123,8 @@ class Strategy(MemoryRows):
         # a model of the user's own: its output's shape checked against the task at the first
         # loss, before the first backward (a built-in model's is right by construction)
         self.output_checked = not cfg.model.factory
+        # a mixture-of-experts GPT: its MoE layers, per model a step calls (found once)
+        self._moe: dict[int, list] = {}
         # CUDA graphs (compile "reduce-overhead") reuse their output memory: each step says
         # where it begins, so the previous step's outputs are not taken for live ones.
         self.graph_steps = cfg.run.compile == "reduce-overhead"
@@ -234,7 +237,32 @@ class Strategy(MemoryRows):
         else:
             with torch.autocast(device_type=device.type, dtype=self.amp_dtype):
                 out = model(x)
-        return self.scaled_loss(out, y, denom)
+        loss = self.scaled_loss(out, y, denom)
+        if self.cfg.model.moe_experts:  # the routers' load-balancing loss: differentiated,
+            aux = moe.aux_term(self.moe_layers(model), self.cfg.model.moe_aux_weight)
+            if aux is not None:  # not reported (its value adds exactly 0)
+                aux = aux / self.micro
+                loss = loss + (aux - aux.detach())
+        return loss
+
+    def moe_layers(self, model: nn.Module) -> list:
+        """The MoE layers of ``model`` (``gputui.train.moe``), found once per model."""
+        found = self._moe.get(id(model))
+        if found is None:
+            found = self._moe[id(model)] = moe.layers(model)
+        return found
+
+    def moe_stats(self) -> dict[str, Any] | None:
+        """The MoE layers' routing since the last call (every rank's: the layers gather the
+        counts), with how the experts lie over the ranks; None for a dense model."""
+        if not self.cfg.model.moe_experts:
+            return None
+        out = moe.read_stats(self.moe_layers(self.models()[0]))
+        if out is not None:
+            ep = self.cfg.parallel.ep if self.world_size > 1 else 1
+            out.update(ep=ep, experts=self.cfg.model.moe_experts,
+                       top_k=self.cfg.model.moe_top_k)
+        return out
 
     def optimizer_step(self, *opts: torch.optim.Optimizer) -> None:
         """One update of each optimizer at the schedule's lr, after clipping (``updater``),

@@ -11,6 +11,15 @@ from torch import nn
 from gputui.core.devices import Device
 
 
+def expert_bytes(model: nn.Module) -> int:
+    """Bytes of the expert parameters ``model`` holds here (its MoE layers', ep's slice of
+    them on an expert-parallel rank; 0 for a dense model)."""
+    from gputui.train.moe import layers
+
+    return sum(p.numel() * p.element_size() for layer in layers(model)
+               for p in layer.experts.parameters())
+
+
 class MemoryRows:
     """The memory figures of a strategy (mixed into ``Strategy``, whose models, optimizers and
     devices it reads)."""
@@ -64,6 +73,9 @@ class MemoryRows:
         rows = []
         for name, dev, model, opts in groups:
             row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}
+            experts = expert_bytes(model)  # a mixture of experts: this rank's experts
+            if experts:
+                row["experts"] = experts
             act = activations.get(str(dev)) if activations is not None else None
             row["activations"] = act // sharing[str(dev)] if act is not None else None
             row.update(memory.allocator(dev))

@@ -118,6 +118,7 @@ class Meter:
         # the collectives by name ("tp all-reduce", "fsdp all-gather", ...): each interval
         # is in ``comm`` too
         self.kinds: dict[str, Span] = {}
+        self.kind_bytes: dict[str, int] = {}  # bytes sent per named collective (ep's)
         self.start: Any = None
         self.end: Any = None
 
@@ -129,15 +130,19 @@ class Meter:
             for span in self.spans():
                 span.marks = []
             self.kinds = {}
+            self.kind_bytes = {}
             self.comm_bytes = 0
             self.data_s = data_s or 0.0
             self.start = self.clock.mark()
         return self
 
-    def collective(self, kind: str, start: Any, end: Any) -> None:
-        """One collective of ``kind`` ran from ``start`` to ``end`` (marks of this clock)."""
+    def collective(self, kind: str, start: Any, end: Any, nbytes: int = 0) -> None:
+        """One collective of ``kind`` ran from ``start`` to ``end`` (marks of this clock);
+        ``nbytes``, where given, the bytes this rank sent in it (``kind_bytes``)."""
         self.comm.add(start, end)
         self.kinds.setdefault(kind, Span(self, self.clock)).add(start, end)
+        if nbytes:
+            self.kind_bytes[kind] = self.kind_bytes.get(kind, 0) + nbytes
 
     def collectives(self) -> dict[str, float] | None:
         """Seconds each kind of collective was in flight on the metered step (overlaps of

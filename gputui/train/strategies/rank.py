@@ -83,6 +83,9 @@ class RankStrategy(Strategy):
     _stop_every: int
     _stop_t: float
     _slow_s: float  # debug.slow_backward_ms on debug.slow_rank, in seconds (else 0)
+    _experts: list[nn.Parameter]  # ep > 1: this rank's expert parameters (else empty)
+    _ep: Any  # ep's process groups (parallelize.EPGroups; None for a dense model)
+    _expert_names: set[str]  # the expert parameters' names in self.module
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -116,6 +119,7 @@ class RankStrategy(Strategy):
 
     def setup(self) -> None:
         self.join_group()
+        self._experts, self._ep, self._expert_names = [], None, set()
         shape = self.shape = mesh_of(self.cfg, self.world_size)
         mesh = self.mesh_of_ranks = par.build_mesh(self.device.type, shape)
         self.dp, self.tp = shape.dp, shape.tp
@@ -137,10 +141,21 @@ class RankStrategy(Strategy):
             return
         self.module = self.build_model().to(self.device)
         _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer, self.meter)
+        self._experts, self._ep = done["experts"], done["ep_groups"]
+        ids = {id(p) for p in self._experts}
+        self._expert_names = {n for n, p in self.module.named_parameters() if id(p) in ids}
+        if self._experts:  # the clipping norm: every ep rank's experts, once
+            self.updater.reduce_sq = self._with_experts
         if shape.data_parallel == "ddp":
             # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
             # breaks its graph at DDP's own forward) model; self.module is the model itself
-            self.model = par.apply_ddp(self.fast(self.lean(self.module)), group, self.device)
+            inner = self.fast(self.lean(self.module))
+            if self._experts:  # ep's experts: their gradients are reduced apart
+                from torch.nn.parallel import DistributedDataParallel
+
+                DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                    inner, [n for n, p in inner.named_parameters() if id(p) in ids])
+            self.model = par.apply_ddp(inner, group, self.device)
             hook = CommTimer(self.meter, group=group, delay_s=self.comm_delay_s)
             cast(Any, self.model).register_comm_hook(None, hook.hook)
             self.comm = hook
@@ -238,6 +253,13 @@ class RankStrategy(Strategy):
             out.append(f"ZeRO-1: optimizer state sharded over {shape.dp_shard} ranks "
                        f"(ZeroRedundancyOptimizer), gradients all-reduced whole, each rank's "
                        f"updated parameters broadcast in the update")
+        if shape.ep > 1:
+            experts = self.cfg.model.moe_experts
+            out.append(f"expert parallelism: {experts} experts a layer over groups of "
+                       f"{shape.ep} data-parallel ranks ({experts // shape.ep} each); tokens "
+                       f"dispatched to their experts and combined back by two all-to-alls a "
+                       f"MoE layer, the experts' gradients summed over the "
+                       f"{shape.dp // shape.ep} rank(s) holding the same experts")
         if done["ac_blocks"]:
             out.append(f"{shape.ac} activation checkpointing of {done['ac_blocks']} block(s): "
                        f"backward recomputes "
@@ -317,10 +339,41 @@ class RankStrategy(Strategy):
         with m.compute:  # the collectives run inside forward and backward
             loss = self.forward_backward(self.model, xs, ys, len(x) / self.dp, self.device,
                                          before_last=self.no_sync)
+        if self._experts:
+            self._reduce_experts()
         with m.optimizer:
             self.optimizer_step(self.opt)
         m.finish(samples=len(xs))
         return loss
+
+    def _reduce_experts(self) -> None:
+        """ep: each expert's gradient holds the tokens of this rank's ep group; summed over
+        the ranks holding the same experts and divided by the data-parallel groups, it is
+        the full batch's (the average DDP takes of the other parameters). One flat
+        all-reduce, named on metered steps."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._experts]
+        flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.dp)
+        replicas = self._ep.replicas
+        if replicas is not None:
+            m = self.meter
+            start = m.clock.mark() if m.on else None
+            dist.all_reduce(flat, group=replicas)
+            if m.on:
+                m.collective("ep expert all-reduce", start, m.clock.mark(),
+                             nbytes=flat.numel() * flat.element_size())
+        at = 0
+        for p, g in zip(self._experts, grads, strict=True):
+            p.grad = flat[at:at + g.numel()].view_as(g).to(g.dtype)
+            at += g.numel()
+
+    def _with_experts(self, sq: torch.Tensor) -> torch.Tensor:
+        """The squared gradient norm with every ep rank's experts (``sq`` counted this rank's
+        own and the rest, the same on every rank)."""
+        mine = torch.stack([p.grad.detach().float().pow(2).sum() for p in self._experts
+                            if p.grad is not None]).sum().to(sq.device)
+        every = mine.clone()
+        dist.all_reduce(every, group=self._ep.ep)
+        return sq - mine.to(sq.dtype) + every.to(sq.dtype)
 
     def _pipeline_step(self, m: Any, xs: torch.Tensor, ys: torch.Tensor,
                        total: int) -> torch.Tensor:
@@ -379,7 +432,9 @@ class RankStrategy(Strategy):
             if out is None or len(xs) == 0:
                 return no_correct(self.device)
             return self.score(out, ys) * self.shape.pp * self.dp
-        alone = self.shape.data_parallel != "fsdp" and self.shape.tp == 1
+        # the MoE layers gather their token counts (a collective) on every forward
+        alone = (self.shape.data_parallel != "fsdp" and self.shape.tp == 1
+                 and not (self.cfg.model.moe_experts and self.world_size > 1))
         with self.autocast(self.device):
             if len(xs) == 0:
                 if not alone:
@@ -400,7 +455,67 @@ class RankStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         if self.pipeline is not None:
             return self._pipeline_state()
-        return self._state()
+        state = self._state()
+        if self._experts:  # ep: every rank's experts, whole, as single keeps them
+            self._whole_experts(state["models"][0], state["optimizers"][0])
+        return state
+
+    def _expert_entries(self) -> list[tuple[str, int, nn.Parameter]]:
+        """(name, place in the optimizer, parameter) of each expert parameter, in one order
+        on every rank."""
+        ids = {id(p) for p in self._experts}
+        out = [(n, i, p) for i, (n, p) in enumerate(self.module.named_parameters())
+               if id(p) in ids]
+        return sorted(out, key=lambda e: e[0])
+
+    def _gathered(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of an expert tensor (dim 0) with its ep group's, whole, on the CPU
+        (a collective over the group)."""
+        parts = [torch.empty_like(t) for _ in range(self.shape.ep)]
+        dist.all_gather(parts, t.detach().contiguous(), group=self._ep.ep)
+        return torch.cat(parts).cpu()
+
+    def _whole_experts(self, model: dict[str, Any], optim: dict[str, Any] | None) -> None:
+        """Replace the expert entries of a model and an optimizer state dict (this rank's
+        slices) with the whole tensors; every rank gathers, whatever its dicts hold."""
+        states = (optim or {}).get("state", {})
+        for name, index, p in self._expert_entries():
+            whole = self._gathered(p)
+            if name in model:
+                model[name] = whole
+            mine = self.opt.state.get(p, {})
+            # the optimizer's state_dict shares its entries with the live state: a copy
+            at = name if name in states else index
+            entry = dict(states[at]) if at in states else None
+            for key in sorted(k for k, v in mine.items()
+                              if isinstance(v, torch.Tensor) and v.dim() > 0):
+                value = self._gathered(mine[key])
+                if entry is not None:
+                    entry[key] = value
+            if entry is not None:
+                states[at] = entry
+
+    def _sliced_experts(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A whole-model state (``state_dict``'s) with this rank's slices of the experts."""
+        lo, n = self._ep.ep_rank, self.shape.ep
+        model = dict(state["models"][0])
+        optim = dict(state["optimizers"][0])
+        states = dict(optim.get("state", {}))
+
+        def mine(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                return t
+            size = t.shape[0] // n
+            return t[lo * size:(lo + 1) * size].clone()
+
+        for name, index, _ in self._expert_entries():
+            if name in model:
+                model[name] = mine(model[name])
+            key = name if name in states else index
+            if key in states:
+                states[key] = {k: mine(v) for k, v in states[key].items()}
+        optim["state"] = states
+        return {**state, "models": [model], "optimizers": [optim]}
 
     def _pipeline_state(self) -> dict[str, Any]:
         """The whole model's parameters (every stage's, gathered onto every rank, on the CPU;
@@ -501,6 +616,8 @@ class RankStrategy(Strategy):
         if self.pipeline is not None:
             self._load_pipeline_state(state)
             return
+        if self._experts:
+            state = self._sliced_experts(state)
         if not self._sharded():
             super().load_state_dict(state)
             return
@@ -524,6 +641,9 @@ class RankStrategy(Strategy):
 
             full = get_model_state_dict(self.module,
                                         options=StateDictOptions(full_state_dict=True))
+        if self._experts:
+            full = dict(full)
+            self._whole_experts(full, None)
         plain = self.build_model()
         plain.load_state_dict({k: v.cpu() if isinstance(v, torch.Tensor) else v
                                for k, v in full.items()})

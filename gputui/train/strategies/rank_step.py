@@ -60,7 +60,7 @@ def row(strategy: RankStrategy) -> DeviceStep:
     if timer is not None and m.comm.marks:  # the collectives it timed
         comm_s = m.comm.busy(m.start)
         out = replace(out, comm_s=comm_s, comm_calls=len(m.comm.marks),
-                      collectives=m.collectives())
+                      collectives=m.collectives(), collective_bytes=m.kind_bytes or None)
         if m.comm_bytes:  # ddp's gradient all-reduce: its bandwidth
             out = replace(out, comm_bytes=m.comm_bytes, comm_gbps=gbps(m.comm_bytes, comm_s))
     return out

@@ -329,8 +329,24 @@ class RunScreen(RunLayout, RunControls, Screen):
                 lines.append(again)
             if slow is not None and slow.significant() and slow.device == row.device:
                 lines.append(straggler.line(slow) or "")
+            experts = self._moe_line(ev, row)  # ep: the tokens this rank's experts took
+            if experts:
+                lines.append(experts)
             if lines or row.forward_s is not None:
                 self._panel(row.device).update_comm("\n".join(lines))
+
+    def _moe_line(self, ev: StepMetrics, row: Any) -> str | None:
+        """A mixture of experts' routing on a device panel: under ep, the tokens its rank's
+        experts took against the mean (the imbalance); else every expert's, on the first."""
+        from gputui.core.moe_text import moe_lines, rank_line
+
+        moe = getattr(ev, "moe", None)
+        if not moe:
+            return None
+        ep = int(moe.get("ep") or 1)
+        if ep > 1 and row.rank is not None:
+            return rank_line(moe, row.rank % ep)
+        return "\n".join(moe_lines(moe)) if row is ev.per_device[0] else None
 
     def comm_peak(self) -> float | None:
         """bench-comm's kept peak for this run's devices, kind and backend (read once)."""

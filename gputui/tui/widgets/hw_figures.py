@@ -55,7 +55,9 @@ def memory_text(row: dict) -> str:
     'params 504 KiB · grads 504 KiB' / 'optim 504 KiB · activ. 27.5 MiB', and on CUDA a third
     with the allocator's figures and its peak against the memory model's terms:
     'torch 1.2 GiB · peak 3.4 GiB vs 3.0 GiB predicted (+0.4 GiB)'."""
-    text = (f"params {short_bytes(row.get('params'))} · grads {short_bytes(row.get('grads'))}\n"
+    experts = f" (experts {short_bytes(row['experts'])})" if row.get("experts") else ""
+    text = (f"params {short_bytes(row.get('params'))}{experts} · grads "
+            f"{short_bytes(row.get('grads'))}\n"
             f"optim {short_bytes(row.get('optim'))} · activ. "
             f"{short_bytes(row.get('activations'))}")
     if row.get("alloc") is not None:
@@ -75,6 +77,10 @@ def flops_line(info) -> str:
     """The log's line for a FlopsInfo: one step's cost and the peak the MFU is measured against."""
     peak = flops_text(info.peak_flops) if info.peak_flops else "unknown"
     units = f" for {info.units} devices" if info.units > 1 else ""
-    return (f"{info.flops_per_step / 1e9:,.2f} GFLOP per step (forward and backward); peak "
-            f"{peak} {info.dtype}{units} ({info.source}): the panels' mfu is the share reached")
+    active = getattr(info, "params_active", 0)
+    moe = (f" over the {active:,} active parameters (of {info.params_total:,}: top-k experts "
+           f"a token)" if active else "")
+    return (f"{info.flops_per_step / 1e9:,.2f} GFLOP per step (forward and backward){moe}; "
+            f"peak {peak} {info.dtype}{units} ({info.source}): the panels' mfu is the share "
+            f"reached")
 
