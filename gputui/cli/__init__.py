@@ -200,10 +200,11 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true",
                    help="print names, paths and descriptions as JSON")
     p.set_defaults(func=cmd_presets)
-    from gputui.cli import bench_comm, compare, devices, predict, resume, sweep, tune, verify
+    from gputui.cli import (bench_comm, compare, devices, predict, resume, slurm, sweep, tune,
+                            verify)
 
     # compare registers `runs` and `compare`; the order is the order of `gputui --help`
-    for family in (devices, compare, sweep, predict, tune, verify, bench_comm, resume):
+    for family in (devices, compare, sweep, predict, tune, verify, bench_comm, resume, slurm):
         family.register(sub)
     return parser
 

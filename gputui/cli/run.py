@@ -149,13 +149,15 @@ def cmd_run(args) -> int:
     problem = runs_dir_problem(runs_dir)
     if problem:  # before any training: a record that cannot be written is lost work
         return fail(problem)
-    printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
+    # a SLURM job's other nodes print only their summary: the first node shows the progress
+    printer = Printer(stream=sys.stderr if args.json else sys.stdout,
+                      quiet=args.quiet or bool(step and step.node_rank > 0))
     for warning in ([device_note] if device_note else []) + busy_warnings(devices, gpus):
         printer.line(f"warning: {warning}")
     if code:
         printer.line(code)
     if step is not None:
-        printer.line(slurm.describe(step))
+        printer.line(slurm.describe(step), always=True)
     # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
     # stop outlasting run.stop_grace_s, kills. The process-wide Supervisor (taken by main
     # first thing, so a signal during the imports above is not lost): every poll acts on it.

@@ -34,8 +34,9 @@ _ADOPTING: list[bool] = []
 
 def own_tracker() -> None:
     """This process's multiprocessing resource tracker, started so that it ends with it:
-    immune to the group's SIGHUP and a job's SIGUSR1 (it ignores SIGINT and SIGTERM itself; killed, it would be
-    restarted at exit by the semaphores' clean-up and outlive this process), and stopped and
+    immune to the group's SIGHUP and a job's SIGUSR1 (it ignores SIGINT and SIGTERM itself;
+    killed, it would be restarted at exit by the semaphores' clean-up and outlive this
+    process), and stopped and
     reaped by the last of multiprocessing's exit finalisers, after every clean-up that uses it."""
     if _TRACKED:
         return

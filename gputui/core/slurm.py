@@ -198,7 +198,7 @@ def check(step: Step, multiprocess: bool, strategy: str, preset_nnodes: int,
             f"ask SLURM for {preset_nnodes} nodes (srun -N{preset_nnodes} "
             f"--ntasks-per-node=1) or set --set dist.nnodes={step.nnodes}")
     if step.per_device:
-        count = _device_count(device_spec)
+        count = device_count(device_spec)
         if count not in (None, step.per_node):
             raise SlurmMismatch(
                 f"SLURM started {step.per_node} tasks per node (one per device), but the "
@@ -207,7 +207,7 @@ def check(step: Step, multiprocess: bool, strategy: str, preset_nnodes: int,
                 f"starts a rank on each of its devices)")
 
 
-def _device_count(spec: str) -> int | None:
+def device_count(spec: str) -> int | None:
     """How many devices a spec names, where the spec alone says (None: "all", "cuda:*")."""
     text = spec.strip().lower()
     m = re.fullmatch(r"cpu(?:\*(\d+))?", text)
@@ -274,3 +274,86 @@ def check_gpus(step: Step, cuda_devices: int, env: Mapping[str, str]) -> None:
             f"the preset runs on {cuda_devices} GPUs per node, but SLURM gave this node "
             f"{given} (SLURM_GPUS_ON_NODE); ask for --gpus-per-node={cuda_devices}, or set "
             f"devices.spec = {given}")
+
+
+REQUEUE_EXIT = 128 + 10  # gputui's exit after a SIGUSR1 stop: the batch script requeues
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+
+
+def time_problem(text: str) -> str | None:
+    """None when ``text`` is one of SLURM's time-limit forms (minutes, MM:SS, HH:MM:SS,
+    D-HH, D-HH:MM, D-HH:MM:SS), else the one line that says so."""
+    if _TIME.fullmatch(text.strip()):
+        return None
+    return (f"--time {text!r} is not a SLURM time limit; give minutes (90), HH:MM:SS "
+            f"(01:30:00) or D-HH:MM:SS (1-00:00:00)")
+
+
+def sbatch_script(preset: str, run_name: str, nodes: int, gpus_per_node: int, gputui: str,
+                  runs_dir: str, sets: list[str], time: str = "", partition: str = "",
+                  output: str = "gputui-%j.out", signal_s: int = 120) -> str:
+    """An sbatch script a person can read and submit: one gputui per node (each starts one
+    rank per device of its node), SIGUSR1 ``signal_s`` before the time limit (the graceful
+    stop with a checkpoint), and a requeue that resumes the run from it."""
+    sets_text = "".join(f" --set {_quote(s)}" for s in sets)
+    opt = [("job-name", f"gputui-{run_name}", "the name squeue shows"),
+           ("nodes", str(nodes), "the run's nodes (dist.nnodes; SLURM_NODEID is each one's "
+                                 "dist.node_rank)"),
+           ("ntasks-per-node", "1", "one gputui per node: it starts one rank per device of "
+                                    "its node")]
+    if gpus_per_node:
+        opt.append(("gpus-per-node", str(gpus_per_node), "the GPUs of each node: the "
+                                                          "preset's devices"))
+    if time:
+        opt.append(("time", time, "the time limit"))
+    if partition:
+        opt.append(("partition", partition, "the partition (queue) to run in"))
+    opt += [("signal", f"USR1@{signal_s}", f"SIGUSR1 to every gputui process {signal_s} s "
+                                          f"before the time limit: it checkpoints and stops"),
+            ("requeue", "", "a job stopped by that signal may go back in the queue (below)"),
+            ("open-mode", "append", "a requeued job adds to its output file"),
+            ("output", output, "stdout and stderr of the job (%j: the job id)")]
+    width = max(len(f"#SBATCH --{k}" + (f"={v}" if v else "")) for k, v, _ in opt) + 2
+    lines = ["#!/bin/bash",
+             f"# gputui: the preset {preset} on {nodes} node(s)"
+             + (f" of {gpus_per_node} GPU(s)" if gpus_per_node else " (CPU ranks)")
+             + ", written by `gputui slurm`.",
+             "# Submit it with `sbatch FILE`; docs/clusters.md tells what each line does."]
+    for key, value, why in opt:
+        text = f"#SBATCH --{key}" + (f"={value}" if value else "")
+        lines.append(f"{text.ljust(width)}# {why}")
+    lines += [
+        "",
+        "# The runs folder: on a file system every node sees (the first node writes the run's",
+        "# record there, the other nodes theirs under nodes/; a resume reads its checkpoint).",
+        f"export GPUTUI_RUNS_DIR={_quote(runs_dir)}",
+        "# The gputui this script was written with (the same path on every node).",
+        f"GPUTUI={_quote(gputui)}",
+        "",
+        "# Each task reads SLURM's variables: the node count, its node rank (SLURM_NODEID), the",
+        "# first node of SLURM_JOB_NODELIST (it hosts the rendezvous) and a port made from",
+        "# SLURM_JOB_ID, and says what it took in the output's first lines.",
+        "# A requeued job keeps its job id: it resumes the newest run of this job (whose id",
+        "# holds slurm$SLURM_JOB_ID) from that run's checkpoint instead of starting again.",
+        'last=$(ls -d "$GPUTUI_RUNS_DIR"/*-slurm"$SLURM_JOB_ID"-* 2>/dev/null | tail -n 1)',
+        'if [ -n "$last" ]; then',
+        '    srun $GPUTUI resume "$last"',
+        "else",
+        f"    srun $GPUTUI run {_quote(preset)}{sets_text}",
+        "fi",
+        "rc=$?",
+        f"# {REQUEUE_EXIT} = 128 + SIGUSR1: the time limit's warning stopped the run at a "
+        "checkpoint:",
+        "# queue the job again (it resumes above). Any other end is the job's end.",
+        f'if [ "$rc" -eq {REQUEUE_EXIT} ]; then',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$rc"',
+        ""]
+    return "\n".join(lines)
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
