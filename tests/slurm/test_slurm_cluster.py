@@ -54,6 +54,12 @@ class Cluster:
         assert done.returncode == 0, f"{args}: {done.stderr}"
         return done.stdout
 
+    def logs(self) -> str:
+        """The daemons' last log lines, for a failure's message."""
+        return "\n".join(f"{p.name}: {line}" for p in sorted((self.folder / "cluster" / "log")
+                                                             .glob("slurm*.log"))
+                         for line in p.read_text(errors="replace").splitlines()[-15:])
+
     def leftovers(self) -> list[str]:
         """The processes in the nodes' namespaces other than SLURM's daemons."""
         out = []
@@ -163,33 +169,60 @@ def test_a_step_that_does_not_fit_is_refused_before_anything_starts(cluster, tmp
 
 
 @pytest.mark.slow
-def test_an_sbatch_job_of_gputui_slurm_trains_on_two_nodes_into_one_record(cluster, tmp_path):
+def test_an_sbatch_job_stopped_by_the_time_limit_signal_requeues_and_resumes(cluster, tmp_path):
+    """The script `gputui slurm` writes, submitted as it is: two nodes train into one record;
+    SIGUSR1 to the job's steps (what --signal=USR1@120 sends before the time limit) stops the
+    run at a checkpoint, the script requeues the job, and the requeued job resumes the run to
+    its end. Each step is slowed to at least 100 ms (debug.slow_rank), so the signal always
+    lands mid-run however fast the machine."""
     runs, out = tmp_path / "runs", tmp_path / "job-%j.out"
     script = tmp_path / "job.sbatch"
     env = cluster.env(runs, uuid.uuid4().hex)
+    sets = [a for a in SMALL if a not in ("--strategy", "ddp")]
     written = subprocess.run([*GPUTUI, "slurm", "gpt-tiny", "--nodes", "2", "--gpus-per-node",
                               "0", "--time", "10", "--job-output", str(out), "--output",
-                              str(script), *[a for a in SMALL if a != "--strategy"
-                                             and a != "ddp"], "--set", "strategy.name=ddp",
-                              "--set", "run.epochs=1"],
+                              str(script), *sets, "--set", "strategy.name=ddp", "--set",
+                              "run.epochs=6", "--set", "debug.slow_rank=1", "--set",
+                              "debug.slow_backward_ms=100"],
                              env=env, capture_output=True, text=True, timeout=60)
     assert written.returncode == 0, written.stderr
     job = cluster.client("sbatch", "--parsable", str(script), env=env).strip()
-    _wait_for("the job's end", lambda: not cluster.client("squeue", "-h", "-j", job, env=env)
-              .strip())
+    first = _wait_for("a recorded step", lambda: _stepped(runs))
+    cluster.client("scancel", "--signal=USR1", job, env=env)  # the steps, not the batch shell
+
+    def requeued() -> bool:
+        state = cluster.client("scontrol", "show", "job", job, env=env)
+        return "Restarts=1" in state and "JobState=PENDING" in state
+    _wait_for("the job requeued", requeued)
+    # SLURM holds a requeued job about two minutes before it may start again: start it now
+    cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now", env=env)
+    _wait_for("the job's end", lambda: "JobState=COMPLETED" in cluster.client(
+        "scontrol", "show", "job", job, env=env) or "JobState=FAILED" in cluster.client(
+        "scontrol", "show", "job", job, env=env))
     state = cluster.client("scontrol", "show", "job", job, env=env)
     text = Path(str(out).replace("%j", job)).read_text()
-    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + text
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, \
+        f"{state}\n{text}\n{cluster.logs()}"
     port = 15000 + int(job) % 10000
-    for rank, host in ((0, "node1"), (1, "node2")):
-        assert (f"SLURM job {job} step 0: node {rank} of 2 ({host}), rendezvous at "
-                f"node1:{port} (id slurm-{job}.0); one task per node: this node's ranks are "
-                f"its devices") in text, text
-    (run,) = _runs(runs)  # one record: the first node's
-    assert f"-slurm{job}-" in run.name
-    assert json.loads((run / "summary.json").read_text())["status"] == "finished"
-    (other,) = (runs / "nodes" / "node1").iterdir()  # the second node's, beside it
-    assert json.loads((other / "summary.json").read_text())["status"] == "finished"
+    for again in ("", ", requeued 1x"):
+        for rank, host in ((0, "node1"), (1, "node2")):
+            assert (f"SLURM job {job} step 0{again}: node {rank} of 2 ({host}), rendezvous at "
+                    f"node1:{port} (id slurm-{job}.0); one task per node: this node's ranks "
+                    f"are its devices") in text, text
+    # the first node's records: the run the signal stopped, and its continuation
+    stopped, resumed = _runs(runs)
+    assert stopped == first and all(f"-slurm{job}-" in r.name for r in (stopped, resumed))
+    last = read_events(stopped)[-1]
+    assert (last.kind, last.reason) == (
+        "run_stopped", "stopped by SIGUSR1 (a batch system's time-limit warning)")
+    events = read_events(resumed)
+    assert events[-1].kind == "run_finished", text
+    assert any(e.kind == "log" and f"resumed from {stopped.resolve()}" in e.message
+               for e in events)
+    assert json.loads((resumed / "summary.json").read_text())["status"] == "finished"
+    # the second node's records, beside them
+    assert len(list((runs / "nodes" / "node1").iterdir())) == 2
+    assert "Traceback" not in text
     assert cluster.settled() == [] and tagged(env["GPUTUI_TEST_TAG"]) == []
 
 
@@ -226,10 +259,10 @@ def test_scancel_leaves_a_resumable_record_and_no_process_on_either_node(cluster
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_run_is_named_and_srun_resume_continues(cluster, tmp_path):
+def test_a_node_killed_mid_run_is_named_with_the_command_that_resumes_it(cluster, tmp_path):
     """Node 2's gputui (every process of it) is SIGKILLed once the first checkpoint is
     written: the first node's record names the node, the checkpoint and the command that
-    resumes it; that command then trains on (to the end of the next epoch)."""
+    resumes it (`srun gputui resume`, which the sbatch test runs), and nothing is left."""
     runs = tmp_path / "runs"
     env = cluster.env(runs, uuid.uuid4().hex)
     srun = subprocess.Popen([str(cluster.bin / "srun"), *_srun()[1:], *GPUTUI, "run",
@@ -258,15 +291,4 @@ def test_a_node_killed_mid_run_is_named_and_srun_resume_continues(cluster, tmp_p
                     rf"last checkpoint is {re.escape(str(run / 'checkpoint.pt'))} \(.+\); "
                     rf"resume it with `{re.escape(command)}` on 2 nodes", last.reason), \
         last.reason
-    assert cluster.settled() == [] and tagged(env["GPUTUI_TEST_TAG"]) == []
-    done = json.loads((run / "summary.json").read_text())["epochs_done"] or 0
-    resumed = subprocess.run([str(cluster.bin / "srun"), *_srun()[1:], *GPUTUI, "resume",
-                              run.name, "--epochs", str(done + 1), "--quiet"],
-                             env=env, capture_output=True, text=True, timeout=240,
-                             cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    (new,) = [r for r in _runs(runs) if r != run]
-    events = read_events(new)
-    assert events[-1].kind == "run_finished"
-    assert any(e.kind == "log" and f"resumed from {run.resolve()}" in e.message for e in events)
     assert cluster.settled() == [] and tagged(env["GPUTUI_TEST_TAG"]) == []
