@@ -200,11 +200,12 @@ def check(step: Step, multiprocess: bool, strategy: str, preset_nnodes: int,
     if step.per_device:
         count = device_count(device_spec)
         if count not in (None, step.per_node):
+            fix = f"--ntasks-per-node={count}, or " if count > 1 else ""
             raise SlurmMismatch(
                 f"SLURM started {step.per_node} tasks per node (one per device), but the "
                 f"preset's devices.spec '{device_spec}' names {count} per node; ask for "
-                f"--ntasks-per-node={count}, or --ntasks-per-node=1 (one gputui per node "
-                f"starts a rank on each of its devices)")
+                f"{fix}--ntasks-per-node=1 (one gputui per node starts a rank on each of its "
+                f"devices)")
 
 
 def device_count(spec: str) -> int | None:
