@@ -194,7 +194,12 @@ def test_an_sbatch_job_stopped_by_the_time_limit_signal_requeues_and_resumes(clu
         state = cluster.client("scontrol", "show", "job", job, env=env)
         return "Restarts=1" in state and "JobState=PENDING" in state
     _wait_for("the job requeued", requeued)
-    # SLURM holds a requeued job about two minutes before it may start again: start it now
+    _wait_for("both nodes idle", lambda: len(set(cluster.client(
+        "sinfo", "-h", "-N", "-t", "idle", "-o", "%N", env=env).split())) == 2)
+    # SLURM holds a requeued job about two minutes before it may start again: start it now.
+    # Not within the second of the requeue: slurmd refuses a launch whose credential has the
+    # second of the kill's revocation ("Job N already killed, do not launch batch job")
+    time.sleep(2)
     cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now", env=env)
     _wait_for("the job's end", lambda: "JobState=COMPLETED" in cluster.client(
         "scontrol", "show", "job", job, env=env) or "JobState=FAILED" in cluster.client(
