@@ -233,11 +233,12 @@ def task_devices(step: Step, device_spec: str, env: Mapping[str, str]) -> str:
 
 
 def overrides(step: Step, device_spec: str, env: Mapping[str, str]) -> list[tuple[str, Any]]:
-    """The config keys the step sets: (key, value)."""
+    """The config keys the step sets: (key, value). A step of one task keeps the run's own
+    free local port (nothing to meet)."""
     keys: list[tuple[str, Any]] = [("dist.nnodes", step.nnodes),
-                                   ("dist.node_rank", step.node_rank),
-                                   ("dist.rdzv_endpoint", step.endpoint),
-                                   ("dist.rdzv_id", step.rdzv_id)]
+                                   ("dist.node_rank", step.node_rank)]
+    if step.nnodes > 1:
+        keys += [("dist.rdzv_endpoint", step.endpoint), ("dist.rdzv_id", step.rdzv_id)]
     if step.per_device:
         keys.append(("devices.spec", task_devices(step, device_spec, env)))
     return keys
@@ -248,6 +249,9 @@ def describe(step: Step) -> str:
     shape = ("one task per device: this task is one rank" if step.per_device
              else "one task per node: this node's ranks are its devices")
     again = f", requeued {step.restarts}x" if step.restarts else ""
+    if step.nnodes == 1:
+        return (f"SLURM job {step.job_id} step {step.step_id}{again}: one task on "
+                f"{step.hosts[0]}: this node's ranks are its devices")
     return (f"SLURM job {step.job_id} step {step.step_id}{again}: node {step.node_rank} of "
             f"{step.nnodes} ({step.hosts[step.node_id]}), rendezvous at {step.endpoint} "
             f"(id {step.rdzv_id}); {shape}")

@@ -79,6 +79,15 @@ def test_one_task_per_gpu_makes_each_task_a_node_of_one_rank_on_its_own_gpu():
     assert dict(slurm.overrides(step, "cpu", env))["devices.spec"] == "cpu"
 
 
+def test_a_step_of_one_task_keeps_its_own_local_port():
+    step = slurm.from_env(_step_env(SLURM_STEP_NODELIST="node1", SLURM_NODEID="0",
+                                    SLURM_PROCID="0", SLURM_STEP_TASKS_PER_NODE="1"))
+    assert step is not None
+    assert slurm.overrides(step, "all", {}) == [("dist.nnodes", 1), ("dist.node_rank", 0)]
+    assert slurm.describe(step) == ("SLURM job 4127 step 0: one task on node1: this node's "
+                                    "ranks are its devices")
+
+
 def test_outside_a_job_step_slurm_is_not_used():
     assert slurm.from_env({}) is None
     batch = {k: v for k, v in _step_env().items() if k != "SLURM_STEP_ID"}
