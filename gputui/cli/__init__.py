@@ -203,11 +203,12 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true",
                    help="print names, paths and descriptions as JSON")
     p.set_defaults(func=cmd_presets)
-    from gputui.cli import (bench_comm, compare, devices, predict, resume, sweep, tune, verify,
-                            watch)
+    from gputui.cli import (bench_comm, compare, devices, predict, resume, slurm, sweep, tune,
+                            verify, watch)
 
     # compare registers `runs` and `compare`; the order is the order of `gputui --help`
-    for family in (devices, compare, sweep, predict, tune, verify, bench_comm, resume, watch):
+    for family in (devices, compare, sweep, predict, tune, verify, bench_comm, resume, watch,
+                   slurm):
         family.register(sub)
     return parser
 

@@ -78,7 +78,10 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
                 why = str(exc) if isinstance(exc, safeio.Unreadable) else \
                     f"cannot read {name} ({safeio.reason(exc)})"
                 raise ConfigError(f"{run_dir}: {why}") from None
-    active = runlock.holder(run_dir)
+    from gputui.core import slurm
+
+    # a SLURM job's other nodes resume the first node's folder, whose lock that node holds
+    active = None if slurm.follower(os.environ) else runlock.holder(run_dir)
     if active:
         raise ConfigError(f"{run_dir.name} is {active}; stop that run first (Ctrl-C in its "
                           f"terminal, or s in the app), then resume")

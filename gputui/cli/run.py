@@ -69,11 +69,34 @@ def resolve_config(args) -> Any:
     for text in args.sets:
         key, value = parse_assignment(text)
         overrides.append((f"--set {text}", key, value))
+    flags = []
     for dest, key in SHORT_FLAGS.items():
         value = getattr(args, dest, None)
         if value is not None:
-            overrides.append((f"--{dest.replace('_', '-')}", key, value))
+            flags.append((f"--{dest.replace('_', '-')}", key, value))
+    # a task of a SLURM job step: its nodes, rank and rendezvous (flags still win)
+    overrides += slurm_overrides(path, overrides + flags, "run config" if resumed else "preset")
+    overrides += flags
     return load_checked(path, overrides, what="run config" if resumed else "preset")
+
+
+def slurm_overrides(path: Path, overrides: list, what: str) -> list[tuple[str, str, Any]]:
+    """The keys a SLURM job step sets (``gputui.core.slurm``), checked against the preset
+    with its --set overrides; [] outside a step. SlurmMismatch: one line, exit 2."""
+    import os
+
+    from gputui.core import registry, slurm
+    from gputui.core.config import load_preset
+
+    step = slurm.from_env(os.environ)
+    if step is None:
+        return []
+    base = load_preset(path, overrides, what)
+    info = registry.get(base.strategy.name)
+    slurm.check(step, bool(info and info.multiprocess), base.strategy.name, base.dist.nnodes,
+                base.devices.spec)
+    return [(f"SLURM job step {step.job_id}.{step.step_id}", key, value)
+            for key, value in slurm.overrides(step, base.devices.spec, os.environ)]
 
 
 def as_run(cfg) -> dict:
@@ -115,14 +138,31 @@ def cmd_run(args) -> int:
     if taken:  # NVML sees another process on a chosen GPU
         return fail(f"--exclusive: {taken[0].split('; training')[0]}; choose free GPUs "
                     f"(see `gputui devices`) or drop --exclusive")
-    problem = runs_dir_problem(args.runs_dir)
+    import os
+
+    from gputui.core import slurm
+
+    step = slurm.from_env(os.environ)
+    runs_dir = args.runs_dir
+    if step is not None:
+        slurm.check_gpus(step, sum(d.kind == "cuda" for d in devices), os.environ)
+        if step.node_rank > 0:  # the first node's record is the job's; this node's beside it
+            from gputui.core.runstore import default_runs_dir
+
+            runs_dir = str(Path(runs_dir or default_runs_dir()) / slurm.NODES_FOLDER
+                           / f"node{step.node_rank}")
+    problem = runs_dir_problem(runs_dir)
     if problem:  # before any training: a record that cannot be written is lost work
         return fail(problem)
-    printer = Printer(stream=sys.stderr if args.json else sys.stdout, quiet=args.quiet)
+    # a SLURM job's other nodes print only their summary: the first node shows the progress
+    printer = Printer(stream=sys.stderr if args.json else sys.stdout,
+                      quiet=args.quiet or bool(step and step.node_rank > 0))
     for warning in ([device_note] if device_note else []) + busy_warnings(devices, gpus):
         printer.line(f"warning: {warning}")
     if code:
         printer.line(code)
+    if step is not None:
+        printer.line(slurm.describe(step), always=True)
     # Ctrl-C, SIGTERM and SIGHUP: a graceful stop that keeps the record; a second one, or a
     # stop outlasting run.stop_grace_s, kills. The process-wide Supervisor (taken by main
     # first thing, so a signal during the imports above is not lost): every poll acts on it.
@@ -132,7 +172,9 @@ def cmd_run(args) -> int:
     sup.grace_s = cfg.run.stop_grace_s
     sup.say = lambda text: _print(printer.line, text)
     try:
-        handle = launch(cfg, args.runs_dir, devices, device_note)
+        handle = launch(cfg, runs_dir, devices, device_note,
+                        follower=bool(step and step.node_rank > 0),
+                        id_tag=f"slurm{step.job_id}" if step else "")
     except signals.Interrupted as exc:  # a signal before it: nothing was made
         from gputui.cli.common import interrupted
 
@@ -163,9 +205,12 @@ def cmd_run(args) -> int:
                                                     f"{summary['status']}")
         resumable = summary["status"] != "finished" and \
             (handle.run_dir / CHECKPOINT_NAME).is_file()
+        again = f"srun gputui resume {handle.run_id}" if step else \
+            f"gputui resume {handle.run_id}"
+        if step is not None and step.node_rank > 0:
+            again = "srun gputui resume RUN, RUN the first node's record"
         return interrupted(sup.first, f": {kept}; its record is kept in {handle.run_dir}"
-                           + (f" (continue it: gputui resume {handle.run_id})"
-                              if resumable else ""))
+                           + (f" (continue it: {again})" if resumable else ""))
     if summary["status"] == "finished":
         return EXIT_OK
     return EXIT_FAILED

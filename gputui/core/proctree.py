@@ -34,8 +34,9 @@ _ADOPTING: list[bool] = []
 
 def own_tracker() -> None:
     """This process's multiprocessing resource tracker, started so that it ends with it:
-    immune to the group's SIGHUP (it ignores SIGINT and SIGTERM itself; killed, it would be
-    restarted at exit by the semaphores' clean-up and outlive this process), and stopped and
+    immune to the group's SIGHUP and a job's SIGUSR1 (it ignores SIGINT and SIGTERM itself;
+    killed, it would be restarted at exit by the semaphores' clean-up and outlive this
+    process), and stopped and
     reaped by the last of multiprocessing's exit finalisers, after every clean-up that uses it."""
     if _TRACKED:
         return
@@ -50,11 +51,15 @@ def own_tracker() -> None:
     sys.warnoptions.append(quiet)
     try:
         if threading.current_thread() is threading.main_thread():
-            old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited through exec
+            # ignored, inherited through exec: SIGUSR1 too (SLURM's --signal=USR1 reaches
+            # every process of a job step, and its default action would end the tracker)
+            old = {sig: signal.signal(sig, signal.SIG_IGN)
+                   for sig in (signal.SIGHUP, signal.SIGUSR1)}
             try:
                 resource_tracker.ensure_running()
             finally:
-                signal.signal(signal.SIGHUP, old)
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
         else:
             resource_tracker.ensure_running()
     finally:

@@ -32,10 +32,12 @@ def default_runs_dir() -> Path:
     return Path(os.environ.get(ENV_RUNS_DIR) or "runs")
 
 
-def new_run_dir(runs_dir: str | Path | None, name: str) -> tuple[str, Path]:
-    """Create a fresh run folder; the id sorts by start time and names the run."""
+def new_run_dir(runs_dir: str | Path | None, name: str, tag: str = "") -> tuple[str, Path]:
+    """Create a fresh run folder; the id sorts by start time and names the run (and ``tag``,
+    e.g. a SLURM job's "slurm123", when given)."""
     base = Path(runs_dir) if runs_dir else default_runs_dir()
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
+    safe += f"-{tag}" if tag else ""
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
     path = base / run_id
     try:
@@ -191,7 +193,9 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
 
 RECORD_FILES = ("events.jsonl", "summary.json", "config.toml", CHECKPOINT_NAME,
                 "telemetry.jsonl")
-NOT_RUNS = ("sweeps",)  # folders of the runs folder that hold no run (sweep manifests)
+# folders of the runs folder that hold no run: sweep manifests, and the records of a
+# multi-node SLURM job's other nodes (core/slurm.py)
+NOT_RUNS = ("sweeps", "nodes")
 
 
 def is_run_folder(path: str | Path) -> bool:

@@ -1,5 +1,6 @@
 """The signals that end a run: SIGINT (Ctrl-C), SIGTERM (timeout, systemd, docker stop, a
-SLURM preemption) and SIGHUP (a closed terminal, an SSH drop, ``tmux kill-session``).
+SLURM preemption or ``scancel``), SIGHUP (a closed terminal, an SSH drop, ``tmux
+kill-session``) and SIGUSR1 (SLURM's ``--signal=USR1@SECONDS`` before the time limit).
 
 Each of them, reaching gputui and its training processes (a terminal signals the whole process
 group; systemd and SLURM signal every process of the job), becomes the graceful stop: the
@@ -7,7 +8,7 @@ ranks agree on a step, a checkpoint is written and the record ends ``run_stopped
 signal. The parent turns a second signal, or a stop that outlasts ``run.stop_grace_s``, into
 the kill, and the record still ends.
 
-Training processes (:func:`watch`) block the three signals and take them in a thread with
+Training processes (:func:`watch`) block the stop signals and take them in a thread with
 ``sigwaitinfo``: nothing can interrupt a step or a checkpoint half-way (torch's elastic agent
 installs handlers that raise in its main thread; blocked signals never reach them), and the
 sender is known, so a rank can tell torch's own teardown (SIGTERM from its agent) from a stop.
@@ -33,8 +34,12 @@ import threading
 import time
 from typing import Callable, Iterator
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_WORDS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)"}
+# SIGUSR1: the warning a batch system sends before a job's time limit (SLURM's
+# `--signal=USR1@90`, Lightning's requeue signal): its default action would kill the run
+# mid-step, so it is the same graceful stop (docs/clusters.md)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+_WORDS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)",
+          signal.SIGUSR1: "SIGUSR1 (a batch system's time-limit warning)"}
 
 
 def describe(signum: int) -> str:

@@ -346,13 +346,16 @@ _ALL_LIVE = _AllLive()
 
 
 def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
-           devices: list[Device] | None = None, device_note: str = "") -> RunHandle:
+           devices: list[Device] | None = None, device_note: str = "", follower: bool = False,
+           id_tag: str = "") -> RunHandle:
     """Create the run folder, hand the run to a host, return its handle at once.
 
     ``devices`` as resolved by the caller (with ``device_note``, the fallback's one line, when
     it replaced the spec's GPUs); resolved here when not given. The note goes in the record.
     Raises ``signals.Interrupted`` (nothing made) once a headless command took a stop signal:
-    no run starts after one."""
+    no run starts after one. ``follower``: a node of a multi-node job other than the first,
+    which resumes the first node's folder and leaves its lock to it (a SLURM job sharing one
+    runs folder). ``id_tag`` goes into the run id (a SLURM job's "slurm123")."""
     signals.raise_if_stopped()
     if not devices:
         devices, device_note = resolve_with_note(cfg.devices.spec, cfg.devices.fallback)
@@ -360,11 +363,11 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
     # it at the same moment is refused here (runlock.InUse, one line), not after a check
     # both could pass. Released when the run ends, or now when it cannot start.
     resumed = None
-    if cfg.run.resume_from:
+    if cfg.run.resume_from and not follower:
         folder = Path(cfg.run.resume_from)
         resumed = runlock.claim(folder if folder.is_dir() else folder.parent)
     try:
-        return _start(cfg, runs_dir, devices, device_note, resumed)
+        return _start(cfg, runs_dir, devices, device_note, resumed, id_tag)
     except BaseException:
         if resumed is not None:
             resumed.release()
@@ -372,11 +375,11 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
 
 
 def _start(cfg: RunConfig, runs_dir: str | Path | None, devices: list[Device],
-           device_note: str, resumed: Any) -> RunHandle:
+           device_note: str, resumed: Any, id_tag: str = "") -> RunHandle:
     from gputui.core import registry
     from gputui.train import warm
 
-    run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name)
+    run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name, id_tag)
     try:  # a full or read-only disk fails here, before any training: nothing is left behind
         write_atomic(run_dir / "config.toml", cfg.to_toml())
         runstore.reserve_space(run_dir)

@@ -9,6 +9,7 @@ torch only to read the checkpoint's position (lazily, without loading its tensor
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -52,10 +53,17 @@ def explain(end: RunFailed, cfg: Any, run_dir: Path, run_id: str,
             else " before the first step was recorded")
     reason = f"{who} went away{when}"
     checkpoint = Path(run_dir) / "checkpoint.pt"
-    if checkpoint.is_file():
+    slurm = "SLURM_STEP_ID" in os.environ and "SLURM_JOB_ID" in os.environ  # an srun task
+    if checkpoint.is_file() and slurm:  # every node resumes this record (a shared runs folder)
+        reason += (f"; the last checkpoint is {checkpoint}{_position(checkpoint)}; resume it "
+                   f"with `srun gputui resume {run_id}` on {cfg.dist.nnodes} nodes (in an "
+                   f"allocation, or as an sbatch job's step)")
+    elif checkpoint.is_file():
         reason += (f"; the last checkpoint is {checkpoint}{_position(checkpoint)}; once every "
                    f"node is back, resume with `gputui resume {run_id}` here and `gputui "
                    f"resume` of its own run on each other node")
+    elif slurm:
+        reason += "; no checkpoint was written yet: submit the job again"
     else:
         reason += "; no checkpoint was written yet: start the job again on every node"
     return RunFailed(reason=reason, detail=f"{end.reason}\n{end.detail}".strip())

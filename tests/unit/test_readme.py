@@ -183,7 +183,7 @@ def test_every_gputui_line_runs_as_written(tmp_path, monkeypatch, capsys):
         if argv[0] == "tune":  # its preset into the temp folder, not the clone's presets/
             argv += ["-o", str(tmp_path / "tuned.toml")]
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,
-                                                     signal.SIGHUP)}
+                                                     signal.SIGHUP, signal.SIGUSR1)}
         try:
             code = cli.main(argv)
         finally:  # `run` and `sweep` take the stop signals for their run; give them back
