@@ -323,8 +323,8 @@ class ParallelSection:
                      "over tp ranks).", min=1, max=65536)
     pp: int = opt(1, "mesh: pipeline-parallel degree (consecutive blocks as stages).", min=1,
                   max=65536)
-    cp: int = opt(1, "Context-parallel degree (not yet in gputui: 1).", min=1, max=65536,
-                  check=_degree("cp"))
+    cp: int = opt(1, "mesh: context-parallel degree (each sequence split over cp ranks, "
+                     "zig-zag; attention by a ring of key/value blocks).", min=1, max=65536)
     ep: int = opt(1, "Expert-parallel degree (not yet in gputui: 1).", min=1, max=65536,
                   check=_degree("ep"))
     zero: int = opt(3, "ZeRO stage of the sharded data-parallel dimension: 1 = optimizer state "

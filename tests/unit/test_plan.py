@@ -43,7 +43,7 @@ CASES = [
      "strategy.pipeline_chunks (1000) is more than"),
     ({"optim.batch_size": 1, "optim.micro_batches": 2}, CPU1, "is smaller than optim.micro_batches"),
     ({"debug.slow_rank": 0}, CPU1,
-     "debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp or mesh, not single"),
+     "debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp, cp or mesh, not single"),
     ({"strategy.name": "ddp", "debug.slow_rank": 2}, CPU2,
      "debug.slow_rank (2) is not a rank of this run: it has 2"),
     ({"strategy.name": "fsdp", "debug.slow_rank": 1, "debug.slow_backward_ms": 50.0}, CPU2, None),
