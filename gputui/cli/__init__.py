@@ -81,7 +81,7 @@ def cmd_strategies(args) -> int:
     meshes: list[dict[str, Any]] = []
     for m, reason in mesh_choices(cfg, devices):
         degrees = {"pp": m.pp, "dp_replicate": m.dp_replicate, "dp_shard": m.dp_shard,
-                   "tp": m.tp}
+                   "cp": m.cp, "tp": m.tp}
         meshes.append({"degrees": degrees, "mesh": m.describe(),
                        "data_parallel": m.data_parallel, "available": reason is None,
                        "reason": reason or ""})
@@ -103,13 +103,13 @@ def cmd_strategies(args) -> int:
     console.print(table)
     grid = Table(title=f"strategy 'mesh' on {len(devices) * cfg.dist.nnodes} ranks: "
                        f"--set parallel.pp=P --set parallel.dp_replicate=R "
-                       f"--set parallel.dp_shard=S --set parallel.tp=T")
-    for col in ("pp", "dp_replicate", "dp_shard", "tp", "can run"):
+                       f"--set parallel.dp_shard=S --set parallel.cp=C --set parallel.tp=T")
+    for col in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "can run"):
         grid.add_column(col, justify="right" if col != "can run" else "left")
     for row in meshes:
         d = row["degrees"]
-        grid.add_row(str(d["pp"]), str(d["dp_replicate"]), str(d["dp_shard"]), str(d["tp"]),
-                     "yes" if row["available"] else f"no: {row['reason']}")
+        grid.add_row(str(d["pp"]), str(d["dp_replicate"]), str(d["dp_shard"]), str(d["cp"]),
+                     str(d["tp"]), "yes" if row["available"] else f"no: {row['reason']}")
     console.print(grid)
     return EXIT_OK
 
