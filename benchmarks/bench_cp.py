@@ -9,8 +9,10 @@ events after the first epoch (warm-up): tokens/s (samples/s x data.context) and 
 `single` at the same context; from the run's first memory report: the largest rank's
 activations (what autograd saved for backward, the ring's blocks included), parameters,
 gradients and optimizer state; from the metered steps: the seconds the ring's sends and
-receives were in flight per step (the collective "cp ring send/recv"), and the share of the
-step the ranks waited for communication they could not hide (exposed) and hid behind compute.
+receives were in flight per step (the collective "cp ring send/recv") and the part of it a
+rank waited for after its attention compute ("cp ring wait": the rest hid behind that
+compute), and the step breakdown's shares of exposed and hidden communication (DDP's or
+fully_shard's and the ring's together).
 The machine's load average is printed before and after: on a shared machine the ratios move
 with it (docs/measuring.md).
 """
@@ -28,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_mesh import mib  # noqa: E402 - the sibling benchmark's formatting
 
-KIND = "cp ring send/recv"
+KIND, WAIT = "cp ring send/recv", "cp ring wait"
 
 
 def run(cfg) -> dict:
@@ -58,6 +60,9 @@ def run(cfg) -> dict:
     ring = [r.collectives[KIND] for e in steps for r in (e.per_device or ())
             if r.collectives and KIND in r.collectives]
     out["ring_s"] = statistics.mean(ring) if ring else None
+    waits = [r.collectives.get(WAIT, 0.0) for e in steps for r in (e.per_device or ())
+             if r.collectives and KIND in r.collectives]
+    out["ring_wait_s"] = statistics.mean(waits) if waits else None
     parts = [e.breakdown for e in steps if e.breakdown is not None]
     out["exposed"] = statistics.mean(p.comm_exposed_s / p.step_s for p in parts
                                      if p.comm_exposed_s is not None and p.step_s) \
@@ -107,11 +112,13 @@ def main() -> None:
             print(f"{name:12s} {res[name]['tokens_per_s']:10,.0f} tokens/s", flush=True)
     load1 = os.getloadavg()
     print(f"\n{'run':12s} {'tokens/s':>10s} {'x single':>8s} {'activ.':>7s} {'params':>7s} "
-          f"{'grads':>7s} {'optim':>7s}  MiB per rank (largest)  ring s/step  exposed  hidden")
+          f"{'grads':>7s} {'optim':>7s}  MiB per rank (largest)  ring s/step  waited  "
+          f"exposed  hidden")
     for name, got in res.items():
         one = res.get(f"single@{name.split('@')[1]}")
         ratio = f"{got['tokens_per_s'] / one['tokens_per_s']:8.2f}" if one else "       -"
-        ring = f"{got['ring_s']:11.4f}" if got["ring_s"] is not None else "          -"
+        ring = (f"{got['ring_s']:11.4f}  {got['ring_wait_s']:6.4f}"
+                if got["ring_s"] is not None else "          -       -")
         share = "  ".join(f"{got[k]:6.0%}" if got[k] is not None else "     -"
                           for k in ("exposed", "hidden"))
         print(f"{name:12s} {got['tokens_per_s']:10,.0f} {ratio} {mib(got['activations'])} "

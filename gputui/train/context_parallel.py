@@ -31,8 +31,9 @@ kernels); the ring runs where it does not, and on the CPU (torch's does not run 
 dispatches to flash, memory-efficient or cuDNN attention). The run says which ran.
 
 Each hop is a named collective (``meter.collective("cp ring send/recv", ...)``) with its
-bytes; :attr:`ContextParallel.stats` keeps the attention compute the hops overlap and the
-time a rank waited for a hop after its compute was done (the exposed part).
+bytes, and on the CPU the part of it the rank waited for after its attention compute was done
+("cp ring wait": the rest hid behind that compute); :attr:`ContextParallel.stats` keeps the
+attention compute the hops overlap and those waits.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ import torch.nn.functional as F
 
 from gputui.train.strategies.meter import Meter, merged
 
-KIND = "cp ring send/recv"  # the meter's name of a ring hop
+KIND = "cp ring send/recv"  # the meter's name of a ring hop, from its start to its arrival
+WAIT_KIND = "cp ring wait"  # ... and of the part a rank waited for after its attention compute
 KV_TAG, GRAD_TAG = 7, 8  # the two buffers a backward hop carries at once, told apart
 
 
@@ -152,14 +154,18 @@ class _Hop:
 
     def wait(self, computed_at: float) -> torch.Tensor:
         """The received buffer; ``computed_at``: when the compute this hop hid behind ended."""
+        m = self.ring.metered()
+        waits = m.clock.mark() if m is not None and not m.clock.cuda else None
         for work in self.works:
             work.wait()
         ring, end = self.ring, time.perf_counter()
         ring.stats.exposed_s += max(0.0, end - max(computed_at, self.start))
         ring.stats.hop_marks.append((self.start, end))
-        m = ring.metered()
         if self.start_mark is not None and m is not None:
-            m.collective(KIND, self.start_mark, m.clock.mark())
+            done = m.clock.mark()
+            m.collective(KIND, self.start_mark, done)
+            if waits is not None:  # on the CPU: the part of the hop compute did not hide
+                m.collective(WAIT_KIND, waits, done)
             m.comm_bytes += self.recv.numel() * self.recv.element_size()
         return self.recv
 

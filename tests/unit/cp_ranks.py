@@ -1,4 +1,5 @@
-"""Context parallelism of the GPT on 4 real gloo ranks in ONE elastic launch (test_equivalence_cp.py).
+"""Context parallelism of the GPT on 4 real gloo ranks in ONE elastic launch
+(test_equivalence_cp.py).
 
     python tests/unit/cp_ranks.py OUT.pt
 
