@@ -56,7 +56,9 @@ KV_TAG, GRAD_TAG = 7, 8  # the two buffers a backward hop carries at once, told 
 
 def zigzag_positions(context: int, cp: int, rank: int, device: Any = None) -> torch.Tensor:
     """The positions (0 .. context - 1) rank ``rank`` of ``cp`` holds: chunks ``rank`` and
-    ``2 cp - 1 - rank`` of ``2 cp`` equal chunks, in order."""
+    ``2 cp - 1 - rank`` of ``2 cp`` equal chunks, in order (one rank: every position)."""
+    if cp == 1:
+        return torch.arange(context, device=device)
     if context % (2 * cp):
         raise ValueError(f"a context of {context} does not split into {2 * cp} equal chunks")
     c = context // (2 * cp)

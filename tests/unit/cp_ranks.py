@@ -8,7 +8,8 @@ gradient against the plain model's (each rank computes the reference itself), ov
 (two rings: ranks 0-1 and 2-3) and cp = 4 (one ring of every rank), with the ring's hops
 counted by a meter. Then as the strategies a run builds (SCENARIOS, through tp_ranks'
 ``strategy_scenario``: registry, config, text data, checkpoint and restore), compared with
-``single`` by the test: cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2.
+``single`` by the test: cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2, the last also with
+full activation checkpointing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SCENARIOS = {
     "cp2_x_ddp2": ("mesh", 8, {"parallel.cp": 2, "parallel.dp_replicate": 2,
                                "parallel.dp_shard": 1, **ADAMW}),
     "cp2_x_fsdp2": ("mesh", 8, {"parallel.cp": 2, **ADAMW}),
+    "cp2_x_fsdp2_ac_full": ("mesh", 8, {"parallel.cp": 2, "parallel.ac": "full", **ADAMW}),
 }
 
 

@@ -1,7 +1,8 @@
 """Context parallelism (gputui.train.context_parallel): the zig-zag split, the plan's rules, the
 choice of attention on CUDA (a fake at the boundary), and on 4 gloo ranks launched once
 (cp_ranks.py): the ring's loss and gradients against the plain model's on one batch (cp 2 and
-cp 4), its hops and bytes, and cp, cp x ddp and cp x fsdp trained as runs against single.
+cp 4), its hops and bytes, and cp, cp x ddp and cp x fsdp (also with activation
+checkpointing) trained as runs against single.
 
 The tolerance, from the arithmetic: the ring computes the same softmax, its sums (the
 denominator over the keys, the output over the values, then each parameter's gradient over
@@ -46,6 +47,7 @@ def test_the_zigzag_split_covers_the_sequence_and_balances_the_triangle(cp):
     assert len(work) == 1
     x = torch.arange(3 * context).view(3, context)
     assert torch.equal(ctx.unsplit([ctx.split(x, cp, r) for r in range(cp)]), x)
+    assert ctx.zigzag_positions(7, 1, 0).tolist() == list(range(7))  # one rank: any context
 
 
 def test_a_plain_split_would_not_balance():
@@ -115,8 +117,8 @@ def test_cp_is_a_degree_of_the_mesh_between_dp_shard_and_tp():
      "cpu*4", "parallel.cp with parallel.tp is not in gputui yet"),
     ({"strategy.name": "mesh", "parallel.cp": 2, "parallel.pp": 2, "parallel.dp_shard": 1},
      "cpu*4", "parallel.cp with parallel.pp is not in gputui yet"),
-    ({"strategy.name": "mesh", "parallel.cp": 2, "parallel.ac": "full"}, "cpu*4",
-     "parallel.ac with cp is not in gputui yet"),
+    ({"strategy.name": "mesh", "parallel.cp": 2, "parallel.zero": 1}, "cpu*4",
+     "parallel.zero = 1 (DDP with a sharded optimizer) is not combined with cp"),
     ({"strategy.name": "mesh", "parallel.cp": 3}, "cpu*4",
      "the mesh's pp x dp_replicate x cp x tp = 3 does not divide the 4 ranks"),
     ({"strategy.name": "ddp", "parallel.cp": 2}, "cpu*4",
@@ -190,7 +192,8 @@ def test_each_hop_is_a_named_collective_with_its_bytes(ranks):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(cp_ranks.SCENARIOS))
 def test_the_strategy_equals_single(ranks, name):
-    """cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2 train gpt (AdamW, warm-up, cosine,
+    """cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2 (and with full checkpointing, whose
+    recomputation runs the ring again in backward) train gpt (AdamW, warm-up, cosine,
     clipping) to single's parameters within the rounding bound, with its losses and
     validation score; the checkpoint restores them."""
     import tp_ranks
