@@ -338,8 +338,8 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
 def _cp_problem(cfg: RunConfig, shape: MeshShape, name: str) -> Problem | None:
     """Context parallelism: the built-in GPT (its attention is the ring), a context the
     zig-zag split cuts into 2 x cp equal chunks, and the combinations gputui proves equal to
-    single (beside dp_replicate and dp_shard at ZeRO-2 or 3, with activation checkpointing:
-    see tests/unit/cp_ranks.py)."""
+    single (beside dp_replicate, dp_shard at ZeRO-2 or 3 and tp, with activation
+    checkpointing: see tests/unit/cp_ranks.py)."""
     keys = CHOICE + ("parallel.cp",)
     if cfg.model.factory or cfg.model.name != "gpt":
         return keys, (f"strategy '{name}' splits the built-in GPT's sequences over "
@@ -348,11 +348,10 @@ def _cp_problem(cfg: RunConfig, shape: MeshShape, name: str) -> Problem | None:
     context = cp_context_problem(cfg.data.context, shape.cp)
     if context:
         return keys + ("data.context",), context
-    if shape.pp > 1 or shape.tp > 1:
-        other = "pp" if shape.pp > 1 else "tp"
-        return keys + (f"parallel.{other}",), (
-            f"parallel.cp with parallel.{other} is not in gputui yet (cp composes with "
-            f"dp_replicate and dp_shard); set parallel.{other} = 1 or parallel.cp = 1")
+    if shape.pp > 1:
+        return keys + ("parallel.pp",), (
+            "parallel.cp with parallel.pp is not in gputui yet (cp composes with "
+            "dp_replicate, dp_shard and tp); set parallel.pp = 1 or parallel.cp = 1")
     if cfg.parallel.zero == 1 and shape.dp_shard > 1:
         return keys + ("parallel.zero",), (
             "parallel.zero = 1 (DDP with a sharded optimizer) is not combined with cp; use "

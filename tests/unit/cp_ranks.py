@@ -9,7 +9,7 @@ gradient against the plain model's (each rank computes the reference itself), ov
 counted by a meter. Then as the strategies a run builds (SCENARIOS, through tp_ranks'
 ``strategy_scenario``: registry, config, text data, checkpoint and restore), compared with
 ``single`` by the test: cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2, the last also with
-full activation checkpointing.
+full activation checkpointing, and cp 2 x tp 2.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ SCENARIOS = {
                                "parallel.dp_shard": 1, **ADAMW}),
     "cp2_x_fsdp2": ("mesh", 8, {"parallel.cp": 2, **ADAMW}),
     "cp2_x_fsdp2_ac_full": ("mesh", 8, {"parallel.cp": 2, "parallel.ac": "full", **ADAMW}),
+    "cp2_x_tp2": ("mesh", 8, {"parallel.cp": 2, "parallel.tp": 2, "parallel.dp_shard": 1,
+                              **ADAMW}),
 }
 
 

@@ -1,8 +1,8 @@
 """Context parallelism (gputui.train.context_parallel): the zig-zag split, the plan's rules, the
 choice of attention on CUDA (a fake at the boundary), and on 4 gloo ranks launched once
 (cp_ranks.py): the ring's loss and gradients against the plain model's on one batch (cp 2 and
-cp 4), its hops and bytes, and cp, cp x ddp and cp x fsdp (also with activation
-checkpointing) trained as runs against single.
+cp 4), its hops and bytes, and cp, cp x ddp, cp x fsdp (also with activation checkpointing)
+and cp x tp trained as runs against single.
 
 The tolerance, from the arithmetic: the ring computes the same softmax, its sums (the
 denominator over the keys, the output over the values, then each parameter's gradient over
@@ -113,8 +113,6 @@ def test_cp_is_a_degree_of_the_mesh_between_dp_shard_and_tp():
      "data.context = 36 does not split into 2 x parallel.cp = 8 equal chunks"),
     ({"strategy.name": "cp", "model.name": "mlp", "data.name": "synthetic"}, "cpu*2",
      "strategy 'cp' splits the built-in GPT's sequences over 2 context-parallel rank(s)"),
-    ({"strategy.name": "mesh", "parallel.cp": 2, "parallel.tp": 2, "parallel.dp_shard": 1},
-     "cpu*4", "parallel.cp with parallel.tp is not in gputui yet"),
     ({"strategy.name": "mesh", "parallel.cp": 2, "parallel.pp": 2, "parallel.dp_shard": 1},
      "cpu*4", "parallel.cp with parallel.pp is not in gputui yet"),
     ({"strategy.name": "mesh", "parallel.cp": 2, "parallel.zero": 1}, "cpu*4",
@@ -132,13 +130,15 @@ def test_the_plan_says_why_cp_cannot_run(overrides, devices, expected):
     assert reason is not None and expected in reason, reason
 
 
-def test_the_plan_takes_cp_with_ddp_and_fsdp():
+def test_the_plan_takes_cp_with_ddp_fsdp_and_tp():
     from gputui import plan
 
     devs = cpu_devices(4)
     for extra in ({"strategy.name": "cp"},
                   {"strategy.name": "mesh", "parallel.cp": 2},
                   {"strategy.name": "mesh", "parallel.cp": 2, "parallel.dp_replicate": 2,
+                   "parallel.dp_shard": 1},
+                  {"strategy.name": "mesh", "parallel.cp": 2, "parallel.tp": 2,
                    "parallel.dp_shard": 1}):
         assert plan.why_not(cfg(**{"devices.spec": "cpu*4", **extra}), devs) is None, extra
     assert cp_context_problem(32, 4) is None and cp_context_problem(33, 1) is None
@@ -192,8 +192,9 @@ def test_each_hop_is_a_named_collective_with_its_bytes(ranks):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(cp_ranks.SCENARIOS))
 def test_the_strategy_equals_single(ranks, name):
-    """cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2 (and with full checkpointing, whose
-    recomputation runs the ring again in backward) train gpt (AdamW, warm-up, cosine,
+    """cp over 4 ranks, cp 2 x ddp 2, cp 2 x fsdp 2 (and with full checkpointing, whose
+    recomputation runs the ring again in backward) and cp 2 x tp 2 (the ring over each rank's
+    heads) train gpt (AdamW, warm-up, cosine,
     clipping) to single's parameters within the rounding bound, with its losses and
     validation score; the checkpoint restores them."""
     import tp_ranks
