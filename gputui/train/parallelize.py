@@ -288,10 +288,14 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int,
     from torch.distributed.fsdp import fully_shard
 
     dims = dp_dims(mesh)
+    flat = None
     if "cp" in dims:  # torchtitan's dp_shard_cp: the cp ranks shard with the dp_shard ones
-        mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+        flat = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
         dims = tuple(d for d in dims if d not in ("dp_shard", "cp")) + ("dp_shard_cp",)
-    dp_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+    if flat is not None and len(dims) == 1:
+        dp_mesh = flat  # the flattened mesh itself (slicing it from the root is deprecated)
+    else:  # HSDP beside cp slices (dp_replicate, dp_shard_cp) from the root
+        dp_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
     targets = fsdp_targets(model, list(names or []))
     for unit in targets:
         fully_shard(unit, mesh=dp_mesh, reshard_after_forward=zero >= 3)
