@@ -25,8 +25,8 @@ from gputui.core.config import ConfigError, RunConfig
 from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
 from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
-from gputui.core.mesh import (MESH_STRATEGIES, PP_PLACEMENT, MeshShape, mesh_of, meshes,
-                              stages_per_rank, tp_group, tp_heads_problem)
+from gputui.core.mesh import (MESH_STRATEGIES, PP_PLACEMENT, MeshShape, cp_context_problem,
+                              mesh_of, meshes, stages_per_rank, tp_group, tp_heads_problem)
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
 
@@ -66,7 +66,7 @@ def mesh_choices(cfg: RunConfig, devices: list[Device]) -> list[tuple[MeshShape,
         for ep in eps:
             trial = cfg.replace(strategy={"name": "mesh"}, parallel={
                 "dp_replicate": shape.dp_replicate, "dp_shard": shape.dp_shard, "tp": shape.tp,
-                "pp": shape.pp, "ep": ep})
+                "pp": shape.pp, "cp": shape.cp, "ep": ep})
             out.append((mesh_of(trial, ranks), why_not(trial, devices)))
     return out
 
@@ -93,9 +93,9 @@ def _problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
         yield (("dist.nnodes", "dist.rdzv_endpoint"),
                "dist.nnodes > 1 needs dist.rdzv_endpoint = 'HOST:PORT' (--rdzv-endpoint)")
     slow = cfg.debug.slow_rank  # a straggler on purpose: a rank of a multi-process strategy
-    if slow >= 0 and cfg.strategy.name not in ("ddp", "fsdp", "tp", "fsdp_tp", "mesh"):
+    if slow >= 0 and cfg.strategy.name not in ("ddp", "fsdp", "tp", "fsdp_tp", "cp", "mesh"):
         yield (("debug.slow_rank", "strategy.name"),
-               f"debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp or mesh, not "
+               f"debug.slow_rank slows a rank of ddp, fsdp, tp, fsdp_tp, cp or mesh, not "
                f"{cfg.strategy.name} (-1 = none)")
     elif slow >= 0 and devices and slow >= len(devices) * cfg.dist.nnodes:
         yield (("debug.slow_rank",), f"debug.slow_rank ({slow}) is not a rank of this run: it "
@@ -252,7 +252,7 @@ def _stage_problems(cfg: RunConfig, devices: list[Device]) -> Iterator[Problem]:
 
 
 # [parallel]'s mesh degrees at their defaults: what a named strategy leaves them at
-_DEGREE_DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1}
+_DEGREE_DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "cp": 1}
 
 
 def _degrees_problem(cfg: RunConfig, name: str) -> Problem | None:
@@ -284,18 +284,27 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
     shape = mesh_of(cfg, ranks)
     if name == "mesh":
         fixed = par.pp * par.dp_replicate * par.tp
+        fixed *= par.cp
+        cp = f" x cp {par.cp}" if par.cp > 1 else ""
         degrees = (f"pp {par.pp} x dp_replicate {par.dp_replicate} x dp_shard "
-                   f"{par.dp_shard} x tp {par.tp}")
+                   f"{par.dp_shard}{cp} x tp {par.tp}")
         if par.dp_shard == -1 and ranks % fixed:
-            yield CHOICE + ("parallel.pp", "parallel.dp_replicate", "parallel.tp"), (
-                f"the mesh's pp x dp_replicate x tp = {fixed} does not divide the {ranks} "
-                f"ranks devices.spec gives; choose degrees whose product divides {ranks}")
+            named = "pp x dp_replicate x cp x tp" if par.cp > 1 else "pp x dp_replicate x tp"
+            yield CHOICE + ("parallel.pp", "parallel.dp_replicate", "parallel.cp",
+                            "parallel.tp"), (
+                f"the mesh's {named} = {fixed} does not divide the {ranks} ranks devices.spec "
+                f"gives; choose degrees whose product divides {ranks}")
             return
         if shape.world != ranks:
             yield CHOICE + ("parallel.dp_shard",), (
                 f"the mesh's degrees ({degrees}) multiply to {shape.world}, not the {ranks} "
                 f"ranks devices.spec gives; change a degree (parallel.dp_shard = -1 takes the "
                 f"ranks the others leave)")
+            return
+    if shape.cp > 1 or name == "cp":
+        problem = _cp_problem(cfg, shape, name)
+        if problem:
+            yield problem
             return
     if shape.tp > 1:
         if cfg.model.factory or cfg.model.name != "gpt":
@@ -340,6 +349,28 @@ def _mesh_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator
             f"{ranks // max(1, shape.dp)} ranks: remove it")
 
 
+def _cp_problem(cfg: RunConfig, shape: MeshShape, name: str) -> Problem | None:
+    """Context parallelism: the built-in GPT (its attention is the ring), a context the
+    zig-zag split cuts into 2 x cp equal chunks, and the combinations gputui proves equal to
+    single (beside dp_replicate, dp_shard at ZeRO-2 or 3 and tp, with activation
+    checkpointing: see tests/unit/cp_ranks.py)."""
+    keys = CHOICE + ("parallel.cp",)
+    if cfg.model.factory or cfg.model.name != "gpt":
+        return keys, (f"strategy '{name}' splits the built-in GPT's sequences over "
+                      f"{shape.cp} context-parallel rank(s), its attention a ring: set "
+                      f"model.name = 'gpt' (model.factory models are not split)")
+    context = cp_context_problem(cfg.data.context, shape.cp)
+    if context:
+        return keys + ("data.context",), context
+    if shape.pp > 1:
+        return keys + ("parallel.pp",), (
+            "parallel.cp with parallel.pp is not in gputui yet (cp composes with "
+            "dp_replicate, dp_shard and tp); set parallel.pp = 1 or parallel.cp = 1")
+    if cfg.parallel.zero == 1 and shape.dp_shard > 1:
+        return keys + ("parallel.zero",), (
+            "parallel.zero = 1 (DDP with a sharded optimizer) is not combined with cp; use "
+            "parallel.zero = 2 or 3 (fully_shard over dp_shard x cp)")
+    return None
 MOE_STRATEGIES = ("single", "ddp", "fsdp", "mesh")  # where the mixture-of-experts GPT trains
 
 
@@ -383,10 +414,11 @@ def _moe_problems(cfg: RunConfig, devices: list[Device], name: str) -> Iterator[
         return
     ranks = len(devices) * cfg.dist.nnodes
     shape = mesh_of(cfg, ranks) if name != "single" else MeshShape()
-    if shape.tp > 1 or shape.pp > 1:
+    if shape.tp > 1 or shape.pp > 1 or shape.cp > 1:
         yield CHOICE + ("model.moe_experts",), (
-            f"the mixture-of-experts GPT does not take tensor or pipeline parallelism here "
-            f"(mesh {shape.describe()}); use parallel.tp = 1 and parallel.pp = 1")
+            f"the mixture-of-experts GPT does not take tensor, pipeline or context "
+            f"parallelism here (mesh {shape.describe()}); use parallel.tp = 1, "
+            f"parallel.pp = 1 and parallel.cp = 1")
         return
     if ep > 1 and shape.dp % ep:
         yield CHOICE + ("parallel.ep",), (

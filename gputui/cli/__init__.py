@@ -81,7 +81,7 @@ def cmd_strategies(args) -> int:
     meshes: list[dict[str, Any]] = []
     for m, reason in mesh_choices(cfg, devices):
         degrees = {"pp": m.pp, "dp_replicate": m.dp_replicate, "dp_shard": m.dp_shard,
-                   "tp": m.tp}
+                   "cp": m.cp, "tp": m.tp}
         if cfg.model.moe_experts:  # a mixture of experts: its expert-parallel degree too
             degrees["ep"] = m.ep
         meshes.append({"degrees": degrees, "mesh": m.describe(),
@@ -105,8 +105,9 @@ def cmd_strategies(args) -> int:
     console.print(table)
     grid = Table(title=f"strategy 'mesh' on {len(devices) * cfg.dist.nnodes} ranks: "
                        f"--set parallel.pp=P --set parallel.dp_replicate=R "
-                       f"--set parallel.dp_shard=S --set parallel.tp=T")
-    dims = ("pp", "dp_replicate", "dp_shard", "tp") + (("ep",) if cfg.model.moe_experts else ())
+                       f"--set parallel.dp_shard=S --set parallel.cp=C --set parallel.tp=T")
+    dims = ("pp", "dp_replicate", "dp_shard", "cp", "tp") + (
+        ("ep",) if cfg.model.moe_experts else ())
     for col in (*dims, "can run"):
         grid.add_column(col, justify="right" if col != "can run" else "left")
     for row in meshes:

@@ -41,6 +41,10 @@ def register(sub) -> None:
                                                          "fp32,bf16")
     p.add_argument("--compile", metavar="LIST", help="also sweep run.compile, e.g. off,default")
     p.add_argument("--channels-last", metavar="LIST", help="also sweep run.channels_last: off,on")
+    p.add_argument("--contexts", metavar="LIST", help="also sweep data.context (tokens per "
+                                                       "window), e.g. 256,512: where single's "
+                                                       "activations outgrow a device and cp's "
+                                                       "still fit")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
                    help="override a preset key for every run (repeatable)")
     p.add_argument("--epochs", type=int, help="epochs of every run")
@@ -88,7 +92,8 @@ def build(args, runs_dir: Path):
     axes = {key: parse_axis(option, key, text) for option, key, text in (
         ("--precisions", "run.precision", args.precisions),
         ("--compile", "run.compile", args.compile),
-        ("--channels-last", "run.channels_last", args.channels_last)) if text is not None}
+        ("--channels-last", "run.channels_last", args.channels_last),
+        ("--contexts", "data.context", args.contexts)) if text is not None}
     strategies = list(dict.fromkeys(s.strip() for s in args.strategies.split(",") if s.strip()))
     if not strategies:
         raise ConfigError("--strategies: give at least one strategy, e.g. single,scratch")
@@ -190,6 +195,9 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS, grouped, session_warnings
 
     items = compare(sweep.run_dirs(), runs_dir, only_compared=True)
+    if "data.context" in m.axes:  # the context-length sweep: each row names its length
+        for it in items:
+            it.row.fast = f"{it.row.fast} context={it.row.context}".strip()
     session_warnings(items, m.points)
     groups = grouped(items, m.points) if m.repeat > 1 else None
     if args.export:
@@ -237,7 +245,8 @@ def _predict(args) -> int:
     unused = [flag for flag, given in (
         ("--resume", args.resume), ("--fresh", args.fresh), ("--export", args.export),
         ("--repeat", args.repeat != 1), ("--precisions", args.precisions),
-        ("--compile", args.compile), ("--channels-last", args.channels_last)) if given]
+        ("--compile", args.compile), ("--channels-last", args.channels_last),
+        ("--contexts", args.contexts)) if given]
     if unused:
         return fail(f"--predict trains nothing, so {', '.join(unused)} would do nothing; drop "
                     f"{'it' if len(unused) == 1 else 'them'} or drop --predict")

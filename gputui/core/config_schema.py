@@ -318,15 +318,6 @@ class StrategySection:
                                max=86_400.0)
 
 
-def _degree(name: str):
-    def check(value: int) -> str | None:
-        if value != 1:
-            return (f"parallel.{name} = {value}: {name} parallelism is not in gputui yet (it "
-                    f"comes with the context- and expert-parallel work); leave it at 1")
-        return None
-    return check
-
-
 @dataclass(frozen=True)
 class ParallelSection:
     """[parallel]: the device mesh (torchtitan's degrees, whose product is the world size) of
@@ -343,8 +334,8 @@ class ParallelSection:
                      "over tp ranks).", min=1, max=65536)
     pp: int = opt(1, "mesh: pipeline-parallel degree (consecutive blocks as stages).", min=1,
                   max=65536)
-    cp: int = opt(1, "Context-parallel degree (not yet in gputui: 1).", min=1, max=65536,
-                  check=_degree("cp"))
+    cp: int = opt(1, "mesh: context-parallel degree (each sequence split over cp ranks, "
+                     "zig-zag; attention by a ring of key/value blocks).", min=1, max=65536)
     ep: int = opt(1, "Expert-parallel degree of a mixture-of-experts GPT (model.moe_experts): "
                      "the experts sharded over groups of ep data-parallel ranks, tokens "
                      "exchanged by all-to-all. Carved from the data-parallel ranks (it does "

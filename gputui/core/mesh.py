@@ -1,12 +1,12 @@
 """The device mesh of a multi-process run, before torch: its degrees, their names and order.
 
 torchtitan's model: the ranks form an N-D mesh whose dimensions are the parallelisms (pipeline,
-data-parallel replicate, data-parallel shard, tensor), the product of the degrees is the world
-size, and each parallelism is applied by a function over the model and its dimension of the
-mesh (``gputui.train.parallelize``). Every named multi-process strategy is a point of that mesh
-(:func:`mesh_of`); ``strategy.name = 'mesh'`` takes the degrees from ``[parallel]``. Whether a
-mesh can run with a config on some devices is ``gputui.plan``'s to say: this module only
-derives it (torch-free: the CLI, the app and the plan read it without importing torch).
+data-parallel replicate, data-parallel shard, context, tensor), the product of the degrees is
+the world size, and each parallelism is applied by a function over the model and its dimension
+of the mesh (``gputui.train.parallelize``). Every named multi-process strategy is a point of
+that mesh (:func:`mesh_of`); ``strategy.name = 'mesh'`` takes the degrees from ``[parallel]``.
+Whether a mesh can run with a config on some devices is ``gputui.plan``'s to say: this module
+only derives it (torch-free: the CLI, the app and the plan read it without importing torch).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
 
-# the dimensions, outermost first (torchtitan's order: pp, dp_replicate, dp_shard, tp): ranks
-# next to each other (on one machine, on NVLink) share a tensor-parallel group
-DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
-MESH_STRATEGIES = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "mesh")  # every point of the mesh
+# the dimensions, outermost first (torchtitan's order: pp, dp_replicate, dp_shard, cp, tp):
+# ranks next to each other (on one machine, on NVLink) share a tensor-parallel group, then a
+# context-parallel ring
+DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+MESH_STRATEGIES = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "cp", "mesh")  # every point of the mesh
 # strategy.schedule -> the stages each rank holds: 1, "v" (strategy.stages_per_rank, looped:
 # rank r holds r, r + pp, ...) or "V" (two, in a V: rank r holds r and 2 pp - 1 - r)
 PP_PLACEMENT: dict[str, int | str] = {
@@ -43,6 +44,7 @@ class MeshShape:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    cp: int = 1  # context parallelism: each sequence split over cp ranks (ring attention)
     zero: int = 3  # ZeRO stage of the dp_shard dimension (1, 2, 3)
     ac: str = "none"  # activation checkpointing: none, full, selective
     # how one data-parallel group keeps the model: ddp and fsdp wrap even a single rank, so
@@ -54,7 +56,7 @@ class MeshShape:
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -75,8 +77,11 @@ class MeshShape:
         """How the data-parallel ranks keep the model: 'none' (one group), 'ddp' (replicas
         all-reducing gradients: DistributedDataParallel, with ZeRO-1's sharded optimizer state
         where zero = 1 and the mesh shards), or 'fsdp' (fully_shard over the dp dimensions:
-        ZeRO-2 or 3, HSDP with replicas, and every data-parallel dimension beside tp or pp)."""
-        if self.dp == 1:
+        ZeRO-2 or 3, HSDP with replicas, and every data-parallel dimension beside tp or pp).
+        The context-parallel ranks of a data-parallel group average their gradients too
+        (each trained on its part of every sequence): torchtitan folds cp into the dp_shard
+        dimension, so cp alone is 'ddp' over the cp ranks."""
+        if self.dp == 1 and self.cp == 1:
             return self.one_group
         # DDP takes neither DTensors (tp) nor a pipeline's several forwards before backward
         if self.tp == 1 and self.pp == 1 and (self.dp_shard == 1 or self.zero == 1):
@@ -125,6 +130,8 @@ def rank_label(shape: MeshShape, rank: int) -> str:
         parts.append(f"dp {dp}" + (f" ({', '.join(sub)})" if sub else ""))
         if shape.ep > 1:  # its place in its expert-parallel group: which experts it holds
             parts.append(f"ep {dp % shape.ep}")
+    if "cp" in c:
+        parts.append(f"cp {c['cp']}")
     if "tp" in c:
         parts.append(f"tp {c['tp']}")
     return " · ".join(parts)
@@ -136,6 +143,17 @@ def tp_heads_problem(heads: int, tp: int) -> str | None:
     if heads % tp:
         return (f"model.n_head = {heads} does not split over {tp} tensor-parallel ranks; use a "
                 f"head count divisible by {tp}")
+    return None
+
+
+def cp_context_problem(context: int, cp: int) -> str | None:
+    """Context parallelism's rule, written once: the zig-zag split cuts each sequence into
+    2 x cp equal chunks (rank i holds chunks i and 2 cp - 1 - i, so every rank does the same
+    share of the causal triangle)."""
+    if cp > 1 and context % (2 * cp):
+        return (f"data.context = {context} does not split into 2 x parallel.cp = {2 * cp} equal "
+                f"chunks (the zig-zag split of context parallelism); use a context divisible "
+                f"by {2 * cp}")
     return None
 
 
@@ -160,20 +178,23 @@ def mesh_of(cfg: RunConfig, world: int) -> MeshShape:
         return MeshShape(tp=world, zero=z, ac=ac)
     if name == "pp":
         return MeshShape(pp=world, zero=z, ac=ac)
+    if name == "cp":  # the cp ranks average gradients (DDP over them), even on one rank
+        return MeshShape(cp=world, zero=z, ac=ac, one_group="ddp")
     if name == "fsdp_tp":
         tp = tp_group(cfg.strategy.tp_size, world)
         return MeshShape(dp_shard=max(1, world // tp), tp=tp, zero=z, ac=ac)
-    rest = par.pp * par.dp_replicate * par.tp
+    cp = par.cp
+    rest = par.pp * par.dp_replicate * cp * par.tp
     shard = par.dp_shard if par.dp_shard != -1 else max(1, world // rest)
     return MeshShape(pp=par.pp, dp_replicate=par.dp_replicate, dp_shard=shard, tp=par.tp,
-                     zero=z, ac=ac, ep=ep)
+                     cp=cp, zero=z, ac=ac, ep=ep)
 
 
 def meshes(world: int) -> list[MeshShape]:
     """Every mesh of ``world`` ranks (each degree a divisor, the product the world), the
     plain data-parallel ones first: what the app and ``gputui strategies`` offer."""
     divisors = [d for d in range(1, world + 1) if world % d == 0]
-    out = [MeshShape(pp=p, dp_replicate=r, dp_shard=s, tp=t)
+    out = [MeshShape(pp=p, dp_replicate=r, dp_shard=s, tp=t, cp=c)
            for p in divisors for r in divisors for s in divisors for t in divisors
-           if p * r * s * t == world]
-    return sorted(out, key=lambda m: (m.pp, m.tp, m.dp_replicate))
+           for c in divisors if p * r * s * t * c == world]
+    return sorted(out, key=lambda m: (m.pp, m.tp, m.cp, m.dp_replicate))

@@ -91,7 +91,11 @@ register(StrategyInfo(
           "separate ranks, micro-batches on a GPipe or 1F1B schedule; shows the pipeline "
           "bubble.", "rank", multiprocess=True, min_devices=2))
 register(StrategyInfo(
+    "cp", "Context parallelism of the built-in GPT: each sequence split zig-zag over the ranks, "
+          "attention by a ring of key/value blocks (PyTorch's context_parallel on CUDA), "
+          "gradients averaged over the ranks.", "rank", multiprocess=True))
+register(StrategyInfo(
     "mesh", "The device mesh the parallel table names: data-parallel replicas and shards "
-            "(ZeRO 1, 2 or 3), tensor and pipeline parallelism in any combination whose "
+            "(ZeRO 1, 2 or 3), tensor, context and pipeline parallelism in any combination whose "
             "product is the ranks (HSDP, dp x tp, dp x tp x pp, ...).", "rank",
     multiprocess=True))

@@ -217,8 +217,9 @@ def measured_collective(row: RunRow) -> str:
 
 
 def match_key(row: RunRow) -> tuple:
-    """What must be equal for two runs to be compared for speed."""
-    return (row.model, row.dataset, row.train_size, row.precision)
+    """What must be equal for two runs to be compared for speed (a language model's context
+    too: a sweep over it compares each length with single's at that length)."""
+    return (row.model, row.dataset, row.train_size, row.precision, row.context)
 
 
 def check_text(item: "CompareRow") -> str:

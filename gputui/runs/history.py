@@ -57,6 +57,7 @@ class RunRow:
     model: str = ""
     dataset: str = ""
     train_size: int | None = None
+    context: int | None = None  # data.context: tokens per window (a language model's)
     precision: str = ""
     fast: str = ""  # the fast path it ran: precision, then compile mode and channels_last if set
     reason: str = ""
@@ -231,6 +232,7 @@ def row_for(run_dir: str | Path) -> RunRow:
     row.model = str(s.get("model") or sect("model").get("factory") or sect("model").get("name", ""))
     row.dataset = str(s.get("dataset") or data.get("name", ""))
     row.train_size = data.get("train_size")
+    row.context = data.get("context")
     row.precision = str(run.get("precision", "fp32"))
     row.fast = fast_path_label(run)
     return row

@@ -1,7 +1,8 @@
 """Sweeps: a preset run over a grid of device counts x strategies, one run after another.
 
 Fast-path axes multiply the grid: run.precision, run.compile and run.channels_last can each
-take several values (``AXES``), so one sweep shows what each buys on the user's hardware.
+take several values (``AXES``), so one sweep shows what each buys on the user's hardware; so
+can data.context (``--contexts``: single against cp as the context grows).
 
 Each point is checked before it starts as every run is (``gputui.runs.prepare``: its devices
 resolved once, every rule, the disk); a point that cannot run here is recorded as skipped with
@@ -33,7 +34,7 @@ from gputui.runs.sweep_grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  #
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
-        "run.channels_last": "channels_last"}
+        "run.channels_last": "channels_last", "data.context": "context"}
 
 
 @dataclass

@@ -42,6 +42,13 @@ def parse_axis(option: str, key: str, text: str) -> list:
     from gputui.core.config_schema import COMPILE_MODES, PRECISIONS
 
     items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if key == "data.context":  # token counts: the context-length sweep (single against cp)
+        bad = [t for t in items if not (t.isdecimal() and t.isascii() and 0 < int(t) <= 2**20)]
+        choices = "token counts from 1 to 1048576"
+        if bad or not items:
+            raise ConfigError(f"{option} {text}: {', '.join(map(repr, bad)) or 'nothing'} is "
+                              f"not a context length; give {choices}, e.g. {option} 256,512")
+        return list(dict.fromkeys(int(t) for t in items))
     if key == "run.channels_last":
         words = {"off": False, "false": False, "no": False, "on": True, "true": True, "yes": True}
         bad = [t for t in items if t.lower() not in words]

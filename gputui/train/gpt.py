@@ -13,6 +13,7 @@ the same code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,19 +45,24 @@ class GPTShape:
 class Embed(nn.Module):
     """Token plus learned position embeddings."""
 
+    cp: Any = None  # context parallelism (gputui.train.context_parallel): the positions held
+
     def __init__(self, shape: GPTShape):
         super().__init__()
         self.wte = nn.Embedding(shape.vocab_size, shape.n_embd)
         self.wpe = nn.Embedding(shape.context, shape.n_embd)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        pos = (self.cp.positions(idx) if self.cp is not None
+               else torch.arange(idx.shape[1], device=idx.device))
         return self.wte(idx) + self.wpe(pos)
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention; q, k and v are separate layers so each can be
     sharded column-wise by head."""
+
+    cp: Any = None  # context parallelism (gputui.train.context_parallel): the ring's attention
 
     def __init__(self, shape: GPTShape):
         super().__init__()
@@ -70,7 +76,8 @@ class CausalSelfAttention(nn.Module):
         b, t, _ = x.shape
         q, k, v = (lin(x).view(b, t, -1, self.head_dim).transpose(1, 2)
                    for lin in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = (self.cp.attend(q, k, v) if self.cp is not None
+             else F.scaled_dot_product_attention(q, k, v, is_causal=True))
         return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 

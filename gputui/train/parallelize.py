@@ -3,7 +3,7 @@
 one short idea each). The rank strategy (``gputui.train.strategies.rank``) calls it once.
 
 The mesh (:func:`build_mesh`) has the dimensions of ``gputui.core.mesh.MeshShape`` whose degree
-is above 1, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. The order the
+is above 1, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``. The order the
 functions run in, each on what the one before made:
 
 1. :func:`apply_tp`: tensor parallelism of the built-in GPT over ``mesh["tp"]``, Megatron-style
@@ -15,11 +15,16 @@ functions run in, each on what the one before made:
    activation, 2 in forward, 2 in backward. Attention runs on plain tensors of this rank's
    heads (a DTensor there fails on the CPU). Embeddings, norms and the tied head stay
    replicated.
-2. :func:`apply_ac`: activation checkpointing of each block, full (only the block's input kept,
+2. ``apply_cp`` (``gputui.train.context_parallel``): context parallelism over ``mesh["cp"]``:
+   each sequence split zig-zag over the cp ranks, the GPT's attention a ring of key/value
+   blocks (or PyTorch's ``context_parallel`` on CUDA); the cp ranks then average gradients
+   with the data-parallel ones (below: DDP's group and fully_shard's mesh include cp,
+   torchtitan's ``dp_shard_cp``).
+3. :func:`apply_ac`: activation checkpointing of each block, full (only the block's input kept,
    everything recomputed in backward) or selective (torch's selective-checkpoint policy: the
    matmuls' and attention's outputs kept, the cheap elementwise work recomputed). The block's
    ``forward`` is wrapped in place, so parameter names and checkpoints do not change.
-3. :func:`apply_fsdp` (here) or :func:`apply_ddp` (the strategy's, around the flattened and
+4. :func:`apply_fsdp` (here) or :func:`apply_ddp` (the strategy's, around the flattened and
    maybe compiled model a step calls): the data-parallel dimensions. ``fully_shard`` over
    ``dp_shard`` (ZeRO-3; ZeRO-2 keeps the parameters gathered from forward to backward:
    ``reshard_after_forward=False``), over ``(dp_replicate, dp_shard)`` for HSDP (and for any
@@ -52,12 +57,14 @@ import torch
 from torch import nn
 
 from gputui.core.config import ConfigError
-from gputui.core.mesh import MeshShape, tp_heads_problem
+from gputui.core.mesh import DIMS, MeshShape, tp_heads_problem
 from gputui.train.strategies.fsdp_comm import FSDPCommTimer
 from gputui.train.strategies.meter import Meter
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from gputui.train.context_parallel import ContextParallel
 
 # the linears tensor parallelism shards in each block, and how (GPT's module names)
 COLWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc")
@@ -73,16 +80,17 @@ def build_mesh(device_type: str, shape: MeshShape) -> DeviceMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
     dims = dict(shape.dims())
-    if shape.data_parallel == "fsdp" and shape.dp_replicate > 1:
-        dims.setdefault("dp_shard", 1)
-    names = tuple(d for d in ("pp", "dp_replicate", "dp_shard", "tp") if d in dims)
+    if shape.data_parallel == "fsdp" and (shape.dp_replicate > 1 or shape.cp > 1):
+        dims.setdefault("dp_shard", 1)  # fully_shard over dp_shard x cp (flattened) needs it
+    names = tuple(d for d in DIMS if d in dims)
     return init_device_mesh(device_type, tuple(dims[d] for d in names), mesh_dim_names=names)
 
 
 def dp_dims(mesh: DeviceMesh) -> tuple[str, ...]:
-    """The mesh's data-parallel dimensions, outermost first."""
+    """The mesh's dimensions whose ranks average gradients, outermost first: the
+    data-parallel ones and cp (its ranks train on parts of the same sequences)."""
     names = mesh.mesh_dim_names or ()
-    return tuple(d for d in ("dp_replicate", "dp_shard") if d in names)
+    return tuple(d for d in ("dp_replicate", "dp_shard", "cp") if d in names)
 
 
 def dp_coordinate(mesh: DeviceMesh, shape: MeshShape) -> int:
@@ -96,7 +104,7 @@ def dp_group(mesh: DeviceMesh, shape: MeshShape):
     """The process group of this rank's data-parallel peers (every dp dimension flattened);
     None when the data-parallel ranks are the whole world (the default group)."""
     dims = dp_dims(mesh)
-    if shape.dp == shape.world or not dims:
+    if shape.dp * shape.cp == shape.world or not dims:
         return None
     sub = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
     if len(dims) > 1:
@@ -286,7 +294,14 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, zero: int,
     from torch.distributed.fsdp import fully_shard
 
     dims = dp_dims(mesh)
-    dp_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+    flat = None
+    if "cp" in dims:  # torchtitan's dp_shard_cp: the cp ranks shard with the dp_shard ones
+        flat = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+        dims = tuple(d for d in dims if d not in ("dp_shard", "cp")) + ("dp_shard_cp",)
+    if flat is not None and len(dims) == 1:
+        dp_mesh = flat  # the flattened mesh itself (slicing it from the root is deprecated)
+    else:  # HSDP beside cp slices (dp_replicate, dp_shard_cp) from the root
+        dp_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
     targets = fsdp_targets(model, list(names or []))
     # parameters another parallelism owns (ep's experts) stay out of every unit
     extra: dict[str, Any] = {"ignored_params": ignored} if ignored else {}
@@ -362,16 +377,24 @@ def zero1_optimizer(params, kind: type[torch.optim.Optimizer], args: dict[str, A
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, shape: MeshShape, fsdp_wrap: list[str],
                 tp_timer: TPCommTimer | None = None,
-                meter: Meter | None = None) -> tuple[nn.Module, dict[str, Any]]:
-    """Apply the mesh's parallelisms to ``model`` in the documented order (tp, ep, ac, then
-    fsdp; DDP is the strategy's, around what a step calls). Returns the model (sharded in
-    place) and what was done, for the run's notes: {"ac_blocks", "fsdp_units", "experts"
+                meter: Meter | None = None,
+                cp: ContextParallel | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Apply the mesh's parallelisms to ``model`` in the documented order (tp, cp, ep, ac,
+    then fsdp; DDP is the strategy's, around what a step calls). Returns the model (sharded
+    in place) and what was done, for the run's notes: {"ac_blocks", "fsdp_units", "experts"
     (the expert parameters ep shards, left to the strategy's own gradient reduction),
     "ep_groups"}."""
     done: dict[str, Any] = {"ac_blocks": 0, "fsdp_units": 0, "experts": [], "ep_groups": None}
     if shape.tp > 1:
         try:
             apply_tp(model, mesh["tp"], tp_timer)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if cp is not None:  # the sequence split over mesh["cp"] (gputui.train.context_parallel)
+        from gputui.train.context_parallel import apply_cp
+
+        try:
+            apply_cp(model, cp)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     from gputui.train.moe import layers

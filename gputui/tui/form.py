@@ -83,6 +83,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("parallel.dp_replicate", "Mesh: dp replicas", "input"),
     FieldSpec("parallel.dp_shard", "Mesh: dp shards", "input"),
     FieldSpec("parallel.tp", "Mesh: tensor parallel", "input"),
+    FieldSpec("parallel.cp", "Mesh: context parallel", "input"),
     FieldSpec("parallel.pp", "Mesh: pipeline stages", "input"),
     FieldSpec("parallel.zero", "ZeRO stage", "input"),
     FieldSpec("parallel.ac", "Activation checkpointing", "select"),

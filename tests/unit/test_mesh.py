@@ -47,16 +47,8 @@ def test_zero1_is_ddp_with_a_sharded_optimizer_and_hsdp_is_fully_shard():
 def test_every_mesh_of_a_world_multiplies_to_it():
     found = meshes(8)
     assert all(m.world == 8 for m in found) and len(found) == len(set(found))
-    # 8 = 2^3 over 4 dimensions: C(3 + 3, 3) = 20 ways
-    assert len(found) == 20 and found[0].tp == 1 and found[0].pp == 1
-
-
-@pytest.mark.parametrize("key", ["cp"])
-def test_context_and_expert_degrees_are_refused_until_they_exist(key):
-    with pytest.raises(ConfigError, match=f"parallel.{key} = 2: {key} parallelism is not in "
-                                          f"gputui yet"):
-        cfg(**{f"parallel.{key}": 2})
-    assert getattr(cfg(**{f"parallel.{key}": 1}).parallel, key) == 1
+    # 8 = 2^3 over 5 dimensions: C(3 + 4, 4) = 35 ways
+    assert len(found) == 35 and found[0].tp == 1 and found[0].pp == 1 and found[0].cp == 1
 
 
 def test_expert_parallelism_is_carved_from_the_data_parallel_ranks():
@@ -87,17 +79,21 @@ def test_strategies_lists_every_mesh_of_the_devices_with_why_not():
         return json.loads(out.stdout)["meshes"]
 
     lenet = meshes()
-    assert len(lenet) == 10 and all(m["degrees"]["pp"] * m["degrees"]["dp_replicate"]
-                                    * m["degrees"]["dp_shard"] * m["degrees"]["tp"] == 4
-                                    for m in lenet)
+    assert len(lenet) == 15 and all(m["degrees"]["pp"] * m["degrees"]["dp_replicate"]
+                                    * m["degrees"]["dp_shard"] * m["degrees"]["cp"]
+                                    * m["degrees"]["tp"] == 4 for m in lenet)
     no_tp = [m for m in lenet if m["degrees"]["tp"] > 1]
     assert no_tp and all(not m["available"] and "built-in GPT" in m["reason"] for m in no_tp)
     gpt = meshes("--preset", "gpt-tiny", "--set", "model.n_head=2")
     tp4 = next(m for m in gpt if m["degrees"]["tp"] == 4)
     assert "model.n_head = 2 does not split over 4" in tp4["reason"]
     hsdp = next(m for m in gpt if m["degrees"]["dp_replicate"] == 2 and m["degrees"]["tp"] == 1
-                and m["degrees"]["pp"] == 1)
+                and m["degrees"]["pp"] == 1 and m["degrees"]["cp"] == 1)
     assert hsdp["available"] and hsdp["data_parallel"] == "fsdp"
+    no_cp = [m for m in lenet if m["degrees"]["cp"] > 1]
+    assert len(no_cp) == 5 and all("built-in GPT's sequences" in m["reason"] for m in no_cp)
+    cp = [m for m in gpt if m["degrees"]["cp"] > 1 and m["available"]]
+    assert {m["mesh"] for m in cp} >= {"cp 4", "dp_shard 2 x cp 2", "dp_replicate 2 x cp 2"}
 
 
 def test_each_rank_knows_its_place_as_torch_lays_the_mesh_out():

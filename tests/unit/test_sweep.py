@@ -227,7 +227,8 @@ def test_fast_path_axes_multiply_the_grid_and_show_in_the_table(tiny, tmp_path):
     ("--compile", "off,fast", "--compile off,fast: 'fast' is not one of off, default, "
                               "reduce-overhead, max-autotune"),
     ("--precisions", "fp64", "--precisions fp64: 'fp64' is not one of fp32, bf16, fp16"),
-    ("--channels-last", "maybe", "--channels-last maybe: 'maybe' is not one of off, on")])
+    ("--channels-last", "maybe", "--channels-last maybe: 'maybe' is not one of off, on"),
+    ("--contexts", "256,big", "--contexts 256,big: 'big' is not a context length")])
 def test_a_bad_fast_path_axis_is_one_line_and_exit_2(tiny, tmp_path, option, value, expected):
     proc = gputui("sweep", str(tiny), option, value, "--runs-dir", str(tmp_path))
     assert proc.returncode == 2 and expected in proc.stderr
@@ -292,3 +293,22 @@ def test_a_resumed_sweep_of_thousands_of_points_has_a_header_of_one_short_line(t
     (header,) = [line for line in proc.stdout.splitlines() if "2016 points" in line]
     assert len(header) < 400, header
     assert "... and 2,010 more" in header and f"manifest {runs}" in header
+
+
+def test_the_context_length_is_an_axis_each_point_names(tmp_path):
+    """`--contexts 64,128`: every strategy at each length (single against cp as the context
+    grows), each point's run set to it; runs of other lengths are not its speed baseline."""
+    from gputui.runs.compare import match_key
+    from gputui.runs.history import RunRow
+    from gputui.runs.sweep import Sweep, parse_axis
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('[model]\nname = "gpt"\n[data]\nname = "pystdlib"\n', encoding="utf-8")
+    axes = {"data.context": parse_axis("--contexts", "data.context", "64,128,64")}
+    sweep = Sweep.new(str(preset), [], ["cpu", "cpu*2"], ["single", "cp"], False, tmp_path,
+                      [], "cpu", axes)
+    assert [p.group for p in sweep.manifest.points] == [
+        "single@cpu context=64", "single@cpu context=128", "cp@cpu context=64",
+        "cp@cpu context=128", "single@cpu*2 context=64", "single@cpu*2 context=128",
+        "cp@cpu*2 context=64", "cp@cpu*2 context=128"]
+    assert match_key(RunRow(id="a", context=64)) != match_key(RunRow(id="b", context=128))

@@ -74,6 +74,7 @@ class RankStrategy(Strategy):
     model: nn.Module  # what a step calls: the module, or DDP around it (compiled, flattened)
     opt: torch.optim.Optimizer
     pipeline: Pipeline | None  # this rank's stages and schedule (pp > 1)
+    cp: Any = None  # the context parallelism (gputui.train.context_parallel), or None
     _pp_group: Any  # the pp dimension's process group (None: the world)
     _denom: float  # the pipeline step's data-parallel slice (its loss's scale)
     _whole: nn.Module | None  # the whole model on the meta device (pp's primary_model)
@@ -140,7 +141,8 @@ class RankStrategy(Strategy):
             self._finish_setup(done)
             return
         self.module = self.build_model().to(self.device)
-        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer, self.meter)
+        self.cp = self._context_parallel(mesh)
+        _, done = par.parallelize(self.module, mesh, shape, wrap, tp_timer, self.meter, self.cp)
         self._experts, self._ep = done["experts"], done["ep_groups"]
         ids = {id(p) for p in self._experts}
         self._expert_names = {n for n, p in self.module.named_parameters() if id(p) in ids}
@@ -174,6 +176,17 @@ class RankStrategy(Strategy):
         else:
             self.opt = kind(self.module.parameters(), **args)
         self._finish_setup(done)
+
+    def _context_parallel(self, mesh: Any) -> Any:
+        """The run's context parallelism over the mesh's cp ranks (None without it): strategy
+        'cp' has it even on one rank, so its one-device run is the same program."""
+        if self.shape.cp == 1 and self.name != "cp":
+            return None
+        from gputui.train.context_parallel import ContextParallel
+
+        names = mesh.mesh_dim_names or ()
+        cp_mesh = mesh["cp"] if "cp" in names else mesh
+        return ContextParallel(cp_mesh.get_group(), self.meter, self.device, cp_mesh)
 
     def _finish_setup(self, done: dict[str, Any]) -> None:
         self.make_scaler(self.device)
@@ -233,6 +246,9 @@ class RankStrategy(Strategy):
                  f"{torch.get_num_threads()} thread(s) each" if not self.cuda
                  else f"{self.world_size} {self.backend} rank(s), one per GPU")
         out = [f"{ranks}; mesh {shape.describe()}"]
+        if self.cp is not None:
+            out.append(self.cp.describe() + "; its ranks average gradients with the "
+                       "data-parallel ones")
         if shape.tp > 1:
             sees = "every rank sees the whole batch" if shape.dp == 1 else \
                 "each tensor-parallel group sees its slice of the batch"
@@ -271,6 +287,11 @@ class RankStrategy(Strategy):
         """Only the model DDP wraps (or a mesh of one rank): torch.compile around fully_shard's
         and tensor parallelism's hooks traced no graph on torch 2.13 with gloo, so such a run
         says so and trains eager."""
+        if self.cp is not None:
+            if self.cfg.run.compile != "off" and self.rank == 0:
+                self.notes.append(f"run.compile does not apply to {self.name} here: the ring's "
+                                  f"sends and receives break torch.compile's graph; eager")
+            return False
         if self.shape.data_parallel != "fsdp" and self.shape.tp == 1 and self.shape.pp == 1:
             return True
         if self.shape.pp > 1:
@@ -337,8 +358,13 @@ class RankStrategy(Strategy):
         if self.pipeline is not None:
             return self._pipeline_step(m, xs, ys, len(x))
         with m.compute:  # the collectives run inside forward and backward
-            loss = self.forward_backward(self.model, xs, ys, len(x) / self.dp, self.device,
-                                         before_last=self.no_sync)
+            if self.cp is not None:  # this rank's part of every sequence (context_parallel)
+                with self.cp.step(xs, ys) as (xc, yc):
+                    loss = self.forward_backward(self.model, xc, yc, len(x) / self.dp,
+                                                 self.device, before_last=self.no_sync)
+            else:
+                loss = self.forward_backward(self.model, xs, ys, len(x) / self.dp,
+                                             self.device, before_last=self.no_sync)
         if self._experts:
             self._reduce_experts()
         with m.optimizer:
