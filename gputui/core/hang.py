@@ -27,12 +27,15 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier", "
          "all-to-all", "gather", "scatter", "reduce", "collective")
 # one row per local rank: its fields, in order
 FIELDS = ("rank", "pid", "step", "entered", "left", "kind", "bytes", "t_enter", "t_left",
-          "dump", "t_step", "local")
+          "dump", "t_step", "local", "beat", "heard")
 WIDTH = len(FIELDS)
 _AT = {name: i for i, name in enumerate(FIELDS)}
 P2P_MATE = {"recv": "sent", "send": "received"}  # what the peer of a waiting p2p never did
 FLOOR_S = 60.0  # the default threshold is never below this
 STEPS = 20.0  # ... and at least this many of the run's slowest logged steps
+# another node's rank whose publisher (every second, gputui.train.collectives) has not been
+# heard from for this long is silent: its process is stopped, dead or cut off from this node
+SILENT_S = 3.0
 
 
 class Ledger:
@@ -67,13 +70,21 @@ class Ledger:
         return [float(v) for v in self.cells[row * WIDTH:(row + 1) * WIDTH]]
 
     def put_remote(self, row: int, values: Sequence[float]) -> None:
-        """Another node's rank's row, as it published it (never over a local rank's row)."""
+        """Another node's rank's row, as it published it (never over a local rank's row);
+        ``heard`` is when this node last got a new publication of it (its ``beat`` moved:
+        a rank waiting in a collective publishes the same counts, but a new beat)."""
         if self.get(row, "local") == 1.0 or len(values) != WIDTH:
             return
+        beat, heard = self.get(row, "beat"), self.get(row, "heard")
         for i, value in enumerate(values):
             self.cells[row * WIDTH + i] = value
         self.set(row, "local", 0)
         self.set(row, "dump", 0)
+        self.set(row, "heard", time.time() if values[_AT["beat"]] != beat else heard)
+
+    def beat(self, row: int) -> None:
+        """A rank's publisher is alive: its row's beat moves on (see put_remote)."""
+        self.set(row, "beat", self.get(row, "beat") + 1)
 
     def snapshot(self) -> tuple[RankState, ...]:
         """Every row that a rank has joined, as plain values."""
@@ -89,8 +100,18 @@ class Ledger:
                 kind=KINDS[kind] if 0 <= kind < len(KINDS) else "collective",
                 nbytes=int(self.get(row, "bytes")), t_enter=self.get(row, "t_enter"),
                 t_left=self.get(row, "t_left"), t_step=self.get(row, "t_step"),
-                local=self.get(row, "local") == 1.0))
+                local=self.get(row, "local") == 1.0, heard=self.get(row, "heard")))
         return tuple(out)
+
+    def unheard(self, states: Sequence[RankState]) -> tuple[RankState, ...]:
+        """``states`` and a state for every rank of the job that never reported to this
+        node (a rank of another node frozen or dead before its first publication): a
+        multi-node job's host adds them, so such a rank is named too."""
+        seen = {s.rank for s in states}
+        return tuple(states) + tuple(
+            RankState(rank=r, pid=0, step=-1, entered=0, left=0, kind="collective", nbytes=0,
+                      t_enter=0.0, t_left=0.0, local=False)
+            for r in range(self.rows) if r not in seen)
 
     def ask_dump(self) -> None:
         """Ask every rank for torch's own trace of its collectives (the flight recorder),
@@ -118,6 +139,7 @@ class RankState:
     t_step: float = 0.0  # when it began its current step
     local: bool = True  # a rank of this node (else another node's, as last published)
     process: str = ""  # "stopped", "gone", ... when the host looked at its process
+    heard: float = 0.0  # another node's rank: when its last publication reached this node
 
     @property
     def inside(self) -> bool:
@@ -184,6 +206,14 @@ def diagnose(states: Sequence[RankState], stall_s: float, now: float | None = No
     if local and all(s.process == "gone" for s in local):
         return None  # this node's ranks have exited: the job is ending (its agent says why)
     waiting = [s for s in states if s.inside]
+    silent = [s for s in states if not s.local and now - s.heard > SILENT_S]
+    if silent and any(s.local and s.process for s in states):
+        # a rank of this node is stopped or gone: it explains the silence (the other nodes'
+        # reports reach this node through its first rank), and their stale counts say nothing
+        states = [s for s in states if s not in silent]
+        waiting = [s for s in states if s.inside]
+    elif silent:  # another node's rank stopped reporting: its counts are stale, it is the one
+        return _silent(states, silent, now)
     if not waiting:  # nobody waits in a counted collective: a hang only if a process stopped
         return _stopped(states, now)
     # the collective the waiting ranks are in: the furthest one along
@@ -227,6 +257,36 @@ def diagnose(states: Sequence[RankState], stall_s: float, now: float | None = No
     return Stall((), tuple(waiters), kind, seq, step, waited, message)
 
 
+def _silent(states: Sequence[RankState], silent: Sequence[RankState], now: float) -> Stall:
+    """Ranks of another node that stopped reporting (their publisher runs beside their
+    training, so only a stopped, dead or cut-off process goes quiet): named, with where they
+    were last heard of and what the ranks here wait in."""
+    behind = sorted(s.rank for s in silent)
+    heard = [s for s in silent if s.heard]
+    if heard:
+        last = min(heard, key=lambda s: s.step)
+        quiet = now - max(s.heard for s in heard)
+        said = (f"{_ranks(behind)} on another node went silent {quiet:.0f} s ago (last heard "
+                f"of in step {last.step}): its process stopped, died or lost this node")
+    else:
+        said = (f"{_ranks(behind)} on another node never reported to this node: its process "
+                f"stopped, died or lost this node before its first report")
+    here = [s for s in states if s not in silent]
+    waiting = [s for s in here if s.inside]
+    if waiting:
+        front = max(waiting, key=lambda s: s.entered)
+        waited = now - min(s.t_enter for s in waiting)
+        message = (f"{said}; {_ranks([s.rank for s in waiting])} waited {waited:.0f} s in "
+                   f"{front.kind} #{front.entered} of step {front.step}")
+        return Stall(tuple(behind), tuple(sorted(s.rank for s in waiting)), front.kind,
+                     front.entered, front.step, waited, message)
+    still = now - max([s.moved for s in here] or [now])
+    message = said + (f"; {_ranks([s.rank for s in here])} made no progress for {still:.0f} s"
+                      if here else "")
+    return Stall(tuple(behind), tuple(sorted(s.rank for s in here)), "collective", 0,
+                 max([s.step for s in here] or [0]), still, message)
+
+
 def _stopped(states: Sequence[RankState], now: float) -> Stall | None:
     """No rank waits in a collective gputui counts (tensor parallelism's are not counted),
     none moved, and some rank's process is stopped or gone: that rank is named."""
@@ -259,4 +319,4 @@ def rows(states: Sequence[RankState]) -> tuple[dict[str, Any], ...]:
     """Every rank's row, JSON-ready (the record's Stalled event keeps them)."""
     return tuple({"rank": s.rank, "pid": s.pid, "step": s.step, "entered": s.entered,
                   "left": s.left, "kind": s.kind, "bytes": s.nbytes, "process": s.process,
-                  "local": s.local} for s in states)
+                  "local": s.local, "heard": s.heard} for s in states)

@@ -387,6 +387,8 @@ class _StallWatch(threading.Thread):
             if self.recorder.terminal is not None:
                 return  # the run has its end: its ranks are leaving, not hanging
             states = self.ledger.snapshot()
+            if self.spec.config.dist.nnodes > 1:  # a rank never heard from is named too
+                states = self.ledger.unheard(states)
             if not states or max(s.step for s in states) < 2:
                 continue  # armed once a step has run: start-up has no step time to go by
             limit = hang.threshold(self.flag, *self._times())

@@ -202,10 +202,11 @@ def _share(ledger: Ledger, rank: int, gather: bool) -> None:
     from torch.distributed.distributed_c10d import _get_default_store
 
     while not dist.is_initialized():
-        time.sleep(SHARE_S)
+        time.sleep(0.05)  # its first report as soon as it can: a rank may freeze early
     try:
         store = _get_default_store()
         while dist.is_initialized():
+            ledger.beat(rank)  # alive, even when its counts stand still (waiting)
             store.set(f"{SHARE_KEY}/{rank}", " ".join(repr(v) for v in ledger.row(rank)))
             if gather:
                 for other in range(ledger.rows):

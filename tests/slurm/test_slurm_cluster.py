@@ -297,3 +297,74 @@ def test_a_node_killed_mid_run_is_named_with_the_command_that_resumes_it(cluster
                     rf"resume it with `{re.escape(command)}` on 2 nodes", last.reason), \
         last.reason
     assert cluster.settled() == [] and tagged(env["GPUTUI_TEST_TAG"]) == []
+
+
+def _rank_on(namespace: str, tag: str) -> int | None:
+    """The training rank of this test's job on a node: the fork server's child (a rank is
+    forked from the server, so it shares the server's command line)."""
+    mark = f"GPUTUI_TEST_TAG={tag}".encode()
+    for pid in subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                              text=True).stdout.split():
+        try:
+            if mark not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                continue
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            if b"forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes() and \
+                    b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_on_the_second_node_is_named_and_the_job_stops(cluster, tmp_path):
+    """Node 2's rank is frozen (SIGSTOP) once the job has trained a step: within the
+    threshold a node's record names rank 1 (and none names rank 0, which only waited), the
+    job stops with its resume command instead of waiting for gloo's timeout, and neither
+    node keeps a process (the frozen one included)."""
+    runs = tmp_path / "runs"
+    env = cluster.env(runs, uuid.uuid4().hex)
+    srun = subprocess.Popen([str(cluster.bin / "srun"), *_srun()[1:], *GPUTUI, "run",
+                             "gpt-tiny", *SMALL, "--set", "run.epochs=500",
+                             "--set", "run.checkpoint_every=2", "--stall-after", "5"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path)
+    frozen = None
+    try:
+        run = _wait_for("a recorded step", lambda: _stepped(runs))
+        frozen = _wait_for("node 2's rank", lambda: _rank_on(cluster.namespaces[1],
+                                                             env["GPUTUI_TEST_TAG"]))
+        os.kill(frozen, 19)  # SIGSTOP
+        out, _ = srun.communicate(timeout=240)
+    finally:
+        srun.kill()
+        if frozen:
+            try:
+                os.kill(frozen, 9)  # never leave a stopped process behind a failure
+            except OSError:
+                pass
+    print(out)  # with -s: what the user saw
+    # whichever node's watch sees it first names it: node 2 by its stopped process, or the
+    # first node by rank 1's silence (frozen, its reports froze too); the other node's run
+    # then ends on the hang, or on node 2 going away, each with the command that resumes it
+    records = _runs(runs) + sorted((runs / "nodes").glob("node*/*"))
+    stalled = [e for r in records for e in read_events(r) if e.kind == "stalled"]
+    assert stalled, out
+    for e in stalled:
+        assert e.behind == (1,) and e.threshold_s == 5.0, e
+        assert re.fullmatch(
+            r"rank 1 stopped in step \d+ \(its process, pid \d+, is stopped: SIGSTOP or a "
+            r"debugger\)|rank 1 (entered|never entered|was still in) .*its process, pid \d+, "
+            r"is stopped.*|rank 1 on another node (went silent \d+ s ago \(last heard of in "
+            r"step \d+\)|never reported to this node): its process stopped, died or lost this "
+            r"node( before its first report)?; rank 0 waited \d+ s in [a-z-]+ #\d+ of step "
+            r"\d+", e.message), e.message
+        assert f"hang: {e.message}" in out
+    end = read_events(run)[-1]
+    assert end.kind == "run_failed", end
+    assert end.reason.startswith("hang: rank 1") or re.match(
+        r"node 1 \(10\.200\.0\.2\) went away", end.reason), end.reason
+    assert f"gputui resume {run.name}" in end.reason, end.reason
+    assert "Traceback" not in out
+    assert cluster.settled() == [] and tagged(env["GPUTUI_TEST_TAG"]) == []

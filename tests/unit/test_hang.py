@@ -59,9 +59,31 @@ def test_the_rank_that_never_entered_is_named_with_how_long_the_others_waited():
                   replace(_state(1, 7, 7, now - 95), local=False)]
     assert diagnose(ended_here, 60, now) is None
     # another node's rank behind, seen from the node whose rank waits
-    remote = [_state(0, 8, 7, now - 61), replace(_state(1, 7, 7, now - 62), local=False)]
+    # (its publisher heard a second ago: alive, its counts are current)
+    remote = [_state(0, 8, 7, now - 61),
+              replace(_state(1, 7, 7, now - 62), local=False, heard=now - 1)]
     assert diagnose(remote, 60, now).message == ("rank 1 never entered all-reduce #8 of step "
                                                  "210; rank 0 waited 61 s")
+    # ... but a rank of another node that stopped reporting is named as silent, not by its
+    # stale counts (seen on the SLURM cluster: "rank 1 was still in all-reduce #1 of step 0"
+    # for a rank frozen in step 2, a second after its last report)
+    stale = [_state(0, 10, 9, now - 61, step=2),
+             replace(_state(1, 1, 0, now - 70, step=0), local=False, heard=now - 9)]
+    assert diagnose(stale, 60, now).message == (
+        "rank 1 on another node went silent 9 s ago (last heard of in step 0): its process "
+        "stopped, died or lost this node; rank 0 waited 61 s in all-reduce #10 of step 2")
+    # ... unless a rank of this node is stopped: the other node's reports came through it
+    # (seen on the SLURM cluster: the frozen rank's node named the other node's rank)
+    frozen_here = [_state(1, 32, 31, now - 61, step=9, process="stopped"),
+                   replace(_state(0, 1, 0, now - 70, step=0), local=False, heard=now - 9)]
+    assert diagnose(frozen_here, 60, now).message == (
+        "rank 1 entered all-reduce #32 of step 9 but its process, pid 101, is stopped")
+    never = Ledger([0.0] * Ledger.size(2)).unheard([_state(0, 10, 9, now - 61, step=2)])
+    stall = diagnose(never, 60, now)
+    assert stall.behind == (1,) and stall.message == (
+        "rank 1 on another node never reported to this node: its process stopped, died or "
+        "lost this node before its first report; rank 0 waited 61 s in all-reduce #10 of "
+        "step 2")
     # a pipeline stage waiting to receive: its peer never sent
     pipe = [_state(0, 52, 51, now - 61, kind="recv", step=3), _state(1, 40, 40, now - 70)]
     assert diagnose(pipe, 60, now).message == ("rank 0 waited 61 s in recv #52 of step 3 for "
@@ -243,3 +265,21 @@ def test_a_stopped_rank_is_named_the_run_stops_and_a_watcher_sees_it(tmp_path):
     assert watch.returncode == 1, w_err
     assert f"started elsewhere (gputui pid {run.pid})" in w_out
     assert f"hang: {stalled.message}" in w_out and "ended: failed (hang: rank 1" in w_out
+
+
+def test_another_nodes_row_is_heard_only_when_its_beat_moves():
+    """A rank waiting in a collective publishes the same counts every second, with a new
+    beat: heard. A frozen rank publishes nothing, and the same text read again is not news."""
+    here, there = Ledger([0.0] * Ledger.size(2)), Ledger([0.0] * Ledger.size(2))
+    there.join(1, rank=1, pid=77)
+    there.beat(1)
+    here.put_remote(1, there.row(1))
+    first = here.get(1, "heard")
+    assert first > 0 and here.snapshot()[0].heard == first and not here.snapshot()[0].local
+    time.sleep(0.01)
+    here.put_remote(1, there.row(1))  # the store's old text again: no new report
+    assert here.get(1, "heard") == first
+    there.beat(1)
+    here.put_remote(1, there.row(1))
+    assert here.get(1, "heard") > first
+    assert [s.rank for s in here.unheard(here.snapshot())] == [1, 0]  # rank 0 never reported
