@@ -102,6 +102,10 @@ def _private_folders(tmp_path_factory, monkeypatch):
     a compiling test does not start cold each time."""
     for name, value in private_env(tmp_path_factory.mktemp("private")).items():
         monkeypatch.setenv(name, value)
+    # the suite run inside a SLURM allocation (an srun step of its own) must not make every
+    # test's `gputui run` a job step: the SLURM tests set the variables of their own jobs
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
 
 
 def pytest_collection_modifyitems(config, items):
