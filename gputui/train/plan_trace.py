@@ -140,7 +140,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         ddp = shape.data_parallel == "ddp"
         if ddp and not fake:
             step_model = par.apply_ddp(model, par.dp_group(mesh, shape), torch.device("cpu"))
-        opt_kwargs = dict(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        opt_kwargs: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
         if ddp and shape.dp_shard > 1 and not fake:
             opt: torch.optim.Optimizer = par.zero1_optimizer(
                 model.parameters(), torch.optim.AdamW, opt_kwargs,
@@ -217,7 +217,7 @@ class _null:
 def _no_sync(model: nn.Module, skip: bool):
     """DDP's no_sync for every micro-batch but the last (fully_shard syncs each: as the run)."""
     if skip and hasattr(model, "no_sync"):
-        return model.no_sync()
+        return getattr(model, "no_sync")()
     return _null()
 
 
@@ -250,27 +250,51 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     shape = MeshShape(**spec["mesh"])
     m = spec["model"]
     formula: list[str] = []
-    trace_spec = dict(spec)
     blocks = m["n_layer"]
     if shape.pp > 1:
         v = stages_per_rank(spec["schedule"], spec.get("stages_per_rank", 2))
         blocks = max(1, m["n_layer"] // (shape.pp * v)) * v
-        # the stage is traced without the pipeline's own dimension: the rest of the mesh
-        trace_spec = dict(spec, mesh=dict(spec["mesh"], pp=1))
         formula.append("pp: one stage traced; micro-batches in flight, the bubble and the "
                        "stage-to-stage sends are formulas")
-    inner = MeshShape(**trace_spec["mesh"])
-    mesh = par.build_mesh("cpu", inner)
+    chunks = spec["micro_batches"]
+    # torch's trackers take one forward per step: one micro-batch is traced, the others
+    # are the same work again (formula)
+    trace_spec = dict(spec, micro_batches=1)
+    inner = shape
+    mesh = par.build_mesh("cpu", shape)
     if not fake:
-        return trace_stack(trace_spec, blocks, mesh, fake=False, steps=spec.get("steps", 3))
+        return trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
+                           mesh, fake=False, steps=spec.get("steps", 3))
     one = trace_stack(trace_spec, 1, mesh)
     two = trace_stack(trace_spec, 2, mesh)
     out = _extrapolate(one, two, blocks)
+    if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
+        out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
+        formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
+                       "divided by tp")
+    if chunks > 1:
+        out = _micro_batches(out, chunks, formula)
     if inner.data_parallel == "ddp":
         out = _ddp(inner, out, formula)
     if shape.pp > 1:
         out = _pipeline(spec, shape, out, blocks)
     out["formula"] = formula
+    return out
+
+
+def _micro_batches(out: dict[str, Any], chunks: int, formula: list[str]) -> dict[str, Any]:
+    """A step of ``chunks`` micro-batches from one traced: FLOPs and the forward and backward
+    collectives times ``chunks``; the gradients accumulated between them added to the peak."""
+    out = dict(out, flops=out["flops"] * chunks)
+    out["comm"] = [dict(c, count=c["count"] * chunks, bytes=c["bytes"] * chunks)
+                   if c["phase"] != "optimizer" else c for c in out["comm"]]
+    mem = dict(out["mem"])
+    kept = mem["params"] if mem["grads"] == 0 else 0  # fp32 gradients, the parameters' size
+    mem["grads"] += kept
+    mem["peak"] += kept
+    out["mem"] = mem
+    formula.append(f"micro-batches: one of {chunks} traced; FLOPs and collectives x {chunks}, "
+                   f"the gradients kept between them added")
     return out
 
 
@@ -337,6 +361,31 @@ def _init_fake(world: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
+def _traced(spec: dict[str, Any]) -> dict[str, Any]:
+    """plan_rank on the fake group of the spec's world; once more on a fresh group when the
+    first try fails (a group that earlier meshes split into sub-groups has failed a later
+    mesh's tp once, where a fresh one traced it)."""
+    _init_fake(spec["world"])
+    try:
+        return plan_rank(spec)
+    except Exception:  # noqa: BLE001 - the second try's error is the one reported
+        dist.destroy_process_group()
+        _init_fake(spec["world"])
+        return plan_rank(spec)
+
+
+def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
+    """This CPU's matmul FLOP/s at ``spec["threads"]`` (kept per machine by flops.py)."""
+    from gputui.train.flops import device_peak
+
+    torch.set_num_threads(int(spec["threads"]))
+    try:
+        flops, source = device_peak(torch.device("cpu"), spec["dtype"])
+    finally:
+        torch.set_num_threads(1)
+    return {"flops": flops, "source": source}
+
+
 def main(jobs: list[dict[str, Any]], queue: Any) -> None:
     """Spawned entry point: trace every job (``{"key", "spec"}``), putting ("line", text) as
     each starts and ("result", key, figures | {"error"}) as each ends, then ("done",)."""
@@ -344,10 +393,12 @@ def main(jobs: list[dict[str, Any]], queue: Any) -> None:
     try:
         for job in jobs:
             spec = job["spec"]
-            queue.put(("line", f"  tracing {job['label']}"))
+            queue.put(("line", f"  {job['label']}"))
             try:
-                _init_fake(spec["world"])
-                got = plan_rank(spec)
+                if job.get("kind") == "cpu_peak":
+                    got = _cpu_peak(spec)
+                else:
+                    got = _traced(spec)
             except Exception as exc:  # one mesh that does not trace is that row's reason
                 got = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
             queue.put(("result", job["key"], got))
