@@ -216,8 +216,9 @@ class _null:
 
 def _no_sync(model: nn.Module, skip: bool):
     """DDP's no_sync for every micro-batch but the last (fully_shard syncs each: as the run)."""
-    if skip and hasattr(model, "no_sync"):
-        return getattr(model, "no_sync")()
+    sync: Any = getattr(model, "no_sync", None)
+    if skip and callable(sync):
+        return sync()
     return _null()
 
 
