@@ -174,9 +174,22 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                     opt.step()
                     opt.zero_grad()
                 seconds = time.perf_counter() - t0
-                if step == 0:
+                if not last:
                     tracker.reset_mod_stats()
         out = _categories(tracker, fsdp)
+        if not fake:  # the step's time, outside every tracking mode
+            times = []
+            for _ in range(int(spec.get("timed_steps", 4))):
+                t0 = time.perf_counter()
+                for i in range(chunks):
+                    with _no_sync(step_model, i < chunks - 1):
+                        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                            loss = lm_loss(step_model(x), y) / chunks
+                        loss.backward()
+                opt.step()
+                opt.zero_grad()
+                times.append(time.perf_counter() - t0)
+            seconds = sorted(times)[len(times) // 2]
     params = sum(p.numel() for p in model.parameters())
     return {"mem": out, "flops": int(flops.get_total_flops()), "comm": comm.summary(),
             "seconds": seconds, "local_params": int(params)}
@@ -309,13 +322,17 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
     parameter broadcast are formulas."""
     grads = out["mem"]["grads"] or out["local_params"] * 4
     group = shape.dp
+    mem = dict(out["mem"])  # the buckets are allocated with DDP, before the first backward
+    added = grads - mem["grads"]
+    mem["buffers"] += added
+    mem["peak"] += added
+    out["mem"] = mem
     out["comm"] = out["comm"] + [{"kind": "all-reduce", "phase": "backward", "group": group,
                                   "count": max(1, -(-grads // DDP_BUCKET)), "bytes": grads,
                                   "formula": True}]
     formula.append("ddp: DistributedDataParallel does not construct on fake tensors; its "
                    "bucketed all-reduce of the gradients is a formula")
     if shape.dp_shard > 1:  # ZeRO-1: ZeroRedundancyOptimizer over the dp_shard ranks
-        mem = dict(out["mem"])
         saved = mem["optim"] - mem["optim"] // shape.dp_shard
         mem["optim"] -= saved
         mem["peak"] -= saved
@@ -385,6 +402,25 @@ def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         torch.set_num_threads(1)
     return {"flops": flops, "source": source}
+
+
+def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
+                 q: Any) -> None:
+    """Spawned entry point of one rank of a real gloo group measuring ``spec``'s mesh on real
+    tensors (the benchmark's and the tests' measured side): rank 0 puts its figures."""
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        got = plan_rank(spec, fake=False)
+        if rank == 0:
+            q.put(got)
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - the parent reports it
+        if rank == 0:
+            q.put({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        dist.destroy_process_group()
 
 
 def main(jobs: list[dict[str, Any]], queue: Any) -> None:

@@ -8,6 +8,7 @@ import json
 import multiprocessing as mp
 import queue as queue_mod
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from gputui import __version__
@@ -24,10 +25,10 @@ def job_key(kind: str, spec: dict[str, Any]) -> str:
 class TraceCache:
     """The kept traces: key -> figures (a JSON file written atomically)."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Path | None = None) -> None:
         from gputui.runs.predict_cache import Cache
 
-        self.cache = Cache(cache_dir() / "plan-traces.json")
+        self.cache = Cache((folder or cache_dir()) / "plan-traces.json")
 
     def get(self, key: str) -> dict | None:
         return self.cache.get(key)
