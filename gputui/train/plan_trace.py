@@ -106,6 +106,13 @@ def _categories(tracker: Any, fsdp: bool) -> dict[str, int]:
     return out
 
 
+def _now(tracker: Any, category: str) -> int:
+    """The tracker's current bytes of one category (its value's name)."""
+    snap = tracker.get_tracker_snapshot()
+    dev = next(iter(snap.values())) if snap else {}
+    return int(sum(v for k, v in dev.items() if str(getattr(k, "value", k)) == category))
+
+
 def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True,
                 steps: int = 2) -> dict[str, Any]:
     """One rank's figures for ``spec``'s model at ``n_layer`` blocks on ``mesh`` (already
@@ -156,6 +163,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         comm = CommLog()
         flops = FlopCounterMode(display=False)
         seconds = 0.0
+        forward_act = 0
         with tracker:
             for step in range(steps):
                 last = step == steps - 1
@@ -167,6 +175,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                         with sync:
                             with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
                                 loss = lm_loss(step_model(x), y) / chunks
+                            if last:  # what autograd keeps is largest as backward begins
+                                forward_act = _now(tracker, "Activation")
                             comm.phase = "backward"
                             loss.backward()
                             comm.phase = "forward"
@@ -177,6 +187,9 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                 if not last:
                     tracker.reset_mod_stats()
         out = _categories(tracker, fsdp)
+        # the activations column: as backward begins (the peak's own moment may come later,
+        # when backward has freed some of them); the peak stays the tracker's
+        out["activations"] = max(out["activations"], forward_act)
         if not fake:  # the step's time, outside every tracking mode
             times = []
             for _ in range(int(spec.get("timed_steps", 4))):

@@ -43,7 +43,8 @@ class ModelSize:
     batch: int = 8  # sequences per step (global), or per data-parallel rank with local_batch
     local_batch: bool = False
     precision: str = "bf16"
-    chunks: int = 1  # micro-batches (pipeline_chunks x optim.micro_batches)
+    chunks: int = 1  # optim.micro_batches (gradient accumulation)
+    pipeline_chunks: int = 1  # pp: micro-batches through the stages (strategy.pipeline_chunks)
     schedule: str = "1f1b"
     stages_per_rank: int = 2
 
@@ -91,7 +92,7 @@ def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | 
         v = stages_per_rank(model.schedule, model.stages_per_rank)
         if model.n_layer < shape.pp * v or model.n_layer % (shape.pp * v):
             return f"{model.n_layer} blocks do not cut into {shape.pp * v} equal stages"
-        chunks = max(chunks, shape.pp)
+        chunks = max(chunks * model.pipeline_chunks, shape.pp)
     batch = model.global_batch(shape.dp)
     if batch % (shape.dp * chunks):
         return (f"the batch of {batch} does not split into {shape.dp} data-parallel slices of "
@@ -229,6 +230,9 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row.batch = model.global_batch(shape.dp)
     row.micro_batch = c.spec["micro_batch"]
     row.mem = {k: int(got["mem"].get(k, 0)) for k in MEM_PARTS}
+    # the gradients' own size (the parameters', sharded alike) where the peak came before
+    # backward made them: the column says what the rank holds, the peak when
+    row.mem["grads"] = max(row.mem["grads"], row.mem["params"])
     row.peak = int(got["mem"]["peak"])
     row.per_block_act = int(got.get("per_block", {}).get("activations", 0))
     row.formula = list(got.get("formula", []))

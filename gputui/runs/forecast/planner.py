@@ -57,7 +57,8 @@ def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
                      vocab=vocab or TEXT_VOCAB, tie=cfg.model.tie,
                      batch=local_batch or global_batch, local_batch=bool(local_batch),
                      precision=cfg.run.precision,
-                     chunks=cfg.strategy.pipeline_chunks * cfg.optim.micro_batches,
+                     chunks=cfg.optim.micro_batches,
+                     pipeline_chunks=cfg.strategy.pipeline_chunks,
                      schedule=cfg.strategy.schedule,
                      stages_per_rank=cfg.strategy.stages_per_rank)
 

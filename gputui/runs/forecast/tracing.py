@@ -15,7 +15,7 @@ from gputui import __version__
 from gputui.core.cachedir import cache_dir
 
 Line = Callable[[str], None]
-TRACE_VERSION = 1  # raised when the tracer's figures change meaning
+TRACE_VERSION = 2  # raised when the tracer's figures change meaning
 
 
 def job_key(kind: str, spec: dict[str, Any]) -> str:
@@ -58,10 +58,11 @@ def run_jobs(jobs: list[dict[str, Any]], line: Line, timeout: float = 1800.0,
         return out
     line(f"tracing {len(todo)} mesh(es) in a child process ({len(jobs) - len(todo)} kept from "
          f"earlier plans); loading torch ...")
-    for key, value in _spawn(todo, line, timeout).items():
-        out[key] = value
+    def keep(key: str, value: dict) -> None:  # as each arrives: a stopped plan keeps them
         if "error" not in value:
             cache.put(key, value)
+
+    out.update(_spawn(todo, line, timeout, keep))
     return out
 
 
@@ -72,7 +73,8 @@ def _child(jobs: list[dict[str, Any]], q: Any) -> None:
     plan_trace.main(jobs, q)
 
 
-def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float) -> dict[str, dict]:
+def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float,
+           keep: Callable[[str, dict], None]) -> dict[str, dict]:
     from gputui.core import signals
     from gputui.core.proctree import kill_tree, own_tracker
 
@@ -100,6 +102,7 @@ def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float) -> dict[str, 
                 line(f"{msg[1]} ({time.monotonic() - t0:.0f} s)")
             elif msg[0] == "result":
                 out[msg[1]] = msg[2]
+                keep(msg[1], msg[2])
             elif msg[0] == "done":
                 break
     except BaseException:
