@@ -335,9 +335,9 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
     parameter broadcast are formulas."""
     grads = out["mem"]["grads"] or out["local_params"] * 4
     group = shape.dp
-    mem = dict(out["mem"])  # the buckets are allocated with DDP, before the first backward
-    added = grads - mem["grads"]
-    mem["buffers"] += added
+    mem = dict(out["mem"])  # the buckets (the gradients: gradient_as_bucket_view) are
+    added = grads - mem["grads"]  # allocated with DDP, before the first backward
+    mem["grads"] += added
     mem["peak"] += added
     out["mem"] = mem
     out["comm"] = out["comm"] + [{"kind": "all-reduce", "phase": "backward", "group": group,
