@@ -189,6 +189,7 @@ class Row:
     shape: MeshShape
     strategy: str
     mem: dict[str, int] = field(default_factory=dict)
+    at_peak: dict[str, int] = field(default_factory=dict)  # the parts at the peak's moment
     peak: int = 0
     fits: bool = False
     step_s: float | None = None
@@ -230,6 +231,7 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row.batch = model.global_batch(shape.dp)
     row.micro_batch = c.spec["micro_batch"]
     row.mem = {k: int(got["mem"].get(k, 0)) for k in MEM_PARTS}
+    row.at_peak = dict(row.mem)
     # the gradients' own size (the parameters', sharded alike) where the peak came before
     # backward made them: the column says what the rank holds, the peak when
     row.mem["grads"] = max(row.mem["grads"], row.mem["params"])
@@ -277,7 +279,7 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
 
 def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
     """The largest part of the peak in words, and the lever that shrinks it."""
-    m = row.mem
+    m = row.at_peak or row.mem
     state = m["params"] + m["grads"] + m["optim"] + m["gathered"]
     parts = {"activations": m["activations"], "state": state,
              "temps": m["temps"] + m["buffers"]}
