@@ -231,13 +231,21 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row.batch = model.global_batch(shape.dp)
     row.micro_batch = c.spec["micro_batch"]
     row.mem = {k: int(got["mem"].get(k, 0)) for k in MEM_PARTS}
+    row.formula = list(got.get("formula", []))
+    if row.mem["optim"] == 0 and row.mem["params"]:
+        # seen with pp over replicas: the tracker files no optimizer state at the peak's
+        # moment; AdamW keeps two fp32 moments of each (sharded) parameter all step
+        row.mem["optim"] = 2 * row.mem["params"]
+        row.formula.append("optimizer state: the tracker reported none at the peak; AdamW's "
+                           "2 moments of the rank's parameters added")
     row.at_peak = dict(row.mem)
     # the gradients' own size (the parameters', sharded alike) where the peak came before
     # backward made them: the column says what the rank holds, the peak when
     row.mem["grads"] = max(row.mem["grads"], row.mem["params"])
-    row.peak = int(got["mem"]["peak"])
+    # extrapolated parts can come from other moments at 1 and 2 blocks (a peak in backward
+    # at one depth, in the optimizer at the other): the peak is never below their sum
+    row.peak = max(int(got["mem"]["peak"]), sum(row.at_peak.values()))
     row.per_block_act = int(got.get("per_block", {}).get("activations", 0))
-    row.formula = list(got.get("formula", []))
     row.flops = int(got["flops"])
     row.fits = row.peak <= p.usable()
     rate = rank_rate(p, model.dtype(), min(cluster.per_node, cluster.world))
@@ -301,9 +309,10 @@ def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
 
 
 def order(rows: list[Row]) -> list[Row]:
-    """Those that fit, fastest first; then those that do not, smallest peak first; then the
-    meshes with no figures."""
-    fit = sorted((r for r in rows if r.fits and r.step_s), key=lambda r: r.step_s or 0)
+    """Those that fit, most tokens/s first (the batch can differ between meshes: with a
+    batch per data-parallel rank, the step time does not compare); then those that do not,
+    smallest peak first; then the meshes with no figures."""
+    fit = sorted((r for r in rows if r.fits and r.step_s), key=lambda r: -(r.tokens_per_s or 0))
     over = sorted((r for r in rows if not r.fits and r.peak), key=lambda r: r.peak)
     rest = [r for r in rows if not r.peak]
     return fit + over + rest
