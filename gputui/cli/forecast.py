@@ -148,7 +148,7 @@ def print_plan(plan) -> None:
 
     from gputui.runs.forecast.estimate import pareto
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 200)
     m = plan.model
     table = Table(title=f"plan: {m.params() / 1e6:,.0f}M-parameter GPT (n_layer {m.n_layer}, "
                         f"n_embd {m.n_embd}, context {m.context}, vocab {m.vocab}, "
