@@ -34,7 +34,10 @@ class TraceCache:
         return self.cache.get(key)
 
     def put(self, key: str, value: dict) -> None:
-        try:
+        from gputui.runs.predict_cache import Cache
+
+        try:  # what another plan kept since this one read the file stays kept
+            self.cache.data = dict(Cache(self.cache.path).data, **self.cache.data)
             self.cache.put(key, value)
         except Exception:  # noqa: BLE001 - a read-only cache: traced again next time
             pass
