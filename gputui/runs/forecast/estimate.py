@@ -20,13 +20,14 @@ The time of a step, per rank (every input named in the row's ``assumptions``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gputui.core.mesh import PP_PLACEMENT, ZERO_BUBBLE, MeshShape, meshes, stages_per_rank
 from gputui.runs.forecast.profiles import Cluster, Profile
 
 GIB = 2**30
+LATER_DIMS = ("cp", "ep")  # mesh degrees the tracer does not apply yet
 MEM_PARTS = ("params", "gathered", "grads", "optim", "activations", "temps", "buffers")
 
 
@@ -99,9 +100,8 @@ def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | 
                 f"{chunks} micro-batch(es)")
     return {"model": {"vocab": model.vocab, "context": model.context, "n_layer": model.n_layer,
                       "n_head": model.n_head, "n_embd": model.n_embd, "tie": model.tie},
-            "mesh": {"pp": shape.pp, "dp_replicate": shape.dp_replicate,
-                     "dp_shard": shape.dp_shard, "tp": shape.tp, "zero": shape.zero,
-                     "ac": shape.ac, "one_group": shape.one_group},
+            "mesh": {k: v for k, v in asdict(shape).items()
+                     if k not in LATER_DIMS or v != 1},  # the keys of traces kept before
             "world": world, "micro_batch": batch // (shape.dp * chunks),
             "micro_batches": chunks, "precision": model.precision,
             "schedule": model.schedule, "stages_per_rank": model.stages_per_rank}
@@ -117,7 +117,10 @@ def candidates(model: ModelSize, cluster: Cluster, ac: str = "none",
     seen: set[MeshShape] = set()
     out = []
     for m in meshes(world):
-        if m.tp > cluster.per_node:
+        # a degree the tracer does not apply yet (context or expert parallelism, where the
+        # mesh has them) is left out: each joins as more points of this loop once
+        # plan_trace runs its function
+        if m.tp > cluster.per_node or any(getattr(m, d, 1) > 1 for d in LATER_DIMS):
             continue
         dp = m.dp
         in_node = max(1, cluster.per_node // (m.tp * (m.pp if cluster.nodes == 1 else 1)))
@@ -130,8 +133,7 @@ def candidates(model: ModelSize, cluster: Cluster, ac: str = "none",
         if m.dp_shard > 1:
             zeros = [3, 2] + ([1] if m.tp == 1 and m.pp == 1 and m.dp_replicate == 1 else [])
         for z in zeros:
-            shape = MeshShape(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard,
-                              tp=m.tp, zero=z, ac=ac, one_group=one)
+            shape = replace(m, zero=z, ac=ac, one_group=one)
             if shape in seen:
                 continue
             seen.add(shape)
