@@ -164,7 +164,9 @@ def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | N
         link, source = 1.0, "assumption (1 GB/s: no bench-comm peak kept; run gputui bench-comm)"
     return Profile(name="cpu", memory_gib=memory_bytes / 2**30,
                    tflops={"fp32": peak_flops / 1e12, "bf16": peak_flops / 1e12},
-                   link_gbs=link, link_latency_us=50.0, net_gbs=link, net_latency_us=50.0,
+                   # gloo's small all-reduce on this kind of machine: 1.7-2.5 ms for 4 KiB
+                   # (docs/development.md's bench-comm row), an assumption
+                   link_gbs=link, link_latency_us=1000.0, net_gbs=link, net_latency_us=1000.0,
                    source="measured here (matmul at a rank's threads, gputui.train.flops)",
                    kind="cpu", link_source=source, cores=cores,
                    efficiency=DEFAULT_EFFICIENCY)
