@@ -234,10 +234,11 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row.micro_batch = c.spec["micro_batch"]
     row.mem = {k: int(got["mem"].get(k, 0)) for k in MEM_PARTS}
     row.formula = list(got.get("formula", []))
+    added = 0
     if row.mem["optim"] == 0 and row.mem["params"]:
         # seen with pp over replicas: the tracker files no optimizer state at the peak's
         # moment; AdamW keeps two fp32 moments of each (sharded) parameter all step
-        row.mem["optim"] = 2 * row.mem["params"]
+        row.mem["optim"] = added = 2 * row.mem["params"]
         row.formula.append("optimizer state: the tracker reported none at the peak; AdamW's "
                            "2 moments of the rank's parameters added")
     row.at_peak = dict(row.mem)
@@ -245,8 +246,11 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     # backward made them: the column says what the rank holds, the peak when
     row.mem["grads"] = max(row.mem["grads"], row.mem["params"])
     # extrapolated parts can come from other moments at 1 and 2 blocks (a peak in backward
-    # at one depth, in the optimizer at the other): the peak is never below their sum
-    row.peak = max(int(got["mem"]["peak"]), sum(row.at_peak.values()))
+    # at one depth, in the optimizer at the other): the peak is never below what it holds
+    # besides activations (the activations column is their size as backward begins, not
+    # at the peak's moment)
+    floor = sum(v for k, v in row.at_peak.items() if k != "activations")
+    row.peak = max(int(got["mem"]["peak"]) + added, floor)
     row.per_block_act = int(got.get("per_block", {}).get("activations", 0))
     row.flops = int(got["flops"])
     row.fits = row.peak <= p.usable()
