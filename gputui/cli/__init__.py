@@ -204,12 +204,12 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true",
                    help="print names, paths and descriptions as JSON")
     p.set_defaults(func=cmd_presets)
-    from gputui.cli import (bench_comm, compare, devices, predict, resume, slurm, sweep, tune,
-                            verify, watch)
+    from gputui.cli import (bench_comm, compare, devices, forecast, predict, resume, slurm,
+                            sweep, tune, verify, watch)
 
     # compare registers `runs` and `compare`; the order is the order of `gputui --help`
-    for family in (devices, compare, sweep, predict, tune, verify, bench_comm, resume, watch,
-                   slurm):
+    for family in (devices, compare, sweep, predict, forecast, tune, verify, bench_comm,
+                   resume, watch, slurm):
         family.register(sub)
     return parser
 
@@ -232,7 +232,7 @@ def empty_path_flag(args: argparse.Namespace) -> str | None:
 # The commands that train or measure (the stop contract of docs/failures.md): a stop signal
 # is noted, stops what runs, starts nothing more, and the command exits 128 + the signal with
 # one line saying what was kept. The other commands end at once on Ctrl-C (130), as before.
-TRAINING = {"run", "resume", "sweep", "verify", "tune", "predict", "bench-comm"}
+TRAINING = {"run", "resume", "sweep", "verify", "tune", "predict", "bench-comm", "plan"}
 
 
 def main(argv: list[str] | None = None) -> int:

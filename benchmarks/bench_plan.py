@@ -1,0 +1,125 @@
+"""How far `gputui plan` is from a real run, on this machine's CPU ranks.
+
+For every mesh of cpu*2 and cpu*4 that runs here (fsdp at ZeRO-3, 2 and 1, ddp, tp, fsdp_tp,
+pp, HSDP, with and without activation checkpointing), the plan's peak memory per rank (traced
+on a fake process group under fake tensors at 1 and 2 blocks, extrapolated) and step time (the
+CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step) beside
+the same mesh run for real: gloo ranks, real tensors, the same model and parallelism code,
+its peak from the same memory tracker and its median step time.
+
+    .venv/bin/python benchmarks/bench_plan.py [--quick]
+
+Targets (issue 33): memory within 10 %, step time within 25 %. Prints one row per mesh and the
+worst ratios. Run it on an idle machine: the step times are the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gputui.core.mesh import MeshShape  # noqa: E402
+from gputui.runs.forecast import estimate  # noqa: E402
+from gputui.runs.forecast.estimate import ModelSize  # noqa: E402
+from gputui.runs.forecast.measure import measure_copies, measure_mesh  # noqa: E402
+from gputui.runs.forecast.planner import cluster_of, make_plan  # noqa: E402
+from gputui.runs.predict_cache import cores  # noqa: E402
+
+MODEL = ModelSize(n_layer=4, n_embd=128, n_head=4, context=128, vocab=256, batch=16,
+                  precision="fp32", chunks=1, schedule="1f1b")
+
+MESHES = {
+    2: [MeshShape(dp_shard=2), MeshShape(dp_shard=2, zero=2), MeshShape(dp_shard=2, zero=1),
+        MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2),
+        MeshShape(dp_shard=2, ac="full"), MeshShape(dp_shard=2, ac="selective")],
+    4: [MeshShape(dp_shard=4), MeshShape(dp_replicate=4), MeshShape(dp_shard=2, tp=2),
+        MeshShape(dp_replicate=2, dp_shard=2), MeshShape(pp=2, dp_shard=2),
+        MeshShape(tp=4)],
+}
+
+
+def line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="cpu*2's first three meshes only")
+    args = ap.parse_args()
+    os.environ.setdefault("GPUTUI_CACHE_DIR", tempfile.mkdtemp(prefix="bench-plan-"))
+    n_cores = cores()
+    # the efficiency: a measured single-rank step of the model at a rank's threads, as many
+    # copies at once as the world has ranks (the cores shared as the ranks share them)
+    one = MeshShape(one_group="fsdp")
+    spec = estimate.spec_of(MODEL, one, 1)
+    assert isinstance(spec, dict)
+    rows = []
+    for world, shapes in MESHES.items():
+        if args.quick and world > 2:
+            break
+        threads = max(1, n_cores // world)
+        single = measure_copies(dict(spec, steps=2, timed_steps=5), threads, world)
+        if "error" in single:
+            print(f"the single-rank calibration failed: {single['error']}")
+            return 1
+        base = cluster_of(f"cpu*{world}", 1, None, line)
+        peak = base.profile.peak_flops("fp32")
+        # the plan's CPU rate shares the cores among the ranks (estimate.rank_rate); the
+        # copies measured already shared them, so that share is taken out of the efficiency
+        share = min(1.0, n_cores / (world * threads))
+        eff = single["flops"] / (single["seconds"] * peak * share)
+        cluster = cluster_of(f"cpu*{world}", 1, None, line,
+                             (eff, f"calibrated on a measured 1-rank step at {threads} "
+                                   f"thread(s)"))
+        line(f"cpu*{world}: {threads} thread(s) per rank, matmul peak {peak / 1e9:.1f} "
+             f"GFLOP/s, efficiency {eff:.2f} from a measured single-rank step")
+        for shape in (shapes[:3] if args.quick else shapes):
+            plan = make_plan(MODEL, cluster, line, only=[shape])
+            row = plan.rows[0]
+            if not row.peak:
+                rows.append((f"cpu*{world}", shape, None, None, row.reason))
+                continue
+            if shape.pp > 1:  # the real side would need the schedule's ranks together
+                rows.append((f"cpu*{world}", shape, row, None,
+                             f"planned peak {row.peak / 2**20:.2f} MiB, step "
+                             f"{(row.step_s or 0) * 1000:.1f} ms; not measured here: the "
+                             f"measuring harness runs one stage without its schedule"))
+                continue
+            got = measure_mesh(dict(estimate.spec_of(MODEL, shape, world), steps=2,
+                                    timed_steps=5), threads)
+            if "error" in got:
+                rows.append((f"cpu*{world}", shape, row, None, got["error"]))
+                continue
+            rows.append((f"cpu*{world}", shape, row, got, ""))
+            mem_r = row.peak / got["mem"]["peak"]
+            t_r = (row.step_s or 0) / got["seconds"]
+            line(f"  {shape.describe()} zero {shape.zero} ac {shape.ac}: memory x{mem_r:.2f}, "
+                 f"step x{t_r:.2f}")
+    print(f"\nbench_plan: GPT n_layer {MODEL.n_layer}, n_embd {MODEL.n_embd}, context "
+          f"{MODEL.context}, batch {MODEL.batch}, fp32, on {n_cores} cores")
+    print(f"{'devices':<8} {'mesh':<26} {'zero':>4} {'ac':<9} {'peak MiB plan':>13} "
+          f"{'measured':>9} {'ratio':>6} {'step ms plan':>12} {'measured':>9} {'ratio':>6}")
+    worst_m, worst_t = 1.0, 1.0
+    for dev, shape, row, got, why in rows:
+        if got is None:
+            print(f"{dev:<8} {shape.describe():<26} {shape.zero:>4} {shape.ac:<9} {why}")
+            continue
+        mr = row.peak / got["mem"]["peak"]
+        tr = row.step_s / got["seconds"]
+        worst_m = mr if abs(mr - 1) > abs(worst_m - 1) else worst_m
+        worst_t = tr if abs(tr - 1) > abs(worst_t - 1) else worst_t
+        print(f"{dev:<8} {shape.describe():<26} {shape.zero:>4} {shape.ac:<9} "
+              f"{row.peak / 2**20:>13.2f} {got['mem']['peak'] / 2**20:>9.2f} {mr:>6.2f} "
+              f"{row.step_s * 1000:>12.1f} {got['seconds'] * 1000:>9.1f} {tr:>6.2f}")
+    print(f"worst ratios: memory {worst_m:.2f} (target 0.90-1.10), step time {worst_t:.2f} "
+          f"(target 0.75-1.25)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""`gputui plan PRESET --gpus 8xH100 [--nodes N] [--set ...] [--json] [--png FILE]`: will it
+fit, and how fast, on devices this machine does not have, for every mesh of their count
+(``gputui.runs.forecast``); ``--check RUN``: a recorded run beside its plan; ``--write-preset
+ROW FILE``: a row as a preset. Progress on stderr; exit 0, 1 the tracing failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gputui.cli.common import EXIT_FAILED, EXIT_OK, fail
+from gputui.core.config import ConfigError
+
+GIB = 2**30
+
+
+def register(sub) -> None:
+    """Add the `plan` subcommand."""
+    p = sub.add_parser("plan", help="plan a GPT's memory and speed on GPUs you do not have",
+                       description="For every mesh of the devices' count: memory per rank "
+                                   "(traced on a fake process group under fake tensors, with "
+                                   "the real model and parallelism code), whether it fits, "
+                                   "step time, tokens/s, MFU and each collective's time, from "
+                                   "device profiles (docs/planning.md).")
+    p.add_argument("preset", nargs="?", help="a preset file or name (its [model], data.context, "
+                                             "run.precision, optim.batch_size)")
+    p.add_argument("--gpus", default="8xH100",
+                   help="devices: 8xH100, 2x8xH100 (nodes x per node), H200, cpu*4 (this "
+                        "machine's CPU, measured); known: A100-40GB, A100-80GB, H100-SXM, "
+                        "H100-PCIe, H200, L4, L40S, RTX4090, MI300X")
+    p.add_argument("--nodes", type=int, default=1, help="machines of --gpus each")
+    p.add_argument("--profile", help="a TOML file of device profiles (devices.toml's layout)")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   metavar="TABLE.KEY=VALUE", help="override a preset key (repeatable)")
+    p.add_argument("--vocab", type=int, help="vocabulary size (default 256: gputui's bytes)")
+    p.add_argument("--batch", type=int, help="sequences per step, all ranks together "
+                                             "(default optim.batch_size)")
+    p.add_argument("--local-batch", type=int,
+                   help="sequences per step per data-parallel rank (instead of --batch)")
+    p.add_argument("--efficiency", type=float,
+                   help="share of the peak FLOP/s a step reaches (default: the profile's "
+                        "stated assumption)")
+    p.add_argument("--all-meshes", action="store_true",
+                   help="every dp_replicate x dp_shard split, not only ddp, fsdp and HSDP "
+                        "inside a node")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--png", help="write the memory-against-speed view (Pareto front) here")
+    p.add_argument("--check", metavar="RUN", help="a recorded run beside the plan of its mesh")
+    p.add_argument("--write-preset", nargs=2, metavar=("ROW", "FILE"),
+                   help="write row ROW (1 = the first of the table) as a preset file")
+    p.add_argument("--runs-dir", help="where --check finds RUN")
+    p.set_defaults(func=cmd_plan)
+
+
+def _line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def cmd_plan(args) -> int:
+    """``gputui plan``."""
+    from gputui.core.signals import Interrupted
+
+    try:
+        if args.check:
+            return _check(args)
+        if not args.preset:
+            return fail("gputui plan needs a PRESET (or --check RUN)")
+        return _plan(args)
+    except (ConfigError, LookupError) as exc:
+        return fail(str(exc))
+    except Interrupted as exc:
+        from gputui.cli.common import interrupted
+
+        return interrupted(exc.signum, ": the tracing stopped; traced meshes are kept")
+    except RuntimeError as exc:
+        print(f"gputui: plan failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _plan(args) -> int:
+    from gputui.cli.common import set_overrides
+    from gputui.core.presets import resolve_preset
+    from gputui.runs.forecast.planner import cluster_of, make_plan, model_of
+    from gputui.runs.prepare import load_base
+
+    if args.nodes < 1:
+        raise ConfigError("--nodes must be 1 or more")
+    if args.efficiency is not None and not 0 < args.efficiency <= 1:
+        raise ConfigError(f"--efficiency {args.efficiency}: give a share between 0 and 1")
+    for flag, value in (("--vocab", args.vocab), ("--batch", args.batch),
+                        ("--local-batch", args.local_batch)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be 1 or more")
+    path = str(resolve_preset(args.preset).resolve())
+    cfg = load_base(path, set_overrides(args.sets, None))
+    model = model_of(cfg, args.vocab, args.batch, args.local_batch)
+    eff = (args.efficiency, "given with --efficiency") if args.efficiency else None
+    cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff)
+    if args.write_preset:
+        try:
+            int(args.write_preset[0])
+        except ValueError:
+            raise ConfigError(f"--write-preset {args.write_preset[0]}: ROW is a row number "
+                              f"of the table (1 = the first)") from None
+    _line(f"planning {Path(args.preset).stem} ({model.params() / 1e6:,.0f}M parameters) on "
+          f"{cluster.describe()}")
+    plan = make_plan(model, cluster, _line, args.all_meshes)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print_plan(plan)
+    if args.png:
+        from gputui.runs.forecast.plot import plot_pareto
+
+        out = plot_pareto(plan, args.png)
+        _line(f"memory against speed: {out}")
+    if args.write_preset:
+        return _write_preset(args, cfg, plan)
+    return EXIT_OK
+
+
+def _write_preset(args, cfg, plan) -> int:
+    from gputui.core.filewrite import write_atomic
+    from gputui.runs.forecast.planner import preset_text
+
+    n = int(args.write_preset[0])
+    rows = [r for r in plan.rows if r.peak]
+    if not 1 <= n <= len(rows):
+        return fail(f"--write-preset {n}: the table has rows 1 to {len(rows)}")
+    row = rows[n - 1]
+    write_atomic(Path(args.write_preset[1]), preset_text(Path(args.preset).stem, cfg, row,
+                                                         plan.cluster))
+    _line(f"row {n} ({row.shape.describe()}) written as a preset: {args.write_preset[1]}")
+    return EXIT_OK
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / GIB:.2f}" if n else "-"
+
+
+def print_plan(plan) -> None:
+    """The table (rows that fit, fastest first), the collectives of the best, the assumptions."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gputui.runs.forecast.estimate import pareto
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    m = plan.model
+    table = Table(title=f"plan: {m.params() / 1e6:,.0f}M-parameter GPT (n_layer {m.n_layer}, "
+                        f"n_embd {m.n_embd}, context {m.context}, vocab {m.vocab}, "
+                        f"{m.precision}, batch {m.batch}{' per dp rank' if m.local_batch else ''}"
+                        f") on {plan.cluster.describe()}; memory in GiB per rank")
+    cols = ("#", "strategy", "mesh", "zero", "ac", "params", "grads", "optim", "act",
+            "temp+buf", "peak", "fits", "step s", "tok/s", "MFU", "comm s")
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("strategy", "mesh", "ac") else "right",
+                         no_wrap=True)
+    front = {id(r) for r in pareto(plan.rows)}
+    notes = []
+    for i, r in enumerate((r for r in plan.rows if r.peak), 1):
+        mem = r.mem
+        if r.reason:
+            notes.append(f"  {i}: {r.reason}")
+        table.add_row(str(i) + ("*" if id(r) in front else ""), r.strategy, r.shape.describe(),
+                      str(r.shape.zero) if r.shape.dp_shard > 1 else "-", r.shape.ac,
+                      _gib(mem["params"] + mem["gathered"]), _gib(mem["grads"]),
+                      _gib(mem["optim"]), _gib(mem["activations"]),
+                      _gib(mem["temps"] + mem["buffers"]), _gib(r.peak),
+                      "yes" if r.fits else "no",
+                      f"{r.step_s:.3f}" if r.step_s else "-",
+                      f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-",
+                      f"{r.mfu:.0%}" if r.mfu else "-", f"{r.comm_exposed_s:.3f}")
+    console.print(table)
+    console.print("* the Pareto front (no other mesh that fits is both smaller and faster); "
+                  "rows that do not fit, and why:")
+    for text in notes:
+        console.print(text, soft_wrap=True)
+    formulas = sorted({f for r in plan.rows for f in r.formula})
+    if formulas:
+        console.print("not traced but computed (formulas):")
+        for f in formulas:
+            console.print(f"  {f}", soft_wrap=True)
+    skipped = [r for r in plan.rows if not r.peak]
+    for r in skipped:
+        _line(f"  not planned: {r.shape.describe()} (zero {r.shape.zero}): {r.reason}")
+    best = next((r for r in plan.rows if r.fits and r.step_s), None)
+    if best is not None:
+        console.print(f"collectives of row 1 ({best.shape.describe()}), per step and rank:")
+        for c in best.comm:
+            mark = " (formula)" if c.get("formula") else ""
+            console.print(f"  {c['kind']:>14} {c['phase']:<9} group {c['group']:>3}: "
+                          f"{c['count']:>4} calls, {c['bytes'] / 2**20:,.1f} MiB, "
+                          f"{c['seconds'] * 1000:.2f} ms{mark}")
+    console.print("assumptions:")
+    for a in plan.assumptions:
+        console.print(f"  {a}")
+
+
+def _check(args) -> int:
+    from gputui.runs.forecast.planner import check_run
+    from gputui.runs.history import find_run
+
+    run_dir = find_run(args.check, args.runs_dir)
+    got = check_run(run_dir, _line, args.profile)
+    if args.json:
+        print(json.dumps(got, indent=2))
+        return EXIT_OK
+    p, m = got["planned"], got["measured"]
+    print(f"run {got['run']} (mesh {got['mesh']}): planned against recorded, per rank")
+    print(f"  {'':<12} {'planned':>12} {'recorded':>12} {'ratio':>7}")
+    pairs: list[tuple[str, Any, Any]] = [
+        (k, p["mem"].get(k), m["mem"].get(k)) for k in ("params", "grads", "optim",
+                                                        "activations")]
+    pairs.append(("step s", p["step_s"], m["step_s"]))
+    for name, a, b in pairs:
+        ratio = f"{a / b:.2f}" if a and b else "-"
+        fa = (f"{a / 2**20:.2f} MiB" if name != "step s" else f"{a:.4f}") if a else "-"
+        fb = (f"{b / 2**20:.2f} MiB" if name != "step s" else f"{b:.4f}") if b else "-"
+        print(f"  {name:<12} {fa:>12} {fb:>12} {ratio:>7}")
+    print(f"  planned peak {p['peak'] / 2**20:.2f} MiB (a CPU record has no allocator peak)")
+    return EXIT_OK

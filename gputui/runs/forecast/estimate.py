@@ -1,0 +1,337 @@
+"""From traced figures to a plan (torch-free): the meshes worth tracing for a cluster, and
+each one's row: memory per rank and whether it fits, step time, tokens/s, MFU, every
+collective's bytes and time, the reason beside a mesh that does not fit.
+
+The time of a step, per rank (every input named in the row's ``assumptions``):
+
+- compute: the rank's FLOPs (torch's counter on the traced step) over the profile's peak for
+  the step's dtype times its efficiency (measured from a recorded step where one is given,
+  else the stated default); a pipeline stage's compute grows by its schedule's bubble
+  ((chunks + pp - 1) / chunks for gpipe and 1f1b, (pp - 1) / stages_per_rank fewer for the
+  looped ones, none counted for the zero-bubble ones);
+- each collective: a ring over its group, ``latency x steps + bytes x factor / bandwidth``
+  (all-reduce 2 (n-1)/n, all-gather and reduce-scatter (n-1)/n), the bandwidth of the link the
+  group spans (inside one node or across nodes, from the mesh's layout: tp innermost);
+- exposed: tensor parallelism's all-reduces and pipeline sends wait in line with compute;
+  data-parallel collectives overlap the compute on a GPU (all but what exceeds it, and at
+  least one unit's worth) and not at all on the CPU (gloo runs on the cores that compute).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from gputui.core.mesh import PP_PLACEMENT, ZERO_BUBBLE, MeshShape, meshes, stages_per_rank
+from gputui.runs.forecast.profiles import Cluster, Profile
+
+GIB = 2**30
+LATER_DIMS = ("cp", "ep")  # mesh degrees the tracer does not apply yet
+MEM_PARTS = ("params", "gathered", "grads", "optim", "activations", "temps", "buffers")
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The GPT a plan is for, and how it trains: its size, the batch and the precision."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    context: int
+    vocab: int
+    tie: bool = True
+    batch: int = 8  # sequences per step (global), or per data-parallel rank with local_batch
+    local_batch: bool = False
+    precision: str = "bf16"
+    chunks: int = 1  # optim.micro_batches (gradient accumulation)
+    pipeline_chunks: int = 1  # pp: micro-batches through the stages (strategy.pipeline_chunks)
+    schedule: str = "1f1b"
+    stages_per_rank: int = 2
+
+    def params(self) -> int:
+        e, v = self.n_embd, self.vocab
+        block = 12 * e * e + 13 * e
+        return self.n_layer * block + v * e + self.context * e + 2 * e + (0 if self.tie else v * e)
+
+    def global_batch(self, dp: int) -> int:
+        return self.batch * dp if self.local_batch else self.batch
+
+    def dtype(self) -> str:
+        return self.precision if self.precision in ("bf16", "fp16") else "fp32"
+
+
+@dataclass
+class Candidate:
+    """A mesh to trace (or the reason it is not one), with the job that traces it."""
+
+    shape: MeshShape
+    spec: dict[str, Any] | None
+    skip: str = ""
+
+    def label(self) -> str:
+        levers = [f"zero {self.shape.zero}" if self.shape.dp_shard > 1 else "",
+                  f"ac {self.shape.ac}" if self.shape.ac != "none" else ""]
+        return " ".join([self.shape.describe(), *[x for x in levers if x]])
+
+
+def strategy_name(shape: MeshShape) -> str:
+    """The named strategy a mesh is, else 'mesh'."""
+    dims = {d for d, n in shape.dims() if n > 1}
+    names = {frozenset({"dp_replicate"}): "ddp", frozenset({"dp_shard"}): "fsdp",
+             frozenset({"tp"}): "tp", frozenset({"pp"}): "pp",
+             frozenset({"dp_shard", "tp"}): "fsdp_tp", frozenset(): "fsdp"}
+    return names.get(frozenset(dims), "mesh")
+
+
+def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | str:
+    """The tracer's job for ``shape`` (see gputui.train.plan_trace), or why there is none."""
+    if model.n_head % shape.tp:
+        return f"n_head {model.n_head} does not split over tp {shape.tp}"
+    chunks = model.chunks
+    if shape.pp > 1:
+        v = stages_per_rank(model.schedule, model.stages_per_rank)
+        if model.n_layer < shape.pp * v or model.n_layer % (shape.pp * v):
+            return f"{model.n_layer} blocks do not cut into {shape.pp * v} equal stages"
+        chunks = max(chunks * model.pipeline_chunks, shape.pp)
+    batch = model.global_batch(shape.dp)
+    if batch % (shape.dp * chunks):
+        return (f"the batch of {batch} does not split into {shape.dp} data-parallel slices of "
+                f"{chunks} micro-batch(es)")
+    return {"model": {"vocab": model.vocab, "context": model.context, "n_layer": model.n_layer,
+                      "n_head": model.n_head, "n_embd": model.n_embd, "tie": model.tie},
+            "mesh": {k: v for k, v in asdict(shape).items()
+                     if k not in LATER_DIMS or v != 1},  # the keys of traces kept before
+            "world": world, "micro_batch": batch // (shape.dp * chunks),
+            "micro_batches": chunks, "precision": model.precision,
+            "schedule": model.schedule, "stages_per_rank": model.stages_per_rank}
+
+
+def candidates(model: ModelSize, cluster: Cluster, ac: str = "none",
+               every_mesh: bool = False) -> list[Candidate]:
+    """The meshes of the cluster's world worth planning: every (pp, tp) with tp inside a node,
+    and for the data-parallel ranks left: all sharded (fsdp, ZeRO-3 and 2; ZeRO-1 without tp
+    or pp), all replicas (ddp) and HSDP sharded inside a node; ``every_mesh``: every
+    dp_replicate x dp_shard split. Each at activation checkpointing ``ac``."""
+    world = cluster.world
+    seen: set[MeshShape] = set()
+    out = []
+    for m in meshes(world):
+        # a degree the tracer does not apply yet (context or expert parallelism, where the
+        # mesh has them) is left out: each joins as more points of this loop once
+        # plan_trace runs its function
+        if m.tp > cluster.per_node or any(getattr(m, d, 1) > 1 for d in LATER_DIMS):
+            continue
+        dp = m.dp
+        in_node = max(1, cluster.per_node // (m.tp * (m.pp if cluster.nodes == 1 else 1)))
+        keep = every_mesh or m.dp_replicate in (1, dp) or (
+            m.dp_shard == math.gcd(in_node, dp) and 1 < m.dp_shard < dp)
+        if not keep:
+            continue
+        one = "fsdp" if m.world == 1 else "none"  # a single rank: fsdp over one, as the run
+        zeros = [3]
+        if m.dp_shard > 1:
+            zeros = [3, 2] + ([1] if m.tp == 1 and m.pp == 1 and m.dp_replicate == 1 else [])
+        for z in zeros:
+            shape = replace(m, zero=z, ac=ac, one_group=one)
+            if shape in seen:
+                continue
+            seen.add(shape)
+            spec = spec_of(model, shape, world)
+            out.append(Candidate(shape, spec if isinstance(spec, dict) else None,
+                                 spec if isinstance(spec, str) else ""))
+    return out
+
+
+# ---------------------------------------------------------------- time
+def _span(shape: MeshShape, c: dict[str, Any]) -> int:
+    """How many consecutive ranks a collective's group spans (the mesh is row-major over
+    pp, dp_replicate, dp_shard, tp: tp innermost)."""
+    if c["kind"] == "send":
+        return 2 * shape.dp * shape.tp
+    if shape.tp > 1 and c["group"] == shape.tp and c["kind"] == "all-reduce" and \
+            c["phase"] != "optimizer" and not c.get("formula"):
+        return shape.tp
+    if c["group"] == shape.dp_replicate and shape.dp_shard > 1 and c["kind"] == "all-reduce":
+        return shape.tp * shape.dp  # HSDP's replicas: stride tp x dp_shard
+    return shape.tp * max(1, c["group"])
+
+
+def collective_time(c: dict[str, Any], shape: MeshShape, cluster: Cluster) -> float:
+    """Seconds of one step's calls of collective ``c`` (ring model, see the module doc)."""
+    p = cluster.profile
+    n = max(1, int(c["group"]))
+    inside = _span(shape, c) <= cluster.per_node
+    bw = (p.link_gbs if inside else p.net_gbs) * 1e9
+    if p.kind == "gpu":
+        bw *= 0.8  # DEFAULT_LINK_EFFICIENCY: busbw against the data sheet
+    lat = (p.link_latency_us if inside else p.net_latency_us) * 1e-6
+    if n == 1 and c["kind"] != "send":
+        return 0.0
+    factor, steps = {"all-reduce": (2 * (n - 1) / n, 2 * (n - 1)),
+                     "all-gather": ((n - 1) / n, n - 1),
+                     "reduce-scatter": ((n - 1) / n, n - 1),
+                     "broadcast": (1.0, 1), "send": (1.0, 1)}.get(c["kind"], (1.0, 1))
+    return c["count"] * steps * lat + c["bytes"] * factor / bw if bw > 0 else math.inf
+
+
+def rank_rate(p: Profile, dtype: str, ranks_per_node: int) -> float:
+    """FLOP/s a rank reaches: the profile's peak x efficiency; CPU ranks share the cores."""
+    rate = p.peak_flops(dtype) * p.efficiency
+    if p.kind == "cpu" and p.cores:
+        threads = max(1, p.cores // ranks_per_node)
+        rate *= min(1.0, p.cores / (ranks_per_node * threads))
+    return rate
+
+
+@dataclass
+class Row:
+    """One mesh's plan."""
+
+    shape: MeshShape
+    strategy: str
+    mem: dict[str, int] = field(default_factory=dict)
+    at_peak: dict[str, int] = field(default_factory=dict)  # the parts at the peak's moment
+    peak: int = 0
+    fits: bool = False
+    step_s: float | None = None
+    compute_s: float = 0.0
+    comm_exposed_s: float = 0.0
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    flops: int = 0
+    comm: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+    formula: list[str] = field(default_factory=list)
+    per_block_act: int = 0
+    batch: int = 0
+    micro_batch: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.shape
+        return {"mesh": s.describe(), "strategy": self.strategy,
+                "degrees": {"pp": s.pp, "dp_replicate": s.dp_replicate,
+                            "dp_shard": s.dp_shard, "tp": s.tp},
+                "zero": s.zero, "ac": s.ac, "mem": self.mem, "peak": self.peak,
+                "fits": self.fits, "step_s": self.step_s, "compute_s": self.compute_s,
+                "comm_exposed_s": self.comm_exposed_s, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "flops_per_rank": self.flops, "collectives": self.comm,
+                "reason": self.reason, "formula": self.formula,
+                "activations_per_block": self.per_block_act, "batch": self.batch,
+                "micro_batch": self.micro_batch}
+
+
+def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
+             cluster: Cluster) -> Row:
+    """A candidate's row from its traced figures (or its reason)."""
+    shape = c.shape
+    row = Row(shape, strategy_name(shape))
+    if c.spec is None or got is None or "error" in (got or {}):
+        row.reason = c.skip or (got or {}).get("error", "not traced")
+        return row
+    p = cluster.profile
+    row.batch = model.global_batch(shape.dp)
+    row.micro_batch = c.spec["micro_batch"]
+    row.mem = {k: int(got["mem"].get(k, 0)) for k in MEM_PARTS}
+    row.formula = list(got.get("formula", []))
+    added = 0
+    if row.mem["optim"] == 0 and row.mem["params"]:
+        # seen with pp over replicas: the tracker files no optimizer state at the peak's
+        # moment; AdamW keeps two fp32 moments of each (sharded) parameter all step
+        row.mem["optim"] = added = 2 * row.mem["params"]
+        row.formula.append("optimizer state: the tracker reported none at the peak; AdamW's "
+                           "2 moments of the rank's parameters added")
+    row.at_peak = dict(row.mem)
+    # the gradients' own size (the parameters', sharded alike) where the peak came before
+    # backward made them: the column says what the rank holds, the peak when
+    row.mem["grads"] = max(row.mem["grads"], row.mem["params"])
+    # extrapolated parts can come from other moments at 1 and 2 blocks (a peak in backward
+    # at one depth, in the optimizer at the other): the peak is never below what it holds
+    # besides activations (the activations column is their size as backward begins, not
+    # at the peak's moment)
+    floor = sum(v for k, v in row.at_peak.items() if k != "activations")
+    row.peak = max(int(got["mem"]["peak"]) + added, floor)
+    row.per_block_act = int(got.get("per_block", {}).get("activations", 0))
+    row.flops = int(got["flops"])
+    row.fits = row.peak <= p.usable()
+    rate = rank_rate(p, model.dtype(), min(cluster.per_node, cluster.world))
+    compute = row.flops / rate if rate > 0 else math.inf
+    if shape.pp > 1:
+        chunks = c.spec["micro_batches"]
+        v = stages_per_rank(model.schedule, model.stages_per_rank)
+        if model.schedule in ZERO_BUBBLE:
+            bubble = 1.0
+        elif PP_PLACEMENT[model.schedule] == 1:
+            bubble = (chunks + shape.pp - 1) / chunks
+        else:
+            bubble = (chunks + (shape.pp - 1) / v) / chunks
+        compute *= bubble
+    inline, overlapped, units = 0.0, 0.0, 1
+    for coll in got["comm"]:
+        t = collective_time(coll, shape, cluster)
+        row.comm.append(dict(coll, seconds=t))
+        if coll["kind"] == "send" or _span(shape, coll) == shape.tp > 1:
+            inline += t
+        else:
+            overlapped += t
+            units = max(units, int(coll["count"]))
+    if p.kind == "cpu":
+        exposed = overlapped
+    else:
+        exposed = max(overlapped - compute, overlapped / units)
+    row.compute_s = compute
+    row.comm_exposed_s = inline + exposed
+    row.step_s = compute + inline + exposed
+    tokens = row.batch * model.context
+    row.tokens_per_s = tokens / row.step_s if row.step_s else None
+    peak = p.peak_flops(model.dtype())
+    row.mfu = row.flops / (row.step_s * peak) if row.step_s and peak else None
+    if not row.fits:
+        row.reason = why_not_fit(row, model, p)
+    return row
+
+
+def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
+    """The largest part of the peak in words, and the lever that shrinks it."""
+    m = row.at_peak or row.mem
+    state = m["params"] + m["grads"] + m["optim"] + m["gathered"]
+    parts = {"activations": m["activations"], "state": state,
+             "temps": m["temps"] + m["buffers"]}
+    top = max(parts, key=lambda k: parts[k])
+    head = f"peak {row.peak / GIB:.1f} GiB per rank > {p.usable() / GIB:.1f} GiB usable"
+    shape = row.shape
+    if top == "activations":
+        tries = [x for x in ("ac = full" if shape.ac != "full" else "",
+                             "ac = selective" if shape.ac == "none" else "",
+                             "more tp" if shape.tp < 8 else "", "more micro-batches") if x]
+        return (f"activations of {m['activations'] / GIB:.1f} GiB per rank at context "
+                f"{model.context}: try {' or '.join(tries)} ({head})")
+    if top == "state":
+        lever = "fsdp (zero 3)" if shape.dp_shard == 1 or shape.zero < 3 else "more tp or pp"
+        return (f"parameters, gradients and optimizer state of {state / GIB:.1f} GiB per rank: "
+                f"try {lever} ({head})")
+    return (f"temporaries of {parts['temps'] / GIB:.1f} GiB (logits over a vocabulary of "
+            f"{model.vocab} and the collectives' buffers): try more micro-batches ({head})")
+
+
+def order(rows: list[Row]) -> list[Row]:
+    """Those that fit, most tokens/s first (the batch can differ between meshes: with a
+    batch per data-parallel rank, the step time does not compare); then those that do not,
+    smallest peak first; then the meshes with no figures."""
+    fit = sorted((r for r in rows if r.fits and r.step_s), key=lambda r: -(r.tokens_per_s or 0))
+    over = sorted((r for r in rows if not r.fits and r.peak), key=lambda r: r.peak)
+    rest = [r for r in rows if not r.peak]
+    return fit + over + rest
+
+
+def pareto(rows: list[Row]) -> list[Row]:
+    """The rows that fit and that no other beats on both peak memory and speed."""
+    fit = [r for r in rows if r.fits and r.tokens_per_s]
+    out = []
+    for r in fit:
+        beaten = any(o is not r and o.peak <= r.peak and (o.tokens_per_s or 0) >=
+                     (r.tokens_per_s or 0) and (o.peak < r.peak or (o.tokens_per_s or 0) >
+                                                (r.tokens_per_s or 0)) for o in fit)
+        if not beaten:
+            out.append(r)
+    return sorted(out, key=lambda r: r.peak)

@@ -1,0 +1,65 @@
+"""The measured side of the plan's error: a mesh run for real on CPU ranks of a gloo group,
+the same model and parallelism code on real tensors under the same memory tracker
+(``gputui.train.plan_trace.measure_rank``), its peak per rank and its step time. Used by
+benchmarks/bench_plan.py and the tests (torch-free here: the ranks are spawned)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import socket
+from typing import Any
+
+
+def _rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int, q: Any) -> None:
+    from gputui.train.plan_trace import measure_rank
+
+    measure_rank(rank, world, port, spec, threads, q)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure_copies(spec: dict[str, Any], threads: int, copies: int,
+                   timeout: float = 600.0) -> dict[str, Any]:
+    """A one-rank ``spec`` measured in ``copies`` groups at once (each of ``threads``
+    threads: the cores shared as ``copies`` ranks share them); the slowest copy's figures."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(copies) as pool:
+        got = list(pool.map(lambda _: measure_mesh(dict(spec, world=1), threads, timeout),
+                            range(copies)))
+    bad = next((g for g in got if "error" in g), None)
+    return bad or max(got, key=lambda g: g["seconds"])
+
+
+def measure_mesh(spec: dict[str, Any], threads: int, timeout: float = 600.0) -> dict[str, Any]:
+    """Rank 0's figures of ``spec``'s mesh measured on ``spec["world"]`` real CPU ranks of
+    ``threads`` threads each ({"error"} when it failed); no rank outlives the call."""
+    from gputui.core.proctree import kill_tree, own_tracker
+
+    own_tracker()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    world = int(spec["world"])
+    procs = [ctx.Process(target=_rank, args=(r, world, port, spec, threads, q),
+                         name=f"gputui-plan-measure-{r}") for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        try:
+            got: dict[str, Any] = q.get(timeout=timeout)
+        except queue_mod.Empty:
+            got = {"error": f"no figures within {timeout:g} s"}
+        for p in procs:
+            p.join(timeout=30)
+        return got
+    finally:
+        for p in procs:
+            if p.is_alive():
+                kill_tree(p.pid)
+                p.join(timeout=5)

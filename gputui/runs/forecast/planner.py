@@ -1,0 +1,201 @@
+"""One plan end to end (torch-free): the cluster's profile, the meshes traced (once each, kept),
+a second round with activation checkpointing for the meshes whose activations do not fit,
+the rows in order; ``--check``: a recorded run beside what the plan says for it; a chosen
+row as a preset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui.core.config import ConfigError, RunConfig
+from gputui.core.mesh import MeshShape
+from gputui.runs.forecast import estimate, profiles
+from gputui.runs.forecast.estimate import Candidate, ModelSize, Row
+from gputui.runs.forecast.profiles import Cluster, Profile
+from gputui.runs.forecast.tracing import job_key, run_jobs
+
+Line = Callable[[str], None]
+TEXT_VOCAB = 256  # gputui's text data is bytes
+
+
+@dataclass
+class Plan:
+    """A plan's rows (in order), the cluster, the model and what it assumed."""
+
+    cluster: Cluster
+    model: ModelSize
+    rows: list[Row]
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.cluster.profile
+        return {"cluster": self.cluster.describe(), "world": self.cluster.world,
+                "profile": {"name": p.name, "memory_gib": p.memory_gib, "tflops": p.tflops,
+                            "link_gbs": p.link_gbs, "net_gbs": p.net_gbs,
+                            "efficiency": p.efficiency, "source": p.source},
+                "model": {"n_layer": self.model.n_layer, "n_embd": self.model.n_embd,
+                          "n_head": self.model.n_head, "context": self.model.context,
+                          "vocab": self.model.vocab, "params": self.model.params(),
+                          "precision": self.model.precision},
+                "rows": [r.to_dict() for r in self.rows],
+                "pareto": [r.shape.describe() + f" zero {r.shape.zero} ac {r.shape.ac}"
+                           for r in estimate.pareto(self.rows)],
+                "assumptions": self.assumptions}
+
+
+def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
+             local_batch: int | None) -> ModelSize:
+    """The GPT a config trains (its [model], data.context, run.precision, the batch)."""
+    if cfg.model.factory or cfg.model.name != "gpt":
+        raise ConfigError(f"gputui plan traces the built-in GPT (model.name = 'gpt'); this "
+                          f"preset trains {cfg.model.factory or cfg.model.name!r}")
+    global_batch = batch or cfg.optim.batch_size
+    return ModelSize(n_layer=cfg.model.n_layer, n_embd=cfg.model.n_embd,
+                     n_head=cfg.model.n_head, context=cfg.data.context,
+                     vocab=vocab or TEXT_VOCAB, tie=cfg.model.tie,
+                     batch=local_batch or global_batch, local_batch=bool(local_batch),
+                     precision=cfg.run.precision,
+                     chunks=cfg.optim.micro_batches,
+                     pipeline_chunks=cfg.strategy.pipeline_chunks,
+                     schedule=cfg.strategy.schedule,
+                     stages_per_rank=cfg.strategy.stages_per_rank)
+
+
+def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
+               efficiency: tuple[float, str] | None = None) -> Cluster:
+    """The cluster ``--gpus`` names; the CPU's profile is measured here (a child)."""
+    known = profiles.load_profiles(profile_file)
+    name, per, n_nodes = profiles.parse_gpus(gpus, nodes, known)
+    if name == "cpu":
+        p = _cpu(per, line)
+    else:
+        p = profiles.find(known, name)
+    if efficiency:
+        p = profiles.with_efficiency(p, efficiency[0], efficiency[1])
+    return Cluster(p, per, n_nodes)
+
+
+def _cpu(ranks: int, line: Line) -> Profile:
+    import psutil
+
+    from gputui.runs.comm_peak import key
+    from gputui.runs.predict_cache import Cache, cores
+
+    n = cores()
+    threads = max(1, n // ranks)
+    spec = {"threads": threads, "dtype": "fp32"}
+    got = run_jobs([{"kind": "cpu_peak", "spec": spec,
+                     "label": f"measuring this CPU's matmul peak at {threads} thread(s)"}],
+                   line)[job_key("cpu_peak", spec)]
+    if "error" in got:
+        raise RuntimeError(f"measuring this CPU's peak failed: {got['error']}")
+    comm = Cache().get(key("cpu", ranks, "gloo")) if ranks > 1 else None
+    return profiles.cpu_profile(float(got["flops"]), n, psutil.virtual_memory().total, comm,
+                                ranks)
+
+
+def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool = False,
+              only: list[MeshShape] | None = None) -> Plan:
+    """Trace what is not kept, then the rows: every candidate at ac = none, and those whose
+    activations keep them from fitting again at full and selective checkpointing."""
+    cands = ([Candidate(s, *_spec(model, s, cluster.world)) for s in only] if only is not None
+             else estimate.candidates(model, cluster, "none", every_mesh))
+    rows = _rows(cands, model, cluster, line)
+    if only is None:
+        again = []
+        for r in rows:
+            if not r.fits and r.peak and r.mem.get("activations", 0) > 0.25 * r.peak:
+                for ac in ("selective", "full"):
+                    s = replace(r.shape, ac=ac)
+                    again.append(Candidate(s, *_spec(model, s, cluster.world)))
+        if again:
+            line(f"{len(again) // 2} mesh(es) do not fit for their activations: tracing them "
+                 f"again with selective and full activation checkpointing")
+            rows += _rows(again, model, cluster, line)
+    p = cluster.profile
+    assumptions = [
+        f"device: {p.name}, {p.memory_gib:.1f} GiB, {p.peak_flops(model.dtype()) / 1e12:.1f} "
+        f"TFLOP/s {model.dtype()} ({p.source})",
+        f"compute efficiency {p.efficiency:.2f} of the peak: {p.efficiency_source}",
+        f"links: {p.link_gbs:g} GB/s inside a node, {p.net_gbs:g} GB/s between nodes "
+        f"({p.link_source}; {p.net_source or 'network: ' + p.link_source})",
+        f"fits: peak x {1 + profiles.ALLOCATOR_HEADROOM:.2f} (allocator headroom)"
+        + (f" + {profiles.CUDA_CONTEXT_GIB:g} GiB (CUDA context)" if p.kind == "gpu" else "")
+        + f" <= {p.memory_gib:.1f} GiB"]
+    return Plan(cluster, model, estimate.order(rows), assumptions)
+
+
+def _spec(model: ModelSize, shape: MeshShape, world: int) -> tuple[dict | None, str]:
+    spec = estimate.spec_of(model, shape, world)
+    return (spec, "") if isinstance(spec, dict) else (None, spec)
+
+
+def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line) -> list[Row]:
+    jobs = [{"kind": "trace", "spec": c.spec, "label": f"tracing {c.label()}"}
+            for c in cands if c.spec is not None]
+    got = run_jobs(jobs, line) if jobs else {}
+    return [estimate.make_row(c, got.get(job_key("trace", c.spec)) if c.spec else None, model,
+                              cluster) for c in cands]
+
+
+# ---------------------------------------------------------------- --check RUN
+def shape_of_run(cfg: RunConfig, world: int) -> MeshShape:
+    from gputui.core.mesh import mesh_of
+
+    return mesh_of(cfg, world)
+
+
+def check_run(run_dir: Path, line: Line, profile_file: str | None = None) -> dict[str, Any]:
+    """A recorded run beside the plan of its own mesh on its own devices: per-rank memory by
+    part (the record's memory report) and the steady step time."""
+    from gputui.core import runstore
+    from gputui.core.config import load_preset
+    from gputui.core.events import MemoryReport, RunStarted
+
+    cfg = load_preset(run_dir / "config.toml")
+    summary = runstore.read_summary(run_dir)
+    events = runstore.read_events(run_dir)
+    started = next((e for e in events if isinstance(e, RunStarted)), None)
+    if started is None:
+        raise ConfigError(f"{run_dir}: the record has no run_started event to plan for")
+    devices = list(started.devices)
+    world = max(1, int(started.world_size))
+    names = {str(d.get("label") or d.get("name")) for d in devices}
+    if all(d.get("kind") == "cpu" for d in devices):
+        gpus = f"cpu*{world}"
+    else:
+        gpus = f"{world}x{names.pop().replace(' ', '-')}"
+    cluster = cluster_of(gpus, 1, profile_file, line)
+    model = model_of(cfg, TEXT_VOCAB, None, None)
+    shape = shape_of_run(cfg, world)
+    plan = make_plan(model, cluster, line, only=[shape])
+    row = plan.rows[0]
+    mem = next((e for e in events if isinstance(e, MemoryReport)), None)
+    measured = dict((mem.per_device or [{}])[0]) if mem else {}
+    steady = summary.get("steady") or {}
+    return {"run": run_dir.name, "mesh": shape.describe(), "planned": row.to_dict(),
+            "measured": {"mem": {k: measured.get(k) for k in ("params", "grads", "optim",
+                                                              "activations")},
+                         "step_s": steady.get("step_time_s")},
+            "plan": plan.to_dict()}
+
+
+# ---------------------------------------------------------------- a row as a preset
+def preset_text(source: str, cfg: RunConfig, row: Row, cluster: Cluster) -> str:
+    """The preset ``cfg`` becomes with ``row``'s mesh: strategy 'mesh', its degrees and levers
+    (a TOML file: the source preset's settings with those changed)."""
+    s = row.shape
+    new = cfg.replace(strategy={"name": "mesh"},
+                      parallel={"pp": s.pp, "dp_replicate": s.dp_replicate,
+                                "dp_shard": s.dp_shard, "tp": s.tp, "zero": s.zero,
+                                "ac": s.ac},
+                      devices={"spec": "cpu*%d" % cluster.per_node
+                               if cluster.profile.kind == "cpu" else "all"})
+    if cluster.nodes > 1:
+        new = new.replace(dist={"nnodes": cluster.nodes})
+    head = (f"# From `gputui plan {source} --gpus {cluster.describe()}`: mesh {s.describe()}"
+            f"{', ' + s.levers() if s.levers() else ''}; planned peak "
+            f"{row.peak / 2**30:.2f} GiB per rank, step {row.step_s or 0:.3f} s\n")
+    return head + new.to_toml()

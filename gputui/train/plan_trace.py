@@ -1,0 +1,458 @@
+"""The plan's tracer (``gputui plan``): one rank of a mesh, traced without the machine.
+
+On rank 0 of a fake process group of the planned world size
+(``init_process_group("fake", store=FakeStore())``, torch's testing helper) and under
+``FakeTensorMode`` (tensors with shapes and dtypes but no storage), the real GPT is built at the
+size asked, the real parallelism functions of the mesh are applied to it
+(:func:`gputui.train.parallelize.parallelize`: tp, activation checkpointing, fully_shard; DDP
+around it for replicas), and two AdamW steps run under torch's memory tracker
+(``FSDPMemTracker`` where fully_shard holds the model, else ``MemTracker``), torch's FLOP counter
+and :class:`CommLog` (every collective the fake group is handed: kind, bytes, group size). The
+same code runs on real tensors in a real gloo group (``fake = False``): what the benchmark
+measures the plan against.
+
+A stack of identical blocks costs the same per block, so each mesh is traced at 1 and 2 blocks
+and every figure extrapolated linearly to ``n_layer`` (exact for parameters, gradients,
+optimizer state, activations, FLOPs and collectives; the peak moves by the same per-block
+step). Pipeline schedules do not run on one fake rank (their stages exchange shapes and
+activations point to point): a pp mesh traces one stage (n_layer / pp blocks) at the
+micro-batch size, and the micro-batches in flight, the bubble and the sends are formulas,
+marked as such in ``formula``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gputui.core.mesh import MeshShape, stages_per_rank
+
+KINDS = {"allgather": "all-gather", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
+         "allreduce": "all-reduce", "all_reduce": "all-reduce", "broadcast": "broadcast",
+         "all_to_all": "all-to-all", "alltoall": "all-to-all", "send": "send", "recv": "recv"}
+
+
+def kind_of(op_name: str) -> str:
+    """'all-gather', 'reduce-scatter', 'all-reduce', ... from a c10d op's name."""
+    for key, kind in KINDS.items():
+        if key in op_name:
+            return kind
+    return op_name
+
+
+class CommLog(TorchDispatchMode):
+    """Every collective dispatched while active, as the process group is handed it: its kind,
+    bytes (torch's ``CollectiveOp.get_comm_tensor_size``) and group size, and the phase
+    (``phase``: set by the caller: forward, backward, optimizer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
+
+        self.ops = collective_ops - sync_ops
+        self.phase = "forward"
+        self.calls: list[tuple[str, str, int, int]] = []  # (kind, phase, bytes, group)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        res = func(*args, **(kwargs or {}))
+        if func in self.ops:
+            from torch.distributed._tools.fake_collectives import CollectiveOp
+
+            try:
+                size = int(CollectiveOp.get_comm_tensor_size(func, res, args, kwargs or {}))
+                group = CollectiveOp.get_process_group(func, args).size()
+            except (TypeError, RuntimeError, AttributeError):
+                size, group = 0, 0
+            self.calls.append((kind_of(func.__name__), self.phase, size, group))
+        return res
+
+    def summary(self) -> list[dict[str, Any]]:
+        """The calls grouped by (kind, phase, group size): count and bytes."""
+        out: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for kind, phase, size, group in self.calls:
+            row = out.setdefault((kind, phase, group), {"kind": kind, "phase": phase,
+                                                        "group": group, "count": 0, "bytes": 0})
+            row["count"] += 1
+            row["bytes"] += size
+        return list(out.values())
+
+
+def _categories(tracker: Any, fsdp: bool) -> dict[str, int]:
+    """The tracker's snapshot at the peak, in the plan's categories (bytes)."""
+    snap = tracker.get_tracker_snapshot("peak")
+    dev = next(iter(snap.values())) if snap else {}
+    got = {str(getattr(k, "value", k)): int(v) for k, v in dev.items()}
+    if fsdp:
+        out = {"params": got.get("Sharded Param", 0),
+               "gathered": got.get("Unsharded Param", 0),
+               "grads": got.get("Sharded Grad", 0) + got.get("Unsharded Grad", 0),
+               "optim": got.get("OptState", 0), "activations": got.get("Activation", 0),
+               "temps": got.get("Temp", 0) + got.get("Inputs", 0),
+               "buffers": got.get("All Gather", 0) + got.get("Reduce Scatter", 0)
+               + got.get("Buffer", 0)}
+    else:
+        out = {"params": got.get("Parameter", 0), "gathered": 0,
+               "grads": got.get("Gradient", 0), "optim": got.get("Optstate", 0),
+               "activations": got.get("Activation", 0),
+               "temps": got.get("Temp", 0) + got.get("Other", 0),
+               "buffers": got.get("Buffer", 0)}
+    out["peak"] = int(got.get("Total", sum(out.values())))
+    return out
+
+
+def _now(tracker: Any, category: str) -> int:
+    """The tracker's current bytes of one category (its value's name)."""
+    snap = tracker.get_tracker_snapshot()
+    dev = next(iter(snap.values())) if snap else {}
+    return int(sum(v for k, v in dev.items() if str(getattr(k, "value", k)) == category))
+
+
+def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True,
+                steps: int = 2) -> dict[str, Any]:
+    """One rank's figures for ``spec``'s model at ``n_layer`` blocks on ``mesh`` (already
+    built over the process group): the tracker's categories at the peak, the FLOPs of the last
+    step and its collectives, and (real tensors) the last step's seconds."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gputui.train import parallelize as par
+    from gputui.train.gpt import GPTShape, gpt, lm_loss
+
+    m = spec["model"]
+    shape = MeshShape(**spec["mesh"])
+    g = GPTShape(vocab_size=m["vocab"], context=m["context"], n_layer=n_layer,
+                 n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"])
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec["precision"])
+    micro, chunks = spec["micro_batch"], spec["micro_batches"]
+    context_mode: Any
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        context_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    else:
+        context_mode = contextlib.nullcontext()
+    with context_mode:
+        torch.manual_seed(0)
+        model: nn.Module = gpt(g)
+        with _meshes_real(fake):
+            par.parallelize(model, mesh, shape, [])
+        step_model: nn.Module = model
+        ddp = shape.data_parallel == "ddp"
+        if ddp and not fake:
+            step_model = par.apply_ddp(model, par.dp_group(mesh, shape), torch.device("cpu"))
+        opt_kwargs: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
+        if ddp and shape.dp_shard > 1 and not fake:
+            opt: torch.optim.Optimizer = par.zero1_optimizer(
+                model.parameters(), torch.optim.AdamW, opt_kwargs,
+                mesh["dp_shard"].get_group())
+        else:
+            opt = torch.optim.AdamW(model.parameters(), **opt_kwargs)
+        fsdp = shape.data_parallel == "fsdp"
+        tracker: Any = FSDPMemTracker(model, opt) if fsdp else MemTracker()
+        if not fsdp:
+            tracker.track_external(model, opt)
+        x = torch.randint(0, g.vocab_size, (micro, g.context))
+        y = torch.randint(0, g.vocab_size, (micro, g.context))
+        comm = CommLog()
+        flops = FlopCounterMode(display=False)
+        seconds = 0.0
+        forward_act = 0
+        with tracker:
+            for step in range(steps):
+                last = step == steps - 1
+                t0 = time.perf_counter()
+                with (flops if last else _null()), (comm if last else _null()):
+                    comm.phase = "forward"
+                    for i in range(chunks):
+                        sync = _no_sync(step_model, i < chunks - 1)
+                        with sync:
+                            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                                loss = lm_loss(step_model(x), y) / chunks
+                            if last:  # what autograd keeps is largest as backward begins
+                                forward_act = _now(tracker, "Activation")
+                            comm.phase = "backward"
+                            loss.backward()
+                            comm.phase = "forward"
+                    comm.phase = "optimizer"
+                    opt.step()
+                    opt.zero_grad()
+                seconds = time.perf_counter() - t0
+                if not last:
+                    tracker.reset_mod_stats()
+        out = _categories(tracker, fsdp)
+        # the activations column: as backward begins (the peak's own moment may come later,
+        # when backward has freed some of them); the peak stays the tracker's
+        out["activations"] = max(out["activations"], forward_act)
+        if not fake:  # the step's time, outside every tracking mode
+            times = []
+            for _ in range(int(spec.get("timed_steps", 4))):
+                t0 = time.perf_counter()
+                for i in range(chunks):
+                    with _no_sync(step_model, i < chunks - 1):
+                        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                            loss = lm_loss(step_model(x), y) / chunks
+                        loss.backward()
+                opt.step()
+                opt.zero_grad()
+                times.append(time.perf_counter() - t0)
+            seconds = sorted(times)[len(times) // 2]
+    params = sum(p.numel() for p in model.parameters())
+    return {"mem": out, "flops": int(flops.get_total_flops()), "comm": comm.summary(),
+            "seconds": seconds, "local_params": int(params)}
+
+
+@contextlib.contextmanager
+def _meshes_real(fake: bool) -> Iterator[None]:
+    """fully_shard over a tp model joins the dp and tp meshes (``DeviceMesh._concatenate``),
+    whose rank coordinates are computed with tensor ops: under fake tensors those have no
+    values, so a mesh is built outside the fake mode (its tensors are a few integers)."""
+    if not fake:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    init = DeviceMesh.__init__
+
+    def real_init(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = real_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = init  # type: ignore[method-assign]
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _no_sync(model: nn.Module, skip: bool):
+    """DDP's no_sync for every micro-batch but the last (fully_shard syncs each: as the run)."""
+    sync: Any = getattr(model, "no_sync", None)
+    if skip and callable(sync):
+        return sync()
+    return _null()
+
+
+def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, Any]:
+    """Figures at ``n`` blocks from those at 1 and 2 (a stack of identical blocks)."""
+    def lin(a: float, b: float) -> int:
+        return int(round(a + (n - 1) * (b - a)))
+
+    mem = {k: max(0, lin(one["mem"][k], two["mem"][k])) for k in one["mem"]}
+    comm = []
+    keyed = {(c["kind"], c["phase"], c["group"]): c for c in two["comm"]}
+    for c in one["comm"]:
+        d = keyed.pop((c["kind"], c["phase"], c["group"]), {"count": c["count"] * 2,
+                                                             "bytes": c["bytes"] * 2})
+        comm.append(dict(c, count=lin(c["count"], d["count"]), bytes=lin(c["bytes"], d["bytes"])))
+    for c in keyed.values():  # a collective only the deeper stack has
+        comm.append(dict(c, count=c["count"] * (n - 1), bytes=c["bytes"] * (n - 1)))
+    per_block = {k: two["mem"][k] - one["mem"][k] for k in one["mem"]}
+    return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
+            "local_params": lin(one["local_params"], two["local_params"]),
+            "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
+
+
+def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
+    """The figures of rank 0 of ``spec``'s mesh (the process group is up, of the mesh's world
+    size): traced at 1 and 2 blocks and extrapolated to the model's ``n_layer`` (a pp mesh: to
+    its stage's blocks, with the pipeline's formulas; see the module doc)."""
+    from gputui.train import parallelize as par
+
+    shape = MeshShape(**spec["mesh"])
+    m = spec["model"]
+    formula: list[str] = []
+    blocks = m["n_layer"]
+    if shape.pp > 1:
+        v = stages_per_rank(spec["schedule"], spec.get("stages_per_rank", 2))
+        blocks = max(1, m["n_layer"] // (shape.pp * v)) * v
+        formula.append("pp: one stage traced; micro-batches in flight, the bubble and the "
+                       "stage-to-stage sends are formulas")
+    chunks = spec["micro_batches"]
+    # torch's trackers take one forward per step: one micro-batch is traced, the others
+    # are the same work again (formula)
+    trace_spec = dict(spec, micro_batches=1)
+    inner = shape
+    mesh = par.build_mesh("cpu", shape)
+    if not fake:
+        return trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
+                           mesh, fake=False, steps=spec.get("steps", 3))
+    one = trace_stack(trace_spec, 1, mesh)
+    two = trace_stack(trace_spec, 2, mesh)
+    out = _extrapolate(one, two, blocks)
+    if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
+        out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
+        formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
+                       "divided by tp")
+    if chunks > 1:
+        out = _micro_batches(out, chunks, formula)
+    if inner.data_parallel == "ddp":
+        out = _ddp(inner, out, formula)
+    if shape.pp > 1:
+        out = _pipeline(spec, shape, out, blocks)
+    out["formula"] = formula
+    return out
+
+
+def _micro_batches(out: dict[str, Any], chunks: int, formula: list[str]) -> dict[str, Any]:
+    """A step of ``chunks`` micro-batches from one traced: FLOPs and the forward and backward
+    collectives times ``chunks``; the gradients accumulated between them added to the peak."""
+    out = dict(out, flops=out["flops"] * chunks)
+    out["comm"] = [dict(c, count=c["count"] * chunks, bytes=c["bytes"] * chunks)
+                   if c["phase"] != "optimizer" else c for c in out["comm"]]
+    mem = dict(out["mem"])
+    kept = mem["params"] if mem["grads"] == 0 else 0  # fp32 gradients, the parameters' size
+    mem["grads"] += kept
+    mem["peak"] += kept
+    out["mem"] = mem
+    formula.append(f"micro-batches: one of {chunks} traced; FLOPs and collectives x {chunks}, "
+                   f"the gradients kept between them added")
+    return out
+
+
+DDP_BUCKET = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
+
+
+def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str, Any]:
+    """DDP (and ZeRO-1) from a trace of the model without it: DistributedDataParallel does not
+    construct on fake tensors (it broadcasts real storage), so its bucketed all-reduce of the
+    gradients (in place: gradient_as_bucket_view) and ZeRO-1's sharded optimizer state and
+    parameter broadcast are formulas."""
+    grads = out["mem"]["grads"] or out["local_params"] * 4
+    group = shape.dp
+    mem = dict(out["mem"])  # the buckets (the gradients: gradient_as_bucket_view) are
+    added = grads - mem["grads"]  # allocated with DDP, before the first backward
+    mem["grads"] += added
+    mem["peak"] += added
+    out["mem"] = mem
+    out["comm"] = out["comm"] + [{"kind": "all-reduce", "phase": "backward", "group": group,
+                                  "count": max(1, -(-grads // DDP_BUCKET)), "bytes": grads,
+                                  "formula": True}]
+    formula.append("ddp: DistributedDataParallel does not construct on fake tensors; its "
+                   "bucketed all-reduce of the gradients is a formula")
+    if shape.dp_shard > 1:  # ZeRO-1: ZeroRedundancyOptimizer over the dp_shard ranks
+        saved = mem["optim"] - mem["optim"] // shape.dp_shard
+        mem["optim"] -= saved
+        mem["peak"] -= saved
+        out["mem"] = mem
+        out["comm"].append({"kind": "broadcast", "phase": "optimizer", "group": shape.dp_shard,
+                            "count": shape.dp_shard, "bytes": out["local_params"] * 4,
+                            "formula": True})
+        formula.append("zero 1: the optimizer state over dp_shard and the parameters' "
+                       "broadcast are formulas")
+    return out
+
+
+def _pipeline(spec: dict[str, Any], shape: MeshShape, out: dict[str, Any],
+              blocks: int) -> dict[str, Any]:
+    """A pp stage's figures from its traced stack (one micro-batch): the activations of the
+    micro-batches a schedule keeps in flight (gpipe: all; 1f1b and the others: up to pp), the
+    sends of each micro-batch's activation and gradient (formula)."""
+    m = spec["model"]
+    chunks = spec["micro_batches"]
+    in_flight = chunks if spec["schedule"] in ("gpipe", "looped_bfs") else min(chunks, shape.pp)
+    mem = dict(out["mem"])
+    act = mem["activations"]
+    mem["activations"] = act * in_flight
+    mem["peak"] += act * (in_flight - 1)
+    width = 2 if spec["precision"] in ("bf16", "fp16") else 4
+    edge = spec["micro_batch"] * m["context"] * m["n_embd"] * width
+    out["comm"] = out["comm"] + [
+        {"kind": "send", "phase": "forward", "group": 2, "count": chunks, "bytes": edge * chunks,
+         "formula": True},
+        {"kind": "send", "phase": "backward", "group": 2, "count": chunks,
+         "bytes": edge * chunks, "formula": True}]
+    out["mem"] = mem
+    out["in_flight"] = in_flight
+    return out
+
+
+def _init_fake(world: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_world_size() == world:
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+
+def _traced(spec: dict[str, Any]) -> dict[str, Any]:
+    """plan_rank on the fake group of the spec's world; once more on a fresh group when the
+    first try fails (a group that earlier meshes split into sub-groups has failed a later
+    mesh's tp once, where a fresh one traced it)."""
+    _init_fake(spec["world"])
+    try:
+        return plan_rank(spec)
+    except Exception:  # noqa: BLE001 - the second try's error is the one reported
+        dist.destroy_process_group()
+        _init_fake(spec["world"])
+        return plan_rank(spec)
+
+
+def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
+    """This CPU's matmul FLOP/s at ``spec["threads"]`` (kept per machine by flops.py)."""
+    from gputui.train.flops import device_peak
+
+    torch.set_num_threads(int(spec["threads"]))
+    try:
+        flops, source = device_peak(torch.device("cpu"), spec["dtype"])
+    finally:
+        torch.set_num_threads(1)
+    return {"flops": flops, "source": source}
+
+
+def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
+                 q: Any) -> None:
+    """Spawned entry point of one rank of a real gloo group measuring ``spec``'s mesh on real
+    tensors (the benchmark's and the tests' measured side): rank 0 puts its figures."""
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        got = plan_rank(spec, fake=False)
+        if rank == 0:
+            q.put(got)
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - the parent reports it
+        if rank == 0:
+            q.put({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        dist.destroy_process_group()
+
+
+def main(jobs: list[dict[str, Any]], queue: Any) -> None:
+    """Spawned entry point: trace every job (``{"key", "spec"}``), putting ("line", text) as
+    each starts and ("result", key, figures | {"error"}) as each ends, then ("done",)."""
+    torch.set_num_threads(1)
+    try:
+        for job in jobs:
+            spec = job["spec"]
+            queue.put(("line", f"  {job['label']}"))
+            try:
+                if job.get("kind") == "cpu_peak":
+                    got = _cpu_peak(spec)
+                else:
+                    got = _traced(spec)
+            except Exception as exc:  # one mesh that does not trace is that row's reason
+                got = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            queue.put(("result", job["key"], got))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        queue.put(("done",))

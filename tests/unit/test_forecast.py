@@ -1,0 +1,229 @@
+"""`gputui plan`: the device profiles and --gpus, the time model, the tracer on a fake process
+group (the real GPT and parallelism code under fake tensors) checked against exact counts, the
+plan's memory against the same mesh run for real on two gloo ranks, and the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputui.core.config import ConfigError
+from gputui.core.mesh import MeshShape
+from gputui.runs.forecast import estimate, profiles
+from gputui.runs.forecast.estimate import Candidate, ModelSize
+from gputui.runs.forecast.profiles import Cluster
+from gputui.runs.forecast.tracing import TraceCache, job_key, run_jobs
+
+TINY = ModelSize(n_layer=2, n_embd=32, n_head=4, context=16, vocab=256, batch=8,
+                 precision="fp32", chunks=1)
+PRESET = """[model]
+name = "gpt"
+n_layer = 2
+n_head = 4
+n_embd = 32
+[data]
+name = "pystdlib"
+context = 16
+[optim]
+batch_size = 8
+name = "adamw"
+"""
+MESHES = {  # world -> the meshes traced once for the whole module, in one child
+    1: [MeshShape(one_group="fsdp")],
+    2: [MeshShape(dp_shard=2), MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2)],
+}
+
+
+# ---------------------------------------------------------------- profiles and --gpus
+def test_every_listed_device_has_its_figures_and_a_source():
+    known = profiles.load_profiles()
+    for name in ("A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "L40S",
+                 "RTX4090", "MI300X"):
+        p = known[name]
+        assert p.memory_gib > 0 and p.tflops["bf16"] > p.tflops["fp32"] > 0
+        assert p.source.startswith("https://") and p.link_gbs > 0 and p.net_gbs > 0
+    assert profiles.find(known, "h100").name == "H100-SXM"
+    assert profiles.find(known, "mi300x").tflops["bf16"] == pytest.approx(1307.4)
+
+
+@pytest.mark.parametrize("text,nodes,expected", [
+    ("8xH100", 1, ("H100", 8, 1)), ("H200", 1, ("H200", 1, 1)),
+    ("2x8xH100", 1, ("H100", 8, 2)), ("8xA100-80GB", 4, ("A100-80GB", 8, 4)),
+    ("cpu*4", 1, ("cpu", 4, 1)), ("cpu", 1, ("cpu", 1, 1))])
+def test_gpus_are_read(text, nodes, expected):
+    assert profiles.parse_gpus(text, nodes, profiles.load_profiles()) == expected
+
+
+@pytest.mark.parametrize("text,words", [("8xFOO", "no profile for 'FOO'"),
+                                        ("8 x H100", "give COUNTxDEVICE"),
+                                        ("0xH100", "1 to 65536")])
+def test_bad_gpus_say_what_and_how(text, words):
+    with pytest.raises(ConfigError, match=words):
+        profiles.parse_gpus(text, 1, profiles.load_profiles())
+
+
+def test_a_user_profile_adds_a_device_and_a_broken_one_is_one_line(tmp_path):
+    good = tmp_path / "mine.toml"
+    good.write_text('[B200]\nmemory_gib = 180\ntflops = { bf16 = 2250.0, fp32 = 80.0 }\n'
+                    'link_gbs = 900\nnet_gbs = 50\nefficiency = 0.5\n')
+    known = profiles.load_profiles(str(good))
+    p = profiles.find(known, "B200")
+    assert p.memory == 180 * 2**30 and p.efficiency == 0.5 and "mine.toml" in p.source
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[X]\nmemory_gib = 'lots'\n")
+    with pytest.raises(ConfigError, match=r"profile \[X\] needs memory_gib and tflops"):
+        profiles.load_profiles(str(bad))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        profiles.load_profiles(str(tmp_path / "missing.toml"))
+
+
+# ---------------------------------------------------------------- the time model
+def test_collectives_take_the_link_their_group_spans():
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    two_nodes = Cluster(h100, 8, 2)
+    fsdp = MeshShape(dp_shard=16)
+    hsdp = MeshShape(dp_replicate=2, dp_shard=8)
+    gather = {"kind": "all-gather", "phase": "forward", "group": 16, "count": 1,
+              "bytes": 16 * 2**30}
+    across = estimate.collective_time(gather, fsdp, two_nodes)
+    inside = estimate.collective_time(dict(gather, group=8), hsdp, two_nodes)
+    # a ring of 16 over the network against a ring of 8 over NVLink: 50 against 450 GB/s
+    assert across == pytest.approx(15 * 25e-6 + 16 * 2**30 * 15 / 16 / 40e9)
+    assert inside == pytest.approx(7 * 10e-6 + 16 * 2**30 * 7 / 8 / 360e9)
+    reduce = dict(gather, kind="all-reduce", group=8)
+    assert estimate.collective_time(reduce, hsdp, two_nodes) == pytest.approx(2 * inside, 1e-3)
+
+
+def _row(mem: dict, flops: int = 10**15, comm: list | None = None, shape=None):
+    shape = shape or MeshShape(dp_shard=8)
+    spec = estimate.spec_of(TINY, shape, 8)
+    assert isinstance(spec, dict)
+    full = {k: 0 for k in estimate.MEM_PARTS} | mem
+    got = {"mem": dict(full, peak=sum(full.values())), "flops": flops, "comm": comm or [],
+           "formula": []}
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    return estimate.make_row(Candidate(shape, spec), got, TINY, Cluster(h100, 8))
+
+
+def test_a_row_fits_or_says_why_not_and_times_its_step():
+    ok = _row({"params": 2**30, "activations": 10 * 2**30})
+    assert ok.fits and not ok.reason
+    # 1 PFLOP at 989.4 TFLOP/s x 0.45
+    assert ok.compute_s == pytest.approx(1e15 / (66.9e12 * 0.45))
+    assert ok.tokens_per_s == pytest.approx(8 * 16 / ok.step_s)
+    big = _row({"params": 2**30, "activations": 90 * 2**30})
+    assert not big.fits and big.reason.startswith("activations of 90.0 GiB per rank at "
+                                                  "context 16: try ac = full or ac = selective")
+    state = _row({"params": 40 * 2**30, "optim": 80 * 2**30},
+                 shape=MeshShape(dp_replicate=8))
+    assert "optimizer state of 120.0 GiB per rank: try fsdp (zero 3)" in state.reason
+    rows = estimate.order([big, state, ok])
+    assert rows[0] is ok and estimate.pareto(rows) == [ok]
+
+
+# ---------------------------------------------------------------- the tracer
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """Every mesh of MESHES traced in one child, kept in a cache folder of the module's."""
+    folder = tmp_path_factory.mktemp("plan-cache")
+    jobs, keys = [], {}
+    for world, shapes in MESHES.items():
+        for shape in shapes:
+            spec = estimate.spec_of(TINY, shape, world)
+            assert isinstance(spec, dict), spec
+            jobs.append({"kind": "trace", "spec": spec, "label": shape.describe()})
+            keys[(world, shape)] = job_key("trace", spec)
+    got = run_jobs(jobs, lambda _: None, cache=TraceCache(folder))
+    return folder, {k: got[v] for k, v in keys.items()}
+
+
+def test_the_trace_counts_what_the_real_code_holds(traced):
+    _, got = traced
+    whole = TINY.params() * 4  # fp32 bytes of every parameter
+    single = got[(1, MeshShape(one_group="fsdp"))]
+    fsdp2 = got[(2, MeshShape(dp_shard=2))]
+    assert "error" not in single and "error" not in fsdp2, (single, fsdp2)
+    assert single["mem"]["params"] == pytest.approx(whole, rel=0.01)
+    assert single["mem"]["optim"] == pytest.approx(2 * whole, rel=0.01)  # AdamW: 2 moments
+    # fully_shard over 2: half of each, and half of the work (the batch split)
+    assert fsdp2["mem"]["params"] == pytest.approx(whole / 2, rel=0.05)
+    assert fsdp2["flops"] == pytest.approx(single["flops"] / 2, rel=0.01)
+    kinds = {(c["kind"], c["phase"]): c for c in fsdp2["comm"]}
+    # ZeRO-3: the parameters gathered for forward and again for backward, the gradients
+    # reduce-scattered: each the whole model's bytes (3 units: 2 blocks and the root)
+    for k in (("all-gather", "forward"), ("all-gather", "backward"),
+              ("reduce-scatter", "backward")):
+        assert kinds[k]["group"] == 2 and kinds[k]["count"] == 3
+        assert kinds[k]["bytes"] == pytest.approx(whole, rel=0.05)
+    ddp = got[(2, MeshShape(dp_replicate=2))]
+    reduce = next(c for c in ddp["comm"] if c["kind"] == "all-reduce")
+    assert reduce["formula"] and reduce["bytes"] == whole and "ddp:" in ddp["formula"][0]
+    tp = got[(2, MeshShape(tp=2))]
+    ar = [c for c in tp["comm"] if c["kind"] == "all-reduce" and c["group"] == 2]
+    # a block's attention and MLP: one all-reduce each in forward and in backward
+    assert sum(c["count"] for c in ar) == 4 * TINY.n_layer
+    pp = got[(2, MeshShape(pp=2))]
+    assert any(c["kind"] == "send" and c["formula"] for c in pp["comm"])
+    assert pp["in_flight"] == 2 and any(f.startswith("pp:") for f in pp["formula"])
+
+
+def test_the_planned_peak_is_the_measured_one_of_the_same_mesh_on_two_ranks(traced):
+    """The mesh run for real (two gloo ranks, real tensors, every block) against its plan
+    (fake tensors at 1 and 2 blocks, extrapolated): memory and FLOPs. Loose bounds; the
+    benchmark holds the tight ones (benchmarks/bench_plan.py)."""
+    from gputui.runs.forecast.measure import measure_mesh
+
+    _, got = traced
+    planned = got[(2, MeshShape(dp_shard=2))]
+    spec = estimate.spec_of(TINY, MeshShape(dp_shard=2), 2)
+    assert isinstance(spec, dict)
+    real = measure_mesh(dict(spec, steps=2, timed_steps=1), threads=1, timeout=240)
+    assert "error" not in real, real
+    assert 0.8 <= planned["mem"]["peak"] / real["mem"]["peak"] <= 1.25
+    assert planned["mem"]["params"] == real["mem"]["params"]
+    assert planned["flops"] == pytest.approx(real["flops"], rel=0.01)
+
+
+# ---------------------------------------------------------------- the command
+def _gputui(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ, GPUTUI_CACHE_DIR=str(cache))
+    return subprocess.run([sys.executable, "-m", "gputui", "plan", *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_path):
+    from gputui.core.config import load_preset
+
+    folder, _ = traced
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(PRESET)
+    out = tmp_path / "chosen.toml"
+    done = _gputui(str(preset), "--gpus", "H100", "--json", "--write-preset", "1", str(out),
+                   cache=folder)
+    assert done.returncode == 0, done.stderr
+    assert "tracing" not in done.stderr  # the one mesh of one GPU was kept by the fixture
+    plan = json.loads(done.stdout)
+    row = plan["rows"][0]
+    assert plan["world"] == 1 and row["fits"] and row["step_s"] > 0
+    assert row["mem"]["params"] == pytest.approx(TINY.params() * 4, rel=0.01)
+    assert any("assumption" in a for a in plan["assumptions"])
+    cfg = load_preset(out)
+    assert cfg.strategy.name == "mesh" and cfg.model.n_embd == 32
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--gpus", "8xFOO"], "no profile for 'FOO'"),
+    (["--gpus", "8xH100", "--efficiency", "2"], "--efficiency 2.0: give a share"),
+    (["--gpus", "8xH100", "--profile", "/nonexistent.toml"], "cannot read it")])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(PRESET)
+    done = _gputui(str(preset), *args, cache=tmp_path)
+    assert done.returncode == 2
+    assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1
