@@ -159,12 +159,3 @@ def fake_gpus(monkeypatch):
 
     yield install
     nvml.use_module(None)
-
-
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: two workers a core (the README's --maxprocesses caps them). The suite waits
-    more than it computes: its training processes start, rendezvous, sleep through steps
-    slowed on purpose and poll their records, so on 2 cores one worker a core left a third
-    of the CPU idle (about 1,000 CPU seconds over 626-754 s of wall time, measured with a
-    cgroup per test); a second worker a core fills those waits."""
-    return 2 * (os.cpu_count() or 1)

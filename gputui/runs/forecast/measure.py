@@ -11,7 +11,9 @@ import socket
 from typing import Any
 
 
-def _rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int, q: Any) -> None:
+def measure_main(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
+                 q: Any) -> None:
+    """Spawned entry point of one measuring rank (not a run: it records nothing)."""
     from gputui.train.plan_trace import measure_rank
 
     measure_rank(rank, world, port, spec, threads, q)
@@ -46,7 +48,7 @@ def measure_mesh(spec: dict[str, Any], threads: int, timeout: float = 600.0) -> 
     q = ctx.Queue()
     port = _free_port()
     world = int(spec["world"])
-    procs = [ctx.Process(target=_rank, args=(r, world, port, spec, threads, q),
+    procs = [ctx.Process(target=measure_main, args=(r, world, port, spec, threads, q),
                          name=f"gputui-plan-measure-{r}") for r in range(world)]
     for p in procs:
         p.start()

@@ -69,8 +69,9 @@ def run_jobs(jobs: list[dict[str, Any]], line: Line, timeout: float = 1800.0,
     return out
 
 
-def _child(jobs: list[dict[str, Any]], q: Any) -> None:
-    """Spawned entry point; torch is imported here, never in the CLI process."""
+def trace_main(jobs: list[dict[str, Any]], q: Any) -> None:
+    """Spawned entry point of the plan's tracing child (not a run: it records nothing and
+    holds no real tensor); torch is imported here, never in the CLI process."""
     from gputui.train import plan_trace
 
     plan_trace.main(jobs, q)
@@ -84,7 +85,7 @@ def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float,
     own_tracker()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(jobs, q), name="gputui-plan-trace")
+    proc = ctx.Process(target=trace_main, args=(jobs, q), name="gputui-plan-trace")
     with signals.deferred():
         proc.start()
     out: dict[str, dict] = {}
