@@ -164,32 +164,40 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         flops = FlopCounterMode(display=False)
         seconds = 0.0
         forward_act = 0
-        with tracker:
-            for step in range(steps):
-                last = step == steps - 1
-                t0 = time.perf_counter()
-                with (flops if last else _null()), (comm if last else _null()):
-                    comm.phase = "forward"
-                    for i in range(chunks):
-                        sync = _no_sync(step_model, i < chunks - 1)
-                        with sync:
-                            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-                                loss = lm_loss(step_model(x), y) / chunks
-                            if last:  # what autograd keeps is largest as backward begins
-                                forward_act = _now(tracker, "Activation")
-                            comm.phase = "backward"
-                            loss.backward()
-                            comm.phase = "forward"
-                    comm.phase = "optimizer"
-                    opt.step()
-                    opt.zero_grad()
-                seconds = time.perf_counter() - t0
-                if not last:
-                    tracker.reset_mod_stats()
+        forward_total = 0
+        for step in range(steps):
+            last = step == steps - 1
+            t0 = time.perf_counter()
+            # each step entered anew: entering sets the tracker's peak to what is held now,
+            # so the peak is the last step's, with the optimizer state the first one made
+            # (a first step's own peak, before that state exists, won at 1 block and lost at
+            # 2 for tp 2, and the extrapolation mixed the two moments)
+            with tracker, (flops if last else _null()), (comm if last else _null()):
+                comm.phase = "forward"
+                for i in range(chunks):
+                    sync = _no_sync(step_model, i < chunks - 1)
+                    with sync:
+                        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                            loss = lm_loss(step_model(x), y) / chunks
+                        if last:  # what autograd keeps is largest as backward begins
+                            forward_act = _now(tracker, "Activation")
+                            forward_total = _now(tracker, "Total")
+                        comm.phase = "backward"
+                        loss.backward()
+                        comm.phase = "forward"
+                comm.phase = "optimizer"
+                opt.step()
+                opt.zero_grad()
+            seconds = time.perf_counter() - t0
+            if not last:
+                tracker.reset_mod_stats()
         out = _categories(tracker, fsdp)
         # the activations column: as backward begins (the peak's own moment may come later,
         # when backward has freed some of them); the peak stays the tracker's
         out["activations"] = max(out["activations"], forward_act)
+        # what the rank holds as backward begins is a moment of the step too: the peak is
+        # never below it (kept apart, so that each depth's is extrapolated on its own)
+        out["at_backward"] = forward_total
         if not fake:  # the step's time, outside every tracking mode
             times = []
             for _ in range(int(spec.get("timed_steps", 4))):
@@ -253,7 +261,11 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, 
     def lin(a: float, b: float) -> int:
         return int(round(a + (n - 1) * (b - a)))
 
-    mem = {k: max(0, lin(one["mem"][k], two["mem"][k])) for k in one["mem"]}
+    mem = {k: max(0, lin(one["mem"][k], two["mem"].get(k, 0))) for k in one["mem"]}
+    # the peak's moment can differ between 1 and 2 blocks (in the optimizer step at one, as
+    # backward begins at the other): the peak at n blocks is at least what the rank holds as
+    # backward begins there, each moment extrapolated on its own
+    mem["peak"] = max(mem["peak"], mem.pop("at_backward", 0))
     comm = []
     keyed = {(c["kind"], c["phase"], c["group"]): c for c in two["comm"]}
     for c in one["comm"]:
@@ -262,7 +274,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, 
         comm.append(dict(c, count=lin(c["count"], d["count"]), bytes=lin(c["bytes"], d["bytes"])))
     for c in keyed.values():  # a collective only the deeper stack has
         comm.append(dict(c, count=c["count"] * (n - 1), bytes=c["bytes"] * (n - 1)))
-    per_block = {k: two["mem"][k] - one["mem"][k] for k in one["mem"]}
+    per_block = {k: two["mem"][k] - one["mem"][k] for k in mem}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
             "local_params": lin(one["local_params"], two["local_params"]),
             "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
@@ -290,8 +302,10 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     inner = shape
     mesh = par.build_mesh("cpu", shape)
     if not fake:
-        return trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
-                           mesh, fake=False, steps=spec.get("steps", 3))
+        got = trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
+                          mesh, fake=False, steps=spec.get("steps", 3))
+        got["mem"].pop("at_backward", None)  # the tracker's peak of a real step is above it
+        return got
     one = trace_stack(trace_spec, 1, mesh)
     two = trace_stack(trace_spec, 2, mesh)
     out = _extrapolate(one, two, blocks)
@@ -333,7 +347,10 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
     construct on fake tensors (it broadcasts real storage), so its bucketed all-reduce of the
     gradients (in place: gradient_as_bucket_view) and ZeRO-1's sharded optimizer state and
     parameter broadcast are formulas."""
-    grads = out["mem"]["grads"] or out["local_params"] * 4
+    # the buckets hold every gradient of the rank, the parameters' bytes, all step: not the
+    # few gradients the tracker saw at the peak (at GPT-2 small: 6 KiB, the all-reduce's
+    # bytes until this was so)
+    grads = max(out["mem"]["params"], out["local_params"] * 4)
     group = shape.dp
     mem = dict(out["mem"])  # the buckets (the gradients: gradient_as_bucket_view) are
     added = grads - mem["grads"]  # allocated with DDP, before the first backward

@@ -36,6 +36,13 @@ MESHES = {  # world -> the meshes traced once for the whole module, in one child
     1: [MeshShape(one_group="fsdp")],
     2: [MeshShape(dp_shard=2), MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2)],
 }
+# GPT-2 small's width at 12 blocks (86M parameters, fp32, batch 32): fake tensors allocate
+# nothing and only 1 and 2 blocks are traced, so it costs what TINY does; at this size the
+# peak's moment differs between 1 and 2 blocks (issue 33: tp 2's optimizer state came out
+# larger than ddp's)
+WIDE = ModelSize(n_layer=12, n_embd=768, n_head=12, context=1024, vocab=256, batch=32,
+                 precision="fp32", chunks=1)
+WIDE_MESHES = [MeshShape(dp_replicate=2), MeshShape(tp=2)]
 
 
 # ---------------------------------------------------------------- profiles and --gpus
@@ -137,6 +144,11 @@ def traced(tmp_path_factory):
             assert isinstance(spec, dict), spec
             jobs.append({"kind": "trace", "spec": spec, "label": shape.describe()})
             keys[(world, shape)] = job_key("trace", spec)
+    for shape in WIDE_MESHES:
+        spec = estimate.spec_of(WIDE, shape, 2)
+        assert isinstance(spec, dict), spec
+        jobs.append({"kind": "trace", "spec": spec, "label": "wide " + shape.describe()})
+        keys[("wide", shape)] = job_key("trace", spec)
     got = run_jobs(jobs, lambda _: None, cache=TraceCache(folder))
     return folder, {k: got[v] for k, v in keys.items()}
 
@@ -169,6 +181,48 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
     pp = got[(2, MeshShape(pp=2))]
     assert any(c["kind"] == "send" and c["formula"] for c in pp["comm"])
     assert pp["in_flight"] == 2 and any(f.startswith("pp:") for f in pp["formula"])
+
+
+def _wide_arithmetic():
+    e, n = WIDE.n_embd, WIDE.n_layer
+    rest = WIDE.vocab * e + WIDE.context * e + 2 * e  # embeddings (tied) and the last norm
+    # a block: q, k, v, fc (weights and biases) and the two projections' weights are split
+    # over tp; the projections' biases and the two norms (6 e) are replicated
+    tp_local = (n * ((12 * e * e + 7 * e) // 2 + 6 * e) + rest) * 4
+    steps = 4 * (16 * n + 4)  # AdamW's step counter: one fp32 scalar per parameter tensor
+    return WIDE.params() * 4, tp_local, steps
+
+
+def _peak_holds_its_moment(mem: dict) -> None:
+    # the peak is never below what the rank holds as backward begins
+    assert mem["peak"] >= mem["params"] + mem["optim"] + mem["activations"]
+
+
+def test_ddp_per_rank_state_and_buckets_are_arithmetic_at_gpt2_small_width(traced):
+    """ddp holds every parameter, gradient (its buckets, all step) and both AdamW moments,
+    and all-reduces every gradient in 25 MiB buckets."""
+    _, got = traced
+    whole, _, steps = _wide_arithmetic()
+    ddp = got[("wide", MeshShape(dp_replicate=2))]
+    assert "error" not in ddp, ddp
+    assert ddp["mem"]["params"] == whole
+    assert ddp["mem"]["optim"] == 2 * whole + steps
+    assert ddp["mem"]["grads"] == whole
+    reduce = next(c for c in ddp["comm"] if c["kind"] == "all-reduce")
+    assert reduce["bytes"] == whole and reduce["count"] == -(-whole // (25 * 2**20))
+    _peak_holds_its_moment(ddp["mem"])
+
+
+def test_tp_per_rank_state_is_arithmetic_at_gpt2_small_width(traced):
+    """tp 2 holds half of each block's split weights and all of the replicated rest, and
+    AdamW's two moments of exactly those (not more than ddp's, as before issue 33's fix)."""
+    _, got = traced
+    _, tp_local, steps = _wide_arithmetic()
+    tp = got[("wide", MeshShape(tp=2))]
+    assert "error" not in tp, tp
+    assert tp["mem"]["params"] == tp_local
+    assert tp["mem"]["optim"] == 2 * tp_local + steps
+    _peak_holds_its_moment(tp["mem"])
 
 
 def test_the_planned_peak_is_the_measured_one_of_the_same_mesh_on_two_ranks(traced):
