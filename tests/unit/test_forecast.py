@@ -132,6 +132,28 @@ def test_a_row_fits_or_says_why_not_and_times_its_step():
     assert rows[0] is ok and estimate.pareto(rows) == [ok]
 
 
+def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):
+    from gputui.cli.forecast import print_plan, seconds
+    from gputui.runs.forecast.planner import Plan
+
+    assert [seconds(x) for x in (1.234, 0.2784, 0.0144, 8.83e-5, 9.996e-4, 0.0, None)] == [
+        "1.23 s", "278 ms", "14.4 ms", "88.3 µs", "1 ms", "0", "-"]
+    # 1 TFLOP on an H100 at 0.45: 33.2 ms and a 1 MiB all-reduce of 145 µs (both 0.033 and
+    # 0.000 s before)
+    ok = _row({"params": 2**30, "activations": 2**30}, flops=10**12,
+              comm=[{"kind": "all-reduce", "phase": "backward", "group": 8, "count": 1,
+                     "bytes": 2**20}])
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    print_plan(Plan(Cluster(h100, 8), TINY, [ok]))
+    out = capsys.readouterr().out
+    assert "33.4 ms" in out and "145 µs" in out and "0.000" not in out
+    assert "do not fit" not in out  # every row fits: no heading with nothing under it
+    big = _row({"params": 2**30, "activations": 90 * 2**30})
+    print_plan(Plan(Cluster(h100, 8), TINY, [ok, big]))
+    out = capsys.readouterr().out
+    assert "rows that do not fit, and why:\n  2: activations of 90.0 GiB" in out
+
+
 # ---------------------------------------------------------------- the tracer
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
