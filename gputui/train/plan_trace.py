@@ -11,13 +11,19 @@ and :class:`CommLog` (every collective the fake group is handed: kind, bytes, gr
 same code runs on real tensors in a real gloo group (``fake = False``): what the benchmark
 measures the plan against.
 
-A stack of identical blocks costs the same per block, so each mesh is traced at 1 and 2 blocks
-and every figure extrapolated linearly to ``n_layer`` (exact for parameters, gradients,
-optimizer state, activations, FLOPs and collectives; the peak moves by the same per-block
-step). Pipeline schedules do not run on one fake rank (their stages exchange shapes and
-activations point to point): a pp mesh traces one stage (n_layer / pp blocks) at the
-micro-batch size, and the micro-batches in flight, the bubble and the sends are formulas,
-marked as such in ``formula``.
+A stack of identical blocks costs the same per block, so each mesh is traced at 2 and 3 blocks
+(1 and 2 for a stack of one) and every figure extrapolated linearly to ``n_layer`` (exact for
+parameters, gradients, optimizer state, activations, FLOPs and collectives; the peak moves by
+the same per-block step). Not from 1 block: a lone block is the first and the last at once,
+and its peak comes at another moment (fully_shard at ZeRO-3: the whole model gathered and no
+all-gather buffer at 1 block, one block gathered and one buffer from 2 blocks on, so the
+buffers extrapolated from 1 and 2 grew by a block's each block: 0.29 GiB at 12 blocks of
+GPT-2 small's width where a 12-block trace holds 27 MiB).
+
+Pipeline schedules do not run on one fake rank (their stages exchange shapes and activations
+point to point): a pp mesh traces one stage (n_layer / pp blocks) at the micro-batch size,
+and the micro-batches in flight, the bubble and the sends are formulas, marked as such in
+``formula``.
 """
 
 from __future__ import annotations
@@ -256,24 +262,27 @@ def _no_sync(model: nn.Module, skip: bool):
     return _null()
 
 
-def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, Any]:
-    """Figures at ``n`` blocks from those at 1 and 2 (a stack of identical blocks)."""
+def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
+                 depth: int = 1) -> dict[str, Any]:
+    """Figures at ``n`` blocks from those at ``depth`` and ``depth + 1`` (a stack of identical
+    blocks)."""
     def lin(a: float, b: float) -> int:
-        return int(round(a + (n - 1) * (b - a)))
+        return int(round(a + (n - depth) * (b - a)))
 
     mem = {k: max(0, lin(one["mem"][k], two["mem"].get(k, 0))) for k in one["mem"]}
-    # the peak's moment can differ between 1 and 2 blocks (in the optimizer step at one, as
+    # the peak's moment can differ between the two depths (in the optimizer step at one, as
     # backward begins at the other): the peak at n blocks is at least what the rank holds as
     # backward begins there, each moment extrapolated on its own
     mem["peak"] = max(mem["peak"], mem.pop("at_backward", 0))
     comm = []
     keyed = {(c["kind"], c["phase"], c["group"]): c for c in two["comm"]}
     for c in one["comm"]:
-        d = keyed.pop((c["kind"], c["phase"], c["group"]), {"count": c["count"] * 2,
-                                                             "bytes": c["bytes"] * 2})
+        d = keyed.pop((c["kind"], c["phase"], c["group"]),
+                      {"count": c["count"] * (depth + 1) // depth,
+                       "bytes": c["bytes"] * (depth + 1) // depth})
         comm.append(dict(c, count=lin(c["count"], d["count"]), bytes=lin(c["bytes"], d["bytes"])))
-    for c in keyed.values():  # a collective only the deeper stack has
-        comm.append(dict(c, count=c["count"] * (n - 1), bytes=c["bytes"] * (n - 1)))
+    for c in keyed.values():  # a collective only the deeper stack has: one more block's
+        comm.append(dict(c, count=c["count"] * (n - depth), bytes=c["bytes"] * (n - depth)))
     per_block = {k: two["mem"][k] - one["mem"][k] for k in mem}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
             "local_params": lin(one["local_params"], two["local_params"]),
@@ -282,7 +291,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, 
 
 def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     """The figures of rank 0 of ``spec``'s mesh (the process group is up, of the mesh's world
-    size): traced at 1 and 2 blocks and extrapolated to the model's ``n_layer`` (a pp mesh: to
+    size): traced at 2 and 3 blocks and extrapolated to the model's ``n_layer`` (a pp mesh: to
     its stage's blocks, with the pipeline's formulas; see the module doc)."""
     from gputui.train import parallelize as par
 
@@ -306,9 +315,10 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
                           mesh, fake=False, steps=spec.get("steps", 3))
         got["mem"].pop("at_backward", None)  # the tracker's peak of a real step is above it
         return got
-    one = trace_stack(trace_spec, 1, mesh)
-    two = trace_stack(trace_spec, 2, mesh)
-    out = _extrapolate(one, two, blocks)
+    depth = 1 if blocks == 1 else 2  # see the module doc: not from a lone block
+    one = trace_stack(trace_spec, depth, mesh)
+    two = trace_stack(trace_spec, depth + 1, mesh)
+    out = _extrapolate(one, two, blocks, depth)
     if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
         out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
         formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
