@@ -340,7 +340,9 @@ def _micro_batches(out: dict[str, Any], chunks: int, formula: list[str]) -> dict
     out["comm"] = [dict(c, count=c["count"] * chunks, bytes=c["bytes"] * chunks)
                    if c["phase"] != "optimizer" else c for c in out["comm"]]
     mem = dict(out["mem"])
-    kept = mem["params"] if mem["grads"] == 0 else 0  # fp32 gradients, the parameters' size
+    # the gradients accumulated between micro-batches: the (sharded) parameters' size, less
+    # what the tracker saw at the peak (a few bytes of gradients there once skipped it all)
+    kept = max(0, mem["params"] - mem["grads"])
     mem["grads"] += kept
     mem["peak"] += kept
     out["mem"] = mem

@@ -264,6 +264,18 @@ def test_zero3_holds_one_block_gathered_at_any_depth(traced):
     _peak_holds_its_moment(z3["mem"])
 
 
+def test_micro_batches_keep_every_gradient_between_them():
+    """Gradient accumulation holds a gradient of every (sharded) parameter between
+    micro-batches, whatever few gradients the trace's peak held."""
+    from gputui.train.plan_trace import _micro_batches
+
+    mem = {"params": 1000, "gathered": 0, "grads": 8, "optim": 2000, "activations": 500,
+           "temps": 0, "buffers": 0, "peak": 3508}
+    out = _micro_batches({"mem": mem, "flops": 10, "comm": []}, 4, [])
+    assert out["mem"]["grads"] == 1000 and out["mem"]["peak"] == 3508 + 992
+    assert out["flops"] == 40
+
+
 def test_the_planned_peak_is_the_measured_one_of_the_same_mesh_on_two_ranks(traced):
     """The mesh run for real (two gloo ranks, real tensors, every block) against its plan
     (fake tensors at 1 and 2 blocks, extrapolated): memory and FLOPs. Loose bounds; the
