@@ -43,6 +43,10 @@ MESHES = {  # world -> the meshes traced once for the whole module, in one child
 WIDE = ModelSize(n_layer=12, n_embd=768, n_head=12, context=1024, vocab=256, batch=32,
                  precision="fp32", chunks=1)
 WIDE_MESHES = [MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(dp_shard=2)]
+# the same width at a short context: activations small beside the state, the peak inside
+# AdamW's step
+SHORT = ModelSize(n_layer=12, n_embd=768, n_head=12, context=64, vocab=256, batch=4,
+                  precision="fp32", chunks=1)
 
 
 # ---------------------------------------------------------------- profiles and --gpus
@@ -171,6 +175,10 @@ def traced(tmp_path_factory):
         assert isinstance(spec, dict), spec
         jobs.append({"kind": "trace", "spec": spec, "label": "wide " + shape.describe()})
         keys[("wide", shape)] = job_key("trace", spec)
+    spec = estimate.spec_of(SHORT, MeshShape(dp_replicate=2), 2)
+    assert isinstance(spec, dict), spec
+    jobs.append({"kind": "trace", "spec": spec, "label": "short dp_replicate 2"})
+    keys[("short", MeshShape(dp_replicate=2))] = job_key("trace", spec)
     got = run_jobs(jobs, lambda _: None, cache=TraceCache(folder))
     return folder, {k: got[v] for k, v in keys.items()}
 
@@ -194,6 +202,9 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
         assert kinds[k]["group"] == 2 and kinds[k]["count"] == 3
         assert kinds[k]["bytes"] == pytest.approx(whole, rel=0.05)
     ddp = got[(2, MeshShape(dp_replicate=2))]
+    steps = 4 * (16 * TINY.n_layer + 4)  # AdamW: 2 moments, a step counter per tensor
+    for mesh in (single, ddp):
+        assert mesh["mem"]["optim"] == 2 * whole + steps, mesh["mem"]
     reduce = next(c for c in ddp["comm"] if c["kind"] == "all-reduce")
     assert reduce["formula"] and reduce["bytes"] == whole and "ddp:" in ddp["formula"][0]
     tp = got[(2, MeshShape(tp=2))]
@@ -262,6 +273,21 @@ def test_zero3_holds_one_block_gathered_at_any_depth(traced):
     assert z3["mem"]["params"] == whole // 2 and z3["mem"]["optim"] == whole + steps
     assert z3["mem"]["gathered"] + z3["mem"]["buffers"] <= 2 * (block + rest)
     _peak_holds_its_moment(z3["mem"])
+
+
+def test_the_optimizer_column_is_the_state_when_the_peak_is_in_its_step(traced):
+    """Where the peak comes inside opt.step (a short context), the tracker files the foreach
+    update's temporaries as optimizer state: the column is still AdamW's 2 moments (and a
+    step counter per tensor), the rest temporaries, the peak unchanged."""
+    _, got = traced
+    _, _, steps = _wide_arithmetic()
+    whole = SHORT.params() * 4
+    short = got[("short", MeshShape(dp_replicate=2))]
+    assert "error" not in short, short
+    assert short["mem"]["optim"] == 2 * whole + steps
+    assert short["mem"]["temps"] > 0
+    m = short["mem"]
+    assert m["peak"] >= m["params"] + m["grads"] + m["optim"] + m["temps"]
 
 
 def test_micro_batches_keep_every_gradient_between_them():
