@@ -141,6 +141,19 @@ def _gib(n: int | None) -> str:
     return f"{n / GIB:.2f}" if n else "-"
 
 
+def seconds(s: float | None) -> str:
+    """A duration in the unit that shows it with 3 significant figures: 1.21 s, 278 ms,
+    96.5 µs (a step of a small model on a GPU is well under a millisecond)."""
+    if s is None:
+        return "-"
+    if s <= 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if float(f"{s / scale:.3g}") >= 1:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
 def print_plan(plan) -> None:
     """The table (rows that fit, fastest first), the collectives of the best, the assumptions."""
     from rich.console import Console
@@ -155,7 +168,7 @@ def print_plan(plan) -> None:
                         f"{m.precision}, batch {m.batch}{' per dp rank' if m.local_batch else ''}"
                         f") on {plan.cluster.describe()}; memory in GiB per rank")
     cols = ("#", "strategy", "mesh", "zero", "ac", "params", "grads", "optim", "act",
-            "temp+buf", "peak", "fits", "step s", "tok/s", "MFU", "comm s")
+            "temp+buf", "peak", "fits", "step", "tok/s", "MFU", "comm")
     for c in cols:
         table.add_column(c, justify="left" if c in ("strategy", "mesh", "ac") else "right",
                          no_wrap=True)
@@ -171,12 +184,14 @@ def print_plan(plan) -> None:
                       _gib(mem["optim"]), _gib(mem["activations"]),
                       _gib(mem["temps"] + mem["buffers"]), _gib(r.peak),
                       "yes" if r.fits else "no",
-                      f"{r.step_s:.3f}" if r.step_s else "-",
+                      seconds(r.step_s) if r.step_s else "-",
                       f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-",
-                      f"{r.mfu:.0%}" if r.mfu else "-", f"{r.comm_exposed_s:.3f}")
+                      f"{r.mfu:.0%}" if r.mfu else "-", seconds(r.comm_exposed_s))
     console.print(table)
     console.print("* the Pareto front (no other mesh that fits is both smaller and faster); "
-                  "rows that do not fit, and why:")
+                  "comm: the collectives' time the step waits for")
+    if notes:
+        console.print("rows that do not fit, and why:")
     for text in notes:
         console.print(text, soft_wrap=True)
     formulas = sorted({f for r in plan.rows for f in r.formula})
@@ -194,7 +209,7 @@ def print_plan(plan) -> None:
             mark = " (formula)" if c.get("formula") else ""
             console.print(f"  {c['kind']:>14} {c['phase']:<9} group {c['group']:>3}: "
                           f"{c['count']:>4} calls, {c['bytes'] / 2**20:,.1f} MiB, "
-                          f"{c['seconds'] * 1000:.2f} ms{mark}")
+                          f"{seconds(c['seconds'])}{mark}")
     console.print("assumptions:")
     for a in plan.assumptions:
         console.print(f"  {a}")

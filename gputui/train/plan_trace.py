@@ -11,13 +11,19 @@ and :class:`CommLog` (every collective the fake group is handed: kind, bytes, gr
 same code runs on real tensors in a real gloo group (``fake = False``): what the benchmark
 measures the plan against.
 
-A stack of identical blocks costs the same per block, so each mesh is traced at 1 and 2 blocks
-and every figure extrapolated linearly to ``n_layer`` (exact for parameters, gradients,
-optimizer state, activations, FLOPs and collectives; the peak moves by the same per-block
-step). Pipeline schedules do not run on one fake rank (their stages exchange shapes and
-activations point to point): a pp mesh traces one stage (n_layer / pp blocks) at the
-micro-batch size, and the micro-batches in flight, the bubble and the sends are formulas,
-marked as such in ``formula``.
+A stack of identical blocks costs the same per block, so each mesh is traced at 2 and 3 blocks
+(1 and 2 for a stack of one) and every figure extrapolated linearly to ``n_layer`` (exact for
+parameters, gradients, optimizer state, activations, FLOPs and collectives; the peak moves by
+the same per-block step). Not from 1 block: a lone block is the first and the last at once,
+and its peak comes at another moment (fully_shard at ZeRO-3: the whole model gathered and no
+all-gather buffer at 1 block, one block gathered and one buffer from 2 blocks on, so the
+buffers extrapolated from 1 and 2 grew by a block's each block: 0.29 GiB at 12 blocks of
+GPT-2 small's width where a 12-block trace holds 27 MiB).
+
+Pipeline schedules do not run on one fake rank (their stages exchange shapes and activations
+point to point): a pp mesh traces one stage (n_layer / pp blocks) at the micro-batch size,
+and the micro-batches in flight, the bubble and the sends are formulas, marked as such in
+``formula``.
 """
 
 from __future__ import annotations
@@ -164,32 +170,49 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         flops = FlopCounterMode(display=False)
         seconds = 0.0
         forward_act = 0
-        with tracker:
-            for step in range(steps):
-                last = step == steps - 1
-                t0 = time.perf_counter()
-                with (flops if last else _null()), (comm if last else _null()):
-                    comm.phase = "forward"
-                    for i in range(chunks):
-                        sync = _no_sync(step_model, i < chunks - 1)
-                        with sync:
-                            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-                                loss = lm_loss(step_model(x), y) / chunks
-                            if last:  # what autograd keeps is largest as backward begins
-                                forward_act = _now(tracker, "Activation")
-                            comm.phase = "backward"
-                            loss.backward()
-                            comm.phase = "forward"
-                    comm.phase = "optimizer"
-                    opt.step()
-                    opt.zero_grad()
-                seconds = time.perf_counter() - t0
-                if not last:
-                    tracker.reset_mod_stats()
+        forward_total = 0
+        for step in range(steps):
+            last = step == steps - 1
+            t0 = time.perf_counter()
+            # each step entered anew: entering sets the tracker's peak to what is held now,
+            # so the peak is the last step's, with the optimizer state the first one made
+            # (a first step's own peak, before that state exists, won at 1 block and lost at
+            # 2 for tp 2, and the extrapolation mixed the two moments)
+            with tracker, (flops if last else _null()), (comm if last else _null()):
+                comm.phase = "forward"
+                for i in range(chunks):
+                    sync = _no_sync(step_model, i < chunks - 1)
+                    with sync:
+                        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                            loss = lm_loss(step_model(x), y) / chunks
+                        if last:  # what autograd keeps is largest as backward begins
+                            forward_act = _now(tracker, "Activation")
+                            forward_total = _now(tracker, "Total")
+                        comm.phase = "backward"
+                        loss.backward()
+                        comm.phase = "forward"
+                comm.phase = "optimizer"
+                opt.step()
+                opt.zero_grad()
+            seconds = time.perf_counter() - t0
+            if not last:
+                tracker.reset_mod_stats()
         out = _categories(tracker, fsdp)
+        # the tracker files every tensor made inside opt.step as optimizer state, the
+        # foreach update's temporaries too: where the peak is in the step (a short context),
+        # the optim column was the state and those (18 MiB more at GPT-2 small's width,
+        # context 64). The state is what the optimizer keeps; the rest of it at the peak is
+        # temporaries (the peak does not move)
+        state = _state_bytes(opt)
+        if out["optim"] > state:
+            out["temps"] += out["optim"] - state
+            out["optim"] = state
         # the activations column: as backward begins (the peak's own moment may come later,
         # when backward has freed some of them); the peak stays the tracker's
         out["activations"] = max(out["activations"], forward_act)
+        # what the rank holds as backward begins is a moment of the step too: the peak is
+        # never below it (kept apart, so that each depth's is extrapolated on its own)
+        out["at_backward"] = forward_total
         if not fake:  # the step's time, outside every tracking mode
             times = []
             for _ in range(int(spec.get("timed_steps", 4))):
@@ -206,6 +229,19 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
     params = sum(p.numel() for p in model.parameters())
     return {"mem": out, "flops": int(flops.get_total_flops()), "comm": comm.summary(),
             "seconds": seconds, "local_params": int(params)}
+
+
+def _state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of what the optimizer keeps between steps (a DTensor's: its local shard)."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    seen: dict[int, int] = {}
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                for storage in get_untyped_storages(v):
+                    seen[id(storage)] = storage.nbytes()
+    return sum(seen.values())
 
 
 @contextlib.contextmanager
@@ -248,21 +284,28 @@ def _no_sync(model: nn.Module, skip: bool):
     return _null()
 
 
-def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, Any]:
-    """Figures at ``n`` blocks from those at 1 and 2 (a stack of identical blocks)."""
+def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
+                 depth: int = 1) -> dict[str, Any]:
+    """Figures at ``n`` blocks from those at ``depth`` and ``depth + 1`` (a stack of identical
+    blocks)."""
     def lin(a: float, b: float) -> int:
-        return int(round(a + (n - 1) * (b - a)))
+        return int(round(a + (n - depth) * (b - a)))
 
-    mem = {k: max(0, lin(one["mem"][k], two["mem"][k])) for k in one["mem"]}
+    mem = {k: max(0, lin(one["mem"][k], two["mem"].get(k, 0))) for k in one["mem"]}
+    # the peak's moment can differ between the two depths (in the optimizer step at one, as
+    # backward begins at the other): the peak at n blocks is at least what the rank holds as
+    # backward begins there, each moment extrapolated on its own
+    mem["peak"] = max(mem["peak"], mem.pop("at_backward", 0))
     comm = []
     keyed = {(c["kind"], c["phase"], c["group"]): c for c in two["comm"]}
     for c in one["comm"]:
-        d = keyed.pop((c["kind"], c["phase"], c["group"]), {"count": c["count"] * 2,
-                                                             "bytes": c["bytes"] * 2})
+        d = keyed.pop((c["kind"], c["phase"], c["group"]),
+                      {"count": c["count"] * (depth + 1) // depth,
+                       "bytes": c["bytes"] * (depth + 1) // depth})
         comm.append(dict(c, count=lin(c["count"], d["count"]), bytes=lin(c["bytes"], d["bytes"])))
-    for c in keyed.values():  # a collective only the deeper stack has
-        comm.append(dict(c, count=c["count"] * (n - 1), bytes=c["bytes"] * (n - 1)))
-    per_block = {k: two["mem"][k] - one["mem"][k] for k in one["mem"]}
+    for c in keyed.values():  # a collective only the deeper stack has: one more block's
+        comm.append(dict(c, count=c["count"] * (n - depth), bytes=c["bytes"] * (n - depth)))
+    per_block = {k: two["mem"][k] - one["mem"][k] for k in mem}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
             "local_params": lin(one["local_params"], two["local_params"]),
             "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
@@ -270,7 +313,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int) -> dict[str, 
 
 def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     """The figures of rank 0 of ``spec``'s mesh (the process group is up, of the mesh's world
-    size): traced at 1 and 2 blocks and extrapolated to the model's ``n_layer`` (a pp mesh: to
+    size): traced at 2 and 3 blocks and extrapolated to the model's ``n_layer`` (a pp mesh: to
     its stage's blocks, with the pipeline's formulas; see the module doc)."""
     from gputui.train import parallelize as par
 
@@ -290,11 +333,14 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     inner = shape
     mesh = par.build_mesh("cpu", shape)
     if not fake:
-        return trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
-                           mesh, fake=False, steps=spec.get("steps", 3))
-    one = trace_stack(trace_spec, 1, mesh)
-    two = trace_stack(trace_spec, 2, mesh)
-    out = _extrapolate(one, two, blocks)
+        got = trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
+                          mesh, fake=False, steps=spec.get("steps", 3))
+        got["mem"].pop("at_backward", None)  # the tracker's peak of a real step is above it
+        return got
+    depth = 1 if blocks == 1 else 2  # see the module doc: not from a lone block
+    one = trace_stack(trace_spec, depth, mesh)
+    two = trace_stack(trace_spec, depth + 1, mesh)
+    out = _extrapolate(one, two, blocks, depth)
     if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
         out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
         formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
@@ -316,7 +362,9 @@ def _micro_batches(out: dict[str, Any], chunks: int, formula: list[str]) -> dict
     out["comm"] = [dict(c, count=c["count"] * chunks, bytes=c["bytes"] * chunks)
                    if c["phase"] != "optimizer" else c for c in out["comm"]]
     mem = dict(out["mem"])
-    kept = mem["params"] if mem["grads"] == 0 else 0  # fp32 gradients, the parameters' size
+    # the gradients accumulated between micro-batches: the (sharded) parameters' size, less
+    # what the tracker saw at the peak (a few bytes of gradients there once skipped it all)
+    kept = max(0, mem["params"] - mem["grads"])
     mem["grads"] += kept
     mem["peak"] += kept
     out["mem"] = mem
@@ -333,7 +381,10 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
     construct on fake tensors (it broadcasts real storage), so its bucketed all-reduce of the
     gradients (in place: gradient_as_bucket_view) and ZeRO-1's sharded optimizer state and
     parameter broadcast are formulas."""
-    grads = out["mem"]["grads"] or out["local_params"] * 4
+    # the buckets hold every gradient of the rank, the parameters' bytes, all step: not the
+    # few gradients the tracker saw at the peak (at GPT-2 small: 6 KiB, the all-reduce's
+    # bytes until this was so)
+    grads = max(out["mem"]["params"], out["local_params"] * 4)
     group = shape.dp
     mem = dict(out["mem"])  # the buckets (the gradients: gradient_as_bucket_view) are
     added = grads - mem["grads"]  # allocated with DDP, before the first backward

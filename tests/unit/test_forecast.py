@@ -36,6 +36,17 @@ MESHES = {  # world -> the meshes traced once for the whole module, in one child
     1: [MeshShape(one_group="fsdp")],
     2: [MeshShape(dp_shard=2), MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2)],
 }
+# GPT-2 small's width at 12 blocks (86M parameters, fp32, batch 32): fake tensors allocate
+# nothing and only 1 and 2 blocks are traced, so it costs what TINY does; at this size the
+# peak's moment differs between 1 and 2 blocks (issue 33: tp 2's optimizer state came out
+# larger than ddp's)
+WIDE = ModelSize(n_layer=12, n_embd=768, n_head=12, context=1024, vocab=256, batch=32,
+                 precision="fp32", chunks=1)
+WIDE_MESHES = [MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(dp_shard=2)]
+# the same width at a short context: activations small beside the state, the peak inside
+# AdamW's step
+SHORT = ModelSize(n_layer=12, n_embd=768, n_head=12, context=64, vocab=256, batch=4,
+                  precision="fp32", chunks=1)
 
 
 # ---------------------------------------------------------------- profiles and --gpus
@@ -125,6 +136,28 @@ def test_a_row_fits_or_says_why_not_and_times_its_step():
     assert rows[0] is ok and estimate.pareto(rows) == [ok]
 
 
+def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):
+    from gputui.cli.forecast import print_plan, seconds
+    from gputui.runs.forecast.planner import Plan
+
+    assert [seconds(x) for x in (1.234, 0.2784, 0.0144, 8.83e-5, 9.996e-4, 0.0, None)] == [
+        "1.23 s", "278 ms", "14.4 ms", "88.3 µs", "1 ms", "0", "-"]
+    # 1 TFLOP on an H100 at 0.45: 33.2 ms and a 1 MiB all-reduce of 145 µs (both 0.033 and
+    # 0.000 s before)
+    ok = _row({"params": 2**30, "activations": 2**30}, flops=10**12,
+              comm=[{"kind": "all-reduce", "phase": "backward", "group": 8, "count": 1,
+                     "bytes": 2**20}])
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    print_plan(Plan(Cluster(h100, 8), TINY, [ok]))
+    out = capsys.readouterr().out
+    assert "33.4 ms" in out and "145 µs" in out and "0.000" not in out
+    assert "do not fit" not in out  # every row fits: no heading with nothing under it
+    big = _row({"params": 2**30, "activations": 90 * 2**30})
+    print_plan(Plan(Cluster(h100, 8), TINY, [ok, big]))
+    out = capsys.readouterr().out
+    assert "rows that do not fit, and why:\n  2: activations of 90.0 GiB" in out
+
+
 # ---------------------------------------------------------------- the tracer
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
@@ -137,6 +170,15 @@ def traced(tmp_path_factory):
             assert isinstance(spec, dict), spec
             jobs.append({"kind": "trace", "spec": spec, "label": shape.describe()})
             keys[(world, shape)] = job_key("trace", spec)
+    for shape in WIDE_MESHES:
+        spec = estimate.spec_of(WIDE, shape, 2)
+        assert isinstance(spec, dict), spec
+        jobs.append({"kind": "trace", "spec": spec, "label": "wide " + shape.describe()})
+        keys[("wide", shape)] = job_key("trace", spec)
+    spec = estimate.spec_of(SHORT, MeshShape(dp_replicate=2), 2)
+    assert isinstance(spec, dict), spec
+    jobs.append({"kind": "trace", "spec": spec, "label": "short dp_replicate 2"})
+    keys[("short", MeshShape(dp_replicate=2))] = job_key("trace", spec)
     got = run_jobs(jobs, lambda _: None, cache=TraceCache(folder))
     return folder, {k: got[v] for k, v in keys.items()}
 
@@ -160,6 +202,9 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
         assert kinds[k]["group"] == 2 and kinds[k]["count"] == 3
         assert kinds[k]["bytes"] == pytest.approx(whole, rel=0.05)
     ddp = got[(2, MeshShape(dp_replicate=2))]
+    steps = 4 * (16 * TINY.n_layer + 4)  # AdamW: 2 moments, a step counter per tensor
+    for mesh in (single, ddp):
+        assert mesh["mem"]["optim"] == 2 * whole + steps, mesh["mem"]
     reduce = next(c for c in ddp["comm"] if c["kind"] == "all-reduce")
     assert reduce["formula"] and reduce["bytes"] == whole and "ddp:" in ddp["formula"][0]
     tp = got[(2, MeshShape(tp=2))]
@@ -169,6 +214,92 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
     pp = got[(2, MeshShape(pp=2))]
     assert any(c["kind"] == "send" and c["formula"] for c in pp["comm"])
     assert pp["in_flight"] == 2 and any(f.startswith("pp:") for f in pp["formula"])
+
+
+def _wide_arithmetic():
+    e, n = WIDE.n_embd, WIDE.n_layer
+    rest = WIDE.vocab * e + WIDE.context * e + 2 * e  # embeddings (tied) and the last norm
+    # a block: q, k, v, fc (weights and biases) and the two projections' weights are split
+    # over tp; the projections' biases and the two norms (6 e) are replicated
+    tp_local = (n * ((12 * e * e + 7 * e) // 2 + 6 * e) + rest) * 4
+    steps = 4 * (16 * n + 4)  # AdamW's step counter: one fp32 scalar per parameter tensor
+    return WIDE.params() * 4, tp_local, steps
+
+
+def _peak_holds_its_moment(mem: dict) -> None:
+    # the peak is never below what the rank holds as backward begins
+    assert mem["peak"] >= mem["params"] + mem["optim"] + mem["activations"]
+
+
+def test_ddp_per_rank_state_and_buckets_are_arithmetic_at_gpt2_small_width(traced):
+    """ddp holds every parameter, gradient (its buckets, all step) and both AdamW moments,
+    and all-reduces every gradient in 25 MiB buckets."""
+    _, got = traced
+    whole, _, steps = _wide_arithmetic()
+    ddp = got[("wide", MeshShape(dp_replicate=2))]
+    assert "error" not in ddp, ddp
+    assert ddp["mem"]["params"] == whole
+    assert ddp["mem"]["optim"] == 2 * whole + steps
+    assert ddp["mem"]["grads"] == whole
+    reduce = next(c for c in ddp["comm"] if c["kind"] == "all-reduce")
+    assert reduce["bytes"] == whole and reduce["count"] == -(-whole // (25 * 2**20))
+    _peak_holds_its_moment(ddp["mem"])
+
+
+def test_tp_per_rank_state_is_arithmetic_at_gpt2_small_width(traced):
+    """tp 2 holds half of each block's split weights and all of the replicated rest, and
+    AdamW's two moments of exactly those (not more than ddp's, as before issue 33's fix)."""
+    _, got = traced
+    _, tp_local, steps = _wide_arithmetic()
+    tp = got[("wide", MeshShape(tp=2))]
+    assert "error" not in tp, tp
+    assert tp["mem"]["params"] == tp_local
+    assert tp["mem"]["optim"] == 2 * tp_local + steps
+    _peak_holds_its_moment(tp["mem"])
+
+
+def test_zero3_holds_one_block_gathered_at_any_depth(traced):
+    """fully_shard at ZeRO-3 gathers a block at a time: at 12 blocks the rank holds about one
+    block (and the root's embeddings) unsharded and one block's all-gather buffer, not a
+    buffer per block (extrapolated from a lone block, whose peak comes at another moment, the
+    buffers came out at 11 blocks' worth: 0.29 GiB)."""
+    _, got = traced
+    whole, _, steps = _wide_arithmetic()
+    e = WIDE.n_embd
+    block = (12 * e * e + 13 * e) * 4
+    rest = whole - WIDE.n_layer * block
+    z3 = got[("wide", MeshShape(dp_shard=2))]
+    assert "error" not in z3, z3
+    assert z3["mem"]["params"] == whole // 2 and z3["mem"]["optim"] == whole + steps
+    assert z3["mem"]["gathered"] + z3["mem"]["buffers"] <= 2 * (block + rest)
+    _peak_holds_its_moment(z3["mem"])
+
+
+def test_the_optimizer_column_is_the_state_when_the_peak_is_in_its_step(traced):
+    """Where the peak comes inside opt.step (a short context), the tracker files the foreach
+    update's temporaries as optimizer state: the column is still AdamW's 2 moments (and a
+    step counter per tensor), the rest temporaries, the peak unchanged."""
+    _, got = traced
+    _, _, steps = _wide_arithmetic()
+    whole = SHORT.params() * 4
+    short = got[("short", MeshShape(dp_replicate=2))]
+    assert "error" not in short, short
+    assert short["mem"]["optim"] == 2 * whole + steps
+    assert short["mem"]["temps"] > 0
+    m = short["mem"]
+    assert m["peak"] >= m["params"] + m["grads"] + m["optim"] + m["temps"]
+
+
+def test_micro_batches_keep_every_gradient_between_them():
+    """Gradient accumulation holds a gradient of every (sharded) parameter between
+    micro-batches, whatever few gradients the trace's peak held."""
+    from gputui.train.plan_trace import _micro_batches
+
+    mem = {"params": 1000, "gathered": 0, "grads": 8, "optim": 2000, "activations": 500,
+           "temps": 0, "buffers": 0, "peak": 3508}
+    out = _micro_batches({"mem": mem, "flops": 10, "comm": []}, 4, [])
+    assert out["mem"]["grads"] == 1000 and out["mem"]["peak"] == 3508 + 992
+    assert out["flops"] == 40
 
 
 def test_the_planned_peak_is_the_measured_one_of_the_same_mesh_on_two_ranks(traced):

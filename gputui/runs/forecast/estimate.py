@@ -245,7 +245,7 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     # the gradients' own size (the parameters', sharded alike) where the peak came before
     # backward made them: the column says what the rank holds, the peak when
     row.mem["grads"] = max(row.mem["grads"], row.mem["params"])
-    # extrapolated parts can come from other moments at 1 and 2 blocks (a peak in backward
+    # extrapolated parts can come from other moments at the two traced depths (a peak in backward
     # at one depth, in the optimizer at the other): the peak is never below what it holds
     # besides activations (the activations column is their size as backward begins, not
     # at the peak's moment)

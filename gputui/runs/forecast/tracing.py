@@ -15,7 +15,7 @@ from gputui import __version__
 from gputui.core.cachedir import cache_dir
 
 Line = Callable[[str], None]
-TRACE_VERSION = 2  # raised when the tracer's figures change meaning
+TRACE_VERSION = 4  # raised when the tracer's figures change meaning
 
 
 def job_key(kind: str, spec: dict[str, Any]) -> str:
