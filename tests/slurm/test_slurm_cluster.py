@@ -279,13 +279,25 @@ def test_a_node_killed_mid_run_is_named_with_the_command_that_resumes_it(cluster
         run = _wait_for("the first checkpoint", lambda: next(
             (r for r in _runs(runs) if (r / "checkpoint.pt").is_file()), None))
         mark = f"GPUTUI_TEST_TAG={env['GPUTUI_TEST_TAG']}".encode()
-        for pid in subprocess.run(["ip", "netns", "pids", cluster.namespaces[1]],
-                                  capture_output=True, text=True).stdout.split():
-            try:  # the job's processes on node 2 (this test's tag), not SLURM's
-                if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                    os.kill(int(pid), 9)
-            except OSError:
-                pass
+
+        def kill_node2() -> int:
+            killed = 0
+            for pid in subprocess.run(["ip", "netns", "pids", cluster.namespaces[1]],
+                                      capture_output=True, text=True).stdout.split():
+                try:  # the job's processes on node 2 (this test's tag), not SLURM's
+                    if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                        os.kill(int(pid), 9)
+                        killed += 1
+                except OSError:
+                    pass
+            return killed
+        # the whole node at once, as a machine that dies: again until a pass finds none (one
+        # pass can miss a process started while it read the list: suspected, not shown, in
+        # the one failure seen in 8 runs, where rank 0 waited for gloo's 60 s timeout instead
+        # of seeing node 2's connection close)
+        deadline = time.monotonic() + 30
+        while kill_node2() and time.monotonic() < deadline:
+            time.sleep(0.05)
         out, _ = srun.communicate(timeout=180)
     finally:
         srun.kill()
