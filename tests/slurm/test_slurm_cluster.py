@@ -331,7 +331,7 @@ def _rank_on(namespace: str, tag: str) -> int | None:
 
 @pytest.mark.slow
 def test_a_rank_stopped_on_the_second_node_is_named_and_the_job_stops(cluster, tmp_path):
-    """Node 2's rank is frozen (SIGSTOP) once the job has trained a step: within the
+    """Node 2's rank is frozen (SIGSTOP) once the job has a checkpoint: within the
     threshold a node's record names rank 1 (and none names rank 0, which only waited), the
     job stops with its resume command instead of waiting for gloo's timeout, and neither
     node keeps a process (the frozen one included)."""
@@ -344,7 +344,10 @@ def test_a_rank_stopped_on_the_second_node_is_named_and_the_job_stops(cluster, t
                             text=True, cwd=tmp_path)
     frozen = None
     try:
-        run = _wait_for("a recorded step", lambda: _stepped(runs))
+        # frozen once there is a checkpoint to resume from (before it, the run says "no
+        # checkpoint was written yet: submit the job again", as a fresh clone's suite saw)
+        run = _wait_for("the first checkpoint", lambda: next(
+            (r for r in _runs(runs) if (r / "checkpoint.pt").is_file()), None))
         frozen = _wait_for("node 2's rank", lambda: _rank_on(cluster.namespaces[1],
                                                              env["GPUTUI_TEST_TAG"]))
         os.kill(frozen, 19)  # SIGSTOP
