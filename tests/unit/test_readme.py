@@ -18,7 +18,8 @@ folder (records go to a temp folder through GPUTUI_RUNS_DIR), exactly as written
   ``--strategy``, ``--set``, ``--devices``): the preset is loaded, the flags applied and every
   rule checked against this machine's devices and disk, as for a real run, but nothing
   trains. Lines whose output or record is the point (the first run of each preset or file,
-  ``--json``, ``--quiet``) train for real.
+  ``--json``, ``--quiet``) train for real; a sweep of a preset counts as its first run (its
+  points are real runs of it).
 
 ``.venv/bin/pip install -e '.[X]'`` lines are checked against pyproject's extras (not run:
 they need the network), ``.venv/bin/python FILE`` lines against the files.
@@ -155,6 +156,8 @@ def _argv(line: str, runs: list[str], sweep_id: str | None, seen: set[str],
     if "SWEEP_ID" in argv:
         assert sweep_id, f"no sweep ran before: {line}"
         argv = [sweep_id if w == "SWEEP_ID" else w for w in argv]
+    if command == "sweep":  # a sweep's points are real runs of its preset or file
+        seen.add(argv[1])
     if command == "run" and "--dry-run" not in argv:
         real = argv[1] not in seen or "--json" in argv or "--quiet" in argv
         seen.add(argv[1])
