@@ -68,23 +68,30 @@ class ParetoPlot(PlotextPlot):
             draw_empty(plt, self.empty)
             self.refresh()
             return
+        top = max(p.tokens_per_s for p in self.points)
+        scale, unit = next(((s, u) for s, u in ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+                            if top >= s), (1.0, ""))
+
+        def y(points: list[Point]) -> list[float]:
+            return [p.tokens_per_s / scale for p in points]
+
         for fits, marker, color, label in ((True, "dot", "blue", "fits"),
                                            (False, "x", "gray", "does not fit")):
             pts = [p for p in self.points if p.fits == fits and not p.front]
             if pts:
-                plt.scatter([p.peak_gib for p in pts], [p.tokens_per_s for p in pts],
+                plt.scatter([p.peak_gib for p in pts], y(pts),
                             marker=marker, color=color, label=label)
         front = self.front
         if front:
-            plt.plot([p.peak_gib for p in front], [p.tokens_per_s for p in front],
+            plt.plot([p.peak_gib for p in front], y(front),
                      marker="*", color="red", label="Pareto front")
         chosen = [p for p in self.points if p.number == self.selected]
         if chosen:
-            plt.scatter([chosen[0].peak_gib], [chosen[0].tokens_per_s], marker="O",
+            plt.scatter([chosen[0].peak_gib], y(chosen), marker="O",
                         color="green", label=f"row {chosen[0].number}")
         if self.usable_gib is not None and self.usable_gib <= 2 * max(
                 p.peak_gib for p in self.points):
             # the usable memory, where it is near enough to the points to read beside them
             plt.vline(self.usable_gib, "gray")
-        plt.ylabel("tokens/s")
+        plt.ylabel(f"{unit} tokens/s".strip())
         self.refresh()
