@@ -289,7 +289,9 @@ class PlanScreen(Screen):
             self.post_message(PlanFailed(in_app_terms(str(exc))))
             return
         except Exception as exc:  # noqa: BLE001 - the tracer failed: say so in the screen
-            self.post_message(PlanFailed(f"the plan failed: {exc or type(exc).__name__}"))
+            # one line: a child's error can come indented over several
+            said = " ".join(str(exc).split()) or type(exc).__name__
+            self.post_message(PlanFailed(f"the plan failed: {said}"))
             return
         if not worker.is_cancelled:
             self.post_message(PlanReady(plan))
