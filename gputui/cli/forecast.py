@@ -142,16 +142,10 @@ def _gib(n: int | None) -> str:
 
 
 def seconds(s: float | None) -> str:
-    """A duration in the unit that shows it with 3 significant figures: 1.21 s, 278 ms,
-    96.5 µs (a step of a small model on a GPU is well under a millisecond)."""
-    if s is None:
-        return "-"
-    if s <= 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if float(f"{s / scale:.3g}") >= 1:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s * 1e9:.3g} ns"
+    """A duration as the plan shows it (the app's plan screen too: forecast.cells)."""
+    from gputui.runs.forecast.cells import seconds as text
+
+    return text(s)
 
 
 def print_plan(plan) -> None:

@@ -61,6 +61,7 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
         Binding("f1", "show_help_panel", "Keys", show=False),
         Binding("f6", "open_history", "History", show=False),
         Binding("f7", "open_sweep", "Sweep", show=False),
+        Binding("f8", "open_plan", "Plan", show=False),
     ]
 
     def __init__(self, preset: str | Path | None = None, runs_dir: str | Path | None = None,

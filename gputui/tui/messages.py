@@ -218,3 +218,12 @@ class SweepStarted(Message):
 class StopSweep(Message):
     """The sweep screen asks to stop the sweep: the current run stops cleanly, no other
     starts."""
+
+
+class UsePlannedRow(Message):
+    """The plan screen asks the app to load a planned row's config into the set-up form
+    (``label``: how the set-up names it)."""
+
+    def __init__(self, config: Any, label: str) -> None:
+        super().__init__()
+        self.config, self.label = config, label

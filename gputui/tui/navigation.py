@@ -1,4 +1,4 @@
-"""Where the app's screens go: history (F6), sweep (F7), a comparison asked for by a
+"""Where the app's screens go: history (F6), sweep (F7), plan (F8), a comparison asked for by a
 screen (``OpenCompare``), a run started elsewhere followed on the run screen (``WatchRun``),
 and the command palette's entries.
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from textual.app import SystemCommand
 from textual.screen import Screen
 
-from gputui.tui.messages import OpenCompare, WatchRun
+from gputui.tui.messages import OpenCompare, UsePlannedRow, WatchRun
 
 if TYPE_CHECKING:  # what the mixin is checked against; at run time the app brings App
     from textual.app import App
@@ -94,6 +94,30 @@ class Navigation(_Base):
         self._go_to(SweepScreen, lambda sid: SweepScreen(config, self.runs_path,
                                                          registry.names(), screen_id=sid))
 
+    def action_open_plan(self) -> None:
+        """The plan (F8) of the set-up's GPT on devices this machine does not have: memory
+        per rank, the fit and the speed of every mesh (`gputui plan`'s planner)."""
+        from gputui.tui.screens.plan import PlanScreen
+
+        config = self.setup_config
+        out = self.runs_path / "app-output.log"  # the app's CHILD_OUTPUT
+        self._go_to(PlanScreen, lambda sid: PlanScreen(config, child_output=out,
+                                                       screen_id=sid))
+
+    def on_use_planned_row(self, message: UsePlannedRow) -> None:
+        """A planned row into the set-up form: back to the set-up, with the row's config."""
+        from gputui.tui.screens.setup import SetupScreen
+
+        stack = self.screen_stack
+        setup = next((s for s in stack if isinstance(s, SetupScreen)), None)
+        if setup is None or not all(self._closable(s) for s in stack[stack.index(setup) + 1:]):
+            self.notify("A run or a sweep is active above the set-up: stop it first",
+                        severity="warning")
+            return
+        while self.screen is not setup:
+            self.pop_screen()
+        setup.show_config(message.config, message.label)
+
     def _go_to(self, cls: type, make: Callable[[str], Screen]) -> None:
         """Bring a screen of ``cls`` to the top from anywhere: back to the one in the stack
         when only screens that can close safely lie above it, else a new one on top (with
@@ -125,6 +149,10 @@ class Navigation(_Base):
             return not screen.running
         if isinstance(screen, RunScreen):
             return screen.ended
+        from gputui.tui.screens.plan import PlanScreen
+
+        if isinstance(screen, PlanScreen):
+            return not screen.planning
         return isinstance(screen, (HistoryScreen, CompareScreen))
 
     # ------------------------------------------------------------------ command palette
@@ -137,4 +165,6 @@ class Navigation(_Base):
                             self.action_open_history)
         yield SystemCommand("Sweep", "The set-up over device counts x strategies (f7)",
                             self.action_open_sweep)
+        yield SystemCommand("Plan", "Will the set-up's GPT fit, and how fast, on GPUs you do "
+                            "not have (f8)", self.action_open_plan)
         yield from super().get_system_commands(screen)

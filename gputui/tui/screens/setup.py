@@ -282,6 +282,10 @@ class SetupScreen(SetupEstimate, Screen):
         self._show_config(cfg, path, path.stem, f"preset {path.stem}")
         return True
 
+    def show_config(self, cfg: RunConfig, name: str) -> None:
+        """A config made elsewhere (a plan's row) in every part of the screen, to run."""
+        self._show_config(cfg, None, name, name)
+
     def _show_config(self, cfg: RunConfig, path: Path | None, name: str, what: str) -> None:
         self.base, self.preset = cfg, path
         self.query_one(ParamForm).load(cfg)

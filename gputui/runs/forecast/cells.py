@@ -1,0 +1,48 @@
+"""A plan's figures as text, the same in `gputui plan`'s table and in the app's plan screen
+(torch-free): durations in the unit that shows them, memory in GiB, a row's cells."""
+
+from __future__ import annotations
+
+from gputui.runs.forecast.estimate import GIB, Row
+
+# (label, key) of the plan's table, read first on the left: a narrow terminal cuts the rest
+COLUMNS = [("#", "n"), ("strategy", "strategy"), ("mesh", "mesh"), ("zero", "zero"),
+           ("ac", "ac"), ("fits", "fits"), ("step", "step"), ("tok/s", "tokens"),
+           ("MFU", "mfu"), ("peak", "peak"), ("params", "params"), ("grads", "grads"),
+           ("optim", "optim"), ("act", "act"), ("temp+buf", "temps"), ("comm", "comm")]
+
+
+def seconds(s: float | None) -> str:
+    """A duration in the unit that shows it with 3 significant figures: 1.21 s, 278 ms,
+    96.5 µs (a step of a small model on a GPU is well under a millisecond)."""
+    if s is None:
+        return "-"
+    if s <= 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if float(f"{s / scale:.3g}") >= 1:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def gib(n: int | None) -> str:
+    """Bytes as GiB with two decimals ('-' for none)."""
+    return f"{n / GIB:.2f}" if n else "-"
+
+
+def row_cells(row: Row, number: str) -> dict[str, str]:
+    """``row``'s cells by the keys of :data:`COLUMNS` (``number``: its '#', a '*' on the
+    Pareto front); a mesh with no figures has '-' for every one."""
+    mem = row.mem
+    s = row.shape
+    cells = {"n": number, "strategy": row.strategy, "mesh": s.describe(),
+             "zero": str(s.zero) if s.dp_shard > 1 else "-", "ac": s.ac}
+    if not row.peak:
+        return dict(cells, fits="-", **{k: "-" for _, k in COLUMNS if k not in cells})
+    return dict(cells, fits="yes" if row.fits else "no",
+                step=seconds(row.step_s) if row.step_s else "-",
+                tokens=f"{row.tokens_per_s:,.0f}" if row.tokens_per_s else "-",
+                mfu=f"{row.mfu:.0%}" if row.mfu else "-", peak=gib(row.peak),
+                params=gib(mem["params"] + mem["gathered"]), grads=gib(mem["grads"]),
+                optim=gib(mem["optim"]), act=gib(mem["activations"]),
+                temps=gib(mem["temps"] + mem["buffers"]), comm=seconds(row.comm_exposed_s))
