@@ -1,17 +1,14 @@
-"""The prediction's kept measurements of this machine: where they live, how a figure is
-keyed (what it depends on), and the JSON file that holds them, written atomically."""
+"""The prediction's kept measurements of this machine: the file that holds them
+(``gputui.core.cachedir.KeptFigures``) and how a figure is keyed (what it depends on)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
-import time
 from pathlib import Path
-from typing import Any
 
-from gputui.core.cachedir import cache_dir
+from gputui.core.cachedir import KeptFigures, cache_dir
 from gputui.core.config import RunConfig
 
 
@@ -29,29 +26,11 @@ def cores() -> int:
     return n or 1
 
 
-class Cache:
-    """The measurements of this machine: a JSON dict of key -> figures, written atomically."""
+class Cache(KeptFigures):
+    """The prediction's figures of this machine (and bench-comm's peaks beside them)."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or cache_dir() / f"predict-{machine_id()}.json"
-        try:
-            self.data: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            self.data = {}
-
-    def get(self, key: str) -> dict | None:
-        return self.data.get(key)
-
-    def put(self, key: str, value: dict) -> None:
-        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
-                              measured_t=time.time())
-        from gputui.core.filewrite import make_folder, write_atomic
-
-        # through filewrite: a cache folder that is a file is one line (WriteFailed), not a
-        # NotADirectoryError traceback
-        make_folder(self.path.parent,
-                    "set GPUTUI_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to")
-        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        super().__init__(path=path or cache_dir() / f"predict-{machine_id()}.json")
 
 
 def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
