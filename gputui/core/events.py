@@ -8,6 +8,7 @@ This module imports nothing heavy (no torch, no textual), so any process can use
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import time
 from dataclasses import dataclass, field
@@ -290,6 +291,38 @@ class Stalled(Event):
 
 
 TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})
+
+class Status(str, enum.Enum):
+    """A run's status, decided once from the event its record ends with (:meth:`of`), and
+    read by the launcher's handle, the record's summary, the CLI's exit code and the app.
+    The values are the strings records hold ("status" in summary.json), so old records read."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"  # on request, gracefully: the checkpoint kept
+    KILLED = "killed"  # its processes killed: nothing kept after the last checkpoint
+
+    @classmethod
+    def of(cls, terminal: Event | None) -> Status:
+        """The status a run has once ``terminal`` (its last event) arrived: RUNNING for
+        None or any event that does not end a run."""
+        if isinstance(terminal, RunFinished):
+            return cls.FINISHED
+        if isinstance(terminal, RunFailed):
+            return cls.FAILED
+        if isinstance(terminal, RunStopped):
+            return cls.KILLED if terminal.killed else cls.STOPPED
+        return cls.RUNNING
+
+    @property
+    def exit_code(self) -> int:
+        """The headless command's exit status: 0 for a finished run, 1 for any other end (a
+        stop by signal is 128 + the signal, decided by the CLI, which took the signal)."""
+        return 0 if self is Status.FINISHED else 1
+
+    def __str__(self) -> str:
+        return self.value
 
 _REGISTRY: dict[str, type[Event]] = {
     cls.kind: cls

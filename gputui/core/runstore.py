@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.core import safeio
-from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunFinished,
-                                 RunStarted, RunStopped, StepMetrics, event_from_dict)
+from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunStarted,
+                                 RunStopped, Status, StepMetrics, event_from_dict, is_terminal)
 from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
 from gputui.core.usercode import data_label, model_label
 
@@ -136,13 +136,10 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s["last_loss"] = ev.loss
         elif isinstance(ev, LogLine) and ev.level in ("info", "warning"):
             s.setdefault("notes", []).append(ev.message)
-        elif isinstance(ev, RunFinished):
-            s["status"] = "finished"
-        elif isinstance(ev, RunFailed):
-            s.update(status="failed", reason=ev.reason)
-        elif isinstance(ev, RunStopped):
-            s.update(status="killed" if getattr(ev, "killed", False) else "stopped",
-                     reason=ev.reason)
+        elif is_terminal(ev):
+            s["status"] = Status.of(ev).value
+            if isinstance(ev, (RunFailed, RunStopped)):
+                s["reason"] = ev.reason
     epochs = s["per_epoch"]
     if epochs:
         s["time_per_epoch_s"] = sum(e["seconds"] for e in epochs) / len(epochs)

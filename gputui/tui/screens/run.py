@@ -24,7 +24,7 @@ from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           Stalled, StepMetrics, init_text, plural)
+                           Stalled, Status, StepMetrics, init_text, plural)
 from gputui.core.scores import score_text
 from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
 from gputui.tui.screens.run_controls import RunControls
@@ -37,7 +37,7 @@ from gputui.tui.widgets.run_log import RunLog
 from gputui.tui.widgets.run_status import RunStatus
 from gputui.tui.widgets.too_small import TooSmall
 
-ENDED = ("finished", "stopped", "killed", "failed")
+ENDED = tuple(s.value for s in Status if s is not Status.RUNNING)
 from gputui.tui.screens.run_layout import FULL_SIZE  # noqa: E402,F401 - also here
 PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
@@ -280,16 +280,14 @@ class RunScreen(RunLayout, RunControls, Screen):
 
     def _ended(self, ev: Event, log: RunLog) -> None:
         self.terminal = ev
+        self.state = Status.of(ev).value  # decided where every run's status is
         if isinstance(ev, RunFinished):
-            self.state = "finished"
             log.add("info", f"run finished in {ev.seconds:.1f} s", ev.t)
             self.notify("Run finished", timeout=5)
         elif isinstance(ev, RunStopped):
-            self.state = "killed" if ev.killed else "stopped"
             log.add("warning", f"run {self.state}: {ev.reason}", ev.t)
             self.notify(f"Run {self.state} ({ev.reason})", timeout=5)
         elif isinstance(ev, RunFailed):  # the terminal kinds are these three
-            self.state = "failed"
             log.add("error", f"run failed: {ev.reason}", ev.t)
             if ev.detail:  # a traceback: kept in the record for a bug report, not shown here
                 where = getattr(self.handle, "run_dir", None)
