@@ -19,10 +19,9 @@ from typing import Any
 
 import tomli_w
 
-from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this module's API
-    DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection,
-    ParallelSection, RunSection, SECTIONS, StrategySection, TelemetrySection,
-    effective_batch_size, effective_lr,
+from gputui.core.config_schema import (
+    SECTIONS, TEXT_DATASETS, DataSection, DebugSection, DevicesSection, DistSection,
+    ModelSection, OptimSection, ParallelSection, RunSection, StrategySection, TelemetrySection,
 )
 from gputui.core.errors import UserError
 
@@ -72,6 +71,22 @@ def _merge(base: dict, changes: dict) -> dict:
     for table, values in changes.items():
         out.setdefault(table, {}).update(values)
     return out
+
+
+def task_of(cfg: RunConfig) -> str:
+    """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
+    'classify' (accuracy)."""
+    return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
+
+
+def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
+    """The global batch size after ``optim.scale_with_devices``."""
+    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
+
+
+def effective_lr(cfg: RunConfig, n_devices: int) -> float:
+    """The learning rate after ``optim.scale_with_devices``."""
+    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)
 
 
 # ---------------------------------------------------------------- field checks

@@ -13,12 +13,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gputui.core.mesh import PP_PLACEMENT
-
-if TYPE_CHECKING:
-    from gputui.core.config import RunConfig
 
 MODELS = ("lenet", "resnet18", "mlp", "gpt")
 DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10", "pystdlib", "text")
@@ -425,12 +422,6 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def task_of(cfg: RunConfig) -> str:
-    """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
-    'classify' (accuracy)."""
-    return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
-
-
 def optimizer_states(optim: OptimSection) -> int:
     """Tensors of optimizer state per parameter: Adam's two moments, SGD's momentum buffer
     (none without momentum). What the memory prediction counts."""
@@ -444,12 +435,3 @@ def lr_scheduled(optim: dict[str, Any]) -> bool:
     other than constant, or a warm-up): the printer and the run screen then show it."""
     return optim.get("schedule", "constant") != "constant" or bool(optim.get("warmup_steps", 0))
 
-
-def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
-    """The global batch size after ``optim.scale_with_devices``."""
-    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
-
-
-def effective_lr(cfg: RunConfig, n_devices: int) -> float:
-    """The learning rate after ``optim.scale_with_devices``."""
-    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui.core.config import ConfigError, RunConfig, apply_overrides
-from gputui.core.config_schema import effective_batch_size
+from gputui.core.config import ConfigError, RunConfig, apply_overrides, effective_batch_size
 from gputui.runs.tune_space import MEM_SHARE, Candidate, Ranked, order, rank
 
 CONV_MODELS = ("lenet", "resnet18")  # channels_last changes nothing for the others
