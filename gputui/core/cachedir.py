@@ -47,18 +47,19 @@ class KeptFigures:
         self.data: dict[str, Any] = _read(self.path)
         self._dropped: set[str] = set()
 
-    def get(self, key: str) -> Any:
-        return self.data.get(key)
+    def get(self, key: object) -> Any:
+        """What is kept under ``key`` (a string, or a key object whose ``str()`` is one)."""
+        return self.data.get(str(key))
 
     def drop(self, key: str) -> None:
         """Forget ``key`` (on disk at the next :meth:`put`)."""
         self.data.pop(key, None)
         self._dropped.add(key)
 
-    def put(self, key: str, value: dict) -> None:
+    def put(self, key: object, value: dict) -> None:
         """Keep ``value`` under ``key`` with when it was measured, merged into what the file
         holds now. WriteFailed (one line, the fix named) when the folder cannot be written."""
-        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
+        self.data[str(key)] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
                               measured_t=time.time())
         merged = {k: v for k, v in _read(self.path).items() if k not in self._dropped}
         merged.update(self.data)

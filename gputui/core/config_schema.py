@@ -163,6 +163,11 @@ class ModelSection:
                                      "may return a tensor or an object with .logits "
                                      "(HuggingFace style).", choices=LOSSES)
 
+    @property
+    def label(self) -> str:
+        """The model as records and tables name it: the factory when set, else the name."""
+        return self.factory or self.name
+
 
 @dataclass(frozen=True)
 class DataSection:
@@ -205,6 +210,11 @@ class DataSection:
                               "below 2 GiB.", choices=("auto", "tensors", "dataloader"))
     workers: int = opt(0, "DataLoader worker processes (loader = 'dataloader' only).", min=0,
                        max=64)
+
+    @property
+    def label(self) -> str:
+        """The dataset as records and tables name it: the factory when set, else the name."""
+        return self.factory or self.name
 
 
 def _betas_problem(value: list) -> str | None:
@@ -430,8 +440,7 @@ def optimizer_states(optim: OptimSection) -> int:
     return 1 if optim.momentum > 0 else 0
 
 
-def lr_scheduled(optim: dict[str, Any]) -> bool:
+def lr_scheduled(optim: OptimSection) -> bool:
     """Whether the lr of a run with these [optim] values changes over the run (a schedule
     other than constant, or a warm-up): the printer and the run screen then show it."""
-    return optim.get("schedule", "constant") != "constant" or bool(optim.get("warmup_steps", 0))
-
+    return optim.schedule != "constant" or bool(optim.warmup_steps)

@@ -19,7 +19,6 @@ from gputui.core import safeio
 from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunStarted,
                                  RunStopped, Status, StepMetrics, event_from_dict, is_terminal)
 from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
-from gputui.core.usercode import data_label, model_label
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
 RESERVE_NAME = ".space-reserve"
@@ -112,8 +111,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s.update(run_id=ev.run_id, started_t=ev.t, strategy=ev.strategy,
                      world_size=ev.world_size, devices=[d["name"] for d in ev.devices],
                      notes=list(ev.notes),
-                     epochs=ev.config.get("run", {}).get("epochs"),
-                     model=model_label(ev.config), dataset=data_label(ev.config))
+                     epochs=ev.config.run.epochs, model=ev.config.model.label,
+                     dataset=ev.config.data.label)
         elif isinstance(ev, InitDone):
             s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
                      steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),

@@ -136,7 +136,7 @@ class Tuner:
                    *[("tune", k, v) for k, v in cand.settings().items()]]
         if self.kind == "gpu":
             changes.append(("tune", "devices.fallback", "none"))
-        return apply_overrides(self.base, changes, "tune")
+        return apply_overrides(self.base, changes)
 
     def _why_not(self, cand: Candidate, devices: list, plan) -> str | None:
         try:

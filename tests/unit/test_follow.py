@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gputui.core.config import RunConfig
 from gputui.core.events import LogLine, RunFinished, RunStarted, StepMetrics
 from gputui.runs import runlock
 from gputui.runs.follow import RecordFollower, clock
@@ -41,7 +42,7 @@ def holder(tmp_path):
 
 
 def _started(run_id: str) -> RunStarted:
-    return RunStarted(run_id=run_id, config={"run": {"epochs": 1}},
+    return RunStarted(run_id=run_id, config=RunConfig().replace(run={"epochs": 1}),
                       devices=({"name": "cpu:0", "kind": "cpu", "label": ""},),
                       strategy="single")
 

@@ -186,7 +186,7 @@ class RunScreen(RunLayout, RunControls, Screen):
                     self.state = "running"
             elif isinstance(ev, MemoryReport):
                 for row in ev.per_device:
-                    self._panel(row["device"]).update_memory(row)
+                    self._panel(row.device).update_memory(row)
             elif isinstance(ev, FlopsInfo):
                 log.add("info", flops_line(ev), ev.t)
             elif isinstance(ev, DeviceSample):
@@ -259,13 +259,12 @@ class RunScreen(RunLayout, RunControls, Screen):
     def _show_mesh(self, ev: RunStarted, log: RunLog) -> None:
         """A mesh strategy's run: each device panel says what its rank holds, and the log the
         mesh once."""
-        from gputui.core.config import from_dict
         from gputui.core.mesh import MESH_STRATEGIES, mesh_of, rank_label
 
         if ev.strategy not in MESH_STRATEGIES or not ev.world_size:
             return
         try:
-            shape = mesh_of(from_dict(dict(ev.config), source="run"), ev.world_size)
+            shape = mesh_of(ev.config, ev.world_size)
         except Exception:  # noqa: BLE001 - an older record's config: no mesh shown
             return
         names = [d["name"] for d in ev.devices if isinstance(d, dict) and d.get("name")]
@@ -356,8 +355,7 @@ class RunScreen(RunLayout, RunControls, Screen):
             ev = self._started_ev
             if ev is not None and ev.devices:
                 kind = str(ev.devices[0].get("kind", "cpu"))
-                backend = backend_for(str((ev.config.get("strategy") or {})
-                                          .get("backend", "auto")), kind)
+                backend = backend_for(ev.config.strategy.backend, kind)
                 try:
                     self._comm_peak = [comm_peak.peak(kind, ev.world_size, backend)]
                 except (OSError, ValueError, KeyError, TypeError):
