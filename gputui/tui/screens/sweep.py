@@ -3,7 +3,7 @@ another, with the state of every point, then the scaling comparison.
 
 The screen plans the sweep (:class:`gputui.runs.sweep.Sweep`, the engine behind
 `gputui sweep`, so the same manifest and resume rules apply) and asks the app to run it
-(``StartSweep``, ``StopSweep``: :mod:`gputui.tui.sweep_control`); the app tells it how the
+(``StartSweep``, ``StopSweep``: :mod:`gputui.tui.app`); the app tells it how the
 sweep goes through the messages below. Leaving the app stops the sweep: no run is started
 after the app goes away.
 """
