@@ -274,7 +274,7 @@ class RunScreen(Screen):
             return
         try:
             shape = mesh_of(ev.config, ev.world_size)
-        except Exception:  # noqa: BLE001 - an older record's config: no mesh shown
+        except Exception:  # noqa: BLE001 - degrees that form no mesh: none shown
             return
         names = [d["name"] for d in ev.devices if isinstance(d, dict) and d.get("name")]
         if len(names) != shape.world:
