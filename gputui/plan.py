@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Iterator
 
 from gputui.core import ckptfile, registry
-from gputui.core.config import ConfigError, RunConfig
-from gputui.core.config_schema import TEXT_DATASETS, effective_batch_size
+from gputui.core.config import ConfigError, RunConfig, effective_batch_size
+from gputui.core.config_schema import TEXT_DATASETS
 from gputui.core.datafiles import SYNTHETIC_SIZES
 from gputui.core.devices import Device, DeviceSpecError, backend_for
 from gputui.core.mesh import (MESH_STRATEGIES, PP_PLACEMENT, MeshShape, cp_context_problem,

@@ -111,8 +111,8 @@ class Printer:
             self.samples[ev.device] = ev
         elif isinstance(ev, RunStarted):
             devs = ", ".join(d["name"] for d in ev.devices)
-            self.epochs = ev.config.get("run", {}).get("epochs", 1)
-            self.show_lr = lr_scheduled(ev.config.get("optim", {}))
+            self.epochs = ev.config.run.epochs
+            self.show_lr = lr_scheduled(ev.config.optim)
             self.line(f"run {ev.run_id}: strategy {ev.strategy} on {devs}")
             for note in ev.notes:
                 self.line(f"note: {note}")

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui.cli.common import EXIT_FAILED, EXIT_OK, fail, runs_dir_problem
+from gputui.cli.common import EXIT_OK, fail, runs_dir_problem
+from gputui.core.events import Status
 from gputui.core.filewrite import WriteFailed
 
 SHORT_FLAGS = {  # flag dest -> config key
@@ -200,10 +201,10 @@ def cmd_run(args) -> int:
         from gputui.cli.common import interrupted
         from gputui.core.runstore import CHECKPOINT_NAME
 
-        kept = {"finished": "the run had finished", "stopped": "the run stopped",
-                "killed": "the run was killed"}.get(summary["status"], "the run ended "
-                                                    f"{summary['status']}")
-        resumable = summary["status"] != "finished" and \
+        status = handle.status
+        kept = {Status.FINISHED: "the run had finished", Status.STOPPED: "the run stopped",
+                Status.KILLED: "the run was killed"}.get(status, f"the run ended {status}")
+        resumable = status is not Status.FINISHED and \
             (handle.run_dir / CHECKPOINT_NAME).is_file()
         again = f"srun gputui resume {handle.run_id}" if step else \
             f"gputui resume {handle.run_id}"
@@ -211,9 +212,7 @@ def cmd_run(args) -> int:
             again = "srun gputui resume RUN, RUN the first node's record"
         return interrupted(sup.first, f": {kept}; its record is kept in {handle.run_dir}"
                            + (f" (continue it: {again})" if resumable else ""))
-    if summary["status"] == "finished":
-        return EXIT_OK
-    return EXIT_FAILED
+    return handle.status.exit_code
 
 
 def _print(write, item) -> None:

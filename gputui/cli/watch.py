@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gputui.cli.common import EXIT_FAILED, EXIT_OK
+from gputui.cli.common import EXIT_FAILED
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -61,4 +61,4 @@ def cmd_watch(args: argparse.Namespace) -> int:
                                                      if summary.get("reason") else ""),
                  always=True)
     printer.summary(summary)
-    return EXIT_OK if summary.get("status") == "finished" else EXIT_FAILED
+    return EXIT_FAILED if follower.gone else follower.status.exit_code

@@ -19,10 +19,9 @@ from typing import Any
 
 import tomli_w
 
-from gputui.core.config_schema import (  # noqa: F401 - effective_*: also this module's API
-    DataSection, DebugSection, DevicesSection, DistSection, ModelSection, OptimSection,
-    ParallelSection, RunSection, SECTIONS, StrategySection, TelemetrySection,
-    effective_batch_size, effective_lr,
+from gputui.core.config_schema import (
+    SECTIONS, TEXT_DATASETS, DataSection, DebugSection, DevicesSection, DistSection,
+    ModelSection, OptimSection, ParallelSection, RunSection, StrategySection, TelemetrySection,
 )
 from gputui.core.errors import UserError
 
@@ -62,16 +61,33 @@ class RunConfig:
         """The config as a TOML document that ``load_preset`` reads back unchanged."""
         return tomli_w.dumps(self.to_dict())
 
-    def replace(self, **changes: dict[str, Any]) -> "RunConfig":
-        """A copy with some fields of some tables changed: ``cfg.replace(optim={"lr": 0.2})``."""
-        return from_dict(_merge(self.to_dict(), changes), source="replace")
+    def replace(self, **changes: dict[str, Any]) -> RunConfig:
+        """A copy with some fields of some tables changed: ``cfg.replace(optim={"lr": 0.2})``.
+        Only the changed values are checked: the rest were checked when this one was made."""
+        return self._with({table: _checked("replace", table, values)
+                           for table, values in changes.items()})
+
+    def _with(self, checked: dict[str, dict[str, Any]]) -> RunConfig:
+        """A copy with values already checked (``_checked``) put into their tables."""
+        return dataclasses.replace(self, **{
+            table: dataclasses.replace(getattr(self, table), **values)
+            for table, values in checked.items()})
 
 
-def _merge(base: dict, changes: dict) -> dict:
-    out = {k: dict(v) for k, v in base.items()}
-    for table, values in changes.items():
-        out.setdefault(table, {}).update(values)
-    return out
+def task_of(cfg: RunConfig) -> str:
+    """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
+    'classify' (accuracy)."""
+    return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
+
+
+def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
+    """The global batch size after ``optim.scale_with_devices``."""
+    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
+
+
+def effective_lr(cfg: RunConfig, n_devices: int) -> float:
+    """The learning rate after ``optim.scale_with_devices``."""
+    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)
 
 
 # ---------------------------------------------------------------- field checks
@@ -150,26 +166,44 @@ def _suggest(word: str, known: list[str]) -> str:
     return f"known keys: {', '.join(known)}"
 
 
+def _checked(source: str, table: str, values: Any) -> dict[str, Any]:
+    """The values of one table, each checked and normalised (``_coerce``); unknown tables and
+    keys refused with the closest known name."""
+    if table not in SECTIONS:
+        raise ConfigError(f"{source}: unknown table [{table}]; "
+                          f"{_suggest(table, list(SECTIONS))}")
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: '{table}' must be a table ([{table}]), got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[table])}
+    out = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown key '{table}.{key}'; "
+                              f"{_suggest(key, list(fields))}")
+        out[key] = _coerce(source, f"{table}.{key}", value, fields[key])
+    return out
+
+
 def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
     """Build a RunConfig from a TOML-shaped dict, refusing unknown tables and keys and values
     of the wrong type or out of bounds (each value on its own; see ``gputui.plan``)."""
-    tables: dict[str, Any] = {}
-    for table, values in data.items():
-        if table not in SECTIONS:
-            raise ConfigError(f"{source}: unknown table [{table}]; "
-                              f"{_suggest(table, list(SECTIONS))}")
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: '{table}' must be a table ([{table}]), got {values!r}")
-        cls = SECTIONS[table]
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs = {}
-        for key, value in values.items():
-            if key not in fields:
-                raise ConfigError(f"{source}: unknown key '{table}.{key}'; "
-                                  f"{_suggest(key, list(fields))}")
-            kwargs[key] = _coerce(source, f"{table}.{key}", value, fields[key])
-        tables[table] = cls(**kwargs)
-    return RunConfig(**tables)
+    return RunConfig()._with({table: _checked(source, table, values)
+                              for table, values in data.items()})
+
+
+def from_record(data: Any) -> RunConfig:
+    """The config a run record holds (its RunStarted event), as typed as a record written by
+    an older gputui allows: every value that still checks is kept, a table, key or value this
+    version no longer knows is left at its default (a record is read, never refused)."""
+    tables: dict[str, dict[str, Any]] = {}
+    for table, values in (data.items() if isinstance(data, dict) else ()):
+        for key, value in (values.items() if isinstance(values, dict) else ()):
+            try:
+                checked = _checked("record", table, {key: value})
+            except ConfigError:
+                continue
+            tables.setdefault(table, {}).update(checked)
+    return RunConfig()._with(tables)
 
 
 def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = (),
@@ -203,7 +237,7 @@ def load_preset(path: str | Path, overrides: Sequence[tuple[str, str, Any]] = ()
             raise ConfigError(f"{path}: {exc}; flatten it") from None
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
     cfg = anchor_code_paths(from_dict(data, source=str(path)), path.parent)
-    return apply_overrides(cfg, overrides, preset_source=str(path))
+    return apply_overrides(cfg, overrides)
 
 
 def anchor_code_paths(cfg: RunConfig, folder: Path) -> RunConfig:
@@ -248,16 +282,15 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def apply_overrides(cfg: RunConfig, overrides: Sequence[tuple[str, str, Any]] = (),
-                    preset_source: str = "config") -> RunConfig:
+def apply_overrides(cfg: RunConfig,
+                    overrides: Sequence[tuple[str, str, Any]] = ()) -> RunConfig:
     """Apply (source, "table.key", value) overrides in order; a bad value is blamed on its
-    source, the rest on ``preset_source``."""
-    data = cfg.to_dict()
-    for source, key, value in overrides:
+    source. Only the overridden values are checked: ``cfg``'s own were when it was made."""
+    changes: dict[str, dict[str, Any]] = {}
+    for source, key, value in overrides:  # each value checked once, blamed on its source
         table, _, name = key.partition(".")
-        from_dict({table: {name: value}}, source=source)  # one-line errors
-        data[table][name] = value
-    return from_dict(data, source=preset_source)
+        changes.setdefault(table, {}).update(_checked(source, table, {name: value}))
+    return cfg._with(changes) if changes else cfg
 
 
 def override_origins(overrides: Sequence[tuple[str, str, Any]] = ()) -> dict[str, str]:

@@ -13,12 +13,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gputui.core.mesh import PP_PLACEMENT
-
-if TYPE_CHECKING:
-    from gputui.core.config import RunConfig
 
 MODELS = ("lenet", "resnet18", "mlp", "gpt")
 DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10", "pystdlib", "text")
@@ -166,6 +163,11 @@ class ModelSection:
                                      "may return a tensor or an object with .logits "
                                      "(HuggingFace style).", choices=LOSSES)
 
+    @property
+    def label(self) -> str:
+        """The model as records and tables name it: the factory when set, else the name."""
+        return self.factory or self.name
+
 
 @dataclass(frozen=True)
 class DataSection:
@@ -208,6 +210,11 @@ class DataSection:
                               "below 2 GiB.", choices=("auto", "tensors", "dataloader"))
     workers: int = opt(0, "DataLoader worker processes (loader = 'dataloader' only).", min=0,
                        max=64)
+
+    @property
+    def label(self) -> str:
+        """The dataset as records and tables name it: the factory when set, else the name."""
+        return self.factory or self.name
 
 
 def _betas_problem(value: list) -> str | None:
@@ -425,12 +432,6 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def task_of(cfg: RunConfig) -> str:
-    """'lm' (language modelling: loss, perplexity, tokens/s) for the text datasets, else
-    'classify' (accuracy)."""
-    return "lm" if cfg.data.name in TEXT_DATASETS and not cfg.data.factory else "classify"
-
-
 def optimizer_states(optim: OptimSection) -> int:
     """Tensors of optimizer state per parameter: Adam's two moments, SGD's momentum buffer
     (none without momentum). What the memory prediction counts."""
@@ -439,17 +440,7 @@ def optimizer_states(optim: OptimSection) -> int:
     return 1 if optim.momentum > 0 else 0
 
 
-def lr_scheduled(optim: dict[str, Any]) -> bool:
+def lr_scheduled(optim: OptimSection) -> bool:
     """Whether the lr of a run with these [optim] values changes over the run (a schedule
     other than constant, or a warm-up): the printer and the run screen then show it."""
-    return optim.get("schedule", "constant") != "constant" or bool(optim.get("warmup_steps", 0))
-
-
-def effective_batch_size(cfg: RunConfig, n_devices: int) -> int:
-    """The global batch size after ``optim.scale_with_devices``."""
-    return cfg.optim.batch_size * (n_devices if cfg.optim.scale_with_devices else 1)
-
-
-def effective_lr(cfg: RunConfig, n_devices: int) -> float:
-    """The learning rate after ``optim.scale_with_devices``."""
-    return cfg.optim.lr * (n_devices if cfg.optim.scale_with_devices else 1)
+    return optim.schedule != "constant" or bool(optim.warmup_steps)

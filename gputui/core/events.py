@@ -8,12 +8,14 @@ This module imports nothing heavy (no torch, no textual), so any process can use
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gputui.core.breakdown import Breakdown
+from gputui.core.config import RunConfig, from_record
 from gputui.core.steps import DeviceStep
 
 
@@ -61,15 +63,26 @@ def _json_default(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class RunStarted(Event):
-    """The run began: its id, resolved config (as a plain dict) and the devices it uses."""
+    """The run began: its id, resolved config and the devices it uses. The record holds the
+    config's TOML-shaped dict; reading it back gives the RunConfig (``from_record``)."""
 
     kind: ClassVar[str] = "run_started"
     run_id: str
-    config: dict
+    config: RunConfig
     devices: tuple  # tuple of dicts: {"name": "cpu:0", "kind": "cpu", "label": "..."}
     strategy: str
     world_size: int = 1
     notes: tuple = ()  # plain-language remarks, e.g. "DataParallel has no CPU mode"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["config"] = self.config.to_dict()
+        return out
+
+    @classmethod
+    def from_fields(cls, kwargs: dict[str, Any]) -> Event:
+        kwargs["config"] = from_record(kwargs.get("config"))
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -205,16 +218,79 @@ class DeviceSample(Event):
 
 
 @dataclass(frozen=True)
+class MemoryRow:
+    """One device's own training memory, in bytes: what it holds for training, counted from
+    its tensors (a shard counts its own bytes), and on CUDA the allocator's figures."""
+
+    device: str
+    params: int | None = None
+    grads: int | None = None
+    optim: int | None = None
+    experts: int = 0  # a mixture of experts: the part of ``params`` that is this rank's experts
+    # the peak of what autograd saved for backward on the run's first step (None: not measured)
+    activations: int | None = None
+    alloc: int | None = None  # CUDA only: allocated now,
+    peak: int | None = None  # the peak since the epoch began,
+    reserved: int | None = None  # and reserved by the caching allocator
+
+    def terms(self) -> tuple[int | None, int | None, int | None, int | None]:
+        """The memory model's four terms: params, grads, optim, activations."""
+        return self.params, self.grads, self.optim, self.activations
+
+    def predicted(self) -> int | None:
+        """What the memory model adds up for this device (the terms it has), None when the
+        parameters, gradients or optimizer state were not counted."""
+        terms = self.terms()
+        if not all(isinstance(t, int) for t in terms[:3]):
+            return None
+        return sum(t for t in terms if isinstance(t, int))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's form: "experts" only when there are some, the allocator's figures
+        only where an allocator reported them (as records always held it)."""
+        out: dict[str, Any] = {"device": self.device, "params": self.params,
+                               "grads": self.grads, "optim": self.optim}
+        if self.experts:
+            out["experts"] = self.experts
+        out["activations"] = self.activations
+        for name in ("alloc", "peak", "reserved"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryRow:
+        """A row of a record (unknown keys ignored, a figure that is no integer read as
+        not counted)."""
+        def count(name: str) -> int | None:
+            value = data.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        return cls(device=str(data.get("device") or ""), params=count("params"),
+                   grads=count("grads"), optim=count("optim"), experts=count("experts") or 0,
+                   activations=count("activations"), alloc=count("alloc"), peak=count("peak"),
+                   reserved=count("reserved"))
+
+
+@dataclass(frozen=True)
 class MemoryReport(Event):
-    """Each device's own training memory, in bytes, after the run's first step and at each
-    epoch's end. ``per_device``: dicts {"device", "params", "grads", "optim", "activations"}
-    (counted from the tensors; a shard counts its own bytes; "activations" is the peak of
-    what autograd saved for backward on the run's first step, None when not measured), plus
-    on CUDA the allocator's "alloc", "peak" (since the epoch began) and "reserved"."""
+    """Each device's own training memory (:class:`MemoryRow`) after the run's first step and
+    at each epoch's end."""
 
     kind: ClassVar[str] = "memory"
     epoch: int
-    per_device: tuple = ()
+    per_device: tuple[MemoryRow, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["per_device"] = [row.to_dict() for row in self.per_device]
+        return out
+
+    @classmethod
+    def from_fields(cls, kwargs: dict[str, Any]) -> Event:
+        kwargs["per_device"] = tuple(MemoryRow.from_dict(r) for r in kwargs.get("per_device", ())
+                                     if isinstance(r, dict))
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -290,6 +366,39 @@ class Stalled(Event):
 
 
 TERMINAL_KINDS = frozenset({RunFinished.kind, RunFailed.kind, RunStopped.kind})
+
+
+class Status(str, enum.Enum):
+    """A run's status, decided once from the event its record ends with (:meth:`of`), and
+    read by the launcher's handle, the record's summary, the CLI's exit code and the app.
+    The values are the strings records hold ("status" in summary.json), so old records read."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"  # on request, gracefully: the checkpoint kept
+    KILLED = "killed"  # its processes killed: nothing kept after the last checkpoint
+
+    @classmethod
+    def of(cls, terminal: Event | None) -> Status:
+        """The status a run has once ``terminal`` (its last event) arrived: RUNNING for
+        None or any event that does not end a run."""
+        if isinstance(terminal, RunFinished):
+            return cls.FINISHED
+        if isinstance(terminal, RunFailed):
+            return cls.FAILED
+        if isinstance(terminal, RunStopped):
+            return cls.KILLED if terminal.killed else cls.STOPPED
+        return cls.RUNNING
+
+    @property
+    def exit_code(self) -> int:
+        """The headless command's exit status: 0 for a finished run, 1 for any other end (a
+        stop by signal is 128 + the signal, decided by the CLI, which took the signal)."""
+        return 0 if self is Status.FINISHED else 1
+
+    def __str__(self) -> str:
+        return self.value
 
 _REGISTRY: dict[str, type[Event]] = {
     cls.kind: cls

@@ -17,9 +17,6 @@ from typing import Any
 
 from gputui.core.events import Event, MemoryReport
 
-TERMS = ("params", "grads", "optim", "activations")
-
-
 def memory_check(events: Iterable[Event]) -> list[dict[str, Any]]:
     """Per device with an allocator peak: {"device", "peak", "predicted", "diff"} (bytes),
     the peak over every MemoryReport, the terms of the last one that counted them."""
@@ -29,13 +26,12 @@ def memory_check(events: Iterable[Event]) -> list[dict[str, Any]]:
         if not isinstance(ev, MemoryReport):
             continue
         for row in ev.per_device:
-            device = row.get("device")
-            if not device:
+            if not row.device:
                 continue
-            if isinstance(row.get("peak"), int):
-                peak[device] = max(peak.get(device, 0), row["peak"])
-            terms = [row.get(t) for t in TERMS]
-            if all(isinstance(t, int) for t in terms[:3]):
-                predicted[device] = sum(t for t in terms if isinstance(t, int))
+            if row.peak is not None:
+                peak[row.device] = max(peak.get(row.device, 0), row.peak)
+            terms = row.predicted()
+            if terms is not None:
+                predicted[row.device] = terms
     return [{"device": d, "peak": peak[d], "predicted": predicted[d],
              "diff": peak[d] - predicted[d]} for d in peak if d in predicted]

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gputui.core import safeio
-from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunFinished,
-                                 RunStarted, RunStopped, StepMetrics, event_from_dict)
+from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunStarted,
+                                 RunStopped, Status, StepMetrics, event_from_dict, is_terminal)
 from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
-from gputui.core.usercode import data_label, model_label
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
 RESERVE_NAME = ".space-reserve"
@@ -112,8 +111,8 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s.update(run_id=ev.run_id, started_t=ev.t, strategy=ev.strategy,
                      world_size=ev.world_size, devices=[d["name"] for d in ev.devices],
                      notes=list(ev.notes),
-                     epochs=ev.config.get("run", {}).get("epochs"),
-                     model=model_label(ev.config), dataset=data_label(ev.config))
+                     epochs=ev.config.run.epochs, model=ev.config.model.label,
+                     dataset=ev.config.data.label)
         elif isinstance(ev, InitDone):
             s.update(init_s=ev.seconds, params=ev.params, train_samples=ev.train_samples,
                      steps_per_epoch=ev.steps_per_epoch, threads=getattr(ev, "threads", 0),
@@ -136,13 +135,10 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
             s["last_loss"] = ev.loss
         elif isinstance(ev, LogLine) and ev.level in ("info", "warning"):
             s.setdefault("notes", []).append(ev.message)
-        elif isinstance(ev, RunFinished):
-            s["status"] = "finished"
-        elif isinstance(ev, RunFailed):
-            s.update(status="failed", reason=ev.reason)
-        elif isinstance(ev, RunStopped):
-            s.update(status="killed" if getattr(ev, "killed", False) else "stopped",
-                     reason=ev.reason)
+        elif is_terminal(ev):
+            s["status"] = Status.of(ev).value
+            if isinstance(ev, (RunFailed, RunStopped)):
+                s["reason"] = ev.reason
     epochs = s["per_epoch"]
     if epochs:
         s["time_per_epoch_s"] = sum(e["seconds"] for e in epochs) / len(epochs)

@@ -190,13 +190,3 @@ def code_line(config: Any) -> str:
     return f"runs your code: {'; '.join(named)}" if named else ""
 
 
-def model_label(config: dict) -> str:
-    """The model a run record's config names: the factory when set, else model.name."""
-    model = config.get("model", {})
-    return str(model.get("factory") or model.get("name", ""))
-
-
-def data_label(config: dict) -> str:
-    """The dataset a run record's config names: the factory when set, else data.name."""
-    data = config.get("data", {})
-    return str(data.get("factory") or data.get("name", ""))

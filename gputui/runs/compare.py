@@ -185,7 +185,7 @@ def read_hw_figures(run_dir: str | Path, events: list | None = None) -> dict[str
                 bubbles.append(share)
                 theory = breakdown.mean_value(r.bubble_theory for r in ev.per_device)
         elif ev.kind == "memory":
-            memory = [dict(r) for r in ev.per_device]
+            memory = [r.to_dict() for r in ev.per_device]
     totals = [sum(r.get(k) or 0 for k in ("params", "grads", "optim", "activations"))
               for r in memory]
     return {"mfu": sum(mfus) / len(mfus) if mfus else None,

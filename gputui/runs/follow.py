@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 
 from gputui.core import safeio
-from gputui.core.events import (DeviceSample, Event, RunFailed, RunStarted, event_from_dict,
-                                 is_terminal)
+from gputui.core.events import (DeviceSample, Event, RunFailed, RunStarted, Status,
+                                 event_from_dict, is_terminal)
 from gputui.runs import runlock
 
 LINE_BYTES = 4 * 2**20  # a longer line is no event (as runstore.read_events skips it)
@@ -99,6 +99,12 @@ class RecordFollower:
         self.last_t: float | None = None  # the time of the last event read
         self._checked = 0.0
         self.done = False
+
+    @property
+    def status(self) -> Status:
+        """How the followed run ended (RUNNING until its terminal event was read); a watch
+        whose writer is gone ends with a failure of its own (``gone`` says why)."""
+        return Status.of(self.terminal)
 
     def started_here(self) -> str:
         """Who runs it, for the first line: 'started elsewhere (gputui pid 12 on node2)'."""

@@ -91,8 +91,8 @@ def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     except OSError:
         return {}
     for ev in events:
-        if isinstance(ev, RunStarted) and isinstance(ev.config, dict):
-            return ev.config
+        if isinstance(ev, RunStarted):
+            return ev.config.to_dict()
     return {}
 
 

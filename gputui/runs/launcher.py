@@ -25,7 +25,7 @@ from typing import Any
 from gputui.core import runstore, signals
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device
-from gputui.core.events import DeviceSample, Event, RunFailed, RunStopped, is_terminal
+from gputui.core.events import DeviceSample, Event, RunFailed, RunStopped, Status, is_terminal
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core.proctree import adopt_orphans, kill_tree, own_tracker
 from gputui.hw.discovery import resolve_with_note
@@ -66,7 +66,7 @@ class RunHandle:
         self._closed: RecordClosed | None = None  # the host's word that the record is closed
         self._dead_host_end = False  # the terminal event is the handle's own (host died)
         self._done = False
-        self._status = "running"
+        self._status = Status.RUNNING
         self._tree: dict[int, Any] = {}  # every process seen below the host (psutil objects)
         self._tree_t = 0.0
         self._watch: Any = None  # hw.contention.LoadWatch: what else ran meanwhile
@@ -220,10 +220,7 @@ class RunHandle:
         terminal = self._terminal
         assert terminal is not None
         self._done = True
-        self._status = {"run_finished": "finished", "run_failed": "failed",
-                        "run_stopped": "stopped"}[terminal.kind]
-        if getattr(terminal, "killed", False):
-            self._status = "killed"
+        self._status = Status.of(terminal)  # the one place a run's status is decided
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
@@ -277,8 +274,8 @@ class RunHandle:
         return self._done
 
     @property
-    def status(self) -> str:
-        """"running", "finished", "failed", "stopped" or "killed"."""
+    def status(self) -> Status:
+        """RUNNING until the run's terminal event arrived, then how it ended."""
         return self._status
 
     def pids(self) -> dict[str, int]:
@@ -305,7 +302,7 @@ class RunHandle:
         if self.host is not None and self.host.process.pid is not None:
             kill_tree(self.host.process.pid)
 
-    def wait(self, timeout: float | None = None) -> str:
+    def wait(self, timeout: float | None = None) -> Status:
         """Poll until the run ends or ``timeout`` passes; returns the status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._done:

@@ -1,17 +1,15 @@
-"""The prediction's kept measurements of this machine: where they live, how a figure is
-keyed (what it depends on), and the JSON file that holds them, written atomically."""
+"""The prediction's kept measurements of this machine: the file that holds them
+(``gputui.core.cachedir.KeptFigures``) and how a figure is keyed (what it depends on)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gputui.core.cachedir import cache_dir
+from gputui.core.cachedir import KeptFigures, cache_dir
 from gputui.core.config import RunConfig
 
 
@@ -29,47 +27,74 @@ def cores() -> int:
     return n or 1
 
 
-class Cache:
-    """The measurements of this machine: a JSON dict of key -> figures, written atomically."""
+class Cache(KeptFigures):
+    """The prediction's figures of this machine (and bench-comm's peaks beside them)."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or cache_dir() / f"predict-{machine_id()}.json"
-        try:
-            self.data: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            self.data = {}
+        super().__init__(path=path or cache_dir() / f"predict-{machine_id()}.json")
 
-    def get(self, key: str) -> dict | None:
-        return self.data.get(key)
 
-    def put(self, key: str, value: dict) -> None:
-        self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
-                              measured_t=time.time())
-        from gputui.core.filewrite import make_folder, write_atomic
+@dataclass(frozen=True)
+class ComputeKey:
+    """What a compute figure depends on: model, data, precision, fast path, per-process batch
+    (and its micro-batches), threads, the processes running at once, the device, and the
+    strategy that trained it (``single``, or a multi-process one on a world of one rank).
+    ``str()`` is its key in the cache file (the form kept files hold)."""
 
-        # through filewrite: a cache folder that is a file is one line (WriteFailed), not a
-        # NotADirectoryError traceback
-        make_folder(self.path.parent,
-                    "set GPUTUI_CACHE_DIR or XDG_CACHE_HOME to a folder you can write to")
-        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+    model: str
+    data: str
+    precision: str
+    compile: str
+    channels_last: bool
+    batch: int
+    micro: int
+    threads: int
+    copies: int
+    device: str
+    strategy: str = "single"
+
+    def __str__(self) -> str:
+        parts = ["compute", self.model, self.data, self.precision, self.compile,
+                 self.channels_last, f"b{self.batch}" + (f"/{self.micro}" if self.micro > 1
+                                                         else ""),
+                 f"t{self.threads}", f"x{self.copies}", self.device]
+        if self.strategy != "single":
+            parts.append(f"{self.strategy}@1")
+        return "|".join(map(str, parts))
+
+    def name(self) -> str:
+        """The input as the user reads it: 'compute single, batch 64, 2 threads, 1 copy on
+        cpu'."""
+        batch = f"{self.batch}" + (f" in {self.micro} micro-batches" if self.micro > 1 else "")
+        return (f"compute {self.strategy}, batch {batch}, {self.threads} threads, "
+                f"{self.copies} cop{'y' if self.copies == 1 else 'ies'} on {self.device}")
+
+
+@dataclass(frozen=True)
+class CommKey:
+    """What a communication figure depends on: the device kind ("cpu", "gpu"), the devices,
+    the bytes all-reduced (0: one step's fsdp collectives) and a tag (the GPU's name, the
+    compute gap; an fsdp tag names the model, the data and the wrap). ``str()`` is its key
+    in the cache file."""
+
+    kind: str
+    n: int
+    size: int
+    tag: str = ""
+
+    def __str__(self) -> str:
+        return f"comm|{self.kind}{':' + self.tag if self.tag else ''}|n{self.n}|{self.size}"
+
+    def name(self) -> str:
+        """'allreduce of 1.23 MiB over 2 devices' or 'fsdp collectives over 2 devices'."""
+        what = ("fsdp collectives" if self.tag.startswith("fsdp")
+                else f"allreduce of {self.size / 2**20:.2f} MiB")
+        return f"{what} over {self.n} devices"
 
 
 def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: str,
-                strategy: str = "single") -> str:
-    """What a compute figure depends on: model, data, precision, fast path, per-process batch
-    (and its micro-batches), threads, the processes running at once, the device, and the
-    strategy that trained it (``single``, or a multi-process one on a world of one rank)."""
-    from gputui.core.usercode import data_label, model_label
-
-    d = cfg.to_dict()
-    micro = cfg.optim.micro_batches  # a step of several micro-batches is another figure
-    parts = ["compute", model_label(d), data_label(d), cfg.run.precision, cfg.run.compile,
-             cfg.run.channels_last, f"b{batch}" + (f"/{micro}" if micro > 1 else ""),
-             f"t{threads}", f"x{copies}", device]
-    if strategy != "single":
-        parts.append(f"{strategy}@1")
-    return "|".join(map(str, parts))
-
-
-def comm_key(kind: str, n: int, size: int, label: str = "") -> str:
-    return f"comm|{kind}{':' + label if label else ''}|n{n}|{size}"
+                strategy: str = "single") -> ComputeKey:
+    """The key of the compute figure of ``cfg`` at this batch, threads, copies and device."""
+    return ComputeKey(cfg.model.label, cfg.data.label, cfg.run.precision, cfg.run.compile,
+                      cfg.run.channels_last, batch, cfg.optim.micro_batches, threads, copies,
+                      device, strategy)

@@ -25,14 +25,15 @@ from typing import Any, Callable
 from gputui.core.config import RunConfig
 from gputui.core.config_schema import optimizer_states
 from gputui.runs.predict import Inputs
-from gputui.runs.predict_cache import Cache, comm_key, compute_key, cores
-from gputui.runs.predict_inputs import input_label, stale
+from gputui.runs.predict_cache import Cache, CommKey, ComputeKey, compute_key, cores
+from gputui.runs.predict_inputs import stale
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
 MEASURE_S = 1.0  # ... and more epochs of them (at most MAX_EPOCHS) where 100 steps take less
 MAX_EPOCHS = 5
 Line = Callable[[str], None]
+Key = ComputeKey | CommKey
 
 
 def epochs_for(step_s: float | None) -> int:
@@ -182,7 +183,7 @@ class Measurer:
         # per input: {"input", "source" ("measured now" | "cached"), "measured", "age_s",
         # "note" (its contention, or why it was measured again)}
         self.sources: list[dict[str, Any]] = []
-        self._now: dict[str, dict] = {}  # measured in this sitting: never measured twice
+        self._now: dict[Key, dict] = {}  # measured in this sitting: never measured twice
         if kind == "gpu" and gpu_name:  # known already (the app's last discovery)
             self._gpu_label = gpu_name
         elif kind == "gpu":
@@ -191,7 +192,7 @@ class Measurer:
             gpus, _ = discover_gpus()
             self._gpu_label = gpus[0].name if gpus else "gpu"
 
-    def _get(self, key: str, fn: Callable[[], dict]) -> dict | None:
+    def _get(self, key: Key, fn: Callable[[], dict]) -> dict | None:
         if key in self._now:
             return self._now[key]
         hit = None if self.again else self.cache.get(key)
@@ -212,14 +213,14 @@ class Measurer:
                      f"measured again: {why}" if hit is not None and why else "")
         return value
 
-    def _source(self, key: str, entry: dict, source: str, why: str) -> None:
+    def _source(self, key: Key, entry: dict, source: str, why: str) -> None:
         from gputui.core.machine import note
 
-        if any(s["key"] == key for s in self.sources):
+        if any(s["key"] == str(key) for s in self.sources):
             return
         when = entry.get("measured_t")
         age = time.time() - when if isinstance(when, (int, float)) else None
-        self.sources.append({"key": key, "input": input_label(key), "source": source,
+        self.sources.append({"key": str(key), "input": key.name(), "source": source,
                              "measured": entry.get("measured", ""), "age_s": age,
                              "note": "; ".join(x for x in (why, note(entry.get("machine")))
                                                if x)})
@@ -250,7 +251,7 @@ class Measurer:
         label = (self._gpu_label if self.kind == "gpu" else "step") + \
             f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms"
         devices = [Device("cuda" if self.kind == "gpu" else "cpu", i) for i in range(n)]
-        return self._get(comm_key(self.kind, n, size, label),
+        return self._get(CommKey(self.kind, n, size, label),
                          lambda: measure_comm(devices, size, gap, self.cores, self.line))
 
     def fsdp_comm(self, n: int, gap: float) -> dict | None:
@@ -259,13 +260,11 @@ class Measurer:
         in the key)."""
         import math
 
-        from gputui.core.usercode import data_label, model_label
-
         d = self.cfg.to_dict()
-        label = (f"fsdp:{model_label(d)}|{data_label(d)}|"
+        label = (f"fsdp:{self.cfg.model.label}|{self.cfg.data.label}|"
                  f"{','.join(self.cfg.strategy.fsdp_wrap)}|{self._gpu_label or 'step'}"
                  f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms")
-        return self._get(comm_key(self.kind, n, 0, label),
+        return self._get(CommKey(self.kind, n, 0, label),
                          lambda: measure_fsdp(d, n, gap, self.kind, self.cores, self.line))
 
     def inputs(self, n: int, strategies: list[str]) -> Inputs:

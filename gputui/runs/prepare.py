@@ -126,5 +126,5 @@ def override_checked(cfg: RunConfig, overrides: Sequence[tuple[str, str, Any]] =
                      preset_source: str = "config") -> Prepared:
     """``cfg`` with ``overrides`` applied, prepared (``config.apply_overrides`` plus every
     rule)."""
-    changed = apply_overrides(cfg, overrides, preset_source)
+    changed = apply_overrides(cfg, overrides)
     return prepare(changed, preset_source, override_origins(overrides))

@@ -296,7 +296,7 @@ class Sweep:
             on_point(point)
             self._follow(handle, point, on_event)
             summary = runstore.read_summary(handle.run_dir)
-            point.status = handle.status if handle.done else "stopped"
+            point.status = handle.status.value if handle.done else "stopped"
             point.reason = str(summary.get("reason") or "")
             point.machine = machine.read(handle.run_dir) or {}
             self.save()

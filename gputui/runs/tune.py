@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui.core.config import ConfigError, RunConfig, apply_overrides
-from gputui.core.config_schema import effective_batch_size
+from gputui.core.config import ConfigError, RunConfig, apply_overrides, effective_batch_size
 from gputui.runs.tune_space import MEM_SHARE, Candidate, Ranked, order, rank
 
 CONV_MODELS = ("lenet", "resnet18")  # channels_last changes nothing for the others
@@ -137,7 +136,7 @@ class Tuner:
                    *[("tune", k, v) for k, v in cand.settings().items()]]
         if self.kind == "gpu":
             changes.append(("tune", "devices.fallback", "none"))
-        return apply_overrides(self.base, changes, "tune")
+        return apply_overrides(self.base, changes)
 
     def _why_not(self, cand: Candidate, devices: list, plan) -> str | None:
         try:

@@ -16,8 +16,6 @@ cache without that state, or contradicting another (more CPU threads slower than
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -25,6 +23,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from gputui.core.cachedir import KeptFigures, cache_dir
 
 # dense (not sparse) peak TFLOP/s from the vendors' data sheets: (name words, {dtype: peak});
 # the first entry whose words all appear in the device name wins, so the narrow come first.
@@ -128,8 +128,6 @@ def cpu_name() -> str:
 
 def cache_path() -> Path:
     """The kept peaks, in gputui's one cache folder (``gputui.core.cachedir``)."""
-    from gputui.core.cachedir import cache_dir
-
     return cache_dir() / CACHE_NAME
 
 
@@ -172,29 +170,19 @@ def device_peak(device: torch.device, dtype: str) -> tuple[float, str]:
 
 
 def _cached(key: str, measure: Callable[[], float]) -> float:
-    path = cache_path()
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    why = distrust(data, key)
+    kept = KeptFigures(path=cache_path())
+    why = distrust(kept.data, key)
     if why is None:
-        return float(data[key]["flops"])
-    for k in contradicting(data, key):
-        data.pop(k, None)  # both sides of a contradiction are measured again
+        return float(kept.data[key]["flops"])
+    for k in contradicting(kept.data, key):
+        kept.drop(k)  # both sides of a contradiction are measured again
     from gputui.hw.contention import LoadWatch
 
     watch = LoadWatch()
     value = measure()
-    data[key] = {"flops": value, "machine": watch.state(), "remeasured": why}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache: measured again next time
+        kept.put(key, {"flops": value, "machine": watch.state(), "remeasured": why})
+    except OSError:  # a read-only cache (WriteFailed is one): measured again next time
         pass
     return value
 

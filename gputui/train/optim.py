@@ -68,7 +68,7 @@ class Updater:
 
     def __init__(self, o: OptimSection, base_lr: float):
         self.o, self.base_lr = o, base_lr
-        self.varies = lr_scheduled({"schedule": o.schedule, "warmup_steps": o.warmup_steps})
+        self.varies = lr_scheduled(o)
         self.steps = 0  # optimizer steps taken; the next one is step number `steps`
         self.total = 0  # the run's optimizer steps (plan), 0 = not known: no decay
         # pp's stages hold different parameters: it adds the other stages' squared norms

@@ -47,7 +47,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
             nonlocal started
             if not started:
                 started = True
-                emit(RunStarted(run_id=run_id, config=cfg.to_dict(),
+                emit(RunStarted(run_id=run_id, config=cfg,
                                 devices=tuple(d.to_dict() for d in devices),
                                 strategy=cfg.strategy.name,
                                 world_size=rank.world_size if rank else 1))

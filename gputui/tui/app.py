@@ -1,10 +1,10 @@
 """The Textual app: set up a run, launch it, watch it, stop it.
 
 The app owns the run's lifecycle (a :class:`~gputui.tui.run_control.RunController` per run it
-launched, whose events and samples it pumps to the run screen), the sweep's
-(:mod:`gputui.tui.sweep_control`) and where screens go (:mod:`gputui.tui.navigation`); the
-screens post messages to it (``StartRun``, ``SetupChanged``, ``ControlRun``, ``StartSweep``,
-``OpenCompare``) and it answers the run screen with ``RunControlled``: no screen calls the
+launched, whose events and samples it pumps to the run screen), the sweep's, where screens go
+and how a stop signal ends it (with :mod:`gputui.tui.lifecycle`); the screens post messages
+to it (``StartRun``, ``SetupChanged``, ``ControlRun``, ``StartSweep``, ``OpenCompare``) and
+it answers the run screen with ``RunControlled``: no screen calls the
 app or another screen.
 
 ``make_app`` builds the app for the CLI and for tests alike (tests hand it a scripted
@@ -15,27 +15,31 @@ runs in its own processes.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from textual import work
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from gputui.core.config import ConfigError, RunConfig, load_preset
+from gputui.core.scores import score_text
 from gputui.tui.defaults import app_default
 from gputui.tui.inventory import Inventory, discover_inventory
-from gputui.tui.lifecycle import SignalExit, crash_line, stop_then_kill
-from gputui.tui.messages import (ControlRun, LaunchFailed, RunControlled, RunEnded,
-                                 RunLaunched, SetupChanged, StartRun)
-from gputui.tui.navigation import Navigation
+from gputui.tui.lifecycle import KILL_WAIT_S, crash_line, detach_terminal, stop_then_kill
+from gputui.tui.messages import (ControlRun, LaunchFailed, OpenCompare, RunControlled,
+                                 RunEnded, RunLaunched, SetupChanged, StartRun, StartSweep,
+                                 StopSweep, SweepStarted, UsePlannedRow, WatchRun)
 from gputui.tui.pump import EventPump
 from gputui.tui.run_control import STOP_NOTE, RunController
 from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.spawnsafe import private_terminal, ready_for_spawn
-from gputui.tui.sweep_control import SweepOwner
 
 Launcher = Callable[..., Any]
 CHILD_OUTPUT = "app-output.log"  # stray output of training processes started by the app
@@ -45,7 +49,7 @@ KILL_GRACE_S = 5.0  # after a kill: how long to wait for its terminal event befo
 WARM_AFTER_PAINT_S = 0.3  # the warm host starts this long after the set-up is painted
 
 
-class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
+class GpuTuiApp(App[int]):
     """gputui's app: the set-up screen first; a run screen per run on top of it."""
 
     CSS_PATH = "app.tcss"
@@ -85,6 +89,8 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
         self.quit_after_run = False
         self.quit_code = 0
         self.crash_log: Path | None = None
+        self.sweep: Any = None  # the sweep in flight (a gputui.runs.sweep.Sweep), or None
+        self.stop_signal: int | None = None  # the first stop signal the app took
 
     def notify(self, message: str, *, title: str = "", severity: Any = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -256,6 +262,264 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
             self.exit(self.quit_code, return_code=self.quit_code)
         else:
             self.prepare_warm_start(run.config)
+
+    # ------------------------------------------------------------------ sweeps
+    # The sweep screen plans one and posts ``StartSweep``; the app runs it (one at a time,
+    # never beside a run) in a thread worker and tells the screen how it goes:
+    # ``SweepStarted``, then ``PointChanged``/``PointProgress`` per point and ``SweepEnded``.
+    # ``StopSweep`` stops the current run cleanly and starts no other; so does the app going
+    # away.
+    def on_start_sweep(self, message: StartSweep) -> None:
+        """A sweep screen's Start: run the sweep unless a run or another sweep is active."""
+        if self.run_active or self.sweep is not None:
+            what = "A run is active" if self.run_active else "A sweep is running"
+            self.notify(f"{what}: start the sweep when it has ended (or stop it)",
+                        title="Cannot start the sweep", severity="warning")
+            return
+        from gputui.tui.spawnsafe import ready_for_spawn
+
+        self.sweep = message.sweep
+        ready_for_spawn(message.sweep.runs_dir / "app-output.log")
+        message.screen.post_message(SweepStarted(message.sweep))
+        self._run_sweep(message.sweep, message.screen)
+
+    def on_stop_sweep(self, message: StopSweep) -> None:
+        """Stop the current run cleanly and start no other."""
+        self.stop_sweep()
+
+    def stop_sweep(self) -> None:
+        """Ask the sweep in flight to end (any thread); the app calls it when it goes away."""
+        if self.sweep is not None:
+            self.sweep.request_stop()
+
+    @work(thread=True, exclusive=True, group="sweep", exit_on_error=False)
+    def _run_sweep(self, sweep: Any, screen: Any) -> None:
+        """The whole grid, off the UI thread; its news go to ``screen`` (dropped once it is
+        gone), its end to the app as well."""
+        from gputui.tui.screens.sweep import PointChanged, PointProgress, SweepEnded
+
+        def on_event(point: Any, ev: Any) -> None:
+            if ev.kind == "step":
+                screen.post_message(PointProgress(point.key, f"epoch {ev.epoch} step "
+                                                  f"{ev.step}/{ev.steps_per_epoch} loss "
+                                                  f"{ev.loss:.4f}"))
+            elif ev.kind == "epoch_end":
+                screen.post_message(PointProgress(point.key, f"epoch {ev.epoch}/{ev.epochs}: "
+                                                  + score_text(ev.task, ev.test_acc,
+                                                               ev.val_loss)))
+        state, error = "failed", ""
+        try:
+            state = sweep.run(lambda p: screen.post_message(PointChanged(p)), on_event)
+        except Exception as exc:  # noqa: BLE001 - shown in the app, never a crash
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.post_message(SweepEnded(state, error))
+            screen.post_message(SweepEnded(state, error))
+
+    def on_sweep_ended(self, message: Any) -> None:
+        """The sweep in flight ended: another may start."""
+        self.sweep = None
+
+    # ------------------------------------------------------------------ where screens go
+    # Screens never push another top-level screen themselves: they post a message and the
+    # app opens it (a modal dialog is still pushed by the screen that asks its question).
+    def on_open_compare(self, message: OpenCompare) -> None:
+        """A screen asks for the comparison of some runs (one run: that run's plots)."""
+        from gputui.tui.screens.compare import CompareScreen
+
+        self.push_screen(CompareScreen(message.run_dirs, message.runs_dir,
+                                       title=message.title,
+                                       only_compared=message.only_compared))
+
+    async def on_watch_run(self, message: WatchRun) -> None:
+        """Follow a run started elsewhere on the run screen, from its record (read-only: the
+        app's own run, if any, is untouched)."""
+        from gputui.runs.follow import RecordFollower
+        from gputui.tui.screens.run import RunScreen
+
+        follower = RecordFollower(message.run_dir)
+        screen = RunScreen(follower)
+        await self.push_screen(screen)  # mounted: the pump's first batch finds it attached
+        self.run_worker(lambda: self._follow(follower, screen), thread=True,
+                        group="watch", exit_on_error=False)
+
+    def _follow(self, follower: object, screen: Screen) -> None:
+        """The pump of a followed record, until it ends or its screen is closed."""
+        from textual.worker import get_current_worker
+
+        from gputui.tui.pump import EventPump
+
+        worker = get_current_worker()
+        EventPump(follower, screen.post_message,
+                  target_gone=lambda: not screen.is_attached).run(
+            lambda: worker.is_cancelled or not screen.is_attached)
+
+    def action_show_help_panel(self) -> None:
+        """The keys (F1): the app's and the screen's first, the focused widget's after."""
+        from textual.css.query import NoMatches
+
+        from gputui.tui.keys import AppHelpPanel
+
+        screen = self.screen
+        try:
+            screen.query_one(AppHelpPanel)
+        except NoMatches:
+            screen.mount(AppHelpPanel())
+
+    def action_open_history(self) -> None:
+        """The run history (F6): past runs with their plots, and comparisons."""
+        from gputui.tui.screens.history import HistoryScreen
+
+        self._go_to(HistoryScreen, lambda sid: HistoryScreen(self.runs_path, screen_id=sid))
+
+    def action_open_sweep(self) -> None:
+        """A sweep (F7) of the set-up's config over device counts x strategies (it starts
+        only when no run is active)."""
+        from gputui.core import registry
+        from gputui.tui.screens.sweep import SweepScreen
+
+        config = self.setup_config
+        self._go_to(SweepScreen, lambda sid: SweepScreen(config, self.runs_path,
+                                                         registry.names(), screen_id=sid))
+
+    def action_open_plan(self) -> None:
+        """The plan (F8) of the set-up's GPT on devices this machine does not have: memory
+        per rank, the fit and the speed of every mesh (`gputui plan`'s planner)."""
+        from gputui.tui.screens.plan import PlanScreen
+
+        config = self.setup_config
+        out = self.runs_path / CHILD_OUTPUT
+        self._go_to(PlanScreen, lambda sid: PlanScreen(config, child_output=out,
+                                                       screen_id=sid))
+
+    def on_use_planned_row(self, message: UsePlannedRow) -> None:
+        """A planned row into the set-up form: back to the set-up, with the row's config."""
+        stack = self.screen_stack
+        setup = next((s for s in stack if isinstance(s, SetupScreen)), None)
+        if setup is None or not all(self._closable(s) for s in stack[stack.index(setup) + 1:]):
+            self.notify("A run or a sweep is active above the set-up: stop it first",
+                        severity="warning")
+            return
+        while self.screen is not setup:
+            self.pop_screen()
+        setup.show_config(message.config, message.label)
+
+    def _go_to(self, cls: type, make: Callable[[str], Screen]) -> None:
+        """Bring a screen of ``cls`` to the top from anywhere: back to the one in the stack
+        when only screens that can close safely lie above it, else a new one on top (with
+        an id of its own: two screens never share one)."""
+        stack = self.screen_stack
+        if isinstance(self.screen, cls):
+            return
+        found = [i for i, s in enumerate(stack) if isinstance(s, cls)]
+        if found and all(self._closable(s) for s in stack[found[-1] + 1:]):
+            for _ in stack[found[-1] + 1:]:
+                self.pop_screen()
+            return
+        sid = cls.__name__.removesuffix("Screen").lower()
+        taken = {s.id for s in stack}
+        n = 1
+        while (sid if n == 1 else f"{sid}-{n}") in taken:
+            n += 1
+        self.push_screen(make(sid if n == 1 else f"{sid}-{n}"))
+
+    @staticmethod
+    def _closable(screen: Screen) -> bool:
+        """A screen that can be closed to go back: nothing runs or waits in it."""
+        from gputui.tui.screens.compare import CompareScreen
+        from gputui.tui.screens.history import HistoryScreen
+        from gputui.tui.screens.plan import PlanScreen
+        from gputui.tui.screens.run import RunScreen
+        from gputui.tui.screens.sweep import SweepScreen
+
+        if isinstance(screen, SweepScreen):
+            return not screen.running
+        if isinstance(screen, RunScreen):
+            return screen.ended
+        if isinstance(screen, PlanScreen):
+            return not screen.planning
+        return isinstance(screen, (HistoryScreen, CompareScreen))
+
+    # ------------------------------------------------------------------ command palette
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The main actions of the current screen, then Textual's own commands."""
+        from gputui.tui.palette import screen_commands
+
+        yield from screen_commands(screen)
+        yield SystemCommand("Run history", "Past runs, their plots, comparisons (f6)",
+                            self.action_open_history)
+        yield SystemCommand("Sweep", "The set-up over device counts x strategies (f7)",
+                            self.action_open_sweep)
+        yield SystemCommand("Plan", "Will the set-up's GPT fit, and how fast, on GPUs you do "
+                            "not have (f8)", self.action_open_plan)
+        yield from super().get_system_commands(screen)
+
+    # ------------------------------------------------------------------ stop signals
+    # A stop signal (SIGINT, SIGTERM, SIGHUP) stops the active run gracefully and the app
+    # leaves when it has ended (128 + the signal); a second one, or a stop that outlasts
+    # run.stop_grace_s, kills it (gputui.tui.lifecycle).
+    def install_stop_signals(self) -> None:
+        """Take SIGINT, SIGTERM and SIGHUP in the app's event loop (main thread only)."""
+        import asyncio
+
+        from gputui.core.signals import STOP_SIGNALS
+
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, self.on_stop_signal, sig)
+            except (ValueError, RuntimeError, NotImplementedError):
+                return  # not the main thread (a test's app): the signals stay as they were
+
+    def on_stop_signal(self, signum: int) -> None:
+        """First signal: stop the run (or leave at once without one); then: kill it."""
+        from gputui.core.signals import describe, stop_reason
+
+        if signum == signal.SIGHUP:
+            self._hang_up()
+            return
+        first = self.stop_signal is None
+        stop_signal = signum if self.stop_signal is None else self.stop_signal
+        self.stop_signal = stop_signal
+        code = 128 + stop_signal
+        run = self.run_control
+        if not self.run_active or run is None or run.handle is None:
+            self.exit(code, return_code=code)
+            return
+        self.quit_after_run, self.quit_code = True, code
+        if first:
+            run.stop(stop_reason(signum), note=f"{describe(signum)}: stopping the run, then "
+                                               f"quitting")
+            grace = getattr(getattr(run.config, "run", None), "stop_grace_s", 30.0)
+            self.set_timer(grace, lambda: self._kill_after_signal(run, f"the stop asked by "
+                                                          f"{describe(signum)} did not end "
+                                                          f"within {grace:g} s"))
+        else:
+            self._kill_after_signal(run, f"a second signal ({describe(signum)})")
+
+    def _hang_up(self) -> None:
+        """The terminal is gone: nothing can be drawn, and Textual's own teardown would wait
+        on it. Stop the run gracefully (kill it after its grace period) in a thread, then
+        leave at once with 128 + SIGHUP."""
+        detach_terminal()
+        self.stop_signal = self.stop_signal or signal.SIGHUP
+        handle = self.stop_orphans()
+        reason = self.exit_reason()
+
+        def leave() -> None:
+            if handle is not None:
+                cfg = getattr(handle, "cfg", None)
+                stop_then_kill(handle, reason, cfg.run.stop_grace_s if cfg is not None else 30.0)
+            os._exit(128 + signal.SIGHUP)
+
+        threading.Thread(target=leave, name="gputui-hangup", daemon=True).start()
+
+    def _kill_after_signal(self, run: Any, why: str) -> None:
+        if not run.active:
+            return
+        run.kill(f"killed: {why}", note=f"{why}: killing the run")
+        code = self.quit_code
+        self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))
 
     # ------------------------------------------------------------------ quitting
     async def action_quit(self) -> None:

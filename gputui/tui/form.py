@@ -226,7 +226,7 @@ def build(base: RunConfig, values: dict[str, Any], devices_spec: str, strategy: 
     overrides += [(SOURCE, "devices.spec", devices_spec), (SOURCE, "strategy.name", strategy)]
     origins = override_origins(overrides)
     try:
-        cfg = apply_overrides(base, overrides, preset_source=SOURCE)
+        cfg = apply_overrides(base, overrides)
         if check and devices is None:  # discovery, then the rules
             from gputui.runs.prepare import prepare
 

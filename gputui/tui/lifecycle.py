@@ -1,10 +1,11 @@
 """How the app ends when it is not asked to quit: a stop signal, or a crash.
 
-A stop signal (SIGINT, SIGTERM, SIGHUP: see ``gputui.core.signals``) stops the active run
-gracefully, with the signal named in its record, and the app leaves when the run has ended
-(exit status 128 + the signal's number); a second signal, or a stop that outlasts
-``run.stop_grace_s``, kills the run. SIGHUP means the terminal is gone: the app's output goes
-to /dev/null from then on, so drawing can never fail on a hung-up terminal.
+A stop signal (SIGINT, SIGTERM, SIGHUP: see ``gputui.core.signals``, taken by the app's
+``on_stop_signal``) stops the active run gracefully, with the signal named in its record, and
+the app leaves when the run has ended (exit status 128 + the signal's number); a second
+signal, or a stop that outlasts ``run.stop_grace_s``, kills the run. SIGHUP means the
+terminal is gone: the app's output goes to /dev/null from then on
+(:func:`detach_terminal`), so drawing can never fail on a hung-up terminal.
 
 A crash (an exception Textual could not handle) stops the run gracefully too, with the crash
 as the reason, and :func:`crash_line` gives the one line the CLI prints before exiting 1.
@@ -13,7 +14,6 @@ as the reason, and :func:`crash_line` gives the one line the CLI prints before e
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -22,75 +22,6 @@ from typing import Any, NoReturn
 from gputui.core.errors import fault_line
 
 KILL_WAIT_S = 5.0
-
-
-class SignalExit:
-    """Mixed into the app: the stop signals as a graceful stop and exit."""
-
-    stop_signal: int | None = None
-
-    def install_stop_signals(self) -> None:
-        """Take SIGINT, SIGTERM and SIGHUP in the app's event loop (main thread only)."""
-        import asyncio
-
-        from gputui.core.signals import STOP_SIGNALS
-
-        loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, self.on_stop_signal, sig)
-            except (ValueError, RuntimeError, NotImplementedError):
-                return  # not the main thread (a test's app): the signals stay as they were
-
-    def on_stop_signal(self, signum: int) -> None:
-        """First signal: stop the run (or leave at once without one); then: kill it."""
-        from gputui.core.signals import describe, stop_reason
-
-        if signum == signal.SIGHUP:
-            self._hang_up()
-            return
-        first = self.stop_signal is None
-        stop_signal = signum if self.stop_signal is None else self.stop_signal
-        self.stop_signal = stop_signal
-        code = 128 + stop_signal
-        run = getattr(self, "run_control", None)  # the app's RunController
-        if not self.run_active or run is None or run.handle is None:  # type: ignore[attr-defined]
-            self.exit(code, return_code=code)  # type: ignore[attr-defined]
-            return
-        self.quit_after_run, self.quit_code = True, code
-        if first:
-            run.stop(stop_reason(signum), note=f"{describe(signum)}: stopping the run, then "
-                                               f"quitting")
-            grace = getattr(getattr(run.config, "run", None), "stop_grace_s", 30.0)
-            self.set_timer(grace, lambda: self._kill_after_signal(run, f"the stop asked by "  # type: ignore[attr-defined]
-                                                          f"{describe(signum)} did not end "
-                                                          f"within {grace:g} s"))
-        else:
-            self._kill_after_signal(run, f"a second signal ({describe(signum)})")
-
-    def _hang_up(self) -> None:
-        """The terminal is gone: nothing can be drawn, and Textual's own teardown would wait
-        on it. Stop the run gracefully (kill it after its grace period) in a thread, then
-        leave at once with 128 + SIGHUP."""
-        detach_terminal()
-        self.stop_signal = self.stop_signal or signal.SIGHUP
-        handle = self.stop_orphans()  # type: ignore[attr-defined]
-        reason = self.exit_reason()  # type: ignore[attr-defined]
-
-        def leave() -> None:
-            if handle is not None:
-                cfg = getattr(handle, "cfg", None)
-                stop_then_kill(handle, reason, cfg.run.stop_grace_s if cfg is not None else 30.0)
-            os._exit(128 + signal.SIGHUP)
-
-        threading.Thread(target=leave, name="gputui-hangup", daemon=True).start()
-
-    def _kill_after_signal(self, run: Any, why: str) -> None:
-        if not run.active:
-            return
-        run.kill(f"killed: {why}", note=f"{why}: killing the run")
-        code = self.quit_code
-        self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))  # type: ignore[attr-defined]
 
 
 def detach_terminal() -> None:

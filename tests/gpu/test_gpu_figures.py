@@ -102,6 +102,6 @@ def test_the_gpt_compiled_in_bf16_is_measured_against_the_gpus_peak(tmp_path):
     mfus = [e.mfu for e in steps if e.mfu is not None]
     assert mfus and all(0 < m <= 1 for m in mfus), mfus
     assert steps[-1].loss < steps[0].loss
-    peaks = [r["peak"] for e in evs if e.kind == "memory" for r in e.per_device
-             if isinstance(r.get("peak"), int)]
+    peaks = [r.peak for e in evs if e.kind == "memory" for r in e.per_device
+             if r.peak is not None]
     assert peaks and max(peaks) > 0

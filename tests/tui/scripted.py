@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from gputui.core import breakdown
+from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
 from gputui.core.events import (
     DeviceSample,
@@ -21,6 +22,7 @@ from gputui.core.events import (
     InitDone,
     LogLine,
     MemoryReport,
+    MemoryRow,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -59,7 +61,8 @@ def run_events(run_id: str = "20240101-000000-quickstart", devices: int = 2, epo
                end_after_epochs: int | None = None) -> list[Event]:
     """A whole run's events with fixed numbers (loss falls, accuracy rises)."""
     devs = tuple(Device("cpu", i, "CPU virtual device").to_dict() for i in range(devices))
-    cfg = {"run": {"epochs": epochs, "name": "quickstart"}, "strategy": {"name": "scratch"}}
+    cfg = RunConfig().replace(run={"epochs": epochs, "name": "quickstart"},
+                              strategy={"name": "scratch"})
     out: list[Event] = [
         RunStarted(run_id=run_id, config=cfg, devices=devs, strategy="scratch",
                    world_size=1, notes=("CPU virtual devices share 2 cores",), t=T0),
@@ -88,8 +91,8 @@ def run_events(run_id: str = "20240101-000000-quickstart", devices: int = 2, epo
                 out.append(FlopsInfo(flops_per_step=3_394_252_800, peak_flops=1.1e11,
                                      units=devices, source="a CPU, measured matmul", t=t))
                 out.append(MemoryReport(epoch=1, per_device=tuple(
-                    {"device": f"cpu:{i}", "params": 246_824, "grads": 246_824,
-                     "optim": 246_824, "activations": 17_645_572} for i in range(devices)), t=t))
+                    MemoryRow(device=f"cpu:{i}", params=246_824, grads=246_824, optim=246_824,
+                              activations=17_645_572) for i in range(devices)), t=t))
         t += 0.4
         out.append(EpochEnd(epoch=epoch, epochs=epochs, seconds=2.0, train_loss=1.0 / epoch,
                             test_acc=0.5 + 0.1 * epoch, samples_per_s=6000.0, eval_s=0.4, t=t))

@@ -25,10 +25,11 @@ def test_a_gpu_without_gpm_or_an_energy_counter_shows_neither():
 
 
 def test_the_memory_line_sets_the_allocator_peak_against_the_prediction():
+    from gputui.core.events import MemoryRow
     from gputui.tui.widgets.hw_figures import memory_text
 
-    row = {"params": 2**20, "grads": 2**20, "optim": 2**21, "activations": 2**22,
-           "alloc": 2**23, "peak": 9 * 2**20}
+    row = MemoryRow(device="cuda:0", params=2**20, grads=2**20, optim=2**21,
+                    activations=2**22, alloc=2**23, peak=9 * 2**20)
     assert memory_text(row).splitlines()[2] == \
         "torch 8.0 MiB · peak 9.0 MiB vs 8.0 MiB predicted (+1.0 MiB)"
-    assert "predicted" not in memory_text({"params": 1, "grads": 1, "optim": 1})
+    assert "predicted" not in memory_text(MemoryRow(device="cpu:0", params=1, grads=1, optim=1))

@@ -26,7 +26,7 @@ def moe_events() -> list:
             e = replace(e, moe=MOE, per_device=tuple(replace(r, rank=i) for i, r in
                                                      enumerate(e.per_device)))
         elif isinstance(e, MemoryReport):
-            e = replace(e, per_device=tuple({**r, "experts": 2 * 2**20} for r in e.per_device))
+            e = replace(e, per_device=tuple(replace(r, experts=2 * 2**20) for r in e.per_device))
         elif isinstance(e, FlopsInfo):
             e = replace(e, params_total=300_000, params_active=200_000)
         if not isinstance(e, DeviceSample):

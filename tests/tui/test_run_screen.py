@@ -6,6 +6,7 @@ import dataclasses
 
 from scripted import GIB, T0, FakeHandle, ScriptedLauncher, fixed_inventory, run_events, wait_until
 
+from gputui.core.config import RunConfig
 from gputui.core.events import DeviceSample, StepMetrics
 from gputui.tui.app import make_app
 from gputui.tui.messages import DeviceSamples, RunEventBatch
@@ -348,8 +349,8 @@ async def test_a_scheduled_lr_shows_in_the_status_strip(presets):
     (every other test here) shows none."""
     events = run_events(epochs=1, steps_per_epoch=10, log_every=5)
     first = events[0]
-    events[0] = dataclasses.replace(first, config={**first.config, "optim": {
-        "schedule": "cosine", "warmup_steps": 2}})
+    events[0] = dataclasses.replace(first, config=first.config.replace(optim={
+        "schedule": "cosine", "warmup_steps": 2}))
     events = [dataclasses.replace(e, lr=0.1 / e.global_step) if isinstance(e, StepMetrics)
               else e for e in events]
     app, _ = scripted_app(events, presets)
@@ -394,9 +395,10 @@ async def test_a_mesh_run_shows_what_each_rank_holds(presets):
     """A run of strategy 'mesh' (2 replicas of 2 shards x tp ... here dp_replicate 2 x tp 2 on 4
     ranks): each device panel's title says its rank's place, the log the mesh once."""
     events = run_events(devices=4, epochs=1)
-    cfg = {"run": {"epochs": 1, "name": "quickstart"}, "strategy": {"name": "mesh"},
-           "model": {"name": "gpt"}, "data": {"name": "pystdlib"},
-           "parallel": {"dp_replicate": 2, "dp_shard": 1, "tp": 2, "zero": 3, "ac": "full"}}
+    cfg = RunConfig().replace(
+        run={"epochs": 1, "name": "quickstart"}, strategy={"name": "mesh"},
+        model={"name": "gpt"}, data={"name": "pystdlib"},
+        parallel={"dp_replicate": 2, "dp_shard": 1, "tp": 2, "zero": 3, "ac": "full"})
     events[0] = dataclasses.replace(events[0], config=cfg, strategy="mesh", world_size=4)
     app, _ = scripted_app(events, presets)
     async with app.run_test(size=SIZE) as pilot:

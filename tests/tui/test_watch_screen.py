@@ -9,6 +9,7 @@ import sys
 
 from scripted import wait_until
 
+from gputui.core.config import RunConfig
 from gputui.core.events import RunFailed, RunStarted, Stalled, StepMetrics
 from gputui.core.runstore import EventLog
 from gputui.tui.app import make_app
@@ -38,7 +39,7 @@ async def test_history_follows_a_run_started_elsewhere_live_and_read_only(tmp_pa
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         log = EventLog(run_dir / "events.jsonl")  # the other process's record, as it grows
-        log.write(RunStarted(run_id=run_id, config={"run": {"epochs": 1}},
+        log.write(RunStarted(run_id=run_id, config=RunConfig().replace(run={"epochs": 1}),
                              devices=({"name": "cpu:0", "kind": "cpu", "label": ""},),
                              strategy="single"))
         log.write(_step(1))

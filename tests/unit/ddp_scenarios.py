@@ -118,7 +118,7 @@ def run_scenario(name: str, spec: str = "cpu*2", workdir: str = "") -> dict:
     acc, test_loss = evaluate_with_loss(strategy, ds)
     out = {"params": params(model_), "losses": losses, "acc": acc, "test_loss": test_loss,
            "batch_size": strategy.batch_size, "shard": len(strategy.shard(x, y)[0]),
-           "memory": strategy.memory_rows(None)}
+           "memory": [r.to_dict() for r in strategy.memory_rows(None)]}
     if strategy_name == "fsdp" and name in ("fsdp", "fsdp_adamw"):
         out.update(checkpoint_round_trip(name, spec, strategy, workdir))
     return out

@@ -93,7 +93,8 @@ def scenario(world: int, name: str, workdir: str) -> dict:
         routing.append(strategy.moe_stats())
     out = {"losses": strategy.reduce_metric(torch.stack(losses)).tolist(), "grads": grads,
            "routing": routing, "params": params(strategy.full_model()),
-           "score": evaluate(strategy, ds), "memory": strategy.memory_rows(None),
+           "score": evaluate(strategy, ds), "memory": [r.to_dict() for r in
+                                                             strategy.memory_rows(None)],
            "notes": list(strategy.notes)}
     if name not in RESUMED:
         return out

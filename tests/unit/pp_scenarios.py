@@ -82,7 +82,7 @@ def run_scenario(name: str, spec: str, workdir: str) -> dict:
     out = {"params": params(strategy.full_model()), "losses": losses,
            "score": evaluate_with_loss(strategy, ds),  # (accuracy or val loss, test loss)
            "rows": [r.to_dict() for r in report.devices], "notes": list(strategy.notes),
-           "memory": strategy.memory_rows(None),
+           "memory": [r.to_dict() for r in strategy.memory_rows(None)],
            "state": strategy.state_dict()["models"][0]}  # every stage's own tensors
     path = os.path.join(workdir, f"{name}.pt")
     ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)

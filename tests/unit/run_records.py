@@ -37,7 +37,7 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
     (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     devices = tuple({"name": f"cpu:{i}", "kind": "cpu", "index": i, "label": ""}
                     for i in range(n))
-    events = [RunStarted(run_id=run_id, config=cfg.to_dict(), devices=devices,
+    events = [RunStarted(run_id=run_id, config=cfg, devices=devices,
                          strategy=strategy, world_size=1, t=1.0),
               InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0)]
     eff_batch = batch * (n if scale else 1)

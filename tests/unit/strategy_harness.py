@@ -41,7 +41,7 @@ def small_text(context: int = 32, n: int = 320):
 def data_for(cfg: RunConfig):
     """The data a config's task trains on here: text windows for a language model, else the
     small synthetic set."""
-    from gputui.core.config_schema import task_of
+    from gputui.core.config import task_of
 
     return small_text(cfg.data.context) if task_of(cfg) == "lm" else small_data()
 

@@ -140,3 +140,33 @@ def test_the_users_presets_folder_is_never_the_projects_own(tmp_path, monkeypatc
     assert user_presets_dir() == Path("presets")  # a project of the user's own
     monkeypatch.setenv("GPUTUI_PRESETS_DIR", str(tmp_path / "chosen"))
     assert user_presets_dir() == tmp_path / "chosen"
+
+
+def test_a_run_with_two_flags_checks_each_value_once(tmp_path, monkeypatch):
+    """The CLI's way from a preset and two flags to the config a run starts from checks each
+    value once: no dict round trip re-checks the whole config after every change (it checked
+    a run with two flags four times)."""
+    from collections import Counter
+
+    from gputui.cli import build_parser, resolve_config
+    from gputui.core import config
+
+    p = tmp_path / "p.toml"
+    p.write_text('[run]\nepochs = 1\n[data]\nname = "synthetic"\n[devices]\nspec = "cpu"\n')
+    checked: Counter = Counter()
+    coerce = config._coerce
+
+    def counting(source, key, value, f):
+        checked[key] += 1
+        return coerce(source, key, value, f)
+
+    monkeypatch.setattr(config, "_coerce", counting)
+    args = build_parser().parse_args(["run", str(p), "--set", "optim.lr=0.2", "--epochs", "2"])
+    cfg = resolve_config(args).config
+    assert (cfg.optim.lr, cfg.run.epochs, cfg.data.name) == (0.2, 2, "synthetic")
+    assert checked == {"run.epochs": 2, "data.name": 1, "devices.spec": 1, "optim.lr": 1}
+    # replace checks what it changes, and only that
+    checked.clear()
+    assert cfg.replace(optim={"lr": 0.3}).optim.lr == 0.3 and checked == {"optim.lr": 1}
+    with pytest.raises(ConfigError, match=r"^replace: optim.lr must be greater than 0"):
+        cfg.replace(optim={"lr": -1.0})

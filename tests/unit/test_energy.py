@@ -11,7 +11,7 @@ import pytest
 from fakes.nvml import FakeGpu, FakeNvml
 from gputui.core import runstore
 from gputui.core.devices import Device
-from gputui.core.events import EpochEnd, InitDone, MemoryReport
+from gputui.core.events import EpochEnd, InitDone, MemoryReport, MemoryRow
 from gputui.core.memcheck import memory_check
 from gputui.hw import nvml
 from gputui.runs import energy
@@ -67,10 +67,10 @@ def test_a_gpu_without_the_counter_or_a_cpu_run_records_nothing(gpus, tmp_path):
 
 
 def test_the_memory_check_sets_the_allocator_peak_against_the_model_terms():
-    rows = ({"device": "cuda:0", "params": 100, "grads": 100, "optim": 200, "activations": 50,
-             "alloc": 300, "peak": 600}, {"device": "cpu:1", "params": 1, "grads": 1, "optim": 0})
-    later = ({"device": "cuda:0", "params": 100, "grads": 100, "optim": 200,
-              "activations": 50, "peak": 520},)
+    rows = (MemoryRow(device="cuda:0", params=100, grads=100, optim=200, activations=50,
+                      alloc=300, peak=600), MemoryRow(device="cpu:1", params=1, grads=1, optim=0))
+    later = (MemoryRow(device="cuda:0", params=100, grads=100, optim=200, activations=50,
+                       peak=520),)
     events = [MemoryReport(epoch=1, per_device=rows), MemoryReport(epoch=2, per_device=later)]
     assert memory_check(events) == [{"device": "cuda:0", "peak": 600, "predicted": 450,
                                      "diff": 150}]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core.events import LogLine, RunFinished, RunStarted, StepMetrics
+from gputui.core.config import RunConfig
+from gputui.core.events import LogLine, RunFinished, RunStarted, Status, StepMetrics
 from gputui.runs import runlock
 from gputui.runs.follow import RecordFollower, clock
 
@@ -41,7 +42,7 @@ def holder(tmp_path):
 
 
 def _started(run_id: str) -> RunStarted:
-    return RunStarted(run_id=run_id, config={"run": {"epochs": 1}},
+    return RunStarted(run_id=run_id, config=RunConfig().replace(run={"epochs": 1}),
                       devices=({"name": "cpu:0", "kind": "cpu", "label": ""},),
                       strategy="single")
 
@@ -90,12 +91,16 @@ def test_a_record_is_followed_line_by_line_to_its_end_without_a_write(holder):
     got = _poll_until(follower, lambda seen: follower.done)
     assert [e.kind for e in got] == ["log", "run_finished"]
     assert follower.done and follower.terminal == got[-1] and follower.gone == ""
+    assert follower.status is Status.FINISHED  # decided as the run's own handle decides it
     # the follower read the folder and its lock; it wrote nothing (the test's last append
     # aside, every file is as it was)
     after = _files(run_dir)
     after.pop("events.jsonl")
     before.pop("events.jsonl")
     assert after == before
+    from gputui import cli
+
+    assert cli.main(["watch", str(run_dir)]) == 0  # `gputui watch`: the run finished
 
 
 def test_a_writer_killed_without_an_end_is_named_and_the_watch_ends(holder, capsys):
@@ -111,7 +116,7 @@ def test_a_writer_killed_without_an_end_is_named_and_the_watch_ends(holder, caps
     assert [e.kind for e in got] == ["run_failed"]
     assert got[0].reason == (f"no longer written since {clock(last)}, the writer gputui pid "
                              f"{proc.pid} is gone")
-    assert follower.gone == got[0].reason
+    assert follower.gone == got[0].reason and follower.status is Status.FAILED
     assert _files(run_dir) == before  # that end is shown, never recorded
     # `gputui watch` says it once, as the watch's end (exit 1: the run did not finish)
     from gputui import cli

@@ -43,7 +43,7 @@ def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):
     events = read_events(handle.run_dir)
     assert events[-1].kind == "run_stopped" and events[-1].reason == "killed by user"
     assert events[-1].killed  # told from a graceful stop
-    assert read_summary(handle.run_dir)["status"] == "killed"
+    assert read_summary(handle.run_dir)["status"] == "killed" == handle.status
     samples = read_events(handle.run_dir, "telemetry.jsonl")
     assert samples and {s.device for s in samples} >= {"cpu:0", "cpu:1"}
 

@@ -14,6 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from gputui.core import scores
+from gputui.core.config import RunConfig
 from gputui.core.events import EpochEnd, InitDone, RunFinished, RunStarted
 from gputui.core.runstore import summarize
 from gputui.train import flops
@@ -112,7 +113,7 @@ def test_counted_lm_flops_match_the_closed_form():
 
 
 def test_the_summary_of_a_language_model_says_loss_and_perplexity_not_accuracy():
-    events = [RunStarted(run_id="r", config={}, devices=(), strategy="single"),
+    events = [RunStarted(run_id="r", config=RunConfig(), devices=(), strategy="single"),
               InitDone(seconds=1.0, task="lm", tokens_per_sample=128, baseline_loss=3.2),
               EpochEnd(epoch=1, epochs=2, seconds=2.0, train_loss=3.0, test_acc=float("nan"),
                        samples_per_s=10.0, task="lm", val_loss=2.5, tokens_per_s=1280.0),

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gputui.core import registry
-from gputui.core.events import FlopsInfo, MemoryReport, StepMetrics
+from gputui.core.events import FlopsInfo, MemoryReport, MemoryRow, StepMetrics
 from gputui.hw.discovery import resolve_devices
 from gputui.train import flops, memory
 from gputui.train.data import TensorBatches
@@ -153,9 +153,9 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
     assert len(reports) == 2  # after the first step and at the epoch's end
     (row,) = reports[0].per_device
     param_bytes = 4 * sum(a * b + b for a, b in layers)
-    assert row["device"] == "cpu:0"
-    assert row["params"] == row["grads"] == row["optim"] == param_bytes  # momentum buffers
-    assert row["activations"] >= 4 * 32 * (d_in + 256 + 128)
+    assert row.device == "cpu:0"
+    assert row.params == row.grads == row.optim == param_bytes  # momentum buffers
+    assert row.activations >= 4 * 32 * (d_in + 256 + 128)
     steps = [e for e in events if isinstance(e, StepMetrics)]
     for s in steps:
         assert s.flops_per_s == pytest.approx(info.flops_per_step / s.step_time_s, rel=1e-6)
@@ -169,18 +169,18 @@ def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
 
     step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
                 lr=0.1)
-    rows = ({"device": "cpu:0", "params": 100, "grads": 100, "optim": 200, "activations": 50},
-            {"device": "cpu:1", "params": 100, "grads": 100, "optim": 200, "activations": 70})
+    rows = (MemoryRow(device="cpu:0", params=100, grads=100, optim=200, activations=50),
+            MemoryRow(device="cpu:1", params=100, grads=100, optim=200, activations=70))
     log = runstore.EventLog(tmp_path / "events.jsonl")
     for ev in (StepMetrics(step=2, global_step=2, mfu=0.2, flops_per_s=2e9, **step),
-               MemoryReport(epoch=1, per_device=({"device": "cpu:0", "params": 1},)),
+               MemoryReport(epoch=1, per_device=(MemoryRow(device="cpu:0", params=1),)),
                StepMetrics(step=4, global_step=4, mfu=0.4, flops_per_s=4e9, **step),
                MemoryReport(epoch=1, per_device=rows)):
         log.write(ev)
     log.close()
     got = read_hw_figures(tmp_path)
     assert got["mfu"] == pytest.approx(0.3) and got["flops_per_s"] == pytest.approx(3e9)
-    assert got["train_mem"] == 470 and got["memory"] == [dict(r) for r in rows]
+    assert got["train_mem"] == 470 and got["memory"] == [r.to_dict() for r in rows]
     assert fmt("mfu", 0.3) == "30.0%" and fmt("train_mem", 470) == "470 B"
 
 

@@ -184,7 +184,8 @@ def test_the_printer_shows_a_scheduled_lr_only():
     def printed(optim: dict) -> str:
         out = io.StringIO()
         printer = Printer(stream=out, live=False)
-        printer.handle(RunStarted(run_id="r", config={"run": {"epochs": 1}, "optim": optim},
+        cfg = RunConfig().replace(run={"epochs": 1}, optim=optim)
+        printer.handle(RunStarted(run_id="r", config=cfg,
                                   devices=(), strategy="single", world_size=1))
         printer.handle(StepMetrics(epoch=1, step=5, global_step=5, steps_per_epoch=10,
                                    loss=2.0, samples_per_s=100.0, step_time_s=0.01,

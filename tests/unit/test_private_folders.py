@@ -4,6 +4,7 @@ user's cache fails (conftest's pytest_sessionfinish)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,25 @@ def test_the_flops_peak_is_kept_in_gputuis_cache_folder(tmp_path, monkeypatch):
 
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "elsewhere"))
     assert flops.cache_path() == tmp_path / "elsewhere" / "peak_flops.json"
+    measured = []
 
+    def measure() -> float:
+        measured.append(1)
+        return 1e9
+
+    # a peak kept there (measured on a quiet machine) is read from there, not measured again
+    (tmp_path / "elsewhere").mkdir()
+    quiet = "cpu|test cpu|fp32|threads=1"
+    (tmp_path / "elsewhere" / "peak_flops.json").write_text(json.dumps(
+        {quiet: {"flops": 5e9, "machine": {"contended": False}}}))
+    assert flops._cached(quiet, measure) == 5e9 and measured == []
+    # one not kept is measured and written there, beside the other
+    assert flops._cached("cpu|test cpu|bf16|threads=1", measure) == 1e9 and measured == [1]
+    kept = json.loads((tmp_path / "elsewhere" / "peak_flops.json").read_text())
+    assert kept[quiet]["flops"] == 5e9 and kept["cpu|test cpu|bf16|threads=1"]["flops"] == 1e9
+    # a cache folder that cannot be written: measured, not kept, no traceback
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "elsewhere" / "peak_flops.json"))
+    assert flops._cached(quiet, measure) == 1e9 and measured == [1, 1]
 
 INNER = """
 import os

@@ -183,7 +183,8 @@ def test_a_stopped_point_shows_no_speed_anywhere(tmp_path):
 
 def test_kept_prediction_inputs_say_when_and_under_what_load():
     from gputui.cli.predict import source_lines
-    from gputui.runs.predict_inputs import input_label, stale
+    from gputui.runs.predict_cache import ComputeKey
+    from gputui.runs.predict_inputs import stale
 
     kept = {"step_time_s": 0.05, "measured": "2026-01-01 10:00:00",
             "measured_t": time.time() - 7200, "machine": QUIET,
@@ -191,10 +192,10 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
     assert stale(kept) is None
     assert "other processes" in stale(dict(kept, machine=BUSY))
     assert "without when" in stale({"step_time_s": 0.052, "measured": "2025-12-01"})
-    key = "compute|lenet|mnist|fp32|off|False|b64|t2|x1|cpu"
-    assert input_label(key) == "compute single, batch 64, 2 threads, 1 copy on cpu"
+    key = ComputeKey("lenet", "mnist", "fp32", "off", False, 64, 1, 2, 1, "cpu")
+    assert str(key) == "compute|lenet|mnist|fp32|off|False|b64|t2|x1|cpu"
     lines = source_lines([
-        {"input": input_label(key), "source": "cached", "measured": "2026-01-01 10:00:00",
+        {"input": key.name(), "source": "cached", "measured": "2026-01-01 10:00:00",
          "age_s": 7200.0, "note": ""},
         {"input": "allreduce of 0.25 MiB over 2 devices", "source": "measured now",
          "measured": "", "age_s": 0.0, "note": machine.note(BUSY)}])
@@ -205,21 +206,30 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
     assert "different moments" in lines[2]
 
 
-def test_a_kept_inputs_name_is_read_from_the_keys_fixed_ends():
+def test_a_kept_inputs_name_is_its_keys_not_parsed_back_from_the_string():
     """Model, data and fsdp labels may hold the key's separator: an fsdp label holds the data
-    label, and a file path may hold ``|``; the name must not shift with them (it printed
-    "collectives over ystdlib devices")."""
-    from gputui.runs.predict_cache import comm_key
-    from gputui.runs.predict_inputs import input_label
+    label, and a file path may hold ``|``. The key is a dataclass whose fields name the input
+    (it printed "collectives over ystdlib devices" when the string was split by position),
+    and the string kept on disk is the one kept files hold."""
+    from gputui.core.config import RunConfig
+    from gputui.runs.predict_cache import CommKey, ComputeKey, compute_key
 
-    fsdp = comm_key("cpu", 2, 0, "fsdp:gpt|text:/usr/lib/python3.11/stdlib.txt|Block|step"
-                                 ":gap5.2ms")
-    assert input_label(fsdp) == "fsdp collectives over 2 devices"
-    ring = comm_key("gpu", 4, 3 * 2**20, "NVIDIA H100 | 80GB:gap5ms")
-    assert input_label(ring) == "allreduce of 3.00 MiB over 4 devices"
-    compute = "compute|file:/tmp/a|b/model.py:make|text:/tmp/c|d.txt|fp32|off|False|b64/4|t1|x2|cpu|ddp@1"
-    assert input_label(compute) == ("compute ddp, batch 64 in 4 micro-batches, 1 threads, 2 "
-                                    "copies on cpu")
+    fsdp = CommKey("cpu", 2, 0, "fsdp:gpt|text:/usr/lib/python3.11/stdlib.txt|Block|step"
+                                ":gap5.2ms")
+    assert fsdp.name() == "fsdp collectives over 2 devices"
+    assert str(fsdp) == ("comm|cpu:fsdp:gpt|text:/usr/lib/python3.11/stdlib.txt|Block|"
+                         "step:gap5.2ms|n2|0")
+    ring = CommKey("gpu", 4, 3 * 2**20, "NVIDIA H100 | 80GB:gap5ms")
+    assert ring.name() == "allreduce of 3.00 MiB over 4 devices"
+    assert str(ring) == "comm|gpu:NVIDIA H100 | 80GB:gap5ms|n4|3145728"
+    compute = ComputeKey("file:/tmp/a|b/model.py:make", "text:/tmp/c|d.txt", "fp32", "off",
+                         False, 64, 4, 1, 2, "cpu", "ddp")
+    assert compute.name() == "compute ddp, batch 64 in 4 micro-batches, 1 threads, 2 copies on cpu"
+    assert str(compute) == ("compute|file:/tmp/a|b/model.py:make|text:/tmp/c|d.txt|fp32|off|"
+                            "False|b64/4|t1|x2|cpu|ddp@1")
+    key = compute_key(RunConfig(), 64, 2, 1, "cpu")
+    assert str(key) == "compute|lenet|synthetic|fp32|off|False|b64|t2|x1|cpu"
+    assert key.name() == "compute single, batch 64, 2 threads, 1 copy on cpu"
 
 
 def test_other_processes_on_the_gpu_make_a_run_contended_through_nvml():

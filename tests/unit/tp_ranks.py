@@ -128,7 +128,8 @@ def strategy_scenario(name: str, workdir: str) -> dict:
               itertools.islice(batches.epoch(1), STEPS)]
     out = {"losses": strategy.reduce_metric(torch.stack(losses)).tolist(),
            "params": params(strategy.full_model()), "score": evaluate(strategy, ds),
-           "memory": strategy.memory_rows(None), "batch_size": strategy.batch_size}
+           "memory": [r.to_dict() for r in strategy.memory_rows(None)],
+           "batch_size": strategy.batch_size}
     path = os.path.join(workdir, f"{name}.pt")
     ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
     dist.barrier()

@@ -173,7 +173,7 @@ def check_run(run_dir: Path, line: Line, profile_file: str | None = None) -> dic
     plan = make_plan(model, cluster, line, only=[shape])
     row = plan.rows[0]
     mem = next((e for e in events if isinstance(e, MemoryReport)), None)
-    measured = dict((mem.per_device or [{}])[0]) if mem else {}
+    measured = mem.per_device[0].to_dict() if mem and mem.per_device else {}
     steady = summary.get("steady") or {}
     return {"run": run_dir.name, "mesh": shape.describe(), "planned": row.to_dict(),
             "measured": {"mem": {k: measured.get(k) for k in ("params", "grads", "optim",

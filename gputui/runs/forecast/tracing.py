@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui import __version__
-from gputui.core.cachedir import cache_dir
+from gputui.core.cachedir import KeptFigures, cache_dir
 
 Line = Callable[[str], None]
 TRACE_VERSION = 4  # raised when the tracer's figures change meaning
@@ -26,18 +26,13 @@ class TraceCache:
     """The kept traces: key -> figures (a JSON file written atomically)."""
 
     def __init__(self, folder: Path | None = None) -> None:
-        from gputui.runs.predict_cache import Cache
-
-        self.cache = Cache((folder or cache_dir()) / "plan-traces.json")
+        self.cache = KeptFigures(path=(folder or cache_dir()) / "plan-traces.json")
 
     def get(self, key: str) -> dict | None:
         return self.cache.get(key)
 
     def put(self, key: str, value: dict) -> None:
-        from gputui.runs.predict_cache import Cache
-
-        try:  # what another plan kept since this one read the file stays kept
-            self.cache.data = dict(Cache(self.cache.path).data, **self.cache.data)
+        try:  # what another plan kept since this one read the file stays kept (put merges)
             self.cache.put(key, value)
         except Exception:  # noqa: BLE001 - a read-only cache: traced again next time
             pass

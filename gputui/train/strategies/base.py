@@ -58,8 +58,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gputui.core import breakdown
-from gputui.core.config import RunConfig, effective_batch_size, effective_lr
-from gputui.core.config_schema import task_of
+from gputui.core.config import RunConfig, effective_batch_size, effective_lr, task_of
 from gputui.core.devices import Device
 from gputui.core.steps import DeviceStep, StepReport
 from gputui.train import moe

@@ -3,12 +3,11 @@ optimizer state, activations, the allocator's figures), for the run's memory rep
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from gputui.core.devices import Device
+from gputui.core.events import MemoryRow
 
 
 def expert_bytes(model: nn.Module) -> int:
@@ -54,8 +53,8 @@ class MemoryRows:
                                             strict=True)]
         return [(self.devices[0].name, self.torch_devices[0], self.primary_model(), opts)]
 
-    def memory_rows(self, activations: dict[str, int] | None) -> list[dict]:
-        """Every device's memory (see events.MemoryReport), gathered over the processes (a
+    def memory_rows(self, activations: dict[str, int] | None) -> list[MemoryRow]:
+        """Every device's memory (see events.MemoryRow), gathered over the processes (a
         collective in multi-process strategies: call on every rank). ``activations``: an
         ActivationMeter's peaks by torch device, shared evenly by the virtual devices that
         share one torch device."""
@@ -72,16 +71,14 @@ class MemoryRows:
             activations = None
         rows = []
         for name, dev, model, opts in groups:
-            row: dict[str, Any] = {"device": name, **memory.counted(model, opts)}
-            experts = expert_bytes(model)  # a mixture of experts: this rank's experts
-            if experts:
-                row["experts"] = experts
             act = activations.get(str(dev)) if activations is not None else None
-            row["activations"] = act // sharing[str(dev)] if act is not None else None
-            row.update(memory.allocator(dev))
-            rows.append(row)
+            rows.append(MemoryRow(
+                device=name, **memory.counted(model, opts),
+                experts=expert_bytes(model),  # a mixture of experts: this rank's experts
+                activations=act // sharing[str(dev)] if act is not None else None,
+                **memory.allocator(dev)))
         return self.gather_rows(rows)
 
-    def gather_rows(self, rows: list[dict]) -> list[dict]:
+    def gather_rows(self, rows: list[MemoryRow]) -> list[MemoryRow]:
         """Every process's rows, in rank order (this process's alone here)."""
         return rows

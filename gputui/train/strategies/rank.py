@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gputui.core.devices import backend_for
+from gputui.core.events import MemoryRow
 from gputui.core.mesh import MeshShape, mesh_of
 from gputui.core.steps import StepReport
 from gputui.train import parallelize as par
@@ -727,7 +728,7 @@ class RankStrategy(Strategy):
         opts = [getattr(o, "optim", o) for o in self.optimizers()]
         return [(name, self.device, self.models()[0], opts)]
 
-    def gather_rows(self, rows: list[dict]) -> list[dict]:
+    def gather_rows(self, rows: list[MemoryRow]) -> list[MemoryRow]:
         """Every rank's rows, in rank order (a collective over the control group)."""
         out: list = [None] * self.world_size
         dist.all_gather_object(out, rows, group=self.control)

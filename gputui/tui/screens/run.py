@@ -1,4 +1,5 @@
-"""The run screen: live device panels, loss/accuracy/throughput plots, epochs, the log.
+"""The run screen: live device panels, loss/accuracy/throughput plots, epochs, the log; its
+layout at each size and its controls (Stop, Kill, leaving).
 
 The app pumps the run's events and samples (:mod:`gputui.tui.pump`, from
 :mod:`gputui.tui.run_control`) and posts them here; the handlers only update widgets. The
@@ -24,11 +25,11 @@ from gputui.core.devices import backend_for
 from gputui.runs import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
-                           Stalled, StepMetrics, init_text, plural)
+                           Stalled, Status, StepMetrics, init_text, plural)
 from gputui.core.scores import score_text
-from gputui.tui.messages import DeviceSamples, PumpFailed, RunEventBatch, SummaryRead
-from gputui.tui.screens.run_controls import RunControls
-from gputui.tui.screens.run_layout import RunLayout
+from gputui.tui.messages import (ControlRun, DeviceSamples, PumpFailed, RunControlled,
+                                 RunEventBatch, SummaryRead)
+from gputui.tui.screens.dialogs import ChoiceDialog
 from gputui.tui.widgets.device_panel import DevicePanel, panel_id
 from gputui.tui.widgets.epoch_table import EpochTable
 from gputui.tui.widgets.hw_figures import flops_line
@@ -37,13 +38,19 @@ from gputui.tui.widgets.run_log import RunLog
 from gputui.tui.widgets.run_status import RunStatus
 from gputui.tui.widgets.too_small import TooSmall
 
-ENDED = ("finished", "stopped", "killed", "failed")
-from gputui.tui.screens.run_layout import FULL_SIZE  # noqa: E402,F401 - also here
+ENDED = tuple(s.value for s in Status if s is not Status.RUNNING)
+FULL_SIZE = (160, 45)  # the smallest terminal that shows every panel at once
 PLOT_EVERY_S = 0.5  # plots follow the run twice a second, whatever the event rate
 
 
-class RunScreen(RunLayout, RunControls, Screen):
-    """Watches one run; Stop keeps its record, Kill ends it now, Escape goes back."""
+class RunScreen(Screen):
+    """Watches one run; Stop keeps its record, Kill ends it now, Escape goes back.
+
+    What it shows depends on its size: every panel from 160x45 up, else the charts or the
+    devices, one plot at a time beside the epoch table (``compact``). It does not stop or
+    kill the run itself: it posts ``ControlRun`` to the app, which owns the run's lifecycle
+    (``gputui.tui.run_control``), and shows the run as stopping when the app answers with
+    ``RunControlled``; leaving never orphans a run."""
 
     BINDINGS = [
         Binding("s", "stop", "Stop"),
@@ -116,7 +123,9 @@ class RunScreen(RunLayout, RunControls, Screen):
             return False  # every panel shows: nothing to switch
         if action == "next_plot" and self.show_devices:
             return False
-        return super().check_action(action, parameters)
+        if action in ("stop", "kill") and (self.ended or self.handle is None or self.read_only):
+            return False  # not offered: nothing left to stop, or a run watched read-only
+        return True
 
     # ------------------------------------------------------------------ what the app posts
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -186,7 +195,7 @@ class RunScreen(RunLayout, RunControls, Screen):
                     self.state = "running"
             elif isinstance(ev, MemoryReport):
                 for row in ev.per_device:
-                    self._panel(row["device"]).update_memory(row)
+                    self._panel(row.device).update_memory(row)
             elif isinstance(ev, FlopsInfo):
                 log.add("info", flops_line(ev), ev.t)
             elif isinstance(ev, DeviceSample):
@@ -259,14 +268,13 @@ class RunScreen(RunLayout, RunControls, Screen):
     def _show_mesh(self, ev: RunStarted, log: RunLog) -> None:
         """A mesh strategy's run: each device panel says what its rank holds, and the log the
         mesh once."""
-        from gputui.core.config import from_dict
         from gputui.core.mesh import MESH_STRATEGIES, mesh_of, rank_label
 
         if ev.strategy not in MESH_STRATEGIES or not ev.world_size:
             return
         try:
-            shape = mesh_of(from_dict(dict(ev.config), source="run"), ev.world_size)
-        except Exception:  # noqa: BLE001 - an older record's config: no mesh shown
+            shape = mesh_of(ev.config, ev.world_size)
+        except Exception:  # noqa: BLE001 - degrees that form no mesh: none shown
             return
         names = [d["name"] for d in ev.devices if isinstance(d, dict) and d.get("name")]
         if len(names) != shape.world:
@@ -280,16 +288,14 @@ class RunScreen(RunLayout, RunControls, Screen):
 
     def _ended(self, ev: Event, log: RunLog) -> None:
         self.terminal = ev
+        self.state = Status.of(ev).value  # decided where every run's status is
         if isinstance(ev, RunFinished):
-            self.state = "finished"
             log.add("info", f"run finished in {ev.seconds:.1f} s", ev.t)
             self.notify("Run finished", timeout=5)
         elif isinstance(ev, RunStopped):
-            self.state = "killed" if ev.killed else "stopped"
             log.add("warning", f"run {self.state}: {ev.reason}", ev.t)
             self.notify(f"Run {self.state} ({ev.reason})", timeout=5)
         elif isinstance(ev, RunFailed):  # the terminal kinds are these three
-            self.state = "failed"
             log.add("error", f"run failed: {ev.reason}", ev.t)
             if ev.detail:  # a traceback: kept in the record for a bug report, not shown here
                 where = getattr(self.handle, "run_dir", None)
@@ -358,8 +364,7 @@ class RunScreen(RunLayout, RunControls, Screen):
             ev = self._started_ev
             if ev is not None and ev.devices:
                 kind = str(ev.devices[0].get("kind", "cpu"))
-                backend = backend_for(str((ev.config.get("strategy") or {})
-                                          .get("backend", "auto")), kind)
+                backend = backend_for(ev.config.strategy.backend, kind)
                 try:
                     self._comm_peak = [comm_peak.peak(kind, ev.world_size, backend)]
                 except (OSError, ValueError, KeyError, TypeError):
@@ -413,10 +418,113 @@ class RunScreen(RunLayout, RunControls, Screen):
             text = f"record {run_dir} · no summary ({why}) · status {self.state}"
         self.query_one(RunStatus).set_record(text)
 
-    # ------------------------------------------------------------------ state and actions
+    # ------------------------------------------------------------------ state
     def watch_state(self, old: str, new: str) -> None:
         self.remove_class(f"-{old}")
         self.add_class(f"-{new}")
         if self.is_mounted:
             self.query_one(RunStatus).set_state(new)
             self.refresh_bindings()
+
+    # ------------------------------------------------------------------ layout
+    def on_resize(self) -> None:
+        self._lay_out()
+
+    @property
+    def compact(self) -> bool:
+        """Too small for every panel at once (under 160x45): the charts or the devices, one
+        plot at a time beside the epoch table."""
+        return self.app.size.width < FULL_SIZE[0] or self.app.size.height < FULL_SIZE[1]
+
+    def _lay_out(self) -> None:
+        self.set_class(self.compact, "-compact")
+        self.set_class(self.show_devices, "-devices")
+        plots = list(self.query(MetricPlot))
+        for i, plot in enumerate(plots):
+            plot.set_class(i == self.plot_index % len(plots), "-current")
+        if self.compact:
+            shown = plots[self.plot_index % len(plots)].title if plots else ""
+            n = len(self.query(DevicePanel))
+            views = (f"▸ Devices ({n})  ·  d: charts" if self.show_devices else
+                     f"▸ {shown}  ·  p: next plot  ·  d: devices ({n})  ·  t: x axis")
+            self.query_one("#run-views", Static).update(views)
+        self.refresh_bindings()
+
+    def watch_show_devices(self) -> None:
+        if self.is_mounted:
+            self._lay_out()
+
+    def watch_plot_index(self) -> None:
+        if self.is_mounted:
+            self._lay_out()
+            self.redraw_plots()
+
+    def action_toggle_devices(self) -> None:
+        """Compact layouts: the device panels in place of the charts, and back."""
+        self.show_devices = not self.show_devices
+
+    def action_next_plot(self) -> None:
+        """Compact layouts: the next plot beside the epoch table."""
+        self.plot_index = (self.plot_index + 1) % max(1, len(self.query(MetricPlot)))
+
+    def action_time_axis(self) -> None:
+        """The loss and throughput plots against elapsed time, or against steps."""
+        self.time_axis = not self.time_axis
+
+    def watch_time_axis(self, on: bool) -> None:
+        t0 = self._started_ev.t if self._started_ev is not None else None
+        for plot in (self.query_one(LossPlot), self.query_one(ThroughputPlot)):
+            plot.set_time_axis(on, t0)
+        if self.is_mounted:
+            self.redraw_plots()
+            self.notify("x axis: elapsed time" if on else "x axis: steps", timeout=2)
+
+    # ------------------------------------------------------------------ controls
+    def action_stop(self) -> None:
+        """Graceful stop: the run ends at its next step and its record says 'stopped'."""
+        if (self.ended or self.handle is None or self.state == "stopping"
+                or self.read_only):
+            return
+        self.post_message(ControlRun("stop"))
+
+    def action_kill(self) -> None:
+        """Kill the training processes now (asks first)."""
+        if self.ended or self.handle is None or self.read_only:
+            return
+
+        def answer(choice: str | None) -> None:
+            if choice == "kill":
+                self.post_message(ControlRun("kill"))
+
+        self.app.push_screen(ChoiceDialog(
+            "Kill the run?", "The training processes end at once; the record keeps what was "
+            "logged so far. Stop (s) ends it cleanly instead.",
+            [("kill", "Kill now", "error"), ("cancel", "Cancel", "default")],
+            dialog_id="kill"), answer)
+
+    def on_run_controlled(self, message: RunControlled) -> None:
+        """A stop or kill was asked (by the user, the quit dialog, a signal): shown here."""
+        if message.note:
+            self.log_ui(message.note)
+        if not self.ended:
+            self.state = "stopping"
+
+    def action_focus_log(self) -> None:
+        self.query_one(RunLog).focus()
+
+    def action_back(self) -> None:
+        """Back to the set-up screen; an active run is never left behind unasked (a run
+        watched read-only goes on where it runs: leaving it asks nothing)."""
+        if self.ended or self.handle is None or self.read_only:
+            self.app.pop_screen()
+            return
+
+        def answer(choice: str | None) -> None:
+            if choice in ("stop", "kill"):
+                self.post_message(ControlRun(choice))
+
+        self.app.push_screen(ChoiceDialog(
+            "The run is still active", "Leave it only once it has ended: stop it (the record "
+            "is kept), kill it, or stay and watch.",
+            [("stop", "Stop run", "warning"), ("kill", "Kill run", "error"),
+             ("stay", "Stay", "default")], dialog_id="leave"), answer)

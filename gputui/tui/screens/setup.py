@@ -17,7 +17,7 @@ from gputui.core.config import (
 from gputui.core.events import plural
 from gputui.core.filewrite import make_folder, write_atomic
 from gputui.core.presets import user_presets_dir
-from gputui.core.usercode import code_line, data_label, model_label
+from gputui.core.usercode import code_line
 from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
 from gputui.tui.fmt import app_terms
 from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, reads_disk
@@ -201,9 +201,8 @@ class SetupScreen(SetupEstimate, Screen):
                                                "-none")
         cfg = result.config
         if cfg is not None:  # ok
-            d = cfg.to_dict()
-            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {model_label(d)} on "
-                    f"{data_label(d)} · {plural(cfg.run.epochs, 'epoch')} · global batch "
+            text = (f"Ready: {cfg.strategy.name} on {cfg.devices.spec} · {cfg.model.label} on "
+                    f"{cfg.data.label} · {plural(cfg.run.epochs, 'epoch')} · global batch "
                     f"{effective_batch_size(cfg, n)} · lr {effective_lr(cfg, n):g}")
             text += self.time_text(cfg, n, self._gpu_name())
         elif result.field_errors:

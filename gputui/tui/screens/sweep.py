@@ -3,7 +3,7 @@ another, with the state of every point, then the scaling comparison.
 
 The screen plans the sweep (:class:`gputui.runs.sweep.Sweep`, the engine behind
 `gputui sweep`, so the same manifest and resume rules apply) and asks the app to run it
-(``StartSweep``, ``StopSweep``: :mod:`gputui.tui.sweep_control`); the app tells it how the
+(``StartSweep``, ``StopSweep``: :mod:`gputui.tui.app`); the app tells it how the
 sweep goes through the messages below. Leaving the app stops the sweep: no run is started
 after the app goes away.
 """
@@ -24,7 +24,7 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.devices import wants_gpus
 from gputui.core.events import plural
-from gputui.core.usercode import code_line, data_label, model_label
+from gputui.core.usercode import code_line
 from gputui.runs.sweep import Point, Sweep, parse_devices
 from gputui.runs.sweep_grid import spec_for
 from gputui.tui.estimate import duration_words, same_work
@@ -104,9 +104,9 @@ class SweepScreen(Screen):
             yield Button("Stop", id="sweep-stop", variant="warning", disabled=True)
         yield Static("", id="sweep-plan", markup=False)
         yield PlainTable(id="sweep-points", cursor_type="row")
-        d = self.config.to_dict()
-        code = code_line(d)
-        yield Static(f"Sweeps {self.config.run.name}: {model_label(d)} on {data_label(d)}, "
+        code = code_line(self.config)
+        yield Static(f"Sweeps {self.config.run.name}: {self.config.model.label} on "
+                     f"{self.config.data.label}, "
                      f"{plural(self.config.run.epochs, 'epoch')}{' · ⚠ ' + code if code else ''}. "
                      f"ctrl+r starts.", id="sweep-status", markup=False)
         yield Footer()

@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from gputui.core import breakdown
 from gputui.core.breakdown import Breakdown
-from gputui.core.events import DeviceSample
+from gputui.core.events import DeviceSample, MemoryRow
 from gputui.tui.fmt import bar_text, fmt_bytes, fmt_opt
 from gputui.tui.widgets.history_row import HistoryRow
 from gputui.tui.widgets.hw_figures import TrainMemory, show_mfu
@@ -114,7 +114,7 @@ class DevicePanel(Vertical):
         self.last: DeviceSample | None = None
         self.sharing: tuple[str, ...] = ()  # other devices driven by the same process
         self.mfu: float | None = None
-        self.memory: dict | None = None
+        self.memory: MemoryRow | None = None
         self.step_parts: Breakdown | None = None  # the last metered step's breakdown
         self.step_seen = False  # a StepMetrics has named this device
         self.comm_text = ""  # the last all-reduce bandwidth line (ddp ranks)
@@ -169,7 +169,7 @@ class DevicePanel(Vertical):
         """The run's samples/s (StepMetrics): with this GPU's power, its joules per sample."""
         self.samples_per_s = samples_per_s
 
-    def update_memory(self, row: dict) -> None:
+    def update_memory(self, row: MemoryRow) -> None:
         """This device's training memory (a MemoryReport row)."""
         self.memory = row
         if self.is_mounted and self.children:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from gputui.core.events import MemoryRow
+
 
 def short_bytes(n: int | None) -> str:
     """516272 -> '504 KiB', 28852228 -> '27.5 MiB' (binary units, three figures at most)."""
@@ -46,28 +48,23 @@ class TrainMemory(Static):
     def __init__(self) -> None:
         super().__init__("train mem n/a", classes="train-mem")
 
-    def show(self, row: dict) -> None:
+    def show(self, row: MemoryRow) -> None:
         self.update(memory_text(row))
 
 
-def memory_text(row: dict) -> str:
+def memory_text(row: MemoryRow) -> str:
     """Two lines that fit a device panel, each figure with its unit:
     'params 504 KiB · grads 504 KiB' / 'optim 504 KiB · activ. 27.5 MiB', and on CUDA a third
     with the allocator's figures and its peak against the memory model's terms:
     'torch 1.2 GiB · peak 3.4 GiB vs 3.0 GiB predicted (+0.4 GiB)'."""
-    experts = f" (experts {short_bytes(row['experts'])})" if row.get("experts") else ""
-    text = (f"params {short_bytes(row.get('params'))}{experts} · grads "
-            f"{short_bytes(row.get('grads'))}\n"
-            f"optim {short_bytes(row.get('optim'))} · activ. "
-            f"{short_bytes(row.get('activations'))}")
-    if row.get("alloc") is not None:
-        text += (f"\ntorch {short_bytes(row['alloc'])} · peak "
-                 f"{short_bytes(row.get('peak'))}")
-        terms = [row.get(k) for k in ("params", "grads", "optim", "activations")]
-        if isinstance(row.get("peak"), int) and all(isinstance(t, int) for t in terms[:3]):
-            # the memory model's terms (gputui.core.memcheck): what the peak took beyond them
-            predicted = sum(t for t in terms if isinstance(t, int))
-            diff = row["peak"] - predicted
+    experts = f" (experts {short_bytes(row.experts)})" if row.experts else ""
+    text = (f"params {short_bytes(row.params)}{experts} · grads {short_bytes(row.grads)}\n"
+            f"optim {short_bytes(row.optim)} · activ. {short_bytes(row.activations)}")
+    if row.alloc is not None:
+        text += f"\ntorch {short_bytes(row.alloc)} · peak {short_bytes(row.peak)}"
+        predicted = row.predicted()  # the memory model's terms (gputui.core.memcheck)
+        if row.peak is not None and predicted is not None:  # what the peak took beyond them
+            diff = row.peak - predicted
             text += (f" vs {short_bytes(predicted)} predicted "
                      f"({'+' if diff >= 0 else '-'}{short_bytes(abs(diff))})")
     return text

@@ -64,10 +64,8 @@ class RunStatus(Vertical):
         """The run began: its id, epochs and devices."""
         self.t0 = self.t_last = ev.t
         self.run_id = ev.run_id
-        cfg = ev.config if isinstance(ev.config, dict) else {}
-        self.epochs = int(cfg.get("run", {}).get("epochs", 0) or 0)
-        optim = cfg.get("optim", {})
-        self.show_lr = lr_scheduled(optim if isinstance(optim, dict) else {})
+        self.epochs = ev.config.run.epochs
+        self.show_lr = lr_scheduled(ev.config.optim)
         names = ", ".join(d.get("name", "?") for d in ev.devices if isinstance(d, dict))
         self.headline = (f"{ev.run_id} · strategy {ev.strategy} · {len(ev.devices)} device"
                          f"{'s' if len(ev.devices) != 1 else ''} ({names})")
