@@ -99,7 +99,7 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
 
 
 def _cell(key: str, row: dict[str, Any]) -> str:
-    from gputui.runs.cells import cell
+    from gputui.runs.compare.cells import cell
 
     value = row.get(key)
     if key == "baseline" and value:  # the full id is in the id column; its suffix finds it

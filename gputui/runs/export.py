@@ -20,8 +20,8 @@ from gputui.core.errors import UserError
 from gputui.core.events import EpochEnd, StepMetrics
 from gputui.core.filewrite import WriteFailed, write_with
 from gputui.core.scores import perplexity
-from gputui.runs.cells import cell
-from gputui.runs.compare import CompareRow
+from gputui.runs.compare.cells import cell
+from gputui.runs.compare.table import CompareRow
 
 FORMATS = ("table", "csv", "md", "json")
 

@@ -27,7 +27,7 @@ else:
 class SweepOwner(_Base):
     """Mixed into the app, which provides ``run_active`` and ``runs_path``."""
 
-    sweep: Any = None  # the sweep in flight (a gputui.runs.sweep.Sweep), None between sweeps
+    sweep: Any = None  # the sweep in flight (a gputui.runs.sweep.runner.Sweep), None between sweeps
 
     if TYPE_CHECKING:
         @property

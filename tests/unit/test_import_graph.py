@@ -176,7 +176,7 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
 def test_the_layer_check_finds_an_upward_import():
     graph = {"gputui.core.config": {"gputui.core.events", "gputui"},
              "gputui.plan": {"gputui.core.config"},
-             "gputui.runs.sweep": {"gputui.plan", "gputui.train.loop"}}
+             "gputui.runs.sweep.runner": {"gputui.plan", "gputui.train.loop"}}
     assert upward(graph) == []
     graph["gputui.core.config"].add("gputui.hw.discovery")
     graph["gputui.plan"].add("gputui.hw.nvml")

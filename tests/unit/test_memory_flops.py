@@ -164,8 +164,8 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
 
 def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
     from gputui.core import runstore
-    from gputui.runs.cells import fmt
-    from gputui.runs.compare import read_hw_figures
+    from gputui.runs.compare.cells import fmt
+    from gputui.runs.compare.table import read_hw_figures
 
     step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
                 lr=0.1)

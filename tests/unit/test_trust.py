@@ -19,8 +19,8 @@ import pytest
 
 from gputui.core import machine
 from gputui.hw import contention
-from gputui.runs.cells import cell, fmt
-from gputui.runs.compare import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
+from gputui.runs.compare.cells import cell, fmt
+from gputui.runs.compare.table import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
 from gputui.runs.history import row_for
 from run_records import write_record
 
@@ -183,7 +183,7 @@ def test_a_stopped_point_shows_no_speed_anywhere(tmp_path):
 
 def test_kept_prediction_inputs_say_when_and_under_what_load():
     from gputui.cli.predict import source_lines
-    from gputui.runs.predict_inputs import input_label, stale
+    from gputui.runs.predict.inputs import input_label, stale
 
     kept = {"step_time_s": 0.05, "measured": "2026-01-01 10:00:00",
             "measured_t": time.time() - 7200, "machine": QUIET,
@@ -209,8 +209,8 @@ def test_a_kept_inputs_name_is_read_from_the_keys_fixed_ends():
     """Model, data and fsdp labels may hold the key's separator: an fsdp label holds the data
     label, and a file path may hold ``|``; the name must not shift with them (it printed
     "collectives over ystdlib devices")."""
-    from gputui.runs.predict_cache import comm_key
-    from gputui.runs.predict_inputs import input_label
+    from gputui.runs.predict.cache import comm_key
+    from gputui.runs.predict.inputs import input_label
 
     fsdp = comm_key("cpu", 2, 0, "fsdp:gpt|text:/usr/lib/python3.11/stdlib.txt|Block|step"
                                  ":gap5.2ms")

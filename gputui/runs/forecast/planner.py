@@ -80,8 +80,8 @@ def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
 def _cpu(ranks: int, line: Line) -> Profile:
     import psutil
 
-    from gputui.runs.comm_peak import key
-    from gputui.runs.predict_cache import Cache, cores
+    from gputui.runs.predict.comm_peak import key
+    from gputui.runs.predict.cache import Cache, cores
 
     n = cores()
     threads = max(1, n // ranks)

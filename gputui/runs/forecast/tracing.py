@@ -26,7 +26,7 @@ class TraceCache:
     """The kept traces: key -> figures (a JSON file written atomically)."""
 
     def __init__(self, folder: Path | None = None) -> None:
-        from gputui.runs.predict_cache import Cache
+        from gputui.runs.predict.cache import Cache
 
         self.cache = Cache((folder or cache_dir()) / "plan-traces.json")
 
@@ -34,7 +34,7 @@ class TraceCache:
         return self.cache.get(key)
 
     def put(self, key: str, value: dict) -> None:
-        from gputui.runs.predict_cache import Cache
+        from gputui.runs.predict.cache import Cache
 
         try:  # what another plan kept since this one read the file stays kept
             self.cache.data = dict(Cache(self.cache.path).data, **self.cache.data)

@@ -1,10 +1,10 @@
-"""The measured inputs of a prediction (:mod:`gputui.runs.predict`), kept per machine.
+"""The measured inputs of a prediction (:mod:`gputui.runs.predict.scaling`), kept per machine.
 
 Compute times come from short real ``single`` runs launched as users run them (the launcher,
 spawned processes), their steady step time read from the record (warm-up excluded, see
 :mod:`gputui.core.steady`); on the CPU the N copies a measurement needs run at once, each with the
 threads a rank would get. Allreduce times are measured at exactly the gradient bytes, as DDP
-issues them (:mod:`gputui.runs.predict_comm`); fsdp's all-gathers and reduce-scatters at
+issues them (:mod:`gputui.runs.predict.comm`); fsdp's all-gathers and reduce-scatters at
 its units' sizes, as fully_shard issues them (the same module); the scratch one by
 ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
 (``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 from gputui.core.config import RunConfig
 from gputui.core.config_schema import optimizer_states
-from gputui.runs.predict import Inputs
-from gputui.runs.predict_cache import Cache, comm_key, compute_key, cores
-from gputui.runs.predict_inputs import input_label, stale
+from gputui.runs.predict.scaling import Inputs
+from gputui.runs.predict.cache import Cache, comm_key, compute_key, cores
+from gputui.runs.predict.inputs import input_label, stale
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
@@ -132,10 +132,10 @@ def _peak_memory(run_dir: Path) -> int | None:
 
 def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) -> dict:
     """Allreduce of ``size`` bytes over ``devices``: torch.distributed as DDP issues it (one
-    call between ``gap`` seconds of compute, :mod:`gputui.runs.predict_comm`) and the scratch
+    call between ``gap`` seconds of compute, :mod:`gputui.runs.predict.comm`) and the scratch
     allreduce (inside the one training process, so timed on idle cores by bench-comm)."""
     from gputui.runs.comm_bench import run_bench
-    from gputui.runs.predict_comm import FIRST_BUCKET, allreduce_in_step
+    from gputui.runs.predict.comm import FIRST_BUCKET, allreduce_in_step
 
     kind = devices[0].kind
     scratch = run_bench(devices, [size], iters=10, warmup=5, impls=["scratch"],
@@ -155,8 +155,8 @@ def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
                  line: Line) -> dict:
     """One step's fsdp all-gathers and reduce-scatters over ``n`` ranks, issued as fully_shard
     issues them between ``gap`` seconds of compute
-    (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
-    from gputui.runs.predict_comm import fsdp_in_step
+    (:func:`gputui.runs.predict.comm.fsdp_in_step`)."""
+    from gputui.runs.predict.comm import fsdp_in_step
 
     out = fsdp_in_step(cfg_dict, n, gap, "cuda" if kind == "gpu" else "cpu", cores_)
     line(f"  measured fsdp's {out['calls']} collectives per step ({out['bytes'] / 2**20:.2f} "
@@ -283,7 +283,7 @@ class Measurer:
         inp.params = int(one.get("params") or 0)
         inp.grad_bytes = inp.params * 4
         if one.get("peak_mem") is not None:
-            from gputui.runs.predict import static_bytes
+            from gputui.runs.predict.scaling import static_bytes
 
             inp.activations_1 = max(0, int(one["peak_mem"]) - static_bytes(inp))
         if n == 1:

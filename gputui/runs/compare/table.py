@@ -14,7 +14,7 @@ is samples/s over the baseline's samples/s (an epoch is the same data for both, 
 the ratio of epoch times); scaling efficiency is speedup / devices. Every speed figure is the
 steady state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an
 impossible speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes
-from this machine's kept measurements (``gputui.runs.predict``). Torch-free.
+from this machine's kept measurements (``gputui.runs.predict.scaling``). Torch-free.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 from gputui.core import breakdown, straggler
 from gputui.core.straggler import Straggler
-from gputui.runs import waterfall
-from gputui.runs.waterfall import Waterfall
+from gputui.runs.compare import waterfall
+from gputui.runs.compare.waterfall import Waterfall
 from gputui.core import runstore, scores
 from gputui.core.breakdown import Breakdown
 from gputui.core.steady import RULE
 from gputui.core import machine
-from gputui.runs.compare_energy import add_energy, gpu_truth_lines
-from gputui.runs.compare_predict import add_prediction, kept_comm_peak
+from gputui.runs.compare.energy import add_energy, gpu_truth_lines
+from gputui.runs.compare.prediction import add_prediction, kept_comm_peak
 from gputui.runs.history import RunRow, load_rows, read_config, row_for
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
@@ -373,7 +373,7 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
         if it.comm_gbps is not None:
-            from gputui.runs.comm_peak import text
+            from gputui.runs.predict.comm_peak import text
 
             lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} "
                          f"({it.comm_what or 'its timed collectives'}, mean of the metered "

@@ -1,14 +1,14 @@
 """The scaling waterfall as a PNG (``gputui compare --plots``, a sweep's export): one panel
 per compared run that has one, its ideal speedup, each cause's loss as a floating bar from
-where the previous left off, and the measured speedup (``gputui.runs.waterfall``)."""
+where the previous left off, and the measured speedup (``gputui.runs.compare.waterfall``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gputui.runs.compare import CompareRow
+from gputui.runs.compare.table import CompareRow
 from gputui.runs.export import _label, _pyplot, _save
-from gputui.runs.waterfall import LABELS
+from gputui.runs.compare.waterfall import LABELS
 
 COLORS = {"comm": "tab:red", "straggler": "tab:orange", "bubble": "tab:purple",
           "turns": "tab:grey", "data": "goldenrod", "host": "tab:pink",

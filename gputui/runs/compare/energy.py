@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from gputui.runs.history import RunRow
 
 if TYPE_CHECKING:
-    from gputui.runs.compare import CompareRow
+    from gputui.runs.compare.table import CompareRow
 
 
 def add_energy(item: "CompareRow", base: RunRow | None, acc: float | None,

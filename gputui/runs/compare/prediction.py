@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from gputui.runs.history import RunRow
 
 if TYPE_CHECKING:
-    from gputui.runs.compare import CompareRow
+    from gputui.runs.compare.table import CompareRow
 
 
 def kept_comm_peak(row: RunRow) -> float | None:
@@ -18,7 +18,7 @@ def kept_comm_peak(row: RunRow) -> float | None:
     picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
     from gputui.core.devices import backend_for
     from gputui.core.trust import on_cpu
-    from gputui.runs.comm_peak import peak
+    from gputui.runs.predict.comm_peak import peak
 
     cpu = on_cpu(row)
     if not row.devices:
@@ -34,7 +34,7 @@ def add_prediction(item: CompareRow, base: RunRow) -> None:
     """The predicted speedup of ``item`` from this machine's kept measurements (never
     measures), and a warning when the measured one falls well short of it."""
     from gputui.core.trust import noise_of
-    from gputui.runs.predict import STRATEGIES, SHORT_MARGIN, short_of
+    from gputui.runs.predict.scaling import STRATEGIES, SHORT_MARGIN, short_of
 
     row = item.row
     if row.strategy not in STRATEGIES or not row.devices or row.devices < 2:
@@ -55,8 +55,8 @@ def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
     from gputui.core.config import from_dict
     from gputui.core.trust import on_cpu
     from gputui.runs.history import read_config
-    from gputui.runs.predict import impossible, predict
-    from gputui.runs.predict_measure import Measurer
+    from gputui.runs.predict.scaling import impossible, predict
+    from gputui.runs.predict.measure import Measurer
 
     if not row.devices:
         return None, "the record names no devices"

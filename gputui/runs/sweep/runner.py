@@ -28,8 +28,8 @@ from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core import machine
-from gputui.runs.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
-from gputui.runs.sweep_grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  # noqa: F401
+from gputui.runs.sweep.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
+from gputui.runs.sweep.grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  # noqa: F401
                                     parse_devices, resolve_kind, spec_for)
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it

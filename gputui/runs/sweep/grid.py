@@ -1,6 +1,6 @@
 """A sweep's grid as typed: device counts, fast-path axes, what the counts are (GPUs or CPU
 virtual devices) and each point's devices.spec. Each is checked where the flag gives it
-(ConfigError, one line). Torch-free; ``gputui.runs.sweep`` builds its points from these.
+(ConfigError, one line). Torch-free; ``gputui.runs.sweep.runner`` builds its points from these.
 """
 
 from __future__ import annotations
