@@ -58,8 +58,9 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return skip
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> the gputui modules it imports (resolved to the modules that exist)."""
+def import_graph(modules: dict[str, Path], typing_too: bool = False) -> dict[str, set[str]]:
+    """module -> the gputui modules it imports (resolved to the modules that exist);
+    ``typing_too``: the imports under ``if TYPE_CHECKING:`` count as well."""
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
@@ -69,7 +70,7 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_only(tree)
+        skip = set() if typing_too else _type_checking_only(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
             if id(node) in skip:
@@ -140,10 +141,30 @@ def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
     assert cycles(graph) == set()
 
 
+# The one cycle left to another change of issue 37 (merging core/config.py and
+# core/config_schema.py; mesh's PP_PLACEMENT, which the schema imports while mesh names
+# RunConfig in its annotations, then belongs to the merged config module). Only exactly this
+# set of modules is let pass: once merged, {config, mesh} fails until PP_PLACEMENT moves.
+KNOWN_CYCLES = {frozenset({"gputui.core.config", "gputui.core.config_schema", "gputui.core.mesh"})}
+
+
 def test_no_import_cycle():
-    found = cycles(import_graph(_modules()))
-    assert not found, ("import cycle(s): " + "; ".join(" <-> ".join(sorted(c)) for c in found)
-                       + ". Move the shared piece down into a module both can import.")
+    """Not even one that only type annotations make: two modules that need each other's
+    names are one idea split in two (merge them) or share a piece that belongs lower down."""
+    found = cycles(import_graph(_modules(), typing_too=True)) - KNOWN_CYCLES
+    assert not found, ("import cycle(s), `if TYPE_CHECKING:` imports included: "
+                       + "; ".join(" <-> ".join(sorted(c)) for c in found)
+                       + ". Merge the halves, or move the shared piece down into a module "
+                         "both can import.")
+
+
+def test_a_type_checking_import_closes_a_cycle(tmp_path):
+    (tmp_path / "a.py").write_text("from gputui_fake import b\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from gputui_fake.a import A\n")
+    modules = {"gputui_fake.a": tmp_path / "a.py", "gputui_fake.b": tmp_path / "b.py"}
+    assert cycles(import_graph(modules)) == set()
+    assert cycles(import_graph(modules, typing_too=True)) == {frozenset(modules)}
 
 
 def layer(module: str) -> str:
