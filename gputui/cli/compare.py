@@ -150,7 +150,7 @@ def cmd_compare(args) -> int:
     """``gputui compare RUN...``: the comparison table, exports and plots."""
     from gputui.runs.compare.table import (TABLE_COLUMNS, as_plain, compare, summary_lines,
                                            table_rows)
-    from gputui.runs.export import ExportError
+    from gputui.runs.compare.export import ExportError
 
     if not args.runs and not args.sweep:
         return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
@@ -226,13 +226,13 @@ def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
 
 def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:
     """PNG plots and TensorBoard scalars, when asked; returns the paths written."""
-    from gputui.runs.export import plot_curves, plot_speedup, to_tensorboard
+    from gputui.runs.compare.export import plot_curves, plot_speedup, to_tensorboard
 
     out = []
     if plots:
         out.append(plot_curves(items, Path(plots) / "curves.png"))
         out.append(plot_speedup(items, Path(plots) / "speedup.png"))
-        from gputui.runs.compare.waterfall_plot import plot_waterfall
+        from gputui.runs.compare.export import plot_waterfall
 
         if (drawn := plot_waterfall(items, Path(plots) / "waterfall.png")) is not None:
             out.append(drawn)

@@ -286,7 +286,7 @@ def _manifest_dict(m) -> dict:
 
 def _export(items, dirs, folder: Path, out, groups=None) -> None:
     from gputui.runs.compare.table import as_plain, columns_for, table_rows
-    from gputui.runs.export import ExportError, plot_curves, plot_speedup, render, to_json
+    from gputui.runs.compare.export import ExportError, plot_curves, plot_speedup, render, to_json
     from gputui.runs.sweep.repeats import COLUMNS as REPEAT_COLUMNS
 
     from gputui.core.filewrite import WriteFailed, write_atomic
@@ -306,7 +306,7 @@ def _export(items, dirs, folder: Path, out, groups=None) -> None:
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")
-        from gputui.runs.compare.waterfall_plot import plot_waterfall
+        from gputui.runs.compare.export import plot_waterfall
 
         plot_waterfall(items, folder / "waterfall.png")
     except ExportError as exc:

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gputui import cli
-from gputui.runs import export
+from gputui.runs.compare import export
 from gputui.runs.compare.table import TABLE_COLUMNS, compare, summary_lines, table_rows
 from run_records import truncate_record, write_record
 

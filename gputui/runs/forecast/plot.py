@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gputui.runs.export import _pyplot, _save
+from gputui.runs.compare.export import _pyplot, _save
 from gputui.runs.forecast.estimate import GIB, pareto
 
 if TYPE_CHECKING:
