@@ -1,7 +1,7 @@
 """The run record: ``runs/<run-id>/{config.toml, events.jsonl, telemetry.jsonl, summary.json}``.
 
 Names, reading and the summary. Events are appended one JSON line at a time as they happen
-(by the one writer, ``gputui.train.recorder``), so a crash loses at most the step in flight.
+(by the one writer, ``gputui.core.recorder``), so a crash loses at most the step in flight.
 The summary is a pure function of the events (``summarize``), so it can always be rebuilt from
 a record whose writer died.
 """

@@ -129,7 +129,7 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
 
     def prepare_warm_start(self, config: RunConfig) -> None:
         """While the user is on the set-up screen, a training process loads torch (and, on
-        GPUs, their CUDA context), so Start skips that (gputui.train.warm). Only with the
+        GPUs, their CUDA context), so Start skips that (gputui.runs.warm). Only with the
         real launcher: a test's scripted launcher has no use for one."""
         if self._launcher is not None or not self.warm_start:
             return
@@ -138,7 +138,7 @@ class GpuTuiApp(SignalExit, Navigation, SweepOwner, App[int]):
 
     @work(thread=True, exclusive=True, group="warm", exit_on_error=False)
     def _spawn_warm(self, config: RunConfig) -> None:
-        from gputui.train import warm
+        from gputui.runs import warm
 
         warm.ensure_host(cuda=warm.cuda_indices(config.devices.spec))
 

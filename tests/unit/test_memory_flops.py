@@ -11,10 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from gputui.core import registry
 from gputui.core.events import FlopsInfo, MemoryReport, StepMetrics
 from gputui.hw.discovery import resolve_devices
-from gputui.train import flops, memory
+from gputui.train import flops, memory, strategies
 from gputui.train.data import TensorBatches
 from gputui.train.loop import train
 from strategy_harness import make_config, small_data
@@ -137,7 +136,7 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "gputui"))
     cfg = make_config("single", "cpu", "mlp", 32, **{"run.epochs": 1, "run.log_every": 5})
     ds = small_data()
-    strategy = registry.get("single").load()(cfg, resolve_devices("cpu"), ds.in_channels,
+    strategy = strategies.load("single")(cfg, resolve_devices("cpu"), ds.in_channels,
                                              ds.image_size, ds.num_classes)
     strategy.setup()
     events = []

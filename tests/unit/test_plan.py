@@ -291,7 +291,7 @@ def test_a_sweep_discovers_once_per_point_at_most(fake_gpus, tmp_path):
     from gputui.core.events import LogLine, RunStarted
     from gputui.core.runstore import read_events
     from gputui.runs.sweep.runner import Sweep
-    from gputui.train import warm
+    from gputui.runs import warm
 
     fake = fake_gpus(1)
     preset = tmp_path / "p.toml"

@@ -16,8 +16,8 @@ from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
 from gputui.core.events import LogLine, RunStopped
 from gputui.core.runstore import read_events, read_summary
-from gputui.train import recorder
-from gputui.train.handoff import LaunchSpec, StopChannel
+from gputui.core import recorder
+from gputui.core.handoff import LaunchSpec, StopChannel
 from gputui.train.rankinfo import RankInfo
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
 def _child(spec: LaunchSpec) -> None:
     """A spawned child: report what arrived and what it had to import, then ask the stop."""
     import gputui.train.rankinfo  # noqa: F401 - the child side's torch-free leaves
-    import gputui.train.recorder  # noqa: F401
+    import gputui.core.recorder  # noqa: F401
     import gputui.train.stopping as stopping
 
     flag = stopping.RunStop(spec.stop)
@@ -100,12 +100,12 @@ def test_the_record_has_one_writer():
     writers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if _WRITES_RECORD.search(p.read_text(encoding="utf-8"))
                      or "def write_summary" in p.read_text(encoding="utf-8"))
-    assert writers == ["train/recorder.py"]
+    assert writers == ["core/recorder.py"]
 
 
 CHILD = ["gputui.train.host", "gputui.train.worker", "gputui.train.agent", "gputui.train.ranks",
-         "gputui.train.stopping", "gputui.train.recorder", "gputui.train.rankinfo",
-         "gputui.train.handoff"]
+         "gputui.train.stopping", "gputui.core.recorder", "gputui.train.rankinfo",
+         "gputui.core.handoff"]
 PARENT = ("gputui.runs.launcher", "gputui.runs.sweep.runner", "gputui.cli", "gputui.tui")
 
 
@@ -116,7 +116,7 @@ def test_no_run_process_reads_the_record_back():
                      if re.search(r"read_events|read_summary|EVENTS_FILE",
                                   p.read_text(encoding="utf-8")))
     # the recorder's own fallback, used by the parent once the host is gone
-    assert readers == ["train/recorder.py"]
+    assert readers == ["core/recorder.py"]
 
 
 def test_one_entry_point_starts_every_run_process():

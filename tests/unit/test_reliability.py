@@ -29,7 +29,7 @@ from gputui.core.runstore import read_events
 from gputui.train.data import TensorBatches
 from gputui.train.guards import Diverged, OutOfMemory, first_bad, largest_fitting_batch
 from gputui.train.loop import train
-from gputui.train.recorder import Recorder
+from gputui.core.recorder import Recorder
 from gputui.train.strategies.single import Single
 from gputui.train.worker import execute
 from strategy_harness import make_config, small_data

@@ -24,7 +24,7 @@ from gputui.hw.discovery import resolve_devices
 from gputui.train import checkpoint as ckpt
 from gputui.train.data import TensorBatches
 from gputui.train.loop import train
-from gputui.train.recorder import Recorder
+from gputui.core.recorder import Recorder
 from gputui.train.worker import execute
 from strategy_harness import assert_params_close, make_config, params, small_data
 

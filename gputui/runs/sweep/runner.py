@@ -310,7 +310,7 @@ class Sweep:
         imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
         host's GPUs are the point's, as resolved for it."""
         from gputui.core import registry
-        from gputui.train import warm
+        from gputui.runs import warm
 
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:

@@ -20,7 +20,7 @@ import os
 import threading
 
 from gputui.core import signals
-from gputui.train.handoff import HostChannels, LaunchSpec, StopChannel
+from gputui.core.handoff import HostChannels, LaunchSpec, StopChannel
 
 _POOL: list["Host"] = []
 _LOCK = threading.Lock()
