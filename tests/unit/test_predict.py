@@ -17,7 +17,7 @@ from gputui.core.events import StepMetrics
 from gputui.core.steady import WARMUP_STEPS, spread, steady_figures
 from gputui.core.trust import flags, refuse_baseline
 from gputui.runs.predict.scaling import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
-from gputui.runs.predict.comm import fsdp_calls, padded_bytes
+from gputui.train.comm_ranks import fsdp_calls, padded_bytes
 
 
 def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
@@ -233,7 +233,7 @@ def test_the_one_rank_measurement_leaves_out_its_warm_up_comm(tmp_path):
 
 def test_fsdp_units_are_the_mlps_three_layers_as_the_fsdp_strategy_wraps_them():
     from gputui.core.config import RunConfig, apply_overrides
-    from gputui.runs.predict.comm import fsdp_units
+    from gputui.train.comm_ranks import fsdp_units
 
     cfg = apply_overrides(RunConfig(), [("t", "model.name", "mlp"),
                                         ("t", "data.name", "synthetic")])

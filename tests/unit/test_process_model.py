@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from test_import_graph import _modules, import_graph
+from test_import_graph import package_graph
 
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
@@ -112,7 +112,8 @@ PARENT = ("gputui.runs.launcher", "gputui.runs.sweep.runner", "gputui.cli", "gpu
 def test_no_run_process_reads_the_record_back():
     """The host knows what it wrote: nothing on the child side reads events.jsonl to decide
     what to do next (a structural guard)."""
-    readers = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "train").rglob("*.py")
+    child = [*(PACKAGE / "train").rglob("*.py"), PACKAGE / "core" / "recorder.py"]
+    readers = sorted(str(p.relative_to(PACKAGE)) for p in child
                      if re.search(r"read_events|read_summary|EVENTS_FILE",
                                   p.read_text(encoding="utf-8")))
     # the recorder's own fallback, used by the parent once the host is gone
@@ -121,18 +122,22 @@ def test_no_run_process_reads_the_record_back():
 
 def test_one_entry_point_starts_every_run_process():
     """The run host is the only process a run starts (its ranks are torch elastic's
-    entrypoint, inside the host); the communication benchmarks are not runs, nor is the
-    check before a start that builds and cuts a user's model (runs/model_check.py: it records
-    nothing and ends before the run starts), nor the plan's tracer and the ranks that measure
-    its error (runs/forecast/tracing.py and measure.py: nothing recorded)."""
-    targets = sorted({m for p in PACKAGE.rglob("*.py") if "comm" not in p.name
-                      for m in re.findall(r"Process\([^)]*target=(\w+)",
-                                          p.read_text(encoding="utf-8"))})
-    assert targets == ["check_main", "host_main", "measure_main", "trace_main"]
+    entrypoint, inside the host). Every other child measures and records nothing, and starts
+    the one way (``proctree.ask_children``: deadline, stop, the tree killed): the check before
+    a start that builds and cuts a user's model (runs/model_check.py), the communication
+    measurements of bench-comm and predict (runs/comm_bench.py), the plan's tracer and the
+    ranks that measure its error (runs/forecast/tracing.py and measure.py)."""
+    text = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+    spawned = sorted({m for p, src in text.items() if p.name != "proctree.py"
+                      for m in re.findall(r"Process\([^)]*target=(\w+)", src)})
+    assert spawned == ["host_main"]
+    asked = sorted({m for src in text.values()
+                    for m in re.findall(r"ask_children\(\s*\[\s*\((\w+),", src)})
+    assert asked == ["check_main", "comm_main", "measure_main", "trace_main"]
 
 
 def test_child_code_never_imports_the_parent():
-    graph = import_graph(_modules())
+    graph = package_graph()
     for start in CHILD:
         seen, todo = set(), [start]
         while todo:

@@ -1,5 +1,5 @@
 """The all-reduce bandwidth peak `gputui bench-comm` measured on this machine, kept beside the
-prediction's figures (``predict_cache.Cache``), so that a run's achieved all-reduce
+prediction's figures (``predict.cache.Cache``), so that a run's achieved all-reduce
 bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
 
 Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
