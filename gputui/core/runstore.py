@@ -20,6 +20,9 @@ from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, R
                                  RunStarted, RunStopped, StepMetrics, event_from_dict)
 from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
 from gputui.core.usercode import data_label, model_label
+from gputui.core.memcheck import memory_check
+from gputui.core.scores import perplexity
+from gputui.core.steady import steady_figures
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
 RESERVE_NAME = ".space-reserve"
@@ -97,9 +100,6 @@ def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
 
 def summarize(events: Iterable[Event]) -> dict[str, Any]:
     """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
-    from gputui.core.scores import perplexity
-    from gputui.core.steady import steady_figures
-
     events = list(events)
     s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
                          "per_epoch": []}
@@ -165,8 +165,6 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         s["steady"]["tokens_per_s"] = s["steady"]["samples_per_s"] * s["tokens_per_sample"]
     if first_t is not None:
         s["total_s"] = last_t - first_t
-    from gputui.core.memcheck import memory_check
-
     s["memory_check"] = memory_check(events)  # [] off CUDA: no allocator peak
     return s
 

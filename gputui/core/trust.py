@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from gputui.core.mesh import MESH_STRATEGIES
+from gputui.core.machine import CONTENDED
+from gputui.core.ompwait import spins
 
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
 RANKS = MESH_STRATEGIES  # one process per device
@@ -112,9 +114,6 @@ def poisoned(summary: dict, state: dict | None) -> str:
     its steady steps varied by more than ``NOISY``. Spinning threads (``omp_wait``, see
     gputui.core.ompwait) are named: under contention they make every step wait for the time
     slice a spinning partner burns."""
-    from gputui.core.machine import CONTENDED
-    from gputui.core.ompwait import spins
-
     steady = summary.get("steady") if isinstance(summary.get("steady"), dict) else {}
     noise = steady.get("noise") if steady else None
     share = (state or {}).get("others_share") or 0.0

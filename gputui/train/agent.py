@@ -36,6 +36,7 @@ from gputui.train import peerloss, shared_data, stopping
 from gputui.core import handoff
 from gputui.core.handoff import LaunchSpec, RankProcess, StopChannel
 from gputui.core.recorder import Recorder
+from gputui.core.errors import describe
 
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (a large part of a rank's start-up), the training
@@ -267,7 +268,6 @@ def check_user_code(cfg: RunConfig, data_file: Path) -> tuple[str, str] | None:
     rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
     model; None when all is well, else (one line naming the factory and the cause, the
     traceback)."""
-    from gputui.core.errors import describe
     from gputui.train.data import load_from_config
 
     try:

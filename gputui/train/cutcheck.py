@@ -17,6 +17,7 @@ from typing import Any
 from gputui.core.config import RunConfig
 from gputui.core.errors import UserError, describe
 from gputui.train import stopping
+from gputui.core.devices import cpu_devices
 
 
 def check_main(cfg: RunConfig, n: int, parent_pid: int, queue: Any) -> None:
@@ -45,7 +46,6 @@ def cut_reason(cfg: RunConfig, n: int) -> str | None:
     model or data that fails to build raises (the caller says it could not tell)."""
     import torch
 
-    from gputui.core.devices import cpu_devices
     from gputui.train.data import load_from_config
     from gputui.train.strategies.base import Strategy
     from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks

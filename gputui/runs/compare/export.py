@@ -24,6 +24,7 @@ from gputui.core.scores import perplexity
 from gputui.runs.compare.cells import cell
 from gputui.runs.compare.table import CompareRow
 from gputui.runs.compare.waterfall import LABELS
+from gputui.core import runstore
 
 FORMATS = ("table", "csv", "md", "json")
 
@@ -227,8 +228,6 @@ def to_tensorboard(run_dirs: list[str | Path], logdir: str | Path) -> list[Path]
     """Each run's scalars (loss per step; accuracy, or a language model's validation loss,
     perplexity and tokens/s; epoch time, samples/s per epoch) under
     ``logdir/<run id>``; returns the folders written."""
-    from gputui.core import runstore
-
     writer_cls = _summary_writer()
     out = []
     for run_dir in map(Path, run_dirs):

@@ -16,6 +16,12 @@ from gputui.runs.compare.export import _pyplot, _save
 from gputui.runs.forecast.estimate import GIB, Candidate, ModelSize, Row
 from gputui.runs.forecast.profiles import Cluster, Profile
 from gputui.runs.forecast.tracing import job_key, run_jobs
+from gputui.core import runstore
+from gputui.core.config import load_preset
+from gputui.core.events import MemoryReport, RunStarted
+from gputui.core.mesh import mesh_of
+from gputui.runs.predict.cache import Cache, cores
+from gputui.runs.predict.comm_peak import key
 
 Line = Callable[[str], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
@@ -81,9 +87,6 @@ def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
 def _cpu(ranks: int, line: Line) -> Profile:
     import psutil
 
-    from gputui.runs.predict.comm_peak import key
-    from gputui.runs.predict.cache import Cache, cores
-
     n = cores()
     threads = max(1, n // ranks)
     spec = {"threads": threads, "dtype": "fp32"}
@@ -143,18 +146,12 @@ def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line
 
 # ---------------------------------------------------------------- --check RUN
 def shape_of_run(cfg: RunConfig, world: int) -> MeshShape:
-    from gputui.core.mesh import mesh_of
-
     return mesh_of(cfg, world)
 
 
 def check_run(run_dir: Path, line: Line, profile_file: str | None = None) -> dict[str, Any]:
     """A recorded run beside the plan of its own mesh on its own devices: per-rank memory by
     part (the record's memory report) and the steady step time."""
-    from gputui.core import runstore
-    from gputui.core.config import load_preset
-    from gputui.core.events import MemoryReport, RunStarted
-
     cfg = load_preset(run_dir / "config.toml")
     summary = runstore.read_summary(run_dir)
     events = runstore.read_events(run_dir)

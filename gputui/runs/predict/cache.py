@@ -13,6 +13,8 @@ from typing import Any
 
 from gputui.core.cachedir import cache_dir
 from gputui.core.config import RunConfig
+from gputui.core.filewrite import make_folder, write_atomic
+from gputui.core.usercode import data_label, model_label
 
 
 def machine_id() -> str:
@@ -45,8 +47,6 @@ class Cache:
     def put(self, key: str, value: dict) -> None:
         self.data[key] = dict(value, measured=time.strftime("%Y-%m-%d %H:%M:%S"),
                               measured_t=time.time())
-        from gputui.core.filewrite import make_folder, write_atomic
-
         # through filewrite: a cache folder that is a file is one line (WriteFailed), not a
         # NotADirectoryError traceback
         make_folder(self.path.parent,
@@ -59,8 +59,6 @@ def compute_key(cfg: RunConfig, batch: int, threads: int, copies: int, device: s
     """What a compute figure depends on: model, data, precision, fast path, per-process batch
     (and its micro-batches), threads, the processes running at once, the device, and the
     strategy that trained it (``single``, or a multi-process one on a world of one rank)."""
-    from gputui.core.usercode import data_label, model_label
-
     d = cfg.to_dict()
     micro = cfg.optim.micro_batches  # a step of several micro-batches is another figure
     parts = ["compute", model_label(d), data_label(d), cfg.run.precision, cfg.run.compile,

@@ -27,6 +27,16 @@ from gputui.core.config_schema import optimizer_states
 from gputui.runs.predict.scaling import Inputs
 from gputui.runs.predict.cache import Cache, comm_key, compute_key, cores
 from gputui.runs.predict.inputs import input_label, stale
+from gputui.core import breakdown, runstore, signals
+from gputui.core.devices import Device
+from gputui.core.events import StepMetrics
+from gputui.core.machine import note
+from gputui.core.usercode import data_label, model_label
+from gputui.runs.comm_bench import run_bench
+from gputui.runs.history import row_for
+from gputui.runs.launcher import launch
+from gputui.runs.predict.comm import allreduce_in_step, FIRST_BUCKET, fsdp_in_step
+from gputui.runs.prepare import override_checked
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
@@ -51,11 +61,6 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     one's steady step time, its noise, its mean exposed communication (``comm_s``, from the
     steady windows' step breakdowns; 0 for single), the parameters and (GPU) the peak device
     memory; raises RuntimeError (one line) when a run fails."""
-    from gputui.core import runstore
-    from gputui.runs.history import row_for
-    from gputui.runs.launcher import launch
-    from gputui.runs.prepare import override_checked
-
     changes = {"strategy.name": strategy, "devices.spec": spec, "devices.fallback": "none",
                "run.threads": threads, "optim.batch_size": batch,
                "optim.scale_with_devices": False, "run.epochs": epochs, "run.log_every": 10,
@@ -73,8 +78,6 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
         for h in handles:
             h.kill("prediction measurement interrupted")
         raise
-    from gputui.core import signals
-
     signals.raise_if_stopped()  # its runs were stopped by a signal: no figure from them
     rows = [row_for(h.run_dir) for h in handles]
     bad = next((r for r in rows if r.status != "finished"), None)
@@ -106,9 +109,6 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
 def _steady_comm(run_dir: Path) -> float:
     """The mean exposed communication of a record's metered steps, warm-up (the first log
     window, as gputui.core.steady) left out; 0.0 where none was measured."""
-    from gputui.core import breakdown, runstore
-    from gputui.core.events import StepMetrics
-
     parts = [ev.breakdown for ev in runstore.read_events(run_dir)
              if isinstance(ev, StepMetrics) and ev.breakdown]
     mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
@@ -117,9 +117,6 @@ def _steady_comm(run_dir: Path) -> float:
 
 def _peak_memory(run_dir: Path) -> int | None:
     """The largest allocation a GPU run reported (None on the CPU)."""
-    from gputui.core import runstore
-    from gputui.core.events import StepMetrics
-
     peak = None
     for ev in runstore.read_events(run_dir):
         if not isinstance(ev, StepMetrics):
@@ -134,9 +131,6 @@ def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) 
     """Allreduce of ``size`` bytes over ``devices``: torch.distributed as DDP issues it (one
     call between ``gap`` seconds of compute, :mod:`gputui.runs.predict.comm`) and the scratch
     allreduce (inside the one training process, so timed on idle cores by bench-comm)."""
-    from gputui.runs.comm_bench import run_bench
-    from gputui.runs.predict.comm import FIRST_BUCKET, allreduce_in_step
-
     kind = devices[0].kind
     scratch = run_bench(devices, [size], iters=10, warmup=5, impls=["scratch"],
                         backend="auto", timeout=600)
@@ -156,8 +150,6 @@ def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
     """One step's fsdp all-gathers and reduce-scatters over ``n`` ranks, issued as fully_shard
     issues them between ``gap`` seconds of compute
     (:func:`gputui.runs.predict.comm.fsdp_in_step`)."""
-    from gputui.runs.predict.comm import fsdp_in_step
-
     out = fsdp_in_step(cfg_dict, n, gap, "cuda" if kind == "gpu" else "cpu", cores_)
     line(f"  measured fsdp's {out['calls']} collectives per step ({out['bytes'] / 2**20:.2f} "
          f"MiB) over {n} ranks between {gap * 1000:.1f} ms of compute: "
@@ -201,7 +193,6 @@ class Measurer:
             return hit
         if not self.measure:
             return None
-        from gputui.core.devices import Device
         from gputui.hw.contention import LoadWatch, gpu_uuids
 
         watch = LoadWatch(gpu_uuids([Device("cuda", 0)]) if self.kind == "gpu" else ())
@@ -213,8 +204,6 @@ class Measurer:
         return value
 
     def _source(self, key: str, entry: dict, source: str, why: str) -> None:
-        from gputui.core.machine import note
-
         if any(s["key"] == key for s in self.sources):
             return
         when = entry.get("measured_t")
@@ -245,8 +234,6 @@ class Measurer:
         part of the key, rounded to 10 %)."""
         import math
 
-        from gputui.core.devices import Device
-
         label = (self._gpu_label if self.kind == "gpu" else "step") + \
             f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms"
         devices = [Device("cuda" if self.kind == "gpu" else "cpu", i) for i in range(n)]
@@ -258,8 +245,6 @@ class Measurer:
         (the model's units counted in the measuring process; model, data shape, wrap and gap
         in the key)."""
         import math
-
-        from gputui.core.usercode import data_label, model_label
 
         d = self.cfg.to_dict()
         label = (f"fsdp:{model_label(d)}|{data_label(d)}|"

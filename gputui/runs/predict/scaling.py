@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from gputui.core.trust import flags
 
 STRATEGIES = ("ddp", "fsdp", "tp", "scratch", "dp", "pp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
@@ -263,8 +264,6 @@ def impossible(p: Prediction, inp: Inputs, cores: int, noise_1: float | None = N
     ones (:func:`gputui.core.trust.flags`): an efficiency above 100 % says t_1, the measured
     one-device step, was slow, not that N devices would be fast. ``noise_1``: t_1's noise."""
     from types import SimpleNamespace
-
-    from gputui.core.trust import flags
 
     if p.n <= 1 or p.speedup is None:
         return []

@@ -18,6 +18,7 @@ from typing import Any
 from gputui.core import machine
 from gputui.core.trust import MIN_NOISE, NOISY
 from gputui.runs.tune.space import Ranked
+from gputui.runs.compare.table import compare
 
 COLUMNS = ("chosen", "rank", "candidate", "pred_step_ms", "pred_samples_per_s",
            "samples_per_s", "measured_vs_pred", "speedup", "check")
@@ -67,8 +68,6 @@ def figure_marks(row) -> list[str]:
 def results(ranked: list[Ranked], points: list, runs_dir) -> list[Result]:
     """Every ranked candidate with what its confirming point measured (points: the sweep's,
     in the same order as the top of ``ranked``)."""
-    from gputui.runs.compare.table import compare
-
     out = [Result(r, i + 1) for i, r in enumerate(ranked)]
     dirs = [runs_dir / p.run_id for p in points if p.run_id]
     items = {it.row.id: it for it in compare(dirs, runs_dir, only_compared=True)} if dirs else {}

@@ -23,6 +23,15 @@ from typing import Any, Callable
 from gputui.core.config import ConfigError, RunConfig, apply_overrides
 from gputui.core.config_schema import effective_batch_size
 from gputui.runs.tune.space import MEM_SHARE, Candidate, Ranked, order, rank
+from gputui.core import registry
+from gputui.core.config_schema import PRECISIONS
+from gputui.core.devices import DeviceSpecError
+from gputui.runs.predict.cache import Cache, compute_key, cores
+from gputui.runs.predict.inputs import stale
+from gputui.runs.predict.measure import Measurer
+from gputui.runs.predict.scaling import predict, STRATEGIES
+from gputui.runs.sweep.runner import Point, spec_for, Sweep
+from gputui.runs.tune.space import axis_changes
 
 CONV_MODELS = ("lenet", "resnet18")  # channels_last changes nothing for the others
 START_GUESS_S = 5.0  # a confirming run's start-up and evaluation until one has been timed
@@ -74,8 +83,6 @@ class Tuner:
 
     def specs(self) -> tuple[str, str]:
         """The devices.spec of N devices and of one."""
-        from gputui.runs.sweep.runner import spec_for
-
         return spec_for(str(self.n), self.kind), spec_for("1", self.kind)
 
     def global_batch(self) -> int:
@@ -89,11 +96,7 @@ class Tuner:
 
     def candidates(self, axes: Axes) -> list[Candidate]:
         """Every combination of the axes that can run here; the rest go to ``skipped``."""
-        from gputui.core import registry
-        from gputui.core.config_schema import PRECISIONS
         from gputui.hw.discovery import resolve_with_gpus
-        from gputui.core.devices import DeviceSpecError
-        from gputui.runs.predict.scaling import STRATEGIES
         from gputui import plan
 
         b, r = self.preset_candidate(), self.base.run
@@ -153,9 +156,6 @@ class Tuner:
         how it is made up: the one-device step measured for the prediction (free when kept)
         plus one confirming run of ``steps`` steps at that step's time (a start-up guess
         where nothing is kept)."""
-        from gputui.runs.predict.cache import Cache, cores
-        from gputui.runs.predict.measure import Measurer
-
         cfg0 = self._cfg0()
         kept = Measurer(cfg0, self.kind, self.measure_dir, line=lambda text: None,
                         measure=False, cache=Cache()).compute(
@@ -182,10 +182,6 @@ class Tuner:
     def predict(self, cands: list[Candidate]) -> list[Ranked]:
         """Measure what the prediction needs (the preset's inputs, then each setting's factor,
         cheapest first, while the budget lasts) and rank every candidate."""
-        from gputui.runs.predict.scaling import predict
-        from gputui.runs.predict.cache import Cache, cores
-        from gputui.runs.predict.measure import Measurer
-
         base = self.preset_candidate()
         cfg0 = self._cfg0()
         cache = Cache()
@@ -255,9 +251,6 @@ class Tuner:
     def _factor(self, m, batch: int, threads: int, t_1: float):
         """A job measuring the one-device step of ``m``'s config at ``batch``, over ``t_1``;
         its ``kept`` attribute says whether the figure is kept (free)."""
-        from gputui.runs.predict.inputs import stale
-        from gputui.runs.predict.cache import compute_key
-
         device = f"gpu:{getattr(m, '_gpu_label', '')}" if self.kind == "gpu" else "cpu"
         hit = m.cache.get(compute_key(m.cfg, batch, threads, 1, device))
 
@@ -285,8 +278,6 @@ class Tuner:
 
     def plan_confirm(self) -> list:
         """The sweep of the top candidates' short runs, and its points (not started)."""
-        from gputui.runs.sweep.runner import Point, Sweep
-
         top = [r for r in self.ranked if not r.reason][:self.top]
         caps = [("tune", "run.log_every", 5), ("tune", "run.checkpoint", False),
                 ("tune", "run.name", f"tune-{self.base.run.name}"[:40])]
@@ -352,8 +343,6 @@ class Tuner:
 
 
 def _changes(c: Candidate, base: Candidate) -> dict[str, Any]:
-    from gputui.runs.tune.space import axis_changes
-
     return axis_changes(c, base)
 
 
