@@ -8,7 +8,7 @@ scratch allreduce (distinct replicas, one per device, summed on the first and co
 its own process, then ``torch.distributed.all_reduce`` in each rank: every size is checked for
 a correct sum first, then timed over ``iters`` calls after ``warmup`` calls; times are per
 call, the distributed time the slowest rank's. For the prediction (``"in_step"``, see
-``gputui.runs.predict.comm``) each rank computes, then issues the step's collectives, as
+``gputui.runs.predict.measure``) each rank computes, then issues the step's collectives, as
 training does.
 """
 

@@ -15,12 +15,12 @@ The model (docs/prediction.md) takes measured inputs only:
 - ``t_ar``: the measured time of one allreduce of the gradient bytes G (= parameter bytes)
   over N ranks, issued as DDP issues it: once between two steps' compute, and for gradients
   above DDP's first bucket with every CPU core kept busy, as backward keeps them
-  (:mod:`gputui.runs.predict.comm`); ``t_copy``: the scratch allreduce (copies inside one process,
-  ``gputui bench-comm``).
+  (:func:`gputui.runs.predict.measure.allreduce_in_step`); ``t_copy``: the scratch allreduce
+  (copies inside one process, ``gputui bench-comm``).
 - ``t_fsdp``: what one step's fsdp collectives add to it, timed between ranks
-  (:func:`gputui.runs.predict.comm.fsdp_in_step`): the model's fully_shard units counted, each
-  all-gathered before its forward and again before its backward (the root only once) and its
-  gradients reduce-scattered, each call at its unit's flat bytes, with the step's compute
+  (:func:`gputui.runs.predict.measure.fsdp_in_step`): the model's fully_shard units counted,
+  each all-gathered before its forward and again before its backward (the root only once) and
+  its gradients reduce-scattered, each call at its unit's flat bytes, with the step's compute
   (t_own) cut into slices between the calls.
 
 Per step, N devices:
