@@ -24,6 +24,7 @@ from typing import Any
 from gputui.core.mesh import MESH_STRATEGIES
 from gputui.core.machine import CONTENDED
 from gputui.core.ompwait import spins
+from gputui.core.machine import note
 
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
 RANKS = MESH_STRATEGIES  # one process per device
@@ -63,8 +64,6 @@ def noisy(row: Any, base: Any, speedup: float) -> list[str]:
     out = []
     for r in (row, base) if base.id != row.id else (row,):
         if getattr(r, "contended", False):
-            from gputui.core.machine import note
-
             out.append(f"{r.id} was {note(r.machine) or 'contended'}")
         elif r.steady and r.noise is None:
             out.append(f"{r.id} has too few steady windows to know its noise (run it longer)")

@@ -39,6 +39,7 @@ from gputui.runs.comm_bench import run_bench
 from gputui.runs.history import row_for
 from gputui.runs.launcher import launch
 from gputui.runs.prepare import override_checked
+from gputui.runs.predict.scaling import static_bytes
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
@@ -337,8 +338,6 @@ class Measurer:
         inp.params = int(one.get("params") or 0)
         inp.grad_bytes = inp.params * 4
         if one.get("peak_mem") is not None:
-            from gputui.runs.predict.scaling import static_bytes
-
             inp.activations_1 = max(0, int(one["peak_mem"]) - static_bytes(inp))
         if n == 1:
             return inp

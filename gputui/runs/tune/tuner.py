@@ -32,6 +32,8 @@ from gputui.runs.predict.measure import Measurer
 from gputui.runs.predict.scaling import predict, STRATEGIES
 from gputui.runs.sweep.runner import Point, spec_for, Sweep
 from gputui.runs.tune.space import axis_changes
+from gputui import plan
+from gputui.runs.predict.measure import MEASURE_STEPS
 
 CONV_MODELS = ("lenet", "resnet18")  # channels_last changes nothing for the others
 START_GUESS_S = 5.0  # a confirming run's start-up and evaluation until one has been timed
@@ -97,7 +99,6 @@ class Tuner:
     def candidates(self, axes: Axes) -> list[Candidate]:
         """Every combination of the axes that can run here; the rest go to ``skipped``."""
         from gputui.hw.discovery import resolve_with_gpus
-        from gputui import plan
 
         b, r = self.preset_candidate(), self.base.run
         spec_n, spec_1 = self.specs()
@@ -200,8 +201,6 @@ class Tuner:
         one_s = time.monotonic() - t  # what one one-device measurement costs here
         inps, preds = {"single": inp1}, {"single": predict("single", inp1)}
         if inp1.t_1:  # a run's start-up and evaluation here: its wall time less its steps
-            from gputui.runs.predict.measure import MEASURE_STEPS
-
             self._start_s = max(0.0, one_s - MEASURE_STEPS * inp1.t_1)
             self._t_1 = inp1.t_1
         est = 2 * one_s
