@@ -106,7 +106,8 @@ def test_the_record_has_one_writer():
 CHILD = ["gputui.train.host", "gputui.train.worker", "gputui.train.agent", "gputui.train.ranks",
          "gputui.train.stopping", "gputui.core.recorder", "gputui.train.rankinfo",
          "gputui.core.handoff"]
-PARENT = ("gputui.runs.launcher", "gputui.runs.sweep.runner", "gputui.cli", "gputui.tui")
+PARENT = ("gputui.runs.launcher", "gputui.runs.warm", "gputui.runs.sweep.runner", "gputui.cli",
+          "gputui.tui")
 
 
 def test_no_run_process_reads_the_record_back():
