@@ -1,4 +1,4 @@
-"""Launch to first step, cold and warm: what pressing Start costs (gputui.train.warm).
+"""Launch to first step, cold and warm: what pressing Start costs (gputui.runs.warm).
 
     .venv/bin/python benchmarks/bench_launch.py [--rounds 3] [--device cpu|cuda] [--preset quickstart]
 
@@ -21,7 +21,7 @@ import time
 from gputui.core.config import apply_overrides, load_preset
 from gputui.core.presets import resolve_preset
 from gputui.runs.launcher import launch
-from gputui.train import warm
+from gputui.runs import warm
 
 RUNS = "/tmp/gputui-bench-launch"
 

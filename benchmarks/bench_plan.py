@@ -28,7 +28,7 @@ from gputui.runs.forecast import estimate  # noqa: E402
 from gputui.runs.forecast.estimate import ModelSize  # noqa: E402
 from gputui.runs.forecast.measure import measure_copies, measure_mesh  # noqa: E402
 from gputui.runs.forecast.planner import cluster_of, make_plan  # noqa: E402
-from gputui.runs.predict_cache import cores  # noqa: E402
+from gputui.runs.predict.cache import cores  # noqa: E402
 
 MODEL = ModelSize(n_layer=4, n_embd=128, n_head=4, context=128, vocab=256, batch=16,
                   precision="fp32", chunks=1, schedule="1f1b")

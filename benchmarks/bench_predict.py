@@ -4,10 +4,10 @@
         [--strategy ddp] [--devices 2]
 
 For each model it measures the prediction's inputs from scratch, in this invocation, into a
-fresh cache (``gputui.runs.predict_measure``: one single-device run on the whole batch, N
+fresh cache (``gputui.runs.predict.measure``: one single-device run on the whole batch, N
 one-rank runs of the strategy at once on B/N each with the threads a rank gets, an allreduce
 of the gradient bytes), predicts the step time of ``--strategy`` on ``--devices`` CPU ranks
-(``gputui.runs.predict``), then trains that strategy for real, as users run it (launcher, elastic
+(``gputui.runs.predict.scaling``), then trains that strategy for real, as users run it (launcher, elastic
 agent, gloo ranks), for about as long (at least 100 steps, epochs of 100 up to ~1 s), and
 reads its steady step time (warm-up excluded, ``gputui.core.steady``). It prints predicted,
 measured and their ratio (goal: within 15 %, i.e. 0.85 to 1.15), and beside it the ratio the
@@ -48,7 +48,7 @@ def measured(cfg, strategy: str, n: int, runs_dir: Path, epochs: int = 1) -> dic
     from gputui.core import runstore
     from gputui.core.config import apply_overrides
     from gputui.runs.launcher import launch
-    from gputui.runs.predict_measure import MEASURE_STEPS
+    from gputui.runs.predict.measure import MEASURE_STEPS
 
     b = cfg.optim.batch_size
     run = apply_overrides(cfg, [("bench", k, v) for k, v in {
@@ -68,9 +68,9 @@ def measured(cfg, strategy: str, n: int, runs_dir: Path, epochs: int = 1) -> dic
 def one_round(model: str, strategy: str, n: int, work: Path) -> dict:
     from dataclasses import replace
 
-    from gputui.runs.predict import predict
-    from gputui.runs.predict_cache import Cache
-    from gputui.runs.predict_measure import Measurer, epochs_for
+    from gputui.runs.predict.scaling import predict
+    from gputui.runs.predict.cache import Cache
+    from gputui.runs.predict.measure import Measurer, epochs_for
 
     cfg = base_config(model)
     cache = Cache(work / f"cache-{model}.json")  # fresh: everything measured in this round

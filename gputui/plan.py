@@ -29,6 +29,8 @@ from gputui.core.mesh import (MESH_STRATEGIES, PP_PLACEMENT, MeshShape, cp_conte
                               mesh_of, meshes, stages_per_rank, tp_group, tp_heads_problem)
 from gputui.core.mp_plan import check_split_points, model_layers
 from gputui.core.registry import StrategyInfo
+from gputui.core.runstore import CHECKPOINT_NAME
+from gputui.core.usercode import CODE_KEYS, find_problem
 
 # a broken rule: the keys it is blamed on, and its one line
 Problem = tuple[tuple[str, ...], str]
@@ -548,9 +550,6 @@ def check_files(cfg: RunConfig, source: str, origins: dict[str, str] | None = No
     """The files the config names exist: each factory's file and function (read and parsed,
     never run) and the checkpoint ``run.resume_from`` resumes. Reads the disk: run it once
     when a run or sweep starts, not on every keystroke."""
-    from gputui.core.runstore import CHECKPOINT_NAME
-    from gputui.core.usercode import CODE_KEYS, find_problem
-
     for key in CODE_KEYS:
         table, name = key.split(".")
         spec = getattr(getattr(cfg, table), name)

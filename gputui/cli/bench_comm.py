@@ -100,7 +100,7 @@ def cmd_bench_comm(args) -> int:
         return interrupted(exc.signum, ": the benchmark's processes were ended; nothing "
                                        "measured is kept")
     if "torch" in result and "error" not in result:
-        from gputui.runs.comm_peak import keep
+        from gputui.runs.predict.comm_peak import keep
 
         try:  # the peak is kept per machine, for the runs' achieved bandwidth to be shown against
             keep(result, devices[0].kind)

@@ -1,7 +1,7 @@
 """The compact table that `gputui compare` and `gputui sweep` print by default: the columns a
 user reads first, each header carrying its unit so the cells are bare numbers, fitting 100
 columns without cutting a header or wrapping a unit onto a second row. ``--wide`` prints every
-column (``gputui.runs.compare.TABLE_COLUMNS``); csv, md and json always carry them all.
+column (``gputui.runs.compare.table.TABLE_COLUMNS``); csv, md and json always carry them all.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def add_wide(p) -> None:
 
 
 def print_compact(items, title: str, fast: bool = False) -> None:
-    """The compact table of compared runs (``gputui.runs.compare.CompareRow`` items)."""
-    from gputui.runs.compare import table_rows
+    """The compact table of compared runs (``gputui.runs.compare.table.CompareRow`` items)."""
+    from gputui.runs.compare.table import table_rows
 
     wanted = ("id", "task", *(c for c in COLUMNS + ("fast", "tokens_per_s", "val_loss")
                               if c != "run"))

@@ -135,7 +135,7 @@ def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) ->
     """Run folders from ids/paths and/or a sweep; LookupError (one line) when one is unknown."""
     from gputui.core.runstore import default_runs_dir, is_run_folder
     from gputui.runs import history
-    from gputui.runs.sweep import load_manifest
+    from gputui.runs.sweep.runner import load_manifest
 
     dirs = [history.find_run(ref, runs_dir) for ref in refs]
     if sweep_id:
@@ -148,8 +148,9 @@ def resolve_runs(refs: list[str], sweep_id: str | None, runs_dir: str | None) ->
 
 def cmd_compare(args) -> int:
     """``gputui compare RUN...``: the comparison table, exports and plots."""
-    from gputui.runs.compare import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
-    from gputui.runs.export import ExportError
+    from gputui.runs.compare.table import (TABLE_COLUMNS, as_plain, compare, summary_lines,
+                                           table_rows)
+    from gputui.runs.compare.export import ExportError
 
     if not args.runs and not args.sweep:
         return fail("give run ids to compare, or --sweep SWEEP_ID (see `gputui runs`)")
@@ -172,7 +173,7 @@ def cmd_compare(args) -> int:
         write_extras(items, dirs, args.plots, args.tensorboard)
         groups = _repeat_groups(items, args.sweep, args.runs_dir)
         if groups is not None:  # a sweep run with --repeat: one row per point, with the spread
-            from gputui.runs.repeats import COLUMNS
+            from gputui.runs.sweep.repeats import COLUMNS
 
             emit(groups, COLUMNS, form, args.output, f"sweep {args.sweep}: median, min–max",
                  json_data={"groups": groups, "runs": as_plain(items)})
@@ -185,7 +186,7 @@ def cmd_compare(args) -> int:
     except (ExportError, WriteFailed) as exc:
         return fail(str(exc))
     if form == "table":
-        from gputui.runs.compare import BREAKDOWN_LEGEND
+        from gputui.runs.compare.table import BREAKDOWN_LEGEND
 
         for line in summary_lines(items):
             if line != BREAKDOWN_LEGEND or args.wide:  # it explains the --wide columns
@@ -197,7 +198,7 @@ def cmd_compare(args) -> int:
 
 def print_waterfalls(items) -> None:
     """Each compared run's scaling waterfall, or why it has none."""
-    from gputui.runs.waterfall import lines
+    from gputui.runs.compare.waterfall import lines
 
     for it in items:
         r = it.row
@@ -215,8 +216,8 @@ def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
     if not sweep_id:
         return None
     from gputui.core.runstore import default_runs_dir
-    from gputui.runs.repeats import grouped, session_warnings
-    from gputui.runs.sweep import load_manifest
+    from gputui.runs.sweep.repeats import grouped, session_warnings
+    from gputui.runs.sweep.runner import load_manifest
 
     m = load_manifest(Path(runs_dir) if runs_dir else default_runs_dir(), sweep_id)
     session_warnings(items, m.points)
@@ -225,13 +226,13 @@ def _repeat_groups(items, sweep_id: str | None, runs_dir: str | None):
 
 def write_extras(items, dirs, plots: str | None, tensorboard: str | None) -> list[Path]:
     """PNG plots and TensorBoard scalars, when asked; returns the paths written."""
-    from gputui.runs.export import plot_curves, plot_speedup, to_tensorboard
+    from gputui.runs.compare.export import plot_curves, plot_speedup, to_tensorboard
 
     out = []
     if plots:
         out.append(plot_curves(items, Path(plots) / "curves.png"))
         out.append(plot_speedup(items, Path(plots) / "speedup.png"))
-        from gputui.runs.waterfall_plot import plot_waterfall
+        from gputui.runs.compare.export import plot_waterfall
 
         if (drawn := plot_waterfall(items, Path(plots) / "waterfall.png")) is not None:
             out.append(drawn)

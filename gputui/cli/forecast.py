@@ -113,7 +113,7 @@ def _plan(args) -> int:
     else:
         print_plan(plan)
     if args.png:
-        from gputui.runs.forecast.plot import plot_pareto
+        from gputui.runs.forecast.planner import plot_pareto
 
         out = plot_pareto(plan, args.png)
         _line(f"memory against speed: {out}")

@@ -62,7 +62,7 @@ def form_of(args) -> str:
 def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, title: str,
          json_data: Any = None) -> None:
     """Print a table on the terminal, or write csv/md/json to stdout or ``output``."""
-    from gputui.runs.export import render, to_json
+    from gputui.runs.compare.export import render, to_json
 
     if form == "table":
         from rich.console import Console
@@ -99,7 +99,7 @@ def emit(rows: list[dict[str, Any]], columns, form: str, output: str | None, tit
 
 
 def _cell(key: str, row: dict[str, Any]) -> str:
-    from gputui.runs.cells import cell
+    from gputui.runs.compare.cells import cell
 
     value = row.get(key)
     if key == "baseline" and value:  # the full id is in the id column; its suffix finds it

@@ -2,7 +2,7 @@
 
 Prints the predicted scaling table without training: step time, samples/s, speedup,
 efficiency and training memory per device for each strategy and device count, from this
-machine's measurements (:mod:`gputui.runs.predict_measure`: short single-device runs and an
+machine's measurements (:mod:`gputui.runs.predict.measure`: short single-device runs and an
 allreduce benchmark, kept per machine and measured when missing, with progress lines).
 ``gputui sweep PRESET --predict`` prints the same table for the sweep's grid. Exit: 0, 1 a
 measurement failed, 2 bad input, 130 interrupted.
@@ -48,7 +48,7 @@ def register(sub) -> None:
 
 def parse_strategies(text: str) -> list[str]:
     """The strategies to predict; ConfigError (one line) for one without a model."""
-    from gputui.runs.predict import STRATEGIES
+    from gputui.runs.predict.scaling import STRATEGIES
 
     items = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     items = [s for s in items if s != "single"]  # the one-device row is always there
@@ -69,8 +69,8 @@ def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_
     per input, whether it was measured now or read from the cache; ``warnings`` a line when
     contention poisoned t_1, the baseline of every speedup."""
     from gputui.core.trust import poisoned
-    from gputui.runs.predict import impossible, predict
-    from gputui.runs.predict_measure import Measurer
+    from gputui.runs.predict.scaling import impossible, predict
+    from gputui.runs.predict.measure import Measurer
 
     m = Measurer(cfg, kind, runs_dir, line=line, measure=measure, again=again)
     rows = []
@@ -134,7 +134,7 @@ def cmd_predict(args) -> int:
     from gputui.cli.common import set_overrides
     from gputui.core.presets import resolve_preset
     from gputui.runs.prepare import load_base
-    from gputui.runs.sweep import parse_devices, resolve_kind
+    from gputui.runs.sweep.runner import parse_devices, resolve_kind
 
     try:
         path = str(resolve_preset(args.preset).resolve())
@@ -142,7 +142,7 @@ def cmd_predict(args) -> int:
         strategies = parse_strategies(args.strategies)
         cfg = load_base(path, set_overrides(args.sets, None))
         kind, _ = resolve_kind(args.kind, cfg.devices.spec)
-        from gputui.runs.predict import unmodelled
+        from gputui.runs.predict.scaling import unmodelled
 
         if unmodelled(cfg):
             raise ConfigError(str(unmodelled(cfg)))
@@ -170,7 +170,7 @@ def print_prediction(cfg, counts, strategies, kind, runs_dir, as_json: bool, aga
     """Measure, then print the table (or JSON on stdout; progress on stderr)."""
     from gputui.cli.output import emit
     from gputui.core.signals import Interrupted
-    from gputui.runs.predict import FORMULAS
+    from gputui.runs.predict.scaling import FORMULAS
     from gputui.core.cachedir import cache_dir
 
     out = sys.stderr if as_json else sys.stdout

@@ -68,8 +68,8 @@ def build(args, runs_dir: Path):
     """The Sweep to run (new, resumed by id, or resumed automatically) and a note for the user;
     raises ConfigError or LookupError with a one-line message."""
     from gputui.core.presets import resolve_preset
-    from gputui.runs.sweep import (Sweep, list_manifests, load_manifest, parse_axis, parse_devices,
-                              resolve_kind)
+    from gputui.runs.sweep.runner import (Sweep, list_manifests, load_manifest, parse_axis,
+                                          parse_devices, resolve_kind)
 
     if args.resume:
         m = load_manifest(runs_dir, args.resume)
@@ -82,7 +82,7 @@ def build(args, runs_dir: Path):
     if not args.preset:
         raise ConfigError("give a preset to sweep (or --resume SWEEP_ID)")
     from gputui.core import registry
-    from gputui.runs.manifest_size import grid_problem, header_problem
+    from gputui.runs.sweep.manifest_size import grid_problem, header_problem
     from gputui.runs.prepare import load_base
 
     # the flags first, each where it is given: then the preset
@@ -168,10 +168,10 @@ def cmd_sweep(args) -> int:
 
 def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     from gputui.cli.output import emit
-    from gputui.runs.compare import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
+    from gputui.runs.compare.table import (BREAKDOWN_LEGEND, SWEEP_COLUMNS, TABLE_COLUMNS, as_plain,
                                      columns_for, compare, table_rows)
     from gputui.core import signals
-    from gputui.runs.sweep_progress import SweepProgress
+    from gputui.runs.sweep.progress import SweepProgress
 
     out = sys.stderr if args.json else sys.stdout
     m = sweep.manifest
@@ -191,8 +191,8 @@ def _run_sweep(args, sweep, note: str, runs_dir: Path) -> int:
     for p in m.points:
         if p.status == "skipped":
             print(f"skipped {p.key}: {p.reason}", file=out)
-    from gputui.runs.compare import summary_lines
-    from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS, grouped, session_warnings
+    from gputui.runs.compare.table import summary_lines
+    from gputui.runs.sweep.repeats import COLUMNS as REPEAT_COLUMNS, grouped, session_warnings
 
     items = compare(sweep.run_dirs(), runs_dir, only_compared=True)
     if "data.context" in m.axes:  # the context-length sweep: each row names its length
@@ -237,7 +237,7 @@ def _predict(args) -> int:
     from gputui.cli.predict import counts_of, parse_strategies, print_prediction
     from gputui.core.presets import resolve_preset
     from gputui.runs.prepare import load_base
-    from gputui.runs.sweep import parse_devices, resolve_kind
+    from gputui.runs.sweep.runner import parse_devices, resolve_kind
 
     if not args.preset:
         return fail("--predict: give a preset to predict")
@@ -268,7 +268,7 @@ def _predicted(text: str) -> str:
     """The sweep's strategies that have a prediction (the others, known to the registry, are
     rows a prediction leaves out); an unknown name is refused as in a trained sweep."""
     from gputui.core import registry
-    from gputui.runs.predict import STRATEGIES
+    from gputui.runs.predict.scaling import STRATEGIES
 
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in names if registry.get(s) is None]
@@ -285,9 +285,9 @@ def _manifest_dict(m) -> dict:
 
 
 def _export(items, dirs, folder: Path, out, groups=None) -> None:
-    from gputui.runs.compare import as_plain, columns_for, table_rows
-    from gputui.runs.export import ExportError, plot_curves, plot_speedup, render, to_json
-    from gputui.runs.repeats import COLUMNS as REPEAT_COLUMNS
+    from gputui.runs.compare.table import as_plain, columns_for, table_rows
+    from gputui.runs.compare.export import ExportError, plot_curves, plot_speedup, render, to_json
+    from gputui.runs.sweep.repeats import COLUMNS as REPEAT_COLUMNS
 
     from gputui.core.filewrite import WriteFailed, write_atomic
 
@@ -306,7 +306,7 @@ def _export(items, dirs, folder: Path, out, groups=None) -> None:
     try:
         plot_curves(items, folder / "curves.png")
         plot_speedup(items, folder / "speedup.png")
-        from gputui.runs.waterfall_plot import plot_waterfall
+        from gputui.runs.compare.export import plot_waterfall
 
         plot_waterfall(items, folder / "waterfall.png")
     except ExportError as exc:

@@ -2,7 +2,7 @@
 
 Ranks the candidate configurations (strategy, micro-batches, precision, compile,
 channels_last, batch per device) by the prediction, measuring what it needs on this machine
-(:mod:`gputui.runs.tune`), confirms the best few by short real runs within the time budget,
+(:mod:`gputui.runs.tune.tuner`), confirms the best few by short real runs within the time budget,
 prints predicted against measured with the chosen one marked, and writes the chosen
 configuration as a preset. Progress goes to stderr. Exit: 0 a configuration was chosen, 1
 none could be (or a measurement failed), 2 bad input, 130 interrupted (the partial table is
@@ -78,8 +78,8 @@ def build(args):
     from gputui.core.runstore import default_runs_dir
     from gputui.core.cachedir import cache_dir
     from gputui.runs.prepare import load_base
-    from gputui.runs.sweep import parse_axis, resolve_kind
-    from gputui.runs.tune import Axes, Tuner
+    from gputui.runs.sweep.runner import parse_axis, resolve_kind
+    from gputui.runs.tune.tuner import Axes, Tuner
 
     text = args.devices.strip()
     count = text[4:] if text.startswith("cpu*") else text
@@ -94,7 +94,7 @@ def build(args):
     path = str(resolve_preset(args.preset).resolve())
     overrides = set_overrides(args.sets)
     base = load_base(path, overrides)
-    from gputui.runs.predict import unmodelled
+    from gputui.runs.predict.scaling import unmodelled
 
     if unmodelled(base):  # tune ranks its candidates by predict's models
         raise ConfigError(str(unmodelled(base)).replace("predict's models", "tune's "
@@ -164,8 +164,8 @@ def cmd_tune(args) -> int:
 def _tune(args, tuner, cands, out: Path) -> int:
     from gputui.cli.common import interrupted
     from gputui.core import signals
-    from gputui.runs.sweep_progress import SweepProgress
-    from gputui.runs.tune_result import choose, results
+    from gputui.runs.sweep.progress import SweepProgress
+    from gputui.runs.tune.result import choose, results
 
     # the stop contract (docs/failures.md): the process-wide Supervisor, taken by main
     sup = signals.take_over(tuner.base.run.stop_grace_s)
@@ -219,7 +219,7 @@ def _tune(args, tuner, cands, out: Path) -> int:
 
 def _write(tuner, best, out: Path, args) -> Path:
     from gputui.core.filewrite import make_folder, write_atomic
-    from gputui.runs.tune_result import preset_text
+    from gputui.runs.tune.result import preset_text
 
     cfg = tuner.config_of(best.ranked.cand).replace(run={"name": f"{tuner.base.run.name}-tuned"})
     command = f"gputui tune {Path(tuner.preset).stem} --devices {args.devices}"
@@ -229,7 +229,7 @@ def _write(tuner, best, out: Path, args) -> Path:
 
 
 def _print(args, tuner, res, best, notes, state, written) -> None:
-    from gputui.runs.tune_result import COLUMNS, HEADERS, row_of
+    from gputui.runs.tune.result import COLUMNS, HEADERS, row_of
 
     if args.json:
         data = {"preset": tuner.preset, "devices": tuner.n, "kind": tuner.kind,

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputui.core.mesh import PP_PLACEMENT
 
 MODELS = ("lenet", "resnet18", "mlp", "gpt")
 DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10", "pystdlib", "text")
@@ -25,6 +24,11 @@ LOSSES = ("cross_entropy", "nll")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# strategy.schedule -> the stages each rank holds: 1, "v" (strategy.stages_per_rank, looped:
+# rank r holds r, r + pp, ...) or "V" (two, in a V: rank r holds r and 2 pp - 1 - r)
+PP_PLACEMENT: dict[str, int | str] = {
+    "gpipe": 1, "1f1b": 1, "interleaved_1f1b": "v", "looped_bfs": "v", "interleaved_zb": "v",
+    "zbv": "V", "dualpipev": "V"}
 PP_SCHEDULES = tuple(PP_PLACEMENT)
 SCHEDULES = ("constant", "cosine", "linear", "step")
 

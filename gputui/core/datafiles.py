@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
+from gputui.core.config_schema import default_data_root
 
 # torchvision's layout: <root>/<folder>/raw/<file>, files as the official mirrors name them.
 IDX_FOLDERS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
@@ -32,8 +33,6 @@ OTHER_WAYS = ("or set data.root to the folder holding them, or data.download = t
 
 def data_root(root: str) -> Path:
     """The configured data.root, or the default under the user's cache dir."""
-    from gputui.core.config_schema import default_data_root
-
     return Path(root or default_data_root()).expanduser()
 
 

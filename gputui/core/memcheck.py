@@ -1,6 +1,6 @@
 """A run's measured allocator peak against the memory its model predicts, per device.
 
-The memory model (``gputui.runs.predict.memory``) adds four terms for a device: parameters,
+The memory model (``gputui.runs.predict.scaling.memory``) adds four terms for a device: parameters,
 gradients, optimizer state and the activations saved for backward. A run counts each of them
 on its own tensors (``MemoryReport``: the parameters, gradients and state a device holds, a
 shard its own share, and the peak of the activations on the first step); on CUDA it also

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gputui.core.config_schema import PP_PLACEMENT  # the schedules, as the config names them
+
 if TYPE_CHECKING:
     from gputui.core.config import RunConfig
 
@@ -22,11 +24,6 @@ if TYPE_CHECKING:
 # context-parallel ring
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 MESH_STRATEGIES = ("ddp", "fsdp", "tp", "fsdp_tp", "pp", "cp", "mesh")  # every point of the mesh
-# strategy.schedule -> the stages each rank holds: 1, "v" (strategy.stages_per_rank, looped:
-# rank r holds r, r + pp, ...) or "V" (two, in a V: rank r holds r and 2 pp - 1 - r)
-PP_PLACEMENT: dict[str, int | str] = {
-    "gpipe": 1, "1f1b": 1, "interleaved_1f1b": "v", "looped_bfs": "v", "interleaved_zb": "v",
-    "zbv": "V", "dualpipev": "V"}
 ZERO_BUBBLE = ("interleaved_zb", "zbv", "dualpipev")  # weight gradients fill the bubble
 
 

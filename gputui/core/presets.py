@@ -7,6 +7,8 @@ from pathlib import Path
 
 from gputui.core import safeio
 from gputui.core.config import ConfigError
+from gputui.core.config import load_preset
+from gputui.core.usercode import code_named
 
 # presets/ sits beside the package in the repository (and in an editable install).
 PACKAGE_PRESETS = Path(__file__).resolve().parents[2] / "presets"
@@ -77,8 +79,6 @@ def preset_description(path: Path) -> list[str]:
 def preset_problem(path: Path) -> str | None:
     """Why this preset cannot be loaded (one line, without the path), or None when it loads.
     The preset is read and checked as data (nothing runs; devices are not resolved)."""
-    from gputui.core.config import load_preset
-
     try:
         load_preset(path)
     except ConfigError as exc:
@@ -114,8 +114,6 @@ def resolve_preset(name_or_path: str) -> Path:
 
 def names_code(path: Path) -> list[str]:
     """``key = spec`` for each factory the preset file names (read as data; nothing runs)."""
-    from gputui.core.usercode import code_named
-
     try:
         data = safeio.parse_toml(safeio.read_text(path))
     except (OSError, UnicodeDecodeError, ValueError):

@@ -2,16 +2,28 @@
 
 The launcher makes itself the subreaper of what it starts, owns a multiprocessing resource
 tracker that ends with it, and kills a whole process tree when a run or a measurement must end
-at once. Torch-free.
+at once. :func:`ask_children` is the one way to run a measuring child (the cut check, bench-comm,
+predict's collectives, the plan's tracer and measured ranks): spawn, wait for its answer with a
+deadline, end it on a stop signal, kill its tree, collect what it said. Torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
+import queue as queue_mod
 import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import psutil
+
+from gputui.core import ompwait, signals
 
 
 def adopt_orphans() -> None:
@@ -83,8 +95,6 @@ def kill_tree(pid: int | None) -> None:
     if not pid:
         return
     try:
-        import psutil
-
         children = psutil.Process(pid).children(recursive=True)
     except Exception:  # noqa: BLE001 - the process may already be gone
         children = []
@@ -97,3 +107,79 @@ def kill_tree(pid: int | None) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+POLL_S = 0.5  # how often the wait looks at the stop signals, the deadline and the children
+
+
+@dataclass
+class Answer:
+    """What measuring children said: their messages in order; ``complete`` when the last
+    one ended the answer, ``timed_out`` when the deadline came first; their exit codes."""
+
+    messages: list[Any] = field(default_factory=list)
+    complete: bool = False
+    timed_out: bool = False
+    exitcodes: list[int | None] = field(default_factory=list)
+
+
+def ask_children(starts: Sequence[tuple[Callable[..., None], tuple]], name: str,
+                 timeout: float, done: Callable[[Any], bool] = lambda message: True,
+                 stoppable: bool = True, grace_s: float = 10.0) -> Answer:
+    """Spawn one process per ``(target, args)``, each called as ``target(*args, queue)``, and
+    collect what they put on the queue until ``done(message)`` says the answer is whole (by
+    default the first message is), every child has exited, or ``timeout`` seconds pass.
+
+    No process outlives the call: a stop signal (``stoppable``: raised as
+    ``signals.Interrupted``, also when it cut a result short), Ctrl-C or any error kills every
+    child's tree at once; otherwise the children get ``grace_s`` to exit (0: killed at once,
+    for a child running the user's code), then their trees are killed. The children start with
+    the stop signals held (``signals.deferred``: a measuring child leaves a stop to its parent)
+    and OpenMP told to wait passively, as a run's ranks do."""
+    own_tracker()  # before the queue: starting the tracker would unblock the signals
+    ompwait.for_children()  # before the children load torch
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, q),
+                         name=name if len(starts) == 1 else f"{name}-{i}")
+             for i, (target, args) in enumerate(starts)]
+    answer = Answer()
+    with signals.deferred() if stoppable else contextlib.nullcontext():
+        for proc in procs:  # held from its birth: never a traceback in its imports
+            proc.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not answer.complete:
+            if stoppable:
+                signals.raise_if_stopped()
+            try:
+                message = q.get(timeout=POLL_S)
+            except queue_mod.Empty:
+                if not any(p.is_alive() for p in procs):
+                    try:  # what a child put just before it exited
+                        message = q.get(timeout=1.0)
+                    except queue_mod.Empty:
+                        break
+                elif time.monotonic() > deadline:
+                    answer.timed_out = True
+                    break
+                else:
+                    continue
+            answer.messages.append(message)
+            answer.complete = bool(done(message))
+        if stoppable:
+            signals.raise_if_stopped()  # a result that a signal cut short is no result
+    except BaseException:  # a stop signal, Ctrl-C: no waiting for the children to finish
+        for proc in procs:
+            kill_tree(proc.pid)
+        raise
+    finally:
+        end = time.monotonic() + grace_s
+        for proc in procs:
+            if grace_s > 0:
+                proc.join(timeout=max(0.0, end - time.monotonic()))
+            if proc.exitcode is None:  # still running (a process already reaped is not killed)
+                kill_tree(proc.pid)
+                proc.join(timeout=5)
+        answer.exitcodes = [p.exitcode for p in procs]
+    return answer

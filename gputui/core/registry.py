@@ -2,13 +2,12 @@
 
 This module is torch-free, so the CLI and the TUI can list strategies without importing torch.
 It only describes them: whether a strategy can run with a config on some devices is
-``gputui.plan.why_not``'s to say (every rule in one place). ``StrategyInfo.load()`` imports
-the implementation.
+``gputui.plan.why_not``'s to say (every rule in one place). ``gputui.train.strategies.load``
+imports the implementation (in the child: the core names no training module).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 
@@ -25,11 +24,6 @@ class StrategyInfo:
     max_devices: int | None = None
     splits_batch: bool = False  # one process splits each batch over its devices (per device)
     weighted: bool = False  # takes strategy.split_weights (a share of each batch per device)
-
-    def load(self) -> type:
-        """Import the implementation class (this imports torch)."""
-        mod = importlib.import_module(f"gputui.train.strategies.{self.module}")
-        return mod.STRATEGY
 
 
 _STRATEGIES: dict[str, StrategyInfo] = {}

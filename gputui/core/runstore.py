@@ -1,7 +1,7 @@
 """The run record: ``runs/<run-id>/{config.toml, events.jsonl, telemetry.jsonl, summary.json}``.
 
 Names, reading and the summary. Events are appended one JSON line at a time as they happen
-(by the one writer, ``gputui.train.recorder``), so a crash loses at most the step in flight.
+(by the one writer, ``gputui.core.recorder``), so a crash loses at most the step in flight.
 The summary is a pure function of the events (``summarize``), so it can always be rebuilt from
 a record whose writer died.
 """
@@ -19,6 +19,9 @@ from gputui.core import safeio
 from gputui.core.events import (EpochEnd, Event, InitDone, LogLine, RunFailed, RunStarted,
                                  RunStopped, Status, StepMetrics, event_from_dict, is_terminal)
 from gputui.core.filewrite import AppendLog, WriteFailed, write_atomic
+from gputui.core.memcheck import memory_check
+from gputui.core.scores import perplexity
+from gputui.core.steady import steady_figures
 
 ENV_RUNS_DIR = "GPUTUI_RUNS_DIR"
 RESERVE_NAME = ".space-reserve"
@@ -96,9 +99,6 @@ def read_events(run_dir: str | Path, name: str = "events.jsonl") -> list[Event]:
 
 def summarize(events: Iterable[Event]) -> dict[str, Any]:
     """The run's summary: status, timing, throughput, accuracy (a pure function of events)."""
-    from gputui.core.scores import perplexity
-    from gputui.core.steady import steady_figures
-
     events = list(events)
     s: dict[str, Any] = {"status": "running", "reason": "", "epochs_done": 0, "epochs": None,
                          "per_epoch": []}
@@ -161,8 +161,6 @@ def summarize(events: Iterable[Event]) -> dict[str, Any]:
         s["steady"]["tokens_per_s"] = s["steady"]["samples_per_s"] * s["tokens_per_sample"]
     if first_t is not None:
         s["total_s"] = last_t - first_t
-    from gputui.core.memcheck import memory_check
-
     s["memory_check"] = memory_check(events)  # [] off CUDA: no allocator peak
     return s
 

@@ -22,6 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from gputui.core.mesh import MESH_STRATEGIES
+from gputui.core.machine import CONTENDED
+from gputui.core.ompwait import spins
+from gputui.core.machine import note
 
 SHARED_PROCESS = ("scratch", "dp", "model_parallel")  # one process drives every device
 RANKS = MESH_STRATEGIES  # one process per device
@@ -61,8 +64,6 @@ def noisy(row: Any, base: Any, speedup: float) -> list[str]:
     out = []
     for r in (row, base) if base.id != row.id else (row,):
         if getattr(r, "contended", False):
-            from gputui.core.machine import note
-
             out.append(f"{r.id} was {note(r.machine) or 'contended'}")
         elif r.steady and r.noise is None:
             out.append(f"{r.id} has too few steady windows to know its noise (run it longer)")
@@ -112,9 +113,6 @@ def poisoned(summary: dict, state: dict | None) -> str:
     its steady steps varied by more than ``NOISY``. Spinning threads (``omp_wait``, see
     gputui.core.ompwait) are named: under contention they make every step wait for the time
     slice a spinning partner burns."""
-    from gputui.core.machine import CONTENDED
-    from gputui.core.ompwait import spins
-
     steady = summary.get("steady") if isinstance(summary.get("steady"), dict) else {}
     noise = steady.get("noise") if steady else None
     share = (state or {}).get("others_share") or 0.0

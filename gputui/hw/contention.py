@@ -19,6 +19,8 @@ import psutil
 
 from gputui.core.machine import CONTENDED, note
 from gputui.hw.procstat import _busy_total
+from gputui.core.filewrite import WriteFailed, write_atomic
+from gputui.core.machine import FILE
 
 
 
@@ -82,9 +84,6 @@ def write_state(run_dir: Path, watch: LoadWatch) -> None:
     """The machine's state over ``watch``'s interval as the run's machine.json; a write that
     fails leaves the run's figures without one (and they say so), never the run failed."""
     import json
-
-    from gputui.core.filewrite import WriteFailed, write_atomic
-    from gputui.core.machine import FILE
 
     try:
         write_atomic(run_dir / FILE, json.dumps(watch.state(), indent=2) + "\n")

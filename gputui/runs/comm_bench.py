@@ -9,19 +9,19 @@ on CPU, nccl on CUDA). Each size is timed ``repeats`` times (``iters`` calls eac
 figures are the median, with the min, the max and the spread ((max - min) / median) beside
 them, and the result carries the machine's state while it ran (``machine``, see
 :mod:`gputui.hw.contention`). The measuring runs in a spawned process
-(:mod:`gputui.train.comm_bench_ranks`); this module never imports torch.
+(:mod:`gputui.train.comm_ranks`, started by :func:`measure`, which the prediction's timed
+collectives use too); this module never imports torch.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue as queue_mod
-import time
+import os
 from typing import Any
 
-from gputui.core import signals
 from gputui.core.devices import backend_for
-from gputui.core.proctree import kill_tree
+from gputui.core.proctree import ask_children
+from gputui.hw.contention import LoadWatch, gpu_uuids
+from gputui.hw.cuda_order import cuda_env
 
 
 def bandwidths(size: int, seconds: float, n: int) -> tuple[float, float]:
@@ -47,15 +47,13 @@ def run_bench(devices, sizes: list[int], iters: int, warmup: int, impls: list[st
               backend: str, timeout: float, repeats: int = 5) -> dict[str, Any]:
     """Measure in a spawned process; returns {"scratch": rows, "torch": rows, "machine"} or
     {"error"}."""
-    from gputui.hw.contention import LoadWatch, gpu_uuids
-
     kind = devices[0].kind
     backend = backend_for(backend, kind)
-    spec = {"kind": kind, "indices": [d.index for d in devices], "sizes": sizes,
+    spec = {"what": "bench", "kind": kind, "indices": [d.index for d in devices], "sizes": sizes,
             "iters": iters, "warmup": warmup, "impls": impls, "backend": backend,
             "repeats": max(1, repeats)}
     watch = LoadWatch(gpu_uuids(devices))
-    result = spawn_driver(spec, timeout)
+    result = measure(spec, timeout, "gputui-bench-comm", " (raise --timeout)")
     result["machine"] = watch.state()
     n = len(devices)
     for impl in ("scratch", "torch"):
@@ -65,56 +63,24 @@ def run_bench(devices, sizes: list[int], iters: int, warmup: int, impls: list[st
     return result
 
 
-def _child(spec: dict[str, Any], queue) -> None:
-    """Spawned entry point; torch is imported here, never in the CLI process."""
-    import os
-
-    from gputui.hw.cuda_order import cuda_env
-
+def comm_main(job: dict[str, Any], queue) -> None:
+    """Spawned entry point of the measuring process; torch is imported here, never in the
+    CLI process."""
     # GPUs numbered as discovery numbers them (PCI order), before torch loads CUDA; the
     # ranks inherit this environment.
     os.environ.update(cuda_env())
-    from gputui.train import comm_bench_ranks
+    from gputui.train import comm_ranks
 
-    comm_bench_ranks.driver(spec, queue)
+    comm_ranks.driver(job, queue)
 
 
-def spawn_driver(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run the measuring process and return its result; it and its ranks never outlive this
-    call (killed on timeout, Ctrl-C or error)."""
-    from gputui.core import ompwait
-    from gputui.core.proctree import own_tracker
-
-    own_tracker()  # before the queue: starting the tracker would unblock the signals
-    ompwait.for_children()  # as a run's ranks wait (before the child loads torch)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(spec, q), name="gputui-bench-comm")
-    with signals.deferred():  # held from its birth: never a traceback in its imports
-        proc.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            signals.raise_if_stopped()  # a stop signal: killed below, nothing kept
-            try:
-                got = q.get(timeout=0.5)
-            except queue_mod.Empty:
-                pass
-            else:  # a result that a signal cut short is no result
-                signals.raise_if_stopped()
-                return got
-            if not proc.is_alive():
-                try:
-                    return q.get(timeout=1.0)
-                except queue_mod.Empty:
-                    return {"error": f"the benchmark process exited with code {proc.exitcode}"}
-            if time.monotonic() > deadline:
-                return {"error": f"no result within {timeout:g} s (raise --timeout)"}
-    except BaseException:  # a stop signal, Ctrl-C: no waiting for the ranks to finish
-        kill_tree(proc.pid)
-        raise
-    finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            kill_tree(proc.pid)
-            proc.join(timeout=5)
+def measure(job: dict[str, Any], timeout: float, name: str, hint: str = "") -> dict[str, Any]:
+    """Run one measuring process (``job["what"]``: "bench" or "in_step", see
+    :mod:`gputui.train.comm_ranks`) and return its result, or {"error"}; it and its ranks
+    never outlive this call (killed on timeout, a stop signal, Ctrl-C or error)."""
+    answer = ask_children([(comm_main, (job,))], name, timeout)
+    if answer.complete:
+        return answer.messages[0]
+    if answer.timed_out:
+        return {"error": f"no result within {timeout:g} s{hint}"}
+    return {"error": f"the measuring process exited with code {answer.exitcodes[0]}"}

@@ -21,6 +21,9 @@ from typing import Any
 
 from gputui.core.devices import Device
 from gputui.core.events import EpochEnd, Event, InitDone
+from gputui.core import runstore
+from gputui.core.filewrite import write_atomic, WriteFailed
+from gputui.core.safeio import read_text
 
 FILE = "energy.json"
 
@@ -68,8 +71,6 @@ class EnergyMeter:
         nowhere else; the run's record is whole without them)."""
         if not self.epochs:
             return
-        from gputui.core.filewrite import WriteFailed, write_atomic
-
         data = {"source": "nvmlDeviceGetTotalEnergyConsumption", "per_epoch": [
             {k: v for k, v in e.items() if k != "counters"} for e in self.epochs]}
         try:
@@ -80,8 +81,6 @@ class EnergyMeter:
 
 def read(run_dir: str | Path) -> list[dict[str, Any]]:
     """The per-epoch energy a run recorded ([] where none was)."""
-    from gputui.core.safeio import read_text
-
     try:
         data = json.loads(read_text(Path(run_dir) / FILE))
         return [e for e in data.get("per_epoch", []) if isinstance(e.get("joules"), (int, float))]
@@ -124,8 +123,6 @@ def run_figures(run_dir: str | Path, acc: float | None = None,
                 loss: float | None = None) -> dict[str, Any]:
     """A recorded run's energy figures, its time and energy to the target (None where it did
     not reach it, or no target was given) and its memory check (summary.json)."""
-    from gputui.core import runstore
-
     summary = runstore.read_summary(run_dir)
     per_epoch = read(run_dir)
     out = figures(summary, per_epoch)

@@ -19,6 +19,7 @@ from typing import Any
 from gputui.core import runstore, safeio
 from gputui.core.events import RunStarted
 from gputui.core import machine
+from gputui.runs.ids import find_run as find
 
 # A record without a terminal event whose files have not changed for this long is not
 # running any more: its writer died with its parent (e.g. a machine reset).
@@ -270,6 +271,4 @@ def filter_rows(rows: list[RunRow], strategy: str | None = None, status: str | N
 def find_run(ref: str, runs_dir: str | Path | None = None) -> Path:
     """A run folder from a path, an id, or a unique part of an id (``gputui.runs.ids``);
     LookupError otherwise."""
-    from gputui.runs.ids import find_run as find
-
     return find(ref, runs_dir)

@@ -1,8 +1,8 @@
 """Start a run in its run host (a spawned child) and receive its events without blocking.
 
 Shared by the headless CLI and the TUI. Importing this module does not import torch. The run
-starts from a typed :class:`~gputui.train.handoff.LaunchSpec` (the ``RunConfig`` itself)
-handed to a run host (``train/host.py``; ``train/warm.py`` is the parent's side of one). The
+starts from a typed :class:`~gputui.core.handoff.LaunchSpec` (the ``RunConfig`` itself)
+handed to a run host (``train/host.py``; ``runs/warm.py`` is the parent's side of one). The
 host records the run; the handle ends the record only when the host could not (it died, or
 even the space set aside refused the terminal event). How a stop travels from
 ``RunHandle.stop`` to the ranks is told in ``stopping.py``.
@@ -22,16 +22,16 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from gputui.core import runstore, signals
+from gputui.core import recorder, registry, runstore, signals
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device
 from gputui.core.events import DeviceSample, Event, RunFailed, RunStopped, Status, is_terminal
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core.proctree import adopt_orphans, kill_tree, own_tracker
+from gputui.core.handoff import (LaunchSpec, RankProcess, RecordClosed, data_file,
+                                 remove_data_file)
 from gputui.hw.discovery import resolve_with_note
-from gputui.runs import energy, runlock
-from gputui.train import recorder
-from gputui.train.handoff import LaunchSpec, RankProcess, RecordClosed
+from gputui.runs import energy, runlock, warm
 
 _LIVE: "weakref.WeakSet[RunHandle]" = weakref.WeakSet()
 
@@ -245,9 +245,7 @@ class RunHandle:
         self._write_machine_state()
         self._energy.write(self.run_dir)
         if self.multiprocess:  # the node's dataset copy, left behind when the host was killed
-            from gputui.train import shared_data
-
-            shared_data.remove(shared_data.path_for(self.run_id))
+            remove_data_file(data_file(self.run_id))
         for lock in self._locks:  # no process of the run is left: it may be resumed now
             lock.release()
         self._locks.clear()
@@ -373,9 +371,6 @@ def launch(cfg: RunConfig, runs_dir: str | Path | None = None,
 
 def _start(cfg: RunConfig, runs_dir: str | Path | None, devices: list[Device],
            device_note: str, resumed: Any, id_tag: str = "") -> RunHandle:
-    from gputui.core import registry
-    from gputui.train import warm
-
     run_id, run_dir = runstore.new_run_dir(runs_dir, cfg.run.name, id_tag)
     try:  # a full or read-only disk fails here, before any training: nothing is left behind
         write_atomic(run_dir / "config.toml", cfg.to_toml())

@@ -13,11 +13,11 @@ answers nothing, and the run then reports what happened, with its record. Torch-
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device, requested_count
+from gputui.core.proctree import ask_children
 from gputui.core.usercode import parse
 
 CUT_STRATEGIES = ("model_parallel", "pp")
@@ -75,26 +75,13 @@ def _source_stamp(spec: str) -> tuple:
 
 def _ask_child(cfg: RunConfig, n: int):
     """The check child's answer: a reason, None (it cuts), or _UNKNOWN. The child and
-    anything it started are gone when this returns, whatever happens (Ctrl-C included)."""
-    from gputui.core.proctree import kill_tree
-    from gputui.core import ompwait
+    anything it started are gone when this returns, whatever happens (Ctrl-C included): it
+    runs the user's code, so it is killed as soon as it has answered."""
     from gputui.train.cutcheck import check_main  # torch-free: the spawn target
 
-    ompwait.for_children()
-    ctx = mp.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=check_main, args=(cfg, n, send, os.getpid()),
-                       name="gputui-cutcheck")
-    proc.start()
-    send.close()
-    try:
-        if not receive.poll(TIMEOUT_S):
-            return _UNKNOWN
-        kind, text = receive.recv()
-    except (EOFError, OSError):  # the child died (a model that exits): the run says why
+    answer = ask_children([(check_main, (cfg, n, os.getpid()))], "gputui-cutcheck", TIMEOUT_S,
+                          stoppable=False, grace_s=0)
+    if not answer.complete:  # no answer in time, or the child died (a model that exits)
         return _UNKNOWN
-    finally:
-        kill_tree(proc.pid)
-        proc.join(5)
-        receive.close()
+    kind, text = answer.messages[0]
     return text if kind == "cut" else None if kind == "ok" else _UNKNOWN

@@ -21,6 +21,8 @@ from gputui.core.config import (ConfigError, RunConfig, apply_overrides, load_pr
 from gputui.core.datafiles import data_problem
 from gputui.core.devices import Device, DeviceSpecError, GpuInfo
 from gputui.hw.discovery import resolve_with_gpus
+from gputui.runs.model_check import CUT_KEYS, cut_problem
+from gputui.core.datafiles import text_bytes, text_windows
 
 
 @dataclass(frozen=True)
@@ -77,14 +79,10 @@ def check_disk(cfg: RunConfig, source: str = "config",
     with a ``model.factory``, whether that model cuts into one stage per device (built in a
     check child, ``gputui.runs.model_check``); raises ConfigError. Reads the disk: once per
     run, never on a keystroke."""
-    from gputui.runs.model_check import CUT_KEYS, cut_problem
-
     plan.check_files(cfg, source, origins)
     _check_data(cfg, source, origins)
     if cfg.data.name == "text" and not cfg.data.factory and devices:
         # the warm-up rule once the text's size is known (plan.validate cannot read it)
-        from gputui.core.datafiles import text_bytes, text_windows
-
         total, _ = text_bytes(cfg.data.path)
         late = plan.warmup_problem(cfg, devices, text_windows(total, cfg.data.context,
                                                                cfg.data.train_size))

@@ -20,6 +20,11 @@ from typing import Any, Callable
 from gputui.core.config import ConfigError, RunConfig, apply_overrides
 from gputui.core.devices import Device
 from gputui.runs.verify_trace import TOLERANCES, Difference, Trace, compare, explain, read_trace
+from gputui.core import registry, signals
+from gputui.plan import why_not
+from gputui.runs.history import row_for
+from gputui.runs.launcher import launch
+from gputui.runs.prepare import override_checked
 
 DEFAULT_STEPS = 5
 ADAM_SLACK = 1e-3  # of the lr per step, added to atol under adam/adamw (see verify)
@@ -102,9 +107,6 @@ def single_spec(device: Device) -> str:
 def strategies_for(cfg: RunConfig, devices: list[Device], named: list[str] | None) -> list[str]:
     """The strategies to verify: ``named`` (ConfigError, one line, for one that cannot run on
     ``devices``), or every strategy but single that can (``plan.why_not``)."""
-    from gputui.core import registry
-    from gputui.plan import why_not
-
     out = []
     for name in named if named else [n for n in registry.names() if n != "single"]:
         if registry.get(name) is None:
@@ -141,10 +143,6 @@ def _run(cfg: RunConfig, strategy: str, spec: str, steps: int, runs_dir: Path | 
          line: Line, extra: dict[str, Any] | None = None,
          what: str = "") -> tuple[str, Path | None, str]:
     """Launch one traced run and wait for it; (run id, its folder, why it failed or "")."""
-    from gputui.runs.history import row_for
-    from gputui.runs.launcher import launch
-    from gputui.runs.prepare import override_checked
-
     ready = override_checked(cfg, _changes(cfg, strategy, spec, steps, extra))
     line(f"verify: {what or strategy} on {spec}, {steps} steps ...")
     handle = launch(ready.config, runs_dir, ready.devices, ready.note)
@@ -211,8 +209,6 @@ def verify(cfg: RunConfig, devices: list[Device], strategies: list[str], steps: 
            runs_dir: str | Path | None = None, line: Line = lambda s: None) -> Report:
     """Run single and each strategy for ``steps`` steps from the same start; compare.
     Raises RuntimeError (one line) when single's own run fails."""
-    from gputui.core import signals
-
     rtol, atol = tolerance(cfg, steps)
     report = Report(cfg.run.precision, rtol, atol, steps, bound=rounding_bound(cfg, steps))
     where = Path(runs_dir) if runs_dir else None

@@ -33,8 +33,10 @@ from gputui.core.filewrite import WriteFailed
 from gputui.core.usercode import code_named
 from gputui.hw.netaddr import backend_env, interface_address
 from gputui.train import peerloss, shared_data, stopping
-from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel
-from gputui.train.recorder import Recorder
+from gputui.core import handoff
+from gputui.core.handoff import LaunchSpec, RankProcess, StopChannel
+from gputui.core.recorder import Recorder
+from gputui.core.errors import describe
 
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (a large part of a rank's start-up), the training
@@ -150,7 +152,7 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     os.environ.update(backend_env(spec.config.dist.interface))
     _start_fork_server()
     cfg = spec.config
-    data_file = shared_data.path_for(spec.run_id)
+    data_file = handoff.data_file(spec.run_id)
     relay = _Relay(mp.get_context("spawn").Queue(), recorder, stop, note)
     relay.start()
     watchdog = _Watchdog(recorder, stop, data_file, leave)
@@ -205,7 +207,7 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     relay.finish()
     if isinstance(end, RunFailed):  # a node that went away, said as one
         end = peerloss.explain(end, cfg, run_dir, spec.run_id, list(recorder.events))
-    shared_data.remove(data_file)
+    handoff.remove_data_file(data_file)
     # the ranks' own end, when they sent one, is the record's (a second one is not recorded)
     recorder.emit(end or RunFailed(reason="the ranks ended without a result"))
 
@@ -266,7 +268,6 @@ def check_user_code(cfg: RunConfig, data_file: Path) -> tuple[str, str] | None:
     rank will), publish the data for the ranks, and check strategy.fsdp_wrap against the
     model; None when all is well, else (one line naming the factory and the cause, the
     traceback)."""
-    from gputui.core.errors import describe
     from gputui.train.data import load_from_config
 
     try:
@@ -364,7 +365,7 @@ class _Watchdog(threading.Thread):
             self.recorder.emit(RunStopped(reason=reason))
             _kill_children()
             stop_helpers()
-            shared_data.remove(self.data_file)
+            handoff.remove_data_file(self.data_file)
             self.leave()
 
 

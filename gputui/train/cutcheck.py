@@ -9,40 +9,33 @@ check and the run cannot disagree. Importing this module imports no torch (it is
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 from gputui.core.config import RunConfig
-from gputui.core.errors import UserError
+from gputui.core.errors import UserError, describe
+from gputui.train import stopping
+from gputui.core.devices import cpu_devices
 
 
-def check_main(cfg: RunConfig, n: int, conn: Any, parent_pid: int) -> None:
-    """Entry point of the check child: sends ("ok", None), ("cut", reason) when the model
+def check_main(cfg: RunConfig, n: int, parent_pid: int, queue: Any) -> None:
+    """Entry point of the check child: puts ("ok", None), ("cut", reason) when the model
     cannot be cut into ``n`` stages, or ("unknown", why) when the check itself could not tell
     (the model or its data did not build: the run reports that with its record). Ends when
     its parent does, whatever the user's code is doing."""
-    import threading
-
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
         result = ("cut", cut_reason(cfg, n))
         if result[1] is None:
             result = ("ok", None)
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
-        from gputui.core.errors import describe
-
         result = ("unknown", describe(exc))
-    try:
-        conn.send(result)
-    finally:
-        conn.close()
+    queue.put(result)
 
 
 def _watch_parent(pid: int) -> None:
-    import os
-    import time
-
-    from gputui.train import stopping
-
     while not stopping.parent_gone(pid):
         time.sleep(stopping.PARENT_POLL_S)
     os._exit(0)
@@ -53,7 +46,6 @@ def cut_reason(cfg: RunConfig, n: int) -> str | None:
     model or data that fails to build raises (the caller says it could not tell)."""
     import torch
 
-    from gputui.core.devices import cpu_devices
     from gputui.train.data import load_from_config
     from gputui.train.strategies.base import Strategy
     from gputui.train.strategies.model_parallel import cut_blocks, stage_blocks

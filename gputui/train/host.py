@@ -1,6 +1,6 @@
 """The run host: the one kind of child process every run lives in, cold, warm or distributed.
 
-``launcher.launch`` hands a run's :class:`~gputui.train.handoff.LaunchSpec` to a host
+``launcher.launch`` hands a run's :class:`~gputui.core.handoff.LaunchSpec` to a host
 (``warm.Host`` is the parent's side of one): a host started for this run (cold), or one started
 earlier that has imported torch and waits (warm: the app's set-up screen and a sweep start one
 ahead). The host
@@ -28,7 +28,8 @@ from gputui.core import signals
 from gputui.core.events import RunFailed
 from gputui.core.filewrite import WriteFailed
 from gputui.train import stopping
-from gputui.train.handoff import HostChannels, LaunchSpec, RecordClosed, quick_exit
+from gputui.core.handoff import HostChannels, LaunchSpec, RecordClosed, quick_exit
+from gputui.core.recorder import Recorder
 
 ORPHAN_GRACE_S = 30.0  # how long a run whose parent died may take to end its record
 
@@ -95,8 +96,6 @@ def host_main(channels: HostChannels) -> None:
 
 def _host(spec: LaunchSpec, channels: HostChannels) -> None:
     """Host one run: record it, train it (here or in ranks), close the record, say so."""
-    from gputui.train.recorder import Recorder
-
     try:
         recorder = Recorder(spec.run_dir, forward=channels.queue.put)
     except WriteFailed as exc:  # the parent gets the end and tries to record it
@@ -140,7 +139,6 @@ def _load(cuda: list[int]) -> dict[str, Any]:
     # wrapped by torch._disable_dynamo): a large part of a cold run's "model" time.
     import torch._dynamo  # noqa: F401
 
-    from gputui.core import registry  # noqa: F401
     from gputui.train import data, loop, models, worker  # noqa: F401 - loaded for the run
     from gputui.train.strategies import fastpath  # noqa: F401
 

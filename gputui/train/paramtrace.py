@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gputui.core.filewrite import write_with
 
 TRACE_NAME = "param_trace.npz"
 FULL_LIMIT = 16_000_000  # numbers kept whole over the run: 64 MB of float32
@@ -100,8 +101,6 @@ class ParamTrace:
         if not self.keeper or not self.last:
             return
         import numpy as np
-
-        from gputui.core.filewrite import write_with
 
         names = list(self.last)
         arrays: dict[str, Any] = {"names": np.array(names), "losses": np.array(self.losses)}

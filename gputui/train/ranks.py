@@ -25,7 +25,7 @@ from gputui.core import runstore, signals
 from gputui.core.events import Event, RunFailed
 from gputui.core.filewrite import write_atomic
 from gputui.train import shared_data, stopping
-from gputui.train.handoff import LaunchSpec, RankProcess, StopChannel, quick_exit
+from gputui.core.handoff import LaunchSpec, RankProcess, StopChannel, quick_exit
 from gputui.train.rankinfo import RankInfo
 from gputui.train.worker import execute
 

@@ -11,24 +11,14 @@ dataset fails with the usual message.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from gputui.core.handoff import data_file_failed
+
 WAIT_S = 600.0  # a rank waits at most this long for the host's file, then loads itself
-
-
-def path_for(run_id: str) -> Path:
-    """Where the node's copy of the dataset goes (RAM-backed when possible)."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"gputui-{run_id}-data.pt"  # run ids are unique; the launcher cleans up
-
-
-def _failed(path: Path) -> Path:
-    return path.with_suffix(".failed")
 
 
 def start_prefetch(section: Any, path: Path) -> threading.Thread:
@@ -40,7 +30,7 @@ def start_prefetch(section: Any, path: Path) -> threading.Thread:
         try:
             publish(load_from_config(section), path)
         except BaseException as exc:  # noqa: BLE001 - the ranks then load it themselves
-            _failed(path).write_text(f"{type(exc).__name__}: {exc}", encoding="utf-8")
+            data_file_failed(path).write_text(f"{type(exc).__name__}: {exc}", encoding="utf-8")
 
     thread = threading.Thread(target=work, name="gputui-data", daemon=True)
     thread.start()
@@ -55,7 +45,7 @@ def publish(ds: Any, path: Path) -> None:
     from gputui.train.data import Dataset
 
     if not isinstance(ds, Dataset):
-        _failed(path).write_text("a lazy dataset: each rank reads it", encoding="utf-8")
+        data_file_failed(path).write_text("a lazy dataset: each rank reads it", encoding="utf-8")
         return
     tmp = path.with_suffix(".tmp")
     torch.save({"name": ds.name, "train_x": ds.train_x, "train_y": ds.train_y,
@@ -72,7 +62,8 @@ def loader(path: Path):
         from gputui.train.data import Dataset, load_from_config
 
         deadline = time.monotonic() + WAIT_S
-        while not path.exists() and not _failed(path).exists() and time.monotonic() < deadline:
+        failed = data_file_failed(path)
+        while not path.exists() and not failed.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         if not path.exists():
             return load_from_config(section)
@@ -80,12 +71,3 @@ def loader(path: Path):
         return Dataset(d["name"], d["train_x"], d["train_y"], d["test_x"], d["test_y"],
                        d["num_classes"], d["task"], d["baseline"], d["source"])
     return load
-
-
-def remove(path: Path) -> None:
-    """Delete the node's copy (ranks that mapped it keep their mapping)."""
-    for p in (path, path.with_suffix(".tmp"), _failed(path)):
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass

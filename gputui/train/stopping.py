@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from gputui.train.handoff import StopChannel
+from gputui.core.handoff import StopChannel
 
 PARENT_GONE = "the gputui process that launched the run exited"
 PARENT_POLL_S = 0.5  # how often a host or a rank looks for its parent

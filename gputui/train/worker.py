@@ -62,6 +62,7 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
         import torch
 
         from gputui.train import data as data_mod
+        from gputui.train import strategies
         from gputui.train.loop import train
         from gputui.train.models import count_params
 
@@ -72,8 +73,8 @@ def execute(cfg: RunConfig, devices: list[Device], run_id: str, emit: Callable[[
         ds = (load_data or data_mod.load_from_config)(cfg.data)
         t2 = time.perf_counter()
         where = {"rank": rank.rank, "world_size": rank.world_size} if rank else {}
-        strategy = info.load()(cfg, devices, ds.in_channels, ds.image_size, ds.num_classes,
-                               height=ds.height, **where)
+        strategy = strategies.load(info.name)(cfg, devices, ds.in_channels, ds.image_size,
+                                              ds.num_classes, height=ds.height, **where)
         strategy.setup()
         start()
         if rank is not None:

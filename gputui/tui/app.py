@@ -89,7 +89,7 @@ class GpuTuiApp(App[int]):
         self.quit_after_run = False
         self.quit_code = 0
         self.crash_log: Path | None = None
-        self.sweep: Any = None  # the sweep in flight (a gputui.runs.sweep.Sweep), or None
+        self.sweep: Any = None  # the sweep in flight (a gputui.runs.sweep.runner.Sweep), or None
         self.stop_signal: int | None = None  # the first stop signal the app took
 
     def notify(self, message: str, *, title: str = "", severity: Any = "information",
@@ -136,7 +136,7 @@ class GpuTuiApp(App[int]):
 
     def prepare_warm_start(self, config: RunConfig) -> None:
         """While the user is on the set-up screen, a training process loads torch (and, on
-        GPUs, their CUDA context), so Start skips that (gputui.train.warm). Only with the
+        GPUs, their CUDA context), so Start skips that (gputui.runs.warm). Only with the
         real launcher: a test's scripted launcher has no use for one."""
         if self._launcher is not None or not self.warm_start:
             return
@@ -145,7 +145,7 @@ class GpuTuiApp(App[int]):
 
     @work(thread=True, exclusive=True, group="warm", exit_on_error=False)
     def _spawn_warm(self, config: RunConfig) -> None:
-        from gputui.train import warm
+        from gputui.runs import warm
 
         warm.ensure_host(cuda=warm.cuda_indices(config.devices.spec))
 

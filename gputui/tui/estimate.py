@@ -1,7 +1,7 @@
 """How long a run will take, said before it starts, when the answer is more than a minute:
 from this machine's earlier runs of the same work (the run history), else, for a first run,
 from the prediction's kept measurements of this machine (``gputui predict`` keeps a step
-time per model, data, batch, threads and device: :mod:`gputui.runs.predict_measure`), else
+time per model, data, batch, threads and device: :mod:`gputui.runs.predict.measure`), else
 why there is none.
 
 No Textual, no torch: the set-up screen reads the history off the UI thread and asks
@@ -106,8 +106,8 @@ def predicted(cfg: RunConfig, n_devices: int, gpu: str = "") -> Estimate | str:
     prediction's kept measurements of this machine, measuring nothing; or why there is
     none, as a phrase. ``gpu``: the chosen GPUs' name ('' on CPU devices, UNKNOWN_GPU when
     the last discovery gave none). Reads the cache file: call it off the UI thread."""
-    from gputui.runs.predict import STRATEGIES, predict
-    from gputui.runs.predict_measure import Measurer
+    from gputui.runs.predict.scaling import STRATEGIES, predict
+    from gputui.runs.predict.measure import Measurer
 
     if gpu == UNKNOWN_GPU:  # never a CPU's measured steps for a GPU run
         return FIRST_RUN

@@ -13,8 +13,8 @@ from textual.widgets import DataTable, Input
 
 from gputui.core import runstore
 from gputui.core.events import DeviceSample
-from gputui.runs.sweep import Manifest, Point, Sweep
-from gputui.train.recorder import write_summary
+from gputui.runs.sweep.runner import Manifest, Point, Sweep
+from gputui.core.recorder import write_summary
 from gputui.tui.app import make_app
 from gputui.tui.messages import OpenCompare, SweepStarted
 from gputui.tui.screens.compare import CompareScreen

@@ -56,7 +56,7 @@ def test_one_epoch_of_the_app_default_is_far_above_chance(tmp_path):
     67.5 % here (chance is 10 %); the material's settings stay at 10.0 % for 2 epochs. Its
     start-up parts add up, the launch included."""
     from gputui.hw.discovery import resolve_devices
-    from gputui.train.recorder import Recorder
+    from gputui.core.recorder import Recorder
     from gputui.train.worker import execute
 
     cfg = app_default().replace(run={"epochs": 1})

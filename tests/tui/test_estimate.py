@@ -67,7 +67,7 @@ async def test_the_ready_line_says_how_long(tmp_path, inventory, presets):
 def keep_step(cfg: RunConfig, seconds: float) -> None:
     """What `gputui predict` keeps after measuring ``cfg``'s step on one device (the CPU,
     every core): its steady step time, in this machine's cache file."""
-    from gputui.runs.predict_cache import Cache, compute_key, cores
+    from gputui.runs.predict.cache import Cache, compute_key, cores
 
     Cache().put(compute_key(cfg, cfg.optim.batch_size, cores(), 1, "cpu"),
                 {"step_time_s": seconds, "params": 61706})

@@ -278,7 +278,7 @@ async def test_devices_driven_by_one_process_say_so(presets):
 async def test_a_ddp_rank_shows_its_allreduce_bandwidth_against_the_kept_peak(
         presets, tmp_path, monkeypatch):
     from gputui.core.events import RunStarted
-    from gputui.runs import comm_peak
+    from gputui.runs.predict import comm_peak
 
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path))
     comm_peak.keep({"n": 2, "backend": "gloo", "devices": ["cpu:0", "cpu:1"],

@@ -8,7 +8,7 @@ from scripted import click_visible, fixed_inventory, wait_until
 from textual.widgets import Input
 
 from gputui.core.runstore import read_events
-from gputui.train import warm
+from gputui.runs import warm
 from gputui.tui.app import make_app
 from gputui.tui.screens.run import RunScreen
 

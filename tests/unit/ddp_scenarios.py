@@ -60,14 +60,14 @@ def build(name: str, spec: str):
     """The scenario's config, data and a set-up strategy on this rank."""
     import torch.distributed as dist
 
-    from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
+    from gputui.train import strategies
     from strategy_harness import data_for, make_config
 
     strategy_name, model, batch, extra, _ = SCENARIOS[name]
     cfg = make_config(strategy_name, spec, model, batch, **extra)
     ds = data_for(cfg)
-    strategy = registry.get(strategy_name).load()(
+    strategy = strategies.load(strategy_name)(
         cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
     strategy.setup()
@@ -142,8 +142,8 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[list]:
     per_device rows (each rank's breakdown, gathered)."""
     import torch.distributed as dist
 
-    from gputui.core import registry
     from gputui.hw.discovery import resolve_devices
+    from gputui.train import strategies
     from gputui.train.data import TensorBatches
     from gputui.train.loop import train
     from strategy_harness import make_config, small_data
@@ -153,7 +153,7 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[list]:
     cfg = make_config(which, spec, "lenet", 32, **{"run.log_every": 1, "run.epochs": 1},
                       **extra)
     ds = small_data()
-    strategy = registry.get(which).load()(
+    strategy = strategies.load(which)(
         cfg, resolve_devices(spec), ds.in_channels, ds.image_size, ds.num_classes,
         rank=dist.get_rank(), world_size=dist.get_world_size())
     strategy.setup()

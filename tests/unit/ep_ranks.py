@@ -63,7 +63,7 @@ def scenario(world: int, name: str, workdir: str) -> dict:
     import torch.distributed as dist
     from strategy_harness import data_for, make_config, params
 
-    from gputui.core import registry
+    from gputui.train import strategies
     from gputui.hw.discovery import resolve_devices
     from gputui.train import checkpoint as ckpt
     from gputui.train.data import TensorBatches
@@ -75,7 +75,7 @@ def scenario(world: int, name: str, workdir: str) -> dict:
     ds = data_for(cfg)
 
     def build():
-        s = registry.get(which).load()(cfg, resolve_devices(spec), ds.in_channels,
+        s = strategies.load(which)(cfg, resolve_devices(spec), ds.in_channels,
                                        ds.image_size, ds.num_classes, rank=dist.get_rank(),
                                        world_size=world)
         s.setup()

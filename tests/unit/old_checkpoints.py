@@ -33,13 +33,13 @@ FIXTURES = HERE / "data" / "checkpoints_v1"
 def build(name: str, cls=None):
     """The strategy ``name`` (or its subclass ``cls``) set up on CASES[name] with the user
     model (user_model.NET)."""
-    from gputui.core import registry
+    from gputui.train import strategies
     from gputui.hw.discovery import resolve_devices
 
     spec = CASES[name]
     extra = {"strategy.fsdp_wrap": ["Block"]} if name == "fsdp" else {}  # not a Sequential
     cfg = make_config(name, spec, "lenet", BATCH, **{"model.factory": user_model.NET}, **extra)
-    strategy = (cls or registry.get(name).load())(cfg, resolve_devices(spec), 1, SIZE, 10)
+    strategy = (cls or strategies.load(name))(cfg, resolve_devices(spec), 1, SIZE, 10)
     strategy.setup()
     return strategy
 

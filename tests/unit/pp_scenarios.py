@@ -48,14 +48,14 @@ SCENARIOS = {
 def build(strategy: str, spec: str, model: str, batch: int, extra: dict, rank: int = 0,
           world_size: int = 1):
     """(set-up strategy, an iterator of its global batches, the dataset) as a run has them."""
-    from gputui.core import registry
+    from gputui.train import strategies
     from gputui.hw.discovery import resolve_devices
     from gputui.train.data import TensorBatches
     from strategy_harness import data_for, make_config
 
     cfg = make_config(strategy, spec, model, batch, **extra)
     ds = data_for(cfg)
-    s = registry.get(strategy).load()(cfg, resolve_devices(spec), ds.in_channels,
+    s = strategies.load(strategy)(cfg, resolve_devices(spec), ds.in_channels,
                                       ds.image_size, ds.num_classes, rank=rank,
                                       world_size=world_size)
     s.setup()

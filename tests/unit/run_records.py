@@ -15,7 +15,7 @@ from gputui.core import runstore
 from gputui.core.config import RunConfig
 from gputui.core.events import (EpochEnd, InitDone, RunFailed, RunFinished, RunStarted,
                                 RunStopped, StepMetrics)
-from gputui.train.recorder import write_summary
+from gputui.core.recorder import write_summary
 
 
 def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,

@@ -7,7 +7,7 @@ import itertools
 import torch
 
 import rounding
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.core.config import RunConfig
 from gputui.hw.discovery import resolve_devices
 from gputui.runs.prepare import override_checked
@@ -74,7 +74,7 @@ def run_steps(cfg: RunConfig, steps: int = 5):
     per-step losses)."""
     ds = data_for(cfg)
     devices = resolve_devices(cfg.devices.spec)
-    strategy = registry.get(cfg.strategy.name).load()(cfg, devices, ds.in_channels,
+    strategy = strategies.load(cfg.strategy.name)(cfg, devices, ds.in_channels,
                                                       ds.image_size, ds.num_classes)
     strategy.setup()
     if cfg.strategy.name == "single":  # a reference: how far rounding alone may move it

@@ -57,8 +57,8 @@ def test_two_cpu_ranks_report_a_bandwidth(bench):
 @pytest.mark.slow
 def test_the_peak_is_kept_for_this_machine(bench, cache_dir):
     """The highest torch algbw is kept per machine, for runs to show theirs against it."""
-    from gputui.runs.comm_peak import peak
-    from gputui.runs.predict_cache import Cache
+    from gputui.runs.predict.comm_peak import peak
+    from gputui.runs.predict.cache import Cache
 
     best = max(r["algbw_gbps"] for r in json.loads(bench.stdout)["torch"])
     files = list(cache_dir.glob("predict-*.json"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gputui.core import breakdown
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.hw.discovery import resolve_devices
 from gputui.train.data import TensorBatches
 from gputui.train.loop import train
@@ -50,7 +50,7 @@ def _run(strategy: str, spec: str, **debug) -> list:
     cfg = make_config(strategy, spec, "lenet", 32, **{"run.log_every": 1, "run.epochs": 1},
                       **debug)
     ds = small_data()
-    s = registry.get(strategy).load()(cfg, resolve_devices(spec), ds.in_channels,
+    s = strategies.load(strategy)(cfg, resolve_devices(spec), ds.in_channels,
                                       ds.image_size, ds.num_classes)
     s.setup()
     events = []

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from gputui.core.events import StepMetrics
-from gputui.runs import comm_peak
-from gputui.runs.compare import read_hw_figures
-from gputui.runs.predict_cache import Cache
+from gputui.runs.predict import comm_peak
+from gputui.runs.compare.table import read_hw_figures
+from gputui.runs.predict.cache import Cache
 
 
 def _result(*algbw: float, n: int = 2) -> dict:
@@ -59,7 +59,7 @@ def test_compare_shows_the_bandwidth_beside_the_kept_peak(tmp_path, monkeypatch)
     from run_records import write_record
 
     from gputui.core.runstore import read_events
-    from gputui.runs.compare import compare, summary_lines, table_rows
+    from gputui.runs.compare.table import compare, summary_lines, table_rows
 
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
     run = write_record(tmp_path / "runs", "ddp2", strategy="ddp", n=2, epochs=3)
@@ -97,7 +97,7 @@ def test_compare_names_the_collective_the_bandwidth_timed(tmp_path, monkeypatch,
     from run_records import write_record
 
     from gputui.core.runstore import read_events
-    from gputui.runs.compare import compare, summary_lines
+    from gputui.runs.compare.table import compare, summary_lines
 
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "cache"))
     run = write_record(tmp_path / "runs", f"{strategy}2", strategy=strategy, n=2, epochs=2)

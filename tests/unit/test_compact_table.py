@@ -14,7 +14,7 @@ import pytest
 from gputui import cli
 from gputui.cli import compact
 from gputui.core.breakdown import make
-from gputui.runs.sweep import Manifest, Point
+from gputui.runs.sweep.runner import Manifest, Point
 from run_records import write_record
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from gputui import cli
-from gputui.runs import export
-from gputui.runs.compare import TABLE_COLUMNS, compare, summary_lines, table_rows
+from gputui.runs.compare import export
+from gputui.runs.compare.table import TABLE_COLUMNS, compare, summary_lines, table_rows
 from run_records import truncate_record, write_record
 
 
@@ -230,7 +230,7 @@ def test_compare_names_each_collective_a_step_took():
     ...): compare gives each kind's mean over the ranks and metered steps, and says it."""
     from gputui.core.events import StepMetrics
     from gputui.core.steps import DeviceStep
-    from gputui.runs.compare import read_hw_figures
+    from gputui.runs.compare.table import read_hw_figures
 
     def step(n, tp_ms, ag_ms):
         rows = tuple(DeviceStep(f"cpu:{r}", rank=r, collectives={

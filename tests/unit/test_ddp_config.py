@@ -95,7 +95,7 @@ def test_launch_config_per_node(tmp_path):
 def _spec(cfg, run_dir):
     """The launch spec of a two-device node, as launcher.launch builds it (no channels)."""
     from gputui.core.devices import cpu_devices
-    from gputui.train.handoff import LaunchSpec
+    from gputui.core.handoff import LaunchSpec
 
     return LaunchSpec(config=cfg, devices=tuple(cpu_devices(2)), run_id="r",
                       run_dir=str(run_dir), parent_pid=0, t_launch=0.0)

@@ -17,7 +17,7 @@ import pytest
 from gputui.core.config import RunConfig, apply_overrides
 from gputui.core.runstore import read_events, read_summary
 from gputui.runs.launcher import launch
-from gputui.train import shared_data
+from gputui.core.handoff import data_file
 from gputui.train.agent import free_port
 
 GPUTUI = [sys.executable, "-m", "gputui"]
@@ -72,7 +72,7 @@ def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):
     assert f"2 gloo ranks on the CPU, {threads} thread(s) each" in cli_run.stderr
     assert "Traceback" not in cli_run.stderr  # rank and agent logs stay in the record
     assert os.path.isdir(os.path.join(run_dir, "ranks"))
-    assert not shared_data.path_for(summary["run_id"]).exists()  # the node's dataset copy
+    assert not data_file(summary["run_id"]).exists()  # the node's dataset copy
 
 
 def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
@@ -135,7 +135,7 @@ def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_p
     assert read_summary(handle.run_dir)["reason"] == events[-1].reason
     # gone when the run is over, not a moment later: fork server, resource tracker, ranks
     assert _gone(tree), [psutil.Process(p) for p in tree if psutil.pid_exists(p)]
-    assert not shared_data.path_for(handle.run_id).exists()
+    assert not data_file(handle.run_id).exists()
 
 
 def test_a_hung_rank_cannot_hang_the_run(tmp_path):

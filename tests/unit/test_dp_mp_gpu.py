@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.hw.discovery import discover_gpus, resolve_devices
 from gputui.train.data import TensorBatches
 from strategy_harness import assert_params_close, make_config, params, small_data
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.gpu,
 def run_on_devices(cfg, steps: int = STEPS, meter_last: bool = False):
     """Like the harness's run_steps, with the batches on the strategy's data device."""
     ds = small_data()
-    strategy = registry.get(cfg.strategy.name).load()(cfg, resolve_devices(cfg.devices.spec),
+    strategy = strategies.load(cfg.strategy.name)(cfg, resolve_devices(cfg.devices.spec),
                                                       ds.in_channels, ds.image_size,
                                                       ds.num_classes)
     strategy.setup()

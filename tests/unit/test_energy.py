@@ -15,7 +15,7 @@ from gputui.core.events import EpochEnd, InitDone, MemoryReport, MemoryRow
 from gputui.core.memcheck import memory_check
 from gputui.hw import nvml
 from gputui.runs import energy
-from gputui.runs.compare import compare, summary_lines
+from gputui.runs.compare.table import compare, summary_lines
 from run_records import write_record
 
 

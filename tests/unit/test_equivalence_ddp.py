@@ -297,7 +297,7 @@ def test_each_injected_delay_lands_in_its_waterfall_bar(ranks, single_step, scen
     import ddp_scenarios
 
     from gputui.core import breakdown, straggler
-    from gputui.runs import waterfall
+    from gputui.runs.compare import waterfall
 
     steps = _steps(ranks, scenario)[1:]
     bd = breakdown.mean(row.breakdown for rows in steps for row in rows)

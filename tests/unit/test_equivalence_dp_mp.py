@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.hw.discovery import resolve_devices
 from gputui.train.data import TensorBatches
 from gputui.train.loop import evaluate
@@ -125,7 +125,7 @@ def test_resnet18_model_parallel_equals_single():
 def test_resnet18_pipeline_chunks_note_batchnorm():
     cfg = make_config("model_parallel", "cpu*2", "resnet18", 8,
                       **{"strategy.pipeline_chunks": 2})
-    strategy = registry.get("model_parallel").load()(cfg, resolve_devices("cpu*2"))
+    strategy = strategies.load("model_parallel")(cfg, resolve_devices("cpu*2"))
     strategy.setup()
     assert any("BatchNorm computes its batch statistics per chunk" in n for n in strategy.notes)
 
@@ -186,7 +186,7 @@ def test_single_bf16_trains():
     ds = small_data(1280)
     cfg = make_config("single", "cpu", "mlp", 64, **{"run.precision": "bf16",
                                                        "optim.momentum": 0.9})
-    strategy = registry.get("single").load()(cfg, resolve_devices("cpu"))
+    strategy = strategies.load("single")(cfg, resolve_devices("cpu"))
     strategy.setup()
     with strategy.autocast(strategy.device):
         assert strategy.model(ds.train_x[:2]).dtype == torch.bfloat16

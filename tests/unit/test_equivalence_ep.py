@@ -36,7 +36,7 @@ _SINGLE: dict = {}
 
 
 def _single(extra: dict):
-    from gputui.core import registry
+    from gputui.train import strategies
     from gputui.hw.discovery import resolve_devices
     from gputui.train.data import TensorBatches
     from gputui.train.loop import evaluate
@@ -44,7 +44,7 @@ def _single(extra: dict):
     cfg = make_config("single", "cpu", "gpt", ep_ranks.BATCH, **{
         k: v for k, v in extra.items() if not k.startswith("parallel.")})
     ds = data_for(cfg)
-    s = registry.get("single").load()(cfg, resolve_devices("cpu"), ds.in_channels,
+    s = strategies.load("single")(cfg, resolve_devices("cpu"), ds.in_channels,
                                       ds.image_size, ds.num_classes)
     s.setup()
     watch(s)

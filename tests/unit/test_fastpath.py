@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.core.runstore import read_events
 from gputui.hw.discovery import resolve_devices
 from gputui.train.data import TensorBatches
@@ -30,7 +30,7 @@ def compiled_steps(cfg, steps: int = STEPS):
     """Set up like a run (compile before the first step), train ``steps`` steps; returns
     (strategy, losses, compile seconds, events emitted)."""
     ds = small_data()
-    strategy = registry.get(cfg.strategy.name).load()(cfg, resolve_devices(cfg.devices.spec),
+    strategy = strategies.load(cfg.strategy.name)(cfg, resolve_devices(cfg.devices.spec),
                                                       ds.in_channels, ds.image_size,
                                                       ds.num_classes)
     strategy.setup()

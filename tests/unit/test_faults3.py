@@ -17,9 +17,9 @@ from gputui.core import ckptfile
 from gputui.core.config import load_preset
 from gputui.core.errors import brief
 from gputui.core.presets import PACKAGE_PRESETS
-from gputui.runs import manifest_size
-from gputui.runs.manifest_size import MANIFEST_LIMIT, MAX_POINTS, grid_problem
-from gputui.runs.sweep import Manifest, Point, load_manifest
+from gputui.runs.sweep import manifest_size
+from gputui.runs.sweep.manifest_size import MANIFEST_LIMIT, MAX_POINTS, grid_problem
+from gputui.runs.sweep.runner import Manifest, Point, load_manifest
 
 CHECKPOINT = {"format": 1, "strategy": "single", "world_size": 1,
               "position": {"epoch": 1, "step": 3, "global_step": 3, "epoch_loss": 0.0,

@@ -125,8 +125,8 @@ def test_cli_runs_empty(tmp_path, capsys):
 
 def test_cli_modules_do_not_import_torch():
     code = ("import sys, gputui.cli as c; c.build_parser(); "
-            "import gputui.runs.history, gputui.runs.compare, gputui.runs.export, "
-            "gputui.runs.sweep, gputui.runs.sweep_progress, gputui.cli.sweep, "
+            "import gputui.runs.history, gputui.runs.compare.table, gputui.runs.compare.export, "
+            "gputui.runs.sweep.runner, gputui.runs.sweep.progress, gputui.cli.sweep, "
             "gputui.cli.bench_comm; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

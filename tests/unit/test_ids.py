@@ -10,7 +10,7 @@ import pytest
 
 from gputui import cli
 from gputui.runs.ids import find_run, find_sweep, match_id
-from gputui.runs.sweep import Manifest, Point, load_manifest
+from gputui.runs.sweep.runner import Manifest, Point, load_manifest
 from run_records import write_record
 
 IDS = ["20261123-060104-quickstart-0cdb", "20261123-061500-quickstart-77aa",

@@ -79,8 +79,8 @@ def _host_that_ends(run_dir: str, queue, close: bool) -> None:
     """A run host's last words: its terminal event recorded and sent, then (``close``) the
     record closed; without ``close`` it dies before saying so."""
     from gputui.core.events import RunStopped
-    from gputui.train.handoff import RecordClosed
-    from gputui.train.recorder import Recorder
+    from gputui.core.handoff import RecordClosed
+    from gputui.core.recorder import Recorder
 
     recorder = Recorder(run_dir, forward=queue.put)
     recorder.emit(RunStopped(reason="stopped by SIGHUP (the terminal closed)"))
@@ -97,7 +97,7 @@ def _handle_over(run_dir: Path, target, *args):
 
     from gputui.core.config import RunConfig
     from gputui.runs.launcher import RunHandle
-    from gputui.train.handoff import StopChannel
+    from gputui.core.handoff import StopChannel
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

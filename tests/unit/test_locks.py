@@ -70,7 +70,7 @@ def test_a_running_sweep_is_refused_to_the_same_sweep_started_again(tmp_path, ca
     """The same `gputui sweep` started while the first runs would resume it and run its
     points beside it; it is refused (one line, exit 2) and the manifest is untouched."""
     from gputui.cli.sweep import build
-    from gputui.runs.sweep import manifest_path
+    from gputui.runs.sweep.runner import manifest_path
 
     runs = tmp_path / "runs"
     argv = ["sweep", "quickstart", "--devices", "cpu", "--strategies", "single",

@@ -11,10 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from gputui.core import registry
 from gputui.core.events import FlopsInfo, MemoryReport, MemoryRow, StepMetrics
 from gputui.hw.discovery import resolve_devices
-from gputui.train import flops, memory
+from gputui.train import flops, memory, strategies
 from gputui.train.data import TensorBatches
 from gputui.train.loop import train
 from strategy_harness import make_config, small_data
@@ -137,7 +136,7 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path / "gputui"))
     cfg = make_config("single", "cpu", "mlp", 32, **{"run.epochs": 1, "run.log_every": 5})
     ds = small_data()
-    strategy = registry.get("single").load()(cfg, resolve_devices("cpu"), ds.in_channels,
+    strategy = strategies.load("single")(cfg, resolve_devices("cpu"), ds.in_channels,
                                              ds.image_size, ds.num_classes)
     strategy.setup()
     events = []
@@ -164,8 +163,8 @@ def test_the_loop_records_memory_flops_and_mfu(tmp_path, monkeypatch):
 
 def test_compare_reads_mfu_and_the_largest_devices_memory(tmp_path):
     from gputui.core import runstore
-    from gputui.runs.cells import fmt
-    from gputui.runs.compare import read_hw_figures
+    from gputui.runs.compare.cells import fmt
+    from gputui.runs.compare.table import read_hw_figures
 
     step = dict(epoch=1, steps_per_epoch=4, loss=1.0, samples_per_s=1.0, step_time_s=1.0,
                 lr=0.1)

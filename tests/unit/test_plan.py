@@ -290,8 +290,8 @@ def test_a_sweep_discovers_once_per_point_at_most(fake_gpus, tmp_path):
     virtual devices; scratch runs there (a real run), single cannot and is skipped."""
     from gputui.core.events import LogLine, RunStarted
     from gputui.core.runstore import read_events
-    from gputui.runs.sweep import Sweep
-    from gputui.train import warm
+    from gputui.runs.sweep.runner import Sweep
+    from gputui.runs import warm
 
     fake = fake_gpus(1)
     preset = tmp_path / "p.toml"

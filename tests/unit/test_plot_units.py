@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gputui.runs import export
-from gputui.runs.compare import compare
+from gputui.runs.compare import export
+from gputui.runs.compare.table import compare
 from run_records import write_record
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gputui.core import breakdown
-from gputui.runs.predict import Inputs, predict, static_bytes
+from gputui.runs.predict.scaling import Inputs, predict, static_bytes
 
 
 def test_pp_prediction_is_compute_stretched_by_the_bubble():
@@ -126,8 +126,8 @@ def test_the_pipeline_line():
 
 def test_compare_reads_the_bubble_from_a_record(tmp_path):
     from gputui.core.events import StepMetrics, event_from_dict
-    from gputui.runs.cells import fmt
-    from gputui.runs.compare import read_hw_figures
+    from gputui.runs.compare.cells import fmt
+    from gputui.runs.compare.table import read_hw_figures
 
     def step(share: float) -> dict:
         ev = StepMetrics(epoch=1, step=1, global_step=1, steps_per_epoch=1, loss=1.0,

@@ -16,8 +16,8 @@ import pytest
 from gputui.core.events import StepMetrics
 from gputui.core.steady import WARMUP_STEPS, spread, steady_figures
 from gputui.core.trust import flags, refuse_baseline
-from gputui.runs.predict import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
-from gputui.runs.predict_comm import fsdp_calls, padded_bytes
+from gputui.runs.predict.scaling import BUCKET_BYTES, Inputs, predict, short_of, static_bytes
+from gputui.train.comm_ranks import fsdp_calls, padded_bytes
 
 
 def test_ddp_on_cpu_is_compute_plus_allreduce_plus_the_window_sync():
@@ -179,9 +179,9 @@ def test_a_resumed_baseline_is_refused_and_repeats_pair_each_pass(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from run_records import write_record
 
-    from gputui.runs.compare import compare, summary_lines
-    from gputui.runs.repeats import grouped
-    from gputui.runs.sweep import Point
+    from gputui.runs.compare.table import compare, summary_lines
+    from gputui.runs.sweep.repeats import grouped
+    from gputui.runs.sweep.runner import Point
 
     runs = tmp_path / "runs"
     resumed = write_record(runs, "20260101-090000-exp-res", "single", 1, sps=100)
@@ -223,7 +223,7 @@ def test_the_one_rank_measurement_leaves_out_its_warm_up_comm(tmp_path):
     from run_records import write_record
 
     from gputui.core.breakdown import make
-    from gputui.runs.predict_measure import _steady_comm
+    from gputui.runs.predict.measure import _steady_comm
 
     parts = [make(0.010, 0.0, 0.002, 0.001, comm) for comm in (0.5, 0.002, 0.004)]
     run = write_record(tmp_path, "r", strategy="ddp", epochs=3, breakdowns=parts)
@@ -233,7 +233,7 @@ def test_the_one_rank_measurement_leaves_out_its_warm_up_comm(tmp_path):
 
 def test_fsdp_units_are_the_mlps_three_layers_as_the_fsdp_strategy_wraps_them():
     from gputui.core.config import RunConfig, apply_overrides
-    from gputui.runs.predict_comm import fsdp_units
+    from gputui.train.comm_ranks import fsdp_units
 
     cfg = apply_overrides(RunConfig(), [("t", "model.name", "mlp"),
                                         ("t", "data.name", "synthetic")])
@@ -248,7 +248,7 @@ def test_the_issues_impossible_prediction_is_flagged_as_compare_flags_it():
     """The issue's inputs: one 2-thread step of 1,818 ms (spinning under load), two 1-thread
     half-batch ddp steps of 84.6 ms: 18x, 907 % efficiency, flagged by compare's rule."""
     from gputui.cli.predict import flag_lines
-    from gputui.runs.predict import impossible
+    from gputui.runs.predict.scaling import impossible
 
     inp = Inputs(n=2, on_gpu=False, batch=64, batch_1=64, t_1=1.818, t_c=0.0846,
                  t_own={"ddp": 0.0846}, t_ar=0.001, t_sync=0.0001, params=1000)
@@ -265,7 +265,7 @@ def test_the_issues_impossible_prediction_is_flagged_as_compare_flags_it():
 
 
 def test_a_kept_step_measured_with_other_waiting_is_measured_again(monkeypatch):
-    from gputui.runs.predict_inputs import stale
+    from gputui.runs.predict.inputs import stale
 
     kept = {"step_time_s": 0.1, "machine": {"contended": False}, "measured_t": 1.0}
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # runs wait passively (default)
@@ -283,7 +283,7 @@ def test_a_slow_kept_baseline_makes_predict_and_compare_flag_the_prediction(tmp_
     sys.path.insert(0, os.path.dirname(__file__))
     from run_records import write_record
 
-    from gputui.runs.compare import compare
+    from gputui.runs.compare.table import compare
 
     runs = tmp_path / "runs"
     ddp = write_record(runs, "20260101-100000-exp-d2", "ddp", 2, batch=32, sps=900, epochs=3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gputui.core.filewrite import WriteFailed, make_folder
-from gputui.runs.predict_cache import Cache
+from gputui.runs.predict.cache import Cache
 
 
 def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path):

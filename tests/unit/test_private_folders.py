@@ -18,7 +18,7 @@ def test_every_default_path_lies_in_the_tests_own_folder():
     from gputui.core.cachedir import cache_dir
     from gputui.core.config_schema import default_data_root
     from gputui.core.runstore import default_runs_dir
-    from gputui.runs.predict_cache import Cache
+    from gputui.runs.predict.cache import Cache
     from gputui.train import flops
 
     for path in (cache_dir(), flops.cache_path(), Cache().path, Path(default_data_root()),

@@ -10,14 +10,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from test_import_graph import _modules, import_graph
+from test_import_graph import package_graph
 
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
 from gputui.core.events import LogLine, RunStopped
 from gputui.core.runstore import read_events, read_summary
-from gputui.train import recorder
-from gputui.train.handoff import LaunchSpec, StopChannel
+from gputui.core import recorder
+from gputui.core.handoff import LaunchSpec, StopChannel
 from gputui.train.rankinfo import RankInfo
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gputui"
 def _child(spec: LaunchSpec) -> None:
     """A spawned child: report what arrived and what it had to import, then ask the stop."""
     import gputui.train.rankinfo  # noqa: F401 - the child side's torch-free leaves
-    import gputui.train.recorder  # noqa: F401
+    import gputui.core.recorder  # noqa: F401
     import gputui.train.stopping as stopping
 
     flag = stopping.RunStop(spec.stop)
@@ -100,39 +100,45 @@ def test_the_record_has_one_writer():
     writers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if _WRITES_RECORD.search(p.read_text(encoding="utf-8"))
                      or "def write_summary" in p.read_text(encoding="utf-8"))
-    assert writers == ["train/recorder.py"]
+    assert writers == ["core/recorder.py"]
 
 
 CHILD = ["gputui.train.host", "gputui.train.worker", "gputui.train.agent", "gputui.train.ranks",
-         "gputui.train.stopping", "gputui.train.recorder", "gputui.train.rankinfo",
-         "gputui.train.handoff"]
-PARENT = ("gputui.runs.launcher", "gputui.runs.sweep", "gputui.cli", "gputui.tui")
+         "gputui.train.stopping", "gputui.core.recorder", "gputui.train.rankinfo",
+         "gputui.core.handoff"]
+PARENT = ("gputui.runs.launcher", "gputui.runs.warm", "gputui.runs.sweep.runner", "gputui.cli",
+          "gputui.tui")
 
 
 def test_no_run_process_reads_the_record_back():
     """The host knows what it wrote: nothing on the child side reads events.jsonl to decide
     what to do next (a structural guard)."""
-    readers = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "train").rglob("*.py")
+    child = [*(PACKAGE / "train").rglob("*.py"), PACKAGE / "core" / "recorder.py"]
+    readers = sorted(str(p.relative_to(PACKAGE)) for p in child
                      if re.search(r"read_events|read_summary|EVENTS_FILE",
                                   p.read_text(encoding="utf-8")))
     # the recorder's own fallback, used by the parent once the host is gone
-    assert readers == ["train/recorder.py"]
+    assert readers == ["core/recorder.py"]
 
 
 def test_one_entry_point_starts_every_run_process():
     """The run host is the only process a run starts (its ranks are torch elastic's
-    entrypoint, inside the host); the communication benchmarks are not runs, nor is the
-    check before a start that builds and cuts a user's model (runs/model_check.py: it records
-    nothing and ends before the run starts), nor the plan's tracer and the ranks that measure
-    its error (runs/forecast/tracing.py and measure.py: nothing recorded)."""
-    targets = sorted({m for p in PACKAGE.rglob("*.py") if "comm" not in p.name
-                      for m in re.findall(r"Process\([^)]*target=(\w+)",
-                                          p.read_text(encoding="utf-8"))})
-    assert targets == ["check_main", "host_main", "measure_main", "trace_main"]
+    entrypoint, inside the host). Every other child measures and records nothing, and starts
+    the one way (``proctree.ask_children``: deadline, stop, the tree killed): the check before
+    a start that builds and cuts a user's model (runs/model_check.py), the communication
+    measurements of bench-comm and predict (runs/comm_bench.py), the plan's tracer and the
+    ranks that measure its error (runs/forecast/tracing.py and measure.py)."""
+    text = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+    spawned = sorted({m for p, src in text.items() if p.name != "proctree.py"
+                      for m in re.findall(r"Process\([^)]*target=(\w+)", src)})
+    assert spawned == ["host_main"]
+    asked = sorted({m for src in text.values()
+                    for m in re.findall(r"ask_children\(\s*\[\s*\((\w+),", src)})
+    assert asked == ["check_main", "comm_main", "measure_main", "trace_main"]
 
 
 def test_child_code_never_imports_the_parent():
-    graph = import_graph(_modules())
+    graph = package_graph()
     for start in CHILD:
         seen, todo = set(), [start]
         while todo:

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from gputui import cli
-from gputui.runs.sweep import load_manifest
+from gputui.runs.sweep.runner import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -4,7 +4,6 @@ process is left. (One Ctrl-C, kill -9 of the trainer and a dead parent are in te
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -28,8 +27,9 @@ from gputui.core import registry
 from gputui.core.runstore import read_events
 from gputui.train.data import TensorBatches
 from gputui.train.guards import Diverged, OutOfMemory, first_bad, largest_fitting_batch
+from gputui.train import strategies
 from gputui.train.loop import train
-from gputui.train.recorder import Recorder
+from gputui.core.recorder import Recorder
 from gputui.train.strategies.single import Single
 from gputui.train.worker import execute
 from strategy_harness import make_config, small_data
@@ -135,20 +135,15 @@ class OomAbove(Single):
         return super().train_step(x, y, data_s)
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalInfo(registry.StrategyInfo):
-    """A registry entry for a strategy class defined in a test."""
-
-    cls: type | None = None
-
-    def load(self) -> type:
-        return self.cls
-
-
 @pytest.fixture
-def oom_strategy():
-    registry.register(LocalInfo("oom-test", "raises OutOfMemoryError", "single",
-                                max_devices=1, cls=OomAbove))
+def oom_strategy(monkeypatch):
+    """A registry entry for a strategy class defined here: the registry names it (torch-free),
+    and the child's loader (``gputui.train.strategies.load``) hands out its class."""
+    registry.register(registry.StrategyInfo("oom-test", "raises OutOfMemoryError", "single",
+                                            max_devices=1))
+    real = strategies.load
+    monkeypatch.setattr(strategies, "load",
+                        lambda name: OomAbove if name == "oom-test" else real(name))
     yield
     registry._STRATEGIES.pop("oom-test")
 

@@ -17,14 +17,14 @@ import psutil
 import pytest
 import torch
 
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.core.config import load_preset
 from gputui.core.runstore import read_events
 from gputui.hw.discovery import resolve_devices
 from gputui.train import checkpoint as ckpt
 from gputui.train.data import TensorBatches
 from gputui.train.loop import train
-from gputui.train.recorder import Recorder
+from gputui.core.recorder import Recorder
 from gputui.train.worker import execute
 from strategy_harness import assert_params_close, make_config, params, small_data
 
@@ -38,7 +38,7 @@ class Crash(RuntimeError):
 def run_loop(cfg, run_dir: Path, stop_after: int | None = None, crash_after: int | None = None):
     """Train in this process; stop (or crash) at the stop check after ``*_after`` steps."""
     ds = small_data()
-    strategy = registry.get(cfg.strategy.name).load()(
+    strategy = strategies.load(cfg.strategy.name)(
         cfg, resolve_devices(cfg.devices.spec), ds.in_channels, ds.image_size, ds.num_classes)
     strategy.setup()
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)

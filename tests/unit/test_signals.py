@@ -160,7 +160,7 @@ def test_sighup_to_a_sweeps_group_stops_the_point_and_skips_the_rest(tmp_path):
     """A closed terminal during `gputui sweep`: the running point stops gracefully with the
     signal named in its record, no further point runs, the manifest is readable and says
     interrupted, and the sweep exits 128 + SIGHUP."""
-    from gputui.runs.sweep import load_manifest
+    from gputui.runs.sweep.runner import load_manifest
 
     runs = tmp_path / "runs"
     tag = uuid.uuid4().hex

@@ -17,7 +17,7 @@ import pytest
 
 from gputui.core import registry
 from gputui.core.runstore import read_events
-from gputui.runs.sweep import Manifest, Point, load_manifest
+from gputui.runs.sweep.runner import Manifest, Point, load_manifest
 
 GPUTUI = [sys.executable, "-m", "gputui"]
 pytestmark = pytest.mark.slow
@@ -245,7 +245,7 @@ def test_a_bad_fast_path_axis_is_one_line_and_exit_2(tiny, tmp_path, option, val
 ])
 def test_the_kind_of_device_a_sweep_scales_over(fake_gpus, asked, preset_spec, n_gpus, kind,
                                                 says):
-    from gputui.runs.sweep import resolve_kind
+    from gputui.runs.sweep.runner import resolve_kind
 
     fake_gpus(n_gpus)
     got, line = resolve_kind(asked, preset_spec)
@@ -253,7 +253,7 @@ def test_the_kind_of_device_a_sweep_scales_over(fake_gpus, asked, preset_spec, n
 
 
 def test_gpu_points_never_fall_back_to_the_cpu(fake_gpus, tmp_path):
-    from gputui.runs.sweep import Sweep
+    from gputui.runs.sweep.runner import Sweep
 
     fake_gpus(1)
     preset = tmp_path / "p.toml"
@@ -298,9 +298,9 @@ def test_a_resumed_sweep_of_thousands_of_points_has_a_header_of_one_short_line(t
 def test_the_context_length_is_an_axis_each_point_names(tmp_path):
     """`--contexts 64,128`: every strategy at each length (single against cp as the context
     grows), each point's run set to it; runs of other lengths are not its speed baseline."""
-    from gputui.runs.compare import match_key
+    from gputui.runs.compare.table import match_key
     from gputui.runs.history import RunRow
-    from gputui.runs.sweep import Sweep, parse_axis
+    from gputui.runs.sweep.runner import Sweep, parse_axis
 
     preset = tmp_path / "p.toml"
     preset.write_text('[model]\nname = "gpt"\n[data]\nname = "pystdlib"\n', encoding="utf-8")

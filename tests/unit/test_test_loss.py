@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.core.events import EpochEnd
 from gputui.core.runstore import summarize
 from gputui.hw.discovery import resolve_devices
@@ -53,7 +53,7 @@ def test_every_in_process_strategy_reports_the_test_loss_of_single(strategy, spe
 def test_the_epoch_event_and_the_summary_carry_the_test_loss():
     cfg = make_config("single", "cpu", "lenet", 32, **{"run.epochs": 2, "run.log_every": 5})
     ds = small_data()
-    s = registry.get("single").load()(cfg, resolve_devices("cpu"), ds.in_channels,
+    s = strategies.load("single")(cfg, resolve_devices("cpu"), ds.in_channels,
                                       ds.image_size, ds.num_classes)
     s.setup()
     events: list = []

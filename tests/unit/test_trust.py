@@ -19,8 +19,8 @@ import pytest
 
 from gputui.core import machine
 from gputui.hw import contention
-from gputui.runs.cells import cell, fmt
-from gputui.runs.compare import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
+from gputui.runs.compare.cells import cell, fmt
+from gputui.runs.compare.table import TABLE_COLUMNS, as_plain, compare, summary_lines, table_rows
 from gputui.runs.history import row_for
 from run_records import write_record
 
@@ -183,8 +183,8 @@ def test_a_stopped_point_shows_no_speed_anywhere(tmp_path):
 
 def test_kept_prediction_inputs_say_when_and_under_what_load():
     from gputui.cli.predict import source_lines
-    from gputui.runs.predict_cache import ComputeKey
-    from gputui.runs.predict_inputs import stale
+    from gputui.runs.predict.cache import ComputeKey
+    from gputui.runs.predict.inputs import stale
 
     kept = {"step_time_s": 0.05, "measured": "2026-01-01 10:00:00",
             "measured_t": time.time() - 7200, "machine": QUIET,
@@ -212,7 +212,7 @@ def test_a_kept_inputs_name_is_its_keys_not_parsed_back_from_the_string():
     (it printed "collectives over ystdlib devices" when the string was split by position),
     and the string kept on disk is the one kept files hold."""
     from gputui.core.config import RunConfig
-    from gputui.runs.predict_cache import CommKey, ComputeKey, compute_key
+    from gputui.runs.predict.cache import CommKey, ComputeKey, compute_key
 
     fsdp = CommKey("cpu", 2, 0, "fsdp:gpt|text:/usr/lib/python3.11/stdlib.txt|Block|step"
                                 ":gap5.2ms")

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from gputui.cli import main
-from gputui.runs.predict import Inputs, predict
-from gputui.runs.tune_space import Candidate, order, rank
+from gputui.runs.predict.scaling import Inputs, predict
+from gputui.runs.tune.space import Candidate, order, rank
 
 
 def _cands():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import user_model
-from gputui.core import registry
+from gputui.train import strategies
 from gputui.hw.discovery import resolve_devices
 from gputui.runs.verify_trace import Trace, compare, read_trace
 from gputui.train.data import TensorBatches
@@ -31,7 +31,7 @@ def traced(tmp_path: Path, strategy: str, spec: str, name: str = "", **extra) ->
     """``strategy`` trained by the loop under debug.trace_steps; the trace it left."""
     cfg = make_config(strategy, spec, "mlp", 32, **{"debug.trace_steps": STEPS}, **extra)
     ds = data_for(cfg)
-    s = registry.get(strategy).load()(cfg, resolve_devices(spec), ds.in_channels,
+    s = strategies.load(strategy)(cfg, resolve_devices(spec), ds.in_channels,
                                       ds.image_size, ds.num_classes)
     s.setup()
     batches = TensorBatches(ds.train_x, ds.train_y, s.batch_size, cfg.run.seed)

@@ -12,7 +12,7 @@ import torch
 from gputui.core.config import RunConfig, apply_overrides
 from gputui.core.runstore import read_events
 from gputui.runs.launcher import launch
-from gputui.train import warm
+from gputui.runs import warm
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from gputui.train import warm
+from gputui.runs import warm
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The scaling waterfall's arithmetic (gputui.runs.waterfall: the bars add up to the measured
+"""The scaling waterfall's arithmetic (gputui.runs.compare.waterfall: the bars add up to the measured
 speedup, a negative remainder shown as it is), the straggler's attribution from ranks' rows
 (gputui.core.straggler), and both through compare, its --waterfall, --json and PNG. The
 injected-delay cases on real ranks are in test_equivalence_ddp.py (one shared launch)."""
@@ -15,8 +15,8 @@ from gputui import cli
 from gputui.core import straggler
 from gputui.core.breakdown import make
 from gputui.core.steps import DeviceStep
-from gputui.runs import waterfall
-from gputui.runs.compare import compare, summary_lines
+from gputui.runs.compare import waterfall
+from gputui.runs.compare.table import compare, summary_lines
 from run_records import write_record
 
 
@@ -144,7 +144,7 @@ def test_the_communication_bar_says_which_collectives_it_was():
     by what it was made of, each kind's share of the named time."""
     from dataclasses import replace
 
-    from gputui.runs.waterfall import Shares, build, lines
+    from gputui.runs.compare.waterfall import Shares, build, lines
 
     wf = build(2.0, 1.2, Shares(comm=0.3), Shares())
     assert not any("of which" in line for line in lines(wf))

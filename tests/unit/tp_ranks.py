@@ -101,7 +101,7 @@ def strategy_scenario(name: str, workdir: str) -> dict:
     import torch.distributed as dist
     from strategy_harness import data_for, make_config, params
 
-    from gputui.core import registry
+    from gputui.train import strategies
     from gputui.hw.discovery import resolve_devices
     from gputui.train import checkpoint as ckpt
     from gputui.train.data import TensorBatches
@@ -112,7 +112,7 @@ def strategy_scenario(name: str, workdir: str) -> dict:
     spec = f"cpu*{dist.get_world_size()}"
 
     def build():
-        s = registry.get(which).load()(cfg, resolve_devices(spec), ds.in_channels,
+        s = strategies.load(which)(cfg, resolve_devices(spec), ds.in_channels,
                                        ds.image_size, ds.num_classes, rank=dist.get_rank(),
                                        world_size=dist.get_world_size())
         s.setup()

@@ -5,10 +5,11 @@ benchmarks/bench_plan.py and the tests (torch-free here: the ranks are spawned).
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue as queue_mod
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from gputui.core.proctree import ask_children
 
 
 def measure_main(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
@@ -29,8 +30,6 @@ def measure_copies(spec: dict[str, Any], threads: int, copies: int,
                    timeout: float = 600.0) -> dict[str, Any]:
     """A one-rank ``spec`` measured in ``copies`` groups at once (each of ``threads``
     threads: the cores shared as ``copies`` ranks share them); the slowest copy's figures."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(copies) as pool:
         got = list(pool.map(lambda _: measure_mesh(dict(spec, world=1), threads, timeout),
                             range(copies)))
@@ -40,28 +39,15 @@ def measure_copies(spec: dict[str, Any], threads: int, copies: int,
 
 def measure_mesh(spec: dict[str, Any], threads: int, timeout: float = 600.0) -> dict[str, Any]:
     """Rank 0's figures of ``spec``'s mesh measured on ``spec["world"]`` real CPU ranks of
-    ``threads`` threads each ({"error"} when it failed); no rank outlives the call."""
-    from gputui.core.proctree import kill_tree, own_tracker
-
-    own_tracker()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    ``threads`` threads each ({"error"} when it failed); no rank outlives the call. The ranks
+    are this process's children, their group on a free port (no elastic agent: each is told
+    its rank)."""
     port = _free_port()
     world = int(spec["world"])
-    procs = [ctx.Process(target=measure_main, args=(r, world, port, spec, threads, q),
-                         name=f"gputui-plan-measure-{r}") for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        try:
-            got: dict[str, Any] = q.get(timeout=timeout)
-        except queue_mod.Empty:
-            got = {"error": f"no figures within {timeout:g} s"}
-        for p in procs:
-            p.join(timeout=30)
-        return got
-    finally:
-        for p in procs:
-            if p.is_alive():
-                kill_tree(p.pid)
-                p.join(timeout=5)
+    answer = ask_children([(measure_main, (r, world, port, spec, threads)) for r in range(world)],
+                          "gputui-plan-measure", timeout, grace_s=30.0)
+    if answer.complete:
+        return answer.messages[0]
+    if answer.timed_out:
+        return {"error": f"no figures within {timeout:g} s"}
+    return {"error": f"the measuring ranks exited with codes {answer.exitcodes}"}

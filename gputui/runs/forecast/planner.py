@@ -12,9 +12,16 @@ from typing import Any, Callable
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.mesh import MeshShape
 from gputui.runs.forecast import estimate, profiles
-from gputui.runs.forecast.estimate import Candidate, ModelSize, Row
+from gputui.runs.compare.export import _pyplot, _save
+from gputui.runs.forecast.estimate import GIB, Candidate, ModelSize, Row
 from gputui.runs.forecast.profiles import Cluster, Profile
 from gputui.runs.forecast.tracing import job_key, run_jobs
+from gputui.core import runstore
+from gputui.core.config import load_preset
+from gputui.core.events import MemoryReport, RunStarted
+from gputui.core.mesh import mesh_of
+from gputui.runs.predict.cache import Cache, cores
+from gputui.runs.predict.comm_peak import key
 
 Line = Callable[[str], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
@@ -80,9 +87,6 @@ def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
 def _cpu(ranks: int, line: Line) -> Profile:
     import psutil
 
-    from gputui.runs.comm_peak import key
-    from gputui.runs.predict_cache import Cache, cores
-
     n = cores()
     threads = max(1, n // ranks)
     spec = {"threads": threads, "dtype": "fp32"}
@@ -142,18 +146,12 @@ def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line
 
 # ---------------------------------------------------------------- --check RUN
 def shape_of_run(cfg: RunConfig, world: int) -> MeshShape:
-    from gputui.core.mesh import mesh_of
-
     return mesh_of(cfg, world)
 
 
 def check_run(run_dir: Path, line: Line, profile_file: str | None = None) -> dict[str, Any]:
     """A recorded run beside the plan of its own mesh on its own devices: per-rank memory by
     part (the record's memory report) and the steady step time."""
-    from gputui.core import runstore
-    from gputui.core.config import load_preset
-    from gputui.core.events import MemoryReport, RunStarted
-
     cfg = load_preset(run_dir / "config.toml")
     summary = runstore.read_summary(run_dir)
     events = runstore.read_events(run_dir)
@@ -199,3 +197,30 @@ def preset_text(source: str, cfg: RunConfig, row: Row, cluster: Cluster) -> str:
             f"{', ' + s.levers() if s.levers() else ''}; planned peak "
             f"{row.peak / 2**30:.2f} GiB per rank, step {row.step_s or 0:.3f} s\n")
     return head + new.to_toml()
+
+
+def plot_pareto(plan: Plan, path: str | Path) -> Path:
+    """The plan's memory-against-speed view as a PNG at ``path`` (returned): every mesh that
+    fits (peak GiB per rank against tokens/s), the Pareto front joined, the device's usable
+    memory as a line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = [r for r in plan.rows if r.peak and r.tokens_per_s]
+    for fits, colour, label in ((True, "tab:blue", "fits"), (False, "lightgrey", "does not fit")):
+        pts = [r for r in rows if r.fits == fits]
+        ax.scatter([r.peak / GIB for r in pts], [r.tokens_per_s for r in pts], c=colour,
+                   label=label, s=18)
+    front = estimate.pareto(plan.rows)
+    ax.plot([r.peak / GIB for r in front], [r.tokens_per_s for r in front], "-o",
+            color="tab:red", label="Pareto front")
+    for r in front:
+        ax.annotate(f"{r.shape.describe()}\nzero {r.shape.zero}, ac {r.shape.ac}",
+                    (r.peak / GIB, r.tokens_per_s or 0), fontsize=7,
+                    textcoords="offset points", xytext=(4, 4))
+    ax.axvline(plan.cluster.profile.usable() / GIB, color="grey", linestyle="--",
+               label="usable memory")
+    ax.set_xlabel("planned peak memory per rank (GiB)")
+    ax.set_ylabel("planned tokens/s (all ranks)")
+    ax.set_title(f"plan on {plan.cluster.describe()}")
+    ax.legend(fontsize=8)
+    return _save(fig, plt, Path(path))

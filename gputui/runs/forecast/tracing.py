@@ -5,14 +5,13 @@ depend on, so a mesh already traced answers at once (torch-free)."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import queue as queue_mod
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from gputui import __version__
 from gputui.core.cachedir import KeptFigures, cache_dir
+from gputui.core.proctree import ask_children
 
 Line = Callable[[str], None]
 TRACE_VERSION = 4  # raised when the tracer's figures change meaning
@@ -74,45 +73,19 @@ def trace_main(jobs: list[dict[str, Any]], q: Any) -> None:
 
 def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float,
            keep: Callable[[str, dict], None]) -> dict[str, dict]:
-    from gputui.core import signals
-    from gputui.core.proctree import kill_tree, own_tracker
-
-    own_tracker()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    proc = ctx.Process(target=trace_main, args=(jobs, q), name="gputui-plan-trace")
-    with signals.deferred():
-        proc.start()
     out: dict[str, dict] = {}
-    deadline = time.monotonic() + timeout
     t0 = time.monotonic()
-    try:
-        while True:
-            signals.raise_if_stopped()
-            try:
-                msg = q.get(timeout=0.5)
-            except queue_mod.Empty:
-                if not proc.is_alive():
-                    break
-                if time.monotonic() > deadline:
-                    break
-                continue
-            if msg[0] == "line":
-                line(f"{msg[1]} ({time.monotonic() - t0:.0f} s)")
-            elif msg[0] == "result":
-                out[msg[1]] = msg[2]
-                keep(msg[1], msg[2])
-            elif msg[0] == "done":
-                break
-    except BaseException:
-        kill_tree(proc.pid)
-        raise
-    finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            kill_tree(proc.pid)
-            proc.join(timeout=5)
+
+    def heard(msg: tuple) -> bool:  # ("line", text), ("result", key, figures) or ("done",)
+        if msg[0] == "line":
+            line(f"{msg[1]} ({time.monotonic() - t0:.0f} s)")
+        elif msg[0] == "result":
+            out[msg[1]] = msg[2]
+            keep(msg[1], msg[2])
+        return msg[0] == "done"
+
+    answer = ask_children([(trace_main, (jobs,))], "gputui-plan-trace", timeout, done=heard)
     for job in jobs:
         out.setdefault(job["key"], {"error": "the tracer ended before this mesh (exit code "
-                                             f"{proc.exitcode})"})
+                                             f"{answer.exitcodes[0]})"})
     return out

@@ -45,7 +45,7 @@ by a hook (``comm_timer.CommTimer``); a device other than the first has its comp
 ``gputui.core.steps.StepReport`` for one device: compute, the update, exposed communication
 (``m.comm``, none hidden), data and host. A strategy whose devices or communication differ
 writes its own ``step_report`` from the same spans (dp, scratch, model_parallel; the rank
-strategies' is ``rank_step.gather``).
+strategies' is ``rank.gather_steps``).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core import scores
-from gputui.runs import waterfall
-from gputui.runs.cells import cell
-from gputui.runs.compare import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
+from gputui.runs.compare import waterfall
+from gputui.runs.compare.cells import cell
+from gputui.runs.compare.table import (TABLE_COLUMNS, CompareRow, compare, summary_lines,
                             table_rows)
 from gputui.tui.widgets.overlay_plot import OverlayPlot
 from gputui.tui.widgets.plain_table import PlainTable
@@ -144,7 +144,7 @@ class CompareScreen(Screen):
         self.loaded = True
 
     def show_waterfalls(self, items: tuple[CompareRow, ...]) -> None:
-        """Each run's scaling waterfall (``gputui.runs.waterfall``), where it has one."""
+        """Each run's scaling waterfall (``gputui.runs.compare.waterfall``), where it has one."""
         text = []
         for it in items:
             if it.waterfall is not None:

@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from gputui.core.events import plural
 from gputui.core.scores import score_cell
-from gputui.runs.cells import fmt
+from gputui.runs.compare.cells import fmt
 from gputui.runs.history import RunRow, load_rows
 from gputui.tui.messages import OpenCompare, WatchRun
 from gputui.tui.widgets.plain_table import PlainTable

@@ -22,7 +22,7 @@ from textual.widgets import Footer, Header, Static
 
 from gputui.core import breakdown, straggler
 from gputui.core.devices import backend_for
-from gputui.runs import comm_peak
+from gputui.runs.predict import comm_peak
 from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDone, LogLine,
                            MemoryReport, RunFailed, RunFinished, RunStarted, RunStopped,
                            Stalled, Status, StepMetrics, init_text, plural)

@@ -1,7 +1,7 @@
 """The sweep screen: the set-up's config over device counts x strategies, one run after
 another, with the state of every point, then the scaling comparison.
 
-The screen plans the sweep (:class:`gputui.runs.sweep.Sweep`, the engine behind
+The screen plans the sweep (:class:`gputui.runs.sweep.runner.Sweep`, the engine behind
 `gputui sweep`, so the same manifest and resume rules apply) and asks the app to run it
 (``StartSweep``, ``StopSweep``: :mod:`gputui.tui.app`); the app tells it how the
 sweep goes through the messages below. Leaving the app stops the sweep: no run is started
@@ -25,8 +25,8 @@ from gputui.core.config import ConfigError, RunConfig
 from gputui.core.devices import wants_gpus
 from gputui.core.events import plural
 from gputui.core.usercode import code_line
-from gputui.runs.sweep import Point, Sweep, parse_devices
-from gputui.runs.sweep_grid import spec_for
+from gputui.runs.sweep.runner import Point, Sweep, parse_devices
+from gputui.runs.sweep.grid import spec_for
 from gputui.tui.estimate import duration_words, same_work
 from gputui.tui.messages import HistoryRead, OpenCompare, StartSweep, StopSweep, SweepStarted
 from gputui.tui.widgets.plain_table import PlainTable

@@ -82,7 +82,7 @@ class Waterfall:
     ideal: float
     measured: float
     bars: tuple[tuple[str, float], ...]
-    # the run's collectives by name (seconds a metered step, gputui.runs.compare): what the
+    # the run's collectives by name (seconds a metered step, gputui.runs.compare.table): what the
     # communication bar was made of
     comm_kinds: dict | None = None
 

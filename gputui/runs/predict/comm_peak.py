@@ -1,5 +1,5 @@
 """The all-reduce bandwidth peak `gputui bench-comm` measured on this machine, kept beside the
-prediction's figures (``predict_cache.Cache``), so that a run's achieved all-reduce
+prediction's figures (``predict.cache.Cache``), so that a run's achieved all-reduce
 bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
 
 Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
@@ -11,6 +11,7 @@ a peak measured under contention gives way to any measured on a quiet machine.
 from __future__ import annotations
 
 from typing import Any
+from gputui.runs.predict.cache import Cache
 
 
 def key(kind: str, n: int, backend: str) -> str:
@@ -24,8 +25,6 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     machine = result.get("machine") or {}
     if not rows or "error" in result:
         return None
-    from gputui.runs.predict_cache import Cache
-
     cache = cache or Cache()
     best = max(rows, key=lambda r: r["algbw_gbps"])
     k = key(kind, int(result["n"]), str(result.get("backend", "")))
@@ -46,8 +45,6 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
 
 def peak(kind: str, n: int, backend: str, cache=None) -> float | None:
     """The kept peak algbw in GB/s for ``n`` devices of ``kind`` over ``backend``, or None."""
-    from gputui.runs.predict_cache import Cache
-
     hit = (cache or Cache()).get(key(kind, n, backend))
     return float(hit["algbw_gbps"]) if hit and hit.get("algbw_gbps") else None
 

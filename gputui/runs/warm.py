@@ -20,7 +20,8 @@ import os
 import threading
 
 from gputui.core import signals
-from gputui.train.handoff import HostChannels, LaunchSpec, StopChannel
+from gputui.core.handoff import HostChannels, LaunchSpec, StopChannel
+from gputui.core import ompwait
 
 _POOL: list["Host"] = []
 _LOCK = threading.Lock()
@@ -32,7 +33,6 @@ class Host:
     the run sets it back with :meth:`release` once the host says the record is closed."""
 
     def __init__(self, warm: bool = False, cuda: tuple[int, ...] = ()):
-        from gputui.core import ompwait
         from gputui.train.host import host_main  # torch-free: the spawn target
 
         ompwait.for_children()  # before the child loads torch: inherited by all below it

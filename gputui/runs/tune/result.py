@@ -2,7 +2,7 @@
 preset of the chosen configuration.
 
 The measured figure of a confirming run is its steady-state samples/s (warm-up excluded,
-:mod:`gputui.core.steady`), read through :func:`gputui.runs.compare.compare`, so its speedup
+:mod:`gputui.core.steady`), read through :func:`gputui.runs.compare.table.compare`, so its speedup
 follows compare's baseline rules and flags (:mod:`gputui.core.trust`). A figure is marked
 *contended* when other processes used the machine while it ran, *noisy* when its noise is
 above ``trust.NOISY`` or unknown (too few steady windows); the choice says when it rests on
@@ -17,7 +17,8 @@ from typing import Any
 
 from gputui.core import machine
 from gputui.core.trust import MIN_NOISE, NOISY
-from gputui.runs.tune_space import Ranked
+from gputui.runs.tune.space import Ranked
+from gputui.runs.compare.table import compare
 
 COLUMNS = ("chosen", "rank", "candidate", "pred_step_ms", "pred_samples_per_s",
            "samples_per_s", "measured_vs_pred", "speedup", "check")
@@ -67,8 +68,6 @@ def figure_marks(row) -> list[str]:
 def results(ranked: list[Ranked], points: list, runs_dir) -> list[Result]:
     """Every ranked candidate with what its confirming point measured (points: the sweep's,
     in the same order as the top of ``ranked``)."""
-    from gputui.runs.compare import compare
-
     out = [Result(r, i + 1) for i, r in enumerate(ranked)]
     dirs = [runs_dir / p.run_id for p in points if p.run_id]
     items = {it.row.id: it for it in compare(dirs, runs_dir, only_compared=True)} if dirs else {}

@@ -1,14 +1,14 @@
 """``gputui tune``'s engine: rank the candidate configurations by the prediction, measuring
 what it needs within the time budget, then confirm the best few by short real runs.
 
-The prediction's inputs are :class:`gputui.runs.predict_measure.Measurer`'s (kept per machine,
+The prediction's inputs are :class:`gputui.runs.predict.measure.Measurer`'s (kept per machine,
 measured when missing), and each setting's factor is a one-device ``single`` run with that
-setting alone (:mod:`gputui.runs.tune_space`). The confirming runs are the points of a sweep
-(:class:`gputui.runs.sweep.Sweep`: ``prepare`` and the launcher, a record each, the sweep's
+setting alone (:mod:`gputui.runs.tune.space`). The confirming runs are the points of a sweep
+(:class:`gputui.runs.sweep.runner.Sweep`: ``prepare`` and the launcher, a record each, the sweep's
 signal handling), capped at a few steps; the sweep's gate skips a point whose estimated
 length would end after the budget, and every later one. What they measured is read back
-through :func:`gputui.runs.compare.compare` (steady state, noise, contention, compare's
-baseline rules); :mod:`gputui.runs.tune_result` turns it into the table and the choice.
+through :func:`gputui.runs.compare.table.compare` (steady state, noise, contention, compare's
+baseline rules); :mod:`gputui.runs.tune.result` turns it into the table and the choice.
 Torch-free.
 """
 
@@ -21,7 +21,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui.core.config import ConfigError, RunConfig, apply_overrides, effective_batch_size
-from gputui.runs.tune_space import MEM_SHARE, Candidate, Ranked, order, rank
+from gputui.runs.tune.space import MEM_SHARE, Candidate, Ranked, order, rank
+from gputui.core import registry
+from gputui.core.config_schema import PRECISIONS
+from gputui.core.devices import DeviceSpecError
+from gputui.runs.predict.cache import Cache, compute_key, cores
+from gputui.runs.predict.inputs import stale
+from gputui.runs.predict.measure import Measurer
+from gputui.runs.predict.scaling import predict, STRATEGIES
+from gputui.runs.sweep.runner import Point, spec_for, Sweep
+from gputui.runs.tune.space import axis_changes
+from gputui import plan
+from gputui.runs.predict.measure import MEASURE_STEPS
 
 CONV_MODELS = ("lenet", "resnet18")  # channels_last changes nothing for the others
 START_GUESS_S = 5.0  # a confirming run's start-up and evaluation until one has been timed
@@ -73,8 +84,6 @@ class Tuner:
 
     def specs(self) -> tuple[str, str]:
         """The devices.spec of N devices and of one."""
-        from gputui.runs.sweep import spec_for
-
         return spec_for(str(self.n), self.kind), spec_for("1", self.kind)
 
     def global_batch(self) -> int:
@@ -88,12 +97,7 @@ class Tuner:
 
     def candidates(self, axes: Axes) -> list[Candidate]:
         """Every combination of the axes that can run here; the rest go to ``skipped``."""
-        from gputui.core import registry
-        from gputui.core.config_schema import PRECISIONS
         from gputui.hw.discovery import resolve_with_gpus
-        from gputui.core.devices import DeviceSpecError
-        from gputui.runs.predict import STRATEGIES
-        from gputui import plan
 
         b, r = self.preset_candidate(), self.base.run
         spec_n, spec_1 = self.specs()
@@ -152,9 +156,6 @@ class Tuner:
         how it is made up: the one-device step measured for the prediction (free when kept)
         plus one confirming run of ``steps`` steps at that step's time (a start-up guess
         where nothing is kept)."""
-        from gputui.runs.predict_cache import Cache, cores
-        from gputui.runs.predict_measure import Measurer
-
         cfg0 = self._cfg0()
         kept = Measurer(cfg0, self.kind, self.measure_dir, line=lambda text: None,
                         measure=False, cache=Cache()).compute(
@@ -181,10 +182,6 @@ class Tuner:
     def predict(self, cands: list[Candidate]) -> list[Ranked]:
         """Measure what the prediction needs (the preset's inputs, then each setting's factor,
         cheapest first, while the budget lasts) and rank every candidate."""
-        from gputui.runs.predict import predict
-        from gputui.runs.predict_cache import Cache, cores
-        from gputui.runs.predict_measure import Measurer
-
         base = self.preset_candidate()
         cfg0 = self._cfg0()
         cache = Cache()
@@ -203,8 +200,6 @@ class Tuner:
         one_s = time.monotonic() - t  # what one one-device measurement costs here
         inps, preds = {"single": inp1}, {"single": predict("single", inp1)}
         if inp1.t_1:  # a run's start-up and evaluation here: its wall time less its steps
-            from gputui.runs.predict_measure import MEASURE_STEPS
-
             self._start_s = max(0.0, one_s - MEASURE_STEPS * inp1.t_1)
             self._t_1 = inp1.t_1
         est = 2 * one_s
@@ -254,9 +249,6 @@ class Tuner:
     def _factor(self, m, batch: int, threads: int, t_1: float):
         """A job measuring the one-device step of ``m``'s config at ``batch``, over ``t_1``;
         its ``kept`` attribute says whether the figure is kept (free)."""
-        from gputui.runs.predict_inputs import stale
-        from gputui.runs.predict_cache import compute_key
-
         device = f"gpu:{getattr(m, '_gpu_label', '')}" if self.kind == "gpu" else "cpu"
         hit = m.cache.get(compute_key(m.cfg, batch, threads, 1, device))
 
@@ -284,8 +276,6 @@ class Tuner:
 
     def plan_confirm(self) -> list:
         """The sweep of the top candidates' short runs, and its points (not started)."""
-        from gputui.runs.sweep import Point, Sweep
-
         top = [r for r in self.ranked if not r.reason][:self.top]
         caps = [("tune", "run.log_every", 5), ("tune", "run.checkpoint", False),
                 ("tune", "run.name", f"tune-{self.base.run.name}"[:40])]
@@ -351,8 +341,6 @@ class Tuner:
 
 
 def _changes(c: Candidate, base: Candidate) -> dict[str, Any]:
-    from gputui.runs.tune_space import axis_changes
-
     return axis_changes(c, base)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputui.core.steady import spread
+from gputui.core.trust import flags, SWEPT
 
 COLUMNS = ("strategy", "devices", "fast", "batch", "samples_per_s", "samples_range",
            "speedup", "speedup_range", "predicted_speedup", "efficiency", "repeats", "check")
@@ -26,8 +27,6 @@ def _range(s: dict[str, Any], form: str) -> str:
 
 def grouped(items: list, points: list) -> list[dict[str, Any]]:
     """One row per grid cell: medians and ranges over the repetitions, trust flags."""
-    from gputui.core.trust import SWEPT, flags
-
     by_run = {it.row.id: it for it in items}
     where = {p.run_id: p for p in points if p.run_id}
     cells: dict[str, list] = {}

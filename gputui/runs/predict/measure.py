@@ -1,10 +1,10 @@
-"""The measured inputs of a prediction (:mod:`gputui.runs.predict`), kept per machine.
+"""The measured inputs of a prediction (:mod:`gputui.runs.predict.scaling`), kept per machine.
 
 Compute times come from short real ``single`` runs launched as users run them (the launcher,
 spawned processes), their steady step time read from the record (warm-up excluded, see
 :mod:`gputui.core.steady`); on the CPU the N copies a measurement needs run at once, each with the
 threads a rank would get. Allreduce times are measured at exactly the gradient bytes, as DDP
-issues them (:mod:`gputui.runs.predict_comm`); fsdp's all-gathers and reduce-scatters at
+issues them (:func:`allreduce_in_step`, below); fsdp's all-gathers and reduce-scatters at
 its units' sizes, as fully_shard issues them (the same module); the scratch one by
 ``gputui bench-comm``. Every figure is kept in ``<cache>/predict-<machine>.json``
 (``$GPUTUI_CACHE_DIR``, else ``$XDG_CACHE_HOME/gputui``, else ``~/.cache/gputui``) and measured
@@ -18,15 +18,27 @@ measuring happens in spawned processes.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from gputui.core.config import RunConfig
 from gputui.core.config_schema import optimizer_states
-from gputui.runs.predict import Inputs
-from gputui.runs.predict_cache import Cache, CommKey, ComputeKey, compute_key, cores
-from gputui.runs.predict_inputs import stale
+from gputui.runs.predict.scaling import Inputs
+from gputui.runs.predict.cache import Cache, CommKey, ComputeKey, compute_key, cores
+from gputui.runs.predict.inputs import stale
+from gputui.core import breakdown, runstore, signals
+from gputui.core.devices import Device
+from gputui.core.events import StepMetrics
+from gputui.core.machine import note
+from gputui.runs import comm_bench
+from gputui.runs.comm_bench import run_bench
+from gputui.runs.history import row_for
+from gputui.runs.launcher import launch
+from gputui.runs.prepare import override_checked
+from gputui.runs.predict.scaling import static_bytes
 
 SYNC_BYTES = 256  # the loop's all-reduce of a window's losses (float64s): a latency figure
 MEASURE_STEPS = 100  # steps of a compute measurement's epoch (its first window is warm-up)
@@ -52,11 +64,6 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     one's steady step time, its noise, its mean exposed communication (``comm_s``, from the
     steady windows' step breakdowns; 0 for single), the parameters and (GPU) the peak device
     memory; raises RuntimeError (one line) when a run fails."""
-    from gputui.core import runstore
-    from gputui.runs.history import row_for
-    from gputui.runs.launcher import launch
-    from gputui.runs.prepare import override_checked
-
     changes = {"strategy.name": strategy, "devices.spec": spec, "devices.fallback": "none",
                "run.threads": threads, "optim.batch_size": batch,
                "optim.scale_with_devices": False, "run.epochs": epochs, "run.log_every": 10,
@@ -74,8 +81,6 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
         for h in handles:
             h.kill("prediction measurement interrupted")
         raise
-    from gputui.core import signals
-
     signals.raise_if_stopped()  # its runs were stopped by a signal: no figure from them
     rows = [row_for(h.run_dir) for h in handles]
     bad = next((r for r in rows if r.status != "finished"), None)
@@ -107,9 +112,6 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
 def _steady_comm(run_dir: Path) -> float:
     """The mean exposed communication of a record's metered steps, warm-up (the first log
     window, as gputui.core.steady) left out; 0.0 where none was measured."""
-    from gputui.core import breakdown, runstore
-    from gputui.core.events import StepMetrics
-
     parts = [ev.breakdown for ev in runstore.read_events(run_dir)
              if isinstance(ev, StepMetrics) and ev.breakdown]
     mean = breakdown.mean(parts[1:] if len(parts) > 1 else parts)
@@ -118,9 +120,6 @@ def _steady_comm(run_dir: Path) -> float:
 
 def _peak_memory(run_dir: Path) -> int | None:
     """The largest allocation a GPU run reported (None on the CPU)."""
-    from gputui.core import runstore
-    from gputui.core.events import StepMetrics
-
     peak = None
     for ev in runstore.read_events(run_dir):
         if not isinstance(ev, StepMetrics):
@@ -131,13 +130,77 @@ def _peak_memory(run_dir: Path) -> int | None:
     return peak
 
 
+# ---------------------------------------------------------------------------------------
+# The allreduce as DDP issues it, timed for the prediction (torch is imported in spawned
+# processes only: the ranks are :mod:`gputui.train.comm_ranks`'s, started as bench-comm's are).
+#
+# ``gputui bench-comm`` times back-to-back calls, which keeps gloo's threads awake; a training
+# step instead computes, then all-reduces its gradients once. Here each rank (the threads a rank
+# gets) does a fixed amount of compute that takes about ``gap`` seconds, then one all_reduce of
+# ``size`` bytes, and so on: the figure is the mean cycle (compute and all-reduce) less the
+# slowest rank's mean compute, which is what the all-reduce adds to a step, the wait for a rank
+# held up by the other processes on its cores included. Gradients above DDP's first bucket (1
+# MiB) are reduced while backward still runs on every core, so for those one spinning process
+# per core keeps the cores busy during the whole measurement, as training does (on busy cores a
+# gloo all-reduce can take twice what it takes on idle ones, and a small one takes longer
+# between compute than back to back).
+#
+# fsdp (``fully_shard``) issues no all-reduce but one collective per unit and pass: a unit's
+# all-gather before its forward, again before its backward (every unit but the root reshards
+# after forward), and a reduce-scatter of its gradients after its backward, each of the unit's
+# flat (padded) parameter bytes. ``comm_ranks.fsdp_calls`` lists them in a step's order from the
+# units' sizes (counted from the model itself, the way the fsdp strategy wraps it:
+# ``comm_ranks.fsdp_units``), and :func:`fsdp_in_step` times that sequence between ranks with
+# the step's compute cut into equal slices between the calls: on the CPU gloo runs each call on
+# the training thread, so each pays its latency and waits for the slower rank, as in training.
+
+FIRST_BUCKET = 2**20  # DDP's first bucket: a gradient this small is one call after backward
+_SPIN = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass"
+
+
+def allreduce_in_step(n: int, size: int, gap: float, kind: str, cores: int,
+                      timeout: float = 600.0) -> float:
+    """Seconds of one all_reduce of ``size`` bytes over ``n`` ranks between ``gap`` seconds of
+    compute (cores kept busy for sizes above DDP's first bucket, on the CPU); raises
+    RuntimeError (one line) on failure. No process outlives the call."""
+    return _measure(n, size, gap, kind, cores, timeout)["seconds"]
+
+
+def fsdp_in_step(cfg_dict: dict, n: int, gap: float, kind: str, cores: int,
+                 timeout: float = 600.0) -> dict:
+    """Seconds that one step's fsdp collectives (``comm_ranks.fsdp_calls`` of the configured
+    model's units) add to a step of ``gap`` seconds of compute over ``n`` ranks, with their count
+    (``calls``) and total bytes (``bytes``); raises RuntimeError (one line) on failure. No
+    process outlives the call."""
+    return _measure(n, 0, gap, kind, cores, timeout, cfg_dict)
+
+
+def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: float,
+             cfg_dict: dict | None = None) -> dict:
+    threads = max(1, cores // n) if kind == "cpu" else 1
+    # about 2 s of steps: short steps swing, and one slow call weighs on a short mean
+    iters = max(5, min(300, int(2.0 / max(gap, 1e-3))))
+    busy = cores if kind == "cpu" and size > FIRST_BUCKET and cfg_dict is None else 0
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(timeout)])
+                for _ in range(busy)]
+    job = {"what": "in_step", "n": n, "size": size, "gap": gap, "iters": iters,
+           "threads": threads, "kind": kind, "cfg": cfg_dict}
+    try:
+        result = comm_bench.measure(job, timeout, "gputui-predict-comm")
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+    if "error" in result:
+        what = "fsdp collectives" if cfg_dict is not None else "allreduce"
+        raise RuntimeError(f"{what} measurement failed: {result['error']}")
+    return result
+
+
 def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) -> dict:
     """Allreduce of ``size`` bytes over ``devices``: torch.distributed as DDP issues it (one
-    call between ``gap`` seconds of compute, :mod:`gputui.runs.predict_comm`) and the scratch
+    call between ``gap`` seconds of compute, :func:`allreduce_in_step`) and the scratch
     allreduce (inside the one training process, so timed on idle cores by bench-comm)."""
-    from gputui.runs.comm_bench import run_bench
-    from gputui.runs.predict_comm import FIRST_BUCKET, allreduce_in_step
-
     kind = devices[0].kind
     scratch = run_bench(devices, [size], iters=10, warmup=5, impls=["scratch"],
                         backend="auto", timeout=600)
@@ -156,9 +219,7 @@ def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
                  line: Line) -> dict:
     """One step's fsdp all-gathers and reduce-scatters over ``n`` ranks, issued as fully_shard
     issues them between ``gap`` seconds of compute
-    (:func:`gputui.runs.predict_comm.fsdp_in_step`)."""
-    from gputui.runs.predict_comm import fsdp_in_step
-
+    (:func:`fsdp_in_step`)."""
     out = fsdp_in_step(cfg_dict, n, gap, "cuda" if kind == "gpu" else "cpu", cores_)
     line(f"  measured fsdp's {out['calls']} collectives per step ({out['bytes'] / 2**20:.2f} "
          f"MiB) over {n} ranks between {gap * 1000:.1f} ms of compute: "
@@ -202,7 +263,6 @@ class Measurer:
             return hit
         if not self.measure:
             return None
-        from gputui.core.devices import Device
         from gputui.hw.contention import LoadWatch, gpu_uuids
 
         watch = LoadWatch(gpu_uuids([Device("cuda", 0)]) if self.kind == "gpu" else ())
@@ -214,8 +274,6 @@ class Measurer:
         return value
 
     def _source(self, key: Key, entry: dict, source: str, why: str) -> None:
-        from gputui.core.machine import note
-
         if any(s["key"] == str(key) for s in self.sources):
             return
         when = entry.get("measured_t")
@@ -245,8 +303,6 @@ class Measurer:
         """The allreduce of ``size`` bytes between ``gap`` seconds of compute (the gap is
         part of the key, rounded to 10 %)."""
         import math
-
-        from gputui.core.devices import Device
 
         label = (self._gpu_label if self.kind == "gpu" else "step") + \
             f":gap{math.exp(round(math.log(max(gap, 1e-4)) / 0.1) * 0.1) * 1000:.3g}ms"
@@ -282,8 +338,6 @@ class Measurer:
         inp.params = int(one.get("params") or 0)
         inp.grad_bytes = inp.params * 4
         if one.get("peak_mem") is not None:
-            from gputui.runs.predict import static_bytes
-
             inp.activations_1 = max(0, int(one["peak_mem"]) - static_bytes(inp))
         if n == 1:
             return inp

@@ -15,11 +15,12 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from gputui.core import machine
 from gputui.core.scores import score_text, speed_text
-from gputui.runs.sweep import Point
+from gputui.runs.sweep.runner import Point
 
 
 class SweepProgress:
-    """Receives ``on_point`` / ``on_event`` calls from :meth:`gputui.runs.sweep.Sweep.run`."""
+    """Receives ``on_point`` / ``on_event`` calls from
+    :meth:`gputui.runs.sweep.runner.Sweep.run`."""
 
     def __init__(self, points: list[Point], stream: TextIO | None = None,
                  live: bool | None = None, epochs: int = 1):

@@ -6,7 +6,7 @@ out with the reason (:func:`gputui.plan.validate`, which holds ``plan.why_not``'
 those the memory prediction says do not fit.
 
 The prediction of a candidate is factorised: its strategy's prediction at the preset's own
-settings (:func:`gputui.runs.predict.predict`, from this machine's measured inputs), whose
+settings (:func:`gputui.runs.predict.scaling.predict`, from this machine's measured inputs), whose
 compute part is scaled by what each of the candidate's settings did to the measured
 one-device step (a ``single`` run with that setting alone, at the batch it implies, over the
 same run at the preset's settings); the communication part is unchanged (autocast keeps the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gputui.runs.predict import Inputs, Prediction, memory
+from gputui.runs.predict.scaling import Inputs, Prediction, memory
 
 MEM_SHARE = 0.9  # of a device's memory a candidate may be predicted to use
 

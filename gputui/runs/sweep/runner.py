@@ -28,9 +28,15 @@ from gputui.core.config import ConfigError, RunConfig, load_preset
 from gputui.core.devices import Device
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core import machine
-from gputui.runs.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
-from gputui.runs.sweep_grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  # noqa: F401
+from gputui.runs.sweep.manifest_size import INDENT, MANIFEST_LIMIT, POINT_BYTES, fit_point
+from gputui.runs.sweep.grid import (KIND_WORDS, KINDS, axis_grid, parse_axis,  # noqa: F401
                                     parse_devices, resolve_kind, spec_for)
+from gputui.core import registry, signals
+from gputui.core.errors import UserError
+from gputui.runs import runlock, warm
+from gputui.runs.ids import find_sweep
+from gputui.runs.launcher import launch
+from gputui.runs.prepare import prepare
 
 # fast-path axes: the config key a sweep varies, and how a point's key names it
 AXES = {"run.precision": "precision", "run.compile": "compile",
@@ -120,8 +126,6 @@ def manifest_path(runs_dir: Path, sweep_id: str) -> Path:
 def load_manifest(runs_dir: Path, sweep_id: str) -> Manifest:
     """A saved manifest, by its id or a unique part of it (``gputui.runs.ids``); LookupError
     (one line) when missing, ambiguous or unreadable."""
-    from gputui.runs.ids import find_sweep
-
     path = manifest_path(runs_dir, find_sweep(sweep_id, runs_dir))
     try:
         return Manifest.from_dict(json.loads(safeio.read_text(path, MANIFEST_LIMIT)))
@@ -211,9 +215,6 @@ class Sweep:
         """The point's devices (resolved once: discovery runs at most once per point), the
         fallback's note, and None when it can run here, else the reason (one line): the path
         of every run (``gputui.runs.prepare``), its refusal kept as the point's reason."""
-        from gputui.core import registry
-        from gputui.runs.prepare import prepare
-
         if registry.get(point.strategy) is None:  # e.g. a manifest from another build
             return [], "", (f"strategy '{point.strategy}' is not available in this build "
                             f"(known: {', '.join(registry.names())})")
@@ -234,8 +235,6 @@ class Sweep:
         """Hold the sweep for this process until ``run`` ends; raises runlock.InUse (one
         line) when another gputui process is running it (a second command must not run its
         points beside the first's)."""
-        from gputui.runs import runlock
-
         if self.lock is None:
             self.lock = runlock.claim_sweep(self.runs_dir, self.manifest.sweep_id)
 
@@ -257,15 +256,10 @@ class Sweep:
 
     def _run(self, on_point: Callable[[Point], object],
              on_event: Callable[[Point, Any], None]) -> str:
-        from gputui.core.errors import UserError
-        from gputui.runs.launcher import launch
-
         m = self.manifest
         m.state = "running"
         m.sessions += 1
         self.save()
-        from gputui.core import signals
-
         for point in m.points:
             if self.supervisor is not None and self.supervisor.first is not None:
                 self.stop_requested = True  # a signal between two points: start no other
@@ -309,9 +303,6 @@ class Sweep:
         """Single-process points run in one warm run host, reused from point to point (torch is
         imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
         host's GPUs are the point's, as resolved for it."""
-        from gputui.core import registry
-        from gputui.train import warm
-
         info = registry.get(point.strategy)
         if info is not None and not info.multiprocess:
             warm.ensure_host(cuda=tuple(d.index for d in devices if d.kind == "cuda"))

@@ -15,12 +15,12 @@ The model (docs/prediction.md) takes measured inputs only:
 - ``t_ar``: the measured time of one allreduce of the gradient bytes G (= parameter bytes)
   over N ranks, issued as DDP issues it: once between two steps' compute, and for gradients
   above DDP's first bucket with every CPU core kept busy, as backward keeps them
-  (:mod:`gputui.runs.predict_comm`); ``t_copy``: the scratch allreduce (copies inside one process,
-  ``gputui bench-comm``).
+  (:func:`gputui.runs.predict.measure.allreduce_in_step`); ``t_copy``: the scratch allreduce
+  (copies inside one process, ``gputui bench-comm``).
 - ``t_fsdp``: what one step's fsdp collectives add to it, timed between ranks
-  (:func:`gputui.runs.predict_comm.fsdp_in_step`): the model's fully_shard units counted, each
-  all-gathered before its forward and again before its backward (the root only once) and its
-  gradients reduce-scattered, each call at its unit's flat bytes, with the step's compute
+  (:func:`gputui.runs.predict.measure.fsdp_in_step`): the model's fully_shard units counted,
+  each all-gathered before its forward and again before its backward (the root only once) and
+  its gradients reduce-scattered, each call at its unit's flat bytes, with the step's compute
   (t_own) cut into slices between the calls.
 
 Per step, N devices:
@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from gputui.core.trust import flags
 
 STRATEGIES = ("ddp", "fsdp", "tp", "scratch", "dp", "pp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap: the last bucket cannot overlap backward
@@ -263,8 +264,6 @@ def impossible(p: Prediction, inp: Inputs, cores: int, noise_1: float | None = N
     ones (:func:`gputui.core.trust.flags`): an efficiency above 100 % says t_1, the measured
     one-device step, was slow, not that N devices would be fast. ``noise_1``: t_1's noise."""
     from types import SimpleNamespace
-
-    from gputui.core.trust import flags
 
     if p.n <= 1 or p.speedup is None:
         return []

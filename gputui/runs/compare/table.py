@@ -14,27 +14,32 @@ is samples/s over the baseline's samples/s (an epoch is the same data for both, 
 the ratio of epoch times); scaling efficiency is speedup / devices. Every speed figure is the
 steady state's (``gputui.core.steady``: warm-up excluded); a resumed baseline is refused and an
 impossible speedup flagged with the reason (``gputui.core.trust``); the predicted speedup comes
-from this machine's kept measurements (``gputui.runs.predict``). Torch-free.
+from this machine's kept measurements (``gputui.runs.predict.scaling``). Torch-free.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gputui.core import breakdown, straggler
-from gputui.core.straggler import Straggler
-from gputui.runs import waterfall
-from gputui.runs.waterfall import Waterfall
-from gputui.core import runstore, scores
+from gputui.core import breakdown, machine, runstore, scores, straggler
 from gputui.core.breakdown import Breakdown
+from gputui.core.config import from_dict
+from gputui.core.devices import backend_for
+from gputui.core.mesh import mesh_of
 from gputui.core.steady import RULE
-from gputui.core import machine
-from gputui.runs.compare_energy import add_energy, gpu_truth_lines
-from gputui.runs.compare_predict import add_prediction, kept_comm_peak
+from gputui.core.straggler import Straggler
+from gputui.core.trust import (APART, SWEPT, flags, noise_of, noisy, on_cpu,
+                               refuse_baseline)
+from gputui.runs.compare import waterfall
+from gputui.runs.compare.waterfall import Waterfall
+from gputui.runs.energy import run_figures
 from gputui.runs.history import RunRow, load_rows, read_config, row_for
+from gputui.runs.predict import comm_peak
+from gputui.runs.predict.measure import Measurer
+from gputui.runs.predict.scaling import SHORT_MARGIN, STRATEGIES, impossible, predict, short_of
 
 TABLE_COLUMNS = ("id", "strategy", "devices", "batch", "time_per_epoch_s", "samples_per_s",
                  "speedup", "predicted_speedup", "efficiency", "comm_share", "bubble_share",
@@ -202,9 +207,6 @@ def measured_collective(row: RunRow) -> str:
     ddp group (ddp, a mesh of replicas), or the activation all-reduces of a tensor-parallel
     group with no data-parallel dimension beside it (tp: four a block, two in forward and
     two in backward)."""
-    from gputui.core.config import from_dict
-    from gputui.core.mesh import mesh_of
-
     try:
         shape = mesh_of(from_dict(read_config(Path(row.run_dir))), row.devices or 1)
     except Exception:  # noqa: BLE001 - a damaged config names no collective
@@ -241,8 +243,6 @@ def find_baseline(row: RunRow, candidates: list[RunRow],
     candidates not measured the way ``row`` was are refused (``gputui.core.trust``), and why is
     appended to ``refused``; ``only_compared``: a sweep's runs take their baselines from the
     same sweep only."""
-    from gputui.core.trust import refuse_baseline
-
     if not row.devices or not row.batch:
         return None, ""
     per_device = row.batch / row.devices
@@ -292,8 +292,6 @@ def compare(run_dirs: Sequence[str | Path], runs_dir: str | Path | None = None,
         others = []
     pool = rows + others
     out = []
-    from gputui.core.trust import APART, SWEPT, flags, noise_of, noisy
-
     for row in rows:
         events = readable_events(row.run_dir)  # read once, for the curves and the figures
         loss, acc, share, parts = read_record(row.run_dir, events)
@@ -373,9 +371,7 @@ def summary_lines(items: list[CompareRow]) -> list[str]:
         for why in it.warnings:
             lines.append(f"{r.id}: {why}")
         if it.comm_gbps is not None:
-            from gputui.runs.comm_peak import text
-
-            lines.append(f"{r.id}: {text(it.comm_gbps, it.comm_peak_gbps)} "
+            lines.append(f"{r.id}: {comm_peak.text(it.comm_gbps, it.comm_peak_gbps)} "
                          f"({it.comm_what or 'its timed collectives'}, mean of the metered "
                          f"steps)"
                          + ("" if it.comm_peak_gbps else "; no bench-comm peak kept for "
@@ -418,3 +414,107 @@ def one_device_flags(row: RunRow) -> str:
 def as_plain(items: list[CompareRow]) -> list[dict[str, Any]]:
     """Every figure of every compared run, curves included."""
     return [it.to_dict() for it in items]
+
+
+# What a comparison takes from NVML's truth about a run (``gputui.runs.energy``, the record's
+# memory check): energy per sample, time and energy to a target, the allocator peak against the
+# memory model.
+
+def add_energy(item: "CompareRow", base: RunRow | None, acc: float | None,
+               loss: float | None) -> None:
+    """The run's energy figures, its time and energy to the target and its memory check."""
+    what = "given"
+    if acc is None and loss is None and base is not None:
+        what = f"baseline {base.id}'s final"
+        if base.task == "lm":
+            loss = base.val_loss
+        else:
+            acc = base.test_acc
+    got = run_figures(item.row.run_dir, acc, loss)
+    item.energy_j, item.j_per_sample = got["energy_j"], got["j_per_sample"]
+    item.j_per_step, item.to_target = got["j_per_step"], got["to_target"]
+    item.memory_check = got["memory_check"]
+    if acc is not None:
+        item.target = f"test acc >= {acc * 100:.1f}% ({what})"
+    elif loss is not None:
+        item.target = f"val loss <= {loss:.4g} ({what})"
+
+
+def gpu_truth_lines(it: "CompareRow") -> list[str]:
+    """Energy per sample, time and energy to the target (printed where the run has energy
+    figures or the target was given), and the allocator peak against the memory model."""
+    r, out = it.row, []
+    if it.energy_j is not None:
+        per = f", {it.j_per_sample:.3g} J/sample" if it.j_per_sample is not None else ""
+        out.append(f"{r.id}: energy {it.energy_j / 1000:.2f} kJ over its epochs{per} (the "
+                   f"GPUs' energy counter)")
+    if it.target and (it.energy_j is not None or "(given)" in it.target):
+        t = it.to_target
+        if t is None:
+            out.append(f"{r.id}: did not reach {it.target}")
+        else:
+            joules = f", {t['joules'] / 1000:.2f} kJ" if t.get("joules") is not None else ""
+            out.append(f"{r.id}: reached {it.target} at epoch {t['epoch']}: "
+                       f"{t['seconds']:.1f} s of training{joules}")
+    for m in it.memory_check:
+        sign = "+" if m["diff"] >= 0 else "-"
+        out.append(f"{r.id}: {m['device']} allocator peak {_mib(m['peak'])} against "
+                   f"{_mib(m['predicted'])} predicted (params, grads, optimizer state, "
+                   f"activations): {sign}{_mib(abs(m['diff']))}")
+    return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+# What a comparison adds from this machine's kept measurements, never measuring: the
+# communication peak bench-comm kept for the run's devices, and the speedup the prediction
+# model gives for a recorded run, with a warning where the measured one falls short of it.
+
+def kept_comm_peak(row: RunRow) -> float | None:
+    """bench-comm's kept peak for the run's device kind and count over the backend "auto"
+    picks (gloo on CPUs, nccl on GPUs); None when none is kept (never measures)."""
+    cpu = on_cpu(row)
+    if not row.devices:
+        return None
+    try:
+        kind = "cpu" if cpu else "cuda"
+        return comm_peak.peak(kind, row.devices, backend_for("auto", kind))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def add_prediction(item: CompareRow, base: RunRow) -> None:
+    """The predicted speedup of ``item`` from this machine's kept measurements (never
+    measures), and a warning when the measured one falls well short of it."""
+    row = item.row
+    if row.strategy not in STRATEGIES or not row.devices or row.devices < 2:
+        return
+    try:
+        item.predicted_speedup, item.predicted_reason = predicted_speedup(row)
+    except Exception as exc:  # noqa: BLE001 - a prediction never breaks a comparison
+        item.predicted_reason = f"{type(exc).__name__}: {exc}"
+    if short_of(item.speedup, item.predicted_speedup, noise_of(row, base)):
+        item.warnings.append(
+            f"speedup {item.speedup:.2f}x is well short of its prediction "
+            f"{item.predicted_speedup:.2f}x (more than {SHORT_MARGIN:.0%} plus the noise "
+            f"below): a straggler, the data path or contention the model does not see")
+
+
+def predicted_speedup(row: RunRow) -> tuple[float | None, str]:
+    """(predicted speedup, why none) for a recorded run, from kept measurements only."""
+    if not row.devices:
+        return None, "the record names no devices"
+    cfg = from_dict(read_config(Path(row.run_dir)), source="record")
+    kind = "cpu" if on_cpu(row) else "gpu"
+    m = Measurer(cfg, kind, Path(row.run_dir).parent, line=lambda s: None, measure=False)
+    inp = m.inputs(row.devices, [row.strategy])
+    p = predict(row.strategy, inp)
+    if p.speedup is None:
+        return None, (p.reason or "no prediction") + (
+            "; `gputui predict PRESET` measures it on this machine")
+    why = impossible(p, inp, m.cores, (m.baseline or {}).get("noise"))
+    if why:  # predict's own rule: an impossible prediction is no figure to fall short of
+        return None, f"the prediction {p.speedup:.2f}x is no result: {why[0]}"
+    return p.speedup, ""

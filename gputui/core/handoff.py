@@ -8,7 +8,9 @@ pid, the record closed), and how a process leaves once its queue is flushed. A l
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gputui.core.config import RunConfig
@@ -125,3 +127,27 @@ def quick_exit(queue, code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+# The node's copy of a multi-process run's dataset (``gputui.train.shared_data``): the host
+# writes it, its ranks map it, and the parent removes it when it had to kill the host.
+
+def data_file(run_id: str) -> Path:
+    """Where the node's copy of the dataset goes (RAM-backed when possible)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"gputui-{run_id}-data.pt"  # run ids are unique; the launcher cleans up
+
+
+def data_file_failed(path: Path) -> Path:
+    """The marker the host leaves beside the copy when it could not write it."""
+    return path.with_suffix(".failed")
+
+
+def remove_data_file(path: Path) -> None:
+    """Delete the node's copy (ranks that mapped it keep their mapping)."""
+    for p in (path, path.with_suffix(".tmp"), data_file_failed(path)):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass

@@ -1,6 +1,6 @@
 """A sweep's grid as typed: device counts, fast-path axes, what the counts are (GPUs or CPU
 virtual devices) and each point's devices.spec. Each is checked where the flag gives it
-(ConfigError, one line). Torch-free; ``gputui.runs.sweep`` builds its points from these.
+(ConfigError, one line). Torch-free; ``gputui.runs.sweep.runner`` builds its points from these.
 """
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from gputui.core.config import ConfigError
+from gputui.core.config_schema import COMPILE_MODES, PRECISIONS
+from gputui.core.devices import MAX_DEVICES, wants_gpus
 
 
 def parse_devices(text: str) -> list[str]:
     """"1,2" or "cpu,cpu*2": device counts (or CPU specs) to sweep over, each 1 to
     MAX_DEVICES."""
-    from gputui.core.devices import MAX_DEVICES
-
     items = [t.strip() for t in text.split(",") if t.strip()]
     for item in items:
         count = item[4:] if item.startswith("cpu*") else "1" if item == "cpu" else item
@@ -39,8 +39,6 @@ def axis_grid(axes: dict) -> list[list[tuple[str, Any]]]:
 def parse_axis(option: str, key: str, text: str) -> list:
     """The values of one fast-path axis as typed (``--compile off,default``), checked against
     the config field's choices; ConfigError (one line) otherwise."""
-    from gputui.core.config_schema import COMPILE_MODES, PRECISIONS
-
     items = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     if key == "data.context":  # token counts: the context-length sweep (single against cp)
         bad = [t for t in items if not (t.isdecimal() and t.isascii() and 0 < int(t) <= 2**20)]
@@ -76,7 +74,6 @@ def resolve_kind(kind: str, preset_spec: str, gpus: list | None = None,
     "auto" is GPUs when the preset names GPUs and this machine has some, else CPU virtual
     devices; the line then says how to scale over the GPUs that are there. "gpu" on a machine
     without one is refused (ConfigError, one line)."""
-    from gputui.core.devices import wants_gpus
     from gputui.hw.discovery import discover_gpus
 
     if kind not in KINDS:

@@ -1,0 +1,365 @@
+"""The measuring side of timed collectives (imports torch; runs only in spawned processes):
+`gputui bench-comm` and the prediction's collectives in a step.
+
+``driver`` runs in a child of the CLI (``gputui.runs.comm_bench.comm_main``), and
+:func:`launch_ranks` is the one rank launcher for both: one rank per device through torch's
+elastic launcher (the engine of torchrun). For bench-comm (``"bench"``) the driver times the
+scratch allreduce (distinct replicas, one per device, summed on the first and copied back) in
+its own process, then ``torch.distributed.all_reduce`` in each rank: every size is checked for
+a correct sum first, then timed over ``iters`` calls after ``warmup`` calls; times are per
+call, the distributed time the slowest rank's. For the prediction (``"in_step"``, see
+``gputui.runs.predict.measure``) each rank computes, then issues the step's collectives, as
+training does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+import uuid
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from gputui.core import signals
+from gputui.core.config import from_dict
+from gputui.core.devices import Device, backend_for
+from gputui.core.errors import fault_line
+from gputui.train import data as data_mod
+from gputui.train.parallelize import fsdp_targets
+from gputui.train.rankinfo import RankInfo
+from gputui.train.strategies.rank import RankStrategy
+from gputui.train.strategies.scratch import allreduce
+
+DTYPE = torch.float32
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+def _expect(n: int) -> float:
+    return n * (n + 1) / 2  # ranks fill 1..n, so every element sums to this
+
+
+def bench_scratch(torch_devices: list[str], sizes: list[int], iters: int,
+                  warmup: int, repeats: int = 1) -> list[dict[str, Any]]:
+    """Seconds per call of the scratch ``allreduce`` over ``len(torch_devices)`` replicas,
+    ``repeats`` times (``samples``; ``seconds`` is their median)."""
+    devices = [torch.device(d) for d in torch_devices]
+    n, out = len(devices), []
+    for size in sizes:
+        count = max(1, size // DTYPE.itemsize)
+        # zeros + fill, never .to(): replicas on one physical device must not alias.
+        data = [torch.zeros(count, dtype=DTYPE, device=d).fill_(i + 1)
+                for i, d in enumerate(devices)]
+        allreduce(data)
+        _sync(devices)
+        if not all(torch.all(t == _expect(n)).item() for t in data):
+            raise RuntimeError(f"scratch allreduce gave a wrong sum at {size} bytes")
+        for t in data:
+            t.zero_()  # timed calls on zeros: repeated sums of ones would overflow to inf
+        for _ in range(warmup):
+            allreduce(data)
+        _sync(devices)
+        samples = []
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                allreduce(data)
+            _sync(devices)
+            samples.append((time.perf_counter() - t0) / iters)
+        out.append({"size": count * DTYPE.itemsize, "count": count,
+                    "seconds": _median(samples), "samples": samples})
+    return out
+
+
+def _median(values: list[float]) -> float:
+    vals = sorted(values)
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def rank_main(sizes: list[int], iters: int, warmup: int, kind: str, indices: list[int],
+              backend: str, threads: int, repeats: int = 1) -> list[dict[str, Any]] | None:
+    """One rank: time all_reduce over every size; rank 0 returns the results."""
+    signals.rank_of_held()
+    me = RankInfo.of_process(len(indices))
+    rank, local, world = me.rank, me.local_rank, me.world_size
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    if kind == "cuda":
+        device = torch.device(f"cuda:{indices[local]}")
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    try:
+        results = []
+        for size in sizes:
+            count = max(1, size // DTYPE.itemsize)
+            t = torch.full((count,), float(rank + 1), dtype=DTYPE, device=device)
+            dist.all_reduce(t)
+            if not torch.all(t == _expect(world)).item():
+                raise RuntimeError(f"all_reduce gave a wrong sum at {size} bytes")
+            t.zero_()
+            for _ in range(warmup):
+                dist.all_reduce(t)
+            _sync([device])
+            samples = []
+            for _ in range(max(1, repeats)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t)
+                _sync([device])
+                took = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
+                                    device=device)
+                dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+                samples.append(took.item())
+            results.append({"size": count * DTYPE.itemsize, "count": count,
+                            "seconds": _median(samples), "samples": samples})
+        dist.barrier()  # no rank tears down while another is still in a collective
+        return results if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_ranks(fn: Callable[..., Any], n: int, args: tuple, tag: str) -> dict[int, Any]:
+    """``fn(*args)`` in ``n`` ranks on this node through elastic_launch (c10d rendezvous on a
+    free local port, no restart); what each rank returned, by rank. Called in the driver."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # keep the measurement's output clean
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n,
+                          run_id=f"{tag}-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, start_method="spawn",
+                          monitor_interval=0.1)
+    return elastic_launch(config, fn)(*args)
+
+
+def bench_dist(kind: str, indices: list[int], sizes: list[int], iters: int, warmup: int,
+               backend: str, repeats: int = 1) -> list[dict[str, Any]]:
+    """One rank per device, all_reduce timed in each (rank 0's results)."""
+    n = len(indices)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // n)
+    results = launch_ranks(rank_main, n, (sizes, iters, warmup, kind, indices, backend, threads,
+                                          repeats), "bench")
+    return results[0]
+
+
+def driver(job: dict[str, Any], queue) -> None:
+    """Entry point of the spawned measuring process: puts one result dict on ``queue``
+    (``{"error", "detail"}`` when it failed). ``job["what"]``: ``"bench"`` (bench-comm's
+    sizes) or ``"in_step"`` (the prediction's collectives between compute)."""
+    signals.hold()  # the parent decides on a stop signal: it ends this process and its ranks
+    out: dict[str, Any] = {}
+    try:
+        out = bench(job) if job["what"] == "bench" else in_step(job)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+        out["error"] = fault_line(exc)
+        out["detail"] = traceback.format_exc()
+    queue.put(out)
+
+
+def bench(spec: dict[str, Any]) -> dict[str, Any]:
+    """bench-comm's rows: the scratch allreduce in this process, torch's in one rank a device."""
+    out: dict[str, Any] = {}
+    kind, indices = spec["kind"], spec["indices"]
+    sizes, iters, warmup = spec["sizes"], spec["iters"], spec["warmup"]
+    if "scratch" in spec["impls"]:
+        devs = ["cpu" if kind == "cpu" else f"cuda:{i}" for i in indices]
+        out["scratch"] = bench_scratch(devs, sizes, iters, warmup, spec.get("repeats", 1))
+    if "torch" in spec["impls"]:
+        out["torch"] = bench_dist(kind, indices, sizes, iters, warmup, spec["backend"],
+                                  spec.get("repeats", 1))
+    return out
+
+
+# ------------------------------------------------------------- the prediction's collectives
+
+Call = tuple[str, int]  # ("all_gather" | "reduce_scatter", the unit's full flat bytes)
+
+
+def fsdp_calls(units: list[int], root: int = 0) -> list[Call]:
+    """One step's fsdp collectives in the order fully_shard issues them: ``units`` are the
+    flat parameter bytes of each wrapped unit in forward order, ``root`` those of the whole
+    model's own unit (parameters in no wrapped unit; 0: none, so no collective). Forward
+    all-gathers the root, then each unit; backward, in reverse, all-gathers each unit again
+    (resharded after forward) and reduce-scatters its gradients; the root (kept gathered
+    after forward) reduce-scatters last."""
+    calls: list[Call] = [("all_gather", root)] if root else []
+    calls += [("all_gather", b) for b in units if b]
+    for b in reversed(units):
+        if b:
+            calls += [("all_gather", b), ("reduce_scatter", b)]
+    if root:
+        calls.append(("reduce_scatter", root))
+    return calls
+
+
+def padded_bytes(shapes: list[tuple[int, ...]], n: int, itemsize: int = 4) -> int:
+    """The flat bytes of one fsdp unit on ``n`` ranks: each parameter is sharded on its first
+    dimension (a scalar: one row), padded to a multiple of ``n`` rows."""
+    total = 0
+    for shape in shapes:
+        rows = shape[0] if shape else 1
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        total += -(-rows // n) * n * rest
+    return total * itemsize
+
+
+def fsdp_units(cfg_dict: dict, n: int) -> tuple[list[int], int]:
+    """The padded flat bytes of each unit the fsdp strategy wraps (forward order) and of the
+    root's own parameters, for ``n`` ranks: the configured model built here (torch)."""
+    small = {**cfg_dict, "data": {**cfg_dict.get("data", {}), "train_size": 64,
+                                  "test_size": 64}}  # the shapes only
+    cfg = from_dict(small)
+    ds = data_mod.load_from_config(cfg.data)
+    strategy = RankStrategy(cfg, [Device("cpu", 0)], ds.in_channels, ds.image_size,
+                            ds.num_classes, height=ds.height)
+    model = strategy.build_model()
+    names = list(cfg.strategy.fsdp_wrap)
+    targets = fsdp_targets(model, names)  # innermost first: a unit owns what no inner one does
+    seen: set[int] = set()
+    owned = []
+    for t in targets:
+        ps = [p for p in t.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in ps)
+        owned.append(padded_bytes([tuple(p.shape) for p in ps], n,
+                                  ps[0].element_size() if ps else 4))
+    units = owned[::-1] if names else owned  # forward order (named: modules() reversed)
+    rest = [p for p in model.parameters() if id(p) not in seen]
+    root = padded_bytes([tuple(p.shape) for p in rest], n, rest[0].element_size()) if rest else 0
+    return units, root
+
+
+def step_rank(size: int, gap: float, iters: int, threads: int, kind: str,
+          calls: list[Call] | None = None) -> float:
+    signals.rank_of_held()
+    torch.set_num_threads(threads)
+    local = RankInfo.of_process(1).local_rank
+    device = torch.device(f"cuda:{local}" if kind == "cuda" else "cpu")
+    if kind == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for("auto", kind))
+    try:
+        grad = torch.ones(max(1, size // 4), device=device)
+        work = torch.randn(128, 128, device=device)
+        k = _calibrate(work, gap, kind, device)
+        if calls:
+            return _fsdp_cycles(calls, work, k, iters, device)
+        cycles, works = [], []
+        for i in range(iters + 3):
+            t0 = time.perf_counter()
+            for _ in range(k):  # the step's compute: a fixed amount of work on this rank's
+                work @ work     # threads, so a rank held up takes longer, as in training
+            if kind == "cuda":
+                torch.cuda.synchronize(device)
+            t1 = time.perf_counter()
+            # as DDP's default comm hook issues a bucket: averaged, asynchronous, its result
+            # taken in a callback on the collective's thread, waited for by the step
+            grad.div_(dist.get_world_size())
+            fut = dist.all_reduce(grad, async_op=True).get_future().then(lambda f: f.value())
+            fut.wait()
+            if kind == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= 3:
+                cycles.append(time.perf_counter() - t0)
+                works.append(t1 - t0)
+        return _added(cycles, works)
+    finally:
+        time.sleep(0.1)  # see strategies.rank.destroy_group
+        dist.destroy_process_group()
+
+
+def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
+    """fsdp's step: the compute (``k`` matmuls) cut into equal slices, one before each
+    collective, as fully_shard issues them on the CPU (synchronous; on CUDA each slice and
+    each call is synchronized, so the figure is the work, not its queueing); what they add to
+    a step, as for the all-reduce: the mean cycle less the slowest rank's mean compute."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    n = dist.get_world_size()
+    bufs = []
+    for op, b in calls:
+        numel = max(n, b // 4 // n * n)
+        bufs.append((op, numel, torch.ones(numel, device=device),
+                     torch.ones(numel // n, device=device)))
+    cuts = [round(k * (i + 1) / len(calls)) - round(k * i / len(calls))
+            for i in range(len(calls))]
+    cycles, works = [], []
+    for i in range(iters + 3):
+        t0 = time.perf_counter()
+        busy = 0.0
+        for (op, numel, full, shard), cut in zip(bufs, cuts, strict=True):
+            w0 = time.perf_counter()
+            for _ in range(cut):
+                work @ work
+            sync()
+            busy += time.perf_counter() - w0
+            # with fsdp's own copies around each call, into buffers allocated per call as it
+            # allocates them (on the CPU, fresh pages: part of the cost)
+            if op == "all_gather":  # copy-in of the shards, gather, copy-out into the
+                inp = torch.empty(numel // n, device=device)  # unsharded parameters
+                inp.copy_(shard)
+                out = torch.empty(numel, device=device)
+                dist.all_gather_single(out, inp)  # as torch's DefaultAllGather
+                torch.empty(numel, device=device).copy_(out)
+            else:  # the gradients copied into one input, divided before and after (gloo
+                inp = torch.empty(numel, device=device)  # has no average), scattered
+                inp.copy_(full).div_(n)
+                out = torch.empty(numel // n, device=device)
+                dist.reduce_scatter_single(output=out, input=inp)  # as DefaultReduceScatter
+                shard.copy_(out)
+            sync()
+        if i >= 3:
+            cycles.append(time.perf_counter() - t0)
+            works.append(busy)
+    return _added(cycles, works)
+
+
+def _added(cycles: list[float], works: list[float]) -> float:
+    """What the collectives add to a step: the mean cycle (the same on every rank: they wait
+    for each other) less the slowest rank's mean compute, so the wait for a rank held up (the
+    other processes on its cores) counts, as it does in training."""
+    figures = torch.tensor([sum(cycles) / len(cycles), sum(works) / len(works)],
+                           dtype=torch.float64)
+    dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    return max(0.0, float(figures[0] - figures[1]))
+
+
+def _calibrate(work, gap: float, kind: str, device) -> int:
+    """How many ``work @ work`` take about ``gap`` seconds on this rank."""
+    n, took = 1, 0.0
+    while took < 0.02 and n < 2**20:
+        n *= 2
+        t0 = time.perf_counter()
+        for _ in range(n):
+            work @ work
+        if kind == "cuda":
+            torch.cuda.synchronize(device)
+        took = time.perf_counter() - t0
+    return max(1, round(gap / (took / n)))
+
+
+def in_step(job: dict[str, Any]) -> dict[str, Any]:
+    """The prediction's figure: what one all-reduce of ``size`` bytes (or, given a config,
+    the model's fsdp collectives) adds to a step of ``gap`` seconds of compute on ``n`` ranks."""
+    n, size, calls = job["n"], job["size"], None
+    if job.get("cfg") is not None:  # fsdp: the model's units, counted here
+        calls = fsdp_calls(*fsdp_units(job["cfg"], n))
+        size = sum(b for _, b in calls)
+    out = launch_ranks(step_rank, n, (size, job["gap"], job["iters"], job["threads"],
+                                      job["kind"], calls), "predict")
+    return {"seconds": out[0], "calls": len(calls or [1]), "bytes": size}
