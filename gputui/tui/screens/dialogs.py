@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label, Static
 from textual.widgets.button import ButtonVariant
+
+from gputui.core.filewrite import make_folder, write_atomic
+from gputui.core.presets import user_presets_dir
 
 
 class ChoiceDialog(ModalScreen[str | None]):
@@ -117,3 +121,29 @@ class SavePresetDialog(ModalScreen[Path | None]):
     def action_cancel(self) -> None:
         """Escape: do not save."""
         self.dismiss(None)
+
+
+def save_preset(screen: Screen, stem: str, text: str,
+                saved: Callable[[Path, str], None]) -> None:
+    """Ask where to write the preset ``text`` (a free ``STEM.toml``, then ``STEM-2.toml``...,
+    in the user's presets folder, never the project's own presets/), write it there, and call
+    ``saved(path, name)`` with the name `gputui run` takes; a write that fails is one line."""
+    folder = user_presets_dir()
+    default = folder / f"{stem}.toml"
+    n = 2
+    while default.exists():
+        default, n = folder / f"{stem}-{n}.toml", n + 1
+
+    def write(path: Path | None) -> None:
+        if path is None:
+            return
+        try:
+            if path.parent == folder:
+                make_folder(folder)
+            write_atomic(path, text)
+        except OSError as exc:  # WriteFailed: the file, the cause and the fix
+            screen.notify(str(exc), severity="error", markup=False)
+            return
+        saved(path, path.stem if path.parent == folder else str(path))
+
+    screen.app.push_screen(SavePresetDialog(default), write)

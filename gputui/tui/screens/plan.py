@@ -386,32 +386,13 @@ class PlanScreen(Screen):
         if chosen is None:
             return
         number, row = chosen
-        from gputui.core.filewrite import make_folder, write_atomic
-        from gputui.core.presets import user_presets_dir
-        from gputui.tui.screens.dialogs import SavePresetDialog
+        from gputui.tui.screens.dialogs import save_preset
 
-        text = self._preset_text(row)
-        folder = user_presets_dir()
-        default = folder / f"{self.config.run.name}-plan-{number}.toml"
-        n = 2
-        while default.exists():
-            default, n = folder / f"{self.config.run.name}-plan-{number}-{n}.toml", n + 1
-
-        def write(path: Path | None) -> None:
-            if path is None:
-                return
-            try:
-                if path.parent == folder:
-                    make_folder(folder)
-                write_atomic(path, text)
-            except OSError as exc:  # WriteFailed: the file, the cause and the fix
-                self.notify(str(exc), severity="error")
-                return
-            name = path.stem if path.parent == folder else str(path)
+        def saved(path: Path, name: str) -> None:
             self.notify(f"Row {number} ({row.shape.describe()}) written as a preset: {path}; "
                         f"run it with `gputui run {name}` on the planned devices", timeout=10)
 
-        self.app.push_screen(SavePresetDialog(default), write)
+        save_preset(self, f"{self.config.run.name}-plan-{number}", self._preset_text(row), saved)
 
     def action_use_row(self) -> None:
         """Load the row under the cursor into the set-up form (the app goes back to it)."""

@@ -15,7 +15,6 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Select, Sta
 from gputui.core.config import (
     ConfigError, RunConfig, effective_batch_size, effective_lr, load_preset)
 from gputui.core.events import plural
-from gputui.core.filewrite import make_folder, write_atomic
 from gputui.core.presets import user_presets_dir
 from gputui.core.usercode import code_line
 from gputui.tui.defaults import BUILTINS, SLOW_NOTE, builtin, learns_slowly
@@ -24,7 +23,7 @@ from gputui.tui.form import FIELD_BY_KEY, FormResult, build, files_problem, read
 from gputui.tui.inventory import Inventory
 from gputui.tui.messages import (FilesChecked, InventoryReady, SetupChanged, SetupShown,
                                  StartRun)
-from gputui.tui.screens.dialogs import SavePresetDialog
+from gputui.tui.screens.dialogs import save_preset
 from gputui.tui.estimate import UNKNOWN_GPU
 from gputui.tui.screens.setup_estimate import SetupEstimate
 from gputui.tui.widgets.device_picker import DevicePicker
@@ -306,33 +305,18 @@ class SetupScreen(SetupEstimate, Screen):
         if cfg is None:  # not ok
             self.notify("Fix the form before saving it as a preset", severity="error")
             return
-        folder = user_presets_dir()  # the user's, never the project's own presets/
-        default = folder / f"{cfg.run.name}.toml"
-        n = 2
-        while default.exists():
-            default, n = folder / f"{cfg.run.name}-{n}.toml", n + 1
 
-        def write(path: Path | None) -> None:
-            if path is None:
-                return
-            try:
-                if path.parent == folder:
-                    make_folder(folder)
-                write_atomic(path, cfg.to_toml())
-            except OSError as exc:  # WriteFailed: the file, the cause and the fix
-                self.notify(str(exc), severity="error", markup=False)
-                return
+        def saved(path: Path, name: str) -> None:
             if not path.is_file():  # a device or a pipe took the bytes: no preset to run
                 self.notify(f"Wrote the preset to {path}", timeout=8)
                 return
-            if path not in self.presets and path.parent == folder:
+            if path not in self.presets and path.parent == user_presets_dir():
                 self.presets = sorted([*self.presets, path])
             self.preset = path
             self.query_one(PresetPanel).set_presets(self.presets, path)
-            name = path.stem if path.parent == folder else str(path)
             self.notify(f"Saved {path}; run it with `gputui run {name}`", timeout=8)
 
-        self.app.push_screen(SavePresetDialog(default), write)
+        save_preset(self, cfg.run.name, cfg.to_toml(), saved)
 
 
 def _files_key(result: FormResult) -> str:
