@@ -24,11 +24,10 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_mesh import mib  # noqa: E402 - the sibling benchmark's formatting
+from runloop import largest, mib, steady_run  # noqa: E402
 
 KIND, WAIT = "cp ring send/recv", "cp ring wait"
 
@@ -36,27 +35,10 @@ KIND, WAIT = "cp ring send/recv", "cp ring wait"
 def run(cfg) -> dict:
     """One run through the launcher: steady tokens/s, the first memory report's largest rank,
     the ring's seconds per step and the step's exposed and hidden communication."""
-    from gputui.runs.launcher import launch
-
-    handle = launch(cfg, tempfile.mkdtemp(prefix="gputui-bench-cp-"))
-    steps, memory, first_epoch_done = [], None, False
-    while not handle.done:
-        for ev in handle.poll(timeout=0.2):
-            if ev.kind == "epoch_end":
-                first_epoch_done = True
-            elif ev.kind == "step" and first_epoch_done:
-                steps.append(ev)
-            elif ev.kind == "memory" and memory is None:
-                memory = list(ev.per_device)
-            elif ev.kind == "run_failed":
-                raise SystemExit(f"{cfg.strategy.name} run failed: {ev.reason}")
-    if not steps:
-        raise SystemExit(f"{cfg.strategy.name}: no steps after the first epoch; raise --epochs")
+    steps, rows = steady_run(cfg, "gputui-bench-cp-")
     out: dict = {"tokens_per_s": statistics.mean(e.tokens_per_s for e in steps)}
-    rows = memory or []
     for key in ("params", "grads", "optim", "activations"):
-        values = [r.get(key) for r in rows]
-        out[key] = max(values) if values and all(v is not None for v in values) else None
+        out[key] = largest(rows, key)
     ring = [r.collectives[KIND] for e in steps for r in (e.per_device or ())
             if r.collectives and KIND in r.collectives]
     out["ring_s"] = statistics.mean(ring) if ring else None

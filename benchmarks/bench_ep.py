@@ -21,7 +21,12 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runloop import largest, mib, steady_run  # noqa: E402
 
 
 def variants(ranks: int) -> dict[str, tuple[str, dict]]:
@@ -33,27 +38,10 @@ def variants(ranks: int) -> dict[str, tuple[str, dict]]:
 def run(cfg) -> dict:
     """One run through the launcher: steady tokens/s, the largest rank's memory, the named
     collectives of the metered steps, the dropped share."""
-    from gputui.runs.launcher import launch
-
-    handle = launch(cfg, tempfile.mkdtemp(prefix="gputui-bench-ep-"))
-    steps, memory, first_epoch_done = [], None, False
-    while not handle.done:
-        for ev in handle.poll(timeout=0.2):
-            if ev.kind == "epoch_end":
-                first_epoch_done = True
-            elif ev.kind == "step" and first_epoch_done:
-                steps.append(ev)
-            elif ev.kind == "memory" and memory is None:
-                memory = list(ev.per_device)
-            elif ev.kind == "run_failed":
-                raise SystemExit(f"{cfg.strategy.name} run failed: {ev.reason}")
-    if not steps:
-        raise SystemExit(f"{cfg.strategy.name}: no steps after the first epoch; raise --epochs")
+    steps, rows = steady_run(cfg, "gputui-bench-ep-")
     out: dict = {"samples_per_s": statistics.mean(e.samples_per_s for e in steps)}
-    rows = memory or []
     for key in ("params", "experts", "activations"):
-        values = [r.get(key) for r in rows]
-        out[key] = max(values) if values and all(v is not None for v in values) else None
+        out[key] = largest(rows, key)
     routed = sum(sum(e.moe["routed"]) for e in steps if e.moe)
     dropped = sum(e.moe["dropped"] for e in steps if e.moe)
     out["dropped"] = dropped / routed if routed else None
@@ -68,10 +56,6 @@ def run(cfg) -> dict:
     out["a2a_ms"] = 1000 * a2a_s / timed if timed else None
     out["a2a_kib"] = a2a_bytes / 1024 / timed if timed else None
     return out
-
-
-def mib(n: int | None) -> str:
-    return f"{n / 2**20:7.2f}" if n is not None else "    n/a"
 
 
 def main() -> None:

@@ -25,7 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runloop import largest, mib, steady_run  # noqa: E402
 
 # name -> (strategy, config overrides)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -52,27 +57,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 def run(cfg) -> dict:
     """One run through the launcher: steady samples/s, the first memory report's largest
     rank, the pipeline's bubble."""
-    from gputui.runs.launcher import launch
-
-    handle = launch(cfg, tempfile.mkdtemp(prefix="gputui-bench-mesh-"))
-    steps, memory, first_epoch_done = [], None, False
-    while not handle.done:
-        for ev in handle.poll(timeout=0.2):
-            if ev.kind == "epoch_end":
-                first_epoch_done = True
-            elif ev.kind == "step" and first_epoch_done:
-                steps.append(ev)
-            elif ev.kind == "memory" and memory is None:
-                memory = list(ev.per_device)
-            elif ev.kind == "run_failed":
-                raise SystemExit(f"{cfg.strategy.name} run failed: {ev.reason}")
-    if not steps:
-        raise SystemExit(f"{cfg.strategy.name}: no steps after the first epoch; raise --epochs")
+    steps, rows = steady_run(cfg, "gputui-bench-mesh-")
     out: dict = {"samples_per_s": statistics.mean(e.samples_per_s for e in steps)}
-    rows = memory or []
     for key in ("params", "grads", "optim", "activations"):
-        values = [r.get(key) for r in rows]
-        out[key] = max(values) if values and all(v is not None for v in values) else None
+        out[key] = largest(rows, key)
     parts = [out[k] for k in ("params", "grads", "optim", "activations")]
     out["peak"] = sum(parts) if all(p is not None for p in parts) else None
     shares = [r.bubble_share for e in steps for r in (e.per_device or ())
@@ -82,10 +70,6 @@ def run(cfg) -> dict:
     out["bubble"] = statistics.mean(shares) if shares else None
     out["bubble_theory"] = theory[0] if theory else None
     return out
-
-
-def mib(n: int | None) -> str:
-    return f"{n / 2**20:7.2f}" if n is not None else "    n/a"
 
 
 def main() -> None:
