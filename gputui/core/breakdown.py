@@ -190,7 +190,7 @@ def bar(bd: Breakdown | None, width: int) -> list[tuple[str, str]]:
 
 
 def pipeline_line(row: Any) -> str | None:
-    """A pp stage's pipeline figures of its metered step (a ``gputui.core.steps.DeviceStep``
+    """A pp stage's pipeline figures of its metered step (a ``gputui.core.events.DeviceStep``
     from ``gputui.train.strategies.pp_meter``), e.g. 'stage 0: bubble 41% of the pipeline
     (theory 20%) · sends 1.2 ms · receives 1.1 ms'; None for a row of another strategy."""
     share = getattr(row, "bubble_share", None)

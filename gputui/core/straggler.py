@@ -3,7 +3,7 @@
 A collective evens out the ranks' step times: the rank that is slow in backward makes every
 other rank wait in its all-reduce (ddp) or reduce-scatter (fsdp), so their steps take as long
 as its. What is not evened out is each rank's *own* work on a metered step, recorded before
-any collective (``gputui.core.steps.DeviceStep``): its data wait, its forward and its backward
+any collective (``gputui.core.events.DeviceStep``): its data wait, its forward and its backward
 up to its last gradient (the collectives inside them left out), and its update. From the
 ranks' rows of one step:
 

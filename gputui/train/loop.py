@@ -20,8 +20,7 @@ import torch
 
 from gputui.core import breakdown
 from gputui.core.config import RunConfig
-from gputui.core.events import EpochEnd, Event, LogLine, StepMetrics
-from gputui.core.steps import DeviceStep, StepReport
+from gputui.core.events import DeviceStep, EpochEnd, Event, LogLine, StepMetrics, StepReport
 from gputui.train import collectives
 from gputui.train import checkpoint as ckpt, figures
 from gputui.train.data import Dataset, eval_batches

@@ -15,6 +15,7 @@ from gputui.core import breakdown
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
 from gputui.core.events import (
+    DeviceStep,
     DeviceSample,
     EpochEnd,
     Event,
@@ -30,7 +31,6 @@ from gputui.core.events import (
     StepMetrics,
     is_terminal,
 )
-from gputui.core.steps import DeviceStep
 from gputui.tui.inventory import DeviceRow, Inventory
 
 T0 = 1_700_000_000.0

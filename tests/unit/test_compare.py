@@ -229,7 +229,7 @@ def test_compare_names_each_collective_a_step_took():
     """A record's steps name their collectives per rank (tp's all-reduces, fsdp's all-gathers
     ...): compare gives each kind's mean over the ranks and metered steps, and says it."""
     from gputui.core.events import StepMetrics
-    from gputui.core.steps import DeviceStep
+    from gputui.core.events import DeviceStep
     from gputui.runs.compare.table import read_hw_figures
 
     def step(n, tp_ms, ag_ms):

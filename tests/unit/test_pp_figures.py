@@ -113,7 +113,7 @@ ROW = {"device": "cpu:1", "stage": 1, "bubble_share": 0.41, "bubble_theory": 0.2
 
 
 def _row(**changes):
-    from gputui.core.steps import DeviceStep
+    from gputui.core.events import DeviceStep
 
     return DeviceStep.from_dict(dict(ROW, **changes))
 

@@ -10,8 +10,7 @@ import torch
 
 from gputui.core import runstore
 from gputui.core.breakdown import Breakdown, make
-from gputui.core.events import StepMetrics, event_from_dict
-from gputui.core.steps import DeviceStep, StepReport
+from gputui.core.events import DeviceStep, StepMetrics, StepReport, event_from_dict
 from gputui.train.strategies.meter import Meter
 
 # a ddp rank's StepMetrics as the code before the typed report wrote it (per_device rows of

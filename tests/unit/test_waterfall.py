@@ -14,7 +14,7 @@ import pytest
 from gputui import cli
 from gputui.core import straggler
 from gputui.core.breakdown import make
-from gputui.core.steps import DeviceStep
+from gputui.core.events import DeviceStep
 from gputui.runs.compare import waterfall
 from gputui.runs.compare.table import compare, summary_lines
 from run_records import write_record

@@ -42,7 +42,7 @@ wraps its parts in the meter's spans, which mark only on the steps the loop mete
 Communication goes in ``with m.comm:`` (or ``m.lanes[i].comm`` for device i), or is marked
 by a hook (``comm_timer.CommTimer``); a device other than the first has its compute in
 ``m.lanes[i].compute``. The default ``step_report`` turns the meter into the frozen
-``gputui.core.steps.StepReport`` for one device: compute, the update, exposed communication
+``gputui.core.events.StepReport`` for one device: compute, the update, exposed communication
 (``m.comm``, none hidden), data and host. A strategy whose devices or communication differ
 writes its own ``step_report`` from the same spans (dp, scratch, model_parallel; the rank
 strategies' is ``rank.gather_steps``).
@@ -60,7 +60,7 @@ from torch.nn import functional as F
 from gputui.core import breakdown
 from gputui.core.config import RunConfig, effective_batch_size, effective_lr, task_of
 from gputui.core.devices import Device
-from gputui.core.steps import DeviceStep, StepReport
+from gputui.core.events import DeviceStep, StepReport
 from gputui.train import moe
 from gputui.train.models import build_model, gpt_shape
 from gputui.train.paramtrace import fault

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from gputui.core import breakdown
-from gputui.core.steps import DeviceStep, StepReport
+from gputui.core.events import DeviceStep, StepReport
 from gputui.train.strategies.meter import Clock, Meter
 from gputui.train.strategies.single import Single
 

@@ -17,7 +17,7 @@ other than the first has its own :class:`Lane` (``m.lanes[i].compute``, ``.comm`
 own clock. The marks are perf_counter on the CPU and CUDA events on a GPU: recording one
 does not wait for the device; they are read (``seconds``) at the log interval, where the loop
 synchronises anyway. The meter keeps the last metered step until the next one begins; the
-strategy's ``step_report`` turns it into a ``gputui.core.steps.StepReport``.
+strategy's ``step_report`` turns it into a ``gputui.core.events.StepReport``.
 """
 
 from __future__ import annotations

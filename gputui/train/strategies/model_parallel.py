@@ -25,7 +25,7 @@ from torch import nn
 from gputui.core import breakdown
 from gputui.core.config import ConfigError
 from gputui.core.mp_plan import balance, check_split_points
-from gputui.core.steps import DeviceStep, StepReport
+from gputui.core.events import DeviceStep, StepReport
 from gputui.train.models import count_params
 from gputui.train.strategies.base import Strategy, flat_layers
 from gputui.train.strategies.meter import Meter

@@ -38,9 +38,8 @@ from torch import nn
 
 from gputui.core import breakdown
 from gputui.core.devices import backend_for
-from gputui.core.events import MemoryRow
+from gputui.core.events import DeviceStep, MemoryRow, StepReport
 from gputui.core.mesh import MeshShape, mesh_of
-from gputui.core.steps import DeviceStep, StepReport
 from gputui.train import parallelize as par
 from gputui.train.optim import optimizer_class
 from gputui.train.rankinfo import RankInfo
@@ -785,7 +784,7 @@ def _to_cpu(value: Any) -> Any:
 # What one rank of a multi-process strategy (ddp, fsdp) reports of its metered step, and
 # the gathering of every rank's report at the log interval.
 #
-# Each rank turns its meter into a :class:`~gputui.core.steps.DeviceStep`: its samples, its
+# Each rank turns its meter into a :class:`~gputui.core.events.DeviceStep`: its samples, its
 # compute and whole step, the breakdown (its collectives split out of compute by the strategy's
 # communication timer, see ``comm_timer``), its memory and process, and the collectives it
 # timed. The rows travel whole over the control group (gloo, on the CPU) in one

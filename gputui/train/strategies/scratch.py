@@ -18,7 +18,7 @@ from torch import nn
 
 from gputui.core import breakdown
 from gputui.core.errors import UserError
-from gputui.core.steps import DeviceStep, StepReport
+from gputui.core.events import DeviceStep, StepReport
 from gputui.train.strategies.base import Strategy
 from gputui.train.strategies.meter import Meter
 
