@@ -1,6 +1,7 @@
-"""The parent side of the tracer: jobs to one spawned child (``gputui.train.plan_trace``,
-where torch is imported), their figures kept in ``<cache>/plan-traces.json`` by what they
-depend on, so a mesh already traced answers at once (torch-free)."""
+"""The parent side of the tracer: jobs to spawned children (``gputui.train.plan_trace``,
+where torch is imported; one a core, each tracing its share), their figures kept in
+``<cache>/plan-traces.json`` by what they depend on, so a mesh already traced answers at once
+(torch-free)."""
 
 from __future__ import annotations
 
@@ -59,14 +60,35 @@ def run_jobs(jobs: list[dict[str, Any]], line: Line, timeout: float = 1800.0,
             todo.append(dict(job, key=key))
     if not todo:
         return out
-    line(f"tracing {len(todo)} mesh(es) in a child process ({len(jobs) - len(todo)} kept from "
-         f"earlier plans); loading torch ...")
+    n = workers(len(todo))
+    line(f"tracing {len(todo)} mesh(es) in {n} child process(es) ({len(jobs) - len(todo)} kept "
+         f"from earlier plans); loading torch ...")
     def keep(key: str, value: dict) -> None:  # as each arrives: a stopped plan keeps them
         if "error" not in value:
             cache.put(key, value)
 
-    out.update(_spawn(todo, line, timeout, keep))
+    out.update(_spawn(todo, line, timeout, keep, n))
     return out
+
+
+JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
+
+
+def workers(jobs: int, cores: int | None = None) -> int:
+    """How many tracing children for ``jobs`` meshes: one a core this process may use (each
+    traces its share; a trace is single-threaded Python), none idle, and one for a few
+    jobs (a child's torch import is not worth a mesh's trace)."""
+    if cores is None:
+        from gputui.runs.predict_cache import cores as own_cores
+
+        cores = own_cores()
+    return max(1, min(cores, jobs // JOBS_PER_WORKER))
+
+
+def shares(jobs: list[dict[str, Any]], n: int) -> list[list[dict[str, Any]]]:
+    """``jobs`` dealt to ``n`` children in turn (the candidates come grouped by mesh family,
+    so each child gets a like mix of cheap and dear ones); none empty."""
+    return [part for part in (jobs[i::n] for i in range(n)) if part]
 
 
 def trace_main(jobs: list[dict[str, Any]], q: Any) -> None:
@@ -78,26 +100,29 @@ def trace_main(jobs: list[dict[str, Any]], q: Any) -> None:
 
 
 def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float,
-           keep: Callable[[str, dict], None]) -> dict[str, dict]:
+           keep: Callable[[str, dict], None], n: int = 1) -> dict[str, dict]:
     from gputui.core import signals
     from gputui.core.proctree import kill_tree, own_tracker
 
     own_tracker()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=trace_main, args=(jobs, q), name="gputui-plan-trace")
+    procs = [ctx.Process(target=trace_main, args=(part, q), name=f"gputui-plan-trace-{i}")
+             for i, part in enumerate(shares(jobs, n))]
     with signals.deferred():
-        proc.start()
+        for proc in procs:
+            proc.start()
     out: dict[str, dict] = {}
     deadline = time.monotonic() + timeout
     t0 = time.monotonic()
+    done = 0
     try:
-        while True:
+        while done < len(procs):
             signals.raise_if_stopped()
             try:
                 msg = q.get(timeout=0.5)
             except queue_mod.Empty:
-                if not proc.is_alive():
+                if not any(p.is_alive() for p in procs):
                     break
                 if time.monotonic() > deadline:
                     break
@@ -108,16 +133,19 @@ def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float,
                 out[msg[1]] = msg[2]
                 keep(msg[1], msg[2])
             elif msg[0] == "done":
-                break
+                done += 1
     except BaseException:
-        kill_tree(proc.pid)
+        for proc in procs:
+            kill_tree(proc.pid)
         raise
     finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            kill_tree(proc.pid)
-            proc.join(timeout=5)
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                kill_tree(proc.pid)
+                proc.join(timeout=5)
+    codes = ", ".join(str(p.exitcode) for p in procs)
     for job in jobs:
         out.setdefault(job["key"], {"error": "the tracer ended before this mesh (exit code "
-                                             f"{proc.exitcode})"})
+                                             f"{codes})"})
     return out
