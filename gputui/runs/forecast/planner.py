@@ -1,5 +1,6 @@
 """One plan end to end (torch-free): the cluster's profile, the meshes traced (once each, kept),
-a second round with activation checkpointing for the meshes whose activations do not fit,
+a second round with full activation checkpointing for the meshes whose activations do not
+fit, a third with selective for those that fit with full,
 the rows in order; ``--check``: a recorded run beside what the plan says for it; a chosen
 row as a preset."""
 
@@ -18,6 +19,9 @@ from gputui.runs.forecast.tracing import job_key, run_jobs
 
 Line = Callable[[str], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
+NOT_PLANNED = ("not planned: meshes with context parallelism (cp > 1; its ring attention is "
+               "not traced yet) and expert parallelism (a mixture of experts routes tokens by "
+               "their values, which fake tensors do not have)")
 
 
 @dataclass
@@ -51,6 +55,11 @@ def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
     if cfg.model.factory or cfg.model.name != "gpt":
         raise ConfigError(f"gputui plan traces the built-in GPT (model.name = 'gpt'); this "
                           f"preset trains {cfg.model.factory or cfg.model.name!r}")
+    if cfg.model.moe_experts:
+        raise ConfigError(f"gputui plan traces dense GPTs; this preset's model.moe_experts = "
+                          f"{cfg.model.moe_experts} routes each token by its values, which "
+                          f"fake tensors do not have: plan its dense size with --set "
+                          f"model.moe_experts=0, or measure it with gputui run")
     global_batch = batch or cfg.optim.batch_size
     return ModelSize(n_layer=cfg.model.n_layer, n_embd=cfg.model.n_embd,
                      n_head=cfg.model.n_head, context=cfg.data.context,
@@ -98,22 +107,29 @@ def _cpu(ranks: int, line: Line) -> Profile:
 
 def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool = False,
               only: list[MeshShape] | None = None) -> Plan:
-    """Trace what is not kept, then the rows: every candidate at ac = none, and those whose
-    activations keep them from fitting again at full and selective checkpointing."""
+    """Trace what is not kept, then the rows: every candidate at ac = none; those whose
+    activations keep them from fitting (and whose state alone fits) again at full
+    checkpointing, and those that fit so at selective checkpointing."""
     cands = ([Candidate(s, *_spec(model, s, cluster.world)) for s in only] if only is not None
              else estimate.candidates(model, cluster, "none", every_mesh))
     rows = _rows(cands, model, cluster, line)
     if only is None:
-        again = []
-        for r in rows:
-            if not r.fits and r.peak and r.mem.get("activations", 0) > 0.25 * r.peak:
-                for ac in ("selective", "full"):
-                    s = replace(r.shape, ac=ac)
-                    again.append(Candidate(s, *_spec(model, s, cluster.world)))
+        # full checkpointing keeps the least: tried first where checkpointing may make a mesh
+        # fit, selective (faster, more memory) only where full fits
+        again = [_cand(model, replace(r.shape, ac="full"), cluster.world) for r in rows
+                 if estimate.ac_may_fit(r, cluster.profile)]
         if again:
-            line(f"{len(again) // 2} mesh(es) do not fit for their activations: tracing them "
-                 f"again with selective and full activation checkpointing")
-            rows += _rows(again, model, cluster, line)
+            line(f"{len(again)} mesh(es) do not fit for their activations: tracing them again "
+                 f"with full activation checkpointing (not those whose parameters, gradients "
+                 f"and optimizer state alone do not fit)")
+            full = _rows(again, model, cluster, line)
+            rows += full
+            sel = [_cand(model, replace(r.shape, ac="selective"), cluster.world) for r in full
+                   if r.fits]
+            if sel:
+                line(f"{len(sel)} of them fit with full checkpointing: tracing them with "
+                     f"selective checkpointing")
+                rows += _rows(sel, model, cluster, line)
     p = cluster.profile
     assumptions = [
         f"device: {p.name}, {p.memory_gib:.1f} GiB, {p.peak_flops(model.dtype()) / 1e12:.1f} "
@@ -124,7 +140,13 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
         f"fits: peak x {1 + profiles.ALLOCATOR_HEADROOM:.2f} (allocator headroom)"
         + (f" + {profiles.CUDA_CONTEXT_GIB:g} GiB (CUDA context)" if p.kind == "gpu" else "")
         + f" <= {p.memory_gib:.1f} GiB"]
+    if cluster.world > 1 and only is None:
+        assumptions.append(NOT_PLANNED)
     return Plan(cluster, model, estimate.order(rows), assumptions)
+
+
+def _cand(model: ModelSize, shape: MeshShape, world: int) -> Candidate:
+    return Candidate(shape, *_spec(model, shape, world))
 
 
 def _spec(model: ModelSize, shape: MeshShape, world: int) -> tuple[dict | None, str]:
