@@ -136,6 +136,34 @@ def test_a_row_fits_or_says_why_not_and_times_its_step():
     assert rows[0] is ok and estimate.pareto(rows) == [ok]
 
 
+def test_checkpointing_is_tried_only_where_it_may_make_a_mesh_fit():
+    """A mesh that does not fit for its activations is traced again with checkpointing; one
+    whose parameters, gradients and optimizer state alone do not fit is not (no mode of
+    checkpointing shrinks them), nor one that fits, nor one short of state."""
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    acts = _row({"params": 2**30, "optim": 2 * 2**30, "activations": 90 * 2**30})
+    assert not acts.fits and estimate.ac_may_fit(acts, h100)
+    state = _row({"params": 30 * 2**30, "grads": 30 * 2**30, "optim": 60 * 2**30,
+                  "activations": 60 * 2**30})
+    assert not state.fits and not estimate.ac_may_fit(state, h100)
+    temps = _row({"params": 2**30, "temps": 90 * 2**30, "activations": 2**30})
+    assert not temps.fits and not estimate.ac_may_fit(temps, h100)
+    fits = _row({"params": 2**30, "activations": 10 * 2**30})
+    assert fits.fits and not estimate.ac_may_fit(fits, h100)
+
+
+@pytest.mark.parametrize("jobs,cores,expected", [(1, 2, 1), (5, 2, 1), (6, 2, 2),
+                                                 (100, 2, 2), (100, 1, 1), (9, 16, 3)])
+def test_tracing_children_one_a_core_and_none_for_a_few_jobs(jobs, cores, expected):
+    from gputui.runs.forecast.tracing import shares, workers
+
+    n = workers(jobs, cores)
+    assert n == expected
+    parts = shares([{"key": str(i)} for i in range(jobs)], n)
+    assert len(parts) == n and all(parts)
+    assert sorted(j["key"] for part in parts for j in part) == sorted(map(str, range(jobs)))
+
+
 def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):
     from gputui.cli.forecast import print_plan, seconds
     from gputui.runs.forecast.planner import Plan
@@ -351,7 +379,8 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
 @pytest.mark.parametrize("args,words", [
     (["--gpus", "8xFOO"], "no profile for 'FOO'"),
     (["--gpus", "8xH100", "--efficiency", "2"], "--efficiency 2.0: give a share"),
-    (["--gpus", "8xH100", "--profile", "/nonexistent.toml"], "cannot read it")])
+    (["--gpus", "8xH100", "--profile", "/nonexistent.toml"], "cannot read it"),
+    (["--set", "model.moe_experts=4"], "model.moe_experts = 4 routes each token")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     preset = tmp_path / "tiny.toml"
     preset.write_text(PRESET)
