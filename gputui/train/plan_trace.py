@@ -494,6 +494,29 @@ def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads
         dist.destroy_process_group()
 
 
+def _one(job: dict[str, Any]) -> dict[str, Any]:
+    try:
+        if job.get("kind") == "cpu_peak":
+            return _cpu_peak(job["spec"])
+        return _traced(job["spec"])
+    except Exception as exc:  # one mesh that does not trace is that row's reason
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+
+
+def serve(jobs: Any, queue: Any, index: int) -> None:
+    """Spawned entry point of tracing child ``index``: take jobs (``{"key", "spec",
+    "label"}``) from ``jobs`` until a None, putting ("start", index, key, label) as each
+    starts and ("result", key, figures | {"error"}) as each ends."""
+    torch.set_num_threads(1)
+    try:
+        while (job := jobs.get()) is not None:
+            queue.put(("start", index, job["key"], job["label"]))
+            queue.put(("result", job["key"], _one(job)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def main(jobs: list[dict[str, Any]], queue: Any) -> None:
     """Spawned entry point: trace every job (``{"key", "spec"}``), putting ("line", text) as
     each starts and ("result", key, figures | {"error"}) as each ends, then ("done",)."""

@@ -16,7 +16,7 @@ from gputui.core.mesh import MeshShape
 from gputui.runs.forecast import estimate, profiles
 from gputui.runs.forecast.estimate import Candidate, ModelSize
 from gputui.runs.forecast.profiles import Cluster
-from gputui.runs.forecast.tracing import TraceCache, job_key, run_jobs
+from gputui.runs.forecast.tracing import TraceCache, Tracer, job_key, run_jobs
 
 TINY = ModelSize(n_layer=2, n_embd=32, n_head=4, context=16, vocab=256, batch=8,
                  precision="fp32", chunks=1)
@@ -155,13 +155,9 @@ def test_checkpointing_is_tried_only_where_it_may_make_a_mesh_fit():
 @pytest.mark.parametrize("jobs,cores,expected", [(1, 2, 1), (5, 2, 1), (6, 2, 2),
                                                  (100, 2, 2), (100, 1, 1), (9, 16, 3)])
 def test_tracing_children_one_a_core_and_none_for_a_few_jobs(jobs, cores, expected):
-    from gputui.runs.forecast.tracing import shares, workers
+    from gputui.runs.forecast.tracing import workers
 
-    n = workers(jobs, cores)
-    assert n == expected
-    parts = shares([{"key": str(i)} for i in range(jobs)], n)
-    assert len(parts) == n and all(parts)
-    assert sorted(j["key"] for part in parts for j in part) == sorted(map(str, range(jobs)))
+    assert workers(jobs, cores) == expected
 
 
 def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):
@@ -207,7 +203,16 @@ def traced(tmp_path_factory):
     assert isinstance(spec, dict), spec
     jobs.append({"kind": "trace", "spec": spec, "label": "short dp_replicate 2"})
     keys[("short", MeshShape(dp_replicate=2))] = job_key("trace", spec)
-    got = run_jobs(jobs, lambda _: None, cache=TraceCache(folder))
+    # in two rounds of one Tracer (a plan's checkpointing round): its children are kept
+    lines: list[str] = []
+    with Tracer(lines.append, cache=TraceCache(folder)) as tracer:
+        got = run_jobs(jobs[:-1], lines.append, tracer=tracer)
+        got.update(run_jobs(jobs[-1:], lines.append, tracer=tracer))
+        assert all(p.is_alive() for p in tracer.procs)
+        children = list(tracer.procs)
+    assert not any(p.is_alive() for p in children)  # none outlives the Tracer
+    assert sum("loading torch" in text for text in lines) == 1, lines
+    assert sum(text.startswith("  ") for text in lines) == len(jobs)  # each job started once
     return folder, {k: got[v] for k, v in keys.items()}
 
 

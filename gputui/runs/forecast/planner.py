@@ -15,7 +15,7 @@ from gputui.core.mesh import MeshShape
 from gputui.runs.forecast import estimate, profiles
 from gputui.runs.forecast.estimate import Candidate, ModelSize, Row
 from gputui.runs.forecast.profiles import Cluster, Profile
-from gputui.runs.forecast.tracing import job_key, run_jobs
+from gputui.runs.forecast.tracing import Tracer, job_key, run_jobs
 
 Line = Callable[[str], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
@@ -112,24 +112,8 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
     checkpointing, and those that fit so at selective checkpointing."""
     cands = ([Candidate(s, *_spec(model, s, cluster.world)) for s in only] if only is not None
              else estimate.candidates(model, cluster, "none", every_mesh))
-    rows = _rows(cands, model, cluster, line)
-    if only is None:
-        # full checkpointing keeps the least: tried first where checkpointing may make a mesh
-        # fit, selective (faster, more memory) only where full fits
-        again = [_cand(model, replace(r.shape, ac="full"), cluster.world) for r in rows
-                 if estimate.ac_may_fit(r, cluster.profile)]
-        if again:
-            line(f"{len(again)} mesh(es) do not fit for their activations: tracing them again "
-                 f"with full activation checkpointing (not those whose parameters, gradients "
-                 f"and optimizer state alone do not fit)")
-            full = _rows(again, model, cluster, line)
-            rows += full
-            sel = [_cand(model, replace(r.shape, ac="selective"), cluster.world) for r in full
-                   if r.fits]
-            if sel:
-                line(f"{len(sel)} of them fit with full checkpointing: tracing them with "
-                     f"selective checkpointing")
-                rows += _rows(sel, model, cluster, line)
+    with Tracer(line) as tracer:  # one set of children for every round
+        rows = _rounds(cands, model, cluster, line, tracer, only is None)
     p = cluster.profile
     assumptions = [
         f"device: {p.name}, {p.memory_gib:.1f} GiB, {p.peak_flops(model.dtype()) / 1e12:.1f} "
@@ -145,6 +129,30 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
     return Plan(cluster, model, estimate.order(rows), assumptions)
 
 
+def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
+            tracer: Tracer, checkpointing: bool) -> list[Row]:
+    rows = _rows(cands, model, cluster, line, tracer)
+    if not checkpointing:
+        return rows
+    # full checkpointing keeps the least: tried first where checkpointing may make a mesh
+    # fit, selective (faster, more memory) only where full fits
+    again = [_cand(model, replace(r.shape, ac="full"), cluster.world) for r in rows
+             if estimate.ac_may_fit(r, cluster.profile)]
+    if again:
+        line(f"{len(again)} mesh(es) do not fit for their activations: tracing them again "
+             f"with full activation checkpointing (not those whose parameters, gradients "
+             f"and optimizer state alone do not fit)")
+        full = _rows(again, model, cluster, line, tracer)
+        rows += full
+        sel = [_cand(model, replace(r.shape, ac="selective"), cluster.world) for r in full
+               if r.fits]
+        if sel:
+            line(f"{len(sel)} of them fit with full checkpointing: tracing them with "
+                 f"selective checkpointing")
+            rows += _rows(sel, model, cluster, line, tracer)
+    return rows
+
+
 def _cand(model: ModelSize, shape: MeshShape, world: int) -> Candidate:
     return Candidate(shape, *_spec(model, shape, world))
 
@@ -154,10 +162,11 @@ def _spec(model: ModelSize, shape: MeshShape, world: int) -> tuple[dict | None, 
     return (spec, "") if isinstance(spec, dict) else (None, spec)
 
 
-def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line) -> list[Row]:
+def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
+          tracer: Tracer | None = None) -> list[Row]:
     jobs = [{"kind": "trace", "spec": c.spec, "label": f"tracing {c.label()}"}
             for c in cands if c.spec is not None]
-    got = run_jobs(jobs, line) if jobs else {}
+    got = run_jobs(jobs, line, tracer=tracer) if jobs else {}
     return [estimate.make_row(c, got.get(job_key("trace", c.spec)) if c.spec else None, model,
                               cluster) for c in cands]
 
