@@ -216,6 +216,27 @@ def traced(tmp_path_factory):
     return folder, {k: got[v] for k, v in keys.items()}
 
 
+def test_a_plan_stopped_mid_trace_leaves_no_child(tmp_path):
+    """The app stops a plan by raising from its progress line: the Tracer's children are
+    killed there, mid-trace, and nothing is kept."""
+    class Stopped(Exception):
+        pass
+
+    seen: list = []
+
+    def line(text: str) -> None:
+        if text.startswith("  "):  # a child has started a mesh
+            seen.extend(tracer.procs)
+            raise Stopped
+
+    spec = estimate.spec_of(TINY, MeshShape(dp_shard=2), 2)
+    tracer = Tracer(line, cache=TraceCache(tmp_path))
+    with pytest.raises(Stopped), tracer:
+        run_jobs([{"kind": "trace", "spec": spec, "label": "dp_shard 2"}], line, tracer=tracer)
+    assert tracer.procs == [] and seen and not any(p.is_alive() for p in seen)
+    assert not (tmp_path / "plan-traces.json").exists()
+
+
 def test_the_trace_counts_what_the_real_code_holds(traced):
     _, got = traced
     whole = TINY.params() * 4  # fp32 bytes of every parameter

@@ -74,7 +74,9 @@ class Tracer:
     def __enter__(self) -> Tracer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is not None:  # stopped (a progress line raised, ^C): no waiting for a trace
+            self._kill()
         self.close()
 
     def run(self, jobs: list[dict[str, Any]]) -> dict[str, dict]:
@@ -148,18 +150,21 @@ class Tracer:
                     if "error" not in msg[2]:  # as each arrives: a stopped plan keeps them
                         self.cache.put(msg[1], msg[2])
         except BaseException:  # stopped: the children go now, mid-trace or not
-            from gputui.core.proctree import kill_tree
-
-            for proc in self.procs:
-                kill_tree(proc.pid)
-                proc.join(timeout=5)
-            self.procs = []
+            self._kill()
             raise
         codes = ", ".join(str(p.exitcode) for p in self.procs)
         for key in waiting:
             out.setdefault(key, {"error": f"the tracer ended before this mesh (exit code "
                                           f"{codes})"})
         return out
+
+    def _kill(self) -> None:
+        from gputui.core.proctree import kill_tree
+
+        for proc in self.procs:
+            kill_tree(proc.pid)
+            proc.join(timeout=5)
+        self.procs = []
 
     def close(self) -> None:
         """End the children: each is told there is no more, then joined (killed if it does
