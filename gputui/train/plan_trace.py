@@ -445,7 +445,9 @@ def measure_pipeline(spec: dict[str, Any], mesh: Any, steps: int) -> dict[str, A
 class LiveBytes(TorchDispatchMode):
     """The bytes of every storage alive, counted as ops make them and as they are freed
     (``peak``: the most at once): what a memory tracker's total is, without its module
-    hooks. ``hold`` counts what exists already (parameters, gradients, optimizer state)."""
+    hooks. ``hold`` counts what exists already (parameters, gradients, optimizer state).
+    A storage is counted at the size it is first seen: fully_shard's all-gather buffers,
+    resized to nothing after use and back, count all step (above the real peak)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -456,7 +458,7 @@ class LiveBytes(TorchDispatchMode):
         import weakref
 
         storage = t.untyped_storage()
-        key = storage.data_ptr()
+        key = storage._cdata  # the storage itself (its data pointer warns, and moves)
         if key in self.seen or storage.nbytes() == 0:
             return
         n = storage.nbytes()
@@ -480,6 +482,10 @@ class LiveBytes(TorchDispatchMode):
                     self._add(getattr(v, "_local_tensor", v))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):  # desugared first: its local ops come back here
+            return NotImplemented
         res = func(*args, **(kwargs or {}))
         for t in torch.utils._pytree.tree_leaves(res):
             if isinstance(t, torch.Tensor) and not hasattr(t, "_local_tensor"):
