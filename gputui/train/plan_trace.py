@@ -29,8 +29,9 @@ and the micro-batches in flight, the bubble and the sends are formulas, marked a
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -133,6 +134,12 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
 
     m = spec["model"]
     shape = MeshShape(**spec["mesh"])
+    if fake:
+        # what earlier traces left in reference cycles is collected now, not at some moment
+        # of this one (the cyclic collector freed it mid-step at a point set by what ran
+        # before: with activation checkpointing the same mesh's peak came out 737-929 MB at
+        # GPT-2 small's width by its place in the child's list)
+        gc.collect()
     g = GPTShape(vocab_size=m["vocab"], context=m["context"], n_layer=n_layer,
                  n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"])
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec["precision"])
@@ -332,6 +339,8 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     trace_spec = dict(spec, micro_batches=1)
     inner = shape
     mesh = par.build_mesh("cpu", shape)
+    if not fake and shape.pp > 1:
+        return measure_pipeline(spec, mesh, spec.get("steps", 3))
     if not fake:
         got = trace_stack(dict(spec, micro_batches=chunks if shape.pp == 1 else 1), blocks,
                           mesh, fake=False, steps=spec.get("steps", 3))
@@ -353,6 +362,135 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
         out = _pipeline(spec, shape, out, blocks)
     out["formula"] = formula
     return out
+
+
+def measure_pipeline(spec: dict[str, Any], mesh: Any, steps: int) -> dict[str, Any]:
+    """A pp mesh run for real (gloo ranks, real tensors; the measured side): the whole GPT
+    cut into this rank's stages by the run's own code (:func:`gputui.train.pipeline.apply_pp`),
+    the other dimensions applied to each stage, the schedule built and stepped with all its
+    micro-batches under torch's memory tracker, as a run steps it. Rank 0's figures: the
+    tracker's peak of the last step, its FLOPs and its median step time."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gputui.core.config import from_dict
+    from gputui.train import parallelize as par
+    from gputui.train.gpt import GPTShape, gpt, lm_loss
+    from gputui.train.pipeline import apply_pp
+    from gputui.train.strategies.meter import Meter
+
+    m, shape = spec["model"], MeshShape(**spec["mesh"])
+    chunks = spec["micro_batches"]
+    cfg = from_dict({"model": {"name": "gpt", "n_layer": m["n_layer"], "n_head": m["n_head"],
+                               "n_embd": m["n_embd"], "tie": m["tie"]},
+                     "data": {"context": m["context"]},
+                     "strategy": {"name": "mesh", "schedule": spec["schedule"],
+                                  "stages_per_rank": spec["stages_per_rank"],
+                                  "pipeline_chunks": chunks}}, "the plan's pp mesh")
+    torch.manual_seed(0)
+    whole = gpt(GPTShape(vocab_size=m["vocab"], context=m["context"], n_layer=m["n_layer"],
+                         n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"]))
+    names = list(mesh.mesh_dim_names or ())
+    lines = mesh.mesh.movedim(names.index("pp"), -1).reshape(-1, shape.pp).tolist()
+    peers = next(line for line in lines if dist.get_rank() in line)
+    cpu = torch.device("cpu")
+    pipe = apply_pp(whole, cfg, "gpt", mesh["pp"].get_local_rank(), peers, lines, cpu,
+                    Meter([cpu]))
+    for module in pipe.modules:
+        par.parallelize(module, mesh, shape, [])
+    pp_group = mesh["pp"].get_group() if shape.pp != shape.world else None
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec["precision"])
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return lm_loss(out, y) / chunks
+
+    pipe.build(loss_fn, pp_group, pipe.modules)
+    params = [p for module in pipe.modules for p in module.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    # torch's trackers hook every module's backward, which the schedule's own backward
+    # (torch.autograd.grad per stage) refuses: the bytes of every live storage instead
+    live = LiveBytes()
+    live.hold(params, opt)
+    rows = spec["micro_batch"] * chunks
+    x = torch.randint(0, m["vocab"], (rows, m["context"]))
+    y = torch.randint(0, m["vocab"], (rows, m["context"]))
+    flops = FlopCounterMode(display=False)
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+            pipe.step(x, y, 1)
+        opt.step()
+        opt.zero_grad()
+
+    for i in range(steps):
+        last = i == steps - 1
+        live.hold(params, opt)
+        live.peak = live.now  # the last step's peak, with the state the first one made
+        with live, (flops if last else _null()):
+            step()
+    state = _state_bytes(opt)
+    held = sum(p.numel() * p.element_size() for p in params)
+    out = {"params": held, "gathered": 0, "grads": 0, "optim": state, "activations": 0,
+           "temps": 0, "buffers": 0, "peak": live.peak}
+    times = []
+    for _ in range(int(spec.get("timed_steps", 4))):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"mem": out, "flops": int(flops.get_total_flops()), "comm": [],
+            "seconds": sorted(times)[len(times) // 2],
+            "local_params": int(sum(p.numel() for p in params))}
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of every storage alive, counted as ops make them and as they are freed
+    (``peak``: the most at once): what a memory tracker's total is, without its module
+    hooks. ``hold`` counts what exists already (parameters, gradients, optimizer state).
+    A storage is counted at the size it is first seen: fully_shard's all-gather buffers,
+    resized to nothing after use and back, count all step (above the real peak)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.peak = 0
+        self.seen: dict[int, Any] = {}
+
+    def _add(self, t: torch.Tensor) -> None:
+        import weakref
+
+        storage = t.untyped_storage()
+        key = storage._cdata  # the storage itself (its data pointer warns, and moves)
+        if key in self.seen or storage.nbytes() == 0:
+            return
+        n = storage.nbytes()
+        self.now += n
+        self.peak = max(self.peak, self.now)
+
+        def gone(key: int = key, n: int = n) -> None:
+            if self.seen.pop(key, None) is not None:
+                self.now -= n
+
+        self.seen[key] = weakref.finalize(storage, gone)
+
+    def hold(self, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> None:
+        for p in params:
+            for t in (p, p.grad):
+                if isinstance(t, torch.Tensor):
+                    self._add(getattr(t, "_local_tensor", t))
+        for st in opt.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    self._add(getattr(v, "_local_tensor", v))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):  # desugared first: its local ops come back here
+            return NotImplemented
+        res = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(res):
+            if isinstance(t, torch.Tensor) and not hasattr(t, "_local_tensor"):
+                self._add(t)
+        return res
 
 
 def _micro_batches(out: dict[str, Any], chunks: int, formula: list[str]) -> dict[str, Any]:
@@ -483,27 +621,29 @@ def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads
     except Exception as exc:  # noqa: BLE001 - the parent reports it
         if rank == 0:
             q.put({"error": f"{type(exc).__name__}: {exc}"})
+
     finally:
         dist.destroy_process_group()
 
 
-def main(jobs: list[dict[str, Any]], queue: Any) -> None:
-    """Spawned entry point: trace every job (``{"key", "spec"}``), putting ("line", text) as
-    each starts and ("result", key, figures | {"error"}) as each ends, then ("done",)."""
+def _one(job: dict[str, Any]) -> dict[str, Any]:
+    try:
+        if job.get("kind") == "cpu_peak":
+            return _cpu_peak(job["spec"])
+        return _traced(job["spec"])
+    except Exception as exc:  # one mesh that does not trace is that row's reason
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+
+
+def serve(jobs: Any, queue: Any, index: int) -> None:
+    """Spawned entry point of tracing child ``index``: take jobs (``{"key", "spec",
+    "label"}``) from ``jobs`` until a None, putting ("start", index, key, label) as each
+    starts and ("result", key, figures | {"error"}) as each ends."""
     torch.set_num_threads(1)
     try:
-        for job in jobs:
-            spec = job["spec"]
-            queue.put(("line", f"  {job['label']}"))
-            try:
-                if job.get("kind") == "cpu_peak":
-                    got = _cpu_peak(spec)
-                else:
-                    got = _traced(spec)
-            except Exception as exc:  # one mesh that does not trace is that row's reason
-                got = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-            queue.put(("result", job["key"], got))
+        while (job := jobs.get()) is not None:
+            queue.put(("start", index, job["key"], job["label"]))
+            queue.put(("result", job["key"], _one(job)))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-        queue.put(("done",))

@@ -291,6 +291,17 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     return row
 
 
+def ac_may_fit(row: Row, p: Profile) -> bool:
+    """Whether activation checkpointing could make ``row``'s mesh fit: its activations are a
+    good part of the peak (a quarter or more), and what checkpointing leaves as it is (the
+    rank's parameters, gradients and optimizer state) fits the usable memory on its own
+    (where it does not, no checkpointing mode fits and the mesh is not traced again)."""
+    if row.fits or not row.peak or row.mem.get("activations", 0) <= 0.25 * row.peak:
+        return False
+    state = sum(row.mem.get(k, 0) for k in ("params", "grads", "optim"))
+    return state <= p.usable()
+
+
 def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
     """The largest part of the peak in words, and the lever that shrinks it."""
     m = row.at_peak or row.mem

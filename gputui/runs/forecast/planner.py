@@ -1,5 +1,6 @@
 """One plan end to end (torch-free): the cluster's profile, the meshes traced (once each, kept),
-a second round with activation checkpointing for the meshes whose activations do not fit,
+a second round with full activation checkpointing for the meshes whose activations do not
+fit, a third with selective for those that fit with full,
 the rows in order; ``--check``: a recorded run beside what the plan says for it; a chosen
 row as a preset."""
 
@@ -15,7 +16,7 @@ from gputui.runs.forecast import estimate, profiles
 from gputui.runs.compare.export import _pyplot, _save
 from gputui.runs.forecast.estimate import GIB, Candidate, ModelSize, Row
 from gputui.runs.forecast.profiles import Cluster, Profile
-from gputui.runs.forecast.tracing import job_key, run_jobs
+from gputui.runs.forecast.tracing import Tracer, job_key, run_jobs
 from gputui.core import runstore
 from gputui.core.config import load_preset
 from gputui.core.events import MemoryReport, RunStarted
@@ -25,6 +26,9 @@ from gputui.runs.predict.comm_peak import key
 
 Line = Callable[[str], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
+NOT_PLANNED = ("not planned: meshes with context parallelism (cp > 1; its ring attention is "
+               "not traced yet) and expert parallelism (a mixture of experts routes tokens by "
+               "their values, which fake tensors do not have)")
 
 
 @dataclass
@@ -58,6 +62,11 @@ def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
     if cfg.model.factory or cfg.model.name != "gpt":
         raise ConfigError(f"gputui plan traces the built-in GPT (model.name = 'gpt'); this "
                           f"preset trains {cfg.model.factory or cfg.model.name!r}")
+    if cfg.model.moe_experts:
+        raise ConfigError(f"gputui plan traces dense GPTs; this preset's model.moe_experts = "
+                          f"{cfg.model.moe_experts} routes each token by its values, which "
+                          f"fake tensors do not have: plan its dense size with --set "
+                          f"model.moe_experts=0, or measure it with gputui run")
     global_batch = batch or cfg.optim.batch_size
     return ModelSize(n_layer=cfg.model.n_layer, n_embd=cfg.model.n_embd,
                      n_head=cfg.model.n_head, context=cfg.data.context,
@@ -102,22 +111,13 @@ def _cpu(ranks: int, line: Line) -> Profile:
 
 def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool = False,
               only: list[MeshShape] | None = None) -> Plan:
-    """Trace what is not kept, then the rows: every candidate at ac = none, and those whose
-    activations keep them from fitting again at full and selective checkpointing."""
+    """Trace what is not kept, then the rows: every candidate at ac = none; those whose
+    activations keep them from fitting (and whose state alone fits) again at full
+    checkpointing, and those that fit so at selective checkpointing."""
     cands = ([Candidate(s, *_spec(model, s, cluster.world)) for s in only] if only is not None
              else estimate.candidates(model, cluster, "none", every_mesh))
-    rows = _rows(cands, model, cluster, line)
-    if only is None:
-        again = []
-        for r in rows:
-            if not r.fits and r.peak and r.mem.get("activations", 0) > 0.25 * r.peak:
-                for ac in ("selective", "full"):
-                    s = replace(r.shape, ac=ac)
-                    again.append(Candidate(s, *_spec(model, s, cluster.world)))
-        if again:
-            line(f"{len(again) // 2} mesh(es) do not fit for their activations: tracing them "
-                 f"again with selective and full activation checkpointing")
-            rows += _rows(again, model, cluster, line)
+    with Tracer(line) as tracer:  # one set of children for every round
+        rows = _rounds(cands, model, cluster, line, tracer, only is None)
     p = cluster.profile
     assumptions = [
         f"device: {p.name}, {p.memory_gib:.1f} GiB, {p.peak_flops(model.dtype()) / 1e12:.1f} "
@@ -128,7 +128,37 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
         f"fits: peak x {1 + profiles.ALLOCATOR_HEADROOM:.2f} (allocator headroom)"
         + (f" + {profiles.CUDA_CONTEXT_GIB:g} GiB (CUDA context)" if p.kind == "gpu" else "")
         + f" <= {p.memory_gib:.1f} GiB"]
+    if cluster.world > 1 and only is None:
+        assumptions.append(NOT_PLANNED)
     return Plan(cluster, model, estimate.order(rows), assumptions)
+
+
+def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
+            tracer: Tracer, checkpointing: bool) -> list[Row]:
+    rows = _rows(cands, model, cluster, line, tracer)
+    if not checkpointing:
+        return rows
+    # full checkpointing keeps the least: tried first where checkpointing may make a mesh
+    # fit, selective (faster, more memory) only where full fits
+    again = [_cand(model, replace(r.shape, ac="full"), cluster.world) for r in rows
+             if estimate.ac_may_fit(r, cluster.profile)]
+    if again:
+        line(f"{len(again)} mesh(es) do not fit for their activations: tracing them again "
+             f"with full activation checkpointing (not those whose parameters, gradients "
+             f"and optimizer state alone do not fit)")
+        full = _rows(again, model, cluster, line, tracer)
+        rows += full
+        sel = [_cand(model, replace(r.shape, ac="selective"), cluster.world) for r in full
+               if r.fits]
+        if sel:
+            line(f"{len(sel)} of them fit with full checkpointing: tracing them with "
+                 f"selective checkpointing")
+            rows += _rows(sel, model, cluster, line, tracer)
+    return rows
+
+
+def _cand(model: ModelSize, shape: MeshShape, world: int) -> Candidate:
+    return Candidate(shape, *_spec(model, shape, world))
 
 
 def _spec(model: ModelSize, shape: MeshShape, world: int) -> tuple[dict | None, str]:
@@ -136,10 +166,11 @@ def _spec(model: ModelSize, shape: MeshShape, world: int) -> tuple[dict | None, 
     return (spec, "") if isinstance(spec, dict) else (None, spec)
 
 
-def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line) -> list[Row]:
+def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
+          tracer: Tracer | None = None) -> list[Row]:
     jobs = [{"kind": "trace", "spec": c.spec, "label": f"tracing {c.label()}"}
             for c in cands if c.spec is not None]
-    got = run_jobs(jobs, line) if jobs else {}
+    got = run_jobs(jobs, line, tracer=tracer) if jobs else {}
     return [estimate.make_row(c, got.get(job_key("trace", c.spec)) if c.spec else None, model,
                               cluster) for c in cands]
 

@@ -1,10 +1,12 @@
-"""The parent side of the tracer: jobs to one spawned child (``gputui.train.plan_trace``,
-where torch is imported), their figures kept in ``<cache>/plan-traces.json`` by what they
-depend on, so a mesh already traced answers at once (torch-free)."""
+"""The parent side of the tracer: a plan's meshes traced in spawned children
+(``gputui.train.plan_trace``, where torch is imported; one a core, each taking the next mesh
+from one queue), their figures kept in ``<cache>/plan-traces.json`` by what they depend on, so
+a mesh already traced answers at once (torch-free)."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -12,9 +14,11 @@ from typing import Any, Callable
 from gputui import __version__
 from gputui.core.cachedir import KeptFigures, cache_dir
 from gputui.core.proctree import ask_children
+from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
-TRACE_VERSION = 4  # raised when the tracer's figures change meaning
+TRACE_VERSION = 5  # raised when the tracer's figures change meaning
+JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
 
 
 def job_key(kind: str, spec: dict[str, Any]) -> str:
@@ -37,55 +41,88 @@ class TraceCache:
             pass
 
 
+def workers(jobs: int, cores: int | None = None) -> int:
+    """How many tracing children for ``jobs`` meshes: one a core this process may use (each
+    traces its share; a trace is single-threaded Python), none idle, and one for a few
+    jobs (a child's torch import is not worth a mesh's trace)."""
+    return max(1, min(own_cores() if cores is None else cores, jobs // JOBS_PER_WORKER))
+
+
 def run_jobs(jobs: list[dict[str, Any]], line: Line, timeout: float = 1800.0,
-             cache: TraceCache | None = None) -> dict[str, dict]:
-    """Figures for every job ({"kind", "spec", "label"}), from the cache or traced now in one
-    spawned child (progress on ``line``); a job that failed gives {"error"}."""
-    cache = cache or TraceCache()
-    out: dict[str, dict] = {}
-    todo = []
-    for job in jobs:
-        key = job_key(job.get("kind", "trace"), job["spec"])
-        got = cache.get(key)
-        if got is not None and "error" not in got:
-            out[key] = got
-        else:
-            todo.append(dict(job, key=key))
-    if not todo:
+             cache: TraceCache | None = None, tracer: Tracer | None = None) -> dict[str, dict]:
+    """Figures for every job ({"kind", "spec", "label"}), from the cache or traced now in
+    spawned children (progress on ``line``); a job that failed gives {"error"}."""
+    return (tracer or Tracer(line, timeout, cache)).run(jobs)
+
+
+class Tracer:
+    """The tracing of one plan, round by round (the meshes, then the checkpointing ones):
+    each round traces what the cache lacks in :func:`workers` children through
+    ``proctree.ask_children`` (no child outlives its round; a stop raised from a progress
+    line, or ^C, kills them at once). A context manager, as the planner holds one over its
+    rounds."""
+
+    def __init__(self, line: Line, timeout: float = 1800.0,
+                 cache: TraceCache | None = None) -> None:
+        self.line, self.timeout = line, timeout
+        self.cache = cache or TraceCache()
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, jobs: list[dict[str, Any]]) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        todo = []
+        for job in jobs:
+            key = job_key(job.get("kind", "trace"), job["spec"])
+            got = self.cache.get(key)
+            if got is not None and "error" not in got:
+                out[key] = got
+            else:
+                todo.append(dict(job, key=key))
+        if todo:
+            out.update(self._trace(todo, len(jobs) - len(todo)))
         return out
-    line(f"tracing {len(todo)} mesh(es) in a child process ({len(jobs) - len(todo)} kept from "
-         f"earlier plans); loading torch ...")
-    def keep(key: str, value: dict) -> None:  # as each arrives: a stopped plan keeps them
-        if "error" not in value:
-            cache.put(key, value)
 
-    out.update(_spawn(todo, line, timeout, keep))
-    return out
+    def _trace(self, todo: list[dict[str, Any]], kept: int) -> dict[str, dict]:
+        n = workers(len(todo))
+        self.line(f"tracing {len(todo)} mesh(es) in {n} child process(es) ({kept} kept from "
+                  f"earlier plans); loading torch ...")
+        queue = mp.get_context("spawn").Queue()  # the meshes, then one None a child
+        for job in todo:
+            queue.put(job)
+        for _ in range(n):
+            queue.put(None)
+        waiting = {job["key"] for job in todo}
+        out: dict[str, dict] = {}
+        t0 = time.monotonic()
+
+        def heard(msg: tuple) -> bool:  # ("start", child, key, label) or ("result", key, ...)
+            if msg[0] == "start":
+                self.line(f"  {msg[3]} ({time.monotonic() - t0:.0f} s)")
+            elif msg[0] == "result":
+                out[msg[1]] = msg[2]
+                waiting.discard(msg[1])
+                if "error" not in msg[2]:  # as each arrives: a stopped plan keeps them
+                    self.cache.put(msg[1], msg[2])
+            return not waiting
+
+        answer = ask_children([(trace_main, (queue, i)) for i in range(n)],
+                              "gputui-plan-trace", self.timeout, done=heard)
+        codes = ", ".join(str(c) for c in answer.exitcodes)
+        for key in waiting:
+            out.setdefault(key, {"error": f"the tracer ended before this mesh (exit code "
+                                          f"{codes})"})
+        return out
 
 
-def trace_main(jobs: list[dict[str, Any]], q: Any) -> None:
-    """Spawned entry point of the plan's tracing child (not a run: it records nothing and
-    holds no real tensor); torch is imported here, never in the CLI process."""
+def trace_main(jobs: Any, index: int, q: Any) -> None:
+    """Spawned entry point of a plan's tracing child (not a run: it records nothing and
+    holds no real tensor); torch is imported here, never in the CLI process. It takes meshes
+    from ``jobs`` until a None."""
     from gputui.train import plan_trace
 
-    plan_trace.main(jobs, q)
-
-
-def _spawn(jobs: list[dict[str, Any]], line: Line, timeout: float,
-           keep: Callable[[str, dict], None]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    t0 = time.monotonic()
-
-    def heard(msg: tuple) -> bool:  # ("line", text), ("result", key, figures) or ("done",)
-        if msg[0] == "line":
-            line(f"{msg[1]} ({time.monotonic() - t0:.0f} s)")
-        elif msg[0] == "result":
-            out[msg[1]] = msg[2]
-            keep(msg[1], msg[2])
-        return msg[0] == "done"
-
-    answer = ask_children([(trace_main, (jobs,))], "gputui-plan-trace", timeout, done=heard)
-    for job in jobs:
-        out.setdefault(job["key"], {"error": "the tracer ended before this mesh (exit code "
-                                             f"{answer.exitcodes[0]})"})
-    return out
+    plan_trace.serve(jobs, q, index)
