@@ -284,8 +284,10 @@ def test_the_run_summary_prints_the_warning():
     import io
 
     from gputui.cli.printer import Printer
+    from gputui.core.runstore import RunSummary
 
     out = io.StringIO()
-    Printer(stream=out, live=False).summary({"status": "finished", "run_id": "r",
-                                             "baseline_warning": "its speed is not a baseline: x"})
+    Printer(stream=out, live=False).summary(
+        RunSummary.from_dict({"status": "finished", "run_id": "r"}),
+        baseline_warning="its speed is not a baseline: x")
     assert "warning: its speed is not a baseline: x" in out.getvalue()
