@@ -191,13 +191,14 @@ def cmd_run(args) -> int:
     summary = read_summary(handle.run_dir)
     from gputui.core import machine, trust
 
-    record = summary.to_dict()  # the summary.json form: what --json prints, with the extras
     state = machine.read(handle.run_dir)  # what else ran meanwhile
-    warning = trust.poisoned(record, state)
+    warning = trust.poisoned(state, noise=summary.steady.noise if summary.steady else None,
+                             threads=summary.threads, omp_wait=summary.omp_wait)
     _print(lambda s: printer.summary(s, run_dir=handle.run_dir, baseline_warning=warning),
            summary)
-    if args.json:
-        record.update(run_dir=str(handle.run_dir), machine=state, baseline_warning=warning)
+    if args.json:  # the summary.json form, with where it is and what else ran meanwhile
+        record = dict(summary.to_dict(), run_dir=str(handle.run_dir), machine=state,
+                      baseline_warning=warning)
         _print(print, json.dumps(record, indent=2, sort_keys=True))
     if sup.first:  # the stop contract: 128 + the signal, and what was kept
         from gputui.cli.common import interrupted
