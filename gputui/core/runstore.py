@@ -9,6 +9,7 @@ a record whose writer died.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import time
@@ -109,8 +110,16 @@ def _fig(v: Any) -> float:
     return 0.0 if n is None else n
 
 
-def _int(v: Any, default: int = 0) -> int:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+def _int_or_none(v: Any) -> int | None:
+    """A count read back from JSON, or None (missing, null, not a finite number)."""
+    if isinstance(v, float) and math.isfinite(v):
+        return int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _int(v: Any) -> int:
+    n = _int_or_none(v)
+    return 0 if n is None else n
 
 
 def _str(v: Any) -> str:
@@ -119,6 +128,10 @@ def _str(v: Any) -> str:
 
 def _strs(v: Any) -> tuple[str, ...]:
     return tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else ()
+
+
+def _dicts(v: Any) -> list[dict[str, Any]]:
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, (list, tuple)) else []
 
 
 @dataclass(frozen=True)
@@ -328,16 +341,13 @@ class RunSummary:
             status, unreadable = Status(text), False
         except ValueError:  # "unreadable", or a status no writer of gputui wrote
             status, unreadable = Status.RUNNING, True
-        epochs = [EpochSummary.from_dict(e) for e in d.get("per_epoch") or ()
-                  if isinstance(e, dict)]
-        checks = [MemoryCheck.from_dict(m) for m in d.get("memory_check") or ()
-                  if isinstance(m, dict)]
+        epochs = [EpochSummary.from_dict(e) for e in _dicts(d.get("per_epoch"))]
+        checks = [MemoryCheck.from_dict(m) for m in _dicts(d.get("memory_check"))]
         run_id = d.get("run_id")
-        epochs_planned = d.get("epochs")
         return cls(
             status=status, unreadable=unreadable, reason=_str(d.get("reason")),
             epochs_done=_int(d.get("epochs_done")),
-            epochs=_int(epochs_planned) if _num(epochs_planned) is not None else None,
+            epochs=_int_or_none(d.get("epochs")),
             per_epoch=tuple(epochs),
             run_id=run_id if isinstance(run_id, str) else None,
             started_t=_num(d.get("started_t")), strategy=_str(d.get("strategy")),
@@ -348,8 +358,7 @@ class RunSummary:
             train_samples=_int(d.get("train_samples")),
             steps_per_epoch=_int(d.get("steps_per_epoch")), threads=_int(d.get("threads")),
             cores=_int(d.get("cores")), omp_wait=_str(d.get("omp_wait")),
-            tokens_per_sample=_int(d["tokens_per_sample"]) if _num(d.get("tokens_per_sample"))
-            is not None else None,
+            tokens_per_sample=_int_or_none(d.get("tokens_per_sample")),
             baseline_loss=_num(d.get("baseline_loss")), last_loss=_num(d.get("last_loss")),
             time_per_epoch_s=_num(d.get("time_per_epoch_s")),
             samples_per_s=_num(d.get("samples_per_s")), train_loss=_num(d.get("train_loss")),
@@ -362,6 +371,7 @@ class RunSummary:
 
     @classmethod
     def unreadable_record(cls, reason: str) -> RunSummary:
+        """The summary of a record of which nothing can be read, ``reason`` saying why."""
         return cls(unreadable=True, reason=reason)
 
 

@@ -184,7 +184,8 @@ def test_an_old_or_damaged_record_reads_with_defaults_and_ignores_unknown_keys()
                               "per_epoch": [{"epoch": 1, "seconds": 1.0, "train_loss": 1.0,
                                              "test_acc": 0.5, "samples_per_s": 9.0},
                                             "not an epoch"],
-                              "steady": "garbage", "devices": ["cpu:0"]})
+                              "steady": "garbage", "devices": ["cpu:0"], "epochs": math.inf,
+                              "memory_check": 7, "cores": math.nan})
     assert s.status is Status.FINISHED and s.epochs_done == 2 and s.epochs is None
     assert len(s.per_epoch) == 1 and s.steady is None and s.run_id is None
     assert s.devices == ("cpu:0",) and s.threads == 0 and s.val_loss is None
