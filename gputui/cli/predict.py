@@ -86,8 +86,8 @@ def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_
                              flags=impossible(p, inp, m.cores, one.get("noise"))))
     if sources is not None:
         sources.extend(m.sources)
-    why = poisoned({"steady": {"noise": one.get("noise")}, "threads": one.get("threads"),
-                    "omp_wait": one.get("omp_wait")}, one.get("machine")) if one else ""
+    why = poisoned(one.get("machine"), noise=one.get("noise"), threads=one.get("threads") or 0,
+                   omp_wait=one.get("omp_wait") or "") if one else ""
     if why and warnings is not None:
         warnings.append(f"t_1, the one-device step every speedup divides by: "
                         f"{why.replace('rerun it', 'measure it again (--measure-again)')}")

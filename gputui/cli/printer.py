@@ -24,6 +24,7 @@ from gputui.core.events import (DeviceSample, EpochEnd, Event, FlopsInfo, InitDo
                                  RunFailed, RunFinished, RunStarted, RunStopped, Stalled,
                                  StepMetrics, acc_text, init_text, plural)
 from gputui.core.moe_text import active_line, moe_lines
+from gputui.core.runstore import RunSummary
 from gputui.core.scores import perplexity, score_text, speed_text
 
 
@@ -183,58 +184,61 @@ class Printer:
             self.display = None
             self.progress = None
 
-    def summary(self, s: dict[str, Any]) -> None:
+    def summary(self, s: RunSummary, status: str = "", run_dir: str | Path = "",
+                baseline_warning: str = "") -> None:
         """The end-of-run table (not under ``quiet``), then, always, the summary line and
-        where the record is."""
+        where the record is (``run_dir``). ``status``: the status shown when it is not the
+        record's own (a watcher's "incomplete"); ``baseline_warning``: why its speed is no
+        baseline (``core.trust.poisoned``)."""
         self._stop_progress()
-        table = Table(title=f"run {s.get('run_id', '?')}: {s.get('status')}", show_header=True)
+        status = status or s.status_text
+        table = Table(title=f"run {s.run_id or '?'}: {status}", show_header=True)
         table.add_column("epoch", justify="right")
         table.add_column("time (s)", justify="right")
         table.add_column("samples/s", justify="right")
         table.add_column("train loss", justify="right")
-        lm = s.get("task") == "lm"
+        lm = s.lm
         if lm:
             table.add_column("val loss", justify="right")
             table.add_column("val ppl", justify="right")
         else:
             table.add_column("test acc", justify="right")
-        for e in s.get("per_epoch", []):
-            score = ([f"{e['val_loss']:.4f}", f"{perplexity(e['val_loss']):,.2f}"] if lm
-                     else [acc_text(e['test_acc'])])
-            table.add_row(str(e["epoch"]), f"{e['seconds']:.2f}", f"{e['samples_per_s']:,.0f}",
-                          f"{e['train_loss']:.4f}", *score)
+        for e in s.per_epoch:
+            score = ([f"{e.val_loss:.4f}", f"{perplexity(e.val_loss):,.2f}"] if lm
+                     else [acc_text(e.test_acc) if e.test_acc is not None else "n/a"])
+            table.add_row(str(e.epoch), f"{e.seconds:.2f}", f"{e.samples_per_s:,.0f}",
+                          f"{e.train_loss:.4f}", *score)
         if self.live and not self.quiet:  # plain mode has printed one line per epoch
             self.console.print(table)
-        init = s.get("init_s")
-        parts = [status_clause(s.get("status"), s.get("reason"))]
-        if "time_per_epoch_s" in s:
-            steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
+        init = s.init_s
+        parts = [status_clause(status, s.reason)]
+        if s.time_per_epoch_s is not None:
+            steady = s.steady
             if steady:  # the steady state (gputui.core.steady): warm-up excluded
-                per_epoch = steady["step_time_s"] * (s.get("steps_per_epoch") or 0)
-                noise = f" ±{steady['noise']:.0%}" if steady.get("noise") is not None else ""
+                per_epoch = steady.step_time_s * s.steps_per_epoch
+                noise = f" ±{steady.noise:.0%}" if steady.noise is not None else ""
                 # one figure per quantity: the steady one, and the wall-clock mean of the
                 # per-epoch lines named as such beside it
-                parts.append(f"time/epoch {per_epoch or s['time_per_epoch_s']:.2f} s steady-"
-                             f"state ({s['time_per_epoch_s']:.2f} s wall-clock)")
-                parts.append(f"{speed_text(steady['samples_per_s'], steady.get('tokens_per_s'))}"
+                parts.append(f"time/epoch {per_epoch or s.time_per_epoch_s:.2f} s steady-"
+                             f"state ({s.time_per_epoch_s:.2f} s wall-clock)")
+                parts.append(f"{speed_text(steady.samples_per_s, steady.tokens_per_s)}"
                              f"{noise} (steady state, "
-                             f"after {plural(steady['warmup_steps'], 'warm-up step')})")
+                             f"after {plural(steady.warmup_steps, 'warm-up step')})")
             else:
-                parts.append(f"time/epoch {s['time_per_epoch_s']:.2f} s wall-clock")
-                parts.append(f"{speed_text(s['samples_per_s'], s.get('tokens_per_s'))} "
+                parts.append(f"time/epoch {s.time_per_epoch_s:.2f} s wall-clock")
+                parts.append(f"{speed_text(s.samples_per_s or 0.0, s.tokens_per_s)} "
                              f"(warm-up included: too "
                              f"few steps for a steady state)")
-            parts.append(score_text(s.get("task", "classify"), s.get("test_acc"),
-                                    s.get("val_loss")))
-            if lm and s.get("baseline_loss") is not None:
-                parts.append(f"unigram baseline {s['baseline_loss']:.4f}")
+            parts.append(score_text(s.task or "classify", s.test_acc, s.val_loss))
+            if lm and s.baseline_loss is not None:
+                parts.append(f"unigram baseline {s.baseline_loss:.4f}")
         if init is not None:
             parts.append(f"init {init:.2f} s")
         self.line("summary: " + ", ".join(parts), always=True)
-        if s.get("baseline_warning"):  # contention poisoned its figures (core.trust.poisoned)
-            self.line(f"warning: {s['baseline_warning']}", always=True)
-        if s.get("run_dir"):
-            self.line(f"record: {shown_path(s['run_dir'])}", always=True)
+        if baseline_warning:  # contention poisoned its figures (core.trust.poisoned)
+            self.line(f"warning: {baseline_warning}", always=True)
+        if run_dir:
+            self.line(f"record: {shown_path(run_dir)}", always=True)
 
 
 def status_clause(status: Any, reason: str | None) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gputui.core import safeio
 from gputui.core.config import ConfigError
-from gputui.core.events import plural
+from gputui.core.events import Status, plural
 from gputui.core.runstore import CHECKPOINT_NAME
 from gputui.runs import runlock
 
@@ -92,8 +92,8 @@ def resume_args(args: argparse.Namespace) -> argparse.Namespace:
                           f"before its first epoch or with run.checkpoint = false; start it "
                           f"again with `gputui run {run_dir / 'config.toml'}`")
     summary = read_summary(run_dir)
-    done, planned = summary.get("epochs_done") or 0, summary.get("epochs") or 0
-    if summary.get("status") == "finished" and (args.epochs is None or args.epochs <= done):
+    done, planned = summary.epochs_done, summary.epochs or 0
+    if summary.status is Status.FINISHED and (args.epochs is None or args.epochs <= done):
         raise ConfigError(f"{run_dir.name} already finished its {plural(planned, 'epoch')}; pass "
                           f"--epochs N with N > {done} to train it further")
     if args.epochs is not None and args.epochs <= done:

@@ -189,14 +189,17 @@ def cmd_run(args) -> int:
         for sample in handle.samples():
             _print(printer.handle, sample)
     summary = read_summary(handle.run_dir)
-    summary["run_dir"] = str(handle.run_dir)
     from gputui.core import machine, trust
 
-    summary["machine"] = machine.read(handle.run_dir)  # what else ran meanwhile
-    summary["baseline_warning"] = trust.poisoned(summary, summary["machine"])
-    _print(printer.summary, summary)
-    if args.json:
-        _print(print, json.dumps(summary, indent=2, sort_keys=True))
+    state = machine.read(handle.run_dir)  # what else ran meanwhile
+    warning = trust.poisoned(state, noise=summary.steady.noise if summary.steady else None,
+                             threads=summary.threads, omp_wait=summary.omp_wait)
+    _print(lambda s: printer.summary(s, run_dir=handle.run_dir, baseline_warning=warning),
+           summary)
+    if args.json:  # the summary.json form, with where it is and what else ran meanwhile
+        record = dict(summary.to_dict(), run_dir=str(handle.run_dir), machine=state,
+                      baseline_warning=warning)
+        _print(print, json.dumps(record, indent=2, sort_keys=True))
     if sup.first:  # the stop contract: 128 + the signal, and what was kept
         from gputui.cli.common import interrupted
         from gputui.core.runstore import CHECKPOINT_NAME

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from gputui.cli.common import EXIT_FAILED
 
@@ -53,12 +54,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         printer.line("stopped watching (the run goes on where it runs)", always=True)
         return 130
-    summary = run_state(folder)
-    summary["run_dir"] = str(folder)
+    summary, status = run_state(folder)
     if follower.gone:
-        summary.update(status="incomplete", reason=follower.gone)
-    printer.line(f"ended: {summary.get('status')}" + (f" ({summary['reason']})"
-                                                     if summary.get("reason") else ""),
+        summary, status = replace(summary, reason=follower.gone), "incomplete"
+    printer.line(f"ended: {status}" + (f" ({summary.reason})" if summary.reason else ""),
                  always=True)
-    printer.summary(summary)
+    printer.summary(summary, status=status, run_dir=folder)
     return EXIT_FAILED if follower.gone else follower.status.exit_code

@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable
 
 from gputui.core.events import Event, is_terminal
 from gputui.core.filewrite import WriteFailed, write_atomic
-from gputui.core.runstore import EventLog, read_events, release_space, summarize
+from gputui.core.runstore import (EventLog, RunSummary, read_events, release_space,
+                                   summarize)
 
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -106,7 +107,7 @@ def end_after_host(run_dir: str | Path, event: Event) -> bool:
     return written
 
 
-def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
+def write_summary(run_dir: str | Path, summary: RunSummary) -> None:
     """Write summary.json atomically (a reader never sees half a file)."""
     write_atomic(Path(run_dir) / SUMMARY_FILE,
-                 json.dumps(summary, indent=2, sort_keys=True) + "\n")
+                 json.dumps(summary.to_dict(), indent=2, sort_keys=True) + "\n")

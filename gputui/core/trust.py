@@ -107,14 +107,13 @@ def flags(row: Any, base: Any, speedup: float, low: float | None = None,
     return out
 
 
-def poisoned(summary: dict, state: dict | None) -> str:
+def poisoned(state: dict | None, noise: float | None = None, threads: int = 0,
+             omp_wait: str = "") -> str:
     """Why a run's speed cannot serve as a baseline, in plain words with the remedy ("" when
     it can): other processes held the cores while it ran (``state``: its machine.json), or
-    its steady steps varied by more than ``NOISY``. Spinning threads (``omp_wait``, see
-    gputui.core.ompwait) are named: under contention they make every step wait for the time
-    slice a spinning partner burns."""
-    steady = summary.get("steady") if isinstance(summary.get("steady"), dict) else {}
-    noise = steady.get("noise") if steady else None
+    its steady steps varied (``noise``, from its steady figures) by more than ``NOISY``.
+    Spinning threads (``threads``, ``omp_wait``: see gputui.core.ompwait) are named: under
+    contention they make every step wait for the time slice a spinning partner burns."""
     share = (state or {}).get("others_share") or 0.0
     why = []
     if share >= CONTENDED:
@@ -127,9 +126,8 @@ def poisoned(summary: dict, state: dict | None) -> str:
     if not why:
         return ""
     text = "its speed is not a baseline: " + " and ".join(why)
-    threads, wait = int(summary.get("threads") or 0), str(summary.get("omp_wait") or "")
-    if threads > 1 and spins(wait) and share >= CONTENDED:
-        text += (f"; its {threads} threads spin while they wait ({wait}), so each step also "
+    if threads > 1 and spins(omp_wait) and share >= CONTENDED:
+        text += (f"; its {threads} threads spin while they wait ({omp_wait}), so each step also "
                  f"waits for the time the others take: unset OMP_WAIT_POLICY or set it to "
                  f"PASSIVE")
     return (text + "; rerun it on a quiet machine (load below its cores), and measure the runs "

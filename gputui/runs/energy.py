@@ -88,10 +88,11 @@ def read(run_dir: str | Path) -> list[dict[str, Any]]:
         return []
 
 
-def figures(summary: dict[str, Any], per_epoch: list[dict[str, Any]]) -> dict[str, Any]:
+def figures(summary: runstore.RunSummary,
+            per_epoch: list[dict[str, Any]]) -> dict[str, Any]:
     """Joules in all, per sample and per step over the measured epochs (None without them)."""
-    steps = summary.get("steps_per_epoch") or 0
-    samples = summary.get("train_samples") or 0
+    steps = summary.steps_per_epoch
+    samples = summary.train_samples
     if not per_epoch:
         return {"energy_j": None, "j_per_sample": None, "j_per_step": None}
     total = sum(e["joules"] for e in per_epoch)
@@ -100,7 +101,7 @@ def figures(summary: dict[str, Any], per_epoch: list[dict[str, Any]]) -> dict[st
             "j_per_step": total / (n * steps) if steps else None}
 
 
-def to_target(summary: dict[str, Any], per_epoch_energy: list[dict[str, Any]],
+def to_target(summary: runstore.RunSummary, per_epoch_energy: list[dict[str, Any]],
               acc: float | None = None, loss: float | None = None) -> dict[str, Any] | None:
     """The first epoch whose test accuracy is at least ``acc`` (a fraction) or whose
     validation loss is at most ``loss``, with the training seconds up to its end and the
@@ -108,14 +109,14 @@ def to_target(summary: dict[str, Any], per_epoch_energy: list[dict[str, Any]],
     by_epoch = {e.get("epoch"): e["joules"] for e in per_epoch_energy}
     seconds = 0.0
     joules: float | None = 0.0
-    for e in summary.get("per_epoch") or []:
-        seconds += e.get("seconds") or 0.0
-        j = by_epoch.get(e.get("epoch"))
+    for e in summary.per_epoch:
+        seconds += e.seconds
+        j = by_epoch.get(e.epoch)
         joules = None if joules is None or j is None else joules + j
-        hit = (acc is not None and (e.get("test_acc") or 0.0) >= acc) or \
-            (loss is not None and e.get("val_loss") is not None and e["val_loss"] <= loss)
+        hit = (acc is not None and (e.test_acc or 0.0) >= acc) or \
+            (loss is not None and e.val_loss is not None and e.val_loss <= loss)
         if hit:
-            return {"epoch": e["epoch"], "seconds": seconds, "joules": joules}
+            return {"epoch": e.epoch, "seconds": seconds, "joules": joules}
     return None
 
 
@@ -128,5 +129,5 @@ def run_figures(run_dir: str | Path, acc: float | None = None,
     out = figures(summary, per_epoch)
     out["to_target"] = to_target(summary, per_epoch, acc, loss) \
         if acc is not None or loss is not None else None
-    out["memory_check"] = list(summary.get("memory_check") or [])
+    out["memory_check"] = [m.to_dict() for m in summary.memory_check]  # compare's rows
     return out

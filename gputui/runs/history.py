@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gputui.core import runstore, safeio
-from gputui.core.events import RunStarted
+from gputui.core.events import RunStarted, Status
 from gputui.core import machine
 from gputui.runs.ids import find_run as find
 
@@ -97,14 +97,15 @@ def read_config(run_dir: Path, events: list | None = None) -> dict[str, Any]:
     return {}
 
 
-def run_state(run_dir: Path) -> dict[str, Any]:
-    """The run's summary as a listing shows it: ``runstore.read_summary``, with a record that
-    says "running" but has not moved for STALE_S (its writer is gone) shown as "incomplete"."""
+def run_state(run_dir: Path) -> tuple[runstore.RunSummary, str]:
+    """The run's summary and its status as a listing shows it: ``runstore.read_summary``, with a
+    record that says "running" but has not moved for STALE_S (its writer is gone) shown as
+    "incomplete" (and a reason saying so when the record has none)."""
     summary = runstore.read_summary(run_dir)
-    if summary.get("status") == "running" and _stale(run_dir):
-        summary = dict(summary, status="incomplete",
-                       reason=summary.get("reason") or "the record ends without a final event")
-    return summary
+    if summary.status_text == Status.RUNNING.value and _stale(run_dir):
+        reason = summary.reason or "the record ends without a final event"
+        return replace(summary, reason=reason), "incomplete"
+    return summary, summary.status_text
 
 
 def _stale(run_dir: Path) -> bool:
@@ -142,13 +143,13 @@ def exc_text(name: str, exc: OSError) -> str:
     return str(exc) if isinstance(exc, safeio.Unreadable) else f"{name}: {safeio.reason(exc)}"
 
 
-def started_at(run_dir: Path, summary: dict[str, Any] | None = None) -> float:
+def started_at(run_dir: Path, summary: runstore.RunSummary | None = None) -> float:
     """When the run started, seconds since the epoch (0.0: nothing says): the record's own
     RunStarted time (the summary's ``started_t``, else the first line of events.jsonl), else
     the time in its id, else when events.jsonl was last written. Never the folder's name
     alone: two runs of one second, or a folder named by hand, would sort by their names."""
-    t = (summary or {}).get("started_t")
-    if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+    t = summary.started_t if summary else None
+    if t is not None and t > 0:
         return float(t)
     try:
         for line in safeio.iter_lines(run_dir / "events.jsonl"):
@@ -181,7 +182,7 @@ def row_for(run_dir: str | Path) -> RunRow:
         row.status, row.reason = "unreadable", row.problem
         return row
     try:
-        s = run_state(run_dir)
+        s, status = run_state(run_dir)
         cfg = read_config(run_dir)
     except Exception as exc:  # noqa: BLE001 - a damaged record must not break the listing
         row.status, row.reason = "unreadable", f"{type(exc).__name__}: {exc}"
@@ -196,42 +197,42 @@ def row_for(run_dir: str | Path) -> RunRow:
         return table if isinstance(table, dict) else {}
 
     run, optim, data = sect("run"), sect("optim"), sect("data")
-    names = s.get("devices") or []
-    n = max(len(names), int(s.get("world_size") or 0)) or None
+    names = s.devices
+    n = max(len(names), s.world_size) or None
     scale = n if (optim.get("scale_with_devices") and n) else 1
     row.name = str(run.get("name", ""))
-    row.strategy = str(s.get("strategy") or sect("strategy").get("name", ""))
+    row.strategy = s.strategy or str(sect("strategy").get("name", ""))
     row.devices, row.device_names = n, list(names)
     row.batch = optim["batch_size"] * scale if isinstance(optim.get("batch_size"), int) else None
     row.lr = optim["lr"] * scale if isinstance(optim.get("lr"), (int, float)) else None
-    steady = s.get("steady") if isinstance(s.get("steady"), dict) else None
-    row.time_per_epoch_s = s.get("time_per_epoch_s")
-    row.samples_per_s = s.get("samples_per_s")
+    steady = s.steady
+    row.time_per_epoch_s = s.time_per_epoch_s
+    row.samples_per_s = s.samples_per_s
     if steady and row.samples_per_s is not None:  # speed only for runs that trained epochs
-        row.steady, row.noise = True, steady.get("noise")
-        row.samples_per_s, row.step_time_s = steady["samples_per_s"], steady["step_time_s"]
-        if s.get("steps_per_epoch"):
-            row.time_per_epoch_s = steady["step_time_s"] * s["steps_per_epoch"]
+        row.steady, row.noise = True, steady.noise
+        row.samples_per_s, row.step_time_s = steady.samples_per_s, steady.step_time_s
+        if s.steps_per_epoch:
+            row.time_per_epoch_s = steady.step_time_s * s.steps_per_epoch
     row.resumed = bool(run.get("resume_from"))
-    row.threads, row.cores = int(s.get("threads") or 0), int(s.get("cores") or 0)
-    row.test_acc = s.get("test_acc")
-    row.task = str(s.get("task") or "classify")
+    row.threads, row.cores = s.threads, s.cores
+    row.test_acc = s.test_acc
+    row.task = s.task or "classify"
     if row.task == "lm":
-        row.val_loss, row.val_ppl = s.get("val_loss"), s.get("val_ppl")
-        row.baseline_loss = s.get("baseline_loss")
-        if row.samples_per_s is not None and s.get("tokens_per_sample"):
-            row.tokens_per_s = row.samples_per_s * s["tokens_per_sample"]
-    row.status, row.reason = str(s.get("status", "unknown")), str(s.get("reason") or "")
+        row.val_loss, row.val_ppl = s.val_loss, s.val_ppl
+        row.baseline_loss = s.baseline_loss
+        if row.samples_per_s is not None and s.tokens_per_sample:
+            row.tokens_per_s = row.samples_per_s * s.tokens_per_sample
+    row.status, row.reason = status, s.reason
     row.machine = machine.read(run_dir)
     row.contended = bool(row.machine and row.machine.get("contended"))
     if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
         row.no_speed = row.status + (f": {row.reason}" if row.reason else "")
         row.samples_per_s = row.time_per_epoch_s = row.step_time_s = row.noise = None
         row.steady = False
-    row.epochs_done, row.epochs = int(s.get("epochs_done") or 0), s.get("epochs")
-    row.init_s = s.get("init_s")
-    row.model = str(s.get("model") or sect("model").get("factory") or sect("model").get("name", ""))
-    row.dataset = str(s.get("dataset") or data.get("name", ""))
+    row.epochs_done, row.epochs = s.epochs_done, s.epochs
+    row.init_s = s.init_s
+    row.model = str(s.model or sect("model").get("factory") or sect("model").get("name", ""))
+    row.dataset = str(s.dataset or data.get("name", ""))
     row.train_size = data.get("train_size")
     row.context = data.get("context")
     row.precision = str(run.get("precision", "fp32"))

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from textual.message import Message
 
 from gputui.core.events import DeviceSample, Event
+from gputui.core.runstore import RunSummary
 
 
 class RunEventBatch(Message):
@@ -116,7 +117,7 @@ class HistoryRead(Message):
 class SummaryRead(Message):
     """The run record's summary, read after the run ended (None when it has none)."""
 
-    def __init__(self, run_id: str, summary: dict | None, error: str = "") -> None:
+    def __init__(self, run_id: str, summary: RunSummary | None, error: str = "") -> None:
         super().__init__()
         self.run_id = run_id
         self.summary = summary

@@ -186,11 +186,11 @@ def test_truncated_and_corrupt_records_are_still_listed(tmp_path):
     runs = dict((p.name, s) for p, s in runstore.list_runs(base))
     assert sorted(runs) == ["1-good", "2-torn", "3-garbage", "4-wrong-shapes", "5-empty",
                             "6-binary"]
-    assert all(isinstance(s, dict) for s in runs.values())
-    assert runs["1-good"]["status"] == "finished"
-    assert runs["2-torn"]["status"] == "running" and runs["2-torn"]["epochs_done"] == 1
-    assert runs["3-garbage"]["epochs_done"] == 1 and runs["3-garbage"]["test_acc"] == 0.9
+    assert all(isinstance(s, runstore.RunSummary) for s in runs.values())
+    assert runs["1-good"].status_text == "finished"
+    assert runs["2-torn"].status_text == "running" and runs["2-torn"].epochs_done == 1
+    assert runs["3-garbage"].epochs_done == 1 and runs["3-garbage"].test_acc == 0.9
     assert [e.kind for e in runstore.read_events(torn)] == ["run_started", "epoch_end"]
-    assert runs["5-empty"]["status"] == "running" and runs["6-binary"]["epochs_done"] == 0
-    assert runs["4-wrong-shapes"]["status"] == "unreadable"
-    assert runs["4-wrong-shapes"]["reason"].startswith("the record cannot be summarised")
+    assert runs["5-empty"].status_text == "running" and runs["6-binary"].epochs_done == 0
+    assert runs["4-wrong-shapes"].status_text == "unreadable"
+    assert runs["4-wrong-shapes"].reason.startswith("the record cannot be summarised")

@@ -11,6 +11,7 @@ import json
 from gputui import cli
 from gputui.cli.common import HelpFormatter
 from gputui.cli.printer import Printer
+from gputui.core.runstore import RunSummary
 from test_cli_help import _parsers
 
 
@@ -30,9 +31,10 @@ def test_every_flag_says_its_default_once(capsys):
     assert "(default: auto)" in text and "(default) (default" not in text
 
 
-def _summary(**fields) -> list[str]:
+def _summary(run_dir: str = "", **fields) -> list[str]:
     out = io.StringIO()
-    Printer(stream=out, live=False, quiet=True).summary({"run_id": "x", **fields})
+    Printer(stream=out, live=False, quiet=True).summary(
+        RunSummary.from_dict({"run_id": "x", **fields}), run_dir=run_dir)
     return out.getvalue().splitlines()
 
 

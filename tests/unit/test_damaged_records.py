@@ -240,4 +240,4 @@ def test_readers_refuse_special_files_without_blocking(tmp_path):
     (run_dir / "events.jsonl").mkdir()
     with pytest.raises(safeio.Unreadable, match="events.jsonl is a folder"):
         runstore.read_events(run_dir)
-    assert runstore.read_summary(run_dir)["status"] == "unreadable"
+    assert runstore.read_summary(run_dir).status_text == "unreadable"

@@ -132,7 +132,7 @@ def test_a_killed_rank_fails_the_run_with_the_reason_and_leaves_no_process(tmp_p
     events = read_events(handle.run_dir)
     assert events[-1].kind == "run_failed"
     assert re.fullmatch(rf"rank 1 \(pid {victim}\) was killed by SIGKILL", events[-1].reason)
-    assert read_summary(handle.run_dir)["reason"] == events[-1].reason
+    assert read_summary(handle.run_dir).reason == events[-1].reason
     # gone when the run is over, not a moment later: fork server, resource tracker, ranks
     assert _gone(tree), [psutil.Process(p) for p in tree if psutil.pid_exists(p)]
     assert not data_file(handle.run_id).exists()

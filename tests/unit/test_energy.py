@@ -47,9 +47,10 @@ def test_the_meter_takes_each_epoch_from_the_counters_and_records_it(gpus, tmp_p
     got = energy.read(tmp_path)
     assert [e["joules"] for e in got] == [4000.0, 2000.0]
     assert got[0]["per_device"] == {"cuda:0": 3000.0, "cuda:1": 1000.0}
-    summary = {"train_samples": 1000, "steps_per_epoch": 10,
-               "per_epoch": [{"epoch": 1, "seconds": 10.0, "test_acc": 0.5},
-                             {"epoch": 2, "seconds": 12.0, "test_acc": 0.9}]}
+    summary = runstore.RunSummary.from_dict(
+        {"train_samples": 1000, "steps_per_epoch": 10,
+         "per_epoch": [{"epoch": 1, "seconds": 10.0, "test_acc": 0.5},
+                       {"epoch": 2, "seconds": 12.0, "test_acc": 0.9}]})
     assert energy.figures(summary, got) == {"energy_j": 6000.0, "j_per_sample": 3.0,
                                             "j_per_step": 300.0}
     assert energy.to_target(summary, got, acc=0.9) == {"epoch": 2, "seconds": 22.0,
@@ -74,7 +75,7 @@ def test_the_memory_check_sets_the_allocator_peak_against_the_model_terms():
     events = [MemoryReport(epoch=1, per_device=rows), MemoryReport(epoch=2, per_device=later)]
     assert memory_check(events) == [{"device": "cuda:0", "peak": 600, "predicted": 450,
                                      "diff": 150}]
-    assert runstore.summarize(events)["memory_check"][0]["diff"] == 150
+    assert runstore.summarize(events).memory_check[0].diff == 150
 
 
 def test_compare_shows_energy_per_sample_and_time_and_energy_to_the_baseline(tmp_path):

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from gputui.core.config import RunConfig, apply_overrides
-from gputui.core.events import DeviceSample, InitDone, RunFailed, RunStarted
+from gputui.core.events import DeviceSample, InitDone, RunFailed, RunStarted, Status
 from gputui.core.runstore import read_events, read_summary
 from gputui.runs.launcher import launch
 
@@ -43,7 +43,7 @@ def test_kill_ends_the_record_killed_and_leaves_no_process(tmp_path):
     events = read_events(handle.run_dir)
     assert events[-1].kind == "run_stopped" and events[-1].reason == "killed by user"
     assert events[-1].killed  # told from a graceful stop
-    assert read_summary(handle.run_dir)["status"] == "killed" == handle.status
+    assert read_summary(handle.run_dir).status is handle.status is Status.KILLED
     samples = read_events(handle.run_dir, "telemetry.jsonl")
     assert samples and {s.device for s in samples} >= {"cpu:0", "cpu:1"}
 
@@ -58,7 +58,7 @@ def test_a_run_that_fails_in_the_child_says_why(tmp_path):
     (failed,) = [e for e in events if isinstance(e, RunFailed)]
     assert failed.reason.startswith("mnist: missing train-images-idx3-ubyte.gz")
     assert "Traceback" in failed.detail  # the detail keeps the traceback for a bug report
-    assert read_summary(handle.run_dir)["reason"] == failed.reason
+    assert read_summary(handle.run_dir).reason == failed.reason
 
 
 @pytest.mark.parametrize("modules,forbidden", [
@@ -132,4 +132,4 @@ def test_a_host_that_dies_without_an_end_gets_one_from_the_parent(tmp_path):
     assert handle.wait(timeout=60) == "failed"
     [end] = read(tmp_path)
     assert end.reason == "the training process exited with code 3 before the run ended"
-    assert read_summary(tmp_path)["status"] == "failed"
+    assert read_summary(tmp_path).status is Status.FAILED

@@ -121,9 +121,9 @@ def test_the_summary_of_a_language_model_says_loss_and_perplexity_not_accuracy()
                        samples_per_s=10.0, task="lm", val_loss=2.0, tokens_per_s=1280.0),
               RunFinished(seconds=4.0)]
     s = summarize(events)
-    assert (s["task"], s["test_acc"], s["val_loss"], s["best_val_loss"]) == ("lm", None, 2.0, 2.0)
-    assert s["val_ppl"] == pytest.approx(math.exp(2.0))
-    assert (s["tokens_per_s"], s["baseline_loss"]) == (1280.0, 3.2)
+    assert (s.task, s.test_acc, s.val_loss, s.best_val_loss) == ("lm", None, 2.0, 2.0)
+    assert s.val_ppl == pytest.approx(math.exp(2.0))
+    assert (s.tokens_per_s, s.baseline_loss) == (1280.0, 3.2)
     assert scores.score_text("lm", None, 2.0) == "val loss 2.0000 / ppl 7.39"
     assert scores.score_text("classify", 0.5, None) == "test acc 50.00%"
 

@@ -14,7 +14,7 @@ from test_import_graph import package_graph
 
 from gputui.core.config import RunConfig
 from gputui.core.devices import Device, cpu_devices
-from gputui.core.events import LogLine, RunStopped
+from gputui.core.events import LogLine, RunStopped, Status
 from gputui.core.runstore import read_events, read_summary
 from gputui.core import recorder
 from gputui.core.handoff import LaunchSpec, StopChannel
@@ -77,7 +77,7 @@ def test_the_record_writer_ends_a_record_once_and_knows_it(tmp_path):
     rec.close()
     assert rec.ended and rec.terminal.reason == "stopped by user"
     assert [e.kind for e in read_events(tmp_path)] == ["log", "run_stopped"]
-    assert read_summary(tmp_path)["reason"] == "stopped by user"
+    assert read_summary(tmp_path).reason == "stopped by user"
     assert [e.kind for e in forwarded] == ["log", "run_stopped"]
 
 
@@ -87,7 +87,7 @@ def test_the_parent_fallback_ends_a_dead_hosts_record_and_closes_it(tmp_path):
     rec.log.close()  # the host died here
     assert recorder.end_after_host(tmp_path, RunStopped(reason="killed", killed=True))
     assert [e.kind for e in read_events(tmp_path)] == ["log", "run_stopped"]
-    assert read_summary(tmp_path)["status"] == "killed"
+    assert read_summary(tmp_path).status is Status.KILLED
 
 
 _WRITES_RECORD = re.compile(

@@ -64,4 +64,4 @@ def test_the_epoch_event_and_the_summary_carry_the_test_loss():
     assert epochs[-1].test_loss == pytest.approx(by_hand(s.model, ds)[1], rel=1e-5)
     assert epochs[1].test_loss < epochs[0].test_loss  # it learns: the held-out loss falls
     summary = summarize(events)
-    assert [e["test_loss"] for e in summary["per_epoch"]] == [e.test_loss for e in epochs]
+    assert [e.test_loss for e in summary.per_epoch] == [e.test_loss for e in epochs]

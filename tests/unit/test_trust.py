@@ -267,16 +267,16 @@ def test_an_impossible_efficiency_in_one_sweep_is_not_told_to_measure_in_one_swe
 def test_a_poisoned_baseline_is_said_in_plain_words_with_the_remedy():
     from gputui.core.trust import poisoned
 
-    steady = {"steady": {"noise": 0.05}, "threads": 2}
-    assert poisoned(steady, QUIET) == ""
-    assert poisoned(steady, None) == ""  # no machine state recorded, steady steps
-    busy = poisoned({**steady, "omp_wait": "passive (gputui's default)"}, BUSY)
+    steady = {"noise": 0.05, "threads": 2}
+    assert poisoned(QUIET, **steady) == ""
+    assert poisoned(None, **steady) == ""  # no machine state recorded, steady steps
+    busy = poisoned(BUSY, **steady, omp_wait="passive (gputui's default)")
     assert busy.startswith("its speed is not a baseline: other processes used 50% of the 2 "
                            "cores while it ran (load 3.2)")
     assert "rerun it on a quiet machine" in busy and "spin" not in busy
-    spun = poisoned({**steady, "omp_wait": "active (OMP_WAIT_POLICY set by the user)"}, BUSY)
+    spun = poisoned(BUSY, **steady, omp_wait="active (OMP_WAIT_POLICY set by the user)")
     assert "its 2 threads spin while they wait" in spun and "PASSIVE" in spun
-    unsteady = poisoned({"steady": {"noise": 0.35}, "threads": 2}, QUIET)
+    unsteady = poisoned(QUIET, noise=0.35, threads=2)
     assert "its steady steps varied ±35% (above 20%)" in unsteady
 
 
@@ -284,8 +284,10 @@ def test_the_run_summary_prints_the_warning():
     import io
 
     from gputui.cli.printer import Printer
+    from gputui.core.runstore import RunSummary
 
     out = io.StringIO()
-    Printer(stream=out, live=False).summary({"status": "finished", "run_id": "r",
-                                             "baseline_warning": "its speed is not a baseline: x"})
+    Printer(stream=out, live=False).summary(
+        RunSummary.from_dict({"status": "finished", "run_id": "r"}),
+        baseline_warning="its speed is not a baseline: x")
     assert "warning: its speed is not a baseline: x" in out.getvalue()

@@ -27,7 +27,8 @@ def test_a_runs_status_is_decided_once_from_its_last_event(end, status, code):
     assert got.exit_code == code
     # the record's summary says the same, in the string records have always held
     events = [e for e in (end,) if e is not None]
-    assert runstore.summarize(events)["status"] == status
+    assert runstore.summarize(events).status is got
+    assert runstore.summarize(events).to_dict()["status"] == status
     # read back from its JSON line, the event gives the same status
     if end is not None:
         assert Status.of(event_from_dict(end.to_dict())) is got
@@ -52,7 +53,7 @@ def test_run_started_carries_the_config_object_and_its_record_the_same_json():
     read = event_from_dict(old)
     assert isinstance(read, RunStarted)
     assert read.config.run.epochs == 2 and read.config.optim.lr == RunConfig().optim.lr
-    assert runstore.summarize([read])["epochs"] == 2
+    assert runstore.summarize([read]).epochs == 2
 
 
 def test_memory_rows_are_typed_and_their_record_the_same_json():

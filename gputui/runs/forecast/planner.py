@@ -203,11 +203,11 @@ def check_run(run_dir: Path, line: Line, profile_file: str | None = None) -> dic
     row = plan.rows[0]
     mem = next((e for e in events if isinstance(e, MemoryReport)), None)
     measured = mem.per_device[0].to_dict() if mem and mem.per_device else {}
-    steady = summary.get("steady") or {}
+    steady = summary.steady
     return {"run": run_dir.name, "mesh": shape.describe(), "planned": row.to_dict(),
             "measured": {"mem": {k: measured.get(k) for k in ("params", "grads", "optim",
                                                               "activations")},
-                         "step_s": steady.get("step_time_s")},
+                         "step_s": steady.step_time_s if steady else None},
             "plan": plan.to_dict()}
 
 

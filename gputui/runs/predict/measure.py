@@ -87,15 +87,15 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     if bad is not None:
         raise RuntimeError(f"the measuring run {bad.id} ended {bad.status}"
                            f"{': ' + bad.reason if bad.reason else ''}")
-    steady: list[dict[str, Any]] = []
+    steady: list[runstore.SteadyFigures] = []
     for h in handles:
-        got = runstore.read_summary(h.run_dir).get("steady")
+        got = runstore.read_summary(h.run_dir).steady
         if not got:
             raise RuntimeError("the measuring run was too short for a steady state")
         steady.append(got)
     # the slowest copy sets the pace of ranks that wait for each other
-    slowest = max(range(copies), key=lambda i: steady[i]["step_time_s"])
-    step = steady[slowest]["step_time_s"]
+    slowest = max(range(copies), key=lambda i: steady[i].step_time_s)
+    step = steady[slowest].step_time_s
     comm = _steady_comm(handles[slowest].run_dir)
     peak = _peak_memory(handles[0].run_dir)
     summary = runstore.read_summary(handles[0].run_dir)
@@ -103,10 +103,9 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     mb = f" in {m.optim.micro_batches} micro-batches" if m.optim.micro_batches > 1 else ""
     line(f"  measured {copies} x {strategy}({batch} per step{mb}, {threads or 'auto'} threads) "
          f"on {spec}: {step * 1000:.2f} ms per step{own}")
-    return {"step_time_s": step, "noise": steady[slowest].get("noise"), "comm_s": comm,
-            "params": summary.get("params") or 0, "peak_mem": peak,
-            "threads": summary.get("threads") or threads,
-            "omp_wait": summary.get("omp_wait") or ""}
+    return {"step_time_s": step, "noise": steady[slowest].noise, "comm_s": comm,
+            "params": summary.params, "peak_mem": peak,
+            "threads": summary.threads or threads, "omp_wait": summary.omp_wait}
 
 
 def _steady_comm(run_dir: Path) -> float:

@@ -291,7 +291,7 @@ class Sweep:
             self._follow(handle, point, on_event)
             summary = runstore.read_summary(handle.run_dir)
             point.status = handle.status.value if handle.done else "stopped"
-            point.reason = str(summary.get("reason") or "")
+            point.reason = summary.reason
             point.machine = machine.read(handle.run_dir) or {}
             self.save()
             on_point(point)

@@ -410,9 +410,9 @@ class RunScreen(Screen):
     def on_summary_read(self, message: SummaryRead) -> None:
         """Show where the record is and what it says about the outcome."""
         run_dir = getattr(self.handle, "run_dir", "")
-        summary = message.summary or {}
-        if summary.get("run_id"):
-            text = f"record {run_dir} · status {summary.get('status', '?')}"
+        summary = message.summary
+        if summary is not None and summary.run_id:
+            text = f"record {run_dir} · status {summary.status_text}"
         else:
             why = message.error or "no events on disk"
             text = f"record {run_dir} · no summary ({why}) · status {self.state}"
