@@ -18,7 +18,7 @@ def _cfg(**changes) -> RunConfig:
     """The config's own rules (plan.validate); not this machine's disk or network, which a
     launch checks (runs/prepare.check_network: this machine may give a loopback address)."""
     overrides = [("config", k, v) for k, v in changes.items()]
-    cfg = apply_overrides(RunConfig(), overrides, "config")
+    cfg = apply_overrides(RunConfig(), overrides)
     return prepare(cfg, "config", override_origins(overrides), files=False).config
 
 
