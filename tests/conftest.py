@@ -3,7 +3,6 @@ fails when a test changed the user's own folders or the repository's presets/.""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -110,7 +109,7 @@ def _private_folders(tmp_path_factory, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest files first; skip tests marked gpu on machines
+    """Files with the most training processes first; skip tests marked gpu on machines
     without CUDA (checked through NVML, not torch)."""
     _heaviest_files_first(items)
     from gputui.hw.discovery import discover_gpus
@@ -124,25 +123,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# Seconds each test file took on 2 cores (tests/durations.json, written by
-# scripts/test_durations.py from a run's JUnit XML); a file missing from it counts as the median
-DURATIONS = Path(__file__).with_name("durations.json")
-
-
 def _heaviest_files_first(items) -> None:
-    """Order the files by the seconds they took when last measured (tests/durations.json),
-    longest first, keeping each file's own order. The README's command hands whole files to
-    pytest-xdist's workers in this order (``--no-loadscope-reorder`` in pyproject: xdist would
-    otherwise order them by their count of tests): a long file started last leaves the other
+    """Order the files by how many of their tests start training processes (the ``slow``
+    mark), most first, keeping each file's own order. The README's command hands whole files
+    to pytest-xdist's workers in this order: a long file started last would leave the other
     workers idle at the end. Every worker collects the same order (it depends only on the
-    items and the file)."""
+    items)."""
     def file_of(item) -> str:
         return item.nodeid.split("::")[0]
 
-    seconds = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
-    known = sorted(seconds.values())
-    default = known[len(known) // 2] if known else 0.0
-    items.sort(key=lambda it: -seconds.get(file_of(it), default))  # stable: each file's order
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[file_of(item)] = slow.get(file_of(item), 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda it: -slow[file_of(it)])  # stable: files and tests keep their order
 
 
 @pytest.fixture
