@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from textual_plotext import PlotextPlot
 
 from gputui.tui.fmt import thin
-from gputui.tui.widgets.plots import draw_empty
+from gputui.tui.widgets.plots import RedrawnPlot, draw_empty
 
 
-class OverlayPlot(PlotextPlot):
+class OverlayPlot(RedrawnPlot):
     """Named (x, y) series drawn together with a legend; redrawn when the series change."""
 
     def __init__(self, title: str, xlabel: str, *, id: str | None = None,
@@ -20,13 +19,6 @@ class OverlayPlot(PlotextPlot):
     def set_series(self, series: dict[str, list[tuple[float, float]]]) -> None:
         """Replace every curve and redraw."""
         self.series = {k: [(float(x), float(y)) for x, y in v] for k, v in series.items()}
-        self.redraw()
-
-    def on_mount(self) -> None:
-        super().on_mount()
-        self.redraw()
-
-    def on_resize(self) -> None:
         self.redraw()
 
     def redraw(self) -> None:

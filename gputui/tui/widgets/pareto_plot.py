@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual_plotext import PlotextPlot
 
-from gputui.tui.widgets.plots import draw_empty
+from gputui.tui.widgets.plots import RedrawnPlot, draw_empty
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class Point:
     front: bool
 
 
-class ParetoPlot(PlotextPlot):
+class ParetoPlot(RedrawnPlot):
     """Peak GiB per rank (x) against tokens/s (y); redrawn when the points or the cursor
     change."""
 
@@ -50,13 +49,6 @@ class ParetoPlot(PlotextPlot):
     def front(self) -> list[Point]:
         """The Pareto front, smallest peak first (as drawn)."""
         return sorted((p for p in self.points if p.front), key=lambda p: p.peak_gib)
-
-    def on_mount(self) -> None:
-        super().on_mount()
-        self.redraw()
-
-    def on_resize(self) -> None:
-        self.redraw()
 
     def redraw(self) -> None:
         plt = self.plt

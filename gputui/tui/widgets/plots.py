@@ -22,7 +22,21 @@ def draw_empty(plt, message: str) -> None:
     plt.xticks([])
     plt.yticks([])
 
-class MetricPlot(PlotextPlot):
+class RedrawnPlot(PlotextPlot):
+    """A plot drawn whole by its :meth:`redraw`: when mounted and at every resize."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.redraw()
+
+    def on_resize(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        raise NotImplementedError
+
+
+class MetricPlot(RedrawnPlot):
     """A line plot of (x, y) points with a title, axis labels and an empty-state message.
 
     Each point may carry the wall-clock time it was taken (``t``): with ``time_axis`` the
@@ -79,13 +93,9 @@ class MetricPlot(PlotextPlot):
         """The latest value plotted, or None."""
         return self.points[-1][1] if self.points else None
 
-    def on_mount(self) -> None:
-        super().on_mount()
-        self.redraw()
-
     def on_resize(self) -> None:
         self._dirty = True
-        self.redraw()
+        super().on_resize()
 
     def _xy(self, points: list[tuple[float, float, float | None]]) -> list[tuple[float, float]]:
         """The points against the axis in use (time: only those that carry a time)."""
