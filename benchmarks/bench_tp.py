@@ -16,27 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runloop import steady_run  # noqa: E402
 
 PARTS = ("step_s", "compute_s", "comm_exposed_s", "optimizer_s", "data_s", "host_s")
 
 
 def run(cfg) -> dict:
     """One run through the launcher: steady samples/s and the mean breakdown."""
-    from gputui.runs.launcher import launch
-
-    handle = launch(cfg, tempfile.mkdtemp(prefix="gputui-bench-tp-"))
-    steps, first_epoch_done = [], False
-    while not handle.done:
-        for ev in handle.poll(timeout=0.2):
-            if ev.kind == "epoch_end":
-                first_epoch_done = True
-            elif ev.kind == "step" and first_epoch_done:
-                steps.append(ev)
-            elif ev.kind == "run_failed":
-                raise SystemExit(f"{cfg.strategy.name} run failed: {ev.reason}")
-    if not steps:
-        raise SystemExit(f"{cfg.strategy.name}: no steps after the first epoch; raise --epochs")
+    steps, _ = steady_run(cfg, "gputui-bench-tp-")
     out = {"samples_per_s": statistics.mean(e.samples_per_s for e in steps)}
     rows = [r.breakdown.to_dict() for e in steps for r in (e.per_device or ()) if r.breakdown]
     rows = rows or [e.breakdown.to_dict() for e in steps if e.breakdown]
