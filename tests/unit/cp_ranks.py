@@ -120,15 +120,9 @@ def rank_fn(workdir: str) -> dict:
 
 
 def main(out: str) -> None:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from rank_launch import launch
 
-    from gputui.train.agent import free_port
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4,
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-                          run_id="cp", rdzv_configs={"is_host": True}, max_restarts=0,
-                          start_method="spawn", monitor_interval=0.1)
-    torch.save(elastic_launch(config, rank_fn)(os.path.dirname(os.path.abspath(out))), out)
+    torch.save(launch(rank_fn, 4, "cp", os.path.dirname(os.path.abspath(out))), out)
 
 
 if __name__ == "__main__":

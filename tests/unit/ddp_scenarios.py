@@ -189,17 +189,11 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
 
 
 def main(out: str, spec: str = "cpu*2") -> None:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from gputui.train.agent import free_port
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="scenarios",
-                          rdzv_configs={"is_host": True}, max_restarts=0,
-                          start_method="spawn", monitor_interval=0.1)
     import os
 
-    results = elastic_launch(config, rank_fn)(spec, os.path.dirname(os.path.abspath(out)))
+    from rank_launch import launch
+
+    results = launch(rank_fn, 2, "scenarios", spec, os.path.dirname(os.path.abspath(out)))
     torch.save(results, out)
 
 

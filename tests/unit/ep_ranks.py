@@ -126,17 +126,10 @@ def rank_fn(world: int, workdir: str) -> dict:
 
 
 def main(out: str, ranks: str) -> None:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from gputui.train.agent import free_port
+    from rank_launch import launch
 
     world = int(ranks)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world,
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-                          run_id="ep", rdzv_configs={"is_host": True}, max_restarts=0,
-                          start_method="spawn", monitor_interval=0.1)
-    torch.save(elastic_launch(config, rank_fn)(world, os.path.dirname(os.path.abspath(out))),
-               out)
+    torch.save(launch(rank_fn, world, "ep", world, os.path.dirname(os.path.abspath(out))), out)
 
 
 if __name__ == "__main__":

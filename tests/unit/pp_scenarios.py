@@ -118,15 +118,9 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
 def main(out: str, spec: str = "cpu*2") -> None:
     import os
 
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from rank_launch import launch
 
-    from gputui.train.agent import free_port
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="pp-scenarios",
-                          rdzv_configs={"is_host": True}, max_restarts=0,
-                          start_method="spawn", monitor_interval=0.1)
-    results = elastic_launch(config, rank_fn)(spec, os.path.dirname(os.path.abspath(out)))
+    results = launch(rank_fn, 2, "pp-scenarios", spec, os.path.dirname(os.path.abspath(out)))
     torch.save(results, out)
 
 

@@ -196,16 +196,10 @@ def rank_fn8(workdir: str) -> dict:
 
 
 def main(out: str, ranks: str = "4") -> None:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from rank_launch import launch
 
-    from gputui.train.agent import free_port
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=int(ranks),
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-                          run_id="tp", rdzv_configs={"is_host": True}, max_restarts=0,
-                          start_method="spawn", monitor_interval=0.1)
     fn = rank_fn if ranks == "4" else rank_fn8
-    torch.save(elastic_launch(config, fn)(os.path.dirname(os.path.abspath(out))), out)
+    torch.save(launch(fn, int(ranks), "tp", os.path.dirname(os.path.abspath(out))), out)
 
 
 if __name__ == "__main__":
