@@ -25,10 +25,30 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from gputui.core import signals
 from gputui.core.handoff import StopChannel
 
 PARENT_GONE = "the gputui process that launched the run exited"
 PARENT_POLL_S = 0.5  # how often a host or a rank looks for its parent
+ANOTHER_RANK = "stopped on another rank"
+# the reasons a rank tells the others in the agreement itself (one number in the same MAX
+# all-reduce): a rank that had not yet seen the stop itself (SLURM signals every process of a
+# job, each at its own moment) records why, not only that another rank stopped
+SHARED_REASONS = ("stopped by user", PARENT_GONE,
+                  *(signals.stop_reason(s) for s in signals.STOP_SIGNALS))
+
+
+def reason_code(reason: str) -> int:
+    """The number a stop's reason travels as (0: no stop; past the table: one unnamed)."""
+    return SHARED_REASONS.index(reason) + 1 if reason in SHARED_REASONS \
+        else len(SHARED_REASONS) + 1
+
+
+def agreed_reason(code: int) -> str:
+    """The reason a rank records for a stop the agreement brought from another rank."""
+    if 1 <= code <= len(SHARED_REASONS):
+        return f"{SHARED_REASONS[code - 1]} (on another rank)"
+    return ANOTHER_RANK
 
 
 def parent_gone(parent_pid: int, origin_pid: int = 0) -> bool:
@@ -62,16 +82,20 @@ class RunStop:
 
 
 class AgreedStop:
-    """A stop every rank agrees on: each check is a tiny collective (MAX of the flags), so all
-    ranks leave the loop at the same step and none waits forever in a collective."""
+    """A stop every rank agrees on: each check is a tiny collective (MAX of the ranks' reason
+    codes), so all ranks leave the loop at the same step, none waits forever in a collective,
+    and a rank stopped by another's request records that rank's reason."""
 
     def __init__(self, flag: Callable[[], bool], strategy):
         self.flag, self.strategy = flag, strategy
-        self.reason = "stopped on another rank"
+        self.reason = ANOTHER_RANK
+
+    def _mine(self) -> str:
+        return getattr(self.flag, "reason", "stopped by user")
 
     def __call__(self) -> bool:
-        agreed = self.strategy.agree_stop(bool(self.flag()))
+        agreed = self.strategy.agree_stop(reason_code(self._mine()) if self.flag() else 0)
         # asked after the collective: a stop request set in between is this rank's own too
-        if agreed and self.flag():
-            self.reason = getattr(self.flag, "reason", "stopped by user")
-        return agreed
+        if agreed:
+            self.reason = self._mine() if self.flag() else agreed_reason(agreed)
+        return bool(agreed)

@@ -218,8 +218,8 @@ def test_an_sbatch_job_stopped_by_the_time_limit_signal_requeues_and_resumes(clu
     stopped, resumed = _runs(runs)
     assert stopped == first and all(f"-slurm{job}-" in r.name for r in (stopped, resumed))
     last = read_events(stopped)[-1]
-    assert (last.kind, last.reason) == (
-        "run_stopped", "stopped by SIGUSR1 (a batch system's time-limit warning)")
+    usr1 = "stopped by SIGUSR1 (a batch system's time-limit warning)"  # seen here or first on
+    assert last.kind == "run_stopped" and last.reason in (usr1, f"{usr1} (on another rank)")
     events = read_events(resumed)
     assert events[-1].kind == "run_finished", text
     assert any(e.kind == "log" and f"resumed from {stopped.resolve()}" in e.message
@@ -248,7 +248,10 @@ def test_scancel_leaves_a_resumable_record_and_no_process_on_either_node(cluster
     finally:
         srun.kill()
     last = read_events(run)[-1]
-    assert last.kind == "run_stopped" and last.reason == "stopped by SIGTERM", out
+    # SLURM signals each node's processes at its own moment: the other node's rank can be the
+    # first to see it, and the agreement brings its reason
+    assert last.kind == "run_stopped" and last.reason in (
+        "stopped by SIGTERM", "stopped by SIGTERM (on another rank)"), out
     assert (run / "checkpoint.pt").is_file()
     assert json.loads((run / "summary.json").read_text())["status"] == "stopped"
     assert f"(continue it: srun gputui resume {run.name})" in out, out

@@ -164,6 +164,38 @@ def run_breakdown(name: str, spec: str = "cpu*2") -> list[list]:
     return [list(e.per_device) for e in events if e.kind == "step"]
 
 
+class _Asked:
+    """A rank's stop flag as the worker hands it to AgreedStop: asked or not, and why."""
+
+    def __init__(self, reason: str | None):
+        self.reason = reason or ""
+
+    def __call__(self) -> bool:
+        return bool(self.reason)
+
+
+def agreed_stops(spec: str) -> list[dict]:
+    """The worker's AgreedStop over a real ddp strategy's agreement: rank 1 asks to stop for
+    SIGTERM (as a signal lands on one node of a SLURM job first), then rank 0 for the user
+    while rank 1 asks nothing, then both for their own reasons. Each check: what this rank
+    decided and the reason it records."""
+    import torch.distributed as dist
+
+    from gputui.core.signals import stop_reason
+    from gputui.train.stopping import AgreedStop
+
+    _, _, strategy = build("ddp_even", spec)
+    rank = dist.get_rank()
+    asks = [(None, stop_reason(15)), ("stopped by user", None),
+            ("stopped by user", "something else")]
+    out = []
+    for mine in asks:
+        strategy._stop_countdown = 1  # check at this call (the agreement's cadence aside)
+        stop = AgreedStop(_Asked(mine[rank]), strategy)
+        out.append({"stop": stop(), "reason": stop.reason})
+    return out
+
+
 def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
     """Every scenario on this rank, in one process group."""
     import os
@@ -180,6 +212,7 @@ def rank_fn(spec: str = "cpu*2", workdir: str = "") -> dict:
     try:
         out = {name: run_scenario(name, spec, workdir) for name in SCENARIOS}
         out["breakdown"] = {name: run_breakdown(name, spec) for name in BREAKDOWN}
+        out["agreed_stops"] = agreed_stops(spec)
         return out
     finally:
         from gputui.train.strategies.rank import destroy_group

@@ -328,3 +328,17 @@ def test_each_collective_is_named_where_it_runs(ranks, scenario, kinds):
             assert max(row.collectives.values()) <= row.comm_s + 1e-9
             assert sum(row.collectives.values()) >= row.comm_s - 1e-9
             assert all(k in collectives_line(row) for k in kinds)
+
+
+def test_a_rank_stopped_by_another_records_that_ranks_reason(ranks):
+    """The stop agreement carries the asking rank's reason: the rank that had not seen the
+    signal yet records it, marked as another rank's; a reason outside the shared table
+    travels as 'stopped on another rank'; a rank's own reason is its own."""
+    sigterm = "stopped by SIGTERM"
+    assert [r["agreed_stops"] for r in (ranks[0], ranks[1])] == [
+        [{"stop": True, "reason": f"{sigterm} (on another rank)"},
+         {"stop": True, "reason": "stopped by user"},
+         {"stop": True, "reason": "stopped by user"}],
+        [{"stop": True, "reason": sigterm},
+         {"stop": True, "reason": "stopped by user (on another rank)"},
+         {"stop": True, "reason": "something else"}]]

@@ -13,7 +13,7 @@ on a strategy, and nothing else:
   (the memory and FLOP figures);
 - ``models()``, ``optimizers()``, ``primary_model()``, ``state_dict()``,
   ``load_state_dict(state)`` (checkpoints, the fast path, tests), ``close()``;
-- multi-process strategies only: ``agree_stop(mine)`` (the worker's agreed stop);
+- multi-process strategies only: ``agree_stop(code)`` (the worker's agreed stop, with its reason);
 - read-only: ``cfg``, ``devices``, ``name``, ``rank``, ``local_rank``, ``world_size``,
   ``batch_size``, ``lr`` (the base lr) and ``notes`` (what the run should say once, at its
   start); ``updater`` (the lr schedule, clipping and optimizer-step count, see

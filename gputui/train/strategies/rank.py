@@ -698,23 +698,25 @@ class RankStrategy(Strategy):
         return StepReport(step_s=m.step_s() if m.measured else 0.0, comm_s=comm,
                           devices=devices)
 
-    def agree_stop(self, mine: bool) -> bool:
-        """True when any rank wants to stop. The ranks agree with a small MAX all-reduce, not
-        at every step (that sync point costs a few % of throughput on fast steps) but every
-        k-th check, k agreed in the same all-reduce (the smallest of the ranks' proposals)
-        so that a check happens about every STOP_CHECK_S: every rank makes the same checks,
-        so all stop at the same step. A stop asked between checks waits for the next one."""
+    def agree_stop(self, mine: int) -> int:
+        """Non-zero when any rank wants to stop (``mine``: this rank's reason code, 0 for none;
+        the largest code asked, ``stopping.reason_code``). The ranks agree with a small MAX
+        all-reduce, not at every step (that sync point costs a few % of throughput on fast
+        steps) but every k-th check, k agreed in the same all-reduce (the smallest of the
+        ranks' proposals) so that a check happens about every STOP_CHECK_S: every rank makes
+        the same checks, so all stop at the same step. A stop asked between checks waits for
+        the next one."""
         self._stop_countdown -= 1
         if self._stop_countdown > 0:
-            return False
+            return 0
         now = time.perf_counter()
         step_s = (now - self._stop_t) / max(1, self._stop_every)
         self._stop_t = now
         proposal = max(1, min(STOP_CHECK_MAX, int(STOP_CHECK_S / max(step_s, 1e-6))))
-        flag = torch.tensor([1.0 if mine else 0.0, -float(proposal)])
+        flag = torch.tensor([float(mine), -float(proposal)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
         self._stop_every = self._stop_countdown = int(-flag[1].item())
-        return bool(flag[0].item())
+        return int(flag[0].item())
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Mean over ranks of each rank's whole-scaled share: the global figure."""
