@@ -408,6 +408,9 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     one = trace_stack(trace_spec, depth, mesh)
     two = trace_stack(trace_spec, depth + 1, mesh)
     out = _extrapolate(one, two, blocks, depth)
+    if m.get("moe_experts"):
+        formula.append("moe: the router's choices are not on fake tensors; tokens routed "
+                       "evenly over the experts, kept by the capacity rule")
     if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
         out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
         formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
