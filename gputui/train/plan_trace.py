@@ -672,12 +672,14 @@ def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
                  q: Any) -> None:
     """Spawned entry point of one rank of a real gloo group measuring ``spec``'s mesh on real
-    tensors (the benchmark's and the tests' measured side): rank 0 puts its figures."""
+    tensors (the benchmark's and the tests' measured side): rank 0 puts its figures. A list
+    of specs (of one world) is measured in turn in the one group: a list of figures."""
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
-        got = plan_rank(spec, fake=False)
+        got: Any = [plan_rank(one, fake=False) for one in spec] if isinstance(spec, list) \
+            else plan_rank(spec, fake=False)
         if rank == 0:
             q.put(got)
         dist.barrier()
