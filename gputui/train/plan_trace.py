@@ -176,12 +176,16 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                     model, [n for n, p in model.named_parameters() if id(p) in ids])
             step_model = par.apply_ddp(model, par.dp_group(mesh, shape), torch.device("cpu"))
 
-        def forward_loss() -> torch.Tensor:
-            with (cp.step(x, y) if cp is not None else contextlib.nullcontext((x, y))) as xy:
-                with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-                    loss = lm_loss(step_model(xy[0]), xy[1]) / chunks
-                    aux = moe.aux_term(moe_layers, aux_weight)
-                    return loss if aux is None else loss + aux / chunks
+        def sliced() -> Any:
+            """This rank's part of every sequence for a forward and its backward (cp: held
+            over both, as the run holds it: a checkpointed block recomputes its ring)."""
+            return cp.step(x, y) if cp is not None else contextlib.nullcontext((x, y))
+
+        def forward_loss(xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                loss = lm_loss(step_model(xy[0]), xy[1]) / chunks
+                aux = moe.aux_term(moe_layers, aux_weight)
+                return loss if aux is None else loss + aux / chunks
 
         def reduce_experts() -> None:
             if experts:
@@ -217,8 +221,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                 comm.phase = "forward"
                 for i in range(chunks):
                     sync = _no_sync(step_model, i < chunks - 1)
-                    with sync:
-                        loss = forward_loss()
+                    with sync, sliced() as xy:
+                        loss = forward_loss(xy)
                         if last:  # what autograd keeps is largest as backward begins
                             forward_act = _now(tracker, "Activation")
                             forward_total = _now(tracker, "Total")
@@ -254,9 +258,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             for _ in range(int(spec.get("timed_steps", 4))):
                 t0 = time.perf_counter()
                 for i in range(chunks):
-                    with _no_sync(step_model, i < chunks - 1):
-                        loss = forward_loss()
-                        loss.backward()
+                    with _no_sync(step_model, i < chunks - 1), sliced() as xy:
+                        forward_loss(xy).backward()
                 reduce_experts()
                 opt.step()
                 opt.zero_grad()

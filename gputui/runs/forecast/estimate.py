@@ -314,6 +314,11 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row.per_block_act = int(got.get("per_block", {}).get("activations", 0))
     row.flops = int(got["flops"])
     row.fits = row.peak <= p.usable()
+    if shape.cp > 1 and p.kind == "gpu":
+        row.formula.append("cp on GPUs: the ring traced is gputui's (the CPU's); a CUDA run "
+                           "takes PyTorch's context_parallel on flash attention where its torch "
+                           "has it, which keeps no block of scores: the temporaries of cp rows "
+                           "are an upper bound there")
     rate = rank_rate(p, model.dtype(), min(cluster.per_node, cluster.world))
     compute = row.flops / rate if rate > 0 else math.inf
     if shape.pp > 1:
@@ -373,26 +378,30 @@ def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
     top = max(parts, key=lambda k: parts[k])
     head = f"peak {row.peak / GIB:.1f} GiB per rank > {p.usable() / GIB:.1f} GiB usable"
     shape = row.shape
+    # cp: each rank holds 1/cp of every sequence, so its activations and logits fall where
+    # its sequences cannot shrink otherwise: one sequence a rank, or a batch per
+    # data-parallel rank (with a global batch and several sequences a rank, dp ranks turned
+    # cp ranks hold the same tokens)
+    more_cp = shape.cp * 2
+    cp = (f"cp = {more_cp} (each rank holds 1/{more_cp} of every sequence)"
+          if shape.pp == 1 and (model.local_batch or row.micro_batch <= 1)
+          and not _cp_ep_problem(model, replace(shape, cp=more_cp)) else "")
+    micro = "more micro-batches" if row.micro_batch > 1 else ""
     if top == "activations":
-        # cp: each rank holds 1/cp of every sequence, so its activations fall where its
-        # sequences cannot shrink otherwise: one sequence a rank, or a batch per
-        # data-parallel rank (with a global batch and several sequences a rank, dp ranks
-        # turned cp ranks hold the same tokens)
-        more_cp = shape.cp * 2
-        cp = (f"cp = {more_cp} (each rank holds 1/{more_cp} of every sequence)"
-              if shape.pp == 1 and (model.local_batch or row.micro_batch <= 1)
-              and not _cp_ep_problem(model, replace(shape, cp=more_cp)) else "")
         tries = [x for x in (cp, "ac = full" if shape.ac != "full" else "",
                              "ac = selective" if shape.ac == "none" else "",
-                             "more tp" if shape.tp < 8 else "", "more micro-batches") if x]
+                             "more tp" if shape.tp < 8 else "", micro) if x]
         return (f"activations of {m['activations'] / GIB:.1f} GiB per rank at context "
                 f"{model.context}: try {' or '.join(tries)} ({head})")
     if top == "state":
         lever = "fsdp (zero 3)" if shape.dp_shard == 1 or shape.zero < 3 else "more tp or pp"
         return (f"parameters, gradients and optimizer state of {state / GIB:.1f} GiB per rank: "
                 f"try {lever} ({head})")
+    ring = ", the ring's block scores" if shape.cp > 1 else ""
+    tries = [x for x in (cp, micro) if x]
     return (f"temporaries of {parts['temps'] / GIB:.1f} GiB (logits over a vocabulary of "
-            f"{model.vocab} and the collectives' buffers): try more micro-batches ({head})")
+            f"{model.vocab}{ring} and the collectives' buffers)"
+            + (f": try {' or '.join(tries)}" if tries else "") + f" ({head})")
 
 
 def order(rows: list[Row]) -> list[Row]:
