@@ -20,6 +20,13 @@ all-gather buffer at 1 block, one block gathered and one buffer from 2 blocks on
 buffers extrapolated from 1 and 2 grew by a block's each block: 0.29 GiB at 12 blocks of
 GPT-2 small's width where a 12-block trace holds 27 MiB).
 
+Context parallelism is traced: the rank's zig-zag part of every sequence and gputui's ring
+attention (:mod:`gputui.train.context_parallel`), whose isend/irecv hops the fake group takes;
+each hop is logged as one ``cp ring send`` of its bytes. A mixture of experts is traced through
+the MoE layer's planned dispatch under fake tensors (``MoE._planned``: the router's choices are
+values, so tokens are routed evenly over the experts and kept by the capacity rule; marked as
+such in ``formula``), ep's all-to-alls and expert gradient all-reduce included.
+
 Pipeline schedules do not run on one fake rank (their stages exchange shapes and activations
 point to point): a pp mesh traces one stage (n_layer / pp blocks) at the micro-batch size,
 and the micro-batches in flight, the bubble and the sends are formulas, marked as such in
