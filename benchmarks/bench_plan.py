@@ -43,7 +43,7 @@ MESHES: dict[int, list[MeshShape | tuple[MeshShape, ModelSize]]] = {
     2: [MeshShape(dp_shard=2), MeshShape(dp_shard=2, zero=2), MeshShape(dp_shard=2, zero=1),
         MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2),
         MeshShape(dp_shard=2, ac="full"), MeshShape(dp_shard=2, ac="selective"),
-        MeshShape(cp=2), (MeshShape(dp_shard=2, ep=2), MOE),
+        MeshShape(cp=2), MeshShape(cp=2, ac="full"), (MeshShape(dp_shard=2, ep=2), MOE),
         (MeshShape(dp_replicate=2, ep=2), MOE)],
     4: [MeshShape(dp_shard=4), MeshShape(dp_replicate=4), MeshShape(dp_shard=2, tp=2),
         MeshShape(dp_replicate=2, dp_shard=2), MeshShape(pp=2, dp_shard=2),
