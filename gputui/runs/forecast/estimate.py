@@ -151,8 +151,8 @@ def _cp_ep_problem(model: ModelSize, shape: MeshShape) -> str:
         if not model.moe_experts:
             return "ep shards a mixture of experts; this GPT is dense"
         if shape.dp % shape.ep or model.moe_experts % shape.ep:
-            return (f"ep {shape.ep} divides neither the {shape.dp} data-parallel ranks or the "
-                    f"{model.moe_experts} experts")
+            return (f"ep {shape.ep} must divide both the {shape.dp} data-parallel ranks and "
+                    f"the {model.moe_experts} experts")
         if shape.data_parallel == "ddp" and shape.dp_shard > 1:
             return "ZeRO-1 is not combined with ep"
     return ""
