@@ -37,7 +37,7 @@ CP = MeshShape(cp=2)  # context parallelism alone: DDP over the cp ranks
 MESHES = {  # world -> the meshes traced once for the whole module, in one child
     1: [MeshShape(one_group="fsdp")],
     2: [MeshShape(dp_shard=2), MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2),
-        CP, replace(CP, ac="full")],
+        CP],
 }
 # a mixture of experts in place of TINY's MLPs, its experts over ep 2 beside fully_shard
 TINY_MOE = replace(TINY, moe_experts=4)
@@ -435,13 +435,8 @@ def test_cp_holds_part_of_each_sequence_and_sends_its_blocks_round_the_ring(trac
     # their gradients on and home (float32, the same size)
     assert (ring["forward"]["count"], ring["forward"]["bytes"]) == (2, 2 * block)
     assert (ring["backward"]["count"], ring["backward"]["bytes"]) == (6, 6 * block)
-    # with full checkpointing each block's recomputation runs its ring again, inside the
-    # rank's part of the sequences (outside it, the recomputed shapes differed: an error)
-    full = got[(2, replace(CP, ac="full"))]
-    assert "error" not in full, full
-    assert full["mem"]["activations"] < cp["mem"]["activations"]
-    ring = {c["phase"]: c for c in full["comm"] if c["kind"] == "cp ring send"}
-    assert ring["backward"]["count"] == 6 + 2  # the forward's hops, recomputed
+    # (cp with full checkpointing, whose blocks recompute their ring in backward, is traced
+    # by benchmarks/bench_plan.py: a trace more here costs the suite about 10 s)
 
 
 def test_a_mixture_of_experts_is_traced_with_its_experts_over_ep(traced):
