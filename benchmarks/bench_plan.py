@@ -1,14 +1,15 @@
 """How far `gputui plan` is from a real run, on this machine's CPU ranks.
 
 For every mesh of cpu*2 and cpu*4 that runs here (fsdp at ZeRO-3, 2 and 1, ddp, tp, fsdp_tp,
-pp, HSDP, with and without activation checkpointing), the plan's peak memory per rank (traced
-on a fake process group under fake tensors at 1 and 2 blocks, extrapolated) and step time (the
+pp, HSDP, cp, with and without activation checkpointing; a mixture of experts over ep), the
+plan's peak memory per rank (traced on a fake process group under fake tensors at 2 and 3
+blocks, extrapolated) and step time (the
 CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step) beside
 the same mesh run for real: gloo ranks, real tensors, the same model and parallelism code,
 its peak from the same memory tracker (a pp mesh: the real schedule, its live storages'
 bytes) and its median step time.
 
-    .venv/bin/python benchmarks/bench_plan.py [--quick]
+    .venv/bin/python benchmarks/bench_plan.py [--quick] [--only WORD]
 
 Targets (issue 33): memory within 10 %, step time within 25 %. Prints one row per mesh and the
 worst ratios. Run it on an idle machine: the step times are the machine's.
@@ -20,6 +21,7 @@ import argparse
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,13 +36,18 @@ from gputui.runs.predict.cache import cores  # noqa: E402
 MODEL = ModelSize(n_layer=4, n_embd=128, n_head=4, context=128, vocab=256, batch=16,
                   precision="fp32", chunks=1, schedule="1f1b")
 
-MESHES = {
+# the same GPT with a mixture of 4 experts (top-1) in place of each block's MLP
+MOE = replace(MODEL, moe_experts=4)
+
+MESHES: dict[int, list[MeshShape | tuple[MeshShape, ModelSize]]] = {
     2: [MeshShape(dp_shard=2), MeshShape(dp_shard=2, zero=2), MeshShape(dp_shard=2, zero=1),
         MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2),
-        MeshShape(dp_shard=2, ac="full"), MeshShape(dp_shard=2, ac="selective")],
+        MeshShape(dp_shard=2, ac="full"), MeshShape(dp_shard=2, ac="selective"),
+        MeshShape(cp=2), MeshShape(cp=2, ac="full"), (MeshShape(dp_shard=2, ep=2), MOE),
+        (MeshShape(dp_replicate=2, ep=2), MOE)],
     4: [MeshShape(dp_shard=4), MeshShape(dp_replicate=4), MeshShape(dp_shard=2, tp=2),
         MeshShape(dp_replicate=2, dp_shard=2), MeshShape(pp=2, dp_shard=2),
-        MeshShape(tp=4)],
+        MeshShape(tp=4), MeshShape(dp_shard=2, cp=2), (MeshShape(dp_shard=4, ep=2), MOE)],
 }
 
 
@@ -51,6 +58,7 @@ def line(text: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="cpu*2's first three meshes only")
+    ap.add_argument("--only", help="only the meshes whose name has one of these words: cp,ep")
     args = ap.parse_args()
     os.environ.setdefault("GPUTUI_CACHE_DIR", tempfile.mkdtemp(prefix="bench-plan-"))
     n_cores = cores()
@@ -79,13 +87,17 @@ def main() -> int:
                                    f"thread(s)"))
         line(f"cpu*{world}: {threads} thread(s) per rank, matmul peak {peak / 1e9:.1f} "
              f"GFLOP/s, efficiency {eff:.2f} from a measured single-rank step")
-        for shape in (shapes[:3] if args.quick else shapes):
-            plan = make_plan(MODEL, cluster, line, only=[shape])
+        for item in (shapes[:3] if args.quick else shapes):
+            shape, model = item if isinstance(item, tuple) else (item, MODEL)
+            words = shape.describe().replace("(", " ").split()
+            if args.only and not set(args.only.split(",")) & set(words):
+                continue
+            plan = make_plan(model, cluster, line, only=[shape])
             row = plan.rows[0]
             if not row.peak:
                 rows.append((f"cpu*{world}", shape, None, None, row.reason))
                 continue
-            got = measure_mesh(dict(estimate.spec_of(MODEL, shape, world), steps=2,
+            got = measure_mesh(dict(estimate.spec_of(model, shape, world), steps=2,
                                     timed_steps=5), threads)
             if "error" in got:
                 rows.append((f"cpu*{world}", shape, row, None, got["error"]))

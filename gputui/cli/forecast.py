@@ -157,7 +157,9 @@ def print_plan(plan) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     m = plan.model
-    table = Table(title=f"plan: {m.params() / 1e6:,.0f}M-parameter GPT (n_layer {m.n_layer}, "
+    moe = (f", {m.active_params() / 1e6:,.1f}M active: {m.moe_experts} experts top-"
+           f"{m.moe_top_k}" if m.moe_experts else "")
+    table = Table(title=f"plan: {m.params() / 1e6:,.0f}M-parameter GPT{moe} (n_layer {m.n_layer}, "
                         f"n_embd {m.n_embd}, context {m.context}, vocab {m.vocab}, "
                         f"{m.precision}, batch {m.batch}{' per dp rank' if m.local_batch else ''}"
                         f") on {plan.cluster.describe()}; memory in GiB per rank")

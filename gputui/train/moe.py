@@ -98,6 +98,8 @@ class MoE(nn.Module):
             gate = gate / gate.sum(-1, keepdim=True)
         if tokens.is_meta:  # FLOP counting: every assignment through one expert's MLP
             return self._counted(tokens, gate).view(b, t, d)
+        if is_fake(tokens):  # gputui plan: shapes without values (see _planned)
+            return self._planned(tokens, probs, gate, expert).view(b, t, d).to(x.dtype)
         hot = F.one_hot(expert, e_all)  # [n, k, E]
         counts = everyone(hot.sum(0), self.group)  # [G, k, E]: every rank's, per slot
         me = dist.get_rank(self.group) if self.group is not None else 0
@@ -124,31 +126,82 @@ class MoE(nn.Module):
         if self.ep_size == 1:
             y = self.experts(tokens[tok], mine.tolist())
         else:
-            y = self._exchange(tokens[tok], kept, mine)
+            y = self._exchange(tokens[tok], *self._splits(kept, mine))
         out = torch.zeros_like(tokens, dtype=y.dtype).index_add_(0, tok,
                                                                  y * g[:, None].to(y.dtype))
         return out.view(b, t, d).to(x.dtype)
 
-    def _exchange(self, x: torch.Tensor, kept: torch.Tensor, mine: torch.Tensor) -> torch.Tensor:
-        """Expert parallelism: ``x`` (this rank's kept assignments, ordered by expert) to the
-        ranks holding their experts, through the local experts, and back."""
+    def _splits(self, kept: torch.Tensor, mine: torch.Tensor) -> tuple[list[int],
+                                                                       list[list[int]]]:
+        """Expert parallelism's split sizes, planned on the CPU (one copy, not a sync per
+        element on a GPU): the rows this rank sends each ep peer, and ``arrive[s][j]``, what
+        peer ``s`` sends it for its local expert ``j``."""
         p, local = self.ep_size, self.n_experts // self.ep_size
         q = (dist.get_rank(self.group) if self.group is not None else 0) - self.ep_first
-        # the split sizes are planned on the CPU (one copy, not a sync per element on a GPU)
         send = mine.view(p, local).sum(1).tolist()
         peers = kept[self.ep_first:self.ep_first + p].sum(1).cpu()  # [p, E]: each peer's kept
-        arrive = peers[:, q * local:(q + 1) * local]  # [p, local]: what each peer sends me
-        recv = arrive.sum(1).tolist()
+        return send, peers[:, q * local:(q + 1) * local].tolist()
+
+    def _exchange(self, x: torch.Tensor, send: list[int],
+                  arrive: list[list[int]]) -> torch.Tensor:
+        """Expert parallelism: ``x`` (this rank's kept assignments, ordered by expert) to the
+        ranks holding their experts (``send`` rows to each), through the local experts
+        (``arrive``: see :meth:`_splits`), and back."""
+        p, local = self.ep_size, self.n_experts // self.ep_size
+        recv = [sum(row) for row in arrive]
         got = AllToAll.apply(x, recv, send, self.ep_group, self.meter, DISPATCH)
         # arrived source-major (peer, then expert): regroup expert-major for the experts
-        starts = torch.cumsum(arrive.reshape(-1), 0) - arrive.reshape(-1)
-        starts = starts.view(p, local)
-        index = torch.cat([torch.arange(int(starts[s, j]), int(starts[s, j] + arrive[s, j]))
+        flat = [c for row in arrive for c in row]
+        starts = [sum(flat[:i]) for i in range(len(flat))]
+        index = torch.cat([torch.arange(starts[s * local + j], starts[s * local + j]
+                                        + arrive[s][j])
                            for j in range(local) for s in range(p)] or
                           [torch.zeros(0, dtype=torch.long)]).to(x.device)
-        y = self.experts(got[index], arrive.sum(0).tolist())
+        y = self.experts(got[index], [sum(arrive[s][j] for s in range(p))
+                                      for j in range(local)])
         back = torch.empty_like(y).index_copy(0, index, y)  # source-major again
         return AllToAll.apply(back, send, recv, self.ep_group, self.meter, COMBINE)
+
+    def _planned(self, tokens: torch.Tensor, probs: torch.Tensor, gate: torch.Tensor,
+                 expert: torch.Tensor) -> torch.Tensor:
+        """The layer under fake tensors (``gputui plan``: shapes, no values), where the
+        router's choices are unknown and the real path's data-dependent selection
+        (``nonzero``, ``.tolist()`` of counts) cannot run. Planned as if every rank's
+        assignments were spread evenly over the experts (each slot's ``n`` tokens, ``n / E``
+        an expert), then kept by the same capacity rule (:func:`kept_counts`): with a
+        capacity factor of 1 or more every assignment is kept, below 1 each expert takes its
+        capacity. The same ops run on those shapes: the counts' all-gather, the
+        load-balancing loss, the experts' MLPs on the kept rows and, with ep, the two
+        all-to-alls of the even splits (a real router's imbalance moves rows between ep
+        ranks; the plan says so)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        n, e_all, k = tokens.shape[0], self.n_experts, self.top_k
+        hot = F.one_hot(expert, e_all)  # [n, k, E], as the real step makes it
+        counts = everyone(hot.sum(0), self.group)  # the same all-gather (its values unknown)
+        ((hot.cumsum(0) - 1) * hot).sum(-1)  # each assignment's queue place, as real
+        ranks = counts.shape[0]
+        me = dist.get_rank(self.group) if self.group is not None else 0
+        n_all = n * ranks
+        with unset_fake_temporarily():  # the planned counts are real, small integers
+            even = torch.tensor([n // e_all + (e < n % e_all) for e in range(e_all)])
+            planned = even.expand(ranks, k, e_all).contiguous()
+            kept = kept_counts(planned, capacity(self.capacity_factor, n_all, k, e_all))
+            mine = kept[me].sum(0)
+            rows = mine.tolist()
+            splits = self._splits(kept, mine) if self.ep_size > 1 else None
+        share = counts.sum((0, 1)).double() / max(1, n_all * k)
+        mean_p = probs.sum(0) * (ranks / max(1, n_all))
+        self.aux = e_all * (share.to(mean_p.dtype) * mean_p).sum()
+        m = sum(rows)
+        tok = torch.arange(m, device=tokens.device) % n  # which tokens: shapes only
+        g = gate.T.reshape(-1)[:m]
+        if splits is None:
+            y = self.experts(tokens[tok], rows)
+        else:
+            y = self._exchange(tokens[tok], *splits)
+        return torch.zeros_like(tokens, dtype=y.dtype).index_add_(
+            0, tok, y * g[:, None].to(y.dtype))
 
     def _counted(self, tokens: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """On the meta device (FLOPs, not values): each token through ``top_k`` experts'
@@ -156,6 +209,13 @@ class MoE(nn.Module):
         x = tokens.repeat(self.top_k, 1)
         y = self.experts(x, [x.shape[0]] + [0] * (self.experts.fc.shape[0] - 1))
         return (y * gate.T.reshape(-1, 1)).view(self.top_k, -1, tokens.shape[1]).sum(0)
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a FakeTensor (shapes without storage: ``gputui plan``'s tracer)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
 
 
 def capacity(factor: float, tokens: int, top_k: int, experts: int) -> int:
@@ -236,6 +296,27 @@ class MoEStats:
         self.sent = sent if self.sent is None or self.sent.shape != sent.shape \
             else self.sent + sent
         self.forwards += 1
+
+
+def reduce_expert_grads(experts: list[nn.Parameter], dp: int, replicas: Any,
+                        meter: Any = None) -> None:
+    """ep: each expert's gradient holds the tokens of this rank's ep group; summed over the
+    ranks holding the same experts (``replicas``; None: none) and divided by the ``dp``
+    data-parallel groups, it is the full batch's (the average DDP takes of the other
+    parameters). One flat all-reduce, named on metered steps."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in experts]
+    flat = torch.cat([g.reshape(-1) for g in grads]).div_(dp)
+    if replicas is not None:
+        on = meter is not None and meter.on
+        start = meter.clock.mark() if on else None
+        dist.all_reduce(flat, group=replicas)
+        if on:
+            meter.collective("ep expert all-reduce", start, meter.clock.mark(),
+                             nbytes=flat.numel() * flat.element_size())
+    at = 0
+    for p, g in zip(experts, grads, strict=True):
+        p.grad = flat[at:at + g.numel()].view_as(g).to(g.dtype)
+        at += g.numel()
 
 
 def layers(model: nn.Module) -> list[MoE]:

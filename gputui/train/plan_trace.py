@@ -20,6 +20,13 @@ all-gather buffer at 1 block, one block gathered and one buffer from 2 blocks on
 buffers extrapolated from 1 and 2 grew by a block's each block: 0.29 GiB at 12 blocks of
 GPT-2 small's width where a 12-block trace holds 27 MiB).
 
+Context parallelism is traced: the rank's zig-zag part of every sequence and gputui's ring
+attention (:mod:`gputui.train.context_parallel`), whose isend/irecv hops the fake group takes;
+each hop is logged as one ``cp ring send`` of its bytes. A mixture of experts is traced through
+the MoE layer's planned dispatch under fake tensors (``MoE._planned``: the router's choices are
+values, so tokens are routed evenly over the experts and kept by the capacity rule; marked as
+such in ``formula``), ep's all-to-alls and expert gradient all-reduce included.
+
 Pipeline schedules do not run on one fake rank (their stages exchange shapes and activations
 point to point): a pp mesh traces one stage (n_layer / pp blocks) at the micro-batch size,
 and the micro-batches in flight, the bubble and the sends are formulas, marked as such in
@@ -39,6 +46,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gputui.core.mesh import MeshShape, stages_per_rank
+from gputui.train import moe
+
+RING = "cp ring send"  # the plan's name of a ring hop (a block of keys and values, or grads)
+MOE_KEYS = ("moe_experts", "moe_top_k", "moe_capacity_factor")  # a spec's model's, with MoE
 
 KINDS = {"allgather": "all-gather", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
          "allreduce": "all-reduce", "all_reduce": "all-reduce", "broadcast": "broadcast",
@@ -141,7 +152,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         # GPT-2 small's width by its place in the child's list)
         gc.collect()
     g = GPTShape(vocab_size=m["vocab"], context=m["context"], n_layer=n_layer,
-                 n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"])
+                 n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"],
+                 **{k: m[k] for k in MOE_KEYS if k in m})
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec["precision"])
     micro, chunks = spec["micro_batch"], spec["micro_batches"]
     context_mode: Any
@@ -154,12 +166,37 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
     with context_mode:
         torch.manual_seed(0)
         model: nn.Module = gpt(g)
+        cp = _context_parallel(mesh, shape)
         with _meshes_real(fake):
-            par.parallelize(model, mesh, shape, [])
+            _, done = par.parallelize(model, mesh, shape, [], cp=cp)
+        experts, ep_groups = done["experts"], done["ep_groups"]
+        moe_layers = moe.layers(model)
+        aux_weight = float(m.get("moe_aux_weight", 0.01))
         step_model: nn.Module = model
         ddp = shape.data_parallel == "ddp"
         if ddp and not fake:
+            if experts:  # ep's experts: their gradients are reduced apart (as the run)
+                from torch.nn.parallel import DistributedDataParallel
+
+                ids = {id(p) for p in experts}
+                DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                    model, [n for n, p in model.named_parameters() if id(p) in ids])
             step_model = par.apply_ddp(model, par.dp_group(mesh, shape), torch.device("cpu"))
+
+        def sliced() -> Any:
+            """This rank's part of every sequence for a forward and its backward (cp: held
+            over both, as the run holds it: a checkpointed block recomputes its ring)."""
+            return cp.step(x, y) if cp is not None else contextlib.nullcontext((x, y))
+
+        def forward_loss(xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                loss = lm_loss(step_model(xy[0]), xy[1]) / chunks
+                aux = moe.aux_term(moe_layers, aux_weight)
+                return loss if aux is None else loss + aux / chunks
+
+        def reduce_experts() -> None:
+            if experts:
+                moe.reduce_expert_grads(experts, shape.dp, ep_groups.replicas)
         opt_kwargs: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
         if ddp and shape.dp_shard > 1 and not fake:
             opt: torch.optim.Optimizer = par.zero1_optimizer(
@@ -171,6 +208,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         tracker: Any = FSDPMemTracker(model, opt) if fsdp else MemTracker()
         if not fsdp:
             tracker.track_external(model, opt)
+        elif experts:  # ep's experts stay out of fully_shard, and so out of its tracker's
+            _track_experts(tracker, experts)  # view (its track_external does nothing)
         x = torch.randint(0, g.vocab_size, (micro, g.context))
         y = torch.randint(0, g.vocab_size, (micro, g.context))
         comm = CommLog()
@@ -189,15 +228,16 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                 comm.phase = "forward"
                 for i in range(chunks):
                     sync = _no_sync(step_model, i < chunks - 1)
-                    with sync:
-                        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-                            loss = lm_loss(step_model(x), y) / chunks
+                    with sync, sliced() as xy:
+                        loss = forward_loss(xy)
                         if last:  # what autograd keeps is largest as backward begins
                             forward_act = _now(tracker, "Activation")
                             forward_total = _now(tracker, "Total")
                         comm.phase = "backward"
                         loss.backward()
                         comm.phase = "forward"
+                comm.phase = "backward"
+                reduce_experts()
                 comm.phase = "optimizer"
                 opt.step()
                 opt.zero_grad()
@@ -225,17 +265,44 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             for _ in range(int(spec.get("timed_steps", 4))):
                 t0 = time.perf_counter()
                 for i in range(chunks):
-                    with _no_sync(step_model, i < chunks - 1):
-                        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-                            loss = lm_loss(step_model(x), y) / chunks
-                        loss.backward()
+                    with _no_sync(step_model, i < chunks - 1), sliced() as xy:
+                        forward_loss(xy).backward()
+                reduce_experts()
                 opt.step()
                 opt.zero_grad()
                 times.append(time.perf_counter() - t0)
             seconds = sorted(times)[len(times) // 2]
     params = sum(p.numel() for p in model.parameters())
-    return {"mem": out, "flops": int(flops.get_total_flops()), "comm": comm.summary(),
-            "seconds": seconds, "local_params": int(params)}
+    calls = comm.summary()
+    if cp is not None:  # the ring's hops: each a send and a receive of one block, one named
+        calls = [dict(c, kind=RING) if c["kind"] == "send" else c for c in calls
+                 if c["kind"] != "recv"]
+    return {"mem": out, "flops": int(flops.get_total_flops()), "comm": calls,
+            "seconds": seconds, "local_params": int(params),
+            "expert_params": int(sum(p.numel() for p in experts))}
+
+
+def _track_experts(tracker: Any, experts: list[nn.Parameter]) -> None:
+    """The expert parameters fully_shard ignores, filed with the rank's parameters in
+    ``FSDPMemTracker`` (not seen otherwise: they were made before it started)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+    for p in experts:
+        tracker._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
+
+
+def _context_parallel(mesh: Any, shape: MeshShape) -> Any:
+    """The run's context parallelism over the mesh's cp ranks (None without it), as the rank
+    strategy makes it: gputui's ring attention (the plan traces the ring, which runs on the
+    fake group: its hops are isend/irecv pairs, logged with their bytes)."""
+    if shape.cp == 1:
+        return None
+    from gputui.train.context_parallel import ContextParallel
+
+    names = mesh.mesh_dim_names or ()
+    cp_mesh = mesh["cp"] if "cp" in names else mesh
+    return ContextParallel(cp_mesh.get_group(), None, torch.device("cpu"), cp_mesh,
+                           kind="ring")
 
 
 def _state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -315,6 +382,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
     per_block = {k: two["mem"][k] - one["mem"][k] for k in mem}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
             "local_params": lin(one["local_params"], two["local_params"]),
+            "expert_params": lin(one.get("expert_params", 0), two.get("expert_params", 0)),
             "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
 
 
@@ -350,6 +418,9 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     one = trace_stack(trace_spec, depth, mesh)
     two = trace_stack(trace_spec, depth + 1, mesh)
     out = _extrapolate(one, two, blocks, depth)
+    if m.get("moe_experts"):
+        formula.append("moe: the router's choices are not on fake tensors; tokens routed "
+                       "evenly over the experts, kept by the capacity rule")
     if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
         out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
         formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
@@ -522,8 +593,10 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
     # the buckets hold every gradient of the rank, the parameters' bytes, all step: not the
     # few gradients the tracker saw at the peak (at GPT-2 small: 6 KiB, the all-reduce's
     # bytes until this was so)
-    grads = max(out["mem"]["params"], out["local_params"] * 4)
-    group = shape.dp
+    # (ep's experts are not DDP's: their gradients are reduced apart, traced)
+    grads = max(out["mem"]["params"], out["local_params"] * 4) - \
+        out.get("expert_params", 0) * 4
+    group = shape.dp * shape.cp  # the cp ranks average gradients with the dp ones
     mem = dict(out["mem"])  # the buckets (the gradients: gradient_as_bucket_view) are
     added = grads - mem["grads"]  # allocated with DDP, before the first backward
     mem["grads"] += added
@@ -609,12 +682,14 @@ def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
                  q: Any) -> None:
     """Spawned entry point of one rank of a real gloo group measuring ``spec``'s mesh on real
-    tensors (the benchmark's and the tests' measured side): rank 0 puts its figures."""
+    tensors (the benchmark's and the tests' measured side): rank 0 puts its figures. A list
+    of specs (of one world) is measured in turn in the one group: a list of figures."""
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
-        got = plan_rank(spec, fake=False)
+        got: Any = [plan_rank(one, fake=False) for one in spec] if isinstance(spec, list) \
+            else plan_rank(spec, fake=False)
         if rank == 0:
             q.put(got)
         dist.barrier()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,15 @@ context = 16
 batch_size = 8
 name = "adamw"
 """
+CP = MeshShape(cp=2)  # context parallelism alone: DDP over the cp ranks
 MESHES = {  # world -> the meshes traced once for the whole module, in one child
     1: [MeshShape(one_group="fsdp")],
-    2: [MeshShape(dp_shard=2), MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2)],
+    2: [MeshShape(dp_shard=2), MeshShape(dp_replicate=2), MeshShape(tp=2), MeshShape(pp=2),
+        CP],
 }
+# a mixture of experts in place of TINY's MLPs, its experts over ep 2 beside fully_shard
+TINY_MOE = replace(TINY, moe_experts=4)
+EP = MeshShape(dp_shard=2, ep=2)
 # GPT-2 small's width at 12 blocks (86M parameters, fp32, batch 32): fake tensors allocate
 # nothing and only 1 and 2 blocks are traced, so it costs what TINY does; at this size the
 # peak's moment differs between 1 and 2 blocks (issue 33: tp 2's optimizer state came out
@@ -127,8 +133,13 @@ def test_a_row_fits_or_says_why_not_and_times_its_step():
     assert ok.compute_s == pytest.approx(1e15 / (66.9e12 * 0.45))
     assert ok.tokens_per_s == pytest.approx(8 * 16 / ok.step_s)
     big = _row({"params": 2**30, "activations": 90 * 2**30})
-    assert not big.fits and big.reason.startswith("activations of 90.0 GiB per rank at "
-                                                  "context 16: try ac = full or ac = selective")
+    # one sequence a rank (8 over dp_shard 8): only cp shrinks each rank's share of it
+    assert not big.fits and big.reason.startswith(
+        "activations of 90.0 GiB per rank at context 16: try cp = 2 (each rank holds 1/2 of "
+        "every sequence) or ac = full or ac = selective")
+    # 4 sequences a rank: dp ranks turned cp ranks would hold the same tokens, no cp then
+    fewer = _row({"params": 2**30, "activations": 90 * 2**30}, shape=MeshShape(dp_shard=2))
+    assert "try ac = full" in fewer.reason and "cp =" not in fewer.reason
     state = _row({"params": 40 * 2**30, "optim": 80 * 2**30},
                  shape=MeshShape(dp_replicate=8))
     assert "optimizer state of 120.0 GiB per rank: try fsdp (zero 3)" in state.reason
@@ -199,6 +210,10 @@ def traced(tmp_path_factory):
         assert isinstance(spec, dict), spec
         jobs.append({"kind": "trace", "spec": spec, "label": "wide " + shape.describe()})
         keys[("wide", shape)] = job_key("trace", spec)
+    spec = estimate.spec_of(TINY_MOE, EP, 2)
+    assert isinstance(spec, dict), spec
+    jobs.append({"kind": "trace", "spec": spec, "label": "moe " + EP.describe()})
+    keys[("moe", EP)] = job_key("trace", spec)
     spec = estimate.spec_of(SHORT, MeshShape(dp_replicate=2), 2)
     assert isinstance(spec, dict), spec
     jobs.append({"kind": "trace", "spec": spec, "label": "short dp_replicate 2"})
@@ -364,32 +379,111 @@ def test_micro_batches_keep_every_gradient_between_them():
 
 
 def test_the_planned_peak_is_the_measured_one_of_the_same_mesh_on_two_ranks(traced):
-    """The mesh run for real (two gloo ranks, real tensors, every block) against its plan
-    (fake tensors at 1 and 2 blocks, extrapolated): memory and FLOPs. Loose bounds; the
-    benchmark holds the tight ones (benchmarks/bench_plan.py)."""
-    from gputui.runs.forecast.measure import measure_mesh
+    """Each mesh run for real (two gloo ranks, real tensors, every block; the four meshes
+    in turn in one launch) against its plan (fake tensors at 2 and 3 blocks, extrapolated):
+    memory and FLOPs. Loose bounds; the benchmark holds the tight ones
+    (benchmarks/bench_plan.py)."""
+    from gputui.runs.forecast.measure import measure_meshes
 
     _, got = traced
+    meshes = [(TINY, MeshShape(dp_shard=2), (2, MeshShape(dp_shard=2))),
+              (TINY, MeshShape(pp=2), (2, MeshShape(pp=2))), (TINY, CP, (2, CP)),
+              (TINY_MOE, EP, ("moe", EP))]
+    specs = []
+    for model, shape, _key in meshes:
+        spec = estimate.spec_of(model, shape, 2)
+        assert isinstance(spec, dict)
+        specs.append(dict(spec, steps=2, timed_steps=1))
+    fsdp, pp, cp, ep = measure_meshes(specs, threads=1, timeout=300)
     planned = got[(2, MeshShape(dp_shard=2))]
-    spec = estimate.spec_of(TINY, MeshShape(dp_shard=2), 2)
-    assert isinstance(spec, dict)
-    real = measure_mesh(dict(spec, steps=2, timed_steps=1), threads=1, timeout=240)
-    assert "error" not in real, real
-    assert 0.8 <= planned["mem"]["peak"] / real["mem"]["peak"] <= 1.25
-    assert planned["mem"]["params"] == real["mem"]["params"]
-    assert planned["flops"] == pytest.approx(real["flops"], rel=0.01)
+    assert "error" not in fsdp, fsdp
+    assert 0.8 <= planned["mem"]["peak"] / fsdp["mem"]["peak"] <= 1.25
+    assert planned["mem"]["params"] == fsdp["mem"]["params"]
+    assert planned["flops"] == pytest.approx(fsdp["flops"], rel=0.01)
     # pp: the real schedule (rank 0: stage 0 of 2, both micro-batches) against one stage
     # traced as a GPT of n_layer / pp blocks, embeddings, head and logits all on it, and the
     # in-flight micro-batches by formula: stage 0 holds no head, so the plan is above it by
     # the head's share, 1.50x at this width (907 against 607 KB), 1.08x at bench_plan's
-    pp = got[(2, MeshShape(pp=2))]
-    spec = estimate.spec_of(TINY, MeshShape(pp=2), 2)
-    assert isinstance(spec, dict)
-    real = measure_mesh(dict(spec, steps=2, timed_steps=1), threads=1, timeout=240)
-    assert "error" not in real, real
+    assert "error" not in pp, pp
     # the head's share, as written above: the plan is over stage 0 by it, and by no more
-    assert pp["mem"]["peak"] / real["mem"]["peak"] == pytest.approx(1.50, rel=0.05), \
-        (pp["mem"], real["mem"])
+    assert got[(2, MeshShape(pp=2))]["mem"]["peak"] / pp["mem"]["peak"] == pytest.approx(
+        1.50, rel=0.05), (got[(2, MeshShape(pp=2))]["mem"], pp["mem"])
+    # cp: the ring run for real on gloo (isend/irecv) against the one traced on the fake
+    # group, DDP's buckets by formula beside it; ep: the real router's choices against the
+    # even routing planned (the capacity drops some of a real router's assignments)
+    for name, real, key in (("cp", cp, (2, CP)), ("ep", ep, ("moe", EP))):
+        assert "error" not in real, (name, real)
+        plan = got[key]
+        assert 0.85 <= plan["mem"]["peak"] / real["mem"]["peak"] <= 1.15, \
+            (name, plan["mem"], real["mem"])
+        assert plan["mem"]["params"] == real["mem"]["params"], name
+        assert plan["flops"] == pytest.approx(real["flops"], rel=0.05), name
+
+
+def test_cp_holds_part_of_each_sequence_and_sends_its_blocks_round_the_ring(traced):
+    _, got = traced
+    single, cp = got[(1, MeshShape(one_group="fsdp"))], got[(2, CP)]
+    assert "error" not in cp, cp
+    # the same 8 sequences as one rank, half of each: about half the activations, the whole
+    # model (the cp ranks average gradients: DDP's all-reduce over them)
+    assert cp["mem"]["activations"] < 0.6 * single["mem"]["activations"]
+    assert cp["mem"]["params"] == single["mem"]["params"]
+    assert any(c["kind"] == "all-reduce" and c["group"] == 2 for c in cp["comm"])
+    ring = {c["phase"]: c for c in cp["comm"] if c["kind"] == "cp ring send"}
+    block = 2 * 8 * (TINY.context // 2) * TINY.n_embd * 4  # keys and values of a half, fp32
+    # forward: cp - 1 hops a block; backward: keys and values again, and the accumulator of
+    # their gradients on and home (float32, the same size)
+    assert (ring["forward"]["count"], ring["forward"]["bytes"]) == (2, 2 * block)
+    assert (ring["backward"]["count"], ring["backward"]["bytes"]) == (6, 6 * block)
+    # (cp with full checkpointing, whose blocks recompute their ring in backward, is traced
+    # by benchmarks/bench_plan.py: a trace more here costs the suite about 10 s)
+
+
+def test_a_mixture_of_experts_is_traced_with_its_experts_over_ep(traced):
+    _, got = traced
+    moe, dense = got[("moe", EP)], got[(2, MeshShape(dp_shard=2))]
+    assert "error" not in moe, moe
+    # fully_shard halves the rest and ep 2 the experts (each rank whole experts): half of
+    # every parameter, the experts counted (fully_shard's tracker does not see them itself)
+    assert moe["mem"]["params"] == pytest.approx(TINY_MOE.params() * 4 / 2, rel=0.02)
+    # top-1: the work of the dense GPT and the router (the active parameters)
+    assert moe["flops"] == pytest.approx(dense["flops"], rel=0.05)
+    a2a = {c["phase"]: c for c in moe["comm"] if c["kind"] == "all-to-all"}
+    rows = 4 * TINY.context * TINY.n_embd * 4  # each rank's 4 sequences' tokens, fp32
+    # dispatch and combine a layer, each way, every row of the even routing kept
+    assert (a2a["forward"]["count"], a2a["forward"]["bytes"]) == (4, 4 * rows)
+    assert a2a["backward"]["count"] == 4
+    assert any("moe:" in f for f in moe["formula"])
+
+
+def test_cp_and_ep_meshes_are_planned_where_the_runs_take_them():
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    dense = [c.shape for c in estimate.candidates(TINY, Cluster(h100, 4))]
+    assert MeshShape(cp=4) in dense and MeshShape(dp_shard=2, cp=2) in dense
+    assert MeshShape(cp=2, tp=2) in dense
+    # no cp with pp, nor ZeRO-1 with cp; no ep without experts
+    assert not [s for s in dense if s.cp > 1 and (s.pp > 1 or s.zero == 1 and s.dp_shard > 1)]
+    assert all(s.ep == 1 for s in dense)
+    # a context the zig-zag split does not cut into 2 x cp chunks: that cp left out
+    short = [c.shape for c in estimate.candidates(replace(TINY, context=12), Cluster(h100, 4))]
+    assert MeshShape(cp=2, tp=2) in short and not [s for s in short if s.cp == 4]
+    moe = [c.shape for c in estimate.candidates(TINY_MOE, Cluster(h100, 4))]
+    assert all(s.tp == s.pp == s.cp == 1 for s in moe)
+    assert {s.ep for s in moe if s.dp == 4} == {1, 2, 4}
+    assert not [s for s in moe if s.ep > 1 and s.zero == 1 and s.dp_shard > 1]
+    assert TINY_MOE.active_params() == TINY.params() + 2 * 4 * TINY.n_embd  # the routers
+
+
+def test_a_mixture_of_experts_preset_is_planned_not_refused(tmp_path):
+    from gputui.core.config import load_preset
+    from gputui.runs.forecast.planner import model_of, moe_assumption
+
+    preset = tmp_path / "moe.toml"
+    preset.write_text(PRESET.replace("n_embd = 32", "n_embd = 32\nmoe_experts = 4\n"
+                                                    "moe_top_k = 2"))
+    model = model_of(load_preset(preset), None, None, None)
+    assert (model.moe_experts, model.moe_top_k) == (4, 2)
+    assert "routed evenly over the experts" in moe_assumption(model)
 
 
 # ---------------------------------------------------------------- the command
@@ -424,8 +518,7 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
 @pytest.mark.parametrize("args,words", [
     (["--gpus", "8xFOO"], "no profile for 'FOO'"),
     (["--gpus", "8xH100", "--efficiency", "2"], "--efficiency 2.0: give a share"),
-    (["--gpus", "8xH100", "--profile", "/nonexistent.toml"], "cannot read it"),
-    (["--set", "model.moe_experts=4"], "model.moe_experts = 4 routes each token")])
+    (["--gpus", "8xH100", "--profile", "/nonexistent.toml"], "cannot read it")])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     preset = tmp_path / "tiny.toml"
     preset.write_text(PRESET)

@@ -23,11 +23,13 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gputui.core.mesh import PP_PLACEMENT, ZERO_BUBBLE, MeshShape, meshes, stages_per_rank
+from gputui.core.mesh import (PP_PLACEMENT, ZERO_BUBBLE, MeshShape, cp_context_problem, meshes,
+                              stages_per_rank)
 from gputui.runs.forecast.profiles import Cluster, Profile
 
 GIB = 2**30
-LATER_DIMS = ("cp", "ep")  # mesh degrees the tracer does not apply yet
+LATER_DIMS = ("cp", "ep")  # degrees that joined later: left out of a spec's key at 1
+RING = "cp ring send"  # context parallelism's hops (gputui.train.plan_trace.RING)
 MEM_PARTS = ("params", "gathered", "grads", "optim", "activations", "temps", "buffers")
 
 
@@ -48,10 +50,27 @@ class ModelSize:
     pipeline_chunks: int = 1  # pp: micro-batches through the stages (strategy.pipeline_chunks)
     schedule: str = "1f1b"
     stages_per_rank: int = 2
+    # a mixture of experts in place of each block's MLP (model.moe_*; 0: dense)
+    moe_experts: int = 0
+    moe_top_k: int = 1
+    moe_capacity_factor: float = 1.25
+    moe_aux_weight: float = 0.01
 
     def params(self) -> int:
+        """Every parameter (a mixture of experts: all its experts)."""
+        return self._params(self.moe_experts)
+
+    def active_params(self) -> int:
+        """The parameters one token uses (a mixture of experts: top_k experts a layer and the
+        router; dense: all of them): what the counted FLOPs are the work of."""
+        return self._params(self.moe_top_k) if self.moe_experts else self.params()
+
+    def _params(self, experts: int) -> int:
         e, v = self.n_embd, self.vocab
+        mlp = 8 * e * e + 5 * e
         block = 12 * e * e + 13 * e
+        if self.moe_experts:  # the router (no bias) and the experts in place of the MLP
+            block += e * self.moe_experts + (experts - 1) * mlp
         return self.n_layer * block + v * e + self.context * e + 2 * e + (0 if self.tie else v * e)
 
     def global_batch(self, dp: int) -> int:
@@ -79,7 +98,7 @@ def strategy_name(shape: MeshShape) -> str:
     """The named strategy a mesh is, else 'mesh'."""
     dims = {d for d, n in shape.dims() if n > 1}
     names = {frozenset({"dp_replicate"}): "ddp", frozenset({"dp_shard"}): "fsdp",
-             frozenset({"tp"}): "tp", frozenset({"pp"}): "pp",
+             frozenset({"tp"}): "tp", frozenset({"pp"}): "pp", frozenset({"cp"}): "cp",
              frozenset({"dp_shard", "tp"}): "fsdp_tp", frozenset(): "fsdp"}
     return names.get(frozenset(dims), "mesh")
 
@@ -88,6 +107,9 @@ def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | 
     """The tracer's job for ``shape`` (see gputui.train.plan_trace), or why there is none."""
     if model.n_head % shape.tp:
         return f"n_head {model.n_head} does not split over tp {shape.tp}"
+    why = _cp_ep_problem(model, shape)
+    if why:
+        return why
     chunks = model.chunks
     if shape.pp > 1:
         v = stages_per_rank(model.schedule, model.stages_per_rank)
@@ -98,8 +120,11 @@ def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | 
     if batch % (shape.dp * chunks):
         return (f"the batch of {batch} does not split into {shape.dp} data-parallel slices of "
                 f"{chunks} micro-batch(es)")
+    moe = ({"moe_experts": model.moe_experts, "moe_top_k": model.moe_top_k,
+            "moe_capacity_factor": model.moe_capacity_factor,
+            "moe_aux_weight": model.moe_aux_weight} if model.moe_experts else {})
     return {"model": {"vocab": model.vocab, "context": model.context, "n_layer": model.n_layer,
-                      "n_head": model.n_head, "n_embd": model.n_embd, "tie": model.tie},
+                      "n_head": model.n_head, "n_embd": model.n_embd, "tie": model.tie, **moe},
             "mesh": {k: v for k, v in asdict(shape).items()
                      if k not in LATER_DIMS or v != 1},  # the keys of traces kept before
             "world": world, "micro_batch": batch // (shape.dp * chunks),
@@ -107,23 +132,51 @@ def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | 
             "schedule": model.schedule, "stages_per_rank": model.stages_per_rank}
 
 
+def _cp_ep_problem(model: ModelSize, shape: MeshShape) -> str:
+    """Why a run would refuse ``shape``'s cp or ep with this model ('' when it would not):
+    the rules of ``gputui.plan`` (cp: a context the zig-zag split cuts into 2 x cp chunks, no
+    pp, no ZeRO-1; a mixture of experts: data-parallel meshes only, ep dividing the
+    data-parallel ranks and the experts, no ZeRO-1 beside ep)."""
+    if shape.cp > 1:
+        problem = cp_context_problem(model.context, shape.cp)
+        if problem:
+            return f"context {model.context} does not split into 2 x cp = {2 * shape.cp} chunks"
+        if shape.pp > 1:
+            return "cp with pp is not in gputui yet"
+        if shape.zero == 1 and shape.dp_shard > 1:
+            return "ZeRO-1 is not combined with cp (fully_shard over dp_shard x cp is)"
+    if model.moe_experts and (shape.tp > 1 or shape.pp > 1 or shape.cp > 1):
+        return "the mixture-of-experts GPT takes no tp, pp or cp in gputui"
+    if shape.ep > 1:
+        if not model.moe_experts:
+            return "ep shards a mixture of experts; this GPT is dense"
+        if shape.dp % shape.ep or model.moe_experts % shape.ep:
+            return (f"ep {shape.ep} must divide both the {shape.dp} data-parallel ranks and "
+                    f"the {model.moe_experts} experts")
+        if shape.data_parallel == "ddp" and shape.dp_shard > 1:
+            return "ZeRO-1 is not combined with ep"
+    return ""
+
+
 def candidates(model: ModelSize, cluster: Cluster, ac: str = "none",
                every_mesh: bool = False) -> list[Candidate]:
     """The meshes of the cluster's world worth planning: every (pp, tp) with tp inside a node,
-    and for the data-parallel ranks left: all sharded (fsdp, ZeRO-3 and 2; ZeRO-1 without tp
-    or pp), all replicas (ddp) and HSDP sharded inside a node; ``every_mesh``: every
-    dp_replicate x dp_shard split. Each at activation checkpointing ``ac``."""
+    and cp with its ring inside a node (cp x tp ranks), and for the data-parallel ranks left:
+    all sharded (fsdp, ZeRO-3 and 2; ZeRO-1 without tp, pp or cp), all replicas (ddp) and HSDP
+    sharded inside a node; ``every_mesh``: every dp_replicate x dp_shard split. A mixture of
+    experts: the data-parallel meshes (the runs take no tp, pp or cp with it), each at every
+    ep that divides its data-parallel ranks and the experts. Each at activation
+    checkpointing ``ac``. Meshes a run would refuse (cp with pp, a context the zig-zag split
+    does not cut) are left out."""
     world = cluster.world
     seen: set[MeshShape] = set()
     out = []
     for m in meshes(world):
-        # a degree the tracer does not apply yet (context or expert parallelism, where the
-        # mesh has them) is left out: each joins as more points of this loop once
-        # plan_trace runs its function
-        if m.tp > cluster.per_node or any(getattr(m, d, 1) > 1 for d in LATER_DIMS):
+        if m.tp * m.cp > cluster.per_node or _cp_ep_problem(model, m):
             continue
         dp = m.dp
-        in_node = max(1, cluster.per_node // (m.tp * (m.pp if cluster.nodes == 1 else 1)))
+        in_node = max(1, cluster.per_node // (m.tp * m.cp
+                                              * (m.pp if cluster.nodes == 1 else 1)))
         keep = every_mesh or m.dp_replicate in (1, dp) or (
             m.dp_shard == math.gcd(in_node, dp) and 1 < m.dp_shard < dp)
         if not keep:
@@ -132,9 +185,12 @@ def candidates(model: ModelSize, cluster: Cluster, ac: str = "none",
         zeros = [3]
         if m.dp_shard > 1:
             zeros = [3, 2] + ([1] if m.tp == 1 and m.pp == 1 and m.dp_replicate == 1 else [])
-        for z in zeros:
-            shape = replace(m, zero=z, ac=ac, one_group=one)
-            if shape in seen:
+        eps = [1]
+        if model.moe_experts:
+            eps = [e for e in range(1, dp + 1) if dp % e == 0 and model.moe_experts % e == 0]
+        for z, ep in ((z, ep) for z in zeros for ep in eps):
+            shape = replace(m, zero=z, ac=ac, one_group=one, ep=ep)
+            if shape in seen or _cp_ep_problem(model, shape):
                 continue
             seen.add(shape)
             spec = spec_of(model, shape, world)
@@ -149,6 +205,10 @@ def _span(shape: MeshShape, c: dict[str, Any]) -> int:
     pp, dp_replicate, dp_shard, tp: tp innermost)."""
     if c["kind"] == "send":
         return 2 * shape.dp * shape.tp
+    if c["kind"] == RING:  # the cp ranks of a ring lie tp apart
+        return shape.cp * shape.tp
+    if shape.ep > 1 and c["kind"] == "all-reduce" and c["group"] == shape.dp // shape.ep:
+        return shape.dp  # ep's expert replicas: stride ep
     if shape.tp > 1 and c["group"] == shape.tp and c["kind"] == "all-reduce" and \
             c["phase"] != "optimizer" and not c.get("formula"):
         return shape.tp
@@ -166,10 +226,10 @@ def collective_time(c: dict[str, Any], shape: MeshShape, cluster: Cluster) -> fl
     if p.kind == "gpu":
         bw *= 0.8  # DEFAULT_LINK_EFFICIENCY: busbw against the data sheet
     lat = (p.link_latency_us if inside else p.net_latency_us) * 1e-6
-    if n == 1 and c["kind"] != "send":
+    if n == 1 and c["kind"] not in ("send", RING):
         return 0.0
     factor, steps = {"all-reduce": (2 * (n - 1) / n, 2 * (n - 1)),
-                     "all-gather": ((n - 1) / n, n - 1),
+                     "all-gather": ((n - 1) / n, n - 1), "all-to-all": ((n - 1) / n, n - 1),
                      "reduce-scatter": ((n - 1) / n, n - 1),
                      "broadcast": (1.0, 1), "send": (1.0, 1)}.get(c["kind"], (1.0, 1))
     return c["count"] * steps * lat + c["bytes"] * factor / bw if bw > 0 else math.inf
@@ -211,7 +271,7 @@ class Row:
         s = self.shape
         return {"mesh": s.describe(), "strategy": self.strategy,
                 "degrees": {"pp": s.pp, "dp_replicate": s.dp_replicate,
-                            "dp_shard": s.dp_shard, "tp": s.tp},
+                            "dp_shard": s.dp_shard, "tp": s.tp, "cp": s.cp, "ep": s.ep},
                 "zero": s.zero, "ac": s.ac, "mem": self.mem, "peak": self.peak,
                 "fits": self.fits, "step_s": self.step_s, "compute_s": self.compute_s,
                 "comm_exposed_s": self.comm_exposed_s, "tokens_per_s": self.tokens_per_s,
@@ -254,6 +314,11 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row.per_block_act = int(got.get("per_block", {}).get("activations", 0))
     row.flops = int(got["flops"])
     row.fits = row.peak <= p.usable()
+    if shape.cp > 1 and p.kind == "gpu":
+        row.formula.append("cp on GPUs: the ring traced is gputui's (the CPU's); a CUDA run "
+                           "takes PyTorch's context_parallel on flash attention where its torch "
+                           "has it, which keeps no block of scores: the temporaries of cp rows "
+                           "are an upper bound there")
     rate = rank_rate(p, model.dtype(), min(cluster.per_node, cluster.world))
     compute = row.flops / rate if rate > 0 else math.inf
     if shape.pp > 1:
@@ -270,7 +335,9 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     for coll in got["comm"]:
         t = collective_time(coll, shape, cluster)
         row.comm.append(dict(coll, seconds=t))
-        if coll["kind"] == "send" or _span(shape, coll) == shape.tp > 1:
+        # pp's sends, cp's ring hops and ep's all-to-alls wait in line with the compute (the
+        # ring overlaps each hop with one block's attention only: counted exposed)
+        if coll["kind"] in ("send", RING, "all-to-all") or _span(shape, coll) == shape.tp > 1:
             inline += t
         else:
             overlapped += t
@@ -311,18 +378,30 @@ def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
     top = max(parts, key=lambda k: parts[k])
     head = f"peak {row.peak / GIB:.1f} GiB per rank > {p.usable() / GIB:.1f} GiB usable"
     shape = row.shape
+    # cp: each rank holds 1/cp of every sequence, so its activations and logits fall where
+    # its sequences cannot shrink otherwise: one sequence a rank, or a batch per
+    # data-parallel rank (with a global batch and several sequences a rank, dp ranks turned
+    # cp ranks hold the same tokens)
+    more_cp = shape.cp * 2
+    cp = (f"cp = {more_cp} (each rank holds 1/{more_cp} of every sequence)"
+          if shape.pp == 1 and (model.local_batch or row.micro_batch <= 1)
+          and not _cp_ep_problem(model, replace(shape, cp=more_cp)) else "")
+    micro = "more micro-batches" if row.micro_batch > 1 else ""
     if top == "activations":
-        tries = [x for x in ("ac = full" if shape.ac != "full" else "",
+        tries = [x for x in (cp, "ac = full" if shape.ac != "full" else "",
                              "ac = selective" if shape.ac == "none" else "",
-                             "more tp" if shape.tp < 8 else "", "more micro-batches") if x]
+                             "more tp" if shape.tp < 8 else "", micro) if x]
         return (f"activations of {m['activations'] / GIB:.1f} GiB per rank at context "
                 f"{model.context}: try {' or '.join(tries)} ({head})")
     if top == "state":
         lever = "fsdp (zero 3)" if shape.dp_shard == 1 or shape.zero < 3 else "more tp or pp"
         return (f"parameters, gradients and optimizer state of {state / GIB:.1f} GiB per rank: "
                 f"try {lever} ({head})")
+    ring = ", the ring's block scores" if shape.cp > 1 else ""
+    tries = [x for x in (cp, micro) if x]
     return (f"temporaries of {parts['temps'] / GIB:.1f} GiB (logits over a vocabulary of "
-            f"{model.vocab} and the collectives' buffers): try more micro-batches ({head})")
+            f"{model.vocab}{ring} and the collectives' buffers)"
+            + (f": try {' or '.join(tries)}" if tries else "") + f" ({head})")
 
 
 def order(rows: list[Row]) -> list[Row]:

@@ -42,8 +42,19 @@ def measure_mesh(spec: dict[str, Any], threads: int, timeout: float = 600.0) -> 
     ``threads`` threads each ({"error"} when it failed); no rank outlives the call. The ranks
     are this process's children, their group on a free port (no elastic agent: each is told
     its rank)."""
+    return _measure(spec, int(spec["world"]), threads, timeout)
+
+
+def measure_meshes(specs: list[dict[str, Any]], threads: int,
+                   timeout: float = 600.0) -> list[dict[str, Any]]:
+    """:func:`measure_mesh` of several meshes of one world in one launch (one group of ranks
+    measures each in turn): their figures in order, or one {"error"} for each."""
+    got: Any = _measure(specs, int(specs[0]["world"]), threads, timeout)
+    return got if isinstance(got, list) else [got] * len(specs)
+
+
+def _measure(spec: Any, world: int, threads: int, timeout: float) -> Any:
     port = _free_port()
-    world = int(spec["world"])
     answer = ask_children([(measure_main, (r, world, port, spec, threads)) for r in range(world)],
                           "gputui-plan-measure", timeout, grace_s=30.0)
     if answer.complete:

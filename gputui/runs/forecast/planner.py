@@ -26,9 +26,20 @@ from gputui.runs.predict.comm_peak import key
 
 Line = Callable[[str], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
-NOT_PLANNED = ("not planned: meshes with context parallelism (cp > 1; its ring attention is "
-               "not traced yet) and expert parallelism (a mixture of experts routes tokens by "
-               "their values, which fake tensors do not have)")
+CP_TRACED = ("cp: gputui's ring attention traced on the fake group (zig-zag split, keys and "
+             "values sent round the ring; its hops counted in line with the compute); a CUDA "
+             "run takes PyTorch's context_parallel where its torch has it, not traced")
+
+
+def moe_assumption(model: ModelSize) -> str:
+    """What a mixture of experts' plan assumed, in one line."""
+    return (f"mixture of experts ({model.moe_experts} experts, top-{model.moe_top_k}, capacity "
+            f"factor {model.moe_capacity_factor:g}): fake tensors have no router values, so "
+            f"each rank's tokens are routed evenly over the experts and kept by the capacity "
+            f"rule (every assignment at a factor of 1 or more); a real router's imbalance "
+            f"moves tokens between ep ranks. FLOPs and MFU are of the "
+            f"{model.active_params() / 1e6:,.2f}M active parameters ({model.params() / 1e6:,.2f}M "
+            f"in all); meshes with tp, pp or cp not planned (the runs take none with it)")
 
 
 @dataclass
@@ -49,6 +60,8 @@ class Plan:
                 "model": {"n_layer": self.model.n_layer, "n_embd": self.model.n_embd,
                           "n_head": self.model.n_head, "context": self.model.context,
                           "vocab": self.model.vocab, "params": self.model.params(),
+                          "active_params": self.model.active_params(),
+                          "moe_experts": self.model.moe_experts,
                           "precision": self.model.precision},
                 "rows": [r.to_dict() for r in self.rows],
                 "pareto": [r.shape.describe() + f" zero {r.shape.zero} ac {r.shape.ac}"
@@ -62,11 +75,6 @@ def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
     if cfg.model.factory or cfg.model.name != "gpt":
         raise ConfigError(f"gputui plan traces the built-in GPT (model.name = 'gpt'); this "
                           f"preset trains {cfg.model.factory or cfg.model.name!r}")
-    if cfg.model.moe_experts:
-        raise ConfigError(f"gputui plan traces dense GPTs; this preset's model.moe_experts = "
-                          f"{cfg.model.moe_experts} routes each token by its values, which "
-                          f"fake tensors do not have: plan its dense size with --set "
-                          f"model.moe_experts=0, or measure it with gputui run")
     global_batch = batch or cfg.optim.batch_size
     return ModelSize(n_layer=cfg.model.n_layer, n_embd=cfg.model.n_embd,
                      n_head=cfg.model.n_head, context=cfg.data.context,
@@ -76,7 +84,10 @@ def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
                      chunks=cfg.optim.micro_batches,
                      pipeline_chunks=cfg.strategy.pipeline_chunks,
                      schedule=cfg.strategy.schedule,
-                     stages_per_rank=cfg.strategy.stages_per_rank)
+                     stages_per_rank=cfg.strategy.stages_per_rank,
+                     moe_experts=cfg.model.moe_experts, moe_top_k=cfg.model.moe_top_k,
+                     moe_capacity_factor=cfg.model.moe_capacity_factor,
+                     moe_aux_weight=cfg.model.moe_aux_weight)
 
 
 def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
@@ -128,8 +139,10 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
         f"fits: peak x {1 + profiles.ALLOCATOR_HEADROOM:.2f} (allocator headroom)"
         + (f" + {profiles.CUDA_CONTEXT_GIB:g} GiB (CUDA context)" if p.kind == "gpu" else "")
         + f" <= {p.memory_gib:.1f} GiB"]
-    if cluster.world > 1 and only is None:
-        assumptions.append(NOT_PLANNED)
+    if any(r.shape.cp > 1 for r in rows):
+        assumptions.append(CP_TRACED)
+    if model.moe_experts:
+        assumptions.append(moe_assumption(model))
     return Plan(cluster, model, estimate.order(rows), assumptions)
 
 
@@ -218,8 +231,8 @@ def preset_text(source: str, cfg: RunConfig, row: Row, cluster: Cluster) -> str:
     s = row.shape
     new = cfg.replace(strategy={"name": "mesh"},
                       parallel={"pp": s.pp, "dp_replicate": s.dp_replicate,
-                                "dp_shard": s.dp_shard, "tp": s.tp, "zero": s.zero,
-                                "ac": s.ac},
+                                "dp_shard": s.dp_shard, "tp": s.tp, "cp": s.cp, "ep": s.ep,
+                                "zero": s.zero, "ac": s.ac},
                       devices={"spec": "cpu*%d" % cluster.per_node
                                if cluster.profile.kind == "cpu" else "all"})
     if cluster.nodes > 1:

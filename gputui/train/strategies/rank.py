@@ -380,20 +380,9 @@ class RankStrategy(Strategy):
         the ranks holding the same experts and divided by the data-parallel groups, it is
         the full batch's (the average DDP takes of the other parameters). One flat
         all-reduce, named on metered steps."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._experts]
-        flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.dp)
-        replicas = self._ep.replicas
-        if replicas is not None:
-            m = self.meter
-            start = m.clock.mark() if m.on else None
-            dist.all_reduce(flat, group=replicas)
-            if m.on:
-                m.collective("ep expert all-reduce", start, m.clock.mark(),
-                             nbytes=flat.numel() * flat.element_size())
-        at = 0
-        for p, g in zip(self._experts, grads, strict=True):
-            p.grad = flat[at:at + g.numel()].view_as(g).to(g.dtype)
-            at += g.numel()
+        from gputui.train.moe import reduce_expert_grads
+
+        reduce_expert_grads(self._experts, self.dp, self._ep.replicas, self.meter)
 
     def _with_experts(self, sq: torch.Tensor) -> torch.Tensor:
         """The squared gradient norm with every ep rank's experts (``sq`` counted this rank's
