@@ -522,6 +522,14 @@ class GpuTuiApp(App[int]):
         self.set_timer(KILL_WAIT_S, lambda: self.exit(code, return_code=code))
 
     # ------------------------------------------------------------------ quitting
+    quitting = False  # exit() was called: screens leave the widgets that go with the app
+
+    def exit(self, result: Any = None, return_code: int = 0,
+             message: Any = None) -> None:
+        """Textual's exit, remembered (``quitting``) for what must not touch a closing app."""
+        self.quitting = True
+        super().exit(result, return_code, message)
+
     async def action_quit(self) -> None:
         """Quit; with a run active, ask first (stop and quit, kill and quit, or cancel)."""
         run = self.run_control

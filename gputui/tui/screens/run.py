@@ -251,7 +251,7 @@ class RunScreen(Screen):
         for plot in (self.query_one(LossPlot), self.query_one(ThroughputPlot)):
             plot.set_time_axis(self.time_axis, ev.t)
         self.run_id = ev.run_id
-        if not getattr(self.app, "_exit", False):
+        if not getattr(self.app, "quitting", False):
             # a run that starts as the app quits: Textual's Header would look for its title
             # widget, already gone (NoMatches in its watcher), so the title is left as it is
             self.sub_title = f"{'watching' if self.read_only else 'run'} · {ev.run_id}"
