@@ -121,11 +121,10 @@ def _now(tracker: Any, category: str) -> int:
 
 
 def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True,
-                steps: int = 1, count_flops: bool = True) -> dict[str, Any]:
+                steps: int = 1) -> dict[str, Any]:
     """One rank's figures for ``spec``'s model at ``n_layer`` blocks on ``mesh`` (already
     built over the process group): the tracker's categories at the peak, the FLOPs of the last
-    step (``count_flops``; a block's among them, ``block_flops``) and its collectives, and
-    (real tensors) the last step's seconds."""
+    step and its collectives, and (real tensors) the last step's seconds."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
@@ -181,7 +180,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         x = torch.randint(0, g.vocab_size, (micro, g.context))
         y = torch.randint(0, g.vocab_size, (micro, g.context))
         comm = CommLog()
-        flops = FlopCounterMode(display=False) if count_flops else _null()
+        flops = FlopCounterMode(display=False)
         seconds = 0.0
         forward_act = 0
         forward_total = 0
@@ -241,19 +240,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                 times.append(time.perf_counter() - t0)
             seconds = sorted(times)[len(times) // 2]
     params = sum(p.numel() for p in model.parameters())
-    return {"mem": out, "comm": comm.summary(), "seconds": seconds, "local_params": int(params),
-            **(_flops(flops, n_layer) if count_flops else {})}
-
-
-def _flops(counter: Any, n_layer: int) -> dict[str, Any]:
-    """The step's FLOPs and a block's (the counter's own per-module figures: the blocks are
-    the GPT's ``nn.Sequential`` entries 1 to ``n_layer``, each counted with its backward and
-    any recomputation; None where the counter has no such names)."""
-    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-    roots = [name for name in counts if "." not in name and name != "Global"]
-    blocks = [counts.get(f"{roots[0]}.{i}") for i in range(1, n_layer + 1)] if roots else []
-    block = blocks[0] if blocks and all(b == blocks[0] for b in blocks) else None
-    return {"flops": int(counter.get_total_flops()), "block_flops": block}
+    return {"mem": out, "flops": int(flops.get_total_flops()), "comm": comm.summary(),
+            "seconds": seconds, "local_params": int(params)}
 
 
 def _adamw_state(opt: torch.optim.Optimizer) -> None:
@@ -378,14 +366,8 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
         got["mem"].pop("at_backward", None)  # the tracker's peak of a real step is above it
         return got
     depth = 1 if blocks == 1 else 2  # see the module doc: not from a lone block
-    # the FLOPs are counted at the deeper stack only (the counter was a quarter of a trace's
-    # CPU): the shallower one's are those less a block's, as the counter splits them by module
-    one = trace_stack(trace_spec, depth, mesh, count_flops=False)
+    one = trace_stack(trace_spec, depth, mesh)
     two = trace_stack(trace_spec, depth + 1, mesh)
-    if two["block_flops"] is None:  # no per-block figures: counted at both depths
-        one = trace_stack(trace_spec, depth, mesh)
-    else:
-        one["flops"] = two["flops"] - two["block_flops"]
     out = _extrapolate(one, two, blocks, depth)
     if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
         out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
