@@ -122,7 +122,7 @@ def _now(tracker: Any, category: str) -> int:
 
 
 def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True,
-                steps: int = 1) -> dict[str, Any]:
+                steps: int = 2) -> dict[str, Any]:
     """One rank's figures for ``spec``'s model at ``n_layer`` blocks on ``mesh`` (already
     built over the process group): the tracker's categories at the peak, the FLOPs of the last
     step and its collectives, and (real tensors) the last step's seconds."""
@@ -173,8 +173,6 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         else:
             opt = torch.optim.AdamW(model.parameters(), **opt_kwargs)
         fsdp = shape.data_parallel == "fsdp"
-        if fake and steps == 1:
-            _adamw_state(opt)
         tracker: Any = FSDPMemTracker(model, opt) if fsdp else MemTracker()
         if not fsdp:
             tracker.track_external(model, opt)
@@ -244,19 +242,6 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
     params = sum(p.numel() for p in model.parameters())
     return {"mem": out, "flops": int(flops.get_total_flops()), "comm": comm.summary(),
             "seconds": seconds, "local_params": int(params)}
-
-
-def _adamw_state(opt: torch.optim.Optimizer) -> None:
-    """AdamW's state made up front, as a loaded checkpoint holds it (what its first step's
-    ``_init_group`` makes: a step count and two moments shaped as each parameter, a DTensor's
-    as its shard): the one traced step then holds it, as a run's every later step does."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            if p.requires_grad and not opt.state[p]:
-                opt.state[p] = {
-                    "step": torch.tensor(0.0, dtype=torch.get_default_dtype()),
-                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
 
 def _state_bytes(opt: torch.optim.Optimizer) -> int:
