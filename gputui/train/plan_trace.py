@@ -5,12 +5,11 @@ On rank 0 of a fake process group of the planned world size
 ``FakeTensorMode`` (tensors with shapes and dtypes but no storage), the real GPT is built at the
 size asked, the real parallelism functions of the mesh are applied to it
 (:func:`gputui.train.parallelize.parallelize`: tp, activation checkpointing, fully_shard; DDP
-around it for replicas), AdamW's state is made as a loaded checkpoint holds it, and one step
-runs under torch's memory tracker (``FSDPMemTracker`` where fully_shard holds the model, else
-``MemTracker``), torch's FLOP counter and :class:`CommLog` (every collective the fake group is
-handed: kind, bytes, group size). The same code runs on real tensors in a real gloo group
-(``fake = False``, several steps, the last one read): what the benchmark measures the plan
-against.
+around it for replicas), and two AdamW steps run under torch's memory tracker
+(``FSDPMemTracker`` where fully_shard holds the model, else ``MemTracker``), torch's FLOP counter
+and :class:`CommLog` (every collective the fake group is handed: kind, bytes, group size). The
+same code runs on real tensors in a real gloo group (``fake = False``): what the benchmark
+measures the plan against.
 
 A stack of identical blocks costs the same per block, so each mesh is traced at 2 and 3 blocks
 (1 and 2 for a stack of one) and every figure extrapolated linearly to ``n_layer`` (exact for
@@ -187,10 +186,9 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             last = step == steps - 1
             t0 = time.perf_counter()
             # each step entered anew: entering sets the tracker's peak to what is held now,
-            # so the peak is the last step's, with the optimizer state (made by the first
-            # step, or up front for a single traced step: a first step's own peak, before
-            # that state exists, won at 1 block and lost at 2 for tp 2, and the extrapolation
-            # mixed the two moments)
+            # so the peak is the last step's, with the optimizer state the first one made
+            # (a first step's own peak, before that state exists, won at 1 block and lost at
+            # 2 for tp 2, and the extrapolation mixed the two moments)
             with tracker, (flops if last else _null()), (comm if last else _null()):
                 comm.phase = "forward"
                 for i in range(chunks):

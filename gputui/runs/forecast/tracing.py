@@ -18,7 +18,7 @@ from gputui.core.proctree import ask_children
 from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
-TRACE_VERSION = 6  # raised when the tracer's figures change (6: one traced step)
+TRACE_VERSION = 5  # raised when the tracer's figures change meaning
 JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
 
 
