@@ -151,6 +151,10 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         # before: with activation checkpointing the same mesh's peak came out 737-929 MB at
         # GPT-2 small's width by its place in the child's list)
         gc.collect()
+        # and what survives it (torch's modules, the caches, the group) is left out of every
+        # later collection: each then looks only at what was made since (a full collection
+        # walked all of torch's objects, 0.2 CPU-s a trace)
+        gc.freeze()
     g = GPTShape(vocab_size=m["vocab"], context=m["context"], n_layer=n_layer,
                  n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"],
                  **{k: m[k] for k in MOE_KEYS if k in m})

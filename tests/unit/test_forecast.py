@@ -163,12 +163,16 @@ def test_checkpointing_is_tried_only_where_it_may_make_a_mesh_fit():
     assert fits.fits and not estimate.ac_may_fit(fits, h100)
 
 
-@pytest.mark.parametrize("jobs,cores,expected", [(1, 2, 1), (5, 2, 1), (6, 2, 2),
-                                                 (100, 2, 2), (100, 1, 1), (9, 16, 3)])
-def test_tracing_children_one_a_core_and_none_for_a_few_jobs(jobs, cores, expected):
+@pytest.mark.parametrize("jobs,cores,load,expected", [
+    (1, 2, 0.0, 1), (5, 2, 0.0, 1), (6, 2, 0.0, 2), (100, 2, 0.0, 2), (100, 1, 0.0, 1),
+    (9, 16, 0.0, 3),
+    # only the cores other work leaves free: one child at load 1 or more on 2 cores
+    (100, 2, 0.4, 2), (100, 2, 0.6, 1), (100, 2, 3.0, 1), (100, 16, 10.2, 6)])
+def test_tracing_children_one_a_free_core_and_none_for_a_few_jobs(jobs, cores, load,
+                                                                   expected):
     from gputui.runs.forecast.tracing import workers
 
-    assert workers(jobs, cores) == expected
+    assert workers(jobs, cores, load) == expected
 
 
 def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):
