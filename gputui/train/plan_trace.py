@@ -151,10 +151,6 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         # before: with activation checkpointing the same mesh's peak came out 737-929 MB at
         # GPT-2 small's width by its place in the child's list)
         gc.collect()
-        # and what survives it (torch's modules, the caches, the group) is left out of every
-        # later collection: each then looks only at what was made since (a full collection
-        # walked all of torch's objects, 0.2 CPU-s a trace)
-        gc.freeze()
     g = GPTShape(vocab_size=m["vocab"], context=m["context"], n_layer=n_layer,
                  n_head=m["n_head"], n_embd=m["n_embd"], tie=m["tie"],
                  **{k: m[k] for k in MOE_KEYS if k in m})
@@ -662,6 +658,12 @@ def _traced(spec: dict[str, Any]) -> dict[str, Any]:
     """plan_rank on the fake group of the spec's world; once more on a fresh group when the
     first try fails (a group that earlier meshes split into sub-groups has failed a later
     mesh's tp once, where a fresh one traced it)."""
+    # what survives a collection before the job (torch's modules, the caches) is left out of
+    # every later collection: each trace's then looks only at what was made since (a full
+    # collection walked all of torch's objects, 0.2 CPU-s a trace); frozen before the job's
+    # mesh and traces, which are garbage once the job is done
+    gc.collect()
+    gc.freeze()
     _init_fake(spec["world"])
     try:
         return plan_rank(spec)

@@ -39,15 +39,15 @@ SHARED_REASONS = ("stopped by user", PARENT_GONE,
 
 
 def reason_code(reason: str) -> int:
-    """The number a stop's reason travels as (0: no stop; past the table: one unnamed)."""
-    return SHARED_REASONS.index(reason) + 1 if reason in SHARED_REASONS \
-        else len(SHARED_REASONS) + 1
+    """The number a stop's reason travels as: 0 no stop, 1 a reason the table does not name
+    (the lowest: a named one asked on another rank wins the MAX), 2 on the table's."""
+    return SHARED_REASONS.index(reason) + 2 if reason in SHARED_REASONS else 1
 
 
 def agreed_reason(code: int) -> str:
     """The reason a rank records for a stop the agreement brought from another rank."""
-    if 1 <= code <= len(SHARED_REASONS):
-        return f"{SHARED_REASONS[code - 1]} (on another rank)"
+    if 2 <= code < len(SHARED_REASONS) + 2:
+        return f"{SHARED_REASONS[code - 2]} (on another rank)"
     return ANOTHER_RANK
 
 

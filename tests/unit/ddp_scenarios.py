@@ -177,7 +177,8 @@ class _Asked:
 def agreed_stops(spec: str) -> list[dict]:
     """The worker's AgreedStop over a real ddp strategy's agreement: rank 1 asks to stop for
     SIGTERM (as a signal lands on one node of a SLURM job first), then rank 0 for the user
-    while rank 1 asks nothing, then both for their own reasons. Each check: what this rank
+    while rank 1 asks nothing, then both for their own reasons, then rank 0 for a reason the
+    shared table does not name. Each check: what this rank
     decided and the reason it records."""
     import torch.distributed as dist
 
@@ -187,7 +188,7 @@ def agreed_stops(spec: str) -> list[dict]:
     _, _, strategy = build("ddp_even", spec)
     rank = dist.get_rank()
     asks = [(None, stop_reason(15)), ("stopped by user", None),
-            ("stopped by user", "something else")]
+            ("stopped by user", "something else"), ("something else", None)]
     out = []
     for mine in asks:
         strategy._stop_countdown = 1  # check at this call (the agreement's cadence aside)

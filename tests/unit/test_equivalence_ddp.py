@@ -338,7 +338,14 @@ def test_a_rank_stopped_by_another_records_that_ranks_reason(ranks):
     assert [r["agreed_stops"] for r in (ranks[0], ranks[1])] == [
         [{"stop": True, "reason": f"{sigterm} (on another rank)"},
          {"stop": True, "reason": "stopped by user"},
-         {"stop": True, "reason": "stopped by user"}],
+         {"stop": True, "reason": "stopped by user"},
+         {"stop": True, "reason": "something else"}],
         [{"stop": True, "reason": sigterm},
          {"stop": True, "reason": "stopped by user (on another rank)"},
-         {"stop": True, "reason": "something else"}]]
+         {"stop": True, "reason": "something else"},
+         {"stop": True, "reason": "stopped on another rank"}]]
+    # a reason the table does not name travels lowest: a named one asked elsewhere wins
+    from gputui.train.stopping import reason_code
+
+    assert 0 < reason_code("something else") < reason_code("stopped by user") < \
+        reason_code(sigterm)

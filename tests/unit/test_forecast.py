@@ -147,6 +147,19 @@ def test_a_row_fits_or_says_why_not_and_times_its_step():
     assert rows[0] is ok and estimate.pareto(rows) == [ok]
 
 
+def test_a_mesh_with_every_lever_pulled_still_names_one():
+    """pp x tp 8 with full checkpointing and one sequence a micro-batch: no lever of its own
+    is left (no cp beside pp, checkpointing full, tp at a node, a micro-batch of one), and the
+    reason still says what would help, never an empty 'try'."""
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    mem = {k: 0 for k in estimate.MEM_PARTS} | {"params": 2**30, "activations": 90 * 2**30}
+    row = estimate.Row(MeshShape(pp=2, tp=8, ac="full"), "mesh", mem=mem, peak=91 * 2**30,
+                       micro_batch=1)
+    reason = estimate.why_not_fit(row, TINY, h100)
+    assert "try more pp or devices with more memory (peak 91.0 GiB" in reason, reason
+    assert "try  " not in reason
+
+
 def test_checkpointing_is_tried_only_where_it_may_make_a_mesh_fit():
     """A mesh that does not fit for its activations is traced again with checkpointing; one
     whose parameters, gradients and optimizer state alone do not fit is not (no mode of
@@ -173,6 +186,25 @@ def test_tracing_children_one_a_free_core_and_none_for_a_few_jobs(jobs, cores, l
     from gputui.runs.forecast.tracing import workers
 
     assert workers(jobs, cores, load) == expected
+
+
+def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monkeypatch):
+    """8 cores of a 128-core node at load 64 are half busy, not all; a plan's later rounds
+    size their children by the load as it began (not by its own children of the round
+    before, still in the 1-minute average)."""
+    from gputui.runs.forecast import tracing
+
+    monkeypatch.setattr(tracing.os, "getloadavg", lambda: (64.0, 0.0, 0.0))
+    monkeypatch.setattr(tracing.os, "cpu_count", lambda: 128)
+    assert tracing.machine_load(8) == pytest.approx(4.0)
+    assert tracing.machine_load(128) == pytest.approx(64.0)
+    assert tracing.workers(100, 8, tracing.machine_load(8)) == 4
+    monkeypatch.setattr(tracing, "own_cores", lambda: 8)
+    tracer = tracing.Tracer(lambda text: None)
+    assert tracer.children(30) == 4  # the meshes' round
+    monkeypatch.setattr(tracing.os, "getloadavg", lambda: (120.0, 0.0, 0.0))
+    assert tracer.children(30) == 4  # the checkpointing round: its own children not counted
+    assert tracing.Tracer(lambda text: None).children(30) == 1  # a plan begun now
 
 
 def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):

@@ -390,7 +390,8 @@ def why_not_fit(row: Row, model: ModelSize, p: Profile) -> str:
     if top == "activations":
         tries = [x for x in (cp, "ac = full" if shape.ac != "full" else "",
                              "ac = selective" if shape.ac == "none" else "",
-                             "more tp" if shape.tp < 8 else "", micro) if x]
+                             "more tp" if shape.tp < 8 else "", micro) if x] \
+            or ["more pp", "devices with more memory"]  # every lever of this mesh pulled
         return (f"activations of {m['activations'] / GIB:.1f} GiB per rank at context "
                 f"{model.context}: try {' or '.join(tries)} ({head})")
     if top == "state":

@@ -127,7 +127,7 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
     checkpointing, and those that fit so at selective checkpointing."""
     cands = ([Candidate(s, *_spec(model, s, cluster.world)) for s in only] if only is not None
              else estimate.candidates(model, cluster, "none", every_mesh))
-    with Tracer(line) as tracer:  # one set of children for every round
+    with Tracer(line) as tracer:  # its rounds' children sized by the load as the plan began
         rows = _rounds(cands, model, cluster, line, tracer, only is None)
     p = cluster.profile
     assumptions = [

@@ -51,9 +51,18 @@ def workers(jobs: int, cores: int | None = None, load: float | None = None) -> i
     meshes took 35 CPU-s and 49 s in two children, 27 CPU-s and 28 s in one."""
     cores = own_cores() if cores is None else cores
     if load is None:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        load = machine_load(cores)
     free = int(cores - load + 0.5)
     return max(1, min(cores, free, jobs // JOBS_PER_WORKER))
+
+
+def machine_load(cores: int) -> float:
+    """The 1-minute load average, as this process's share of the machine: scaled by the
+    cores it may use over the machine's (a job given 8 cores of a busy 128-core node is
+    not the node's load)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    total = os.cpu_count() or cores
+    return load * cores / total if 0 < cores < total else load
 
 
 def run_jobs(jobs: list[dict[str, Any]], line: Line, timeout: float = 1800.0,
@@ -74,12 +83,22 @@ class Tracer:
                  cache: TraceCache | None = None) -> None:
         self.line, self.timeout = line, timeout
         self.cache = cache or TraceCache()
+        # the load as the plan began: a later round's reading would count this plan's own
+        # children of the round before (the 1-minute average keeps them for a while)
+        self.load: float | None = None
 
     def __enter__(self) -> Tracer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+    def children(self, jobs: int) -> int:
+        """How many children a round of ``jobs`` meshes takes (:func:`workers`), by the load
+        as the plan began."""
+        if self.load is None:
+            self.load = machine_load(own_cores())
+        return workers(jobs, load=self.load)
 
     def run(self, jobs: list[dict[str, Any]]) -> dict[str, dict]:
         out: dict[str, dict] = {}
@@ -96,7 +115,7 @@ class Tracer:
         return out
 
     def _trace(self, todo: list[dict[str, Any]], kept: int) -> dict[str, dict]:
-        n = workers(len(todo))
+        n = self.children(len(todo))
         self.line(f"tracing {len(todo)} mesh(es) in {n} child process(es) ({kept} kept from "
                   f"earlier plans); loading torch ...")
         queue = mp.get_context("spawn").Queue()  # the meshes, then one None a child
