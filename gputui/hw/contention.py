@@ -43,7 +43,8 @@ def _tree_cpu_s() -> float:
     return total
 
 
-def _load() -> float | None:
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the system has none)."""
     try:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
@@ -61,7 +62,7 @@ class LoadWatch:
         self._m0 = time.monotonic()
         self._busy0 = _busy_total(psutil.cpu_times())[0]
         self._own0 = _tree_cpu_s()
-        self.load_start = _load()
+        self.load_start = load_average()
 
     def state(self) -> dict[str, Any]:
         """{"when", "host", "seconds", "cores", "others_share", "others_cores", "load_start",
@@ -74,7 +75,7 @@ class LoadWatch:
         out = {"when": self.t0, "host": _host(), "seconds": round(wall, 3),
                "cores": self.cores, "others_share": round(share, 3),
                "others_cores": round(share * self.cores, 2), "load_start": self.load_start,
-               "load_end": _load(), "gpu_others": gpu_others, "gpu_util": gpu_util}
+               "load_end": load_average(), "gpu_others": gpu_others, "gpu_util": gpu_util}
         out["contended"] = share >= CONTENDED or bool(gpu_others)
         out["note"] = note(out)
         return out

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from gputui import __version__
 from gputui.core.cachedir import KeptFigures, cache_dir
 from gputui.core.proctree import ask_children
+from gputui.hw.contention import load_average
 from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
@@ -60,7 +61,7 @@ def machine_load(cores: int) -> float:
     """The 1-minute load average, as this process's share of the machine: scaled by the
     cores it may use over the machine's (a job given 8 cores of a busy 128-core node is
     not the node's load)."""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    load = load_average() or 0.0
     total = os.cpu_count() or cores
     return load * cores / total if 0 < cores < total else load
 
