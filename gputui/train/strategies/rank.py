@@ -704,8 +704,9 @@ class RankStrategy(Strategy):
         proposal = max(1, min(STOP_CHECK_MAX, int(STOP_CHECK_S / max(step_s, 1e-6))))
         flag = torch.tensor([float(mine), -float(proposal)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
-        self._stop_every = self._stop_countdown = int(-flag[1].item())
-        return int(flag[0].item())
+        code, every = flag.tolist()  # one read of the agreed pair
+        self._stop_every = self._stop_countdown = int(-every)
+        return int(code)
 
     def reduce_metric(self, value: torch.Tensor) -> torch.Tensor:
         """Mean over ranks of each rank's whole-scaled share: the global figure."""
