@@ -35,6 +35,7 @@ backward runs the same two exchanges reversed. Both are named on metered steps
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -109,10 +110,7 @@ class MoE(nn.Module):
         kept = kept_counts(counts, cap)  # [G, k, E]
         within = ((hot.cumsum(0) - 1) * hot).sum(-1)  # each assignment's place in its queue
         keep = within < kept[me].gather(1, expert.T).T  # [n, k]
-        # the load-balancing loss over the global batch (see the module doc)
-        share = total.sum(0).double() / max(1, n_all * k)
-        mean_p = probs.sum(0) * (counts.shape[0] / max(1, n_all))
-        self.aux = e_all * (share.to(mean_p.dtype) * mean_p).sum()
+        self._balance_loss(counts, probs, n_all)
         if self.training:
             self.stats.add(total.sum(0), kept.sum((0, 1)), counts)
         # the kept assignments, slot-major, then ordered by expert (stable)
@@ -123,13 +121,25 @@ class MoE(nn.Module):
         order = sel[torch.argsort(flat_e[sel], stable=True)]
         tok, g = tok[order], flat_gate[order]
         mine = kept[me].sum(0)  # [E]: this rank's kept assignments per expert
-        if self.ep_size == 1:
-            y = self.experts(tokens[tok], mine.tolist())
-        else:
-            y = self._exchange(tokens[tok], *self._splits(kept, mine))
-        out = torch.zeros_like(tokens, dtype=y.dtype).index_add_(0, tok,
-                                                                 y * g[:, None].to(y.dtype))
-        return out.view(b, t, d).to(x.dtype)
+        split = mine.tolist() if self.ep_size == 1 else self._splits(kept, mine)
+        return self._through_experts(tokens, tok, g, split).view(b, t, d).to(x.dtype)
+
+    def _balance_loss(self, counts: torch.Tensor, probs: torch.Tensor, n_all: int) -> None:
+        """The load-balancing loss over the global batch (see the module doc), kept as
+        ``aux``: ``counts`` every rank's assignments per slot and expert, [G, k, E]."""
+        share = counts.sum((0, 1)).double() / max(1, n_all * self.top_k)
+        mean_p = probs.sum(0) * (counts.shape[0] / max(1, n_all))
+        self.aux = self.n_experts * (share.to(mean_p.dtype) * mean_p).sum()
+
+    def _through_experts(self, tokens: torch.Tensor, tok: torch.Tensor, g: torch.Tensor,
+                         split: Any) -> torch.Tensor:
+        """The kept assignments (token ``tok`` with gate ``g``, ordered by expert) through
+        the experts and summed back into each token's output; ``split``: the rows of each
+        local expert, or with ep the exchange's sizes (:meth:`_splits`)."""
+        x = tokens[tok]
+        y = self.experts(x, split) if self.ep_size == 1 else self._exchange(x, *split)
+        return torch.zeros_like(tokens, dtype=y.dtype).index_add_(0, tok,
+                                                                  y * g[:, None].to(y.dtype))
 
     def _splits(self, kept: torch.Tensor, mine: torch.Tensor) -> tuple[list[int],
                                                                        list[list[int]]]:
@@ -152,7 +162,7 @@ class MoE(nn.Module):
         got = AllToAll.apply(x, recv, send, self.ep_group, self.meter, DISPATCH)
         # arrived source-major (peer, then expert): regroup expert-major for the experts
         flat = [c for row in arrive for c in row]
-        starts = [sum(flat[:i]) for i in range(len(flat))]
+        starts = [0, *itertools.accumulate(flat)]  # where each (peer, expert) run begins
         index = torch.cat([torch.arange(starts[s * local + j], starts[s * local + j]
                                         + arrive[s][j])
                            for j in range(local) for s in range(p)] or
@@ -179,7 +189,8 @@ class MoE(nn.Module):
         n, e_all, k = tokens.shape[0], self.n_experts, self.top_k
         hot = F.one_hot(expert, e_all)  # [n, k, E], as the real step makes it
         counts = everyone(hot.sum(0), self.group)  # the same all-gather (its values unknown)
-        ((hot.cumsum(0) - 1) * hot).sum(-1)  # each assignment's queue place, as real
+        # each assignment's queue place: made and dropped, the temporary the real step holds
+        ((hot.cumsum(0) - 1) * hot).sum(-1)
         ranks = counts.shape[0]
         me = dist.get_rank(self.group) if self.group is not None else 0
         n_all = n * ranks
@@ -189,19 +200,11 @@ class MoE(nn.Module):
             kept = kept_counts(planned, capacity(self.capacity_factor, n_all, k, e_all))
             mine = kept[me].sum(0)
             rows = mine.tolist()
-            splits = self._splits(kept, mine) if self.ep_size > 1 else None
-        share = counts.sum((0, 1)).double() / max(1, n_all * k)
-        mean_p = probs.sum(0) * (ranks / max(1, n_all))
-        self.aux = e_all * (share.to(mean_p.dtype) * mean_p).sum()
+            split = rows if self.ep_size == 1 else self._splits(kept, mine)
+        self._balance_loss(counts, probs, n_all)
         m = sum(rows)
         tok = torch.arange(m, device=tokens.device) % n  # which tokens: shapes only
-        g = gate.T.reshape(-1)[:m]
-        if splits is None:
-            y = self.experts(tokens[tok], rows)
-        else:
-            y = self._exchange(tokens[tok], *splits)
-        return torch.zeros_like(tokens, dtype=y.dtype).index_add_(
-            0, tok, y * g[:, None].to(y.dtype))
+        return self._through_experts(tokens, tok, gate.T.reshape(-1)[:m], split)
 
     def _counted(self, tokens: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """On the meta device (FLOPs, not values): each token through ``top_k`` experts'
