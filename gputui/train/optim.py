@@ -27,7 +27,27 @@ from gputui.core.config_schema import OptimSection, lr_scheduled
 def make_optimizer(o: OptimSection, params: Iterable, lr: float) -> torch.optim.Optimizer:
     """``optim.name`` over ``params`` at ``lr`` (the effective lr, after scale_with_devices)."""
     kind, args = optimizer_class(o, lr)
+    return build(kind, args, params)
+
+
+def build(kind: type[torch.optim.Optimizer], args: dict[str, Any],
+          params: Iterable) -> torch.optim.Optimizer:
+    """``kind(params, **args)``, its one update loop over all of them kept where torch's
+    multi-tensor (foreach) kernels cannot take them: a list mixing DTensors and plain tensors
+    (tp leaves the norms plain, pp x tp too, fsdp x ep keeps the experts out of fully_shard).
+    torch takes foreach by default on CUDA, and its first step there failed with "got mixed
+    torch.Tensor and DTensor" (what a CPU run does when given foreach=True). The per-tensor
+    loop is what CPU runs take by default: the same update."""
+    params = list(params)
+    if "foreach" not in args and _mixes_dtensors(params):
+        args = dict(args, foreach=False)
     return kind(params, **args)
+
+
+def _mixes_dtensors(params: list[Any]) -> bool:
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    kinds = {hasattr(p, "device_mesh") for p in tensors}
+    return len(kinds) > 1
 
 
 def optimizer_class(o: OptimSection, lr: float) -> tuple[type[torch.optim.Optimizer],

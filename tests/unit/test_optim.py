@@ -265,3 +265,40 @@ def test_clipping_takes_dtensor_shards_and_plain_gradients_together():
         assert clip_grad_norm([a, b], 1.0).item() == pytest.approx(5.0)
         assert torch.allclose(a.grad.full_tensor(), torch.tensor([0.6, 0.0]))
         assert torch.allclose(b.grad, torch.tensor([0.8]))
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_a_step_over_dtensors_and_plain_tensors_together_runs_where_torch_defaults_to_foreach(
+        name, monkeypatch):
+    """tp leaves the norms plain beside DTensor weights (pp x tp too; fsdp x ep keeps the
+    experts plain): torch's multi-tensor kernels refuse such a list, and torch takes them by
+    default on CUDA. Here CUDA's default is put in place on the CPU: the optimizer gputui
+    builds keeps its per-tensor loop and steps; the one torch builds alone fails as on a GPU."""
+    from old_checkpoints import world_of_one
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.optim import adam, sgd
+
+    from gputui.train.optim import build, optimizer_class
+
+    for module in (adam, sgd):  # where each takes torch's default (CUDA's, for CUDA tensors)
+        monkeypatch.setattr(module, "_default_to_fused_or_foreach",
+                            lambda *a, **k: (False, True))
+    with world_of_one():
+        mesh = init_device_mesh("cpu", (1,))
+        a = torch.nn.Parameter(distribute_tensor(torch.ones(2), mesh, [Shard(0)]))
+        b = torch.nn.Parameter(torch.ones(2))
+        kind, args = optimizer_class(section(name=name, momentum=0.9, lr=0.1,
+                                             weight_decay=0.1), 0.1)
+        for p in (a, b):
+            p.grad = torch.ones_like(p)
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            kind([a, b], **args).step()
+        a.grad, b.grad = distribute_tensor(torch.ones(2), mesh, [Shard(0)]), torch.ones(2)
+        opt = build(kind, args, [a, b])
+        opt.step()
+        assert opt.defaults["foreach"] is False
+        assert torch.equal(a.full_tensor(), b.detach())  # the same update
+        assert not torch.equal(b.detach(), torch.ones(2))
+        plain = build(kind, args, [torch.nn.Parameter(torch.ones(1))])
+        assert plain.defaults["foreach"] is None  # one kind: torch's own choice

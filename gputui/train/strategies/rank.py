@@ -41,7 +41,7 @@ from gputui.core.devices import backend_for
 from gputui.core.events import DeviceStep, MemoryRow, StepReport
 from gputui.core.mesh import MeshShape, mesh_of
 from gputui.train import parallelize as par
-from gputui.train.optim import optimizer_class
+from gputui.train.optim import build, optimizer_class
 from gputui.train.rankinfo import RankInfo
 from gputui.train.strategies.base import Strategy, no_correct
 from gputui.train.strategies.comm_timer import CommTimer, SpanTimer, gbps
@@ -137,7 +137,7 @@ class RankStrategy(Strategy):
         self.pipeline = None
         if shape.pp > 1:
             done = self._setup_pipeline(mesh, wrap, tp_timer)
-            self.opt = kind(list(dict.fromkeys(self.module.parameters())), **args)
+            self.opt = build(kind, args, dict.fromkeys(self.module.parameters()))
             pipe = self.pipeline
             assert pipe is not None
             self.updater.reduce_sq = lambda sq: pipe.stages_sq(sq, self._pp_group)
@@ -177,7 +177,7 @@ class RankStrategy(Strategy):
             shard_group = mesh["dp_shard"].get_group()
             self.opt = par.zero1_optimizer(self.module.parameters(), kind, args, shard_group)
         else:
-            self.opt = kind(self.module.parameters(), **args)
+            self.opt = build(kind, args, self.module.parameters())
         self._finish_setup(done)
 
     def _context_parallel(self, mesh: Any) -> Any:
