@@ -23,6 +23,7 @@ from gputui.runs.verify_trace import TOLERANCES, Difference, Trace, compare, exp
 from gputui.core import registry, signals
 from gputui.plan import why_not
 from gputui.runs.history import row_for
+from gputui.runs import warm
 from gputui.runs.launcher import launch
 from gputui.runs.prepare import override_checked
 
@@ -145,6 +146,7 @@ def _run(cfg: RunConfig, strategy: str, spec: str, steps: int, runs_dir: Path | 
     """Launch one traced run and wait for it; (run id, its folder, why it failed or "")."""
     ready = override_checked(cfg, _changes(cfg, strategy, spec, steps, extra))
     line(f"verify: {what or strategy} on {spec}, {steps} steps ...")
+    warm.ready_for(strategy, ready.devices)  # verify's one-process runs share one host
     handle = launch(ready.config, runs_dir, ready.devices, ready.note)
     try:
         while not handle.done:

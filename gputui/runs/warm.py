@@ -117,6 +117,17 @@ def ensure_host(cuda: tuple[int, ...] = ()) -> Host:
         return host
 
 
+def ready_for(strategy: str, devices: list) -> None:
+    """Before a command's next run (a sweep's point, a verify run): have a warm host ready
+    when ``strategy`` runs in one process (torch is imported once per command, not per run;
+    ddp/fsdp ranks always start fresh). The host's GPUs are the run's ``devices``."""
+    from gputui.core import registry
+
+    info = registry.get(strategy)
+    if info is not None and not info.multiprocess:
+        ensure_host(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+
+
 def cuda_indices(spec: str) -> tuple[int, ...]:
     """The GPU indices a devices.spec names (empty for CPU specs or when it cannot be read)."""
     if spec.strip().startswith("cpu"):

@@ -124,6 +124,14 @@ def test_verify_passes_scratch_and_ddp_on_two_cpu_devices(tmp_path, capsys):
     for s in got["strategies"]:
         assert s["passed"] and s["steps"] == STEPS and s["max_param_diff"] < 1e-5
     assert "verify: ddp: pass" in err
+    # single's and scratch's runs (one process each) ran in one warm host: only the first
+    # paid for torch's import; ddp's ranks started fresh
+    from gputui.core.runstore import read_events
+
+    runs = tmp_path / "runs"
+    scratch = next(e for e in read_events(runs / got["strategies"][0]["run_id"])
+                   if e.kind == "init_done")
+    assert got["single_run"] and scratch.import_s < 0.2, scratch
 
 
 @pytest.mark.slow

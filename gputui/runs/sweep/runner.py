@@ -273,7 +273,7 @@ class Sweep:
                 self.save()
                 on_point(point)
                 continue
-            self._warm(point, devices)
+            warm.ready_for(point.strategy, devices)
             try:
                 handle = launch(cfg, self.runs_dir, devices, note)
             except signals.Interrupted:  # a signal since the check above: start no other
@@ -298,14 +298,6 @@ class Sweep:
         m.state = "interrupted" if self.stop_requested else "finished"
         self.save()
         return "interrupted" if self.stop_requested else "finished"
-
-    def _warm(self, point: Point, devices: list[Device]) -> None:
-        """Single-process points run in one warm run host, reused from point to point (torch is
-        imported once per sweep, not per point); ddp/fsdp ranks always start fresh. The
-        host's GPUs are the point's, as resolved for it."""
-        info = registry.get(point.strategy)
-        if info is not None and not info.multiprocess:
-            warm.ensure_host(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
 
     def _follow(self, handle, point: Point, on_event) -> None:
         interrupts, asked = 0, False
