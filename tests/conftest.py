@@ -108,6 +108,18 @@ def _private_folders(tmp_path_factory, monkeypatch):
         monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _no_warm_host_left():
+    """A warm run host that a test's command started in this process (a sweep's, a verify's:
+    `gputui` closes them only at exit) is closed after the test, so the next test on this
+    worker starts its runs as it expects (a run in a leftover host reached its first step
+    before the sampler's first sample: test_launcher failed)."""
+    yield
+    from gputui.runs import warm
+
+    warm.close_all()
+
+
 def pytest_collection_modifyitems(config, items):
     """Files with the most training processes first; skip tests marked gpu on machines
     without CUDA (checked through NVML, not torch)."""

@@ -183,7 +183,7 @@ class RunHandle:
         """Remember the processes below a host that exits with its run (fork server, resource
         tracker, ranks), so that none outlives the run even when the host dies first."""
         now = time.monotonic()
-        if self.host.warm or now - self._tree_t < every_s:
+        if (self.host.warm and not self.multiprocess) or now - self._tree_t < every_s:
             return
         self._tree_t = now
         try:
@@ -229,8 +229,15 @@ class RunHandle:
         if log is not None:
             log.close()
         host = self.host
-        if host.warm and self._closed is not None and host.process.is_alive():
+        # ranks that did not end finished or stopped may have left something in their host
+        # (its fork server): it is not reused
+        retire = self.multiprocess and self._status not in (Status.FINISHED, Status.STOPPED)
+        if host.warm and self._closed is not None and host.process.is_alive() and not retire:
             host.release()
+        elif host.warm and self._closed is not None and host.process.is_alive():
+            host.busy = False
+            host.close(timeout=CLOSE_WAIT_S)  # asked to exit: it ends its fork server
+            self._end_tree()
         else:  # a host that closed the record ends its helpers (a fork server) on its way out
             host.process.join(timeout=CLOSE_WAIT_S if self._closed is not None else 5)
             if host.process.is_alive():  # the run has ended; a host stuck on its way out
@@ -386,8 +393,8 @@ def _start(cfg: RunConfig, runs_dir: str | Path | None, devices: list[Device],
     spec = LaunchSpec(config=cfg, devices=tuple(devices), run_id=run_id, run_dir=str(run_dir),
                       parent_pid=os.getpid(), t_launch=time.time(),
                       notes=(device_note,) if device_note else (), multiprocess=multiprocess)
-    # a warm host (one started early, torch loaded) takes a single-process run when one waits
-    host = None if multiprocess else warm.take()
+    # a warm host (one started early, torch loaded) takes the run when one waits
+    host = warm.take(ranks=multiprocess)
     from gputui.hw.contention import LoadWatch, gpu_uuids
 
     handle._watch = LoadWatch(gpu_uuids(devices))

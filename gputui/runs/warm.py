@@ -5,8 +5,16 @@ Every run is hosted by one spawned :class:`Host`. ``launcher.launch`` starts one
 on its set-up screen, and a sweep keeps one between its points (``ensure_host``). A warm host has
 imported torch and gputui's training code (and, on GPUs, created the CUDA context and loaded
 cuBLAS/cuDNN on the chosen devices), so the run starts without the interpreter's start and
-torch's import; after each run it puts back what a run changes and waits for the next. ddp
-and fsdp runs start a cold host: its ranks are fresh processes started by torch's agent.
+torch's import; after each run it puts back what a run changes and waits for the next.
+
+A warm host without a CUDA context takes multi-process runs (ddp, fsdp, tp, pp, mesh) too:
+its elastic agent forks each run's ranks from the fork server the first one started (torch
+and the training path imported there once), and keeps that server for the next run, so a
+sweep's or the app's next multi-rank run starts neither the host nor the server again. The
+ranks themselves are fresh processes each run (forked from the server, which never trains).
+A multi-process run that did not end finished or stopped retires its host (closed, its
+server with it), and no host that started a server is killed idle: it is asked to exit and
+ends its server and resource tracker first.
 
 Torch-free.
 """
@@ -42,6 +50,7 @@ class Host:
                                      parent_pid=os.getpid(), warm=warm, cuda=tuple(cuda))
         self.warm, self.cuda = warm, tuple(cuda)
         self.busy = False
+        self.ranks_ran = False  # a multi-process run was handed over: the host has helpers
         self.process = ctx.Process(target=host_main, args=(self.channels,),
                                    name="gputui-warm" if warm else "gputui-host")
         # a stop signal during the host's start-up waits until the host takes it (its first
@@ -74,6 +83,7 @@ class Host:
         if self.warm:  # a cold host's flag is new: a stop its start-up already took stays
             self.stop.clear()  # before the job is sent, so a stop asked at once is kept
         self.busy = True
+        self.ranks_ran = self.ranks_ran or spec.multiprocess
         self.channels.jobs.put(spec)
         if not self.warm:
             self.channels.jobs.put(None)
@@ -85,8 +95,9 @@ class Host:
     def close(self, timeout: float = 5.0) -> None:
         """Ask the host to exit; kill it if it does not. An idle warm host (no run handed
         over) holds no record and no child: it is killed at once, so quitting never waits
-        for it to finish importing torch (2.3 s of the app's quit, before)."""
-        if self.warm and not self.busy and self.process.is_alive():
+        for it to finish importing torch (2.3 s of the app's quit, before). One that ran
+        ranks holds their fork server and resource tracker: asked to exit, it ends them."""
+        if self.warm and not self.busy and not self.ranks_ran and self.process.is_alive():
             self.process.kill()
             self.process.join(timeout)
             return
@@ -119,13 +130,15 @@ def ensure_host(cuda: tuple[int, ...] = ()) -> Host:
 
 def ready_for(strategy: str, devices: list) -> None:
     """Before a command's next run (a sweep's point, a verify run): have a warm host ready
-    when ``strategy`` runs in one process (torch is imported once per command, not per run;
-    ddp/fsdp ranks always start fresh). The host's GPUs are the run's ``devices``."""
+    (torch is imported once per command, not per run). The host's GPUs are the run's
+    ``devices`` for a one-process run; none for ranks, which create their own contexts."""
     from gputui.core import registry
 
     info = registry.get(strategy)
-    if info is not None and not info.multiprocess:
-        ensure_host(cuda=tuple(d.index for d in devices if d.kind == "cuda"))
+    if info is None:
+        return
+    ensure_host(cuda=() if info.multiprocess else
+                tuple(d.index for d in devices if d.kind == "cuda"))
 
 
 def cuda_indices(spec: str) -> tuple[int, ...]:
@@ -140,10 +153,12 @@ def cuda_indices(spec: str) -> tuple[int, ...]:
         return ()
 
 
-def take() -> Host | None:
-    """An idle warm host for the next run, or None (then the run starts a cold one)."""
+def take(ranks: bool = False) -> Host | None:
+    """An idle warm host for the next run, or None (then the run starts a cold one).
+    ``ranks``: a multi-process run, which takes only a host without a CUDA context (its
+    ranks hold the GPUs)."""
     with _LOCK:
-        return next((h for h in _POOL if h.usable), None)
+        return next((h for h in _POOL if h.usable and not (ranks and h.cuda)), None)
 
 
 def close_all() -> None:

@@ -13,6 +13,7 @@ the others; the host then ends the record with one RunFailed that names the root
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import queue as queue_mod
@@ -22,7 +23,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gputui.core.config import RunConfig
 from gputui.core import hang
@@ -149,8 +150,7 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
     run_dir = Path(spec.run_dir)
     _log_to_file(run_dir / "ranks" / "agent.log")
     # before the fork server starts: the ranks it forks inherit its environment
-    os.environ.update(backend_env(spec.config.dist.interface))
-    _start_fork_server()
+    _start_fork_server(backend_env(spec.config.dist.interface))
     cfg = spec.config
     data_file = handoff.data_file(spec.run_id)
     relay = _Relay(mp.get_context("spawn").Queue(), recorder, stop, note)
@@ -313,16 +313,51 @@ def stop_helpers() -> None:
     _kill_children()
 
 
-def _start_fork_server() -> None:
+_SERVER_ENV: dict[str, str] | None = None  # what the running fork server was started with
+
+
+def _start_fork_server(env: dict[str, str]) -> None:
     """Start the ranks' fork server now, importing RANK_PRELOAD while this process imports
     torch and loads the dataset. The server is a fresh interpreter (spawned, no threads, no
     CUDA), so forking ranks from it is safe, and each rank starts with torch already loaded
-    instead of importing it again (the start-up's longest step)."""
+    instead of importing it again (the start-up's longest step). ``env`` (the backend's
+    variables) goes into this process's environment first: the ranks inherit the server's.
+    A warm host's next run finds the server running and forks from it again, unless its
+    environment differs (another ``dist.interface``): then the server is started anew."""
+    global _SERVER_ENV
     import multiprocessing
     from multiprocessing import forkserver
 
+    if _SERVER_ENV is not None and _SERVER_ENV != env:
+        for name in _SERVER_ENV:
+            os.environ.pop(name, None)
+        server = getattr(forkserver, "_forkserver", None)
+        try:
+            server._stop()  # type: ignore[union-attr]  # private; absent: started anew anyway
+        except Exception:  # noqa: BLE001
+            pass
+    os.environ.update(env)
     multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
-    forkserver.ensure_running()
+    # the server keeps the output it was started with for its life: none (the ranks send
+    # theirs to their own files; a server kept for the next run must not write into this one)
+    with _output_to_null():
+        forkserver.ensure_running()
+    _SERVER_ENV = dict(env)
+
+
+@contextlib.contextmanager
+def _output_to_null() -> Iterator[None]:
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
 
 
 def _log_to_file(path: Path) -> None:

@@ -12,17 +12,20 @@ ahead). The host
 - asks the run's one stop flag (``stopping``) when a stop signal reaches it or its parent dies.
 
 After a run a warm host puts back what a run can change and waits for the next (a run in a
-reused host trains exactly as a cold one: tests/unit/test_warm.py); a cold host, and one that
-hosted ranks, exits. The parent side imports this module torch-free (the spawn target).
+reused host trains exactly as a cold one: tests/unit/test_warm.py), keeping the fork server
+its ranks were forked from for the next multi-process run; a cold host exits after its run.
+A host that started ranks ends their fork server and resource tracker on its way out. The
+parent side imports this module torch-free (the spawn target).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 from gputui.core import signals
 from gputui.core.events import RunFailed
@@ -75,22 +78,26 @@ def host_main(channels: HostChannels) -> None:
     fresh = _load(list(channels.cuda)) if channels.warm else None
     channels.ready.set()
     threading.Thread(target=life.watch_parent, name="gputui-parent-watch", daemon=True).start()
+    ranks_ran = False
     while True:
         job = channels.jobs.get()
         if job is None:
             break
         life.running = True
+        ranks_ran = ranks_ran or job.multiprocess
         try:
             _host(job, channels)
         finally:
             life.running = False
-        if job.multiprocess:  # the ranks' fork server and resource tracker go with the host
-            from gputui.train.agent import stop_helpers
-
-            stop_helpers()
-        if fresh is None or job.multiprocess:
+        if fresh is None:
             break
+        # a warm host keeps its ranks' fork server for the next multi-process run (the parent
+        # retires the host after ranks that failed: runs/warm.py)
         _reset(fresh)
+    if ranks_ran:  # the ranks' fork server and resource tracker go with the host
+        from gputui.train.agent import stop_helpers
+
+        stop_helpers()
     quick_exit(channels.queue, 0)
 
 
@@ -106,8 +113,9 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
         if spec.multiprocess:
             from gputui.train.agent import run_ranks
 
-            run_ranks(spec, recorder, channels.stop, note=channels.queue.put,
-                      leave=lambda: _leave(recorder, channels))
+            with _output_kept():  # the agent logs into this run's record, then no more
+                run_ranks(spec, recorder, channels.stop, note=channels.queue.put,
+                          leave=lambda: _leave(recorder, channels))
         else:
             from gputui.train.worker import execute
 
@@ -119,6 +127,19 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
     finally:
         recorder.close()  # summary.json: the run's record is whole from here
         channels.queue.put(RecordClosed(ended=recorder.ended))
+
+
+@contextlib.contextmanager
+def _output_kept() -> Iterator[None]:
+    """The host's stdout and stderr as they were, after what runs inside moved them."""
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
 
 
 def _leave(recorder: Any, channels: HostChannels) -> None:

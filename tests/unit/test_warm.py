@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import psutil
 import pytest
 import torch
 
@@ -107,3 +108,42 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
         assert read_events(again.run_dir)[-1].kind == "run_finished"  # no stale stop reason
     finally:
         warm.close_all()
+
+
+def _fork_server(host: warm.Host) -> psutil.Process:
+    (server,) = [p for p in psutil.Process(host.process.pid).children()
+                 if "forkserver" in " ".join(p.cmdline())]
+    return server
+
+
+def test_ddp_runs_reuse_one_warm_host_and_its_fork_server_and_train_as_a_cold_run(tmp_path):
+    """A warm host takes multi-process runs too: the second run's ranks are forked by the fork
+    server the first one started (neither the host nor the server starts again), they train
+    bit for bit as a cold run's, and closing the host ends the server with it. Ranks that
+    failed retire the host: the next run starts cold."""
+    warm.close_all()
+    ddp = {"strategy.name": "ddp", "devices.spec": "cpu*2"}
+    cold, cold_pid, _ = run(config(**ddp), tmp_path)
+    worker = warm.ensure_host()
+    try:
+        assert worker.ready.wait(120)
+        _, first_pid, _ = run(config(**ddp, **{"run.seed": 7, "model.name": "mlp"}), tmp_path)
+        server = _fork_server(worker)
+        again, pid, events = run(config(**ddp), tmp_path)
+        assert first_pid == pid == worker.process.pid != cold_pid  # reused, not re-spawned
+        assert _fork_server(worker).pid == server.pid and worker.usable
+        assert cold.keys() == again.keys()
+        for name in cold:
+            assert torch.equal(cold[name], again[name]), name  # bit for bit
+        failed = launch(config(**ddp, **{"run.epochs": 50}), tmp_path)
+        assert failed.host is worker
+        while not any(e.kind == "step" for e in read_events(failed.run_dir)):
+            failed.poll(timeout=0.2)
+        os.kill(max(failed.pids().values()), 9)  # a rank killed: the run fails
+        assert failed.wait(timeout=240) == "failed"
+        assert not worker.process.is_alive() and warm.take(ranks=True) is None
+    finally:
+        warm.close_all()
+    assert not worker.process.is_alive()
+    gone, alive = psutil.wait_procs([server], timeout=10)
+    assert not alive, alive  # no fork server outlives its host
