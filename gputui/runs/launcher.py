@@ -183,7 +183,8 @@ class RunHandle:
         """Remember the processes below a host that exits with its run (fork server, resource
         tracker, ranks), so that none outlives the run even when the host dies first."""
         now = time.monotonic()
-        if (self.host.warm and not self.multiprocess) or now - self._tree_t < every_s:
+        # a warm host's own children (a fork server it keeps) are watched once it has any
+        if (self.host.warm and not self.host.ranks_ran) or now - self._tree_t < every_s:
             return
         self._tree_t = now
         try:
@@ -230,13 +231,15 @@ class RunHandle:
             log.close()
         host = self.host
         # ranks that did not end finished or stopped may have left something in their host
-        # (its fork server): it is not reused
-        retire = self.multiprocess and self._status not in (Status.FINISHED, Status.STOPPED)
+        # (its fork server), and a run stopped before any rank started ends its host: neither
+        # host is reused
+        retire = self.multiprocess and (
+            self._status not in (Status.FINISHED, Status.STOPPED) or not self._rank_pids)
         if host.warm and self._closed is not None and host.process.is_alive() and not retire:
             host.release()
         elif host.warm and self._closed is not None and host.process.is_alive():
-            host.busy = False
-            host.close(timeout=CLOSE_WAIT_S)  # asked to exit: it ends its fork server
+            host.close(timeout=CLOSE_WAIT_S)  # still busy (never taken): asked to exit, it
+            # ends its fork server
             self._end_tree()
         else:  # a host that closed the record ends its helpers (a fork server) on its way out
             host.process.join(timeout=CLOSE_WAIT_S if self._closed is not None else 5)
@@ -394,7 +397,8 @@ def _start(cfg: RunConfig, runs_dir: str | Path | None, devices: list[Device],
                       parent_pid=os.getpid(), t_launch=time.time(),
                       notes=(device_note,) if device_note else (), multiprocess=multiprocess)
     # a warm host (one started early, torch loaded) takes the run when one waits
-    host = warm.take(ranks=multiprocess)
+    host = warm.take(cuda=() if multiprocess else
+                     tuple(d.index for d in devices if d.kind == "cuda"))
     from gputui.hw.contention import LoadWatch, gpu_uuids
 
     handle._watch = LoadWatch(gpu_uuids(devices))

@@ -108,7 +108,12 @@ class Host:
                 pass
             self.process.join(timeout)
         if self.process.is_alive():
-            self.process.kill()
+            if self.ranks_ran:  # its ranks are the fork server's children, not its own
+                from gputui.core.proctree import kill_tree
+
+                kill_tree(self.process.pid)
+            else:
+                self.process.kill()
             self.process.join(timeout)
 
 
@@ -153,12 +158,13 @@ def cuda_indices(spec: str) -> tuple[int, ...]:
         return ()
 
 
-def take(ranks: bool = False) -> Host | None:
-    """An idle warm host for the next run, or None (then the run starts a cold one).
-    ``ranks``: a multi-process run, which takes only a host without a CUDA context (its
-    ranks hold the GPUs)."""
+def take(cuda: tuple[int, ...] = ()) -> Host | None:
+    """An idle warm host for the next run, or None (then the run starts a cold one): one
+    whose CUDA contexts are the run's GPUs (``cuda``; none for a multi-process run, whose
+    ranks hold the GPUs, and for a CPU run), so no host holds a context on GPUs another
+    run uses."""
     with _LOCK:
-        return next((h for h in _POOL if h.usable and not (ranks and h.cuda)), None)
+        return next((h for h in _POOL if h.usable and h.cuda == tuple(cuda)), None)
 
 
 def close_all() -> None:

@@ -202,6 +202,9 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
                         detail=_traceback())
     watchdog.done.set()
     stall.done.set()
+    # joined: in a warm host the next run shares the stop flag they watch
+    watchdog.join(timeout=5)
+    stall.join(timeout=5)
     if stall.end is not None:  # the ranks were stopped because one of them hung
         end = stall.end
     relay.finish()
@@ -436,7 +439,7 @@ class _StallWatch(threading.Thread):
             states = hang.states_with(states, _process_states(states))
             found = hang.diagnose(states, limit)
             if found is not None and not self.done.is_set():
-                self._stop(found, states, limit)
+                self._stop_hung(found, states, limit)
                 return
 
     def _times(self) -> tuple[list[float], list[float]]:
@@ -444,7 +447,7 @@ class _StallWatch(threading.Thread):
         return ([e.step_time_s for e in events if isinstance(e, StepMetrics)],
                 [e.eval_s for e in events if isinstance(e, EpochEnd)])
 
-    def _stop(self, found: hang.Stall, states: tuple, limit: float) -> None:
+    def _stop_hung(self, found: hang.Stall, states: tuple, limit: float) -> None:
         run_dir = Path(self.spec.run_dir)
         # a stopped or dead rank cannot answer: the others' dumps are not waited for in vain
         traces = _dump_traces(self.ledger, run_dir,

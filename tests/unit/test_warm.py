@@ -141,7 +141,7 @@ def test_ddp_runs_reuse_one_warm_host_and_its_fork_server_and_train_as_a_cold_ru
             failed.poll(timeout=0.2)
         os.kill(max(failed.pids().values()), 9)  # a rank killed: the run fails
         assert failed.wait(timeout=240) == "failed"
-        assert not worker.process.is_alive() and warm.take(ranks=True) is None
+        assert not worker.process.is_alive() and warm.take() is None
     finally:
         warm.close_all()
     assert not worker.process.is_alive()
