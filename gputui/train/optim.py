@@ -39,12 +39,21 @@ def build(kind: type[torch.optim.Optimizer], args: dict[str, Any],
     torch.Tensor and DTensor" (what a CPU run does when given foreach=True). The per-tensor
     loop is what CPU runs take by default: the same update."""
     params = list(params)
-    if "foreach" not in args and _mixes_dtensors(params):
+    if "foreach" not in args and mixes_dtensors(params):
         args = dict(args, foreach=False)
     return kind(params, **args)
 
 
-def _mixes_dtensors(params: list[Any]) -> bool:
+def scaler_problem(params: list[Any]) -> str:
+    """Why fp16's grad scaler cannot take these parameters' gradients ("" when it can)."""
+    if mixes_dtensors(params):
+        return ("run.precision = 'fp16': torch's grad scaler cannot unscale this mesh's "
+                "gradients (DTensor and plain tensors together); use run.precision = 'bf16'")
+    return ""
+
+
+def mixes_dtensors(params: list[Any]) -> bool:
+    """Whether ``params`` (tensors or param-group dicts) hold DTensors and plain tensors."""
     tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     kinds = {hasattr(p, "device_mesh") for p in tensors}
     return len(kinds) > 1

@@ -302,3 +302,25 @@ def test_a_step_over_dtensors_and_plain_tensors_together_runs_where_torch_defaul
         assert not torch.equal(b.detach(), torch.ones(2))
         plain = build(kind, args, [torch.nn.Parameter(torch.ones(1))])
         assert plain.defaults["foreach"] is None  # one kind: torch's own choice
+
+
+def test_fp16s_grad_scaler_is_refused_in_one_line_where_it_would_take_mixed_gradients():
+    """torch's GradScaler unscales a device's gradients in one multi-tensor call, which refuses
+    DTensors and plain tensors together (as the optimizer's would): such a run ends at its set-up
+    with the fix, not in its first step."""
+    from old_checkpoints import world_of_one
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from gputui.train.optim import scaler_problem
+
+    with world_of_one():
+        mesh = init_device_mesh("cpu", (1,))
+        a = torch.nn.Parameter(distribute_tensor(torch.ones(2), mesh, [Shard(0)]))
+        b = torch.nn.Parameter(torch.ones(2))
+        grads = [distribute_tensor(torch.ones(2), mesh, [Shard(0)]), torch.ones(2)]
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                grads, torch.zeros(1), torch.ones(1))  # the scaler's own call
+        assert "use run.precision = 'bf16'" in scaler_problem([{"params": [a, b]}])
+        assert scaler_problem([{"params": [b]}]) == scaler_problem([a]) == ""

@@ -164,9 +164,17 @@ class Strategy(MemoryRows):
         """The configured optimizer (optim.name: sgd, adam or adamw) at the base lr."""
         return make_optimizer(self.cfg.optim, params, self.lr)
 
-    def make_scaler(self, device: torch.device) -> None:
-        """fp16 on CUDA needs a grad scaler; bf16 and fp32 do not."""
+    def make_scaler(self, device: torch.device, params: list | None = None) -> None:
+        """fp16 on CUDA needs a grad scaler; bf16 and fp32 do not. Torch's scaler unscales
+        each device's gradients in one multi-tensor call, which refuses DTensor and plain
+        gradients together (``params`` mixing them: tp's norms, fsdp x ep's experts): such a
+        run ends before its first step with one line, not in its first step's traceback."""
         if self.cfg.run.precision == "fp16" and device.type == "cuda":
+            from gputui.train.optim import scaler_problem
+
+            problem = scaler_problem(params or [])
+            if problem:
+                raise ValueError(problem)
             self.scaler = torch.amp.GradScaler("cuda")
 
     def autocast(self, device: torch.device):

@@ -192,7 +192,7 @@ class RankStrategy(Strategy):
         return ContextParallel(cp_mesh.get_group(), self.meter, self.device, cp_mesh)
 
     def _finish_setup(self, done: dict[str, Any]) -> None:
-        self.make_scaler(self.device)
+        self.make_scaler(self.device, list(self.opt.param_groups))
         weights, n_local = self.cfg.strategy.split_weights, len(self.devices)
         # split_weights name the local devices; every node has the same layout
         self.weights = ([weights[r % n_local] for r in range(self.world_size)]
