@@ -131,7 +131,7 @@ def test_the_grad_scaler_steps_every_optimizer_and_updates_once_per_step(name, g
     cls = type(plain)
 
     class Scaled(cls):
-        def make_scaler(self, device):
+        def make_scaler(self, device, params=None):
             self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
 
     scaled = build(name, cls=Scaled)
