@@ -397,8 +397,7 @@ def _start(cfg: RunConfig, runs_dir: str | Path | None, devices: list[Device],
                       parent_pid=os.getpid(), t_launch=time.time(),
                       notes=(device_note,) if device_note else (), multiprocess=multiprocess)
     # a warm host (one started early, torch loaded) takes the run when one waits
-    host = warm.take(cuda=() if multiprocess else
-                     tuple(d.index for d in devices if d.kind == "cuda"))
+    host = warm.take(cuda=warm.cuda_for(multiprocess, devices))
     from gputui.hw.contention import LoadWatch, gpu_uuids
 
     handle._watch = LoadWatch(gpu_uuids(devices))

@@ -142,8 +142,13 @@ def ready_for(strategy: str, devices: list) -> None:
     info = registry.get(strategy)
     if info is None:
         return
-    ensure_host(cuda=() if info.multiprocess else
-                tuple(d.index for d in devices if d.kind == "cuda"))
+    ensure_host(cuda=cuda_for(info.multiprocess, devices))
+
+
+def cuda_for(multiprocess: bool, devices: list) -> tuple[int, ...]:
+    """The CUDA contexts a host for a run on ``devices`` holds: the GPUs of a one-process
+    run; none for ranks, which create their own."""
+    return () if multiprocess else tuple(d.index for d in devices if d.kind == "cuda")
 
 
 def cuda_indices(spec: str) -> tuple[int, ...]:

@@ -143,12 +143,21 @@ def run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
               note: Callable[[RankProcess], Any], leave: Callable[[], None]) -> None:
     """In the host: run the elastic launch of this node's ranks, record what they send, end
     the record when they did not. ``note`` passes a rank's pid on to the parent; ``leave``
-    ends the host (a stop before any rank started).
+    ends the host (a stop before any rank started). The elastic agent logs (and warns) on
+    stderr: into the record's ``ranks/agent.log`` while this run lasts, not over the parent's
+    progress display, and not into the next run a warm host takes.
     The host calls :func:`stop_helpers` once the record is closed."""
+    log = Path(spec.run_dir) / "ranks" / "agent.log"
+    log.parent.mkdir(exist_ok=True)
+    with _output_to(log):
+        _run_ranks(spec, recorder, stop, note, leave)
+
+
+def _run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
+               note: Callable[[RankProcess], Any], leave: Callable[[], None]) -> None:
     import multiprocessing as mp
 
     run_dir = Path(spec.run_dir)
-    _log_to_file(run_dir / "ranks" / "agent.log")
     # before the fork server starts: the ranks it forks inherit its environment
     _start_fork_server(backend_env(spec.config.dist.interface))
     cfg = spec.config
@@ -343,34 +352,26 @@ def _start_fork_server(env: dict[str, str]) -> None:
     multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
     # the server keeps the output it was started with for its life: none (the ranks send
     # theirs to their own files; a server kept for the next run must not write into this one)
-    with _output_to_null():
+    with _output_to(Path(os.devnull)):
         forkserver.ensure_running()
     _SERVER_ENV = dict(env)
 
 
 @contextlib.contextmanager
-def _output_to_null() -> Iterator[None]:
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (the file descriptors: what children inherit too)
+    appended to ``path`` inside the block, as they were after it."""
     saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
         yield
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
-
-
-def _log_to_file(path: Path) -> None:
-    """The elastic agent logs (and warns) on stderr; keep that in the record, not over the
-    parent's progress display."""
-    path.parent.mkdir(exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+        for f in (*saved, fd):
+            os.close(f)
 
 
 def _traceback() -> str:

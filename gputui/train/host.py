@@ -20,12 +20,11 @@ parent side imports this module torch-free (the spawn target).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any
 
 from gputui.core import signals
 from gputui.core.events import RunFailed
@@ -113,9 +112,8 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
         if spec.multiprocess:
             from gputui.train.agent import run_ranks
 
-            with _output_kept():  # the agent logs into this run's record, then no more
-                run_ranks(spec, recorder, channels.stop, note=channels.queue.put,
-                          leave=lambda: _leave(recorder, channels))
+            run_ranks(spec, recorder, channels.stop, note=channels.queue.put,
+                      leave=lambda: _leave(recorder, channels))
         else:
             from gputui.train.worker import execute
 
@@ -127,19 +125,6 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
     finally:
         recorder.close()  # summary.json: the run's record is whole from here
         channels.queue.put(RecordClosed(ended=recorder.ended))
-
-
-@contextlib.contextmanager
-def _output_kept() -> Iterator[None]:
-    """The host's stdout and stderr as they were, after what runs inside moved them."""
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved:
-            os.close(fd)
 
 
 def _leave(recorder: Any, channels: HostChannels) -> None:
