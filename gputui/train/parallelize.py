@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -355,11 +356,18 @@ def apply_ep(model: nn.Module, groups: EPGroups, ep: int,
                              groups.first, meter)
 
 
-def apply_ddp(model: nn.Module, group, device: torch.device):
+def apply_ddp(model: nn.Module, group, device: torch.device,
+              apart: Sequence[nn.Parameter] = ()):
     """DistributedDataParallel over the data-parallel ranks (``group``; None: the world):
-    buckets overlap the all-reduce with backward; gradients are views into the buckets."""
+    buckets overlap the all-reduce with backward; gradients are views into the buckets.
+    ``apart``: parameters DDP leaves alone (ep's experts: their gradients are reduced apart,
+    over the ranks holding the same experts)."""
     from torch.nn.parallel import DistributedDataParallel
 
+    if apart:
+        ignored = {id(p) for p in apart}
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [n for n, p in model.named_parameters() if id(p) in ignored])
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group,
                                    gradient_as_bucket_view=True)

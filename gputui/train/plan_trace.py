@@ -176,14 +176,9 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         aux_weight = float(m.get("moe_aux_weight", 0.01))
         step_model: nn.Module = model
         ddp = shape.data_parallel == "ddp"
-        if ddp and not fake:
-            if experts:  # ep's experts: their gradients are reduced apart (as the run)
-                from torch.nn.parallel import DistributedDataParallel
-
-                ids = {id(p) for p in experts}
-                DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                    model, [n for n, p in model.named_parameters() if id(p) in ids])
-            step_model = par.apply_ddp(model, par.dp_group(mesh, shape), torch.device("cpu"))
+        if ddp and not fake:  # ep's experts reduced apart, as the run
+            step_model = par.apply_ddp(model, par.dp_group(mesh, shape), torch.device("cpu"),
+                                       apart=experts)
 
         def sliced() -> Any:
             """This rank's part of every sequence for a forward and its backward (cp: held

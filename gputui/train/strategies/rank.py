@@ -155,12 +155,8 @@ class RankStrategy(Strategy):
             # DDP runs the flattened (and, with run.compile, compiled: torch.compile around DDP
             # breaks its graph at DDP's own forward) model; self.module is the model itself
             inner = self.fast(self.lean(self.module))
-            if self._experts:  # ep's experts: their gradients are reduced apart
-                from torch.nn.parallel import DistributedDataParallel
-
-                DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                    inner, [n for n, p in inner.named_parameters() if id(p) in ids])
-            self.model = par.apply_ddp(inner, group, self.device)
+            # ep's experts: their gradients are reduced apart
+            self.model = par.apply_ddp(inner, group, self.device, apart=self._experts)
             hook = CommTimer(self.meter, group=group, delay_s=self.comm_delay_s)
             cast(Any, self.model).register_comm_hook(None, hook.hook)
             self.comm = hook
