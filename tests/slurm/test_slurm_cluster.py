@@ -132,7 +132,10 @@ def _srun(*args: str) -> list[str]:
 
 
 def _runs(runs: Path) -> list[Path]:
-    return sorted(p for p in runs.iterdir() if p.name != "nodes") if runs.is_dir() else []
+    # run folders only: not the nodes' folder, nor a write probe of the moment
+    # (filewrite's ".gputui-probe-*" file, there and gone while a node checks the disk)
+    return sorted(p for p in runs.iterdir() if p.name != "nodes" and p.is_dir()
+                  and not p.name.startswith(".")) if runs.is_dir() else []
 
 
 def _wait_for(what: str, found, timeout: float = 240):
