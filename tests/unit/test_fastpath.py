@@ -37,7 +37,7 @@ def compiled_steps(cfg, steps: int = STEPS):
     events = []
     seconds = fastpath.compile_ahead(strategy, ds, events.append)
     batches = TensorBatches(ds.train_x, ds.train_y, strategy.batch_size, cfg.run.seed,
-                            channels_last=cfg.run.channels_last)
+                            strategy.data_device(), channels_last=cfg.run.channels_last)
     losses = [strategy.train_step(x, y).item()
               for x, y in itertools.islice(batches.epoch(1), steps)]
     return strategy, losses, seconds, events
