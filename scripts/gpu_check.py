@@ -397,7 +397,7 @@ def w_transformer() -> dict:
                                     "peak was measured, not taken from a data sheet"])
     (work / "transformer.json").write_text(json.dumps(
         {"step_s": step_s, "peak": max(peaks) if peaks else None, "counted": counted,
-         "tokens_per_s": tps}), encoding="utf-8")
+         "tokens_per_s": tps, "run": run_dir.name}), encoding="utf-8")
     bench = child([sys.executable, "benchmarks/bench_lm.py", *(BENCH_CPU if cpu else BENCH_GPU),
                    "--json"])
     got = None
@@ -522,57 +522,43 @@ def w_plan() -> dict:
                           "(on CPU ranks the plan's own tests check it)"}
     measured = json.loads((work / "transformer.json").read_text(encoding="utf-8")) \
         if (work / "transformer.json").is_file() else {}
-    if not measured.get("step_s"):
+    if not measured.get("run"):
         return {"verdict": "SKIP", "figures": [],
-                "reason": "part 2 measured nothing to plan against"}
-    name = os.environ.get("GPUCHECK_GPU_NAME", "")
-    short = next((w for w in ("H200", "H100", "A100", "L40S", "L4", "A10") if w in name.upper()),
-                 name)
-    proc = child([sys.executable, "-m", "gputui", "plan", "gpt2-small-1gpu", "--gpus",
-                  f"1x{short}", "--json"])
+                "reason": "part 2 recorded no run to plan against"}
+    # the product's own check: part 2's record beside the plan of its mesh on its GPU
+    cmd = [sys.executable, "-m", "gputui", "plan", "--check", measured["run"], "--runs-dir",
+           str(work / "runs"), "--json"]
+    proc = child(cmd)
     try:
-        data = json.loads(proc.stdout)
-    except ValueError:
+        got = json.loads(proc.stdout)
+        planned, recorded = got["planned"], got["measured"]
+    except (ValueError, KeyError):
         return {"verdict": "FAIL", "figures": [],
-                "reason": f"`gputui plan gpt2-small-1gpu --gpus 1x{short} --json` exited "
-                          f"{proc.returncode} without JSON"}
-    row = find_row(data)
-    if row is None:
-        return {"verdict": "FAIL", "figures": [],
-                "reason": "no row of strategy single with a peak and a step time in the plan's "
-                          "JSON: bring part 'plan' of scripts/gpu_check.py up to its format"}
-    mem_key = next(k for k in row if "peak" in k)
-    step_key = next(k for k in row if "step" in k)
-    mem_ratio = float(row[mem_key]) / measured["peak"] if measured.get("peak") else None
-    step_ratio = float(row[step_key]) / measured["step_s"]
-    figures = [["planned peak memory", gib(float(row[mem_key]))],
-               ["measured peak memory (part 2)", gib(measured.get("peak"))],
-               ["planned / measured memory", "n/a" if mem_ratio is None else f"{mem_ratio:.3f}"],
-               ["planned step time", f"{float(row[step_key]) * 1000:.1f} ms"],
-               ["measured step time (part 2)", f"{measured['step_s'] * 1000:.1f} ms"],
-               ["planned / measured step time", f"{step_ratio:.3f}"]]
+                "reason": f"`gputui plan --check {measured['run']} --json` exited "
+                          f"{proc.returncode} without its JSON"}
+    mem_ratio = planned["peak"] / recorded["peak"] if recorded.get("peak") else None
+    step_ratio = (planned["step_s"] / recorded["step_s"]
+                  if planned.get("step_s") and recorded.get("step_s") else None)
+    figures = [["command", "gputui plan --check RUN --json (RUN: part 2's record)"],
+               ["mesh", str(got.get("mesh"))],
+               ["planned peak memory", gib(planned.get("peak"))],
+               ["recorded peak memory (CUDA allocator)", gib(recorded.get("peak"))],
+               ["planned / recorded memory", "n/a" if mem_ratio is None else f"{mem_ratio:.3f}"],
+               ["planned step time", num((planned.get("step_s") or 0) * 1000, ".1f") + " ms"],
+               ["recorded step time (steady)", num((recorded.get("step_s") or 0) * 1000, ".1f")
+                + " ms"],
+               ["planned / recorded step time",
+                "n/a" if step_ratio is None else f"{step_ratio:.3f}"],
+               ["planned FLOPs per step", f"{planned.get('flops_per_rank', 0):.4g}"]]
+    figures += [["plan's assumption", a] for a in got.get("plan", {}).get("assumptions", [])
+                if "efficiency" in a or "device" in a]
     off = []
     if mem_ratio is None or abs(mem_ratio - 1) > 0.10:
         off.append("memory not within 10 %")
-    if abs(step_ratio - 1) > 0.25:
+    if step_ratio is None or abs(step_ratio - 1) > 0.25:
         off.append("step time not within 25 %")
     return {"verdict": "FAIL" if off else "PASS", "figures": figures,
             "reason": "; ".join(off) or "the plan is within issue 33's bounds"}
-
-
-def find_row(data: Any) -> dict | None:
-    """The first dict in ``data`` whose strategy is single and that holds a peak and a step."""
-    if isinstance(data, dict):
-        if data.get("strategy") == "single" and any("peak" in k for k in data) \
-                and any("step" in k for k in data):
-            return data
-        data = list(data.values())
-    if isinstance(data, list):
-        for item in data:
-            found = find_row(item)
-            if found is not None:
-                return found
-    return None
 
 
 def w_cp() -> dict:

@@ -226,11 +226,14 @@ def _check(args) -> int:
     pairs: list[tuple[str, Any, Any]] = [
         (k, p["mem"].get(k), m["mem"].get(k)) for k in ("params", "grads", "optim",
                                                         "activations")]
+    if m.get("peak"):  # a GPU record: the CUDA allocator's peak
+        pairs.append(("peak", p["peak"], m["peak"]))
     pairs.append(("step s", p["step_s"], m["step_s"]))
     for name, a, b in pairs:
         ratio = f"{a / b:.2f}" if a and b else "-"
         fa = (f"{a / 2**20:.2f} MiB" if name != "step s" else f"{a:.4f}") if a else "-"
         fb = (f"{b / 2**20:.2f} MiB" if name != "step s" else f"{b:.4f}") if b else "-"
         print(f"  {name:<12} {fa:>12} {fb:>12} {ratio:>7}")
-    print(f"  planned peak {p['peak'] / 2**20:.2f} MiB (a CPU record has no allocator peak)")
+    if not m.get("peak"):
+        print(f"  planned peak {p['peak'] / 2**20:.2f} MiB (a CPU record has no allocator peak)")
     return EXIT_OK

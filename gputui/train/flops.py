@@ -46,6 +46,33 @@ CACHE_NAME = "peak_flops.json"
 MEASURE_S = 0.2  # how long the matmul peak is measured
 
 
+def counter():
+    """torch's ``FlopCounterMode`` (not displayed) that also counts the CPU's attention kernel.
+
+    torch's counter has formulas for the GPU's attention kernels (flash, memory-efficient,
+    cuDNN) and none for ``_scaled_dot_product_flash_attention_for_cpu``, which
+    ``scaled_dot_product_attention`` takes on CPU tensors, real or fake: without this, a model
+    traced on the CPU (``gputui plan``) has its attention's products counted as zero. Counted
+    as model FLOPs, as :func:`count_step_flops` counts them on the meta device (where attention
+    runs as two matrix products): the two products forward and four backward (torch's formula
+    for the GPU's flash backward adds the recomputed scores, a fifth)."""
+    from torch.utils import flop_counter as fc
+
+    def forward(q, k, v, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(q, k, v)
+
+    def backward(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
+        return 2 * fc.sdpa_flop_count(q, k, v)
+
+    aten = torch.ops.aten
+    mapping: dict[Any, Callable[..., int]] = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = forward
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = backward
+    return fc.FlopCounterMode(display=False, custom_mapping=mapping)
+
+
 def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes: int,
                      channels_last: bool = False, task: str = "classify") -> int:
     """FLOPs of one forward and backward (mean cross-entropy) of a batch of ``x_shape`` on the
@@ -53,8 +80,6 @@ def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes
     For ``task = "lm"`` the batch is token windows (int64 ``[B, T]``) with next-token targets;
     the count then includes attention's products (``scaled_dot_product_attention``), which
     ``lm_step_flops``'s closed form approximates."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     from gputui.train.task import mean_loss
 
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
@@ -67,9 +92,9 @@ def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes
         if channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         y = torch.zeros(x_shape[0], dtype=torch.long, device="meta") % max(num_classes, 1)
-    with FlopCounterMode(display=False) as counter:
+    with counter() as count:
         mean_loss(model(x), y).backward()
-    return int(counter.get_total_flops())
+    return int(count.get_total_flops())
 
 
 def moe_params(build: Callable[[], nn.Module], top_k: int) -> tuple[int, int]:

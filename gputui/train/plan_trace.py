@@ -46,6 +46,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gputui.core.mesh import MeshShape, stages_per_rank
+from gputui.train.flops import counter as flop_counter
 from gputui.train import moe
 
 _TOTAL_KEY = "Total"  # the key of a tracker snapshot's sum (torch's mem_tracker)
@@ -140,7 +141,6 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
     step and its collectives, and (real tensors) the last step's seconds."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.utils.flop_counter import FlopCounterMode
 
     from gputui.train import parallelize as par
     from gputui.train.gpt import GPTShape, gpt, lm_loss
@@ -210,7 +210,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         x = torch.randint(0, g.vocab_size, (micro, g.context))
         y = torch.randint(0, g.vocab_size, (micro, g.context))
         comm = CommLog()
-        flops = FlopCounterMode(display=False)
+        flops = flop_counter()
         seconds = 0.0
         forward_act = 0
         forward_total = 0
@@ -458,7 +458,6 @@ def measure_pipeline(spec: dict[str, Any], mesh: Any, steps: int) -> dict[str, A
     the other dimensions applied to each stage, the schedule built and stepped with all its
     micro-batches under torch's memory tracker, as a run steps it. Rank 0's figures: the
     tracker's peak of the last step, its FLOPs and its median step time."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     from gputui.core.config import from_dict
     from gputui.train import parallelize as par
@@ -501,7 +500,7 @@ def measure_pipeline(spec: dict[str, Any], mesh: Any, steps: int) -> dict[str, A
     rows = spec["micro_batch"] * chunks
     x = torch.randint(0, m["vocab"], (rows, m["context"]))
     y = torch.randint(0, m["vocab"], (rows, m["context"]))
-    flops = FlopCounterMode(display=False)
+    flops = flop_counter()
 
     def step() -> None:
         with torch.autocast("cpu", dtype=amp, enabled=amp is not None):

@@ -75,6 +75,27 @@ def test_gpus_are_read(text, nodes, expected):
     assert profiles.parse_gpus(text, nodes, profiles.load_profiles()) == expected
 
 
+@pytest.mark.parametrize("label,name", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ("NVIDIA H200", "H200"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L4", "L4"), ("NVIDIA GeForce RTX 4090", "RTX4090"),
+    ("AMD Instinct MI300X", "MI300X")])
+def test_a_recorded_gpus_name_finds_its_profile(label, name):
+    """The names CUDA and NVML give (a run's record keeps them): the longest profile name or
+    alias inside the name wins (L40S over L4, H100-PCIe over H100)."""
+    assert profiles.for_device(profiles.load_profiles(), label).name == name
+
+
+@pytest.mark.parametrize("label", ["NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe", "Tesla T4",
+                                   "CPU virtual device"])
+def test_a_gpu_without_a_profile_is_one_line_naming_the_fix(label):
+    """An H200 NVL is not the SXM profile's H200 (its peak is lower), an A100 PCIe not the SXM
+    A100 (no NVLink): no profile, not the nearest one."""
+    with pytest.raises(ConfigError, match=f"no device profile matches '{label}'.*--profile"):
+        profiles.for_device(profiles.load_profiles(), label)
+
+
 @pytest.mark.parametrize("text,words", [("8xFOO", "no profile for 'FOO'"),
                                         ("8 x H100", "give COUNTxDEVICE"),
                                         ("0xH100", "1 to 65536")])
@@ -306,6 +327,15 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
     # fully_shard over 2: half of each, and half of the work (the batch split)
     assert fsdp2["mem"]["params"] == pytest.approx(whole / 2, rel=0.05)
     assert fsdp2["flops"] == pytest.approx(single["flops"] / 2, rel=0.01)
+    # the FLOPs a run counts for its MFU (the model on the meta device), attention included
+    # (traced on the CPU, whose attention kernel torch's counter alone counts as 0)
+    from gputui.train import flops
+    from gputui.train.gpt import GPTShape, gpt
+
+    g = GPTShape(vocab_size=TINY.vocab, context=TINY.context, n_layer=TINY.n_layer,
+                 n_head=TINY.n_head, n_embd=TINY.n_embd)
+    assert single["flops"] == flops.count_step_flops(lambda: gpt(g), (TINY.batch, TINY.context),
+                                                     TINY.vocab, task="lm")
     kinds = {(c["kind"], c["phase"]): c for c in fsdp2["comm"]}
     # ZeRO-3: the parameters gathered for forward and again for backward, the gradients
     # reduce-scattered: each the whole model's bytes (3 units: 2 blocks and the root)
@@ -549,6 +579,36 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
     assert any("assumption" in a for a in plan["assumptions"])
     cfg = load_preset(out)
     assert cfg.strategy.name == "mesh" and cfg.model.n_embd == 32
+
+
+def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, tmp_path):
+    """`gputui plan --check RUN`: a real run's record (one CPU device) beside the plan of its
+    own mesh and devices, per part and the step time (a CPU record has no allocator peak)."""
+    import os
+
+    folder, _ = traced
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(PRESET)
+    runs = tmp_path / "runs"
+    env = dict(os.environ, GPUTUI_CACHE_DIR=str(folder))
+    run = subprocess.run([sys.executable, "-m", "gputui", "run", str(preset), "--devices", "cpu",
+                          "--set", "data.train_size=256", "--set", "run.log_every=4", "--set",
+                          "run.epochs=1", "--json",
+                          "--runs-dir", str(runs)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0, run.stderr
+    run_id = json.loads(run.stdout)["run_id"]
+    done = _gputui("--check", run_id, "--runs-dir", str(runs), "--json", cache=folder)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["run"] == run_id and got["mesh"] == "1 rank"
+    planned, measured = got["planned"], got["measured"]
+    assert measured["peak"] is None and measured["step_s"] > 0 and planned["step_s"] > 0
+    assert measured["mem"]["params"] == pytest.approx(TINY.params() * 4, rel=0.01)
+    assert planned["mem"]["params"] == pytest.approx(measured["mem"]["params"], rel=0.01)
+    text = _gputui("--check", run_id, "--runs-dir", str(runs), cache=folder)
+    assert text.returncode == 0 and "planned against recorded" in text.stdout
+    assert "a CPU record has no allocator peak" in text.stdout
 
 
 @pytest.mark.parametrize("args,words", [

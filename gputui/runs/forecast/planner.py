@@ -204,22 +204,30 @@ def check_run(run_dir: Path, line: Line, profile_file: str | None = None) -> dic
         raise ConfigError(f"{run_dir}: the record has no run_started event to plan for")
     devices = list(started.devices)
     world = max(1, int(started.world_size))
-    names = {str(d.get("label") or d.get("name")) for d in devices}
     if all(d.get("kind") == "cpu" for d in devices):
         gpus = f"cpu*{world}"
-    else:
-        gpus = f"{world}x{names.pop().replace(' ', '-')}"
+    else:  # the profile of the record's GPU, by the name CUDA gave it
+        known = profiles.load_profiles(profile_file)
+        named = {profiles.for_device(known, str(d.get("label") or d.get("name"))).name
+                 for d in devices}
+        if len(named) != 1:
+            raise ConfigError(f"{run_dir}: the run's devices are of {len(named)} kinds "
+                              f"({', '.join(sorted(named))}); a plan is for one kind")
+        gpus = f"{world}x{named.pop()}"
     cluster = cluster_of(gpus, 1, profile_file, line)
     model = model_of(cfg, TEXT_VOCAB, None, None)
     shape = shape_of_run(cfg, world)
     plan = make_plan(model, cluster, line, only=[shape])
     row = plan.rows[0]
-    mem = next((e for e in events if isinstance(e, MemoryReport)), None)
-    measured = mem.per_device[0].to_dict() if mem and mem.per_device else {}
+    reports = [e for e in events if isinstance(e, MemoryReport) and e.per_device]
+    measured = reports[0].per_device[0].to_dict() if reports else {}
+    # the CUDA allocator's peak (rank 0's device; a CPU record has none), over every epoch
+    peaks = [r.per_device[0].peak for r in reports if r.per_device[0].peak]
     steady = summary.steady
     return {"run": run_dir.name, "mesh": shape.describe(), "planned": row.to_dict(),
             "measured": {"mem": {k: measured.get(k) for k in ("params", "grads", "optim",
                                                               "activations")},
+                         "peak": max(peaks) if peaks else None,
                          "step_s": steady.step_time_s if steady else None},
             "plan": plan.to_dict()}
 

@@ -114,6 +114,28 @@ def find(profiles: dict[str, Profile], name: str) -> Profile:
                       f"describe it in a file given with --profile)")
 
 
+def for_device(profiles: dict[str, Profile], label: str) -> Profile:
+    """The profile of a device as CUDA and NVML name it ("NVIDIA H100 80GB HBM3", "NVIDIA
+    A100-SXM4-80GB"): the one whose name or alias is the longest part of the name (case, spaces,
+    '-' and '_' ignored), a form factor the name says (NVL, PCIe) counted only where the
+    profile says it too. ConfigError where none matches."""
+    def norm(s: str) -> str:
+        return re.sub(r"[-_ ]", "", s).upper()
+
+    text = norm(label)
+    best: tuple[int, Profile | None] = (0, None)
+    for p in profiles.values():
+        for key in {norm(n) for n in (p.name, *p.aliases)}:
+            if (key and key in text and len(key) > best[0]
+                    and all(ff in key for ff in ("NVL", "PCIE") if ff in text)):
+                best = (len(key), p)
+    if best[1] is None:
+        raise ConfigError(f"no device profile matches {label!r}; known: {', '.join(profiles)} "
+                          f"(or describe it in a file given with --profile, with the device's "
+                          f"name as an alias)")
+    return best[1]
+
+
 @dataclass(frozen=True)
 class Cluster:
     """What a plan is for: ``nodes`` machines of ``per_node`` devices of ``profile``."""
