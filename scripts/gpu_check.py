@@ -590,6 +590,13 @@ def w_cp() -> dict:
     proc = child([sys.executable, "-m", "gputui", "verify", "gpt-tiny", "--devices", "0",
                   "--strategies", "cp" if has_strategy else "ddp", *extra, "--json"])
     figures.append(["gputui verify", f"exit status {proc.returncode}"])
+    try:  # which attention ran: the cp run's own log line
+        run_id = json.loads(proc.stdout)["strategies"][0]["run_id"]
+        said = [e.get("message", "") for e in events(ctx["work"] / "runs" / run_id)
+                if e.get("type") == "log" and "context parallel over" in e.get("message", "")]
+        figures.append(["the cp run says", said[0] if said else "nothing about its attention"])
+    except (ValueError, KeyError, IndexError, OSError) as exc:
+        figures.append(["the cp run says", f"(its record could not be read: {exc})"])
     return {"verdict": "PASS" if proc.returncode == 0 else "FAIL", "figures": figures,
             "reason": "cp on cuda:0 trains single's model" if proc.returncode == 0 else
             f"`gputui verify gpt-tiny --devices 0` with cp exited {proc.returncode}"}

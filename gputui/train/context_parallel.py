@@ -321,11 +321,12 @@ class ContextParallel:
         return self.ring.stats
 
     def describe(self) -> str:
+        ranks = f"{self.size} rank{'' if self.size == 1 else 's'}"
         if self.kind == "torch":
-            return (f"context parallel over {self.size} ranks: PyTorch's context_parallel "
+            return (f"context parallel over {ranks}: PyTorch's context_parallel "
                     f"(torch.distributed.tensor.experimental) on the GPU's attention kernels, "
                     f"head-tail split")
-        return (f"context parallel over {self.size} ranks: gputui's ring attention (zig-zag "
+        return (f"context parallel over {ranks}: gputui's ring attention (zig-zag "
                 f"split into {2 * self.size} chunks; keys and values sent round the ring, "
                 f"partial softmax merged by log-sum-exp)")
 
