@@ -211,6 +211,11 @@ def probe(py: str, env: dict[str, str]) -> dict[str, Any]:
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                          text=True) if shutil.which("git") else None
     out["commit"] = git.stdout.strip() if git is not None and git.returncode == 0 else "unknown"
+    if out["commit"] != "unknown":  # a copied working tree can be ahead of its .git's HEAD
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True)
+        if dirty.returncode == 0 and dirty.stdout.strip():
+            out["commit"] += " with changes not committed there"
     return out
 
 
