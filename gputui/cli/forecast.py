@@ -41,7 +41,8 @@ def register(sub) -> None:
     p.add_argument("--local-batch", type=int,
                    help="sequences per step per data-parallel rank (instead of --batch)")
     p.add_argument("--efficiency", type=float,
-                   help="share of the peak FLOP/s a step reaches (default: the profile's "
+                   help="share of the peak FLOP/s a step reaches (default: measured by the "
+                        "newest kept run of this model on one such GPU, else the profile's "
                         "stated assumption)")
     p.add_argument("--all-meshes", action="store_true",
                    help="every dp_replicate x dp_shard split, not only ddp, fsdp and HSDP "
@@ -51,7 +52,7 @@ def register(sub) -> None:
     p.add_argument("--check", metavar="RUN", help="a recorded run beside the plan of its mesh")
     p.add_argument("--write-preset", nargs=2, metavar=("ROW", "FILE"),
                    help="write row ROW (1 = the first of the table) as a preset file")
-    p.add_argument("--runs-dir", help="where --check finds RUN")
+    p.add_argument("--runs-dir", help="where --check finds RUN and the plan its kept GPU runs")
     p.set_defaults(func=cmd_plan)
 
 
@@ -99,6 +100,15 @@ def _plan(args) -> int:
     model = model_of(cfg, args.vocab, args.batch, args.local_batch)
     eff = (args.efficiency, "given with --efficiency") if args.efficiency else None
     cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff)
+    if eff is None:  # a kept record of this model on this GPU, where there is one
+        from dataclasses import replace
+
+        from gputui.runs.forecast.planner import measured_efficiency
+        from gputui.runs.forecast.profiles import with_efficiency
+
+        found = measured_efficiency(cluster.profile, model, args.runs_dir)
+        if found:
+            cluster = replace(cluster, profile=with_efficiency(cluster.profile, *found))
     if args.write_preset:
         try:
             int(args.write_preset[0])

@@ -581,23 +581,30 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
     assert cfg.strategy.name == "mesh" and cfg.model.n_embd == 32
 
 
-def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, tmp_path):
-    """`gputui plan --check RUN`: a real run's record (one CPU device) beside the plan of its
-    own mesh and devices, per part and the step time (a CPU record has no allocator peak)."""
+@pytest.fixture(scope="module")
+def cpu_record(traced, tmp_path_factory):
+    """A real run of PRESET on one CPU device, kept in a runs folder: (runs folder, run id)."""
     import os
 
     folder, _ = traced
-    preset = tmp_path / "tiny.toml"
+    tmp = tmp_path_factory.mktemp("plan-record")
+    preset = tmp / "tiny.toml"
     preset.write_text(PRESET)
-    runs = tmp_path / "runs"
+    runs = tmp / "runs"
     env = dict(os.environ, GPUTUI_CACHE_DIR=str(folder))
     run = subprocess.run([sys.executable, "-m", "gputui", "run", str(preset), "--devices", "cpu",
                           "--set", "data.train_size=256", "--set", "run.log_every=4", "--set",
-                          "run.epochs=1", "--json",
-                          "--runs-dir", str(runs)], capture_output=True, text=True, timeout=300,
-                         env=env)
+                          "run.epochs=1", "--json", "--runs-dir", str(runs)],
+                         capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
-    run_id = json.loads(run.stdout)["run_id"]
+    return runs, json.loads(run.stdout)["run_id"]
+
+
+def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, cpu_record):
+    """`gputui plan --check RUN`: a real run's record (one CPU device) beside the plan of its
+    own mesh and devices, per part and the step time (a CPU record has no allocator peak)."""
+    folder, _ = traced
+    runs, run_id = cpu_record
     done = _gputui("--check", run_id, "--runs-dir", str(runs), "--json", cache=folder)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
@@ -609,6 +616,64 @@ def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, tmp_path)
     text = _gputui("--check", run_id, "--runs-dir", str(runs), cache=folder)
     assert text.returncode == 0 and "planned against recorded" in text.stdout
     assert "a CPU record has no allocator peak" in text.stdout
+
+
+def _as_gpu_record(runs: Path, run_id: str, label: str, into: Path) -> str:
+    """A copy of a real CPU record as one GPU would have written it (the fake is at the
+    record's boundary: its device, named as CUDA names it); returns its id."""
+    import shutil
+
+    into.mkdir(parents=True, exist_ok=True)
+    new_id = run_id + "-gpu"
+    shutil.copytree(runs / run_id, into / new_id)
+    path = into / new_id / "events.jsonl"
+    lines = []
+    for line in path.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("type") == "run_started":
+            e["devices"] = [{"name": "cuda:0", "kind": "cuda", "index": 0, "label": label}]
+        lines.append(json.dumps(e))
+    path.write_text("\n".join(lines) + "\n")
+    return new_id
+
+
+def test_a_kept_gpu_record_of_the_same_model_gives_the_plan_its_efficiency(cpu_record, traced,
+                                                                            tmp_path):
+    """The compute efficiency comes from a measured step where one exists: the newest kept
+    single-GPU record of the same GPT on a GPU of the profile's kind (its FLOPs per step over its
+    steady step time and the profile's peak), stated as measured; else the stated assumption."""
+    from gputui.core import runstore
+    from gputui.core.config import load_preset
+    from gputui.runs.forecast.planner import measured_efficiency, model_of
+
+    folder, _ = traced
+    runs, run_id = cpu_record
+    gpu_runs = tmp_path / "runs"
+    gpu_id = _as_gpu_record(runs, run_id, "NVIDIA H200", gpu_runs)
+    known = profiles.load_profiles()
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(PRESET)
+    model = model_of(load_preset(preset), None, None, None)
+    found = measured_efficiency(known["H200"], model, gpu_runs)
+    assert found is not None
+    flops = next(e for e in runstore.read_events(gpu_runs / gpu_id) if e.kind == "flops")
+    steady = runstore.read_summary(gpu_runs / gpu_id).steady
+    assert found[0] == pytest.approx(flops.flops_per_step / (
+        steady.step_time_s * known["H200"].peak_flops("fp32")))
+    assert f"measured: run {gpu_id}" in found[1] and "NVIDIA H200" in found[1]
+    # another GPU's record, another model, the CPU's own record: none
+    assert measured_efficiency(known["H100-SXM"], model, gpu_runs) is None
+    assert measured_efficiency(known["H200"], replace(model, n_layer=3), gpu_runs) is None
+    assert measured_efficiency(known["H200"], model, runs) is None
+    done = _gputui(str(preset), "--gpus", "H200", "--runs-dir", str(gpu_runs), "--json",
+                   cache=folder)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)["assumptions"]
+    assert any(f"measured: run {gpu_id}" in a for a in said), said
+    given = _gputui(str(preset), "--gpus", "H200", "--runs-dir", str(gpu_runs), "--efficiency",
+                    "0.4", "--json", cache=folder)
+    assert any("0.40 of the peak: given with --efficiency" in a
+               for a in json.loads(given.stdout)["assumptions"])
 
 
 @pytest.mark.parametrize("args,words", [

@@ -19,7 +19,7 @@ from gputui.runs.forecast.profiles import Cluster, Profile
 from gputui.runs.forecast.tracing import Tracer, job_key, run_jobs
 from gputui.core import runstore
 from gputui.core.config import load_preset
-from gputui.core.events import MemoryReport, RunStarted
+from gputui.core.events import FlopsInfo, MemoryReport, RunStarted
 from gputui.core.mesh import mesh_of
 from gputui.runs.predict.cache import Cache, cores
 from gputui.runs.predict.comm_peak import key
@@ -102,6 +102,56 @@ def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
     if efficiency:
         p = profiles.with_efficiency(p, efficiency[0], efficiency[1])
     return Cluster(p, per, n_nodes)
+
+
+def measured_efficiency(profile: Profile, model: ModelSize,
+                        runs_dir: str | Path | None = None) -> tuple[float, str] | None:
+    """The compute efficiency a kept record measured for ``model`` on one device of
+    ``profile``'s kind (its FLOPs per step over its steady step time and the profile's peak):
+    the newest finished single-device run of the same GPT (layers, width, heads, context,
+    experts, precision) on a GPU whose name finds this profile. None where there is none (a CPU
+    profile measures its own peak and takes none)."""
+    if profile.kind != "gpu":
+        return None
+    known = {profile.name: profile}
+    same = ("n_layer", "n_embd", "n_head", "context", "tie", "precision", "moe_experts",
+            "moe_top_k")
+    for run_dir, summary in runstore.list_runs(runs_dir):  # newest first
+        steady = summary.steady
+        if (summary.status.value != "finished" or summary.world_size != 1 or steady is None
+                or steady.step_time_s <= 0):
+            continue
+        try:
+            cfg = load_preset(run_dir / "config.toml")
+            kept = model_of(cfg, model.vocab, None, None)
+        except (ConfigError, OSError, ValueError):
+            continue
+        if any(getattr(kept, k) != getattr(model, k) for k in same):
+            continue
+        events = runstore.read_events(run_dir)
+        started = next((e for e in events if isinstance(e, RunStarted)), None)
+        flops = next((e for e in events if isinstance(e, FlopsInfo)), None)
+        if started is None or flops is None or flops.flops_per_step <= 0:
+            continue
+        devices = [d for d in started.devices if d.get("kind") == "cuda"]
+        if len(devices) != 1:
+            continue
+        label = str(devices[0].get("label") or "")
+        try:
+            profiles.for_device(known, label)
+        except ConfigError:
+            continue
+        peak = profile.peak_flops(flops.dtype)
+        if peak <= 0:
+            continue
+        eff = flops.flops_per_step / (steady.step_time_s * peak)
+        if not 0 < eff <= 1:
+            continue
+        compiled = "compiled" if cfg.run.compile != "off" else "eager"
+        return eff, (f"measured: run {run_dir.name} (this GPT, {cfg.run.precision}, {compiled}, "
+                     f"batch {cfg.optim.batch_size}, on one {label}: {steady.steps} steady "
+                     f"steps of {steady.step_time_s * 1000:.1f} ms)")
+    return None
 
 
 def _cpu(ranks: int, line: Line) -> Profile:
