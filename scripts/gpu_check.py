@@ -567,6 +567,17 @@ def w_plan() -> dict:
         off.append("memory not within 10 %")
     if step_ratio is None or abs(step_ratio - 1) > 0.25:
         off.append("step time not within 25 % (compiled, the profile's assumed efficiency)")
+    # a plan made now finds part 2's record (the same model on this GPU): its efficiency
+    short = next((w for w in ("H200", "H100", "A100", "L40S", "L4") if w in
+                  os.environ.get("GPUCHECK_GPU_NAME", "").upper()), None)
+    if short:
+        again = child([sys.executable, "-m", "gputui", "plan", "gpt2-small-1gpu", "--gpus",
+                       f"1x{short}", "--runs-dir", str(work / "runs"), "--json"])
+        try:
+            said = [a for a in json.loads(again.stdout)["assumptions"] if "efficiency" in a]
+            figures.append(["a plan made after part 2's run", said[0] if said else "no line"])
+        except (ValueError, KeyError):
+            figures.append(["a plan made after part 2's run", f"exited {again.returncode}"])
     # the memory levers, eager (what the plan traces): each checkpointing mode's allocator peak
     # beside its plan
     for ac in AC_MODES:
