@@ -217,7 +217,7 @@ def probe(py: str, env: dict[str, str]) -> dict[str, Any]:
                          text=True) if shutil.which("git") else None
     out["commit"] = git.stdout.strip() if git is not None and git.returncode == 0 else "unknown"
     if out["commit"] != "unknown":  # a copied working tree can be ahead of its .git's HEAD
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain"],
                                cwd=ROOT, capture_output=True, text=True)
         if dirty.returncode == 0 and dirty.stdout.strip():
             out["commit"] += " with changes not committed there"
@@ -324,6 +324,10 @@ def events(run_dir: Path, name: str = "events.jsonl") -> list[dict]:
 
 def num(value: Any, fmt: str = ".3f") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
+
+
+def ms(seconds: float | None) -> str:
+    return f"{seconds * 1000:.1f} ms" if isinstance(seconds, (int, float)) else "n/a"
 
 
 def gib(n: float | None) -> str:
@@ -536,9 +540,11 @@ def w_plan() -> dict:
         return {"verdict": "SKIP", "figures": [],
                 "reason": "part 2 recorded no run to plan against"}
     # the product's own check: part 2's record beside the plan of its mesh on its GPU
-    cmd = [sys.executable, "-m", "gputui", "plan", "--check", measured["run"], "--runs-dir",
-           str(work / "runs"), "--json"]
-    proc = child(cmd)
+    def check(run: str) -> subprocess.CompletedProcess:
+        return child([sys.executable, "-m", "gputui", "plan", "--check", run, "--runs-dir",
+                      str(work / "runs"), "--json"])
+
+    proc = check(measured["run"])
     try:
         got = json.loads(proc.stdout)
         planned, recorded = got["planned"], got["measured"]
@@ -554,9 +560,8 @@ def w_plan() -> dict:
                ["planned peak memory", gib(planned.get("peak"))],
                ["recorded peak memory (CUDA allocator)", gib(recorded.get("peak"))],
                ["planned / recorded memory", "n/a" if mem_ratio is None else f"{mem_ratio:.3f}"],
-               ["planned step time", num((planned.get("step_s") or 0) * 1000, ".1f") + " ms"],
-               ["recorded step time (steady)", num((recorded.get("step_s") or 0) * 1000, ".1f")
-                + " ms"],
+               ["planned step time", ms(planned.get("step_s"))],
+               ["recorded step time (steady)", ms(recorded.get("step_s"))],
                ["planned / recorded step time",
                 "n/a" if step_ratio is None else f"{step_ratio:.3f}"],
                ["planned FLOPs per step", f"{planned.get('flops_per_rank', 0):.4g}"]]
@@ -568,8 +573,15 @@ def w_plan() -> dict:
     if step_ratio is None or abs(step_ratio - 1) > 0.25:
         off.append("step time not within 25 % (compiled, the profile's assumed efficiency)")
     # a plan made now finds part 2's record (the same model on this GPU): its efficiency
-    short = next((w for w in ("H200", "H100", "A100", "L40S", "L4") if w in
-                  os.environ.get("GPUCHECK_GPU_NAME", "").upper()), None)
+    from gputui.core.config import ConfigError
+    from gputui.runs.forecast import profiles
+
+    try:  # the profile of this GPU, by its name, as plan --check finds it
+        short = profiles.for_device(profiles.load_profiles(),
+                                    os.environ.get("GPUCHECK_GPU_NAME", "")).name
+    except ConfigError as exc:
+        short = None
+        figures.append(["a plan made after part 2's run", f"not made: {exc}"])
     if short:
         again = child([sys.executable, "-m", "gputui", "plan", "gpt2-small-1gpu", "--gpus",
                        f"1x{short}", "--runs-dir", str(work / "runs"), "--json"])
@@ -586,7 +598,7 @@ def w_plan() -> dict:
         if summary is None or run_dir is None or why:
             off.append(f"ac {ac}: {why}")
             continue
-        proc = child([*cmd[:5], run_dir.name, *cmd[6:]])
+        proc = check(run_dir.name)
         try:
             p, r = (json.loads(proc.stdout)[k] for k in ("planned", "measured"))
         except (ValueError, KeyError):

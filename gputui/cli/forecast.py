@@ -52,7 +52,8 @@ def register(sub) -> None:
     p.add_argument("--check", metavar="RUN", help="a recorded run beside the plan of its mesh")
     p.add_argument("--write-preset", nargs=2, metavar=("ROW", "FILE"),
                    help="write row ROW (1 = the first of the table) as a preset file")
-    p.add_argument("--runs-dir", help="where --check finds RUN and the plan its kept GPU runs")
+    p.add_argument("--runs-dir", help="where --check finds RUN, and where the plan looks for "
+                                      "kept runs of the model on such a GPU")
     p.set_defaults(func=cmd_plan)
 
 
@@ -101,14 +102,10 @@ def _plan(args) -> int:
     eff = (args.efficiency, "given with --efficiency") if args.efficiency else None
     cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff)
     if eff is None:  # a kept record of this model on this GPU, where there is one
-        from dataclasses import replace
+        from gputui.runs.forecast.planner import with_measured_efficiency
 
-        from gputui.runs.forecast.planner import measured_efficiency
-        from gputui.runs.forecast.profiles import with_efficiency
-
-        found = measured_efficiency(cluster.profile, model, args.runs_dir)
-        if found:
-            cluster = replace(cluster, profile=with_efficiency(cluster.profile, *found))
+        cluster = with_measured_efficiency(cluster, model, args.runs_dir, cfg.run.compile,
+                                           args.profile)
     if args.write_preset:
         try:
             int(args.write_preset[0])

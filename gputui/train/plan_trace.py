@@ -137,8 +137,9 @@ def _now(tracker: Any, category: str) -> int:
 def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True,
                 steps: int = 2) -> dict[str, Any]:
     """One rank's figures for ``spec``'s model at ``n_layer`` blocks on ``mesh`` (already
-    built over the process group): the tracker's categories at the peak, the FLOPs of the last
-    step and its collectives, and (real tensors) the last step's seconds."""
+    built over the process group): the tracker's categories at the last step's peak, the
+    FLOPs of the first step (a step's FLOPs are every step's), the last step's collectives,
+    and (real tensors) the last step's seconds."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -224,8 +225,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             # the first step, not the measured one: torch's counter tracks modules through
             # backward and so kept checkpointed blocks' recomputed tensors alive (GPT-2
             # small, full checkpointing: planned 5.76 GiB against an H200 allocator's 2.86)
-            count = step == 0 or steps == 1
-            with tracker, (flops if count else _null()), (comm if last else _null()):
+            # (with steps = 1 the one step is both: counted and measured)
+            with tracker, (flops if step == 0 else _null()), (comm if last else _null()):
                 comm.phase = "forward"
                 for i in range(chunks):
                     sync = _no_sync(step_model, i < chunks - 1)
@@ -512,12 +513,15 @@ def measure_pipeline(spec: dict[str, Any], mesh: Any, steps: int) -> dict[str, A
         opt.step()
         opt.zero_grad()
 
-    for i in range(steps):
-        last = i == steps - 1
+    for _ in range(steps):
         live.hold(params, opt)
         live.peak = live.now  # the last step's peak, with the state the first one made
-        with live, (flops if last else _null()):
+        with live:
             step()
+    # FLOPs on a step of their own, not the measured one (as trace_stack keeps them apart);
+    # not the first: a rank of the schedule failed its first step under the counter
+    with flops:
+        step()
     state = _state_bytes(opt)
     held = sum(p.numel() * p.element_size() for p in params)
     out = {"params": held, "gathered": 0, "grads": 0, "optim": state, "activations": 0,

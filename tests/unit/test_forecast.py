@@ -87,11 +87,13 @@ def test_a_recorded_gpus_name_finds_its_profile(label, name):
     assert profiles.for_device(profiles.load_profiles(), label).name == name
 
 
-@pytest.mark.parametrize("label", ["NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe", "Tesla T4",
+@pytest.mark.parametrize("label", ["NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe", "NVIDIA L40",
+                                   "NVIDIA GH200 480GB", "AMD Instinct MI300A", "Tesla T4",
                                    "CPU virtual device"])
 def test_a_gpu_without_a_profile_is_one_line_naming_the_fix(label):
     """An H200 NVL is not the SXM profile's H200 (its peak is lower), an A100 PCIe not the SXM
-    A100 (no NVLink): no profile, not the nearest one."""
+    A100 (no NVLink); whole words only (an L40 is no L4, a GH200 no H200): no profile, not the
+    nearest one."""
     with pytest.raises(ConfigError, match=f"no device profile matches '{label}'.*--profile"):
         profiles.for_device(profiles.load_profiles(), label)
 
@@ -661,10 +663,24 @@ def test_a_kept_gpu_record_of_the_same_model_gives_the_plan_its_efficiency(cpu_r
     assert found[0] == pytest.approx(flops.flops_per_step / (
         steady.step_time_s * known["H200"].peak_flops("fp32")))
     assert f"measured: run {gpu_id}" in found[1] and "NVIDIA H200" in found[1]
-    # another GPU's record, another model, the CPU's own record: none
+    # another GPU's record, another model, the CPU's own record, another compile mode: none
     assert measured_efficiency(known["H100-SXM"], model, gpu_runs) is None
     assert measured_efficiency(known["H200"], replace(model, n_layer=3), gpu_runs) is None
     assert measured_efficiency(known["H200"], model, runs) is None
+    assert measured_efficiency(known["H200"], model, gpu_runs, compile_mode="default") is None
+    assert measured_efficiency(known["H200"], model, gpu_runs, compile_mode="off") == found
+    # an L40S's record is no L4's (the longest name wins among every profile)
+    l40s = tmp_path / "l40s"
+    _as_gpu_record(runs, run_id, "NVIDIA L40S", l40s)
+    assert measured_efficiency(known["L4"], model, l40s) is None
+    assert measured_efficiency(known["L40S"], model, l40s) is not None
+    # a checkpointed run's FLOPs leave its recomputation out (a plan's count it): not taken
+    config = gpu_runs / gpu_id / "config.toml"
+    text = config.read_text()
+    assert 'ac = "none"' in text
+    config.write_text(text.replace('ac = "none"', 'ac = "full"'))
+    assert measured_efficiency(known["H200"], model, gpu_runs) is None
+    config.write_text(text)
     done = _gputui(str(preset), "--gpus", "H200", "--runs-dir", str(gpu_runs), "--json",
                    cache=folder)
     assert done.returncode == 0, done.stderr

@@ -35,7 +35,7 @@ def test_flops_of_linear_layers_are_two_b_in_out_forward_and_twice_that_backward
 
 
 def test_attention_on_cpu_tensors_is_counted_as_a_run_counts_it_on_the_meta_device():
-    """torch's counter has no formula for the CPU's attention kernel (it counts 0 there):
+    """torch's counter (2.13) has no formula for the CPU's attention kernel and counts 0 there:
     gputui's counter counts it as the run's MFU does on the meta device (two products forward,
     four backward), so a model the plan traces on the CPU counts what its run counts."""
     from torch.nn import functional as F
@@ -50,7 +50,6 @@ def test_attention_on_cpu_tensors_is_counted_as_a_run_counts_it_on_the_meta_devi
     on_meta = attend("meta", fc.FlopCounterMode(display=False))
     assert on_meta == 6 * 2 * (2 * 4 * 64 * 64 * 32)  # 6 products of 2 x B H T T d
     assert attend("cpu", flops.counter()) == on_meta
-    assert attend("cpu", fc.FlopCounterMode(display=False)) in (0, on_meta)  # torch's alone
 
 
 def test_counting_flops_leaves_the_random_state_alone():

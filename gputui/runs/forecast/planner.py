@@ -104,18 +104,25 @@ def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
     return Cluster(p, per, n_nodes)
 
 
-def measured_efficiency(profile: Profile, model: ModelSize,
-                        runs_dir: str | Path | None = None) -> tuple[float, str] | None:
+def measured_efficiency(profile: Profile, model: ModelSize, runs_dir: str | Path | None = None,
+                        compile_mode: str | None = None,
+                        profile_file: str | None = None) -> tuple[float, str] | None:
     """The compute efficiency a kept record measured for ``model`` on one device of
-    ``profile``'s kind (its FLOPs per step over its steady step time and the profile's peak):
-    the newest finished single-device run of the same GPT (layers, width, heads, context,
-    experts, precision) on a GPU whose name finds this profile. None where there is none (a CPU
+    ``profile``'s kind (its FLOPs per step over its steady step time and the profile's peak
+    for the model's dtype): the newest finished single-device run of the same GPT (layers,
+    width, heads, context, experts, precision), without activation checkpointing (a run's
+    FLOPs leave the recomputation out, a plan's count it), with ``compile_mode`` where given,
+    on a GPU whose name finds this profile among all of them. None where there is none (a CPU
     profile measures its own peak and takes none)."""
     if profile.kind != "gpu":
         return None
-    known = {profile.name: profile}
+    known = profiles.load_profiles(profile_file)
     same = ("n_layer", "n_embd", "n_head", "context", "tie", "precision", "moe_experts",
             "moe_top_k")
+    dtype = model.dtype()
+    peak = profile.peak_flops(dtype)
+    if peak <= 0:
+        return None
     for run_dir, summary in runstore.list_runs(runs_dir):  # newest first
         steady = summary.steady
         if (summary.status.value != "finished" or summary.world_size != 1 or steady is None
@@ -124,25 +131,26 @@ def measured_efficiency(profile: Profile, model: ModelSize,
         try:
             cfg = load_preset(run_dir / "config.toml")
             kept = model_of(cfg, model.vocab, None, None)
+            events = runstore.read_events(run_dir)
         except (ConfigError, OSError, ValueError):
             continue
-        if any(getattr(kept, k) != getattr(model, k) for k in same):
+        if (any(getattr(kept, k) != getattr(model, k) for k in same)
+                or cfg.parallel.ac != "none"
+                or (compile_mode is not None and cfg.run.compile != compile_mode)):
             continue
-        events = runstore.read_events(run_dir)
         started = next((e for e in events if isinstance(e, RunStarted)), None)
         flops = next((e for e in events if isinstance(e, FlopsInfo)), None)
-        if started is None or flops is None or flops.flops_per_step <= 0:
+        if (started is None or flops is None or flops.flops_per_step <= 0
+                or flops.dtype != dtype):
             continue
         devices = [d for d in started.devices if d.get("kind") == "cuda"]
         if len(devices) != 1:
             continue
         label = str(devices[0].get("label") or "")
         try:
-            profiles.for_device(known, label)
+            if profiles.for_device(known, label).name != profile.name:
+                continue
         except ConfigError:
-            continue
-        peak = profile.peak_flops(flops.dtype)
-        if peak <= 0:
             continue
         eff = flops.flops_per_step / (steady.step_time_s * peak)
         if not 0 < eff <= 1:
@@ -152,6 +160,16 @@ def measured_efficiency(profile: Profile, model: ModelSize,
                      f"batch {cfg.optim.batch_size}, on one {label}: {steady.steps} steady "
                      f"steps of {steady.step_time_s * 1000:.1f} ms)")
     return None
+
+
+def with_measured_efficiency(cluster: Cluster, model: ModelSize, runs_dir: str | Path | None,
+                             compile_mode: str | None,
+                             profile_file: str | None = None) -> Cluster:
+    """``cluster`` with the efficiency :func:`measured_efficiency` finds, else as it is."""
+    found = measured_efficiency(cluster.profile, model, runs_dir, compile_mode, profile_file)
+    if not found:
+        return cluster
+    return replace(cluster, profile=profiles.with_efficiency(cluster.profile, *found))
 
 
 def _cpu(ranks: int, line: Line) -> Profile:

@@ -101,14 +101,19 @@ def load_profiles(extra: str | None = None) -> dict[str, Profile]:
     return out
 
 
+def _norm(s: str) -> str:
+    return re.sub(r"[-_ ]", "", s).upper()
+
+
+def _words(s: str) -> list[str]:
+    return [w for w in re.split(r"[-_\s]+", s.upper()) if w]
+
+
 def find(profiles: dict[str, Profile], name: str) -> Profile:
     """The profile a name or alias means (case and '-'/'_' ignored); ConfigError naming the
     known ones."""
-    def norm(s: str) -> str:
-        return re.sub(r"[-_ ]", "", s).upper()
-
     for p in profiles.values():
-        if norm(name) in {norm(p.name), *(norm(a) for a in p.aliases)}:
+        if _norm(name) in {_norm(p.name), *(_norm(a) for a in p.aliases)}:
             return p
     raise ConfigError(f"--gpus: no profile for {name!r}; known: {', '.join(profiles)} (or "
                       f"describe it in a file given with --profile)")
@@ -116,19 +121,20 @@ def find(profiles: dict[str, Profile], name: str) -> Profile:
 
 def for_device(profiles: dict[str, Profile], label: str) -> Profile:
     """The profile of a device as CUDA and NVML name it ("NVIDIA H100 80GB HBM3", "NVIDIA
-    A100-SXM4-80GB"): the one whose name or alias is the longest part of the name (case, spaces,
-    '-' and '_' ignored), a form factor the name says (NVL, PCIe) counted only where the
-    profile says it too. ConfigError where none matches."""
-    def norm(s: str) -> str:
-        return re.sub(r"[-_ ]", "", s).upper()
-
-    text = norm(label)
-    best: tuple[int, Profile | None] = (0, None)
+    A100-SXM4-80GB"): the one whose name or an alias is the longest run of whole words of the
+    name (words split at spaces, '-' and '_', case ignored: "L4" is not a word of "L40S", nor
+    "H200" of "GH200"), a form factor the name says (NVL, PCIe) counted only where the
+    profile's words say it too. ConfigError where none matches."""
+    words = _words(label)
+    best: tuple[tuple[int, int], Profile | None] = ((0, 0), None)
     for p in profiles.values():
-        for key in {norm(n) for n in (p.name, *p.aliases)}:
-            if (key and key in text and len(key) > best[0]
-                    and all(ff in key for ff in ("NVL", "PCIE") if ff in text)):
-                best = (len(key), p)
+        for key in (_words(n) for n in (p.name, *p.aliases)):
+            n = len(key)
+            found = key and any(words[i:i + n] == key for i in range(len(words) - n + 1))
+            size = (n, len("".join(key)))
+            if (found and size > best[0]
+                    and all(ff in key for ff in ("NVL", "PCIE") if ff in words)):
+                best = (size, p)
     if best[1] is None:
         raise ConfigError(f"no device profile matches {label!r}; known: {', '.join(profiles)} "
                           f"(or describe it in a file given with --profile, with the device's "

@@ -266,7 +266,8 @@ class PlanScreen(Screen):
     @work(thread=True, exclusive=True, group="plan", exit_on_error=False)
     def _plan(self, target: Target) -> None:
         """The planner, off the UI thread: its progress lines come here as messages."""
-        from gputui.runs.forecast.planner import cluster_of, make_plan, model_of
+        from gputui.runs.forecast.planner import (cluster_of, make_plan, model_of,
+                                                  with_measured_efficiency)
 
         worker = get_current_worker()
 
@@ -280,6 +281,10 @@ class PlanScreen(Screen):
         try:
             model = model_of(self.config, target.vocab, None, None)
             cluster = cluster_of(target.gpus, target.nodes, target.profile, line)
+            # a kept run of this model on such a GPU gives its efficiency, as on the CLI
+            cluster = with_measured_efficiency(cluster, model, getattr(self.app, "runs_path",
+                                                                       None),
+                                               self.config.run.compile, target.profile)
             line(f"planning {self.config.run.name} ({model.params() / 1e6:,.1f}M parameters) "
                  f"on {cluster.describe()}")
             plan = make_plan(model, cluster, line)
