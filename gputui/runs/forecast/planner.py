@@ -123,7 +123,11 @@ def measured_efficiency(profile: Profile, model: ModelSize, runs_dir: str | Path
     peak = profile.peak_flops(dtype)
     if peak <= 0:
         return None
-    for run_dir, summary in runstore.list_runs(runs_dir):  # newest first
+    try:
+        runs = runstore.list_runs(runs_dir)  # newest first
+    except OSError:  # an optional lookup: a folder that cannot be listed has none
+        return None
+    for run_dir, summary in runs:
         steady = summary.steady
         if (summary.status.value != "finished" or summary.world_size != 1 or steady is None
                 or steady.step_time_s <= 0):
@@ -131,12 +135,15 @@ def measured_efficiency(profile: Profile, model: ModelSize, runs_dir: str | Path
         try:
             cfg = load_preset(run_dir / "config.toml")
             kept = model_of(cfg, model.vocab, None, None)
-            events = runstore.read_events(run_dir)
         except (ConfigError, OSError, ValueError):
             continue
         if (any(getattr(kept, k) != getattr(model, k) for k in same)
                 or cfg.parallel.ac != "none"
                 or (compile_mode is not None and cfg.run.compile != compile_mode)):
+            continue
+        try:  # the events only of a record of the same model
+            events = runstore.read_events(run_dir)
+        except (OSError, ValueError):
             continue
         started = next((e for e in events if isinstance(e, RunStarted)), None)
         flops = next((e for e in events if isinstance(e, FlopsInfo)), None)
