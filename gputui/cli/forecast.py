@@ -85,7 +85,7 @@ def cmd_plan(args) -> int:
 def _plan(args) -> int:
     from gputui.cli.common import set_overrides
     from gputui.core.presets import resolve_preset
-    from gputui.runs.forecast.planner import cluster_of, make_plan, model_of
+    from gputui.runs.forecast.planner import KeptRuns, cluster_of, make_plan, model_of
     from gputui.runs.prepare import load_base
 
     if args.nodes < 1:
@@ -100,12 +100,8 @@ def _plan(args) -> int:
     cfg = load_base(path, set_overrides(args.sets, None))
     model = model_of(cfg, args.vocab, args.batch, args.local_batch)
     eff = (args.efficiency, "given with --efficiency") if args.efficiency else None
-    cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff)
-    if eff is None:  # a kept record of this model on this GPU, where there is one
-        from gputui.runs.forecast.planner import with_measured_efficiency
-
-        cluster = with_measured_efficiency(cluster, model, args.runs_dir, cfg.run.compile,
-                                           args.profile)
+    cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff,
+                         KeptRuns(model, args.runs_dir, cfg.run.compile))
     if args.write_preset:
         try:
             int(args.write_preset[0])

@@ -222,10 +222,9 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             # so the peak is the last step's, with the optimizer state the first one made
             # (a first step's own peak, before that state exists, won at 1 block and lost at
             # 2 for tp 2, and the extrapolation mixed the two moments). FLOPs are counted on
-            # the first step, not the measured one: torch's counter tracks modules through
-            # backward and so kept checkpointed blocks' recomputed tensors alive (GPT-2
-            # small, full checkpointing: planned 5.76 GiB against an H200 allocator's 2.86)
-            # (with steps = 1 the one step is both: counted and measured)
+            # the first step (with steps = 1, the measured one too): torch's counter tracks
+            # modules through backward and so kept checkpointed blocks' recomputed tensors
+            # alive (GPT-2 small, full checkpointing: 5.76 GiB planned, 2.86 on an H200)
             with tracker, (flops if step == 0 else _null()), (comm if last else _null()):
                 comm.phase = "forward"
                 for i in range(chunks):

@@ -390,6 +390,7 @@ class GpuTuiApp(App[int]):
         config = self.setup_config
         out = self.runs_path / CHILD_OUTPUT
         self._go_to(PlanScreen, lambda sid: PlanScreen(config, child_output=out,
+                                                       runs_dir=self.runs_path,
                                                        screen_id=sid))
 
     def on_use_planned_row(self, message: UsePlannedRow) -> None:

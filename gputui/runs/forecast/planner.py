@@ -90,15 +90,29 @@ def model_of(cfg: RunConfig, vocab: int | None, batch: int | None,
                      moe_aux_weight=cfg.model.moe_aux_weight)
 
 
+@dataclass(frozen=True)
+class KeptRuns:
+    """Where a plan looks for a kept run of its model (:func:`measured_efficiency`)."""
+
+    model: ModelSize
+    runs_dir: str | Path | None
+    compile_mode: str | None
+
+
 def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
-               efficiency: tuple[float, str] | None = None) -> Cluster:
-    """The cluster ``--gpus`` names; the CPU's profile is measured here (a child)."""
+               efficiency: tuple[float, str] | None = None,
+               kept: KeptRuns | None = None) -> Cluster:
+    """The cluster ``--gpus`` names; the CPU's profile is measured here (a child). The
+    compute efficiency: ``efficiency`` where given, else the one a kept run measured
+    (``kept``, where one is found), else the profile's."""
     known = profiles.load_profiles(profile_file)
     name, per, n_nodes = profiles.parse_gpus(gpus, nodes, known)
     if name == "cpu":
         p = _cpu(per, line)
     else:
         p = profiles.find(known, name)
+    if efficiency is None and kept is not None:
+        efficiency = measured_efficiency(p, kept.model, kept.runs_dir, kept.compile_mode, known)
     if efficiency:
         p = profiles.with_efficiency(p, efficiency[0], efficiency[1])
     return Cluster(p, per, n_nodes)
@@ -106,17 +120,18 @@ def cluster_of(gpus: str, nodes: int, profile_file: str | None, line: Line,
 
 def measured_efficiency(profile: Profile, model: ModelSize, runs_dir: str | Path | None = None,
                         compile_mode: str | None = None,
-                        profile_file: str | None = None) -> tuple[float, str] | None:
+                        known: dict[str, Profile] | None = None) -> tuple[float, str] | None:
     """The compute efficiency a kept record measured for ``model`` on one device of
     ``profile``'s kind (its FLOPs per step over its steady step time and the profile's peak
     for the model's dtype): the newest finished single-device run of the same GPT (layers,
     width, heads, context, experts, precision), without activation checkpointing (a run's
     FLOPs leave the recomputation out, a plan's count it), with ``compile_mode`` where given,
-    on a GPU whose name finds this profile among all of them. None where there is none (a CPU
-    profile measures its own peak and takes none)."""
+    on a GPU whose name finds this profile among all of them (``known``; the listed ones by
+    default). None where there is none (a CPU profile measures its own peak and takes
+    none)."""
     if profile.kind != "gpu":
         return None
-    known = profiles.load_profiles(profile_file)
+    known = known or profiles.load_profiles()
     same = ("n_layer", "n_embd", "n_head", "context", "tie", "precision", "moe_experts",
             "moe_top_k")
     dtype = model.dtype()
@@ -167,16 +182,6 @@ def measured_efficiency(profile: Profile, model: ModelSize, runs_dir: str | Path
                      f"batch {cfg.optim.batch_size}, on one {label}: {steady.steps} steady "
                      f"steps of {steady.step_time_s * 1000:.1f} ms)")
     return None
-
-
-def with_measured_efficiency(cluster: Cluster, model: ModelSize, runs_dir: str | Path | None,
-                             compile_mode: str | None,
-                             profile_file: str | None = None) -> Cluster:
-    """``cluster`` with the efficiency :func:`measured_efficiency` finds, else as it is."""
-    found = measured_efficiency(cluster.profile, model, runs_dir, compile_mode, profile_file)
-    if not found:
-        return cluster
-    return replace(cluster, profile=profiles.with_efficiency(cluster.profile, *found))
 
 
 def _cpu(ranks: int, line: Line) -> Profile:

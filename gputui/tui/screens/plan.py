@@ -187,9 +187,10 @@ class PlanScreen(Screen):
     ]
 
     def __init__(self, config: RunConfig, *, child_output: Path | None = None,
-                 screen_id: str = "plan") -> None:
+                 runs_dir: Path | None = None, screen_id: str = "plan") -> None:
         super().__init__(id=screen_id)
         self.config = config
+        self.runs_dir = runs_dir  # where a kept run of the model gives the plan its efficiency
         self.child_output = child_output  # where the tracing child's stray output goes
         self.planning = False
         self.plan: Plan | None = None
@@ -266,8 +267,7 @@ class PlanScreen(Screen):
     @work(thread=True, exclusive=True, group="plan", exit_on_error=False)
     def _plan(self, target: Target) -> None:
         """The planner, off the UI thread: its progress lines come here as messages."""
-        from gputui.runs.forecast.planner import (cluster_of, make_plan, model_of,
-                                                  with_measured_efficiency)
+        from gputui.runs.forecast.planner import KeptRuns, cluster_of, make_plan, model_of
 
         worker = get_current_worker()
 
@@ -280,11 +280,8 @@ class PlanScreen(Screen):
 
         try:
             model = model_of(self.config, target.vocab, None, None)
-            cluster = cluster_of(target.gpus, target.nodes, target.profile, line)
-            # a kept run of this model on such a GPU gives its efficiency, as on the CLI
-            cluster = with_measured_efficiency(cluster, model, getattr(self.app, "runs_path",
-                                                                       None),
-                                               self.config.run.compile, target.profile)
+            cluster = cluster_of(target.gpus, target.nodes, target.profile, line, None,
+                                 KeptRuns(model, self.runs_dir, self.config.run.compile))
             line(f"planning {self.config.run.name} ({model.params() / 1e6:,.1f}M parameters) "
                  f"on {cluster.describe()}")
             plan = make_plan(model, cluster, line)
