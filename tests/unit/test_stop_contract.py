@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,11 +76,13 @@ def check_contract(cmd: Command, sig: int, tmp: Path) -> list[dict]:
     runs = tmp / "runs"
     folders = sorted(p for p in runs.rglob("config.toml")) if runs.exists() else []
     assert [p.pid for p in tagged(cmd.tag)] == [], out[-2000:]
-    # Before the interpreter has run gputui's first line (its own start-up, the site module),
-    # nothing of gputui's can take a signal: the process ends as the signal's default does
-    # (a shell sees 128 + sig), or, for SIGINT during the site import, with Python's own
-    # "Fatal Python error: init_import_site". Nothing was started or recorded.
-    if code == -sig or (sig == signal.SIGINT and "Fatal Python error: init_import_site" in out):
+    # Before the interpreter has run gputui's first line (its own start-up: its standard
+    # streams, the site module), nothing of gputui's can take a signal: the process ends as
+    # the signal's default does (a shell sees 128 + sig), or, for SIGINT during that start-up,
+    # with Python's own "Fatal Python error: init_sys_streams" (or init_import_site, ...) and
+    # a KeyboardInterrupt. Nothing was started or recorded.
+    in_startup = re.search(r"^Fatal Python error: init_\w+", out, re.MULTILINE)
+    if code == -sig or (sig == signal.SIGINT and in_startup and "KeyboardInterrupt" in out):
         assert folders == [], out
         return []
     assert "Traceback" not in out and "leaked semaphore" not in out, out[-3000:]
