@@ -3,11 +3,13 @@
 Each preset's header names the command for a user without the dataset (the embedded
 synthetic task, shrunk where the header says so for a CPU). This test runs that command as
 the header writes it, through the real CLI, and checks the test accuracy is well above the
-10 % of chance (a language model's validation loss well below its unigram baseline). To keep the suite lean, a few runs are cut further here (TEST_CUTS: fewer
-epochs of the same run; the header's full run only learns more), and two presets are covered
-where they already run: `quickstart` by test_cli.py (its header command, 2 epochs, > 80 %),
-`lenet-ddp-2nodes` by the check below that it trains exactly lenet-ddp-2dev's model, data and
-optimizer (two nodes as one job: test_ddp_runs.py).
+10 % of chance (a language model's validation loss well below its unigram baseline). To keep
+the suite lean, a few runs are cut further here (TEST_CUTS: fewer epochs of the same run; the
+header's full run only learns more), two presets are covered where they already run:
+`quickstart` by test_cli.py (its header command, 2 epochs, > 80 %), `lenet-ddp-2nodes` by the
+check below that it trains exactly lenet-ddp-2dev's model, data and optimizer (two nodes as one
+job: test_ddp_runs.py), and two by a twin that is run (SAME_RUN_AS: the same training with
+another strategy or device count proven to do the same arithmetic).
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ TEST_CUTS = {  # preset -> flags appended by this test only
     "lenet-scratch-1dev": ["--epochs", "2"],
     "lenet-scratch-2dev": ["--epochs", "2"],
     "lenet-ddp-2dev": ["--epochs", "1"],
-    "lenet-fsdp-2dev": ["--epochs", "1"],
+    "lenet-fsdp-2dev": ["--epochs", "1"],  # not rerun: lenet-ddp-2dev's twin (below)
     "gpt-tiny": ["--epochs", "1"],
 }
-# a preset that differs from another only in its device count, with a strategy proven to do a
-# single device's arithmetic on that model (test_equivalence_scratch: scratch on cpu*2 equals
-# single for lenet, which has no batch norm), learns as that one does: checked below, not rerun
-SAME_RUN_AS = {"lenet-scratch-2dev": "lenet-scratch-1dev"}
+# a preset that differs from another only in its device count or its strategy, each of them
+# proven to do a single device's arithmetic on that model, learns as that one does: checked
+# below, not rerun. LeNet has no batch norm: scratch on cpu*2 equals single
+# (test_equivalence_scratch), and so do ddp and fsdp on cpu*2 (test_equivalence_ddp: ddp_even
+# and fsdp, LeNet at a global batch, parameters, losses and test accuracy)
+SAME_RUN_AS = {"lenet-scratch-2dev": "lenet-scratch-1dev", "lenet-fsdp-2dev": "lenet-ddp-2dev"}
+SINGLES_ARITHMETIC = {"single", "scratch", "ddp", "fsdp"}  # on lenet, proven as above
 PRESETS = sorted(p.stem for p in PACKAGE_PRESETS.glob("*.toml"))
 RUN_HERE = [p for p in PRESETS
             if p not in ("quickstart", "lenet-ddp-2nodes") and p not in SAME_RUN_AS]
@@ -75,17 +80,24 @@ def test_every_preset_header_names_a_command_for_a_machine_without_the_dataset()
     assert two_nodes["run"]["epochs"] == two_devices["run"]["epochs"]
 
 
-def test_a_preset_not_rerun_trains_what_its_twin_trains_on_more_devices():
+def test_a_preset_not_rerun_trains_what_its_twin_trains():
+    """Its twin is run; the two differ only in their devices or their strategy, both of
+    single's arithmetic on LeNet, and their header commands only in the preset's name."""
+    assert set(SAME_RUN_AS.values()) <= set(RUN_HERE)
     for name, twin in SAME_RUN_AS.items():
         a, b = (load_preset(PACKAGE_PRESETS / f"{n}.toml").to_dict() for n in (name, twin))
-        assert a["strategy"] == b["strategy"] and a["strategy"]["name"] == "scratch"
+        assert {a["strategy"]["name"], b["strategy"]["name"]} <= SINGLES_ARITHMETIC
         assert a["model"]["name"] == "lenet"  # no batch norm: replicas do single's arithmetic
         for table in ("model", "data", "optim"):
             assert a[table] == b[table], (name, table)
         assert a["run"] | {"name": ""} == b["run"] | {"name": ""}
-        assert a["devices"]["spec"] != b["devices"]["spec"]
+        differ = [k for k in ("devices", "strategy") if a[k] != b[k]]
+        assert len(differ) == 1, (name, differ)  # one thing at a time
+        if differ == ["strategy"]:
+            assert a["strategy"] | {"name": ""} == b["strategy"] | {"name": ""}
         assert [ln.replace(name, twin) for ln in header_commands(name)] == \
             header_commands(twin)
+        assert TEST_CUTS.get(name) == TEST_CUTS.get(twin), name
 
 
 def _argv(line: str, name: str) -> list[str]:
