@@ -3,6 +3,7 @@ fails when a test changed the user's own folders or the repository's presets/.""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -74,6 +75,13 @@ _BEFORE = pytest.StashKey[dict]()
 
 def pytest_sessionstart(session):
     session.config.stash[_BEFORE] = snapshot(GUARDED)
+    # The suite's own process makes a great deal of cyclic garbage (the app's widgets, fake
+    # tensors, traced graphs), and at Python's default thresholds (700, 10, 10) a full
+    # collection walks everything alive about once a few tests: 0.2 CPU-s each, a tenth of
+    # the process's CPU on the app's tests. Rarer collections (young garbage still collected
+    # at every 20,000 allocations) free the same objects later. The processes the tests
+    # start (gputui's own, the ranks) keep Python's defaults.
+    gc.set_threshold(20_000, 10, 10)
 
 
 def pytest_sessionfinish(session, exitstatus):
