@@ -86,9 +86,11 @@ class CommKey:
         return f"comm|{self.kind}{':' + self.tag if self.tag else ''}|n{self.n}|{self.size}"
 
     def name(self) -> str:
-        """'allreduce of 1.23 MiB over 2 devices' or 'fsdp collectives over 2 devices'."""
+        """'allreduce of 1.23 MiB over 2 devices' (scratch's: "scratch's allreduce of ...") or
+        'fsdp collectives over 2 devices'."""
         what = ("fsdp collectives" if self.tag.startswith("fsdp")
-                else f"allreduce of {self.size / 2**20:.2f} MiB")
+                else ("scratch's " if self.tag.endswith("scratch") else "")
+                + f"allreduce of {self.size / 2**20:.2f} MiB")
         return f"{what} over {self.n} devices"
 
 

@@ -197,21 +197,27 @@ def _measure(n: int, size: int, gap: float, kind: str, cores: int, timeout: floa
 
 
 def measure_comm(devices: list, size: int, gap: float, cores_: int, line: Line) -> dict:
-    """Allreduce of ``size`` bytes over ``devices``: torch.distributed as DDP issues it (one
-    call between ``gap`` seconds of compute, :func:`allreduce_in_step`) and the scratch
-    allreduce (inside the one training process, so timed on idle cores by bench-comm)."""
+    """Allreduce of ``size`` bytes over ``devices``, torch.distributed as DDP issues it (one
+    call between ``gap`` seconds of compute, :func:`allreduce_in_step`)."""
     kind = devices[0].kind
+    torch_s = allreduce_in_step(len(devices), size, gap, kind, cores_)
+    busy = " with the cores busy" if kind == "cpu" and size > FIRST_BUCKET else ""
+    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices between "
+         f"{gap * 1000:.1f} ms of compute{busy}: {torch_s * 1000:.2f} ms")
+    return {"torch_s": torch_s, "gap_s": gap}
+
+
+def measure_scratch(devices: list, size: int, line: Line) -> dict:
+    """The scratch allreduce of ``size`` bytes over ``devices`` (inside the one training
+    process, so timed on idle cores by bench-comm, with no compute between calls)."""
     scratch = run_bench(devices, [size], iters=10, warmup=5, impls=["scratch"],
                         backend="auto", timeout=600)
     if "error" in scratch:
         raise RuntimeError(f"bench-comm failed: {scratch['error']}")
-    torch_s = allreduce_in_step(len(devices), size, gap, kind, cores_)
-    out = {"torch_s": torch_s, "scratch_s": scratch["scratch"][0]["seconds"], "gap_s": gap}
-    busy = " with the cores busy" if kind == "cpu" and size > FIRST_BUCKET else ""
-    line(f"  measured allreduce of {size / 2**20:.2f} MiB over {len(devices)} devices between "
-         f"{gap * 1000:.1f} ms of compute{busy}: {torch_s * 1000:.2f} ms, scratch "
-         f"{out['scratch_s'] * 1000:.2f} ms")
-    return out
+    seconds = scratch["scratch"][0]["seconds"]
+    line(f"  measured scratch's allreduce of {size / 2**20:.2f} MiB over {len(devices)} "
+         f"devices: {seconds * 1000:.2f} ms")
+    return {"scratch_s": seconds}
 
 
 def measure_fsdp(cfg_dict: dict, n: int, gap: float, kind: str, cores_: int,
@@ -309,6 +315,13 @@ class Measurer:
         return self._get(CommKey(self.kind, n, size, label),
                          lambda: measure_comm(devices, size, gap, self.cores, self.line))
 
+    def scratch_comm(self, n: int, size: int) -> dict | None:
+        """scratch's allreduce of ``size`` bytes (one process: no compute gap in its key)."""
+        devices = [Device("cuda" if self.kind == "gpu" else "cpu", i) for i in range(n)]
+        tag = f"{self._gpu_label}:scratch" if self.kind == "gpu" else "scratch"
+        return self._get(CommKey(self.kind, n, size, tag),
+                         lambda: measure_scratch(devices, size, self.line))
+
     def fsdp_comm(self, n: int, gap: float) -> dict | None:
         """One step's fsdp collectives over ``n`` ranks between ``gap`` seconds of compute
         (the model's units counted in the measuring process; model, data shape, wrap and gap
@@ -367,11 +380,14 @@ class Measurer:
             inp.t_seq = c["step_time_s"] if c else None
         # the compute between two gradient syncs
         gap = inp.t_own.get("ddp") or inp.t_own.get("fsdp") or inp.t_c or inp.t_seq or inp.t_1
-        if inp.grad_bytes and (any(s in strategies for s in ("ddp", "fsdp", "scratch"))
-                               or on_gpu and "dp" in strategies):
+        # each allreduce measured only where a formula uses it: t_ar (ddp, fsdp's fallback),
+        # t_copy (scratch, and dp on GPUs)
+        if inp.grad_bytes and any(s in strategies for s in ("ddp", "fsdp")):
             c = self.comm(n, inp.grad_bytes, gap)
-            if c:
-                inp.t_ar, inp.t_copy = c["torch_s"], c["scratch_s"]
+            inp.t_ar = c["torch_s"] if c else None
+        if inp.grad_bytes and ("scratch" in strategies or on_gpu and "dp" in strategies):
+            c = self.scratch_comm(n, inp.grad_bytes)
+            inp.t_copy = c["scratch_s"] if c else None
         if "fsdp" in strategies and inp.params:
             c = self.fsdp_comm(n, inp.t_own.get("fsdp") or inp.t_c or inp.t_1)
             inp.t_fsdp = c["torch_s"] if c else None
