@@ -7,9 +7,9 @@ First as functions (gputui.train.context_parallel): on one batch, the ring's los
 gradient against the plain model's (each rank computes the reference itself), over cp = 2
 (two rings: ranks 0-1 and 2-3) and cp = 4 (one ring of every rank), with the ring's hops
 counted by a meter. Then as the strategies a run builds (SCENARIOS, through tp_ranks'
-``strategy_scenario``: registry, config, text data, checkpoint and restore), compared with
-``single`` by the test: cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2, the last also with
-full activation checkpointing, and cp 2 x tp 2.
+``strategy_scenario``: registry, config, text data, checkpoint and restore for RESUMED),
+compared with ``single`` by the test: cp over 4 ranks, cp 2 x ddp 2 and cp 2 x fsdp 2, the
+last also with full activation checkpointing, and cp 2 x tp 2.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ SCENARIOS = {
     "cp2_x_tp2": ("mesh", 8, {"parallel.cp": 2, "parallel.tp": 2, "parallel.dp_shard": 1,
                               **ADAMW}),
 }
+# the scenarios whose checkpoint is restored too (tp_ranks.RESUMED's rule: one per layout):
+# cp2_x_fsdp2's is cp2_x_fsdp2_ac_full's (Shard(0) over dp_shard_cp 4, AdamW)
+RESUMED = ("cp4", "cp2_x_ddp2", "cp2_x_fsdp2_ac_full", "cp2_x_tp2")
 
 
 def model():
@@ -111,7 +114,7 @@ def rank_fn(workdir: str) -> dict:
         out: dict = {"cp2": one_batch(pairs[rank // 2]),
                      "cp4": one_batch(dist.new_group([0, 1, 2, 3]), Meter([torch.device("cpu")]))}
         tp_ranks.SCENARIOS.update(SCENARIOS)
-        out["strategies"] = {name: tp_ranks.strategy_scenario(name, workdir)
+        out["strategies"] = {name: tp_ranks.strategy_scenario(name, workdir, name in RESUMED)
                              for name in SCENARIOS}
         return out
     finally:

@@ -227,7 +227,9 @@ def main(out: str, spec: str = "cpu*2") -> None:
 
     from rank_launch import launch
 
-    results = launch(rank_fn, 2, "scenarios", spec, os.path.dirname(os.path.abspath(out)))
+    # ddp_compiled's inductor: imported once by the server, not by each rank
+    results = launch(rank_fn, 2, "scenarios", spec, os.path.dirname(os.path.abspath(out)),
+                     preload=("torch._inductor.compile_fx",))
     torch.save(results, out)
 
 

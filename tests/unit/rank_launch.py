@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def launch(fn: Callable[..., Any], nproc: int, run_id: str, *args: Any) -> dict[int, Any]:
-    """``fn(*args)`` on ``nproc`` local ranks of one process group: {rank: what it returned}."""
+def launch(fn: Callable[..., Any], nproc: int, run_id: str, *args: Any,
+           preload: tuple[str, ...] = ()) -> dict[int, Any]:
+    """``fn(*args)`` on ``nproc`` local ranks of one process group: {rank: what it returned}.
+    ``preload``: more modules every rank imports, imported once in the server instead."""
     import multiprocessing
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -23,7 +25,7 @@ def launch(fn: Callable[..., Any], nproc: int, run_id: str, *args: Any) -> dict[
 
     # "__main__": the script whose rank function this is (fn pickles by its name in it)
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [*RANK_PRELOAD, "strategy_harness", "rounding", "__main__"])
+        [*RANK_PRELOAD, "strategy_harness", "rounding", *preload, "__main__"])
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
                           run_id=run_id, rdzv_configs={"is_host": True}, max_restarts=0,

@@ -35,10 +35,17 @@ def ranks(tmp_path_factory):
 def single_reference(model: str, batch: int, **extra):
     """The single-device run of the same global batches: the strategy (which carries its
     rounding bound, rounding.py), losses, (test accuracy or a language model's validation
-    loss, and the test loss)."""
+    loss, and the test loss). Once per config (scenarios of one model and batch share it),
+    read only."""
     cfg = make_config("single", "cpu", model, batch, **extra)
-    strategy, losses = run_steps(cfg, STEPS)
-    return strategy, losses, evaluate_with_loss(strategy, data_for(cfg))
+    key = cfg.to_toml()
+    if key not in _SINGLE:
+        strategy, losses = run_steps(cfg, STEPS)
+        _SINGLE[key] = strategy, losses, evaluate_with_loss(strategy, data_for(cfg))
+    return _SINGLE[key]
+
+
+_SINGLE: dict = {}
 
 
 def initial_model(model: str):
@@ -94,7 +101,7 @@ def test_fsdp_adamw_checkpoint_restores_the_optimizer_and_the_schedule(ranks):
 def test_a_user_model_equals_single(ranks, name):
     _, model, batch, extra, _ = SCENARIOS[name]
     same = {k: v for k, v in extra.items() if k.startswith(("model.", "data."))}
-    strategy, ref_losses = run_steps(make_config("single", "cpu", model, batch, **same), STEPS)
+    strategy, ref_losses, _ = single_reference(model, batch, **same)
     reference = params(strategy.model)
     assert any(k.startswith("blocks.1.") for k in reference)  # the user's Net, not LeNet
     for rank in (0, 1):

@@ -62,15 +62,9 @@ def test_a_3d_mesh_equals_single(ranks8, name):
     """dp_shard x tp x pp on 8 ranks: the same parameters, losses and validation score as
     single, and its checkpoint restores them."""
     from rounding import assert_equal_within_rounding
-    from strategy_harness import data_for, make_config, run_steps
-
-    from gputui.train.loop import evaluate
 
     _, size, extra = tp_ranks.SCENARIOS8[name]
-    extra = {k: v for k, v in extra.items() if not k.startswith(("strategy.", "parallel."))}
-    cfg = make_config("single", "cpu", "gpt", size, **extra)
-    single, losses = run_steps(cfg, tp_ranks.STEPS)
-    score = evaluate(single, data_for(cfg))
+    single, losses, score = tp_ranks.single_reference(size, extra)
     for rank in range(8):
         got = ranks8[rank]["strategies"][name]
         assert_equal_within_rounding(got["params"], single)
@@ -97,22 +91,18 @@ def test_timer_marks_four_all_reduces_per_block(ranks):
 @pytest.mark.parametrize("name", list(tp_ranks.SCENARIOS))
 def test_the_strategy_equals_single(ranks, name):
     from rounding import assert_equal_within_rounding
-    from strategy_harness import data_for, make_config, run_steps
 
-    from gputui.train.loop import evaluate
-
+    assert set(tp_ranks.RESUMED) <= set(tp_ranks.SCENARIOS)
     _, size, extra = tp_ranks.SCENARIOS[name]
-    extra = {k: v for k, v in extra.items() if not k.startswith(("strategy.", "parallel."))}
-    cfg = make_config("single", "cpu", "gpt", size, **extra)
-    single, losses = run_steps(cfg, tp_ranks.STEPS)
-    score = evaluate(single, data_for(cfg))
+    single, losses, score = tp_ranks.single_reference(size, extra)
     for rank in range(4):
         got = ranks[rank]["strategies"][name]
         assert got["batch_size"] == size  # the global batch
         assert_equal_within_rounding(got["params"], single)
         assert got["losses"] == pytest.approx(losses, rel=1e-5)
         assert got["score"] == pytest.approx(score, rel=1e-5)  # validation loss, all ranks
-        assert_params_close(got["resumed_params"], got["params"])  # its checkpoint, restored
+        if name in tp_ranks.RESUMED:  # its checkpoint, restored (the others: its layout's)
+            assert_params_close(got["resumed_params"], got["params"])
     rows = ranks[0]["strategies"][name]["memory"]
     assert len(rows) == 4 and all(r["params"] > 0 for r in rows)
 
@@ -168,13 +158,10 @@ def test_activation_meter_counts_a_tp_models_saved_shards(tmp_path):
 
 def _whole(name: str) -> dict:
     """single's bytes of parameters, gradients and optimizer state after the scenario's steps."""
-    from strategy_harness import make_config, run_steps
-
     from gputui.train import memory
 
     _, size, extra = tp_ranks.SCENARIOS[name]
-    extra = {k: v for k, v in extra.items() if not k.startswith(("strategy.", "parallel."))}
-    single, _ = run_steps(make_config("single", "cpu", "gpt", size, **extra), tp_ranks.STEPS)
+    single, _, _ = tp_ranks.single_reference(size, extra)
     return memory.counted(single.model, [single.opt])
 
 

@@ -91,11 +91,44 @@ SCENARIOS["fsdp_zero1"] = ("fsdp", 16, {"parallel.zero": 1, **ADAMW})
 SCENARIOS["fsdp_zero2"] = ("fsdp", 16, {"parallel.zero": 2, **ADAMW})
 SCENARIOS["fsdp_ac_full"] = ("fsdp", 16, {"parallel.ac": "full", **ADAMW})
 SCENARIOS["ddp_ac_selective"] = ("ddp", 16, {"parallel.ac": "selective", **ADAMW})
+# The scenarios whose checkpoint is saved and restored into a fresh strategy: one for each
+# checkpoint layout (the strategy's state-dict path, its parameters' placements over their
+# mesh, its optimizer's state; activation checkpointing leaves the parameter names alone).
+# The others have the layout of one kept here, and every one of them trains, scores and
+# reports its memory all the same:
+#   tp4_adamw: tp4's placements (Shard(0), Shard(1), Replicate over tp 4) with AdamW's
+#     state, which fsdp_tp_adamw's DTensors round-trip
+#   fsdp_tp, shard_x_tp_selective: fsdp_tp_adamw's placements on (dp_shard 2, tp 2) (SGD's
+#     momentum on DTensors: tp4's)
+#   fsdp_zero2: fsdp_ac_full's (Shard(0) over dp_shard 4, AdamW; at rest zero2 is resharded)
+RESUMED = ("tp4", "fsdp_tp_adamw", "hsdp", "dp_x_tp", "hsdp_zero1", "pp_x_shard",
+           "pp_x_replicate", "pp_x_tp", "fsdp_zero1", "fsdp_ac_full", "ddp_ac_selective")
 
 
-def strategy_scenario(name: str, workdir: str) -> dict:
+_SINGLE: dict = {}
+
+
+def single_reference(size: int, extra: dict):
+    """``single`` on a scenario's model, global batch and optimizer (its ``strategy.`` and
+    ``parallel.`` keys dropped), trained STEPS steps in the test's process: (strategy, losses,
+    validation score). Once per config (most scenarios share one); the callers only read it."""
+    from strategy_harness import data_for, make_config, run_steps
+
+    from gputui.train.loop import evaluate
+
+    extra = {k: v for k, v in extra.items() if not k.startswith(("strategy.", "parallel."))}
+    cfg = make_config("single", "cpu", "gpt", size, **extra)
+    key = cfg.to_toml()
+    if key not in _SINGLE:
+        strategy, losses = run_steps(cfg, STEPS)
+        _SINGLE[key] = strategy, losses, evaluate(strategy, data_for(cfg))
+    return _SINGLE[key]
+
+
+def strategy_scenario(name: str, workdir: str, resume: bool = True) -> dict:
     """Train a scenario's strategy STEPS steps as a run does; its full parameters, losses
-    (reduced over the ranks), test score, memory rows, and what its checkpoint restores."""
+    (reduced over the ranks), test score, memory rows, and (``resume``) what its checkpoint
+    restores."""
     import os
 
     import torch.distributed as dist
@@ -130,6 +163,8 @@ def strategy_scenario(name: str, workdir: str) -> dict:
            "params": params(strategy.full_model()), "score": evaluate(strategy, ds),
            "memory": [r.to_dict() for r in strategy.memory_rows(None)],
            "batch_size": strategy.batch_size}
+    if not resume:
+        return out
     path = os.path.join(workdir, f"{name}.pt")
     ckpt.save(path, strategy, ckpt.Position(1, STEPS, STEPS), write=dist.get_rank() == 0)
     dist.barrier()
@@ -167,7 +202,8 @@ def rank_fn(workdir: str) -> dict:
             "cpu", (2, 2), mesh_dim_names=("dp_shard", "tp")), shape, [])
         out["fsdp_tp"] = {"losses": train(both, 2, dp_rank),
                           "params": par.full_parameters(both)}
-        out["strategies"] = {name: strategy_scenario(name, workdir) for name in SCENARIOS}
+        out["strategies"] = {name: strategy_scenario(name, workdir, name in RESUMED)
+                             for name in SCENARIOS}
         return out
     finally:
         dist.barrier()
