@@ -3,13 +3,15 @@ parameters after several steps, on 2 and 3 CPU virtual devices, even and uneven 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from gputui.train.models import build_model
 from gputui.train.strategies.scratch import ReplicaMismatch, allreduce, split_sizes
 from rounding import assert_equal_within_rounding
-from strategy_harness import ADAMW, make_config, params, run_steps
+from strategy_harness import ADAMW, assert_params_close, make_config, params, run_steps
 
 STEPS = 5
 _single_cache: dict = {}
@@ -71,6 +73,58 @@ def test_accumulation_equals_one_big_batch():
         strategy, _ = run_steps(make_config(strategy_name, spec, "mlp", 32,
                                             **{"optim.micro_batches": 4}), STEPS)
         assert_equal_within_rounding(params(strategy.primary_model()), single_run("mlp", 32)[0])
+
+
+def test_batch_norm_replicas_normalise_their_own_shard_and_take_the_summed_step():
+    """ResNet-18 (batch norm, the resnet18-2dev preset's model) on 2 replicas, step by step
+    against one model by hand: in training each replica normalises its shard with that
+    shard's statistics and keeps its own running statistics; the gradients summed by the
+    allreduce are those of the two shards' losses (each summed over its shard, divided by
+    the global batch), so every replica takes the step that one model takes from them."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from gputui.hw.discovery import resolve_devices
+    from gputui.train import strategies
+    from gputui.train.data import TensorBatches
+    from strategy_harness import data_for
+
+    cfg = make_config("scratch", "cpu*2", "resnet18", 8, **{"strategy.check_replicas": True})
+    ds = data_for(cfg)
+    strategy = strategies.load("scratch")(cfg, resolve_devices("cpu*2"), ds.in_channels,
+                                          ds.image_size, ds.num_classes)
+    strategy.setup()
+    strategy.updater.plan(2)
+    one = copy.deepcopy(strategy.replicas[0])  # the init every replica starts from
+    init = params(one)
+    opt = torch.optim.SGD(one.parameters(), lr=0.1, momentum=0.5)  # make_config's optimizer
+    stats = [{k: v.clone() for k, v in one.named_buffers()} for _ in strategy.replicas]
+    batches = TensorBatches(ds.train_x, ds.train_y, 8, cfg.run.seed, strategy.data_device())
+    losses, ref_losses = [], []
+    for x, y in itertools.islice(batches.epoch(1), 2):
+        losses.append(strategy.train_step(x, y).item())
+        opt.zero_grad()
+        total = 0.0
+        for i, (xs, ys) in enumerate(zip(x.split(4), y.split(4), strict=True)):
+            one.load_state_dict(stats[i], strict=False)  # replica i's running statistics
+            loss = F.cross_entropy(one(xs), ys, reduction="sum") / len(x)
+            loss.backward()  # the gradients add up over the shards, as the allreduce sums
+            total += loss.item()
+            stats[i] = {k: v.clone() for k, v in one.named_buffers()}
+        opt.step()
+        ref_losses.append(total)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    after = params(one)
+    assert max((after[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
+    for i, replica in enumerate(strategy.replicas):
+        assert_params_close(params(replica), params(one), rtol=1e-4, atol=1e-5)
+        for name, value in replica.named_buffers():  # its own shards' statistics
+            torch.testing.assert_close(value, stats[i][name], rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, n=name: f"replica {i} {n}: {m}")
+    mean = "1.bn1.running_mean" if "1.bn1.running_mean" in stats[0] else next(
+        k for k in stats[0] if k.endswith("running_mean"))
+    assert not torch.allclose(stats[0][mean], stats[1][mean])  # two shards, two statistics
 
 
 def test_replicas_are_distinct_tensors():
