@@ -19,6 +19,7 @@ import os
 import queue as queue_mod
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -34,7 +35,7 @@ from gputui.core.filewrite import WriteFailed
 from gputui.core.usercode import code_named
 from gputui.hw.netaddr import backend_env, interface_address
 from gputui.train import peerloss, shared_data, stopping
-from gputui.core import handoff
+from gputui.core import handoff, proctree
 from gputui.core.handoff import LaunchSpec, RankProcess, StopChannel
 from gputui.core.recorder import Recorder
 from gputui.core.errors import describe
@@ -159,7 +160,8 @@ def _run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
 
     run_dir = Path(spec.run_dir)
     # before the fork server starts: the ranks it forks inherit its environment
-    _start_fork_server(backend_env(spec.config.dist.interface))
+    _start_fork_server(backend_env(spec.config.dist.interface),
+                       all(d.kind == "cpu" for d in spec.devices))
     cfg = spec.config
     data_file = handoff.data_file(spec.run_id)
     relay = _Relay(mp.get_context("spawn").Queue(), recorder, stop, note)
@@ -203,6 +205,8 @@ def _run_ranks(spec: LaunchSpec, recorder: Recorder, stop: StopChannel,
             elastic_launch(config, rank_main)(ranks_spec)
         except ChildFailedError as exc:
             end = failure_event(exc.failures, run_dir)
+        finally:
+            _say_if_server_replaced()
     except _Refused as exc:
         end = RunFailed(reason=str(exc), detail=exc.detail)
     except Exception as exc:  # noqa: BLE001 - a rendezvous that fails, a bad endpoint, ...
@@ -326,17 +330,28 @@ def stop_helpers() -> None:
 
 
 _SERVER_ENV: dict[str, str] | None = None  # what the running fork server was started with
+_SERVER_PID: int | None = None  # the fork server started for this host's ranks
 
 
-def _start_fork_server(env: dict[str, str]) -> None:
-    """Start the ranks' fork server now, importing RANK_PRELOAD while this process imports
-    torch and loads the dataset. The server is a fresh interpreter (spawned, no threads, no
-    CUDA), so forking ranks from it is safe, and each rank starts with torch already loaded
-    instead of importing it again (the start-up's longest step). ``env`` (the backend's
-    variables) goes into this process's environment first: the ranks inherit the server's.
-    A warm host's next run finds the server running and forks from it again, unless its
-    environment differs (another ``dist.interface``): then the server is started anew."""
-    global _SERVER_ENV
+def _start_fork_server(env: dict[str, str], cpu_only: bool = False) -> None:
+    """Start the ranks' fork server now. Each rank is forked from it with torch already
+    loaded instead of importing it again (the start-up's longest step). ``env`` (the
+    backend's variables) goes into this process's environment first: the ranks inherit the
+    server's. A warm host's next run finds the server running and forks from it again,
+    unless its environment differs (another ``dist.interface``): then it is started anew.
+
+    The server is this host forked (:func:`_fork_own_server`) where that is safe: ranks on
+    CPU devices, a host that has computed nothing yet (CUDA untouched, OpenMP's threads not
+    started), on a Python whose fork server this module knows. The host imports
+    RANK_PRELOAD, which it needs for the launch anyway but for ``torch._dynamo``, and the
+    server inherits them, where a spawned server imported them all again: a cold two-rank
+    run's process tree took 0.64-0.65x the CPU-seconds and 0.83-0.88x the wall time, its
+    launch to first step 1.00-1.05x (benchmarks/bench_startup.py, 2 idle cores, twice).
+    Elsewhere (GPUs, a warm host that has trained, another Python, or
+    GPUTUI_FORKSERVER=spawn) it is multiprocessing's own: a fresh interpreter (spawned: no
+    threads, no CUDA) importing RANK_PRELOAD while this process imports torch and loads the
+    dataset."""
+    global _SERVER_ENV, _SERVER_PID
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -353,8 +368,108 @@ def _start_fork_server(env: dict[str, str]) -> None:
     # the server keeps the output it was started with for its life: none (the ranks send
     # theirs to their own files; a server kept for the next run must not write into this one)
     with _output_to(Path(os.devnull)):
-        forkserver.ensure_running()
+        forked = cpu_only and os.environ.get(SERVER_ENV, "fork") != "spawn" and \
+            _fork_own_server()
+        if not forked:
+            forkserver.ensure_running()
+    pid = _server_pid()
+    # into the record's ranks/agent.log (this process's output while the launch lasts)
+    print(f"fork server: pid {pid}, " + ("forked from this host (its imports inherited)"
+          if forked else "multiprocessing's, spawned"), file=sys.stderr, flush=True)
     _SERVER_ENV = dict(env)
+    _SERVER_PID = pid
+
+
+def _server_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def _say_if_server_replaced() -> None:
+    """After a launch, in ranks/agent.log: the fork server the ranks came from, when it was
+    not the one started (multiprocessing starts another when it finds the first ended)."""
+    pid = _server_pid()
+    if pid != _SERVER_PID:
+        print(f"fork server: pid {_SERVER_PID} had ended; the ranks came from pid {pid}, "
+              f"multiprocessing's, spawned", file=sys.stderr, flush=True)
+
+
+SERVER_NAME = "gputui-forksrv"  # the forked server's process name (/proc/PID/comm)
+SERVER_ENV = "GPUTUI_FORKSERVER"  # "spawn": multiprocessing's spawned server, always
+
+
+def _fork_own_server() -> bool:
+    """Start the fork server as a fork of this process, RANK_PRELOAD imported here first;
+    False (nothing started) where that is not known to be safe, or a server already runs.
+
+    multiprocessing's server protocol is kept as it is (its ``main`` serves the requests, the
+    clients connect as to a spawned one); only its start differs. Safe because the fork
+    happens before anything computed in this process: no CUDA (the caller's ranks are on
+    CPUs and torch has not initialised it), no OpenMP thread pool (a host that has trained
+    in-process is refused: libgomp's pool does not survive a fork), and the host's own
+    threads only wait (signals, the parent watch) and hold no lock the server takes."""
+    import importlib
+    from multiprocessing import connection, forkserver, resource_tracker, util
+
+    server = getattr(forkserver, "_forkserver", None)
+    needed = ("_lock", "_forkserver_pid", "_forkserver_address", "_forkserver_alive_fd")
+    if server is None or not all(hasattr(server, a) for a in needed) or \
+            hasattr(server, "_forkserver_authkey") or not hasattr(os, "fork"):
+        return False  # another Python's fork server (3.14's authenticates its clients)
+    if server._forkserver_pid is not None:
+        return False  # one runs already (ensure_running checks it is alive)
+    from gputui.train import host
+
+    if host.ran_in_process():
+        return False
+    for name in RANK_PRELOAD:
+        importlib.import_module(name)
+    import torch
+
+    if torch.cuda.is_initialized():
+        return False
+    with server._lock:
+        resource_tracker.ensure_running()
+        listener = socket.socket(socket.AF_UNIX)
+        try:
+            address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the server: nothing of the host's but the two ends it serves on
+                try:
+                    _close_fds_except({0, 1, 2, listener.fileno(), alive_r})
+                    proctree.set_process_name(SERVER_NAME)
+                    forkserver.main(listener.fileno(), alive_r, [])
+                finally:
+                    os._exit(0)
+            os.close(alive_r)
+        finally:
+            listener.close()
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    return True
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    """Close every file descriptor of this process but ``keep`` (as a spawned server has only
+    the ones passed to it: the host's pipes to its parent, its record and the run's files
+    must not stay open in the server and the ranks)."""
+    try:
+        top = max(os.sysconf("SC_OPEN_MAX"), max(keep) + 1)
+    except (AttributeError, ValueError, OSError):
+        top = 65536
+    low = 0
+    for fd in sorted(keep):
+        if low < fd:  # never an empty range: a close_range() that fails falls back to a
+            os.closerange(low, fd)  # walk that closed the kept ones too (Python 3.11)
+        low = fd + 1
+    os.closerange(low, top)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gputui.core import runstore, signals
+from gputui.core import proctree, runstore, signals
 from gputui.core.events import Event, RunFailed
 from gputui.core.filewrite import write_atomic
 from gputui.train import shared_data, stopping
@@ -85,6 +85,7 @@ def rank_main(spec: LaunchSpec) -> str:
     assert stop is not None, "the host gives its ranks the run's stop flag"
     _watch_stop(stop, spec.host_pid)  # first: before any thread starts
     info = RankInfo.of_process(len(spec.devices))
+    proctree.set_process_name(f"gputui-rank{info.rank}")  # not its fork server's name
     run_dir = Path(spec.run_dir)
     devices = list(spec.devices)
     queue = spec.queue

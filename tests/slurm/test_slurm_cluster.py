@@ -317,9 +317,17 @@ def test_a_node_killed_mid_run_is_named_with_the_command_that_resumes_it(cluster
     assert cluster.settled() == [] and tagged(env["GPUTUI_TEST_TAG"]) == []
 
 
+def _fork_server(pid: str) -> bool:
+    """Whether ``pid`` is a fork server or forked by one (its name or command line): the
+    host forked (gputui.train.agent.SERVER_NAME) or multiprocessing's spawned server."""
+    from gputui.train.agent import SERVER_NAME
+
+    return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_NAME or \
+        b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def _rank_on(namespace: str, tag: str) -> int | None:
-    """The training rank of this test's job on a node: the fork server's child (a rank is
-    forked from the server, so it shares the server's command line)."""
+    """The training rank of this test's job on a node: the fork server's child."""
     mark = f"GPUTUI_TEST_TAG={tag}".encode()
     for pid in subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                               text=True).stdout.split():
@@ -327,8 +335,7 @@ def _rank_on(namespace: str, tag: str) -> int | None:
             if mark not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                 continue
             parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-            if b"forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes() and \
-                    b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if _fork_server(parent):
                 return int(pid)
         except OSError:
             continue

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -37,6 +38,29 @@ def cli_run(tmp_path_factory):
                            "--runs-dir", str(runs), "--json"],
                           capture_output=True, text=True, timeout=240)
     return proc
+
+
+def test_the_ranks_fork_server_is_the_host_forked_or_multiprocessings_and_trains_alike(
+        cli_run, tmp_path):
+    """On CPU devices the ranks' fork server is the host forked (its imports inherited);
+    GPUTUI_FORKSERVER=spawn (and every GPU run) takes multiprocessing's spawned one: the same
+    run trains the same either way, and each says which in the record's ranks/agent.log."""
+    assert cli_run.returncode == 0, cli_run.stderr
+    forked = json.loads(cli_run.stdout)
+    log = (Path(forked["run_dir"]) / "ranks" / "agent.log").read_text()
+    assert re.search(r"^fork server: pid \d+, forked from this host", log, re.M), log
+    assert "had ended" not in log  # the ranks came from it (no spawned server replaced it)
+    proc = subprocess.run([*GPUTUI, "run", "quickstart", "--strategy", "ddp", *SMALL,
+                           "--set", "run.log_every=4", "--set", "telemetry.interval_s=0.25",
+                           "--runs-dir", str(tmp_path), "--json"], capture_output=True,
+                          text=True, timeout=240, env=dict(os.environ, GPUTUI_FORKSERVER="spawn"))
+    assert proc.returncode == 0, proc.stderr
+    spawned = json.loads(proc.stdout)
+    log = (Path(spawned["run_dir"]) / "ranks" / "agent.log").read_text()
+    assert re.search(r"^fork server: pid \d+, multiprocessing's, spawned", log, re.M), log
+    assert [s.loss for s in _steps(spawned["run_dir"])] == \
+        [s.loss for s in _steps(forked["run_dir"])]
+    assert spawned["test_acc"] == forked["test_acc"]
 
 
 def test_cli_ddp_run_finishes_with_every_rank_in_the_record(cli_run):

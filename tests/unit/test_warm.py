@@ -111,8 +111,11 @@ def test_a_stopped_warm_run_names_why_and_the_worker_serves_the_next(tmp_path, h
 
 
 def _fork_server(host: warm.Host) -> psutil.Process:
+    """The host's fork server: a fork of the host (named so) or multiprocessing's spawned one."""
+    from gputui.train.agent import SERVER_NAME
+
     (server,) = [p for p in psutil.Process(host.process.pid).children()
-                 if "forkserver" in " ".join(p.cmdline())]
+                 if p.name() == SERVER_NAME or "forkserver" in " ".join(p.cmdline())]
     return server
 
 
