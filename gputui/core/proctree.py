@@ -194,3 +194,17 @@ def set_process_name(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except Exception:  # noqa: BLE001 - a name is a convenience
         pass
+
+
+_TRAINED_HERE = False  # a run has trained in this process
+
+
+def mark_trained_here() -> None:
+    """A run trains in this process (a run host's single-process run): its OpenMP threads
+    start, and a fork of it is then no safe fork server (``agent._fork_own_server``)."""
+    global _TRAINED_HERE
+    _TRAINED_HERE = True
+
+
+def trained_here() -> bool:
+    return _TRAINED_HERE

@@ -409,7 +409,7 @@ def _fork_own_server() -> bool:
     CPUs and torch has not initialised it), no OpenMP thread pool (a host that has trained
     in-process is refused: libgomp's pool does not survive a fork), and the host's own
     threads only wait (signals, the parent watch) and hold no lock the server takes."""
-    import importlib
+    import sys as _sys
     from multiprocessing import connection, forkserver, resource_tracker, util
 
     server = getattr(forkserver, "_forkserver", None)
@@ -419,15 +419,18 @@ def _fork_own_server() -> bool:
         return False  # another Python's fork server (3.14's authenticates its clients)
     if server._forkserver_pid is not None:
         return False  # one runs already (ensure_running checks it is alive)
-    from gputui.train import host
-
-    if host.ran_in_process():
+    if proctree.trained_here():
         return False
-    for name in RANK_PRELOAD:
-        importlib.import_module(name)
+    # RANK_PRELOAD, imported here for the server to inherit (written out: no dynamic import)
     import torch
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
 
-    if torch.cuda.is_initialized():
+    from gputui.train import data, loop, models, parallelize, ranks  # noqa: F401
+    from gputui.train.strategies import rank  # noqa: F401
+
+    if torch.cuda.is_initialized() or not all(m in _sys.modules for m in RANK_PRELOAD):
         return False
     with server._lock:
         resource_tracker.ensure_running()

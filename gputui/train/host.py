@@ -34,13 +34,6 @@ from gputui.core.handoff import HostChannels, LaunchSpec, RecordClosed, quick_ex
 from gputui.core.recorder import Recorder
 
 ORPHAN_GRACE_S = 30.0  # how long a run whose parent died may take to end its record
-_TRAINED_HERE = False  # a single-process run has trained in this process
-
-
-def ran_in_process() -> bool:
-    """Whether a run has trained in this host itself (its OpenMP threads started): a fork of
-    it is then no safe fork server (``agent._fork_own_server``)."""
-    return _TRAINED_HERE
 
 
 class _Life:
@@ -124,8 +117,9 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
         else:
             from gputui.train.worker import execute
 
-            global _TRAINED_HERE
-            _TRAINED_HERE = True
+            from gputui.core.proctree import mark_trained_here
+
+            mark_trained_here()
             execute(spec.config, list(spec.devices), spec.run_id, recorder.emit, spec.run_dir,
                     stopping.RunStop(channels.stop), spec.t_launch, notes=spec.notes)
     except Exception as exc:  # noqa: BLE001 - the host's own fault still ends the record

@@ -229,7 +229,7 @@ def main(out: str, spec: str = "cpu*2") -> None:
 
     # ddp_compiled's inductor: imported once by the server, not by each rank
     results = launch(rank_fn, 2, "scenarios", spec, os.path.dirname(os.path.abspath(out)),
-                     preload=("torch._inductor.compile_fx",))
+                     preload=("torch._inductor.compile_fx",), cpu=spec.startswith("cpu"))
     torch.save(results, out)
 
 

@@ -141,7 +141,7 @@ def main(out: str, spec: str = "cpu*2") -> None:
 
     configs = {name: config(name, spec) for name in SCENARIOS}  # the ranks take these
     results = launch(rank_fn, 2, "pp-scenarios", spec, os.path.dirname(os.path.abspath(out)),
-                     configs)
+                     configs, cpu=spec.startswith("cpu"))
     torch.save(results, out)
 
 
