@@ -200,8 +200,9 @@ _TRAINED_HERE = False  # a run has trained in this process
 
 
 def mark_trained_here() -> None:
-    """A run trains in this process (a run host's single-process run): its OpenMP threads
-    start, and a fork of it is then no safe fork server (``agent._fork_own_server``)."""
+    """A run trains in this process (a run host's single-process run: its OpenMP threads
+    start), or CUDA is set up in it (a warm host's GPUs): a fork of it is then no safe fork
+    server (``agent._fork_own_server``)."""
     global _TRAINED_HERE
     _TRAINED_HERE = True
 

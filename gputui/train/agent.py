@@ -331,6 +331,7 @@ def stop_helpers() -> None:
 
 _SERVER_ENV: dict[str, str] | None = None  # what the running fork server was started with
 _SERVER_PID: int | None = None  # the fork server started for this host's ranks
+_FORKED_PID: int | None = None  # the fork server that is a fork of this host, if one was
 
 
 def _start_fork_server(env: dict[str, str], cpu_only: bool = False) -> None:
@@ -351,10 +352,13 @@ def _start_fork_server(env: dict[str, str], cpu_only: bool = False) -> None:
     GPUTUI_FORKSERVER=spawn) it is multiprocessing's own: a fresh interpreter (spawned: no
     threads, no CUDA) importing RANK_PRELOAD while this process imports torch and loads the
     dataset."""
-    global _SERVER_ENV, _SERVER_PID
+    global _SERVER_ENV, _SERVER_PID, _FORKED_PID
     import multiprocessing
     from multiprocessing import forkserver
 
+    # only this process's first server may be a fork of it: after a launch it has computed
+    # (the dataset's prefetch, the user's code) and the launch's threads may live on
+    first = _SERVER_ENV is None
     if _SERVER_ENV is not None and _SERVER_ENV != env:
         for name in _SERVER_ENV:
             os.environ.pop(name, None)
@@ -368,14 +372,18 @@ def _start_fork_server(env: dict[str, str], cpu_only: bool = False) -> None:
     # the server keeps the output it was started with for its life: none (the ranks send
     # theirs to their own files; a server kept for the next run must not write into this one)
     with _output_to(Path(os.devnull)):
-        forked = cpu_only and os.environ.get(SERVER_ENV, "fork") != "spawn" and \
-            _fork_own_server()
-        if not forked:
-            forkserver.ensure_running()
+        if first and cpu_only and os.environ.get(SERVER_ENV, "fork") != "spawn":
+            try:
+                if _fork_own_server():
+                    _FORKED_PID = _server_pid()
+            except Exception:  # noqa: BLE001 - the spawned server below serves as well
+                pass
+        forkserver.ensure_running()  # a forked server running: nothing to do
     pid = _server_pid()
     # into the record's ranks/agent.log (this process's output while the launch lasts)
     print(f"fork server: pid {pid}, " + ("forked from this host (its imports inherited)"
-          if forked else "multiprocessing's, spawned"), file=sys.stderr, flush=True)
+          if pid == _FORKED_PID else "multiprocessing's, spawned"), file=sys.stderr,
+          flush=True)
     _SERVER_ENV = dict(env)
     _SERVER_PID = pid
 
@@ -432,6 +440,12 @@ def _fork_own_server() -> bool:
 
     if torch.cuda.is_initialized() or not all(m in _sys.modules for m in RANK_PRELOAD):
         return False
+    import gc
+    import threading
+    import warnings
+
+    gc.collect()  # no cycle left to be freed in the server, closing an fd number it reuses
+    util._flush_std_streams()  # type: ignore[attr-defined]  # nothing buffered: written twice
     with server._lock:
         resource_tracker.ensure_running()
         listener = socket.socket(socket.AF_UNIX)
@@ -442,14 +456,20 @@ def _fork_own_server() -> bool:
                 os.chmod(address, 0o600)
             listener.listen()
             alive_r, alive_w = os.pipe()
-            pid = os.fork()
+            with warnings.catch_warnings():  # 3.12+: fork() beside the host's idle threads
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:  # the server: nothing of the host's but the two ends it serves on
+                code = 1
                 try:
+                    server._lock = threading.Lock()  # held by the forking thread: a fresh one
                     _close_fds_except({0, 1, 2, listener.fileno(), alive_r})
                     proctree.set_process_name(SERVER_NAME)
                     forkserver.main(listener.fileno(), alive_r, [])
+                except SystemExit:  # main's own end: no client left
+                    code = 0
                 finally:
-                    os._exit(0)
+                    os._exit(code)
             os.close(alive_r)
         finally:
             listener.close()
@@ -462,17 +482,26 @@ def _fork_own_server() -> bool:
 def _close_fds_except(keep: set[int]) -> None:
     """Close every file descriptor of this process but ``keep`` (as a spawned server has only
     the ones passed to it: the host's pipes to its parent, its record and the run's files
-    must not stay open in the server and the ranks)."""
-    try:
-        top = max(os.sysconf("SC_OPEN_MAX"), max(keep) + 1)
-    except (AttributeError, ValueError, OSError):
-        top = 65536
+    must not stay open in the server and the ranks): those listed open, where the system
+    lists them (as _posixsubprocess does), else every number below the limit."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            fds = [int(n) for n in os.listdir(folder)]
+        except (OSError, ValueError):
+            continue
+        for fd in fds:
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:  # the listing's own, closed already
+                    pass
+        return
     low = 0
     for fd in sorted(keep):
-        if low < fd:  # never an empty range: a close_range() that fails falls back to a
-            os.closerange(low, fd)  # walk that closed the kept ones too (Python 3.11)
+        if low < fd:
+            os.closerange(low, fd)
         low = fd + 1
-    os.closerange(low, top)
+    os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), low))
 
 
 @contextlib.contextmanager

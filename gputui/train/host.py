@@ -153,6 +153,10 @@ def _load(cuda: list[int]) -> dict[str, Any]:
 
     fresh = {"torch": torch.get_rng_state(), "random": random.getstate(),
              "numpy": np.random.get_state(), "threads": torch.get_num_threads()}
+    if cuda:  # CUDA's driver is touched here: a fork of this host is no fork server
+        from gputui.core.proctree import mark_trained_here
+
+        mark_trained_here()
     if cuda and torch.cuda.is_available():
         for index in cuda:
             if index < torch.cuda.device_count():

@@ -36,7 +36,8 @@ def cli_run(tmp_path_factory):
     proc = subprocess.run([*GPUTUI, "run", "quickstart", "--strategy", "ddp", *SMALL,
                            "--set", "run.log_every=4", "--set", "telemetry.interval_s=0.25",
                            "--runs-dir", str(runs), "--json"],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240,
+                          env={k: v for k, v in os.environ.items() if k != "GPUTUI_FORKSERVER"})
     return proc
 
 
