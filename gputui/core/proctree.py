@@ -196,16 +196,16 @@ def set_process_name(name: str) -> None:
         pass
 
 
-_TRAINED_HERE = False  # a run has trained in this process
+_FORKABLE = True  # nothing computed in this process yet
 
 
-def mark_trained_here() -> None:
-    """A run trains in this process (a run host's single-process run: its OpenMP threads
-    start), or CUDA is set up in it (a warm host's GPUs): a fork of it is then no safe fork
-    server (``agent._fork_own_server``)."""
-    global _TRAINED_HERE
-    _TRAINED_HERE = True
+def mark_unforkable() -> None:
+    """This process computes (a run host's single-process run: its OpenMP threads start) or
+    sets up CUDA (a warm host's GPUs): a fork of it is then no safe fork server
+    (``agent._fork_own_server``)."""
+    global _FORKABLE
+    _FORKABLE = False
 
 
-def trained_here() -> bool:
-    return _TRAINED_HERE
+def forkable() -> bool:
+    return _FORKABLE

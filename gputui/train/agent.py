@@ -43,6 +43,7 @@ from gputui.core.errors import describe
 # What every rank needs before its first step, imported once in the fork server (below):
 # torch, DDP's own import of torch._dynamo (a large part of a rank's start-up), the training
 # path. A module that fails to import here is simply imported later by the rank.
+# written out again as imports in _fork_own_server (no import by name in gputui)
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "gputui.train.ranks",
                 "gputui.train.loop", "gputui.train.data", "gputui.train.models",
                 "gputui.train.strategies.rank", "torch.distributed.tensor.parallel",
@@ -374,8 +375,7 @@ def _start_fork_server(env: dict[str, str], cpu_only: bool = False) -> None:
     with _output_to(Path(os.devnull)):
         if first and cpu_only and os.environ.get(SERVER_ENV, "fork") != "spawn":
             try:
-                if _fork_own_server():
-                    _FORKED_PID = _server_pid()
+                _FORKED_PID = _fork_own_server()
             except Exception:  # noqa: BLE001 - the spawned server below serves as well
                 pass
         forkserver.ensure_running()  # a forked server running: nothing to do
@@ -407,9 +407,9 @@ SERVER_NAME = "gputui-forksrv"  # the forked server's process name (/proc/PID/co
 SERVER_ENV = "GPUTUI_FORKSERVER"  # "spawn": multiprocessing's spawned server, always
 
 
-def _fork_own_server() -> bool:
-    """Start the fork server as a fork of this process, RANK_PRELOAD imported here first;
-    False (nothing started) where that is not known to be safe, or a server already runs.
+def _fork_own_server() -> int | None:
+    """Start the fork server as a fork of this process, RANK_PRELOAD imported here first: its
+    pid; None (nothing started) where that is not known to be safe, or a server already runs.
 
     multiprocessing's server protocol is kept as it is (its ``main`` serves the requests, the
     clients connect as to a spawned one); only its start differs. Safe because the fork
@@ -424,11 +424,11 @@ def _fork_own_server() -> bool:
     needed = ("_lock", "_forkserver_pid", "_forkserver_address", "_forkserver_alive_fd")
     if server is None or not all(hasattr(server, a) for a in needed) or \
             hasattr(server, "_forkserver_authkey") or not hasattr(os, "fork"):
-        return False  # another Python's fork server (3.14's authenticates its clients)
+        return None  # another Python's fork server (3.14's authenticates its clients)
     if server._forkserver_pid is not None:
-        return False  # one runs already (ensure_running checks it is alive)
-    if proctree.trained_here():
-        return False
+        return None  # one runs already (ensure_running checks it is alive)
+    if not proctree.forkable():
+        return None
     # RANK_PRELOAD, imported here for the server to inherit (written out: no dynamic import)
     import torch
     import torch._dynamo  # noqa: F401
@@ -439,7 +439,7 @@ def _fork_own_server() -> bool:
     from gputui.train.strategies import rank  # noqa: F401
 
     if torch.cuda.is_initialized() or not all(m in _sys.modules for m in RANK_PRELOAD):
-        return False
+        return None  # (a RANK_PRELOAD module the imports above lack: test_ddp_runs says so)
     import gc
     import threading
     import warnings
@@ -476,7 +476,7 @@ def _fork_own_server() -> bool:
         server._forkserver_address = address
         server._forkserver_alive_fd = alive_w
         server._forkserver_pid = pid
-    return True
+    return pid
 
 
 def _close_fds_except(keep: set[int]) -> None:

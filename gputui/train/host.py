@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any
 
-from gputui.core import signals
+from gputui.core import proctree, signals
 from gputui.core.events import RunFailed
 from gputui.core.filewrite import WriteFailed
 from gputui.train import stopping
@@ -117,9 +117,7 @@ def _host(spec: LaunchSpec, channels: HostChannels) -> None:
         else:
             from gputui.train.worker import execute
 
-            from gputui.core.proctree import mark_trained_here
-
-            mark_trained_here()
+            proctree.mark_unforkable()  # it trains here: OpenMP's threads start
             execute(spec.config, list(spec.devices), spec.run_id, recorder.emit, spec.run_dir,
                     stopping.RunStop(channels.stop), spec.t_launch, notes=spec.notes)
     except Exception as exc:  # noqa: BLE001 - the host's own fault still ends the record
@@ -153,10 +151,8 @@ def _load(cuda: list[int]) -> dict[str, Any]:
 
     fresh = {"torch": torch.get_rng_state(), "random": random.getstate(),
              "numpy": np.random.get_state(), "threads": torch.get_num_threads()}
-    if cuda:  # CUDA's driver is touched here: a fork of this host is no fork server
-        from gputui.core.proctree import mark_trained_here
-
-        mark_trained_here()
+    if cuda:  # CUDA's driver is touched here
+        proctree.mark_unforkable()
     if cuda and torch.cuda.is_available():
         for index in cuda:
             if index < torch.cuda.device_count():

@@ -36,7 +36,7 @@ def launch(fn: Callable[..., Any], nproc: int, run_id: str, *args: Any,
     for name in extra:  # what a forked server inherits (the script is imported already)
         importlib.import_module(name)
     if cpu:
-        _fork_own_server()  # False: multiprocessing spawns its server at the launch
+        _fork_own_server()  # None: multiprocessing spawns its server at the launch
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
                           run_id=run_id, rdzv_configs={"is_host": True}, max_restarts=0,
