@@ -95,3 +95,19 @@ def assert_params_close(a: dict, b: dict, rtol: float = 1e-5, atol: float = 1e-6
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
+
+
+_REFERENCES: dict = {}
+
+
+def single_reference(cfg: RunConfig, steps: int = 5):
+    """``single`` on ``cfg`` trained ``steps`` steps (as run_steps) and evaluated on its test
+    set: (strategy, losses, (test score, test loss)). Once per config and step count in this
+    process (the scenarios of one model and batch share it); callers only read it."""
+    from gputui.train.loop import evaluate_with_loss
+
+    key = (cfg.to_toml(), steps)
+    if key not in _REFERENCES:
+        strategy, losses = run_steps(cfg, steps)
+        _REFERENCES[key] = strategy, losses, evaluate_with_loss(strategy, data_for(cfg))
+    return _REFERENCES[key]

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ddp_scenarios import SCENARIOS, STEPS
-from gputui.train.loop import evaluate_with_loss
 from gputui.train.models import build_model
 from rounding import assert_equal_within_rounding
-from strategy_harness import assert_params_close, data_for, make_config, params, run_steps
+import strategy_harness as harness
+from strategy_harness import assert_params_close, make_config, params, run_steps
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -35,17 +35,8 @@ def ranks(tmp_path_factory):
 def single_reference(model: str, batch: int, **extra):
     """The single-device run of the same global batches: the strategy (which carries its
     rounding bound, rounding.py), losses, (test accuracy or a language model's validation
-    loss, and the test loss). Once per config (scenarios of one model and batch share it),
-    read only."""
-    cfg = make_config("single", "cpu", model, batch, **extra)
-    key = cfg.to_toml()
-    if key not in _SINGLE:
-        strategy, losses = run_steps(cfg, STEPS)
-        _SINGLE[key] = strategy, losses, evaluate_with_loss(strategy, data_for(cfg))
-    return _SINGLE[key]
-
-
-_SINGLE: dict = {}
+    loss, and the test loss); strategy_harness keeps it per config."""
+    return harness.single_reference(make_config("single", "cpu", model, batch, **extra), STEPS)
 
 
 def initial_model(model: str):

@@ -105,24 +105,17 @@ RESUMED = ("tp4", "fsdp_tp_adamw", "hsdp", "dp_x_tp", "hsdp_zero1", "pp_x_shard"
            "pp_x_replicate", "pp_x_tp", "fsdp_zero1", "fsdp_ac_full", "ddp_ac_selective")
 
 
-_SINGLE: dict = {}
-
-
 def single_reference(size: int, extra: dict):
     """``single`` on a scenario's model, global batch and optimizer (its ``strategy.`` and
     ``parallel.`` keys dropped), trained STEPS steps in the test's process: (strategy, losses,
-    validation score). Once per config (most scenarios share one); the callers only read it."""
-    from strategy_harness import data_for, make_config, run_steps
-
-    from gputui.train.loop import evaluate
+    validation score); strategy_harness keeps it per config (most scenarios share one)."""
+    from strategy_harness import make_config
+    from strategy_harness import single_reference as reference
 
     extra = {k: v for k, v in extra.items() if not k.startswith(("strategy.", "parallel."))}
-    cfg = make_config("single", "cpu", "gpt", size, **extra)
-    key = cfg.to_toml()
-    if key not in _SINGLE:
-        strategy, losses = run_steps(cfg, STEPS)
-        _SINGLE[key] = strategy, losses, evaluate(strategy, data_for(cfg))
-    return _SINGLE[key]
+    strategy, losses, (score, _) = reference(make_config("single", "cpu", "gpt", size, **extra),
+                                             STEPS)
+    return strategy, losses, score
 
 
 def strategy_scenario(name: str, workdir: str, resume: bool = True) -> dict:
