@@ -52,10 +52,22 @@ class Recorder:
         return any(e.kind == "run_started" for e in self.events)
 
     def emit(self, event: Event) -> None:
-        """Record ``event``, then forward it. A second terminal event is not recorded."""
+        """Record ``event``, then forward it. The terminal event is the record's last: nothing
+        after it is recorded (a second end, or a rank's start that raced the host's end of a
+        run stopped before its ranks started)."""
+        self._emit(event, None)
+
+    def end_unless_started(self, event: Event) -> bool:
+        """Record the terminal ``event`` if RunStarted is not recorded, as one step against
+        the ranks' own events (a stop before the ranks started: their RunStarted, arriving
+        meanwhile, either comes first and this is not recorded, or comes after and is not).
+        True when it was recorded."""
+        return self._emit(event, lambda: not self.started)
+
+    def _emit(self, event: Event, unless: Callable[[], bool] | None) -> bool:
         with self._lock:
-            if self.terminal is not None and is_terminal(event):
-                return
+            if self.terminal is not None or (unless is not None and not unless()):
+                return False
             if is_terminal(event):
                 self.terminal = event
                 self.ended = self.end(event)  # kept in the summary even when refused
@@ -67,6 +79,7 @@ class Recorder:
                 self.forward(event)
             except Exception:  # noqa: BLE001 - a gone listener must not stop the record
                 self.forward = None
+        return True
 
     def end(self, event: Event) -> bool:
         """Append the terminal ``event`` in the space set aside; False when even that failed

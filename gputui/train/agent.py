@@ -543,12 +543,13 @@ class _Watchdog(threading.Thread):
         while not self.done.wait(stopping.PARENT_POLL_S):
             if not self.stop.asked():
                 continue
-            if self.recorder.started:
-                return  # the ranks are training: they agree on a step and stop there
             reason = self.stop.reason() or "stopped by user"
             if reason != stopping.PARENT_GONE:
                 reason = f"{reason} before the ranks started"
-            self.recorder.emit(RunStopped(reason=reason))
+            # as one step against the relay recording the ranks' start: once they started,
+            # they agree on a step and stop there
+            if not self.recorder.end_unless_started(RunStopped(reason=reason)):
+                return
             _kill_children()
             stop_helpers()
             handoff.remove_data_file(self.data_file)

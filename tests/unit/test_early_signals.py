@@ -18,6 +18,9 @@ import psutil
 import pytest
 from procs import tagged
 
+from gputui.core.config import RunConfig
+from gputui.core.events import LogLine, RunStarted, RunStopped
+from gputui.core.recorder import Recorder
 from gputui.core.runstore import read_events
 from gputui.core.signals import Supervisor, stop_reason
 
@@ -67,6 +70,32 @@ def test_ctrl_c_before_the_run_host_takes_signals_is_a_stop(tmp_path, strategy, 
     assert proc.returncode == 130, err
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in err
     assert [p.pid for p in tagged(tag)] == []
+
+
+def _started() -> RunStarted:
+    return RunStarted(run_id="r", config=RunConfig(), devices=({"name": "cpu:0"},),
+                      strategy="ddp", world_size=2)
+
+
+def test_a_stop_before_the_ranks_started_and_their_start_end_the_record_once(tmp_path):
+    """The host's watchdog ends a run stopped before its ranks started while the relay may be
+    recording their RunStarted: in either order the record ends with one terminal event and
+    nothing after it (a start that came second once followed the stop in the record)."""
+    stop = RunStopped(reason="SIGINT (Ctrl-C) before the ranks started")
+    (tmp_path / "stop-first").mkdir()
+    (tmp_path / "start-first").mkdir()
+    first = Recorder(tmp_path / "stop-first")
+    assert first.end_unless_started(stop)
+    first.emit(_started())
+    first.emit(LogLine(level="info", message="late"))
+    assert [e.kind for e in read_events(tmp_path / "stop-first")] == ["run_stopped"]
+    second = Recorder(tmp_path / "start-first")
+    second.emit(_started())
+    assert not second.end_unless_started(stop)  # the ranks agree on their own stop
+    second.emit(RunStopped(reason="SIGINT (Ctrl-C)"))
+    second.emit(RunStopped(reason="a second end"))
+    kinds = [(e.kind, getattr(e, "reason", "")) for e in read_events(tmp_path / "start-first")]
+    assert kinds == [("run_started", ""), ("run_stopped", "SIGINT (Ctrl-C)")]
 
 
 class _Handle:
