@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gputui.core.cachedir import KeptFigures, cache_dir
 
@@ -46,8 +47,13 @@ CACHE_NAME = "peak_flops.json"
 MEASURE_S = 0.2  # how long the matmul peak is measured
 
 
-def counter():
+def counter(modules: bool = True) -> Any:
     """torch's ``FlopCounterMode`` (not displayed) that also counts the CPU's attention kernel.
+    ``modules=False``: the step's total only (``get_total_flops``) by the same formulas,
+    counted inside the step whose memory the plan's tracer traces without changing it
+    (:class:`_WholeStep`): torch's counter tracks modules, hooking every module's backward
+    (which kept a checkpointed block's recomputed tensors alive), and runs an operation it has
+    no formula for as its decomposition (other temporaries than the step makes).
 
     torch's counter has formulas for the GPU's attention kernels (flash, memory-efficient,
     cuDNN) and none for ``_scaled_dot_product_flash_attention_for_cpu``, which
@@ -70,7 +76,30 @@ def counter():
         mapping[aten._scaled_dot_product_flash_attention_for_cpu] = forward
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
         mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = backward
-    return fc.FlopCounterMode(display=False, custom_mapping=mapping)
+    mode = fc.FlopCounterMode(display=False, custom_mapping=mapping)
+    return mode if modules else _WholeStep(mode.flop_registry)
+
+
+class _WholeStep(TorchDispatchMode):
+    """The step's FLOPs by torch's counter's formulas (``registry``: its ``flop_registry``),
+    each operation counted as it is dispatched and then run as it is: no module tracking and
+    no decomposition of the operations the formulas do not know (torch's counter runs those
+    as their parts, and so made other temporaries than the step makes)."""
+
+    def __init__(self, registry: dict[Any, Callable[..., int]]) -> None:
+        super().__init__()
+        self.registry, self.total = registry, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        count = self.registry.get(func._overloadpacket)
+        if count is not None:
+            self.total += int(count(*args, **kwargs, out_val=out))
+        return out
+
+    def get_total_flops(self) -> int:
+        return self.total
 
 
 def count_step_flops(build: Callable[[], nn.Module], x_shape: tuple, num_classes: int,

@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gputui.core.mesh import MeshShape, stages_per_rank
 from gputui.train.flops import counter as flop_counter
-from gputui.train import moe
+from gputui.train import moe, optim
 
 _TOTAL_KEY = "Total"  # the key of a tracker snapshot's sum (torch's mem_tracker)
 
@@ -166,7 +166,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         context_mode = FakeTensorMode(allow_non_fake_inputs=True)
     else:
         context_mode = contextlib.nullcontext()
-    with context_mode:
+    with context_mode, _propagation_untraced(fake):
         torch.manual_seed(0)
         model: nn.Module = gpt(g)
         cp = _context_parallel(mesh, shape)
@@ -196,12 +196,16 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             if experts:
                 moe.reduce_expert_grads(experts, shape.dp, ep_groups.replicas)
         opt_kwargs: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
+        if spec.get("foreach") and not optim.mixes_dtensors(list(model.parameters())):
+            # a GPU run's: torch takes the multi-tensor update by default on CUDA (one
+            # kernel a group of tensors, and their temporaries all at once)
+            opt_kwargs["foreach"] = True
         if ddp and shape.dp_shard > 1 and not fake:
             opt: torch.optim.Optimizer = par.zero1_optimizer(
                 model.parameters(), torch.optim.AdamW, opt_kwargs,
                 mesh["dp_shard"].get_group())
         else:
-            opt = torch.optim.AdamW(model.parameters(), **opt_kwargs)
+            opt = optim.build(torch.optim.AdamW, opt_kwargs, model.parameters())
         fsdp = shape.data_parallel == "fsdp"
         tracker: Any = _rank_peak_only(FSDPMemTracker(model, opt) if fsdp else MemTracker())
         if not fsdp:
@@ -211,20 +215,32 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         x = torch.randint(0, g.vocab_size, (micro, g.context))
         y = torch.randint(0, g.vocab_size, (micro, g.context))
         comm = CommLog()
-        flops = flop_counter()
+        # the step's total only: torch's counter with its module tracking kept checkpointed
+        # blocks' recomputed tensors alive (GPT-2 small, full checkpointing: 5.76 GiB
+        # planned, 2.86 on an H200), so it counted a step apart from the traced one
+        flops = flop_counter(modules=False)
         seconds = 0.0
         forward_act = 0
         forward_total = 0
+        if fake:
+            # the optimizer's state made first, by a step of zero gradients: what the traced
+            # step holds is what every step after the first holds, without a forward and
+            # backward of its own (the trace's cost by operation)
+            with tracker:
+                for p in model.parameters():
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(p)
+                opt.step()
+                opt.zero_grad()
+            tracker.reset_mod_stats()
+            steps = 1
         for step in range(steps):
             last = step == steps - 1
             t0 = time.perf_counter()
             # each step entered anew: entering sets the tracker's peak to what is held now,
-            # so the peak is the last step's, with the optimizer state the first one made
-            # (a first step's own peak, before that state exists, won at 1 block and lost at
-            # 2 for tp 2, and the extrapolation mixed the two moments). FLOPs are counted on
-            # the first step (with steps = 1, the measured one too): torch's counter tracks
-            # modules through backward and so kept checkpointed blocks' recomputed tensors
-            # alive (GPT-2 small, full checkpointing: 5.76 GiB planned, 2.86 on an H200)
+            # so the peak is the last step's, with the optimizer state (a first step's own
+            # peak, before that state exists, won at 1 block and lost at 2 for tp 2, and the
+            # extrapolation mixed the two moments); FLOPs counted on the first
             with tracker, (flops if step == 0 else _null()), (comm if last else _null()):
                 comm.phase = "forward"
                 for i in range(chunks):
@@ -363,6 +379,34 @@ def _meshes_real(fake: bool) -> Iterator[None]:
         DeviceMesh.__init__ = init  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _propagation_untraced(fake: bool) -> Iterator[None]:
+    """DTensor's sharding propagation kept out of the trace, as a run keeps it out of its
+    memory: on an op's first sight it runs the op on fake tensors for the output's shape, in
+    the fake mode it detects, which under the tracer is the trace's own, so the tracker took
+    those tensors for the step's (tp 2's first step at 2 blocks: 0.4 MB more at a moment of
+    its own, which the second step, its propagation cached, does not have). With the trace's
+    modes set aside, propagation finds no fake mode and makes its own, as in a run."""
+    from torch.distributed.tensor import _sharding_prop
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    cls = getattr(_sharding_prop, "ShardingPropagator", None)
+    own = getattr(cls, "_propagate_tensor_meta_non_cached", None)
+    if not fake or own is None:
+        yield
+        return
+
+    def apart(self: Any, op_schema: Any) -> Any:
+        with _disable_current_modes():
+            return own(self, op_schema)
+
+    cls._propagate_tensor_meta_non_cached = apart  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        cls._propagate_tensor_meta_non_cached = own  # type: ignore[union-attr]
+
+
 class _null:
     def __enter__(self):
         return self
@@ -389,8 +433,9 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
     mem = {k: max(0, lin(one["mem"][k], two["mem"].get(k, 0))) for k in one["mem"]}
     # the peak's moment can differ between the two depths (in the optimizer step at one, as
     # backward begins at the other): the peak at n blocks is at least what the rank holds as
-    # backward begins there, each moment extrapolated on its own
-    mem["peak"] = max(mem["peak"], mem.pop("at_backward", 0))
+    # backward begins there, each moment extrapolated on its own (that moment kept for the
+    # formulas that add to it: DDP's buckets)
+    mem["peak"] = max(mem["peak"], mem.get("at_backward", 0))
     comm = []
     keyed = {(c["kind"], c["phase"], c["group"]): c for c in two["comm"]}
     for c in one["comm"]:
@@ -400,7 +445,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
         comm.append(dict(c, count=lin(c["count"], d["count"]), bytes=lin(c["bytes"], d["bytes"])))
     for c in keyed.values():  # a collective only the deeper stack has: one more block's
         comm.append(dict(c, count=c["count"] * (n - depth), bytes=c["bytes"] * (n - depth)))
-    per_block = {k: two["mem"][k] - one["mem"][k] for k in mem}
+    per_block = {k: two["mem"][k] - one["mem"][k] for k in mem if k != "at_backward"}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
             "local_params": lin(one["local_params"], two["local_params"]),
             "expert_params": lin(one.get("expert_params", 0), two.get("expert_params", 0)),
@@ -452,6 +497,7 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
         out = _ddp(inner, out, formula)
     if shape.pp > 1:
         out = _pipeline(spec, shape, out, blocks)
+    out["mem"].pop("at_backward", None)
     out["formula"] = formula
     return out
 
@@ -623,7 +669,11 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
     mem = dict(out["mem"])  # the buckets (the gradients: gradient_as_bucket_view) are
     added = grads - mem["grads"]  # allocated with DDP, before the first backward
     mem["grads"] += added
-    mem["peak"] += added
+    # held at every moment: where the traced peak is in the optimizer step (the gradients
+    # there already; AdamW's multi-tensor temporaries), the moment backward begins, with
+    # the buckets, can be the higher
+    at_backward = mem.get("at_backward", 0) + grads
+    mem["peak"] = max(mem["peak"] + added, at_backward)
     out["mem"] = mem
     out["comm"] = out["comm"] + [{"kind": "all-reduce", "phase": "backward", "group": group,
                                   "count": max(1, -(-grads // DDP_BUCKET)), "bytes": grads,

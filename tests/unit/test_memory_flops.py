@@ -52,6 +52,28 @@ def test_attention_on_cpu_tensors_is_counted_as_a_run_counts_it_on_the_meta_devi
     assert attend("cpu", flops.counter()) == on_meta
 
 
+def test_the_whole_step_counter_counts_what_torchs_counts():
+    """The plan's tracer counts FLOPs inside the step whose memory it traces, with the
+    counter that neither tracks modules nor decomposes what it has no formula for: the same
+    total as torch's counter over a GPT's step, checkpointed blocks and attention included."""
+    from gputui.train.gpt import GPTShape, gpt, lm_loss
+    from gputui.train.parallelize import apply_ac
+
+    torch.manual_seed(0)
+    model = gpt(GPTShape(vocab_size=64, context=16, n_layer=2, n_head=2, n_embd=16))
+    apply_ac(model, "full")
+    x = torch.randint(0, 64, (2, 16))
+
+    def step(mode) -> int:
+        with mode as count:
+            lm_loss(model(x), x).backward()
+        return count.get_total_flops()
+
+    whole = step(flops.counter(modules=False))
+    assert type(flops.counter(modules=False)).__name__ == "_WholeStep"
+    assert whole == step(flops.counter()) > 0
+
+
 def test_counting_flops_leaves_the_random_state_alone():
     before = torch.get_rng_state()
     flops.count_step_flops(mlp, (B, IN), OUT)

@@ -103,8 +103,11 @@ def strategy_name(shape: MeshShape) -> str:
     return names.get(frozenset(dims), "mesh")
 
 
-def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | str:
-    """The tracer's job for ``shape`` (see gputui.train.plan_trace), or why there is none."""
+def spec_of(model: ModelSize, shape: MeshShape, world: int,
+            foreach: bool = False) -> dict[str, Any] | str:
+    """The tracer's job for ``shape`` (see gputui.train.plan_trace), or why there is none.
+    ``foreach``: AdamW's multi-tensor update, which torch takes by default on CUDA (a GPU
+    profile's plan; a CPU run takes the per-tensor one)."""
     if model.n_head % shape.tp:
         return f"n_head {model.n_head} does not split over tp {shape.tp}"
     why = _cp_ep_problem(model, shape)
@@ -129,7 +132,8 @@ def spec_of(model: ModelSize, shape: MeshShape, world: int) -> dict[str, Any] | 
                      if k not in LATER_DIMS or v != 1},  # the keys of traces kept before
             "world": world, "micro_batch": batch // (shape.dp * chunks),
             "micro_batches": chunks, "precision": model.precision,
-            "schedule": model.schedule, "stages_per_rank": model.stages_per_rank}
+            "schedule": model.schedule, "stages_per_rank": model.stages_per_rank,
+            **({"foreach": True} if foreach else {})}
 
 
 def _cp_ep_problem(model: ModelSize, shape: MeshShape) -> str:
@@ -193,7 +197,7 @@ def candidates(model: ModelSize, cluster: Cluster, ac: str = "none",
             if shape in seen or _cp_ep_problem(model, shape):
                 continue
             seen.add(shape)
-            spec = spec_of(model, shape, world)
+            spec = spec_of(model, shape, world, cluster.profile.kind == "gpu")
             out.append(Candidate(shape, spec if isinstance(spec, dict) else None,
                                  spec if isinstance(spec, str) else ""))
     return out

@@ -205,7 +205,7 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
     """Trace what is not kept, then the rows: every candidate at ac = none; those whose
     activations keep them from fitting (and whose state alone fits) again at full
     checkpointing, and those that fit so at selective checkpointing."""
-    cands = ([Candidate(s, *_spec(model, s, cluster.world)) for s in only] if only is not None
+    cands = ([_cand(model, s, cluster) for s in only] if only is not None
              else estimate.candidates(model, cluster, "none", every_mesh))
     with Tracer(line) as tracer:  # its rounds' children sized by the load as the plan began
         rows = _rounds(cands, model, cluster, line, tracer, only is None)
@@ -233,7 +233,7 @@ def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Li
         return rows
     # full checkpointing keeps the least: tried first where checkpointing may make a mesh
     # fit, selective (faster, more memory) only where full fits
-    again = [_cand(model, replace(r.shape, ac="full"), cluster.world) for r in rows
+    again = [_cand(model, replace(r.shape, ac="full"), cluster) for r in rows
              if estimate.ac_may_fit(r, cluster.profile)]
     if again:
         line(f"{len(again)} mesh(es) do not fit for their activations: tracing them again "
@@ -241,7 +241,7 @@ def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Li
              f"and optimizer state alone do not fit)")
         full = _rows(again, model, cluster, line, tracer)
         rows += full
-        sel = [_cand(model, replace(r.shape, ac="selective"), cluster.world) for r in full
+        sel = [_cand(model, replace(r.shape, ac="selective"), cluster) for r in full
                if r.fits]
         if sel:
             line(f"{len(sel)} of them fit with full checkpointing: tracing them with "
@@ -250,13 +250,9 @@ def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Li
     return rows
 
 
-def _cand(model: ModelSize, shape: MeshShape, world: int) -> Candidate:
-    return Candidate(shape, *_spec(model, shape, world))
-
-
-def _spec(model: ModelSize, shape: MeshShape, world: int) -> tuple[dict | None, str]:
-    spec = estimate.spec_of(model, shape, world)
-    return (spec, "") if isinstance(spec, dict) else (None, spec)
+def _cand(model: ModelSize, shape: MeshShape, cluster: Cluster) -> Candidate:
+    spec = estimate.spec_of(model, shape, cluster.world, cluster.profile.kind == "gpu")
+    return Candidate(shape, spec, "") if isinstance(spec, dict) else Candidate(shape, None, spec)
 
 
 def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
