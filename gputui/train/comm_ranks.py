@@ -184,6 +184,9 @@ def bench(spec: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------- the prediction's collectives
 
 Call = tuple[str, int]  # ("all_gather" | "reduce_scatter", the unit's full flat bytes)
+# a plan's collective: (op, the full bytes of one call, its group's size); op one of OPS
+GroupCall = tuple[str, int, int]
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "ring")
 
 
 def fsdp_calls(units: list[int], root: int = 0) -> list[Call]:
@@ -285,15 +288,23 @@ def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
     collective, as fully_shard issues them on the CPU (synchronous; on CUDA each slice and
     each call is synchronized, so the figure is the work, not its queueing); what they add to
     a step, as for the all-reduce: the mean cycle less the slowest rank's mean compute."""
+    n = dist.get_world_size()
+    return _cycles([(op, b, n) for op, b in calls], work, k, iters, device, {n: None})
+
+
+def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
+            groups: dict[int, Any]) -> float:
+    """:func:`_fsdp_cycles` over calls of any op of :data:`OPS`, each in this rank's group of
+    its size (``groups``: size -> group; None: the whole world)."""
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    n = dist.get_world_size()
     bufs = []
-    for op, b in calls:
+    for op, b, size in calls:
+        n = max(1, size)
         numel = max(n, b // 4 // n * n)
-        bufs.append((op, numel, torch.ones(numel, device=device),
+        bufs.append((op, numel, n, groups.get(size), torch.ones(numel, device=device),
                      torch.ones(numel // n, device=device)))
     cuts = [round(k * (i + 1) / len(calls)) - round(k * i / len(calls))
             for i in range(len(calls))]
@@ -301,31 +312,81 @@ def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
     for i in range(iters + 3):
         t0 = time.perf_counter()
         busy = 0.0
-        for (op, numel, full, shard), cut in zip(bufs, cuts, strict=True):
+        for (op, numel, n, group, full, shard), cut in zip(bufs, cuts, strict=True):
             w0 = time.perf_counter()
             for _ in range(cut):
                 work @ work
             sync()
             busy += time.perf_counter() - w0
-            # with fsdp's own copies around each call, into buffers allocated per call as it
-            # allocates them (on the CPU, fresh pages: part of the cost)
-            if op == "all_gather":  # copy-in of the shards, gather, copy-out into the
-                inp = torch.empty(numel // n, device=device)  # unsharded parameters
-                inp.copy_(shard)
-                out = torch.empty(numel, device=device)
-                dist.all_gather_single(out, inp)  # as torch's DefaultAllGather
-                torch.empty(numel, device=device).copy_(out)
-            else:  # the gradients copied into one input, divided before and after (gloo
-                inp = torch.empty(numel, device=device)  # has no average), scattered
-                inp.copy_(full).div_(n)
-                out = torch.empty(numel // n, device=device)
-                dist.reduce_scatter_single(output=out, input=inp)  # as DefaultReduceScatter
-                shard.copy_(out)
+            _call(op, numel, n, group, full, shard, device)
             sync()
         if i >= 3:
             cycles.append(time.perf_counter() - t0)
             works.append(busy)
     return _added(cycles, works)
+
+
+def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: torch.Tensor,
+          device: torch.device) -> None:
+    """One collective of ``op`` over ``group`` (of ``n`` ranks) as the parallelism code issues
+    it. fsdp's with its own copies around each call, into buffers allocated per call as it
+    allocates them (on the CPU, fresh pages: part of the cost)."""
+    if op == "all_gather":  # copy-in of the shards, gather, copy-out into the
+        inp = torch.empty(numel // n, device=device)  # unsharded parameters
+        inp.copy_(shard)
+        out = torch.empty(numel, device=device)
+        dist.all_gather_single(out, inp, group=group)  # as torch's DefaultAllGather
+        torch.empty(numel, device=device).copy_(out)
+    elif op == "reduce_scatter":  # the gradients copied into one input, divided before and
+        inp = torch.empty(numel, device=device)  # after (gloo has no average), scattered
+        inp.copy_(full).div_(n)
+        out = torch.empty(numel // n, device=device)
+        dist.reduce_scatter_single(output=out, input=inp, group=group)  # as DefaultReduceScatter
+        shard.copy_(out)
+    elif op == "all_reduce":  # tp's partial sums, DDP's buckets: in place
+        dist.all_reduce(full, group=group)
+    elif op == "all_to_all":  # ep's tokens, an even split
+        dist.all_to_all_single(torch.empty_like(full), full, group=group)
+    elif op == "broadcast":  # ZeRO-1's updated parameters
+        dist.broadcast(full, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    elif op == "ring":  # cp's hop: a block sent to the next rank, one taken from the last
+        rank = dist.get_rank(group) if group else dist.get_rank()
+        peer = (lambda r: dist.get_global_rank(group, r)) if group else (lambda r: r)
+        recv = torch.empty_like(full)
+        for req in dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, full, peer((rank + 1) % n), group),
+                dist.P2POp(dist.irecv, recv, peer((rank - 1) % n), group)]):
+            req.wait()
+    else:
+        raise ValueError(f"no collective {op!r} (one of {', '.join(OPS)})")
+
+
+def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str,
+                seconds: float) -> list[float] | None:
+    """A plan's meshes on CPU ranks (``gputui.runs.forecast.links``): for each, what its
+    collectives (``calls``: op, bytes, group size) add to a step of ``gap`` seconds of
+    compute, measured over about ``seconds`` of steps; rank 0's list, in order."""
+    signals.rank_of_held()
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    dist.init_process_group(backend_for("auto", kind))
+    try:
+        world = dist.get_world_size()
+        groups: dict[int, Any] = {world: None}
+        for size in sorted({int(c[2]) for m in meshes for c in m["calls"]}):
+            if size not in groups and 1 < size < world and world % size == 0:
+                groups[size], _ = dist.new_subgroups(size)  # consecutive ranks
+        work = torch.randn(128, 128, device=device)
+        out = []
+        for m in meshes:
+            calls = [(str(op), int(b), int(g)) for op, b, g in m["calls"] if int(g) in groups]
+            k = _calibrate(work, m["gap"], kind, device)
+            iters = max(3, min(50, int(seconds / max(m["gap"], 1e-3))))
+            out.append(_cycles(calls, work, k, iters, device, groups) if calls else 0.0)
+        return out if dist.get_rank() == 0 else None
+    finally:
+        time.sleep(0.1)  # see strategies.rank.destroy_group
+        dist.destroy_process_group()
 
 
 def _added(cycles: list[float], works: list[float]) -> float:
@@ -357,6 +418,10 @@ def in_step(job: dict[str, Any]) -> dict[str, Any]:
     """The prediction's figure: what one all-reduce of ``size`` bytes (or, given a config,
     the model's fsdp collectives) adds to a step of ``gap`` seconds of compute on ``n`` ranks."""
     n, size, calls = job["n"], job["size"], None
+    if job.get("meshes") is not None:  # a plan's: each mesh's calls between its compute
+        got = launch_ranks(meshes_rank, n, (job["meshes"], job["threads"], job["kind"],
+                                            job.get("seconds", 1.0)), "plan")
+        return {"seconds": got[0]}
     if job.get("cfg") is not None:  # fsdp: the model's units, counted here
         calls = fsdp_calls(*fsdp_units(job["cfg"], n))
         size = sum(b for _, b in calls)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from gputui.core.cachedir import KeptFigures, cache_dir
 
@@ -80,11 +81,19 @@ def counter(modules: bool = True) -> Any:
     return mode if modules else _WholeStep(mode.flop_registry)
 
 
+def _local(x: Any) -> Any:
+    """A DTensor's local part (what this rank computes on); anything else as it is."""
+    local = getattr(x, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else x
+
+
 class _WholeStep(TorchDispatchMode):
     """The step's FLOPs by torch's counter's formulas (``registry``: its ``flop_registry``),
     each operation counted as it is dispatched and then run as it is: no module tracking and
     no decomposition of the operations the formulas do not know (torch's counter runs those
-    as their parts, and so made other temporaries than the step makes)."""
+    as their parts, and so made other temporaries than the step makes). An operation on
+    DTensors is counted on their local parts: this rank's share of a tensor-parallel linear
+    (torch's counter sees the global shapes), and a replicated one whole."""
 
     def __init__(self, registry: dict[Any, Callable[..., int]]) -> None:
         super().__init__()
@@ -94,8 +103,9 @@ class _WholeStep(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         count = self.registry.get(func._overloadpacket)
-        if count is not None:
-            self.total += int(count(*args, **kwargs, out_val=out))
+        if count is not None:  # a DTensor's op counted on this rank's part of it
+            local_args, local_kwargs, local_out = tree_map(_local, (args, kwargs, out))
+            self.total += int(count(*local_args, **local_kwargs, out_val=local_out))
         return out
 
     def get_total_flops(self) -> int:

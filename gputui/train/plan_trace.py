@@ -487,10 +487,6 @@ def plan_rank(spec: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     if m.get("moe_experts"):
         formula.append("moe: the router's choices are not on fake tensors; tokens routed "
                        "evenly over the experts, kept by the capacity rule")
-    if inner.tp > 1:  # the FLOP counter sees the sharded linears' DTensor (global) shapes
-        out["flops"] -= int(blocks * (two["flops"] - one["flops"]) * (1 - 1 / inner.tp))
-        formula.append("tp: a block's FLOPs are counted on DTensors' global shapes and "
-                       "divided by tp")
     if chunks > 1:
         out = _micro_batches(out, chunks, formula)
     if inner.data_parallel == "ddp":

@@ -138,6 +138,66 @@ def test_collectives_take_the_link_their_group_spans():
     assert estimate.collective_time(reduce, hsdp, two_nodes) == pytest.approx(2 * inside, 1e-3)
 
 
+def _cpu_row(comm: list, shape: MeshShape, compute_s: float = 0.02):
+    """A row of this machine's CPU profile (2 ranks) with ``comm`` and ``compute_s``."""
+    cpu = profiles.cpu_profile(1e10, 2, 2**34, None, 2)
+    spec = estimate.spec_of(TINY, shape, 2)
+    assert isinstance(spec, dict)
+    mem = {k: 1000 for k in estimate.MEM_PARTS}
+    got = {"mem": dict(mem, peak=7000), "flops": int(compute_s * cpu.peak_flops("fp32")
+                                                      * cpu.efficiency / 2),
+           "comm": comm, "formula": []}
+    return estimate.make_row(Candidate(shape, spec), got, TINY, Cluster(cpu, 2)), Cluster(cpu, 2)
+
+
+def test_a_cpu_meshs_calls_are_its_step_in_order():
+    """What the CPU's in-step measurement runs: each traced collective as its calls (one
+    call's bytes, its group), phase by phase, the kinds of a phase in turn; pp's sends and
+    one-rank groups are left to the formula."""
+    from gputui.runs.forecast import links
+
+    comm = [{"kind": "all-gather", "phase": "forward", "group": 2, "count": 2, "bytes": 800},
+            {"kind": "all-gather", "phase": "backward", "group": 2, "count": 2, "bytes": 800},
+            {"kind": "reduce-scatter", "phase": "backward", "group": 2, "count": 2,
+             "bytes": 800},
+            {"kind": "all-reduce", "phase": "optimizer", "group": 1, "count": 5, "bytes": 40},
+            {"kind": "send", "phase": "forward", "group": 2, "count": 4, "bytes": 4000},
+            {"kind": "cp ring send", "phase": "forward", "group": 2, "count": 1, "bytes": 64}]
+    row, _ = _cpu_row(comm, MeshShape(dp_shard=2))
+    assert links.calls_of(row) == [
+        ("all_gather", 400, 2), ("ring", 64, 2), ("all_gather", 400, 2),
+        ("all_gather", 400, 2), ("reduce_scatter", 400, 2), ("all_gather", 400, 2),
+        ("reduce_scatter", 400, 2)]
+
+
+def test_a_cpu_plans_collectives_are_measured_in_the_step_on_as_many_gloo_ranks(tmp_path):
+    """cpu*2: the row's all-gathers run on two real gloo ranks between its planned compute;
+    what they add is the row's collectives' time (its step: compute + that), kept per
+    machine, so the same plan again launches nothing."""
+    from gputui.runs.forecast import links
+    from gputui.runs.predict.cache import Cache
+
+    comm = [{"kind": "all-gather", "phase": "forward", "group": 2, "count": 3,
+             "bytes": 3 * 2**20},
+            {"kind": "send", "phase": "forward", "group": 2, "count": 1, "bytes": 4}]
+    row, cluster = _cpu_row(comm, MeshShape(dp_shard=2))
+    sends = row.comm[1]["seconds"]
+    cache, said = Cache(tmp_path / "figures.json"), []
+    assert links.measured([row], cluster, said.append, cache)
+    assert any("measuring gloo's collectives in the step of 1 mesh" in s for s in said), said
+    gathers = row.comm[0]
+    assert gathers["measured"] and gathers["seconds"] > 0
+    assert row.comm_exposed_s == pytest.approx(gathers["seconds"] + sends)
+    assert row.step_s == pytest.approx(row.compute_s + row.comm_exposed_s)
+    again, _ = _cpu_row(comm, MeshShape(dp_shard=2))
+    said.clear()
+    assert links.measured([again], cluster, said.append, cache)
+    assert said == [] and again.comm[0]["seconds"] == pytest.approx(gathers["seconds"])
+    # a GPU's profile keeps the ring formula
+    gpu = Cluster(profiles.find(profiles.load_profiles(), "H100"), 2)
+    assert not links.measured([again], gpu, said.append, cache)
+
+
 def _row(mem: dict, flops: int = 10**15, comm: list | None = None, shape=None):
     shape = shape or MeshShape(dp_shard=8)
     spec = estimate.spec_of(TINY, shape, 8)
@@ -334,6 +394,13 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
     # fully_shard over 2: half of each, and half of the work (the batch split)
     assert fsdp2["mem"]["params"] == pytest.approx(whole / 2, rel=0.05)
     assert fsdp2["flops"] == pytest.approx(single["flops"] / 2, rel=0.01)
+    # tp 2: each rank computes its half of every block's linears and of the heads'
+    # attention (counted on its local parts, not the DTensors' global shapes), and the whole
+    # of the head it holds replicated over the whole batch: half the step and half the head
+    # (6 B T n_embd vocab: forward and backward) above fully_shard's rank
+    tp2 = got[(2, MeshShape(tp=2))]
+    head = 6 * TINY.batch * TINY.context * TINY.n_embd * TINY.vocab
+    assert tp2["flops"] - fsdp2["flops"] == pytest.approx(head / 2, rel=0.01)
     # the FLOPs a run counts for its MFU (the model on the meta device), attention included
     # (traced on the CPU, whose attention kernel torch's counter alone counts as 0)
     from gputui.train import flops

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.mesh import MeshShape
-from gputui.runs.forecast import estimate, profiles
+from gputui.runs.forecast import estimate, links, profiles
 from gputui.runs.compare.export import _pyplot, _save
 from gputui.runs.forecast.estimate import GIB, Candidate, ModelSize, Row
 from gputui.runs.forecast.profiles import Cluster, Profile
@@ -209,13 +209,15 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
              else estimate.candidates(model, cluster, "none", every_mesh))
     with Tracer(line) as tracer:  # its rounds' children sized by the load as the plan began
         rows = _rounds(cands, model, cluster, line, tracer, only is None)
+    in_step = links.measured(rows, cluster, line)  # this machine's CPU ranks: measured
     p = cluster.profile
     assumptions = [
         f"device: {p.name}, {p.memory_gib:.1f} GiB, {p.peak_flops(model.dtype()) / 1e12:.1f} "
         f"TFLOP/s {model.dtype()} ({p.source})",
         f"compute efficiency {p.efficiency:.2f} of the peak: {p.efficiency_source}",
-        f"links: {p.link_gbs:g} GB/s inside a node, {p.net_gbs:g} GB/s between nodes "
-        f"({p.link_source}; {p.net_source or 'network: ' + p.link_source})",
+        (f"links: {links.SOURCE}" if in_step else
+         f"links: {p.link_gbs:g} GB/s inside a node, {p.net_gbs:g} GB/s between nodes "
+         f"({p.link_source}; {p.net_source or 'network: ' + p.link_source})"),
         f"fits: peak x {1 + profiles.ALLOCATOR_HEADROOM:.2f} (allocator headroom)"
         + (f" + {profiles.CUDA_CONTEXT_GIB:g} GiB (CUDA context)" if p.kind == "gpu" else "")
         + f" <= {p.memory_gib:.1f} GiB"]

@@ -1,0 +1,119 @@
+"""The CPU's links, measured in each mesh's own step (torch-free here: the ranks are spawned).
+
+A GPU profile's collectives are a ring over the data sheet's bandwidth and latency
+(``estimate.collective_time``). CPU ranks share the cores that compute: gloo copies and
+reduces on them, and each call waits for the slowest rank, so on this machine a 1 MiB
+all-reduce between compute took about 2.6 ms where the ring over bench-comm's peak gives 1.
+For a plan of this machine's CPU (``--gpus cpu*N``), each mesh's traced collectives (its
+calls' kinds, bytes and groups, in a step's order: forward, backward, optimizer) are run on N
+gloo ranks between the mesh's planned compute cut into equal slices, as
+``gputui predict`` measures fsdp's (``gputui.train.comm_ranks.meshes_rank``): what they add to
+the step is the row's collectives' time. A pipeline's stage-to-stage sends stay the
+formula's. One launch measures every mesh of a plan; kept per machine, so a plan made again
+answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from gputui.runs.forecast.estimate import RING, Row
+from gputui.runs.forecast.profiles import Cluster
+from gputui.runs.predict.cache import Cache, cores, machine_id
+
+Line = Callable[[str], None]
+OPS = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
+       "all-reduce": "all_reduce", "all-to-all": "all_to_all", "broadcast": "broadcast",
+       RING: "ring"}
+PHASES = ("forward", "backward", "optimizer")
+SECONDS = 1.0  # of steps measured a mesh (at least 3 steps)
+SOURCE = ("gloo measured on this machine in each mesh's step: its traced calls between its "
+          "planned compute, on as many ranks (gputui.runs.forecast.links); pp's sends by "
+          "formula")
+
+
+def calls_of(row: Row) -> list[tuple[str, int, int]]:
+    """The row's collectives as calls (op, the bytes of one call, group size) in a step's
+    order: by phase, the kinds of a phase taken in turn."""
+    by_phase: dict[str, list[list[Any]]] = {}
+    for c in row.comm:
+        op = OPS.get(c["kind"])
+        if op is None or c["count"] <= 0 or c["group"] <= 1:
+            continue
+        per = max(4, int(c["bytes"]) // int(c["count"]))
+        by_phase.setdefault(c["phase"], []).append([op, per, int(c["group"]), int(c["count"])])
+    out: list[tuple[str, int, int]] = []
+    for phase in [*PHASES, *sorted(set(by_phase) - set(PHASES))]:
+        kinds = by_phase.get(phase, [])
+        while any(k[3] for k in kinds):
+            for k in kinds:
+                if k[3]:
+                    out.append((k[0], k[1], k[2]))
+                    k[3] -= 1
+    return out
+
+
+def measured(rows: list[Row], cluster: Cluster, line: Line,
+             cache: Cache | None = None) -> bool:
+    """For this machine's CPU ranks (a cpu profile of more than one rank): every row's
+    collectives measured in its step (kept per machine), its step time and exposed
+    collectives' time made of it. False when nothing was measured (a GPU profile, one rank,
+    no collective, or the measurement failed: the ring formula stays, said on ``line``)."""
+    p = cluster.profile
+    if p.kind != "cpu" or cluster.world < 2:
+        return False
+    cache = cache or Cache()
+    threads = max(1, cores() // cluster.world)
+    todo: dict[str, dict[str, Any]] = {}
+    keys: dict[int, str] = {}
+    for i, row in enumerate(rows):
+        calls = calls_of(row)
+        if row.step_s is None or not calls:
+            continue
+        mesh = {"calls": [list(c) for c in calls], "gap": round(row.compute_s, 4)}
+        keys[i] = key = (f"plan-links|{machine_id()}|{cluster.world}|{threads}|"
+                         + json.dumps(mesh, sort_keys=True))
+        if cache.get(key) is None:
+            todo[key] = mesh
+    if todo:
+        from gputui.runs import comm_bench
+
+        line(f"measuring gloo's collectives in the step of {len(todo)} mesh(es) on "
+             f"{cluster.world} CPU ranks ...")
+        got = comm_bench.measure({"what": "in_step", "n": cluster.world, "size": 0, "gap": 0,
+                                  "kind": "cpu", "threads": threads, "seconds": SECONDS,
+                                  "meshes": list(todo.values())},
+                                 120 + 10 * SECONDS * len(todo), "gputui-plan-links")
+        if "error" in got:
+            line(f"measuring the collectives failed ({got['error']}): the ring formula stays")
+            return False
+        for key, seconds in zip(todo, got["seconds"], strict=True):
+            try:
+                cache.put(key, {"seconds": float(seconds)})
+            except Exception:  # noqa: BLE001 - a read-only cache: measured again next time
+                todo[key]["seconds"] = float(seconds)
+    for i, key in keys.items():
+        kept = cache.get(key) or todo.get(key) or {}
+        if "seconds" in kept:
+            _apply(rows[i], float(kept["seconds"]))
+    return bool(keys)
+
+
+def _apply(row: Row, seconds: float) -> None:
+    """The row's collectives' time: ``seconds`` measured for those run (each one's share in
+    proportion to its formula's time), the formula's for the rest (pp's sends); the step,
+    tokens/s and MFU follow."""
+    run = [c for c in row.comm if OPS.get(c["kind"]) and c["count"] > 0 and c["group"] > 1]
+    rest = [c for c in row.comm if not any(c is r for r in run)]
+    formula = sum(c["seconds"] for c in run)
+    for c in run:
+        c["seconds"] = seconds * (c["seconds"] / formula if formula else 1 / len(run))
+        c["measured"] = True
+    before = row.step_s
+    row.comm_exposed_s = seconds + sum(c["seconds"] for c in rest)
+    row.step_s = row.compute_s + row.comm_exposed_s
+    if before and row.step_s:  # both are a fixed amount of work over the step
+        scale = before / row.step_s
+        row.tokens_per_s = row.tokens_per_s * scale if row.tokens_per_s else None
+        row.mfu = row.mfu * scale if row.mfu else None
