@@ -4,7 +4,8 @@ For every mesh of cpu*2 and cpu*4 that runs here (fsdp at ZeRO-3, 2 and 1, ddp, 
 pp, HSDP, cp, with and without activation checkpointing; a mixture of experts over ep), the
 plan's peak memory per rank (traced on a fake process group under fake tensors at 2 and 3
 blocks, extrapolated) and step time (the
-CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step) beside
+CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step, and
+the mesh's collectives measured on as many gloo ranks in its step: links.py) beside
 the same mesh run for real: gloo ranks, real tensors, the same model and parallelism code,
 its peak from the same memory tracker (a pp mesh: the real schedule, its live storages'
 bytes) and its median step time.
