@@ -301,11 +301,16 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
             torch.cuda.synchronize(device)
 
     bufs = []
+    held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     for op, b, size in calls:
         n = max(1, size)
         numel = max(n, b // 4 // n * n)
-        bufs.append((op, numel, n, groups.get(size), torch.ones(numel, device=device),
-                     torch.ones(numel // n, device=device)))
+        # one full buffer and one shard per size, shared by the calls of that size (a
+        # model's units are of a few sizes): the rank holds what one call needs, not the
+        # whole step's
+        full, shard = held.setdefault((numel, n), (torch.ones(numel, device=device),
+                                                   torch.ones(numel // n, device=device)))
+        bufs.append((op, numel, n, groups.get(size), full, shard))
     cuts = [round(k * (i + 1) / len(calls)) - round(k * i / len(calls))
             for i in range(len(calls))]
     cycles, works = [], []
@@ -365,7 +370,9 @@ def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str,
                 seconds: float) -> list[float] | None:
     """A plan's meshes on CPU ranks (``gputui.runs.forecast.links``): for each, what its
     collectives (``calls``: op, bytes, group size) add to a step of ``gap`` seconds of
-    compute, measured over about ``seconds`` of steps; rank 0's list, in order."""
+    compute, over ``iters`` steps (else about ``seconds`` of them); rank 0's list, in order.
+    A group size that does not divide the world has no group: its calls are left out (the
+    plan leaves them to the formula)."""
     signals.rank_of_held()
     torch.set_num_threads(threads)
     device = torch.device("cpu")
@@ -381,7 +388,7 @@ def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str,
         for m in meshes:
             calls = [(str(op), int(b), int(g)) for op, b, g in m["calls"] if int(g) in groups]
             k = _calibrate(work, m["gap"], kind, device)
-            iters = max(3, min(50, int(seconds / max(m["gap"], 1e-3))))
+            iters = int(m.get("iters") or max(3, min(50, int(seconds / max(m["gap"], 1e-3)))))
             out.append(_cycles(calls, work, k, iters, device, groups) if calls else 0.0)
         return out if dist.get_rank() == 0 else None
     finally:

@@ -5,11 +5,13 @@ On rank 0 of a fake process group of the planned world size
 ``FakeTensorMode`` (tensors with shapes and dtypes but no storage), the real GPT is built at the
 size asked, the real parallelism functions of the mesh are applied to it
 (:func:`gputui.train.parallelize.parallelize`: tp, activation checkpointing, fully_shard; DDP
-around it for replicas), and two AdamW steps run under torch's memory tracker
-(``FSDPMemTracker`` where fully_shard holds the model, else ``MemTracker``), torch's FLOP counter
-and :class:`CommLog` (every collective the fake group is handed: kind, bytes, group size). The
-same code runs on real tensors in a real gloo group (``fake = False``): what the benchmark
-measures the plan against.
+around it for replicas), and one AdamW step runs under torch's memory tracker
+(``FSDPMemTracker`` where fully_shard holds the model, else ``MemTracker``), the whole-step FLOP
+counter (``flops.counter(modules=False)``) and :class:`CommLog` (every collective the fake group
+is handed: kind, bytes, group size), after a step of zero gradients that makes AdamW's state
+(no forward or backward: the traced step holds what every later step holds). The same code
+runs on real tensors in a real gloo group (``fake = False``, its ``steps`` full steps): what
+the benchmark measures the plan against.
 
 A stack of identical blocks costs the same per block, so each mesh is traced at 2 and 3 blocks
 (1 and 2 for a stack of one) and every figure extrapolated linearly to ``n_layer`` (exact for
@@ -140,7 +142,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
     """One rank's figures for ``spec``'s model at ``n_layer`` blocks on ``mesh`` (already
     built over the process group): the tracker's categories at the last step's peak, the
     FLOPs of the first step (a step's FLOPs are every step's), the last step's collectives,
-    and (real tensors) the last step's seconds."""
+    and (real tensors) the median of its timed steps. Fake tensors: one traced step after the
+    optimizer's state is made (``steps`` is for real tensors)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -164,7 +164,7 @@ def test_a_cpu_meshs_calls_are_its_step_in_order():
             {"kind": "send", "phase": "forward", "group": 2, "count": 4, "bytes": 4000},
             {"kind": "cp ring send", "phase": "forward", "group": 2, "count": 1, "bytes": 64}]
     row, _ = _cpu_row(comm, MeshShape(dp_shard=2))
-    assert links.calls_of(row) == [
+    assert links.calls_of(row, 2) == [
         ("all_gather", 400, 2), ("ring", 64, 2), ("all_gather", 400, 2),
         ("all_gather", 400, 2), ("reduce_scatter", 400, 2), ("all_gather", 400, 2),
         ("reduce_scatter", 400, 2)]
@@ -182,8 +182,11 @@ def test_a_cpu_plans_collectives_are_measured_in_the_step_on_as_many_gloo_ranks(
             {"kind": "send", "phase": "forward", "group": 2, "count": 1, "bytes": 4}]
     row, cluster = _cpu_row(comm, MeshShape(dp_shard=2))
     sends = row.comm[1]["seconds"]
+    over, _ = _cpu_row(comm, MeshShape(dp_shard=2, zero=2))
+    over.fits, formula = False, over.step_s  # not measured: it would not fit here either
     cache, said = Cache(tmp_path / "figures.json"), []
-    assert links.measured([row], cluster, said.append, cache)
+    assert links.measured([row, over], cluster, said.append, cache)
+    assert over.step_s == formula and not any(c.get("measured") for c in over.comm)
     assert any("measuring gloo's collectives in the step of 1 mesh" in s for s in said), said
     gathers = row.comm[0]
     assert gathers["measured"] and gathers["seconds"] > 0
@@ -342,6 +345,11 @@ def traced(tmp_path_factory):
     assert isinstance(spec, dict), spec
     jobs.append({"kind": "trace", "spec": spec, "label": "short dp_replicate 2"})
     keys[("short", MeshShape(dp_replicate=2))] = job_key("trace", spec)
+    for foreach in (False, True):  # the peak inside AdamW's update: per tensor, or CUDA's
+        spec = estimate.spec_of(SHORT, MeshShape(one_group="fsdp"), 1, foreach=foreach)
+        assert isinstance(spec, dict), spec
+        jobs.append({"kind": "trace", "spec": spec, "label": f"short 1 rank {foreach}"})
+        keys[("short", foreach)] = job_key("trace", spec)
     # in two rounds of one Tracer (a plan's checkpointing round): no child outlives its round
     lines: list[str] = []
     with Tracer(lines.append, cache=TraceCache(folder)) as tracer:
@@ -504,6 +512,12 @@ def test_the_optimizer_column_is_the_state_when_the_peak_is_in_its_step(traced):
     assert short["mem"]["temps"] > 0
     m = short["mem"]
     assert m["peak"] >= m["params"] + m["grads"] + m["optim"] + m["temps"]
+    # a GPU's plan traces the multi-tensor update CUDA runs take: its temporaries for every
+    # tensor at once (a square root of each second moment, ...) raise that peak, by at least
+    # half the parameters' bytes; the work is the same
+    loop, multi = got[("short", False)], got[("short", True)]
+    assert multi["flops"] == loop["flops"] and multi["mem"]["params"] == loop["mem"]["params"]
+    assert multi["mem"]["peak"] - loop["mem"]["peak"] >= whole / 2, (loop["mem"], multi["mem"])
 
 
 def test_micro_batches_keep_every_gradient_between_them():

@@ -9,8 +9,9 @@ calls' kinds, bytes and groups, in a step's order: forward, backward, optimizer)
 gloo ranks between the mesh's planned compute cut into equal slices, as
 ``gputui predict`` measures fsdp's (``gputui.train.comm_ranks.meshes_rank``): what they add to
 the step is the row's collectives' time. A pipeline's stage-to-stage sends stay the
-formula's. One launch measures every mesh of a plan; kept per machine, so a plan made again
-answers at once.
+formula's, and so do the rows that do not fit this machine's memory (measuring their
+collectives would take it). One launch measures every mesh of a plan; kept per machine, so
+a plan made again answers at once. One machine only: ``cpu*N --nodes M`` keeps the formula.
 """
 
 from __future__ import annotations
@@ -29,17 +30,24 @@ OPS = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
 PHASES = ("forward", "backward", "optimizer")
 SECONDS = 1.0  # of steps measured a mesh (at least 3 steps)
 SOURCE = ("gloo measured on this machine in each mesh's step: its traced calls between its "
-          "planned compute, on as many ranks (gputui.runs.forecast.links); pp's sends by "
-          "formula")
+          "planned compute, on as many ranks (gputui.runs.forecast.links); pp's sends, and "
+          "the rows that do not fit, by formula")
 
 
-def calls_of(row: Row) -> list[tuple[str, int, int]]:
+def run_here(c: dict[str, Any], world: int) -> bool:
+    """Whether collective ``c`` is measured on ``world`` ranks: a kind gloo runs here, called,
+    over a group of more than one rank that divides the world (its ranks consecutive)."""
+    group = int(c["group"])
+    return c["kind"] in OPS and c["count"] > 0 and 1 < group <= world and world % group == 0
+
+
+def calls_of(row: Row, world: int) -> list[tuple[str, int, int]]:
     """The row's collectives as calls (op, the bytes of one call, group size) in a step's
     order: by phase, the kinds of a phase taken in turn."""
     by_phase: dict[str, list[list[Any]]] = {}
     for c in row.comm:
         op = OPS.get(c["kind"])
-        if op is None or c["count"] <= 0 or c["group"] <= 1:
+        if op is None or not run_here(c, world):
             continue
         per = max(4, int(c["bytes"]) // int(c["count"]))
         by_phase.setdefault(c["phase"], []).append([op, per, int(c["group"]), int(c["count"])])
@@ -61,30 +69,37 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
     collectives' time made of it. False when nothing was measured (a GPU profile, one rank,
     no collective, or the measurement failed: the ring formula stays, said on ``line``)."""
     p = cluster.profile
-    if p.kind != "cpu" or cluster.world < 2:
+    if p.kind != "cpu" or cluster.world < 2 or cluster.nodes != 1:
         return False
     cache = cache or Cache()
     threads = max(1, cores() // cluster.world)
     todo: dict[str, dict[str, Any]] = {}
     keys: dict[int, str] = {}
     for i, row in enumerate(rows):
-        calls = calls_of(row)
-        if row.step_s is None or not calls:
+        calls = calls_of(row, cluster.world)
+        if row.step_s is None or not row.fits or not calls:
             continue
-        mesh = {"calls": [list(c) for c in calls], "gap": round(row.compute_s, 4)}
+        # steps of about SECONDS, by the formula's step (the gap and its collectives)
+        expect = row.compute_s + sum(c["seconds"] for c in row.comm
+                                     if run_here(c, cluster.world))
+        mesh = {"calls": [list(c) for c in calls], "gap": round(row.compute_s, 4),
+                "iters": max(3, min(50, int(SECONDS / max(expect, 1e-3))))}
         keys[i] = key = (f"plan-links|{machine_id()}|{cluster.world}|{threads}|"
                          + json.dumps(mesh, sort_keys=True))
         if cache.get(key) is None:
-            todo[key] = mesh
+            todo[key] = dict(mesh, expect=expect)
     if todo:
         from gputui.runs import comm_bench
 
         line(f"measuring gloo's collectives in the step of {len(todo)} mesh(es) on "
              f"{cluster.world} CPU ranks ...")
+        # each mesh's steps (and 3 warm-up steps and the compute's calibration) at up to 5
+        # times the formula's step: the formula's ring is faster than gloo here, never 5x
+        budget = sum((m["iters"] + 4) * m["expect"] * 5 for m in todo.values())
         got = comm_bench.measure({"what": "in_step", "n": cluster.world, "size": 0, "gap": 0,
                                   "kind": "cpu", "threads": threads, "seconds": SECONDS,
                                   "meshes": list(todo.values())},
-                                 120 + 10 * SECONDS * len(todo), "gputui-plan-links")
+                                 120 + budget, "gputui-plan-links")
         if "error" in got:
             line(f"measuring the collectives failed ({got['error']}): the ring formula stays")
             return False
@@ -96,15 +111,15 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
     for i, key in keys.items():
         kept = cache.get(key) or todo.get(key) or {}
         if "seconds" in kept:
-            _apply(rows[i], float(kept["seconds"]))
+            _apply(rows[i], float(kept["seconds"]), cluster.world)
     return bool(keys)
 
 
-def _apply(row: Row, seconds: float) -> None:
+def _apply(row: Row, seconds: float, world: int) -> None:
     """The row's collectives' time: ``seconds`` measured for those run (each one's share in
     proportion to its formula's time), the formula's for the rest (pp's sends); the step,
     tokens/s and MFU follow."""
-    run = [c for c in row.comm if OPS.get(c["kind"]) and c["count"] > 0 and c["group"] > 1]
+    run = [c for c in row.comm if run_here(c, world)]
     rest = [c for c in row.comm if not any(c is r for r in run)]
     formula = sum(c["seconds"] for c in run)
     for c in run:
