@@ -1,17 +1,20 @@
 """`gputui plan PRESET --gpus 8xH100 [--nodes N] [--set ...] [--json] [--png FILE]`: will it
 fit, and how fast, on devices this machine does not have, for every mesh of their count
 (``gputui.runs.forecast``); ``--check RUN``: a recorded run beside its plan; ``--write-preset
-ROW FILE``: a row as a preset. Progress on stderr; exit 0, 1 the tracing failed, 2 bad input.
+ROW FILE``: a row as a preset; ``--write-sbatch ROW FILE``: a row as a preset and an sbatch
+script that runs it on the planned nodes. Progress on stderr; exit 0, 1 the tracing failed, 2
+bad input.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from gputui.cli.common import EXIT_FAILED, EXIT_OK, fail
+from gputui.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
 from gputui.core.config import ConfigError
 
 GIB = 2**30
@@ -52,6 +55,10 @@ def register(sub) -> None:
     p.add_argument("--check", metavar="RUN", help="a recorded run beside the plan of its mesh")
     p.add_argument("--write-preset", nargs=2, metavar=("ROW", "FILE"),
                    help="write row ROW (1 = the first of the table) as a preset file")
+    p.add_argument("--write-sbatch", nargs=2, metavar=("ROW", "FILE"),
+                   help="write row ROW as an sbatch script for the planned nodes (and its "
+                        "preset beside it, FILE's name with .toml): `gputui slurm`'s script "
+                        "for that preset, see docs/clusters.md")
     p.add_argument("--runs-dir", help="where --check finds RUN, and where the plan looks for "
                                       "kept runs of the model on such a GPU")
     p.set_defaults(func=cmd_plan)
@@ -102,12 +109,17 @@ def _plan(args) -> int:
     eff = (args.efficiency, "given with --efficiency") if args.efficiency else None
     cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff,
                          KeptRuns(model, args.runs_dir, cfg.run.compile))
-    if args.write_preset:
-        try:
-            int(args.write_preset[0])
-        except ValueError:
-            raise ConfigError(f"--write-preset {args.write_preset[0]}: ROW is a row number "
-                              f"of the table (1 = the first)") from None
+    for flag, chosen in (("--write-preset", args.write_preset),
+                         ("--write-sbatch", args.write_sbatch)):
+        if chosen:
+            try:
+                int(chosen[0])
+            except ValueError:
+                raise ConfigError(f"{flag} {chosen[0]}: ROW is a row number of the table "
+                                  f"(1 = the first)") from None
+    if args.write_sbatch and Path(args.write_sbatch[1]).suffix == ".toml":
+        raise ConfigError(f"--write-sbatch {args.write_sbatch[1]}: that is the preset's name "
+                          f"beside the script; name the script itself (e.g. job.sh)")
     _line(f"planning {Path(args.preset).stem} ({model.params() / 1e6:,.0f}M parameters) on "
           f"{cluster.describe()}")
     plan = make_plan(model, cluster, _line, args.all_meshes)
@@ -120,23 +132,66 @@ def _plan(args) -> int:
 
         out = plot_pareto(plan, args.png)
         _line(f"memory against speed: {out}")
+    code = EXIT_OK
     if args.write_preset:
-        return _write_preset(args, cfg, plan)
-    return EXIT_OK
+        code = _write_preset(args, cfg, plan)
+    if args.write_sbatch and code == EXIT_OK:
+        code = _write_sbatch(args, cfg, plan)
+    return code
+
+
+def _row(flag: str, chosen: list[str], plan):
+    """Row ``chosen[0]`` (1 = the first with figures), or None after its one-line error."""
+    n = int(chosen[0])
+    rows = [r for r in plan.rows if r.peak]
+    if not 1 <= n <= len(rows):
+        fail(f"{flag} {n}: the table has rows 1 to {len(rows)}")
+        return None
+    return rows[n - 1]
 
 
 def _write_preset(args, cfg, plan) -> int:
     from gputui.core.filewrite import write_atomic
     from gputui.runs.forecast.planner import preset_text
 
-    n = int(args.write_preset[0])
-    rows = [r for r in plan.rows if r.peak]
-    if not 1 <= n <= len(rows):
-        return fail(f"--write-preset {n}: the table has rows 1 to {len(rows)}")
-    row = rows[n - 1]
+    row = _row("--write-preset", args.write_preset, plan)
+    if row is None:
+        return EXIT_USAGE
     write_atomic(Path(args.write_preset[1]), preset_text(Path(args.preset).stem, cfg, row,
                                                          plan.cluster))
-    _line(f"row {n} ({row.shape.describe()}) written as a preset: {args.write_preset[1]}")
+    _line(f"row {args.write_preset[0]} ({row.shape.describe()}) written as a preset: "
+          f"{args.write_preset[1]}")
+    return EXIT_OK
+
+
+def _write_sbatch(args, cfg, plan) -> int:
+    """The row's preset beside an sbatch script that runs it on the planned nodes (one gputui
+    a node, as `gputui slurm` writes it)."""
+    from gputui.core import slurm
+    from gputui.core.filewrite import WriteFailed, write_atomic
+    from gputui.core.runstore import default_runs_dir
+    from gputui.runs.forecast.planner import preset_text
+
+    row = _row("--write-sbatch", args.write_sbatch, plan)
+    if row is None:
+        return EXIT_USAGE
+    script = Path(args.write_sbatch[1])
+    preset = script.with_suffix(".toml")
+    cluster = plan.cluster
+    gpus = cluster.per_node if cluster.profile.kind == "gpu" else 0
+    text = slurm.sbatch_script(str(preset.resolve()), cfg.run.name, cluster.nodes, gpus,
+                               f"{sys.executable} -m gputui",
+                               str(Path(args.runs_dir or default_runs_dir()).absolute()), [])
+    try:
+        write_atomic(preset, preset_text(Path(args.preset).stem, cfg, row, cluster))
+        write_atomic(script, text)
+        os.chmod(script, 0o755)
+    except (WriteFailed, OSError) as exc:
+        return fail(f"cannot write {script} ({exc})")
+    _line(f"row {args.write_sbatch[0]} ({row.shape.describe()}) written as {preset} and the "
+          f"sbatch script {script} ({cluster.nodes} node(s)"
+          + (f" of {gpus} GPU(s)" if gpus else ", CPU ranks") + f"): submit it with "
+          f"`sbatch {script}`")
     return EXIT_OK
 
 

@@ -5,6 +5,7 @@ plan's memory against the same mesh run for real on two gloo ranks, and the comm
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -676,8 +677,9 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
     preset = tmp_path / "tiny.toml"
     preset.write_text(PRESET)
     out = tmp_path / "chosen.toml"
+    job = tmp_path / "job.sh"
     done = _gputui(str(preset), "--gpus", "H100", "--json", "--write-preset", "1", str(out),
-                   cache=folder)
+                   "--write-sbatch", "1", str(job), cache=folder)
     assert done.returncode == 0, done.stderr
     assert "tracing" not in done.stderr  # the one mesh of one GPU was kept by the fixture
     plan = json.loads(done.stdout)
@@ -687,6 +689,20 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
     assert any("assumption" in a for a in plan["assumptions"])
     cfg = load_preset(out)
     assert cfg.strategy.name == "mesh" and cfg.model.n_embd == 32
+    # the row as an sbatch script for the planned nodes, its preset beside it
+    script = job.read_text()
+    assert os.access(job, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(job)]).returncode == 0
+    assert "#SBATCH --nodes=1" in script and "#SBATCH --gpus-per-node=1" in script
+    assert str((tmp_path / "job.toml").resolve()) in script
+    beside = load_preset(tmp_path / "job.toml")
+    assert beside.strategy.name == "mesh" and beside.devices.spec == "all"
+    # a row the table lacks, a script named as its preset: one line each, exit 2
+    for args, words in ((("--write-sbatch", "9", str(job)), "the table has rows 1 to 1"),
+                        (("--write-sbatch", "1", str(tmp_path / "x.toml")), "name the script")):
+        bad = _gputui(str(preset), "--gpus", "H100", *args, cache=folder)
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
 
 
 @pytest.fixture(scope="module")
