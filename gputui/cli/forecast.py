@@ -59,8 +59,9 @@ def register(sub) -> None:
                    help="write row ROW as an sbatch script for the planned nodes (and its "
                         "preset beside it, FILE's name with .toml): `gputui slurm`'s script "
                         "for that preset, see docs/clusters.md")
-    p.add_argument("--runs-dir", help="where --check finds RUN, and where the plan looks for "
-                                      "kept runs of the model on such a GPU")
+    p.add_argument("--runs-dir", help="where --check finds RUN, where the plan looks for "
+                                      "kept runs of the model on such a GPU, and the runs "
+                                      "folder --write-sbatch's script records into")
     p.set_defaults(func=cmd_plan)
 
 
