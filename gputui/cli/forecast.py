@@ -212,6 +212,7 @@ def print_plan(plan) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from gputui.runs.forecast.cells import origin
     from gputui.runs.forecast.estimate import pareto
 
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -261,7 +262,7 @@ def print_plan(plan) -> None:
     if best is not None:
         console.print(f"collectives of row 1 ({best.shape.describe()}), per step and rank:")
         for c in best.comm:
-            mark = " (formula)" if c.get("formula") else ""
+            mark = origin(c)
             console.print(f"  {c['kind']:>14} {c['phase']:<9} group {c['group']:>3}: "
                           f"{c['count']:>4} calls, {c['bytes'] / 2**20:,.1f} MiB, "
                           f"{seconds(c['seconds'])}{mark}")

@@ -171,6 +171,17 @@ def test_a_cpu_meshs_calls_are_its_step_in_order():
         ("reduce_scatter", 400, 2)]
 
 
+def test_a_collective_says_where_its_figures_come_from():
+    from gputui.runs.forecast.cells import origin
+
+    traced = {"kind": "all-gather"}
+    assert origin(traced) == ""
+    assert origin(dict(traced, formula=True)) == " (formula)"
+    assert origin(dict(traced, measured=True)) == " (time measured in the step)"
+    assert origin(dict(traced, formula=True, measured=True)) == \
+        " (formula; its time measured in the step)"
+
+
 def test_a_cpu_plans_collectives_are_measured_in_the_step_on_as_many_gloo_ranks(tmp_path):
     """cpu*2: the row's all-gathers run on two real gloo ranks between its planned compute;
     what they add is the row's collectives' time (its step: compute + that), kept per

@@ -25,6 +25,16 @@ def seconds(s: float | None) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
+def origin(c: dict) -> str:
+    """Where a collective's figures come from, beside its time: '' (traced, the ring's time),
+    formula (not traced: DDP's buckets, pp's sends) and the time measured in the mesh's step
+    on this machine's CPU ranks (``gputui.runs.forecast.links``)."""
+    if c.get("measured"):
+        return " (formula; its time measured in the step)" if c.get("formula") else \
+            " (time measured in the step)"
+    return " (formula)" if c.get("formula") else ""
+
+
 def gib(n: int | None) -> str:
     """Bytes as GiB with two decimals ('-' for none)."""
     return f"{n / GIB:.2f}" if n else "-"

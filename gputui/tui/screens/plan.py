@@ -29,7 +29,7 @@ from textual.worker import get_current_worker
 
 from gputui.core.config import ConfigError, RunConfig
 from gputui.core.events import plural
-from gputui.runs.forecast.cells import COLUMNS, row_cells, seconds
+from gputui.runs.forecast.cells import COLUMNS, origin, row_cells, seconds
 from gputui.tui.fmt import bar_text, fmt_bytes
 from gputui.tui.messages import UsePlannedRow
 from gputui.tui.widgets.pareto_plot import ParetoPlot, Point
@@ -149,7 +149,7 @@ def breakdown(row: Row, number: str, usable: int) -> str:
         lines.append(f"{row.tokens_per_s or 0:,.0f} tokens/s (global batch {row.batch}, "
                      f"micro-batch {row.micro_batch}){mfu}")
     for c in row.comm:
-        mark = " (formula)" if c.get("formula") else ""
+        mark = origin(c)
         lines.append(f"  {c['kind']} {c['phase']}, group {c['group']}: "
                      f"{plural(int(c['count']), 'call')}, {fmt_bytes(int(c['bytes']))}, "
                      f"{seconds(c['seconds'])}{mark}")
