@@ -9,7 +9,6 @@ bad input.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,6 +167,7 @@ def _write_preset(args, cfg, plan) -> int:
 def _write_sbatch(args, cfg, plan) -> int:
     """The row's preset beside an sbatch script that runs it on the planned nodes (one gputui
     a node, as `gputui slurm` writes it)."""
+    from gputui.cli.slurm import write_script
     from gputui.core import slurm
     from gputui.core.filewrite import WriteFailed, write_atomic
     from gputui.core.runstore import default_runs_dir
@@ -185,10 +185,11 @@ def _write_sbatch(args, cfg, plan) -> int:
                                str(Path(args.runs_dir or default_runs_dir()).absolute()), [])
     try:
         write_atomic(preset, preset_text(Path(args.preset).stem, cfg, row, cluster))
-        write_atomic(script, text)
-        os.chmod(script, 0o755)
-    except (WriteFailed, OSError) as exc:
-        return fail(f"cannot write {script} ({exc})")
+    except WriteFailed as exc:
+        return fail(f"cannot write {preset} ({exc})")
+    problem = write_script(script, text)
+    if problem:
+        return fail(problem)
     _line(f"row {args.write_sbatch[0]} ({row.shape.describe()}) written as {preset} and the "
           f"sbatch script {script} ({cluster.nodes} node(s)"
           + (f" of {gpus} GPU(s)" if gpus else ", CPU ranks") + f"): submit it with "

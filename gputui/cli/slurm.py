@@ -82,12 +82,21 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if not args.output:
         print(text, end="")
         return EXIT_OK
+    problem = write_script(Path(args.output), text)
+    if problem:
+        return fail(problem)
+    print(f"wrote {args.output}: submit it with `sbatch {args.output}`")
+    return EXIT_OK
+
+
+def write_script(path: Path, text: str) -> str:
+    """Write an sbatch script, executable (`gputui slurm --output`, `gputui plan
+    --write-sbatch`): '' when written, else the one line saying why not."""
     from gputui.core.filewrite import WriteFailed, write_atomic
 
     try:
-        write_atomic(Path(args.output), text)
-        os.chmod(args.output, 0o755)
+        write_atomic(path, text)
+        os.chmod(path, 0o755)
     except (WriteFailed, OSError) as exc:
-        return fail(f"cannot write {args.output} ({exc})")
-    print(f"wrote {args.output}: submit it with `sbatch {args.output}`")
-    return EXIT_OK
+        return f"cannot write {path} ({exc})"
+    return ""
