@@ -366,11 +366,10 @@ def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: to
         raise ValueError(f"no collective {op!r} (one of {', '.join(OPS)})")
 
 
-def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str,
-                seconds: float) -> list[float] | None:
+def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str) -> list[float] | None:
     """A plan's meshes on CPU ranks (``gputui.runs.forecast.links``): for each, what its
     collectives (``calls``: op, bytes, group size) add to a step of ``gap`` seconds of
-    compute, over ``iters`` steps (else about ``seconds`` of them); rank 0's list, in order.
+    compute, over ``iters`` steps; rank 0's list, in order.
     A group size that does not divide the world has no group: its calls are left out (the
     plan leaves them to the formula)."""
     signals.rank_of_held()
@@ -388,8 +387,8 @@ def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str,
         for m in meshes:
             calls = [(str(op), int(b), int(g)) for op, b, g in m["calls"] if int(g) in groups]
             k = _calibrate(work, m["gap"], kind, device)
-            iters = int(m.get("iters") or max(3, min(50, int(seconds / max(m["gap"], 1e-3)))))
-            out.append(_cycles(calls, work, k, iters, device, groups) if calls else 0.0)
+            out.append(_cycles(calls, work, k, int(m["iters"]), device, groups) if calls
+                       else 0.0)
         return out if dist.get_rank() == 0 else None
     finally:
         time.sleep(0.1)  # see strategies.rank.destroy_group
@@ -426,8 +425,8 @@ def in_step(job: dict[str, Any]) -> dict[str, Any]:
     the model's fsdp collectives) adds to a step of ``gap`` seconds of compute on ``n`` ranks."""
     n, size, calls = job["n"], job["size"], None
     if job.get("meshes") is not None:  # a plan's: each mesh's calls between its compute
-        got = launch_ranks(meshes_rank, n, (job["meshes"], job["threads"], job["kind"],
-                                            job.get("seconds", 1.0)), "plan")
+        got = launch_ranks(meshes_rank, n, (job["meshes"], job["threads"], job["kind"]),
+                           "plan")
         return {"seconds": got[0]}
     if job.get("cfg") is not None:  # fsdp: the model's units, counted here
         calls = fsdp_calls(*fsdp_units(job["cfg"], n))

@@ -74,6 +74,7 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
     cache = cache or Cache()
     threads = max(1, cores() // cluster.world)
     todo: dict[str, dict[str, Any]] = {}
+    expects: dict[str, float] = {}  # the formula's step of each mesh to measure
     keys: dict[int, str] = {}
     for i, row in enumerate(rows):
         calls = calls_of(row, cluster.world)
@@ -87,7 +88,8 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
         keys[i] = key = (f"plan-links|{machine_id()}|{cluster.world}|{threads}|"
                          + json.dumps(mesh, sort_keys=True))
         if cache.get(key) is None:
-            todo[key] = dict(mesh, expect=expect)
+            todo[key] = mesh
+            expects[key] = expect
     if todo:
         from gputui.runs import comm_bench
 
@@ -95,9 +97,9 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
              f"{cluster.world} CPU ranks ...")
         # each mesh's steps (and 3 warm-up steps and the compute's calibration) at up to 5
         # times the formula's step: the formula's ring is faster than gloo here, never 5x
-        budget = sum((m["iters"] + 4) * m["expect"] * 5 for m in todo.values())
+        budget = sum((m["iters"] + 4) * expects[k] * 5 for k, m in todo.items())
         got = comm_bench.measure({"what": "in_step", "n": cluster.world, "size": 0, "gap": 0,
-                                  "kind": "cpu", "threads": threads, "seconds": SECONDS,
+                                  "kind": "cpu", "threads": threads,
                                   "meshes": list(todo.values())},
                                  120 + budget, "gputui-plan-links")
         if "error" in got:
