@@ -4,8 +4,8 @@ For every mesh of cpu*2 and cpu*4 that runs here (fsdp at ZeRO-3, 2 and 1, ddp, 
 pp, HSDP, cp, with and without activation checkpointing; a mixture of experts over ep), the
 plan's peak memory per rank (traced on a fake process group under fake tensors at 2 and 3
 blocks, extrapolated) and step time (the
-CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step, and
-the mesh's collectives measured on as many gloo ranks in its step: links.py) beside
+CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step, the
+host's dispatch of the traced operations at a cost measured per operation, and the mesh's collectives measured on as many gloo ranks in its step: links.py) beside
 the same mesh run for real: gloo ranks, real tensors, the same model and parallelism code,
 its peak from the same memory tracker (a pp mesh: the real schedule, its live storages'
 bytes) and its median step time.
@@ -88,9 +88,11 @@ def main() -> int:
         base = cluster_of(f"cpu*{world}", 1, None, line)
         peak = base.profile.peak_flops("fp32")
         # the plan's CPU rate shares the cores among the ranks (estimate.rank_rate); the
-        # copies measured already shared them, so that share is taken out of the efficiency
-        share = min(1.0, n_cores / (world * threads))
-        eff = single["flops"] / (single["seconds"] * peak * share)
+        # copies measured already shared them, so that share is taken out of the efficiency,
+        # and so is the host's dispatch of the step's operations (estimate.host_time)
+        share = estimate.core_share(base.profile, world)
+        host = estimate.host_time(single["work"], base.profile, world)
+        eff = single["flops"] / ((single["seconds"] - host) * peak * share)
         cluster = cluster_of(f"cpu*{world}", 1, None, line,
                              (eff, f"calibrated on a measured 1-rank step at {threads} "
                                    f"thread(s)"))

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from gputui.core.cachedir import KeptFigures, cache_dir
 
@@ -93,19 +93,31 @@ class _WholeStep(TorchDispatchMode):
     no decomposition of the operations the formulas do not know (torch's counter runs those
     as their parts, and so made other temporaries than the step makes). An operation on
     DTensors is counted on their local parts: this rank's share of a tensor-parallel linear
-    (torch's counter sees the global shapes), and a replicated one whole."""
+    (torch's counter sees the global shapes), and a replicated one whole.
+
+    Beside the FLOPs, the operations themselves (each costs the host its dispatch, whatever
+    its size: the plan's CPU time model prices them, ``gputui.runs.forecast.estimate``), kept
+    by ``phase`` (set by the caller): ``ops``, those on plain tensors, and ``dtensor_ops``,
+    those on DTensors (each through DTensor's dispatch: its sharding rule, its local
+    operation and the result wrapped again; some tens of times a plain one's cost)."""
 
     def __init__(self, registry: dict[Any, Callable[..., int]]) -> None:
         super().__init__()
         self.registry, self.total = registry, 0
+        self.phase = "step"
+        self.work: dict[str, dict[str, int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        work = self.work.setdefault(self.phase, {"ops": 0, "dtensor_ops": 0})
+        local_args, local_kwargs = tree_map(_local, (args, kwargs))
+        on_dtensors = any(a is not b for a, b in zip(
+            tree_leaves((args, kwargs)), tree_leaves((local_args, local_kwargs)), strict=True))
+        work["dtensor_ops" if on_dtensors else "ops"] += 1
         count = self.registry.get(func._overloadpacket)
         if count is not None:  # a DTensor's op counted on this rank's part of it
-            local_args, local_kwargs, local_out = tree_map(_local, (args, kwargs, out))
-            self.total += int(count(*local_args, **local_kwargs, out_val=local_out))
+            self.total += int(count(*local_args, **local_kwargs, out_val=tree_map(_local, out)))
         return out
 
     def get_total_flops(self) -> int:

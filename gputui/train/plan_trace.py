@@ -259,9 +259,10 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                         comm.phase = "forward"
                 comm.phase = "backward"
                 reduce_experts()
-                comm.phase = "optimizer"
+                comm.phase = flops.phase = "optimizer"
                 opt.step()
                 opt.zero_grad()
+                flops.phase = "step"
             seconds = time.perf_counter() - t0
             if not last:
                 tracker.reset_mod_stats()
@@ -299,7 +300,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         calls = [dict(c, kind=RING) if c["kind"] == "send" else c for c in calls
                  if c["kind"] != "recv"]
     return {"mem": out, "flops": int(flops.get_total_flops()), "comm": calls,
-            "seconds": seconds, "local_params": int(params),
+            "work": flops.work, "seconds": seconds, "local_params": int(params),
             "expert_params": int(sum(p.numel() for p in experts))}
 
 
@@ -450,7 +451,10 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
     for c in keyed.values():  # a collective only the deeper stack has: one more block's
         comm.append(dict(c, count=c["count"] * (n - depth), bytes=c["bytes"] * (n - depth)))
     per_block = {k: two["mem"][k] - one["mem"][k] for k in mem if k != "at_backward"}
-    return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm,
+    work = {phase: {k: max(0, lin(v, two.get("work", {}).get(phase, {}).get(k, 0)))
+                    for k, v in counts.items()}
+            for phase, counts in one.get("work", {}).items()}
+    return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm, "work": work,
             "local_params": lin(one["local_params"], two["local_params"]),
             "expert_params": lin(one.get("expert_params", 0), two.get("expert_params", 0)),
             "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
@@ -637,6 +641,9 @@ def _micro_batches(out: dict[str, Any], chunks: int, formula: list[str]) -> dict
     """A step of ``chunks`` micro-batches from one traced: FLOPs and the forward and backward
     collectives times ``chunks``; the gradients accumulated between them added to the peak."""
     out = dict(out, flops=out["flops"] * chunks)
+    if "step" in out.get("work", {}):  # the forward and backward's work again a micro-batch
+        out["work"] = dict(out["work"], step={k: v * chunks
+                                              for k, v in out["work"]["step"].items()})
     out["comm"] = [dict(c, count=c["count"] * chunks, bytes=c["bytes"] * chunks)
                    if c["phase"] != "optimizer" else c for c in out["comm"]]
     mem = dict(out["mem"])
@@ -758,6 +765,34 @@ def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
     return {"flops": flops, "source": source}
 
 
+def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
+    """This CPU's cost of an operation's dispatch at ``spec["threads"]``: ``spec["plain"]``
+    and ``spec["dtensor"]`` (a tiny GPT, one rank and tp 2: the same work with no DTensor and
+    with DTensors) run for real (real tensors; a fake group, so no collective waits), each the
+    median of ``spec["tries"]`` measurements. A plain op's cost: the plain step's time over
+    its operations (at this size a step is nearly all dispatch); a DTensor op's: what the
+    tp step takes beyond its plain operations, over its DTensor operations."""
+    torch.set_num_threads(int(spec["threads"]))
+    try:
+        got = {}
+        for name in ("plain", "dtensor"):
+            one = spec[name]
+            _init_fake(one["world"])
+            tries = [plan_rank(one, fake=False) for _ in range(int(spec.get("tries", 3)))]
+            got[name] = sorted(tries, key=lambda t: t["seconds"])[len(tries) // 2]
+    finally:
+        torch.set_num_threads(1)
+
+    def ops(w: dict[str, Any], kind: str) -> int:
+        return sum(int(phase.get(kind, 0)) for phase in w["work"].values())
+
+    plain = got["plain"]["seconds"] / max(1, ops(got["plain"], "ops"))
+    tp = got["dtensor"]
+    extra = tp["seconds"] - ops(tp, "ops") * plain
+    return {"op_s": plain, "dtensor_op_s": max(0.0, extra) / max(1, ops(tp, "dtensor_ops")),
+            "plain_step_s": got["plain"]["seconds"], "tp_step_s": tp["seconds"]}
+
+
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
                  q: Any) -> None:
     """Spawned entry point of one rank of a real gloo group measuring ``spec``'s mesh on real
@@ -784,6 +819,8 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
     try:
         if job.get("kind") == "cpu_peak":
             return _cpu_peak(job["spec"])
+        if job.get("kind") == "cpu_ops":
+            return _cpu_ops(job["spec"])
         return _traced(job["spec"])
     except Exception as exc:  # one mesh that does not trace is that row's reason
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}

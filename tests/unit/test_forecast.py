@@ -151,6 +151,66 @@ def _cpu_row(comm: list, shape: MeshShape, compute_s: float = 0.02):
     return estimate.make_row(Candidate(shape, spec), got, TINY, Cluster(cpu, 2)), Cluster(cpu, 2)
 
 
+def test_a_cpu_step_prices_its_operations_dispatch_and_the_bubble_on_shared_cores():
+    """The host's part of a CPU rank's step: each traced operation at the profile's measured
+    cost (a DTensor one dearer), on the rank's share of the cores; a pipeline's bubble is
+    idle time another rank's work fills where ranks outnumber the cores. A GPU prices
+    none."""
+    ops = {"op_s": 2e-6, "dtensor_op_s": 30e-6}
+    work = {"step": {"ops": 1000, "dtensor_ops": 400}, "optimizer": {"ops": 50,
+                                                                      "dtensor_ops": 100}}
+    flops = 10**9
+
+    def row(shape: MeshShape, world: int, cores: int) -> estimate.Row:
+        cpu = profiles.cpu_profile(1e10, cores, 2**34, None, world, ops)
+        spec = estimate.spec_of(TINY, shape, world)
+        assert isinstance(spec, dict), spec
+        mem = {k: 1000 for k in estimate.MEM_PARTS}
+        got = {"mem": dict(mem, peak=7000), "flops": flops, "comm": [], "formula": [],
+               "work": work}
+        return estimate.make_row(Candidate(shape, spec), got, TINY, Cluster(cpu, world))
+
+    host = 1050 * 2e-6 + 500 * 30e-6
+    flop_s = flops / (1e10 * profiles.DEFAULT_EFFICIENCY)
+    alone = row(MeshShape(tp=2), 2, cores=2)  # a core a rank
+    assert alone.host_s == pytest.approx(host)
+    assert alone.compute_s == pytest.approx(flop_s + host)
+    shared = row(MeshShape(tp=4), 4, cores=2)  # 4 ranks take turns on 2 cores
+    assert shared.host_s == pytest.approx(2 * host)
+    assert shared.compute_s == pytest.approx(2 * (flop_s + host))
+    # pp 2 x dp_shard 2 on 2 cores: 4 micro-batches, a bubble of 5/4 at a whole core, less
+    # than the cores' work (2x): the cores' work; on 4 cores the bubble
+    piped = row(MeshShape(pp=2, dp_shard=2), 4, cores=2)
+    assert piped.compute_s == pytest.approx(2 * (flop_s + host))
+    own = row(MeshShape(pp=2, dp_shard=2), 4, cores=4)
+    chunks = estimate.spec_of(TINY, MeshShape(pp=2, dp_shard=2), 4)["micro_batches"]
+    assert own.compute_s == pytest.approx((flop_s + host) * (chunks + 1) / chunks)
+    h100 = Cluster(profiles.find(profiles.load_profiles(), "H100"), 2)
+    spec = estimate.spec_of(TINY, MeshShape(tp=2), 2)
+    got = {"mem": {k: 1 for k in estimate.MEM_PARTS} | {"peak": 7}, "flops": flops,
+           "comm": [], "formula": [], "work": work}
+    assert estimate.make_row(Candidate(MeshShape(tp=2), spec), got, TINY, h100).host_s == 0
+
+
+def test_this_cpus_cost_of_an_operation_is_measured_on_a_tiny_gpts_real_steps(tmp_path):
+    """The job a cpu plan runs first: a tiny GPT's steps on one rank and on tp 2 (real
+    tensors), what a plain operation and a DTensor one cost here; kept per machine."""
+    from gputui.runs.forecast import planner
+
+    spec = planner.ops_spec(1)
+    lines: list[str] = []
+    with Tracer(lines.append, cache=TraceCache(tmp_path)) as tracer:
+        got = run_jobs([{"kind": "cpu_ops", "spec": spec, "label": "ops"}], lines.append,
+                       tracer=tracer)[job_key("cpu_ops", spec)]
+    assert "error" not in got, got
+    assert 0 < got["op_s"] < 1e-3
+    # DTensor's dispatch (its sharding rule, the local op, the result wrapped) is Python on
+    # top of a plain op's: measured at 28-34 us against 1.5-3 us on this 2-core machine
+    assert got["dtensor_op_s"] > 2 * got["op_s"], got
+    assert got["tp_step_s"] > got["plain_step_s"]
+    assert spec["machine"] and spec["plain"]["world"] == 1 and spec["dtensor"]["world"] == 2
+
+
 def test_a_cpu_meshs_calls_are_its_step_in_order():
     """What the CPU's in-step measurement runs: each traced collective as its calls (one
     call's bytes, its group), phase by phase, the kinds of a phase in turn; pp's sends and
@@ -450,6 +510,12 @@ def test_the_trace_counts_what_the_real_code_holds(traced):
     pp = got[(2, MeshShape(pp=2))]
     assert any(c["kind"] == "send" and c["formula"] for c in pp["comm"])
     assert pp["in_flight"] == 2 and any(f.startswith("pp:") for f in pp["formula"])
+    # the operations the host dispatches: DDP's rank computes on plain tensors only;
+    # fully_shard's on the gathered plain parameters, its update on the sharded DTensors;
+    # tp's on DTensors in the step too
+    assert ddp["work"]["step"]["dtensor_ops"] == ddp["work"]["optimizer"]["dtensor_ops"] == 0
+    assert fsdp2["work"]["step"]["dtensor_ops"] == 0 < fsdp2["work"]["optimizer"]["dtensor_ops"]
+    assert tp["work"]["step"]["dtensor_ops"] > 0 and tp["work"]["step"]["ops"] > 0
 
 
 def _wide_arithmetic():

@@ -8,7 +8,12 @@ The time of a step, per rank (every input named in the row's ``assumptions``):
   the step's dtype times its efficiency (measured from a recorded step where one is given,
   else the stated default); a pipeline stage's compute grows by its schedule's bubble
   ((chunks + pp - 1) / chunks for gpipe and 1f1b, (pp - 1) / stages_per_rank fewer for the
-  looped ones, none counted for the zero-bubble ones);
+  looped ones, none counted for the zero-bubble ones; CPU ranks sharing cores: the cores'
+  work where that is longer, since a rank waiting in the bubble leaves its core to others);
+- the host: the traced step's operations (plain and on DTensors) times the cost of each's
+  dispatch, measured on this machine for a CPU profile (a DTensor op costs some tens of
+  plain ones: tensor parallelism's rank computes half the FLOPs of one rank but not in half
+  the time); not priced on a GPU, whose host queues kernels ahead of the device;
 - each collective: a ring over its group, ``latency x steps + bytes x factor / bandwidth``
   (all-reduce 2 (n-1)/n, all-gather and reduce-scatter (n-1)/n), the bandwidth of the link the
   group spans (inside one node or across nodes, from the mesh's layout: tp innermost);
@@ -239,13 +244,27 @@ def collective_time(c: dict[str, Any], shape: MeshShape, cluster: Cluster) -> fl
     return c["count"] * steps * lat + c["bytes"] * factor / bw if bw > 0 else math.inf
 
 
+def core_share(p: Profile, ranks_per_node: int) -> float:
+    """The share of its threads' cores a rank has: CPU ranks of one machine share its cores
+    (more ranks than cores take turns); 1 on a GPU."""
+    if p.kind != "cpu" or not p.cores:
+        return 1.0
+    threads = max(1, p.cores // ranks_per_node)
+    return min(1.0, p.cores / (ranks_per_node * threads))
+
+
 def rank_rate(p: Profile, dtype: str, ranks_per_node: int) -> float:
     """FLOP/s a rank reaches: the profile's peak x efficiency; CPU ranks share the cores."""
-    rate = p.peak_flops(dtype) * p.efficiency
-    if p.kind == "cpu" and p.cores:
-        threads = max(1, p.cores // ranks_per_node)
-        rate *= min(1.0, p.cores / (ranks_per_node * threads))
-    return rate
+    return p.peak_flops(dtype) * p.efficiency * core_share(p, ranks_per_node)
+
+
+def host_time(work: dict[str, dict[str, int]], p: Profile, ranks_per_node: int) -> float:
+    """Seconds a rank's host spends dispatching a step's operations (``work``: the traced
+    counts by phase, plain and DTensor): the profile's cost of each (the CPU's measured; 0
+    where none is priced), on the rank's share of the cores."""
+    ops = sum(int(w.get("ops", 0)) for w in work.values())
+    dtensor = sum(int(w.get("dtensor_ops", 0)) for w in work.values())
+    return (ops * p.op_s + dtensor * p.dtensor_op_s) / core_share(p, ranks_per_node)
 
 
 @dataclass
@@ -259,7 +278,8 @@ class Row:
     peak: int = 0
     fits: bool = False
     step_s: float | None = None
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # the FLOPs' time and the host's (host_s), the bubble included
+    host_s: float = 0.0  # dispatching the step's operations (CPU: measured per op)
     comm_exposed_s: float = 0.0
     tokens_per_s: float | None = None
     mfu: float | None = None
@@ -278,6 +298,7 @@ class Row:
                             "dp_shard": s.dp_shard, "tp": s.tp, "cp": s.cp, "ep": s.ep},
                 "zero": s.zero, "ac": s.ac, "mem": self.mem, "peak": self.peak,
                 "fits": self.fits, "step_s": self.step_s, "compute_s": self.compute_s,
+                "host_s": self.host_s,
                 "comm_exposed_s": self.comm_exposed_s, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "flops_per_rank": self.flops, "collectives": self.comm,
                 "reason": self.reason, "formula": self.formula,
@@ -323,8 +344,10 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
                            "takes PyTorch's context_parallel on flash attention where its torch "
                            "has it, which keeps no block of scores: the temporaries of cp rows "
                            "are an upper bound there")
-    rate = rank_rate(p, model.dtype(), min(cluster.per_node, cluster.world))
-    compute = row.flops / rate if rate > 0 else math.inf
+    ranks = min(cluster.per_node, cluster.world)
+    rate = rank_rate(p, model.dtype(), ranks)
+    row.host_s = host_time(got.get("work", {}), p, ranks)
+    compute = (row.flops / rate if rate > 0 else math.inf) + row.host_s
     if shape.pp > 1:
         chunks = c.spec["micro_batches"]
         v = stages_per_rank(model.schedule, model.stages_per_rank)
@@ -334,7 +357,11 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
             bubble = (chunks + shape.pp - 1) / chunks
         else:
             bubble = (chunks + (shape.pp - 1) / v) / chunks
-        compute *= bubble
+        # a stage idle in the bubble waits for another's work; CPU ranks on shared cores
+        # (fewer cores than ranks) give theirs to the ranks that have work meanwhile: the
+        # step is then the machine's work over its cores where that takes longer
+        share = core_share(p, ranks)
+        compute = max(compute * share * bubble, compute)
     inline, overlapped, units = 0.0, 0.0, 1
     for coll in got["comm"]:
         t = collective_time(coll, shape, cluster)

@@ -21,7 +21,7 @@ from gputui.core import runstore
 from gputui.core.config import load_preset
 from gputui.core.events import FlopsInfo, MemoryReport, RunStarted
 from gputui.core.mesh import mesh_of
-from gputui.runs.predict.cache import Cache, cores
+from gputui.runs.predict.cache import Cache, cores, machine_id
 from gputui.runs.predict.comm_peak import key
 
 Line = Callable[[str], None]
@@ -190,14 +190,36 @@ def _cpu(ranks: int, line: Line) -> Profile:
     n = cores()
     threads = max(1, n // ranks)
     spec = {"threads": threads, "dtype": "fp32"}
-    got = run_jobs([{"kind": "cpu_peak", "spec": spec,
-                     "label": f"measuring this CPU's matmul peak at {threads} thread(s)"}],
-                   line)[job_key("cpu_peak", spec)]
+    ops = ops_spec(threads)
+    jobs = run_jobs([{"kind": "cpu_peak", "spec": spec,
+                      "label": f"measuring this CPU's matmul peak at {threads} thread(s)"},
+                     {"kind": "cpu_ops", "spec": ops,
+                      "label": f"measuring an operation's dispatch at {threads} thread(s)"}],
+                    line)
+    got = jobs[job_key("cpu_peak", spec)]
     if "error" in got:
         raise RuntimeError(f"measuring this CPU's peak failed: {got['error']}")
+    per_op = jobs[job_key("cpu_ops", ops)]
+    if "error" in per_op:
+        line(f"measuring an operation's dispatch failed ({per_op['error']}): the plan prices "
+             f"FLOPs only")
     comm = Cache().get(key("cpu", ranks, "gloo")) if ranks > 1 else None
     return profiles.cpu_profile(float(got["flops"]), n, psutil.virtual_memory().total, comm,
-                                ranks)
+                                ranks, None if "error" in per_op else per_op)
+
+
+# the GPT whose steps measure an operation's dispatch: so small that a step is nearly all
+# dispatch (n_embd 8, context 8, one sequence)
+TINY = ModelSize(n_layer=4, n_embd=8, n_head=2, context=8, vocab=TEXT_VOCAB, batch=1,
+                 precision="fp32", chunks=1, schedule="1f1b")
+
+
+def ops_spec(threads: int) -> dict[str, Any]:
+    """The job measuring this machine's cost of an operation's dispatch (kept per machine):
+    :data:`TINY` on one rank and on tp 2 (gputui.train.plan_trace._cpu_ops)."""
+    return {"threads": threads, "machine": machine_id(), "tries": 3,
+            "plain": estimate.spec_of(TINY, MeshShape(), 1),
+            "dtensor": estimate.spec_of(TINY, MeshShape(tp=2), 2)}
 
 
 def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool = False,
@@ -221,6 +243,10 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
         f"fits: peak x {1 + profiles.ALLOCATOR_HEADROOM:.2f} (allocator headroom)"
         + (f" + {profiles.CUDA_CONTEXT_GIB:g} GiB (CUDA context)" if p.kind == "gpu" else "")
         + f" <= {p.memory_gib:.1f} GiB"]
+    if p.op_s or p.dtensor_op_s:
+        assumptions.append(f"host: {p.op_s * 1e6:.1f} us an operation on plain tensors, "
+                           f"{p.dtensor_op_s * 1e6:.1f} us on DTensors, times the traced "
+                           f"step's operations ({p.ops_source})")
     if any(r.shape.cp > 1 for r in rows):
         assumptions.append(CP_TRACED)
     if model.moe_experts:

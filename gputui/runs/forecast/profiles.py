@@ -47,6 +47,12 @@ class Profile:
     link_source: str = "data sheet x 0.8 (assumption)"
     aliases: tuple[str, ...] = ()
     cores: int = 0  # cpu: the cores the ranks of one machine share
+    # the host's cost of dispatching one operation on plain tensors and on DTensors (the CPU:
+    # measured here, gputui.train.plan_trace._cpu_ops); 0: not priced (a GPU's host works
+    # ahead of the device, its dispatch hidden behind the kernels it queues)
+    op_s: float = 0.0
+    dtensor_op_s: float = 0.0
+    ops_source: str = ""
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -180,11 +186,16 @@ def parse_gpus(text: str, nodes: int, profiles: dict[str, Profile]) -> tuple[str
     return name, per, n_nodes
 
 
+OPS_SOURCE = ("measured here on a tiny GPT's steps, one rank and tp 2 (real tensors; "
+              "gputui.train.plan_trace._cpu_ops)")
+
+
 def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | None,
-                ranks: int) -> Profile:
+                ranks: int, ops: dict | None = None) -> Profile:
     """This machine's CPU as a profile: ``peak_flops`` measured here (a rank's matmul at its
     threads), its memory, gloo's bandwidth from a kept bench-comm peak (``comm``) or an
-    assumption."""
+    assumption, and the cost of an operation's dispatch measured here (``ops``: op_s,
+    dtensor_op_s; none priced without it)."""
     if comm and comm.get("algbw_gbps"):
         link = float(comm["algbw_gbps"])
         source = f"bench-comm peak kept on this machine ({link:.2f} GB/s algbw)"
@@ -197,7 +208,10 @@ def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | N
                    link_gbs=link, link_latency_us=1000.0, net_gbs=link, net_latency_us=1000.0,
                    source="measured here (matmul at a rank's threads, gputui.train.flops)",
                    kind="cpu", link_source=source, cores=cores,
-                   efficiency=DEFAULT_EFFICIENCY)
+                   efficiency=DEFAULT_EFFICIENCY,
+                   op_s=float((ops or {}).get("op_s", 0.0)),
+                   dtensor_op_s=float((ops or {}).get("dtensor_op_s", 0.0)),
+                   ops_source=OPS_SOURCE if ops else "")
 
 
 def with_efficiency(p: Profile, value: float, source: str) -> Profile:

@@ -19,7 +19,7 @@ from gputui.hw.contention import load_average
 from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
-TRACE_VERSION = 10  # raised when the tracer's figures change meaning
+TRACE_VERSION = 11  # raised when the tracer's figures change meaning
 JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
 
 
