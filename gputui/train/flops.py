@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 from gputui.core.cachedir import KeptFigures, cache_dir
 
@@ -87,6 +87,12 @@ def _local(x: Any) -> Any:
     return local if isinstance(local, torch.Tensor) else x
 
 
+def _is_dtensor(cls: type) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return issubclass(cls, DTensor)
+
+
 class _WholeStep(TorchDispatchMode):
     """The step's FLOPs by torch's counter's formulas (``registry``: its ``flop_registry``),
     each operation counted as it is dispatched and then run as it is: no module tracking and
@@ -111,13 +117,12 @@ class _WholeStep(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         work = self.work.setdefault(self.phase, {"ops": 0, "dtensor_ops": 0})
-        local_args, local_kwargs = tree_map(_local, (args, kwargs))
-        on_dtensors = any(a is not b for a, b in zip(
-            tree_leaves((args, kwargs)), tree_leaves((local_args, local_kwargs)), strict=True))
-        work["dtensor_ops" if on_dtensors else "ops"] += 1
+        # ``types``: the tensor subclasses among the arguments (torch's own list)
+        work["dtensor_ops" if any(_is_dtensor(t) for t in types) else "ops"] += 1
         count = self.registry.get(func._overloadpacket)
         if count is not None:  # a DTensor's op counted on this rank's part of it
-            self.total += int(count(*local_args, **local_kwargs, out_val=tree_map(_local, out)))
+            local_args, local_kwargs, local_out = tree_map(_local, (args, kwargs, out))
+            self.total += int(count(*local_args, **local_kwargs, out_val=local_out))
         return out
 
     def get_total_flops(self) -> int:
