@@ -5,7 +5,8 @@ pp, HSDP, cp, with and without activation checkpointing; a mixture of experts ov
 plan's peak memory per rank (traced on a fake process group under fake tensors at 2 and 3
 blocks, extrapolated) and step time (the
 CPU's measured matmul peak x an efficiency calibrated on one measured single-rank step, the
-host's dispatch of the traced operations at a cost measured per operation, and the mesh's collectives measured on as many gloo ranks in its step: links.py) beside
+host's dispatch of the traced operations at a cost measured per operation, and the mesh's
+collectives measured on as many gloo ranks in its step: links.py) beside
 the same mesh run for real: gloo ranks, real tensors, the same model and parallelism code,
 its peak from the same memory tracker (a pp mesh: the real schedule, its live storages'
 bytes) and its median step time.
@@ -92,6 +93,11 @@ def main() -> int:
         # and so is the host's dispatch of the step's operations (estimate.host_time)
         share = estimate.core_share(base.profile, world)
         host = estimate.host_time(single["work"], base.profile, world)
+        if single["seconds"] <= host:
+            print(f"the single-rank step ({single['seconds'] * 1000:.1f} ms) is no longer than "
+                  f"its operations' dispatch as measured ({host * 1000:.1f} ms): no efficiency "
+                  f"to calibrate; run it on an idle machine")
+            return 1
         eff = single["flops"] / ((single["seconds"] - host) * peak * share)
         cluster = cluster_of(f"cpu*{world}", 1, None, line,
                              (eff, f"calibrated on a measured 1-rank step at {threads} "

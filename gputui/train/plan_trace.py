@@ -244,8 +244,10 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             # each step entered anew: entering sets the tracker's peak to what is held now,
             # so the peak is the last step's, with the optimizer state (a first step's own
             # peak, before that state exists, won at 1 block and lost at 2 for tp 2, and the
-            # extrapolation mixed the two moments); FLOPs counted on the first
-            with tracker, (flops if step == 0 else _null()), (comm if last else _null()):
+            # extrapolation mixed the two moments); FLOPs and operations counted on it too
+            # (real tensors: a first step also makes the optimizer's state, operations a
+            # later step does not dispatch)
+            with tracker, (flops if last else _null()), (comm if last else _null()):
                 comm.phase = "forward"
                 for i in range(chunks):
                     sync = _no_sync(step_model, i < chunks - 1)
@@ -753,16 +755,32 @@ def _traced(spec: dict[str, Any]) -> dict[str, Any]:
         return plan_rank(spec)
 
 
-def _cpu_peak(spec: dict[str, Any]) -> dict[str, Any]:
-    """This CPU's matmul FLOP/s at ``spec["threads"]`` (kept per machine by flops.py)."""
+def _cpu_profile(spec: dict[str, Any]) -> dict[str, Any]:
+    """This CPU's matmul FLOP/s at ``spec["threads"]`` (kept per machine by flops.py) and,
+    after it (one at a time: each alone on the machine), its cost of an operation's dispatch
+    (``spec["ops"]``, :func:`_cpu_ops`). Not kept by the plan where other processes used the
+    machine meanwhile ("keep": measured again by the next plan, as flops.py measures such a
+    peak again)."""
+    from gputui.hw.contention import LoadWatch
     from gputui.train.flops import device_peak
 
+    watch = LoadWatch()
     torch.set_num_threads(int(spec["threads"]))
     try:
         flops, source = device_peak(torch.device("cpu"), spec["dtype"])
     finally:
         torch.set_num_threads(1)
-    return {"flops": flops, "source": source}
+    out: dict[str, Any] = {"flops": flops, "source": source}
+    if "ops" in spec:
+        try:
+            out["ops"] = _cpu_ops(spec["ops"])
+        except Exception as exc:  # noqa: BLE001 - the plan then prices FLOPs only, and says so
+            out["ops"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    contended = bool(watch.state()["contended"])
+    if "ops" in out and "error" not in out["ops"]:
+        out["ops"]["contended"] = contended
+    out["keep"] = not contended
+    return out
 
 
 def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
@@ -817,10 +835,8 @@ def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:
     try:
-        if job.get("kind") == "cpu_peak":
-            return _cpu_peak(job["spec"])
-        if job.get("kind") == "cpu_ops":
-            return _cpu_ops(job["spec"])
+        if job.get("kind") == "cpu_profile":
+            return _cpu_profile(job["spec"])
         return _traced(job["spec"])
     except Exception as exc:  # one mesh that does not trace is that row's reason
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}

@@ -189,23 +189,21 @@ def _cpu(ranks: int, line: Line) -> Profile:
 
     n = cores()
     threads = max(1, n // ranks)
-    spec = {"threads": threads, "dtype": "fp32"}
-    ops = ops_spec(threads)
-    jobs = run_jobs([{"kind": "cpu_peak", "spec": spec,
-                      "label": f"measuring this CPU's matmul peak at {threads} thread(s)"},
-                     {"kind": "cpu_ops", "spec": ops,
-                      "label": f"measuring an operation's dispatch at {threads} thread(s)"}],
-                    line)
-    got = jobs[job_key("cpu_peak", spec)]
+    spec = {"threads": threads, "dtype": "fp32", "ops": ops_spec(threads)}
+    got = run_jobs([{"kind": "cpu_profile", "spec": spec,
+                     "label": f"measuring this CPU's matmul peak and an operation's dispatch "
+                              f"at {threads} thread(s)"}], line)[job_key("cpu_profile", spec)]
     if "error" in got:
         raise RuntimeError(f"measuring this CPU's peak failed: {got['error']}")
-    per_op = jobs[job_key("cpu_ops", ops)]
+    per_op = got.get("ops") or {"error": "not measured"}
+    comm = Cache().get(key("cpu", ranks, "gloo")) if ranks > 1 else None
+    p = profiles.cpu_profile(float(got["flops"]), n, psutil.virtual_memory().total, comm,
+                             ranks, None if "error" in per_op else per_op)
     if "error" in per_op:
         line(f"measuring an operation's dispatch failed ({per_op['error']}): the plan prices "
              f"FLOPs only")
-    comm = Cache().get(key("cpu", ranks, "gloo")) if ranks > 1 else None
-    return profiles.cpu_profile(float(got["flops"]), n, psutil.virtual_memory().total, comm,
-                                ranks, None if "error" in per_op else per_op)
+        p = replace(p, ops_source=f"not priced: measuring it failed ({per_op['error']})")
+    return p
 
 
 # the GPT whose steps measure an operation's dispatch: so small that a step is nearly all
@@ -247,6 +245,8 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
         assumptions.append(f"host: {p.op_s * 1e6:.1f} us an operation on plain tensors, "
                            f"{p.dtensor_op_s * 1e6:.1f} us on DTensors, times the traced "
                            f"step's operations ({p.ops_source})")
+    elif p.ops_source:  # a CPU whose cost of an operation could not be measured
+        assumptions.append(f"host: the operations' dispatch {p.ops_source}")
     if any(r.shape.cp > 1 for r in rows):
         assumptions.append(CP_TRACED)
     if model.moe_experts:

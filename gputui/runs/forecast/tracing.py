@@ -19,7 +19,7 @@ from gputui.hw.contention import load_average
 from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
-TRACE_VERSION = 11  # raised when the tracer's figures change meaning
+TRACE_VERSION = 12  # raised when the tracer's figures change meaning
 JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
 
 
@@ -134,7 +134,9 @@ class Tracer:
             elif msg[0] == "result":
                 out[msg[1]] = msg[2]
                 waiting.discard(msg[1])
-                if "error" not in msg[2]:  # as each arrives: a stopped plan keeps them
+                # as each arrives: a stopped plan keeps them; not an error, nor a figure of
+                # this machine measured while other processes used it ("keep": False)
+                if "error" not in msg[2] and msg[2].get("keep", True):
                     self.cache.put(msg[1], msg[2])
             return not waiting
 
