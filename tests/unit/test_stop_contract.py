@@ -31,6 +31,15 @@ TINY = ["--set", "data.train_size=512", "--set", "data.test_size=64",
         "--set", "telemetry.enabled=false"]
 
 
+def _sigint_as_a_terminal_has_it() -> None:
+    """The command's SIGINT at its default, as a terminal's foreground command starts, whatever
+    this test runner inherited: a runner started as a non-interactive shell's background job
+    (`pytest ... &` in a script) ignores SIGINT, its children inherit that until they set a
+    handler, and the "first" cases' signal, sent during the interpreter's start-up, was then
+    discarded before anything could see it (the run trained to its end and exited 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command:
     """One command in a session of its own, its output read as it comes."""
 
@@ -40,7 +49,8 @@ class Command:
                    GPUTUI_RUNS_DIR=str(tmp / "runs"), OMP_WAIT_POLICY="PASSIVE")
         self.proc = subprocess.Popen([*GPUTUI, *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=tmp,
-                                     start_new_session=True, env=env)
+                                     start_new_session=True, env=env,
+                                     preexec_fn=_sigint_as_a_terminal_has_it)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
