@@ -105,7 +105,7 @@ class _WholeStep(TorchDispatchMode):
     its size: the plan's CPU time model prices them, ``gputui.runs.forecast.estimate``), kept
     by ``phase`` (set by the caller): ``ops``, those on plain tensors, and ``dtensor_ops``,
     those on DTensors (each through DTensor's dispatch: its sharding rule, its local
-    operation and the result wrapped again; ten to twenty times a plain one's cost here)."""
+    operation and the result wrapped again; about ten times a plain one's cost here)."""
 
     def __init__(self, registry: dict[Any, Callable[..., int]]) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ The time of a step, per rank (every input named in the row's ``assumptions``):
   looped ones, none counted for the zero-bubble ones; CPU ranks sharing cores: the cores'
   work where that is longer, since a rank waiting in the bubble leaves its core to others);
 - the host: the traced step's operations (plain and on DTensors) times the cost of each's
-  dispatch, measured on this machine for a CPU profile (a DTensor op costs ten to twenty
+  dispatch, measured on this machine for a CPU profile (a DTensor op costs about ten
   plain ones here: tensor parallelism's rank computes half the FLOPs of one rank but not in half
   the time); not priced on a GPU, whose host queues kernels ahead of the device;
 - each collective: a ring over its group, ``latency x steps + bytes x factor / bandwidth``
