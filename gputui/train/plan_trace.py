@@ -771,16 +771,24 @@ def _cpu_profile(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         torch.set_num_threads(1)
     out: dict[str, Any] = {"flops": flops, "source": source}
+    failed = False
     if "ops" in spec:
         try:
             out["ops"] = _cpu_ops(spec["ops"])
         except Exception as exc:  # noqa: BLE001 - the plan then prices FLOPs only, and says so
-            out["ops"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            out["ops"] = {"error": _first_line(exc)}
+            failed = True
     contended = bool(watch.state()["contended"])
-    if "ops" in out and "error" not in out["ops"]:
+    if "ops" in out and not failed:
         out["ops"]["contended"] = contended
-    out["keep"] = not contended
+    out["keep"] = not contended and not failed  # a failure is measured again, not kept
     return out
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception as one short line (its type, and its message's first line if any)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
 def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
@@ -808,7 +816,9 @@ def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
     tp = got["dtensor"]
     extra = tp["seconds"] - ops(tp, "ops") * plain
     return {"op_s": plain, "dtensor_op_s": max(0.0, extra) / max(1, ops(tp, "dtensor_ops")),
-            "plain_step_s": got["plain"]["seconds"], "tp_step_s": tp["seconds"]}
+            "plain_step_s": got["plain"]["seconds"], "tp_step_s": tp["seconds"],
+            "plain_ops": ops(got["plain"], "ops"), "tp_ops": ops(tp, "ops"),
+            "tp_dtensor_ops": ops(tp, "dtensor_ops")}
 
 
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
@@ -839,7 +849,7 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
             return _cpu_profile(job["spec"])
         return _traced(job["spec"])
     except Exception as exc:  # one mesh that does not trace is that row's reason
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        return {"error": _first_line(exc)}
 
 
 def serve(jobs: Any, queue: Any, index: int) -> None:

@@ -208,6 +208,9 @@ def test_this_cpus_cost_of_an_operation_is_measured_on_a_tiny_gpts_real_steps(tm
     ops = got["ops"]
     assert "error" not in ops, ops
     assert ops["op_s"] > 0 and ops["dtensor_op_s"] >= 0 and ops["plain_step_s"] > 0
+    # what each cost is divided by: the tiny GPT's operations in a real later step, the tp
+    # one's on DTensors too (the same model: its plain operations fewer, the rest DTensor's)
+    assert ops["plain_ops"] > ops["tp_ops"] > 0 and ops["tp_dtensor_ops"] > 0
     assert isinstance(ops["contended"], bool) and got["keep"] is not ops["contended"]
     assert (cache.get(job_key("cpu_profile", spec)) is not None) is got["keep"]
     assert spec["ops"]["machine"] and spec["ops"]["plain"]["world"] == 1
@@ -216,6 +219,32 @@ def test_this_cpus_cost_of_an_operation_is_measured_on_a_tiny_gpts_real_steps(tm
     cpu = profiles.cpu_profile(got["flops"], 2, 2**34, None, 2, ops)
     assert cpu.op_s == ops["op_s"] and cpu.dtensor_op_s == ops["dtensor_op_s"]
     assert cpu.ops_source.startswith(profiles.OPS_SOURCE)
+
+
+def test_a_cpu_plan_whose_cost_of_an_operation_fails_prices_flops_only_and_says_so(
+        tmp_path, monkeypatch):
+    """The per-operation measurement failing (here: a spec the tracer's child cannot run)
+    leaves the matmul peak measured; the plan prices FLOPs only, its assumptions say why, and
+    the failure is not kept: the next plan measures again."""
+    from gputui.runs.forecast import planner
+    from gputui.runs.forecast.tracing import TRACE_VERSION
+
+    monkeypatch.setenv("GPUTUI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(planner, "ops_spec", lambda threads: {"threads": threads,
+                                                              "no such": "spec"})
+    said: list[str] = []
+    cluster = planner.cluster_of("cpu*1", 1, None, said.append)
+    p = cluster.profile
+    assert p.peak_flops("fp32") > 0 and p.op_s == p.dtensor_op_s == 0
+    assert p.ops_source.startswith("not priced: measuring it failed (KeyError")
+    assert any("prices FLOPs only" in s for s in said), said
+    kept = json.loads((tmp_path / "plan-traces.json").read_text()) \
+        if (tmp_path / "plan-traces.json").exists() else {}
+    assert not [k for k in kept if k.startswith(f"cpu_profile|v{TRACE_VERSION}")], kept
+    plan = planner.make_plan(TINY, cluster, said.append, only=[MeshShape(one_group="fsdp")])
+    assert plan.rows[0].host_s == 0 and plan.rows[0].step_s
+    assert any(a.startswith("host: the operations' dispatch not priced: measuring it failed")
+               for a in plan.assumptions), plan.assumptions
 
 
 def test_a_cpu_meshs_calls_are_its_step_in_order():
