@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gputui.core.errors import brief, fault_line
 from gputui.core.mesh import MeshShape, stages_per_rank
 from gputui.train.flops import counter as flop_counter
 from gputui.train import moe, optim
@@ -776,19 +777,13 @@ def _cpu_profile(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             out["ops"] = _cpu_ops(spec["ops"])
         except Exception as exc:  # noqa: BLE001 - the plan then prices FLOPs only, and says so
-            out["ops"] = {"error": _first_line(exc)}
+            out["ops"] = {"error": brief(fault_line(exc), 200)}
             failed = True
     contended = bool(watch.state()["contended"])
     if "ops" in out and not failed:
         out["ops"]["contended"] = contended
     out["keep"] = not contended and not failed  # a failure is measured again, not kept
     return out
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception as one short line (its type, and its message's first line if any)."""
-    lines = str(exc).splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
 def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
@@ -809,16 +804,17 @@ def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         torch.set_num_threads(1)
 
-    def ops(w: dict[str, Any], kind: str) -> int:
+    def ops(w: dict[str, Any], kind: str) -> int:  # every phase together
         return sum(int(phase.get(kind, 0)) for phase in w["work"].values())
 
-    plain = got["plain"]["seconds"] / max(1, ops(got["plain"], "ops"))
+    plain_ops = ops(got["plain"], "ops")
     tp = got["dtensor"]
-    extra = tp["seconds"] - ops(tp, "ops") * plain
-    return {"op_s": plain, "dtensor_op_s": max(0.0, extra) / max(1, ops(tp, "dtensor_ops")),
+    tp_ops, tp_dtensor_ops = ops(tp, "ops"), ops(tp, "dtensor_ops")
+    plain = got["plain"]["seconds"] / max(1, plain_ops)
+    extra = tp["seconds"] - tp_ops * plain
+    return {"op_s": plain, "dtensor_op_s": max(0.0, extra) / max(1, tp_dtensor_ops),
             "plain_step_s": got["plain"]["seconds"], "tp_step_s": tp["seconds"],
-            "plain_ops": ops(got["plain"], "ops"), "tp_ops": ops(tp, "ops"),
-            "tp_dtensor_ops": ops(tp, "dtensor_ops")}
+            "plain_ops": plain_ops, "tp_ops": tp_ops, "tp_dtensor_ops": tp_dtensor_ops}
 
 
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,
@@ -849,7 +845,7 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
             return _cpu_profile(job["spec"])
         return _traced(job["spec"])
     except Exception as exc:  # one mesh that does not trace is that row's reason
-        return {"error": _first_line(exc)}
+        return {"error": brief(fault_line(exc), 200)}
 
 
 def serve(jobs: Any, queue: Any, index: int) -> None:

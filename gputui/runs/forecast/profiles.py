@@ -211,9 +211,17 @@ def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | N
                    efficiency=DEFAULT_EFFICIENCY,
                    op_s=float((ops or {}).get("op_s", 0.0)),
                    dtensor_op_s=float((ops or {}).get("dtensor_op_s", 0.0)),
-                   ops_source=(OPS_SOURCE + ("; measured while other processes used the "
-                                             "machine: measured again by the next plan"
-                                             if ops.get("contended") else "")) if ops else "")
+                   ops_source=_ops_source(ops))
+
+
+def _ops_source(ops: dict | None) -> str:
+    """Where a CPU profile's cost of an operation is from ("" where none was measured)."""
+    if not ops:
+        return ""
+    if ops.get("contended"):
+        return (f"{OPS_SOURCE}; measured while other processes used the machine: measured "
+                f"again by the next plan")
+    return OPS_SOURCE
 
 
 def with_efficiency(p: Profile, value: float, source: str) -> Profile:
