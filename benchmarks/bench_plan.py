@@ -63,7 +63,6 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="cpu*2's first three meshes only")
     ap.add_argument("--only", help="only the meshes whose name has one of these words: cp,ep")
     args = ap.parse_args()
-    os.environ.setdefault("GPUTUI_CACHE_DIR", tempfile.mkdtemp(prefix="bench-plan-"))
     n_cores = cores()
     # the efficiency: a measured single-rank step of the model at a rank's threads, as many
     # copies at once as the world has ranks (the cores shared as the ranks share them)
@@ -146,4 +145,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the plan's kept traces and CPU figures in a folder of the benchmark's, removed after it
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as kept:
+        os.environ.setdefault("GPUTUI_CACHE_DIR", kept)
+        sys.exit(main())

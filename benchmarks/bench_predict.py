@@ -107,7 +107,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    os.environ.setdefault("GPUTUI_RUNS_DIR", tempfile.mkdtemp(prefix="gputui-bench-predict-"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="gputui-bench-predict-") as tmp:
         for r in range(args.rounds):
@@ -148,4 +147,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # its runs' records in a folder of the benchmark's, removed after it
+    with tempfile.TemporaryDirectory(prefix="gputui-bench-predict-runs-") as records:
+        os.environ.setdefault("GPUTUI_RUNS_DIR", records)
+        main()

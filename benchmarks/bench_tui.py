@@ -26,6 +26,7 @@ import os
 import shlex
 import statistics
 import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -268,6 +269,7 @@ def main() -> int:
         print(f"  (1-min load average while busy: {load:.1f} on {os.cpu_count()} cores)")
     finally:
         tmux("kill-server")
+        shutil.rmtree(work, ignore_errors=True)  # its runs, scripts and presets
     return 0
 
 

@@ -18,7 +18,11 @@ def steady_run(cfg, prefix: str) -> tuple[list[StepMetrics], list[MemoryRow]]:
     """Run ``cfg`` in a temp folder named ``prefix``; its steps after the first epoch and the
     rows of its first memory report. A failed run, or one with no step after its first epoch,
     ends the benchmark with one line."""
-    handle = launch(cfg, tempfile.mkdtemp(prefix=prefix))
+    with tempfile.TemporaryDirectory(prefix=prefix) as runs:  # the run's record, then gone
+        return _steady(launch(cfg, runs), cfg)
+
+
+def _steady(handle, cfg) -> tuple[list[StepMetrics], list[MemoryRow]]:
     steps: list[StepMetrics] = []
     memory: list[MemoryRow] | None = None
     first_epoch_done = False

@@ -51,6 +51,22 @@ def load_average() -> float | None:
         return None
 
 
+def busy_cores(window_s: float = 0.3) -> float | None:
+    """The cores the whole machine kept busy over the next ``window_s`` seconds (from its
+    CPU times; None where it has none): what runs now, where the 1-minute load average
+    still holds work that ended up to a few minutes ago (a plan's own tracing children, just
+    reaped)."""
+    try:
+        busy0, total0 = _busy_total(psutil.cpu_times())
+        time.sleep(window_s)
+        busy1, total1 = _busy_total(psutil.cpu_times())
+    except (OSError, AttributeError):
+        return None
+    if total1 <= total0:
+        return None
+    return round((busy1 - busy0) / (total1 - total0) * (psutil.cpu_count() or 1), 2)
+
+
 class LoadWatch:
     """Started before a measurement, read after it: ``state()`` is the machine's state over
     the interval between (a plain dict, JSON-ready)."""

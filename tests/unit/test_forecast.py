@@ -388,6 +388,7 @@ def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monk
     from gputui.runs.forecast import tracing
 
     monkeypatch.setattr(tracing.os, "getloadavg", lambda: (64.0, 0.0, 0.0))
+    monkeypatch.setattr(tracing, "busy_cores", lambda: 128.0)  # every core busy now too
     monkeypatch.setattr(tracing.os, "cpu_count", lambda: 128)
     assert tracing.machine_load(8) == pytest.approx(4.0)
     assert tracing.machine_load(128) == pytest.approx(64.0)
@@ -398,6 +399,31 @@ def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monk
     monkeypatch.setattr(tracing.os, "getloadavg", lambda: (120.0, 0.0, 0.0))
     assert tracer.children(30) == 4  # the checkpointing round: its own children not counted
     assert tracing.Tracer(lambda text: None).children(30) == 1  # a plan begun now
+    # the average still holds work that has ended (an earlier plan's children): the cores
+    # busy now are the load where fewer
+    monkeypatch.setattr(tracing, "busy_cores", lambda: 16.0)
+    assert tracing.machine_load(8) == pytest.approx(1.0)
+    assert tracing.Tracer(lambda text: None).children(30) == 7
+    monkeypatch.setattr(tracing, "busy_cores", lambda: None)  # no reading: the average
+    assert tracing.machine_load(8) == pytest.approx(7.5)
+
+
+def test_the_cores_busy_now_count_a_process_spinning_now():
+    """A child spinning through the reading's window keeps about a core busy: the reading
+    counts it (at least most of a core however loaded the machine: what it does not get,
+    others use), and it is never more than the machine's cores."""
+    from gputui.hw.contention import busy_cores
+
+    spin = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\n"
+                                                   "while True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert spin.stdout is not None and spin.stdout.readline() == "spinning\n"
+        got = busy_cores(0.5)  # its interpreter up: spinning through the window
+    finally:
+        spin.kill()
+        spin.wait()
+    assert got is not None and 0.8 <= got <= (os.cpu_count() or 1) + 0.01
 
 
 def test_the_table_shows_small_times_in_their_unit_and_no_empty_heading(capsys):
