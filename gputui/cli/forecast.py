@@ -280,7 +280,13 @@ def _check(args) -> int:
     got = check_run(run_dir, _line, args.profile)
     if args.json:
         print(json.dumps(got, indent=2))
-        return EXIT_OK
+    else:
+        print_check(got)
+    return EXIT_OK
+
+
+def print_check(got: dict[str, Any]) -> None:
+    """``--check``'s table: the plan of a recorded run's mesh beside its record, per part."""
     p, m = got["planned"], got["measured"]
     print(f"run {got['run']} (mesh {got['mesh']}): planned against recorded, per rank")
     print(f"  {'':<12} {'planned':>12} {'recorded':>12} {'ratio':>7}")
@@ -297,4 +303,3 @@ def _check(args) -> int:
         print(f"  {name:<12} {fa:>12} {fb:>12} {ratio:>7}")
     if not m.get("peak"):
         print(f"  planned peak {p['peak'] / 2**20:.2f} MiB (a CPU record has no allocator peak)")
-    return EXIT_OK

@@ -898,9 +898,13 @@ def cpu_record(traced, tmp_path_factory):
     return runs, json.loads(run.stdout)["run_id"]
 
 
-def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, cpu_record):
+def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, cpu_record, capsys):
     """`gputui plan --check RUN`: a real run's record (one CPU device) beside the plan of its
-    own mesh and devices, per part and the step time (a CPU record has no allocator peak)."""
+    own mesh and devices, per part and the step time (a CPU record has no allocator peak);
+    its table printed from the same figures as without --json (each call measures the CPU
+    again on a busy machine: once is enough here)."""
+    from gputui.cli.forecast import print_check
+
     folder, _ = traced
     runs, run_id = cpu_record
     done = _gputui("--check", run_id, "--runs-dir", str(runs), "--json", cache=folder)
@@ -911,9 +915,12 @@ def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, cpu_recor
     assert measured["peak"] is None and measured["step_s"] > 0 and planned["step_s"] > 0
     assert measured["mem"]["params"] == pytest.approx(TINY.params() * 4, rel=0.01)
     assert planned["mem"]["params"] == pytest.approx(measured["mem"]["params"], rel=0.01)
-    text = _gputui("--check", run_id, "--runs-dir", str(runs), cache=folder)
-    assert text.returncode == 0 and "planned against recorded" in text.stdout
-    assert "a CPU record has no allocator peak" in text.stdout
+    print_check(got)
+    text = capsys.readouterr().out
+    assert f"run {run_id} (mesh 1 rank): planned against recorded" in text
+    assert "a CPU record has no allocator peak" in text
+    params = next(ln.split() for ln in text.splitlines() if ln.strip().startswith("params"))
+    assert params[-1] == f"{planned['mem']['params'] / measured['mem']['params']:.2f}"
 
 
 def _as_gpu_record(runs: Path, run_id: str, label: str, into: Path) -> str:
