@@ -122,7 +122,12 @@ def _plan(args) -> int:
                           f"beside the script; name the script itself (e.g. job.sh)")
     _line(f"planning {Path(args.preset).stem} ({model.params() / 1e6:,.0f}M parameters) on "
           f"{cluster.describe()}")
-    plan = make_plan(model, cluster, _line, args.all_meshes)
+    from gputui.runs.forecast.cells import row_line
+    from gputui.runs.forecast.links import in_step
+
+    after = in_step(cluster)
+    plan = make_plan(model, cluster, _line, args.all_meshes,
+                     on_row=lambda row: _line(row_line(row, after)))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

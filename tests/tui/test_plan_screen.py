@@ -6,6 +6,7 @@ screen; a plan left half-way ends its child."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from textual.widgets import DataTable, Input, Static
 
 from gputui.core.config import load_preset
 from gputui.tui.app import make_app
+from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.screens.plan import TRACER, PlanScreen
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.widgets.pareto_plot import ParetoPlot
@@ -177,20 +179,29 @@ async def test_bad_input_said_in_the_screen_and_a_plan_left_half_way_ends_its_ch
         await pilot.press("ctrl+s")  # no plan yet: said, nothing written
         assert not (tmp_path / "presets").exists()
 
-        # a plan left while its child traces: the child is ended, nothing half kept
-        screen.query_one("#plan-gpus", Input).value = "H100"
+        # a plan of 2 GPUs (7 meshes): each mesh's row joins the table as it is traced,
+        # while the child traces the rest; a row so far is not one to write
+        screen.query_one("#plan-gpus", Input).value = "2xH100"
         screen.query_one("#plan-nodes", Input).value = "1"
         screen.query_one("#plan-profile", Input).value = ""
         await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: bool(tracers()) or not screen.planning,
-                         timeout=PLAN_TIMEOUT, what="the tracing child")
-        assert screen.planning, text(screen, "#plan-status")
+        table = screen.query_one(DataTable)
+        await wait_until(pilot, lambda: table.row_count > 0 or not screen.planning,
+                         timeout=PLAN_TIMEOUT, what="the first mesh's row")
+        assert screen.planning and tracers(), text(screen, "#plan-status")
+        first = cells(screen, "1")
+        assert first[0].startswith("1") and first[5] == "yes" and first[6].endswith("s")
+        await pilot.press("ctrl+s")  # the plan is not whole: nothing written
+        await pilot.pause()
+        assert not isinstance(app.screen, SavePresetDialog) and not (tmp_path / "presets").exists()
+        # left while its child traces: the child is ended; the meshes traced are kept
         pids = [p.pid for p in tracers()]
         await pilot.press("escape")
         assert isinstance(app.screen, SetupScreen)
         await wait_until(pilot, lambda: all(gone(pid) for pid in pids), timeout=PLAN_TIMEOUT,
                          what="the tracing child to end")
-        assert not (tmp_path / "cache" / "plan-traces.json").exists()  # ended before a trace
+        kept = json.loads((tmp_path / "cache" / "plan-traces.json").read_text())
+        assert 1 <= len(kept) < 7
 
 
 def gone(pid: int) -> bool:

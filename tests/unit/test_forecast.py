@@ -319,6 +319,24 @@ def _row(mem: dict, flops: int = 10**15, comm: list | None = None, shape=None):
     return estimate.make_row(Candidate(shape, spec), got, TINY, Cluster(h100, 8))
 
 
+def test_a_rows_line_as_it_is_traced_says_its_peak_fit_and_step():
+    """A mesh's row as soon as it is traced, in one line; on this machine's CPU ranks the
+    step's collectives are measured after the last mesh, and the line says so."""
+    from gputui.runs.forecast.cells import row_line, seconds
+
+    comm = [{"kind": "all-gather", "phase": "forward", "group": 8, "count": 2, "bytes": 2**20}]
+    ok = _row({"params": 2**30, "activations": 2**30}, comm=comm)
+    line = row_line(ok, measured_after=False)
+    assert line == (f"  = dp_shard 8 zero 3: peak {ok.peak / 2**30:.2f} GiB, fits, "
+                    f"{seconds(ok.step_s)} a step")
+    assert row_line(ok, measured_after=True) == line + (" (its collectives measured after "
+                                                        "the last mesh)")
+    big = _row({"params": 2**30, "activations": 90 * 2**30}, comm=comm)
+    assert row_line(big, measured_after=True).startswith(
+        f"  = dp_shard 8 zero 3: peak {big.peak / 2**30:.2f} GiB, does not fit, ")
+    assert "measured after" not in row_line(big, measured_after=True)  # not measured
+
+
 def test_a_row_fits_or_says_why_not_and_times_its_step():
     ok = _row({"params": 2**30, "activations": 10 * 2**30})
     assert ok.fits and not ok.reason
@@ -856,6 +874,9 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
                    "--write-sbatch", "1", str(job), cache=folder)
     assert done.returncode == 0, done.stderr
     assert "tracing" not in done.stderr  # the one mesh of one GPU was kept by the fixture
+    # its row told at once, before the table (a traced one: as its trace ends)
+    told = [ln for ln in done.stderr.splitlines() if ln.startswith("  = ")]
+    assert len(told) == 1 and told[0].startswith("  = 1 rank: peak ") and ", fits, " in told[0]
     plan = json.loads(done.stdout)
     row = plan["rows"][0]
     assert plan["world"] == 1 and row["fits"] and row["step_s"] > 0

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gputui.runs.forecast.estimate import GIB, Row
+from gputui.runs.forecast.estimate import GIB, Candidate, Row
 
 # (label, key) of the plan's table, read first on the left: a narrow terminal cuts the rest
 COLUMNS = [("#", "n"), ("strategy", "strategy"), ("mesh", "mesh"), ("zero", "zero"),
@@ -56,3 +56,17 @@ def row_cells(row: Row, number: str) -> dict[str, str]:
                 params=gib(mem["params"] + mem["gathered"]), grads=gib(mem["grads"]),
                 optim=gib(mem["optim"]), act=gib(mem["activations"]),
                 temps=gib(mem["temps"] + mem["buffers"]), comm=seconds(row.comm_exposed_s))
+
+
+def row_line(row: Row, measured_after: bool) -> str:
+    """A mesh's row in one line, told as soon as it is traced (the table comes when every
+    mesh is): its peak per rank, whether it fits and its step; ``measured_after``: the plan
+    measures its collectives after the last mesh (this machine's CPU ranks), so the step is
+    the formula's until then."""
+    label = Candidate(row.shape, None, "").label()
+    text = f"  = {label}: peak {gib(row.peak)} GiB, {'fits' if row.fits else 'does not fit'}"
+    if row.step_s:
+        text += f", {seconds(row.step_s)} a step"
+        if measured_after and row.fits and row.comm:
+            text += " (its collectives measured after the last mesh)"
+    return text

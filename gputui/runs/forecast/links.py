@@ -34,6 +34,12 @@ SOURCE = ("gloo measured on this machine in each mesh's step: its traced calls b
           "the rows that do not fit, by formula")
 
 
+def in_step(cluster: Cluster) -> bool:
+    """Whether a plan of ``cluster`` measures its rows' collectives (:func:`measured`): this
+    machine's CPU ranks, more than one, on one node."""
+    return cluster.profile.kind == "cpu" and cluster.world > 1 and cluster.nodes == 1
+
+
 def run_here(c: dict[str, Any], world: int) -> bool:
     """Whether collective ``c`` is measured on ``world`` ranks: a kind gloo runs here, called,
     over a group of more than one rank that divides the world (its ranks consecutive)."""
@@ -68,8 +74,7 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
     collectives measured in its step (kept per machine), its step time and exposed
     collectives' time made of it. False when nothing was measured (a GPU profile, one rank,
     no collective, or the measurement failed: the ring formula stays, said on ``line``)."""
-    p = cluster.profile
-    if p.kind != "cpu" or cluster.world < 2 or cluster.nodes != 1:
+    if not in_step(cluster):
         return False
     cache = cache or Cache()
     threads = max(1, cores() // cluster.world)

@@ -25,6 +25,7 @@ from gputui.runs.predict.cache import Cache, cores, machine_id
 from gputui.runs.predict.comm_peak import key
 
 Line = Callable[[str], None]
+OnRow = Callable[[Row], None]
 TEXT_VOCAB = 256  # gputui's text data is bytes
 CP_TRACED = ("cp: gputui's ring attention traced on the fake group (zig-zag split, keys and "
              "values sent round the ring; its hops counted in line with the compute); a CUDA "
@@ -221,14 +222,17 @@ def ops_spec(threads: int) -> dict[str, Any]:
 
 
 def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool = False,
-              only: list[MeshShape] | None = None) -> Plan:
+              only: list[MeshShape] | None = None, on_row: OnRow | None = None) -> Plan:
     """Trace what is not kept, then the rows: every candidate at ac = none; those whose
     activations keep them from fitting (and whose state alone fits) again at full
-    checkpointing, and those that fit so at selective checkpointing."""
+    checkpointing, and those that fit so at selective checkpointing. ``on_row``: told each
+    mesh's row as soon as its figures are in (kept ones at once, traced ones as each is
+    traced), before the plan is whole: a CPU plan's collectives are measured after the last
+    (:func:`links.measured`), so its rows' step times are the ring formula's until then."""
     cands = ([_cand(model, s, cluster) for s in only] if only is not None
              else estimate.candidates(model, cluster, "none", every_mesh))
     with Tracer(line) as tracer:  # its rounds' children sized by the load as the plan began
-        rows = _rounds(cands, model, cluster, line, tracer, only is None)
+        rows = _rounds(cands, model, cluster, line, tracer, only is None, on_row)
     in_step = links.measured(rows, cluster, line)  # this machine's CPU ranks: measured
     p = cluster.profile
     assumptions = [
@@ -255,8 +259,8 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
 
 
 def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
-            tracer: Tracer, checkpointing: bool) -> list[Row]:
-    rows = _rows(cands, model, cluster, line, tracer)
+            tracer: Tracer, checkpointing: bool, on_row: OnRow | None = None) -> list[Row]:
+    rows = _rows(cands, model, cluster, line, tracer, on_row)
     if not checkpointing:
         return rows
     # full checkpointing keeps the least: tried first where checkpointing may make a mesh
@@ -267,14 +271,14 @@ def _rounds(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Li
         line(f"{len(again)} mesh(es) do not fit for their activations: tracing them again "
              f"with full activation checkpointing (not those whose parameters, gradients "
              f"and optimizer state alone do not fit)")
-        full = _rows(again, model, cluster, line, tracer)
+        full = _rows(again, model, cluster, line, tracer, on_row)
         rows += full
         sel = [_cand(model, replace(r.shape, ac="selective"), cluster) for r in full
                if r.fits]
         if sel:
             line(f"{len(sel)} of them fit with full checkpointing: tracing them with "
                  f"selective checkpointing")
-            rows += _rows(sel, model, cluster, line, tracer)
+            rows += _rows(sel, model, cluster, line, tracer, on_row)
     return rows
 
 
@@ -284,9 +288,18 @@ def _cand(model: ModelSize, shape: MeshShape, cluster: Cluster) -> Candidate:
 
 
 def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line,
-          tracer: Tracer | None = None) -> list[Row]:
+          tracer: Tracer | None = None, on_row: OnRow | None = None) -> list[Row]:
     jobs = [{"kind": "trace", "spec": c.spec, "label": f"tracing {c.label()}"}
             for c in cands if c.spec is not None]
+    tracer = tracer or Tracer(line)
+    by_key = {job_key("trace", c.spec): c for c in cands if c.spec is not None}
+
+    def each(key: str, figures: dict) -> None:  # a mesh's row as soon as it is traced
+        c = by_key.get(key)
+        if c is not None and on_row is not None and "error" not in figures:
+            on_row(estimate.make_row(c, figures, model, cluster))
+
+    tracer.on_result = each if on_row is not None else None
     got = run_jobs(jobs, line, tracer=tracer) if jobs else {}
     return [estimate.make_row(c, got.get(job_key("trace", c.spec)) if c.spec else None, model,
                               cluster) for c in cands]

@@ -91,6 +91,9 @@ class Tracer:
                  cache: TraceCache | None = None) -> None:
         self.line, self.timeout = line, timeout
         self.cache = cache or TraceCache()
+        # told each job's figures as they come (kept ones at once, traced ones as each
+        # child ends its mesh): the planner's rows one by one (``make_plan``'s ``on_row``)
+        self.on_result: Callable[[str, dict], None] | None = None
         # the load as the plan began: a later round's reading would count this plan's own
         # children of the round before (the 1-minute average keeps them for a while)
         self.load: float | None = None
@@ -116,6 +119,8 @@ class Tracer:
             got = self.cache.get(key)
             if got is not None and "error" not in got:
                 out[key] = got
+                if self.on_result is not None:
+                    self.on_result(key, got)
             else:
                 todo.append(dict(job, key=key))
         if todo:
@@ -140,6 +145,8 @@ class Tracer:
                 self.line(f"  {msg[3]} ({time.monotonic() - t0:.0f} s)")
             elif msg[0] == "result":
                 out[msg[1]] = msg[2]
+                if self.on_result is not None:
+                    self.on_result(msg[1], msg[2])
                 waiting.discard(msg[1])
                 # as each arrives: a stopped plan keeps them; not an error, nor a figure of
                 # this machine measured while other processes used it ("keep": False)

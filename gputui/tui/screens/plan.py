@@ -4,11 +4,13 @@ have; the app's face of `gputui plan` (``gputui.runs.forecast``, the same planne
 The user names the devices as `--gpus` does (8xH100, 2x8xH100, cpu*2), the nodes, a vocabulary
 and a profile file of their own; ctrl+r plans in a thread worker (the meshes are traced in the
 planner's own spawned child, or answered from its kept traces) while the planner's progress
-lines show under the form. Then: the table (the meshes that fit first, most tokens/s first, the
-reason beside each that does not), the memory per rank of the row under the cursor, part by
-part, and the memory-against-speed view with its Pareto front. ctrl+s writes the row as a
-preset (`gputui plan --write-preset`'s text); ctrl+e loads it into the set-up form, to run.
-Escape goes back, and stops a plan in flight with its tracing child.
+lines show under the form and each mesh's row joins the table as soon as it is traced (the rows
+so far, in order; a row is written or loaded once the plan is whole). Then: the table (the
+meshes that fit first, most tokens/s first, the reason beside each that does not), the memory
+per rank of the row under the cursor, part by part, and the memory-against-speed view with its
+Pareto front. ctrl+s writes the row as a preset (`gputui plan --write-preset`'s text); ctrl+e
+loads it into the set-up form, to run. Escape goes back, and stops a plan in flight with its
+tracing child.
 """
 
 from __future__ import annotations
@@ -64,6 +66,15 @@ class PlanReady(Message):
     def __init__(self, plan: Plan) -> None:
         super().__init__()
         self.plan = plan
+
+
+class PlanRow(Message):
+    """A mesh's row as soon as it is traced (before the plan is whole), with the memory a
+    rank of the cluster can use."""
+
+    def __init__(self, row: Row, usable: int) -> None:
+        super().__init__()
+        self.row, self.usable = row, usable
 
 
 class PlanFailed(Message):
@@ -195,6 +206,8 @@ class PlanScreen(Screen):
         self.planning = False
         self.plan: Plan | None = None
         self.rows: dict[str, Row] = {}  # by table key: '1'.. (planned), 'x1'.. (not planned)
+        self.so_far: list[Row] = []  # the rows of the plan in flight, as they are traced
+        self.usable = 0  # the bytes a rank of the planned cluster can use
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -259,6 +272,8 @@ class PlanScreen(Screen):
 
         ready_for_spawn(self.child_output)  # the tracer's stray output stays off the screen
         self.planning = True
+        self.so_far = []
+        self.plan = None  # the rows shown are this plan's, not a row to write, until it ends
         self.query_one("#plan-start", Button).disabled = True
         self._status(f"planning for {target.gpus}"
                      f"{f' on {target.nodes} nodes' if target.nodes > 1 else ''} …")
@@ -284,7 +299,13 @@ class PlanScreen(Screen):
                                  KeptRuns(model, self.runs_dir, self.config.run.compile))
             line(f"planning {self.config.run.name} ({model.params() / 1e6:,.1f}M parameters) "
                  f"on {cluster.describe()}")
-            plan = make_plan(model, cluster, line)
+            usable = cluster.profile.usable()
+
+            def row(r: Row) -> None:
+                if not worker.is_cancelled:
+                    self.post_message(PlanRow(r, usable))
+
+            plan = make_plan(model, cluster, line, on_row=row)
         except PlanStopped:
             return
         except (ConfigError, LookupError) as exc:
@@ -302,6 +323,16 @@ class PlanScreen(Screen):
         if self.planning:
             self._status(message.text)
 
+    def on_plan_row(self, message: PlanRow) -> None:
+        """A mesh traced: the rows so far, in the plan's order, and their front."""
+        if not self.planning:
+            return
+        from gputui.runs.forecast.estimate import order
+
+        self.so_far.append(message.row)
+        self.usable = message.usable
+        self._fill(order(self.so_far))
+
     def on_plan_failed(self, message: PlanFailed) -> None:
         self._done()
         self._status(f"✗ {message.error}", error=True)
@@ -310,25 +341,10 @@ class PlanScreen(Screen):
         """Fill the table, the notes and the view; the first row under the cursor."""
         self._done()
         plan = self.plan = message.plan
-        from gputui.runs.forecast.estimate import pareto
-
-        front = {id(r) for r in pareto(plan.rows)}
+        self.usable = usable = plan.cluster.profile.usable()
+        self._fill(plan.rows)
         planned = [r for r in plan.rows if r.peak]
-        self.rows = {str(i): r for i, r in enumerate(planned, 1)}
-        self.rows.update({f"x{i}": r for i, r in
-                          enumerate((r for r in plan.rows if not r.peak), 1)})
-        cells = []
-        for key, r in self.rows.items():
-            number = key if r.peak else ""
-            c = row_cells(r, number + ("*" if id(r) in front else ""))
-            c["reason"] = r.reason if not r.fits else ""
-            cells.append((key, [c[k] for _, k in TABLE_COLUMNS]))
         table = self.query_one(PlainTable)
-        table.fill(TABLE_COLUMNS, cells)
-        usable = plan.cluster.profile.usable()
-        self.query_one(ParetoPlot).show(tuple(
-            Point(key, r.peak / GIB, r.tokens_per_s or 0.0, r.fits, id(r) in front)
-            for key, r in self.rows.items() if r.peak and r.tokens_per_s), usable / GIB)
         fit = sum(1 for r in planned if r.fits)
         meshes = f"{len(planned)} mesh" + ("es" if len(planned) != 1 else "")
         self._status(f"{plan.cluster.describe()}: {meshes} planned, {fit} fit"
@@ -346,6 +362,25 @@ class PlanScreen(Screen):
             self._show_row(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
             table.focus()
 
+    def _fill(self, rows: list[Row]) -> None:
+        """The table and the memory-against-speed view of ``rows`` (in order): numbered
+        rows first, the front starred, then those not planned."""
+        from gputui.runs.forecast.estimate import pareto
+
+        front = {id(r) for r in pareto(rows)}
+        self.rows = {str(i): r for i, r in enumerate((r for r in rows if r.peak), 1)}
+        self.rows.update({f"x{i}": r for i, r in enumerate((r for r in rows if not r.peak), 1)})
+        cells = []
+        for key, r in self.rows.items():
+            number = key if r.peak else ""
+            c = row_cells(r, number + ("*" if id(r) in front else ""))
+            c["reason"] = r.reason if not r.fits else ""
+            cells.append((key, [c[k] for _, k in TABLE_COLUMNS]))
+        self.query_one(PlainTable).fill(TABLE_COLUMNS, cells)
+        self.query_one(ParetoPlot).show(tuple(
+            Point(key, r.peak / GIB, r.tokens_per_s or 0.0, r.fits, id(r) in front)
+            for key, r in self.rows.items() if r.peak and r.tokens_per_s), self.usable / GIB)
+
     def _done(self) -> None:
         self.planning = False
         self.query_one("#plan-start", Button).disabled = False
@@ -356,10 +391,10 @@ class PlanScreen(Screen):
 
     def _show_row(self, key: str | None) -> None:
         row = self.rows.get(key or "")
-        if row is None or self.plan is None:
+        if row is None or not self.usable:
             return
         self.query_one("#plan-row", Static).update(
-            breakdown(row, str(key) if row.peak else "-", self.plan.cluster.profile.usable()))
+            breakdown(row, str(key) if row.peak else "-", self.usable))
         self.query_one(ParetoPlot).select(key)
 
     def selected(self) -> tuple[str, Row] | None:
