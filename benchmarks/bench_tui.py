@@ -24,9 +24,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
-import shutil
 import sys
 import tempfile
 import time

@@ -18,7 +18,8 @@ def steady_run(cfg, prefix: str) -> tuple[list[StepMetrics], list[MemoryRow]]:
     """Run ``cfg`` in a temp folder named ``prefix``; its steps after the first epoch and the
     rows of its first memory report. A failed run, or one with no step after its first epoch,
     ends the benchmark with one line."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as runs:  # the run's record, then gone
+    # the run's record, then gone (a failed run's files may still be written as it ends)
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as runs:
         return _steady(launch(cfg, runs), cfg)
 
 

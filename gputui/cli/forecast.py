@@ -123,11 +123,10 @@ def _plan(args) -> int:
     _line(f"planning {Path(args.preset).stem} ({model.params() / 1e6:,.0f}M parameters) on "
           f"{cluster.describe()}")
     from gputui.runs.forecast.cells import row_line
-    from gputui.runs.forecast.links import in_step
+    from gputui.runs.forecast.links import will_measure
 
-    after = in_step(cluster)
     plan = make_plan(model, cluster, _line, args.all_meshes,
-                     on_row=lambda row: _line(row_line(row, after)))
+                     on_row=lambda row: _line(row_line(row, will_measure(row, cluster))))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

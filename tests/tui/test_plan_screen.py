@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input, Static
 from gputui.core.config import load_preset
 from gputui.tui.app import make_app
 from gputui.tui.screens.dialogs import SavePresetDialog
-from gputui.tui.screens.plan import TRACER, PlanScreen
+from gputui.tui.screens.plan import PlanScreen, is_tracer
 from gputui.tui.screens.setup import SetupScreen
 from gputui.tui.widgets.pareto_plot import ParetoPlot
 from gputui.tui.widgets.strategy_picker import StrategyPicker
@@ -141,7 +141,7 @@ async def test_plan_fit_front_no_fit_and_the_row_into_a_run(tmp_path, tiny, inve
 
 
 def tracers() -> list:
-    return [p for p in multiprocessing.active_children() if p.name == TRACER]
+    return [p for p in multiprocessing.active_children() if is_tracer(p.name)]
 
 
 async def test_bad_input_said_in_the_screen_and_a_plan_left_half_way_ends_its_child(
@@ -189,6 +189,7 @@ async def test_bad_input_said_in_the_screen_and_a_plan_left_half_way_ends_its_ch
         await wait_until(pilot, lambda: table.row_count > 0 or not screen.planning,
                          timeout=PLAN_TIMEOUT, what="the first mesh's row")
         assert screen.planning and tracers(), text(screen, "#plan-status")
+        assert "traced so far" in text(screen, "#plan-status")
         first = cells(screen, "1")
         assert first[0].startswith("1") and first[5] == "yes" and first[6].endswith("s")
         await pilot.press("ctrl+s")  # the plan is not whole: nothing written

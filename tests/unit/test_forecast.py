@@ -321,8 +321,10 @@ def _row(mem: dict, flops: int = 10**15, comm: list | None = None, shape=None):
 
 def test_a_rows_line_as_it_is_traced_says_its_peak_fit_and_step():
     """A mesh's row as soon as it is traced, in one line; on this machine's CPU ranks the
-    step's collectives are measured after the last mesh, and the line says so."""
+    step's collectives are measured after the last mesh, and the line says so where they
+    will be (a row that fits, with a collective gloo runs over ranks of the plan)."""
     from gputui.runs.forecast.cells import row_line, seconds
+    from gputui.runs.forecast.links import will_measure
 
     comm = [{"kind": "all-gather", "phase": "forward", "group": 8, "count": 2, "bytes": 2**20}]
     ok = _row({"params": 2**30, "activations": 2**30}, comm=comm)
@@ -332,9 +334,15 @@ def test_a_rows_line_as_it_is_traced_says_its_peak_fit_and_step():
     assert row_line(ok, measured_after=True) == line + (" (its collectives measured after "
                                                         "the last mesh)")
     big = _row({"params": 2**30, "activations": 90 * 2**30}, comm=comm)
-    assert row_line(big, measured_after=True).startswith(
+    assert row_line(big, measured_after=False).startswith(
         f"  = dp_shard 8 zero 3: peak {big.peak / 2**30:.2f} GiB, does not fit, ")
-    assert "measured after" not in row_line(big, measured_after=True)  # not measured
+    h100 = profiles.find(profiles.load_profiles(), "H100")
+    cpu8 = Cluster(replace(h100, name="cpu", kind="cpu"), 8)
+    assert will_measure(ok, cpu8) and not will_measure(ok, Cluster(h100, 8))
+    assert not will_measure(big, cpu8)  # does not fit: its collectives keep the formula
+    alone = _row({"params": 2**30}, comm=[dict(comm[0], group=1)])  # a group of one rank
+    assert alone.fits and not will_measure(alone, cpu8)
+    assert not will_measure(ok, Cluster(replace(h100, name="cpu", kind="cpu"), 8, 2))
 
 
 def test_a_row_fits_or_says_why_not_and_times_its_step():
@@ -406,7 +414,7 @@ def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monk
     from gputui.runs.forecast import tracing
 
     monkeypatch.setattr(tracing.os, "getloadavg", lambda: (64.0, 0.0, 0.0))
-    monkeypatch.setattr(tracing, "busy_cores", lambda: 128.0)  # every core busy now too
+    monkeypatch.setattr(tracing, "busy_cores", lambda window: 128.0)  # every core busy now too
     monkeypatch.setattr(tracing.os, "cpu_count", lambda: 128)
     assert tracing.machine_load(8) == pytest.approx(4.0)
     assert tracing.machine_load(128) == pytest.approx(64.0)
@@ -419,10 +427,10 @@ def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monk
     assert tracing.Tracer(lambda text: None).children(30) == 1  # a plan begun now
     # the average still holds work that has ended (an earlier plan's children): the cores
     # busy now are the load where fewer
-    monkeypatch.setattr(tracing, "busy_cores", lambda: 16.0)
+    monkeypatch.setattr(tracing, "busy_cores", lambda window: 16.0)
     assert tracing.machine_load(8) == pytest.approx(1.0)
     assert tracing.Tracer(lambda text: None).children(30) == 7
-    monkeypatch.setattr(tracing, "busy_cores", lambda: None)  # no reading: the average
+    monkeypatch.setattr(tracing, "busy_cores", lambda window: None)  # no reading: the average
     assert tracing.machine_load(8) == pytest.approx(7.5)
 
 

@@ -61,12 +61,12 @@ def row_cells(row: Row, number: str) -> dict[str, str]:
 def row_line(row: Row, measured_after: bool) -> str:
     """A mesh's row in one line, told as soon as it is traced (the table comes when every
     mesh is): its peak per rank, whether it fits and its step; ``measured_after``: the plan
-    measures its collectives after the last mesh (this machine's CPU ranks), so the step is
-    the formula's until then."""
+    measures this row's collectives after the last mesh (``links.will_measure``), so the
+    step is the formula's until then."""
     label = Candidate(row.shape, None, "").label()
     text = f"  = {label}: peak {gib(row.peak)} GiB, {'fits' if row.fits else 'does not fit'}"
     if row.step_s:
         text += f", {seconds(row.step_s)} a step"
-        if measured_after and row.fits and row.comm:
+        if measured_after:
             text += " (its collectives measured after the last mesh)"
     return text

@@ -40,6 +40,13 @@ def in_step(cluster: Cluster) -> bool:
     return cluster.profile.kind == "cpu" and cluster.world > 1 and cluster.nodes == 1
 
 
+def will_measure(row: Row, cluster: Cluster) -> bool:
+    """Whether :func:`measured` measures ``row``'s collectives in its step: a plan of this
+    machine's CPU ranks, a row that fits, with a step and a collective gloo runs here."""
+    return (in_step(cluster) and row.step_s is not None and row.fits
+            and bool(calls_of(row, cluster.world)))
+
+
 def run_here(c: dict[str, Any], world: int) -> bool:
     """Whether collective ``c`` is measured on ``world`` ranks: a kind gloo runs here, called,
     over a group of more than one rank that divides the world (its ranks consecutive)."""
@@ -82,9 +89,9 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
     expects: dict[str, float] = {}  # the formula's step of each mesh to measure
     keys: dict[int, str] = {}
     for i, row in enumerate(rows):
-        calls = calls_of(row, cluster.world)
-        if row.step_s is None or not row.fits or not calls:
+        if not will_measure(row, cluster):
             continue
+        calls = calls_of(row, cluster.world)
         # steps of about SECONDS, by the formula's step (the gap and its collectives)
         expect = row.compute_s + sum(c["seconds"] for c in row.comm
                                      if run_here(c, cluster.world))

@@ -291,7 +291,6 @@ def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line
           tracer: Tracer | None = None, on_row: OnRow | None = None) -> list[Row]:
     jobs = [{"kind": "trace", "spec": c.spec, "label": f"tracing {c.label()}"}
             for c in cands if c.spec is not None]
-    tracer = tracer or Tracer(line)
     by_key = {job_key("trace", c.spec): c for c in cands if c.spec is not None}
 
     def each(key: str, figures: dict) -> None:  # a mesh's row as soon as it is traced
@@ -299,8 +298,8 @@ def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line
         if c is not None and on_row is not None and "error" not in figures:
             on_row(estimate.make_row(c, figures, model, cluster))
 
-    tracer.on_result = each if on_row is not None else None
-    got = run_jobs(jobs, line, tracer=tracer) if jobs else {}
+    got = (run_jobs(jobs, line, tracer=tracer, on_result=each if on_row else None)
+           if jobs else {})
     return [estimate.make_row(c, got.get(job_key("trace", c.spec)) if c.spec else None, model,
                               cluster) for c in cands]
 

@@ -20,6 +20,7 @@ from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
 TRACE_VERSION = 12  # raised when the tracer's figures change meaning
+BUSY_WINDOW_S = 0.5  # the cores busy now, read over this long (once a plan, as it traces)
 JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
 
 
@@ -59,14 +60,13 @@ def workers(jobs: int, cores: int | None = None, load: float | None = None) -> i
 
 def machine_load(cores: int) -> float:
     """The machine's load as this process's share of it: the 1-minute load average, or the
-    cores busy right now where fewer (:func:`busy_cores`: the average still counts work that
-    has ended, such as an earlier plan's children, and a second plan begun just after one
-    took one child on this 2-core machine: GPT-2 small's 33 meshes on 8 GPUs in 49 s, where two
-    children took 31 s), scaled by
-    the cores this process may use over the machine's (a job given 8 cores of a busy
-    128-core node is not the node's load)."""
+    cores busy over the next half second where fewer (:func:`busy_cores`: the average still
+    counts work that has ended, such as an earlier plan's children; a plan begun just after
+    another took one child on this 2-core machine, GPT-2 small's 33 meshes on 8 GPUs in 49 s
+    where two children took 31 s), scaled by the cores this process may use over the
+    machine's (a job given 8 cores of a busy 128-core node is not the node's load)."""
     load = load_average() or 0.0
-    now = busy_cores()
+    now = busy_cores(BUSY_WINDOW_S)
     if now is not None:
         load = min(load, now)
     total = os.cpu_count() or cores
@@ -74,10 +74,12 @@ def machine_load(cores: int) -> float:
 
 
 def run_jobs(jobs: list[dict[str, Any]], line: Line, timeout: float = 1800.0,
-             cache: TraceCache | None = None, tracer: Tracer | None = None) -> dict[str, dict]:
+             cache: TraceCache | None = None, tracer: Tracer | None = None,
+             on_result: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """Figures for every job ({"kind", "spec", "label"}), from the cache or traced now in
-    spawned children (progress on ``line``); a job that failed gives {"error"}."""
-    return (tracer or Tracer(line, timeout, cache)).run(jobs)
+    spawned children (progress on ``line``; each job's figures to ``on_result`` as they
+    come); a job that failed gives {"error"}."""
+    return (tracer or Tracer(line, timeout, cache)).run(jobs, on_result)
 
 
 class Tracer:
@@ -91,9 +93,6 @@ class Tracer:
                  cache: TraceCache | None = None) -> None:
         self.line, self.timeout = line, timeout
         self.cache = cache or TraceCache()
-        # told each job's figures as they come (kept ones at once, traced ones as each
-        # child ends its mesh): the planner's rows one by one (``make_plan``'s ``on_row``)
-        self.on_result: Callable[[str, dict], None] | None = None
         # the load as the plan began: a later round's reading would count this plan's own
         # children of the round before (the 1-minute average keeps them for a while)
         self.load: float | None = None
@@ -111,7 +110,11 @@ class Tracer:
             self.load = machine_load(own_cores())
         return workers(jobs, load=self.load)
 
-    def run(self, jobs: list[dict[str, Any]]) -> dict[str, dict]:
+    def run(self, jobs: list[dict[str, Any]],
+            on_result: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
+        """Every job's figures (kept, or traced now); ``on_result`` told each job's as they
+        come (kept ones at once, traced ones as each child ends its mesh, after they are
+        kept): the planner's rows one by one (``make_plan``'s ``on_row``)."""
         out: dict[str, dict] = {}
         todo = []
         for job in jobs:
@@ -119,15 +122,16 @@ class Tracer:
             got = self.cache.get(key)
             if got is not None and "error" not in got:
                 out[key] = got
-                if self.on_result is not None:
-                    self.on_result(key, got)
+                if on_result is not None:
+                    on_result(key, got)
             else:
                 todo.append(dict(job, key=key))
         if todo:
-            out.update(self._trace(todo, len(jobs) - len(todo)))
+            out.update(self._trace(todo, len(jobs) - len(todo), on_result))
         return out
 
-    def _trace(self, todo: list[dict[str, Any]], kept: int) -> dict[str, dict]:
+    def _trace(self, todo: list[dict[str, Any]], kept: int,
+               on_result: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
         n = self.children(len(todo))
         self.line(f"tracing {len(todo)} mesh(es) in {n} child process(es) ({kept} kept from "
                   f"earlier plans); loading torch ...")
@@ -145,13 +149,13 @@ class Tracer:
                 self.line(f"  {msg[3]} ({time.monotonic() - t0:.0f} s)")
             elif msg[0] == "result":
                 out[msg[1]] = msg[2]
-                if self.on_result is not None:
-                    self.on_result(msg[1], msg[2])
                 waiting.discard(msg[1])
                 # as each arrives: a stopped plan keeps them; not an error, nor a figure of
                 # this machine measured while other processes used it ("keep": False)
                 if "error" not in msg[2] and msg[2].get("keep", True):
                     self.cache.put(msg[1], msg[2])
+                if on_result is not None:  # last: what it raises loses no figure
+                    on_result(msg[1], msg[2])
             return not waiting
 
         answer = ask_children([(trace_main, (queue, i)) for i in range(n)],

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from gputui.runs.forecast.planner import Plan
 
 GIB = 2**30
-TRACER = "gputui-plan-trace"  # the planner's child process (runs.forecast.tracing)
+TRACER = "gputui-plan-trace"  # the planner's child processes (runs.forecast.tracing)
 TABLE_COLUMNS = [*COLUMNS, ("why it does not fit", "reason")]
 # the memory parts of a row, as the breakdown names them
 PARTS = [("params", "parameters (sharded)"), ("gathered", "parameters gathered"),
@@ -68,13 +68,20 @@ class PlanReady(Message):
         self.plan = plan
 
 
+def is_tracer(name: str) -> bool:
+    """Whether a child process is one of the planner's tracing children (one is named
+    TRACER, several TRACER-0, TRACER-1, ...: ``proctree.ask_children``)."""
+    return name == TRACER or name.startswith(TRACER + "-")
+
+
 class PlanRow(Message):
     """A mesh's row as soon as it is traced (before the plan is whole), with the memory a
-    rank of the cluster can use."""
+    rank of the cluster can use and whether its collectives are measured after the last
+    mesh (this machine's CPU ranks: ``links.will_measure``)."""
 
-    def __init__(self, row: Row, usable: int) -> None:
+    def __init__(self, row: Row, usable: int, measured_after: bool) -> None:
         super().__init__()
-        self.row, self.usable = row, usable
+        self.row, self.usable, self.measured_after = row, usable, measured_after
 
 
 class PlanFailed(Message):
@@ -207,6 +214,9 @@ class PlanScreen(Screen):
         self.plan: Plan | None = None
         self.rows: dict[str, Row] = {}  # by table key: '1'.. (planned), 'x1'.. (not planned)
         self.so_far: list[Row] = []  # the rows of the plan in flight, as they are traced
+        self.measured_after = False  # a row so far whose collectives are measured at the end
+        self.fill_due = False  # the rows so far wait for the next refresh to be shown
+        self.progress = ""  # the planner's last progress line
         self.usable = 0  # the bytes a rank of the planned cluster can use
 
     def compose(self) -> ComposeResult:
@@ -272,8 +282,11 @@ class PlanScreen(Screen):
 
         ready_for_spawn(self.child_output)  # the tracer's stray output stays off the screen
         self.planning = True
-        self.so_far = []
+        self.so_far, self.measured_after, self.progress = [], False, ""
         self.plan = None  # the rows shown are this plan's, not a row to write, until it ends
+        self._fill([])  # nothing of an earlier plan stays beside this one's rows
+        self.query_one("#plan-row", Static).update("")
+        self.query_one("#plan-notes", Static).update("")
         self.query_one("#plan-start", Button).disabled = True
         self._status(f"planning for {target.gpus}"
                      f"{f' on {target.nodes} nodes' if target.nodes > 1 else ''} …")
@@ -282,6 +295,7 @@ class PlanScreen(Screen):
     @work(thread=True, exclusive=True, group="plan", exit_on_error=False)
     def _plan(self, target: Target) -> None:
         """The planner, off the UI thread: its progress lines come here as messages."""
+        from gputui.runs.forecast.links import will_measure
         from gputui.runs.forecast.planner import KeptRuns, cluster_of, make_plan, model_of
 
         worker = get_current_worker()
@@ -303,7 +317,7 @@ class PlanScreen(Screen):
 
             def row(r: Row) -> None:
                 if not worker.is_cancelled:
-                    self.post_message(PlanRow(r, usable))
+                    self.post_message(PlanRow(r, usable, will_measure(r, cluster)))
 
             plan = make_plan(model, cluster, line, on_row=row)
         except PlanStopped:
@@ -321,17 +335,46 @@ class PlanScreen(Screen):
 
     def on_plan_progress(self, message: PlanProgress) -> None:
         if self.planning:
-            self._status(message.text)
+            self.progress = message.text
+            self._status(self._in_flight())
+
+    def _in_flight(self) -> str:
+        """The planner's last progress line, and the rows so far."""
+        if not self.so_far:
+            return self.progress
+        n = len(self.so_far)
+        later = ("; on these CPU ranks their collectives are measured after the last mesh, "
+                 "so the steps so far are the formula's" if self.measured_after else "")
+        return f"{self.progress}\n{n} mesh{'es' if n != 1 else ''} traced so far{later}"
 
     def on_plan_row(self, message: PlanRow) -> None:
         """A mesh traced: the rows so far, in the plan's order, and their front."""
         if not self.planning:
             return
-        from gputui.runs.forecast.estimate import order
-
         self.so_far.append(message.row)
         self.usable = message.usable
+        self.measured_after |= message.measured_after
+        self._status(self._in_flight())
+        if not self.fill_due:  # a burst of rows (kept ones come at once): one fill
+            self.fill_due = True
+            self.call_after_refresh(self._fill_so_far)
+
+    def _fill_so_far(self) -> None:
+        """The rows so far in order, the cursor kept on the row it was on."""
+        self.fill_due = False
+        if not self.planning:
+            return
+        from gputui.runs.forecast.estimate import order
+
+        table = self.query_one(PlainTable)
+        held = None
+        if table.row_count:
+            held = self.rows.get(str(table.coordinate_to_cell_key(
+                table.cursor_coordinate).row_key.value))
         self._fill(order(self.so_far))
+        key = next((k for k, r in self.rows.items() if r is held), None)
+        if key is not None:
+            table.move_cursor(row=table.get_row_index(key))
 
     def on_plan_failed(self, message: PlanFailed) -> None:
         self._done()
@@ -461,7 +504,7 @@ class PlanScreen(Screen):
         from gputui.core.proctree import kill_tree
 
         for child in multiprocessing.active_children():
-            if child.name == TRACER and child.pid is not None:
+            if is_tracer(child.name) and child.pid is not None:
                 kill_tree(child.pid)
 
     def on_unmount(self) -> None:
