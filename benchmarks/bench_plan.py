@@ -29,9 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gputui.core.mesh import MeshShape  # noqa: E402
-from gputui.runs.forecast import estimate  # noqa: E402
+from gputui.runs.forecast import estimate, profiles  # noqa: E402
 from gputui.runs.forecast.estimate import ModelSize  # noqa: E402
 from gputui.runs.forecast.measure import measure_copies, measure_mesh  # noqa: E402
+from gputui.runs.forecast.profiles import Cluster  # noqa: E402
 from gputui.runs.forecast.planner import cluster_of, make_plan  # noqa: E402
 from gputui.runs.predict.cache import cores  # noqa: E402
 
@@ -70,6 +71,7 @@ def main() -> int:
     spec = estimate.spec_of(MODEL, one, 1)
     assert isinstance(spec, dict)
     rows = []
+    bases: dict[int, float] = {}  # row -> its step ratio without the bytes' term
     for world, shapes in MESHES.items():
         if args.quick and world > 2:
             break
@@ -103,6 +105,13 @@ def main() -> int:
                                    f"thread(s)"))
         line(f"cpu*{world}: {threads} thread(s) per rank, matmul peak {peak / 1e9:.1f} "
              f"GFLOP/s, efficiency {eff:.2f} from a measured single-rank step")
+        # the baseline in the same run: the time model without the written bytes' term
+        # (no byte priced, its efficiency calibrated so), against the same measured steps
+        plain = replace(cluster.profile, byte_s=0.0)
+        eff0 = single["flops"] / ((single["seconds"] - estimate.host_time(
+            single["work"], plain, world)) * peak * share)
+        without = Cluster(profiles.with_efficiency(plain, eff0, "calibrated, no bytes"),
+                          world)
         for item in (shapes[:3] if args.quick else shapes):
             shape, model = item if isinstance(item, tuple) else (item, MODEL)
             words = shape.describe().replace("(", " ").split()
@@ -110,6 +119,7 @@ def main() -> int:
                 continue
             plan = make_plan(model, cluster, line, only=[shape])
             row = plan.rows[0]
+            no_bytes = make_plan(model, without, line, only=[shape]).rows[0]
             if not row.peak:
                 rows.append((f"cpu*{world}", shape, None, None, row.reason))
                 continue
@@ -119,16 +129,19 @@ def main() -> int:
                 rows.append((f"cpu*{world}", shape, row, None, got["error"]))
                 continue
             rows.append((f"cpu*{world}", shape, row, got, ""))
+            bases[len(rows) - 1] = (no_bytes.step_s or 0) / got["seconds"]
             mem_r = row.peak / got["mem"]["peak"]
             t_r = (row.step_s or 0) / got["seconds"]
             line(f"  {shape.describe()} zero {shape.zero} ac {shape.ac}: memory x{mem_r:.2f}, "
-                 f"step x{t_r:.2f}")
+                 f"step x{t_r:.2f} (x{bases[len(rows) - 1]:.2f} without the bytes' term)")
     print(f"\nbench_plan: GPT n_layer {MODEL.n_layer}, n_embd {MODEL.n_embd}, context "
           f"{MODEL.context}, batch {MODEL.batch}, fp32, on {n_cores} cores")
     print(f"{'devices':<8} {'mesh':<26} {'zero':>4} {'ac':<9} {'peak MiB plan':>13} "
-          f"{'measured':>9} {'ratio':>6} {'step ms plan':>12} {'measured':>9} {'ratio':>6}")
+          f"{'measured':>9} {'ratio':>6} {'step ms plan':>12} {'measured':>9} {'ratio':>6} "
+          f"{'no bytes':>8}")
     worst_m, worst_t = 1.0, 1.0
-    for dev, shape, row, got, why in rows:
+    within = [0, 0]  # meshes within 25 %: with the bytes' term, without it
+    for i, (dev, shape, row, got, why) in enumerate(rows):
         if got is None:
             print(f"{dev:<8} {shape.describe():<26} {shape.zero:>4} {shape.ac:<9} {why}")
             continue
@@ -136,11 +149,16 @@ def main() -> int:
         tr = row.step_s / got["seconds"]
         worst_m = mr if abs(mr - 1) > abs(worst_m - 1) else worst_m
         worst_t = tr if abs(tr - 1) > abs(worst_t - 1) else worst_t
+        within[0] += 0.75 <= tr <= 1.25
+        within[1] += 0.75 <= bases[i] <= 1.25
         print(f"{dev:<8} {shape.describe():<26} {shape.zero:>4} {shape.ac:<9} "
               f"{row.peak / 2**20:>13.2f} {got['mem']['peak'] / 2**20:>9.2f} {mr:>6.2f} "
-              f"{row.step_s * 1000:>12.1f} {got['seconds'] * 1000:>9.1f} {tr:>6.2f}")
+              f"{row.step_s * 1000:>12.1f} {got['seconds'] * 1000:>9.1f} {tr:>6.2f} "
+              f"{bases[i]:>8.2f}")
     print(f"worst ratios: memory {worst_m:.2f} (target 0.90-1.10), step time {worst_t:.2f} "
           f"(target 0.75-1.25)")
+    print(f"step time within 25 %: {within[0]} of {len(bases)} meshes; {within[1]} without the "
+          f"bytes written beside the FLOPs (the same measured steps)")
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from gputui.core.cachedir import KeptFigures, cache_dir
 
@@ -87,6 +87,45 @@ def _local(x: Any) -> Any:
     return local if isinstance(local, torch.Tensor) else x
 
 
+# operations that only allocate (no byte of memory is read or written)
+ALLOCATES = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
+                       "new_empty_strided"})
+
+
+def _storages(x: Any) -> set:
+    """The storages of the tensors in ``x`` (a DTensor's: its local part's)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    out = set()
+    for leaf in tree_leaves(x):
+        t = _local(leaf)
+        if isinstance(t, torch.Tensor):
+            try:
+                out.add(StorageWeakRef(t.untyped_storage()))
+            except (RuntimeError, NotImplementedError):
+                pass
+    return out
+
+
+def written_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
+    """The bytes an operation without a FLOP formula writes: its outputs (a DTensor's local
+    part) that are new memory or that it writes in place; none for a view, an alias of an
+    input (``_unsafe_view``, ``detach``) or an allocation."""
+    if func.is_view or func._overloadpacket.__name__ in ALLOCATES:
+        return 0
+    mutates = func._schema.is_mutable
+    inputs = set() if mutates else _storages((args, kwargs))
+    total = 0
+    for leaf in tree_leaves(out):
+        t = _local(leaf)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if not mutates and _storages(t) & inputs:
+            continue
+        total += t.numel() * t.element_size()
+    return total
+
+
 # operations not counted as the host's work: metadata queries that fake tensors dispatch and
 # real ones answer in C++ (``prim.device``: 1,338 of a tiny GPT's 1,905 traced operations),
 # and collectives (priced apart, and wrapped differently on fake and real groups)
@@ -105,7 +144,11 @@ class _WholeStep(TorchDispatchMode):
     its size: the plan's CPU time model prices them, ``gputui.runs.forecast.estimate``), kept
     by ``phase`` (set by the caller): ``ops``, those on plain tensors, and ``dtensor_ops``,
     those on DTensors (each through DTensor's dispatch: its sharding rule, its local
-    operation and the result wrapped again; about ten times a plain one's cost here)."""
+    operation and the result wrapped again; about ten times a plain one's cost here); and
+    ``bytes``, what the operations without a FLOP formula write (:func:`written_bytes`: the
+    elementwise work, softmax merges, copies; a CPU core streams them at its memory's pace,
+    and some meshes make far more of them per FLOP than others: cp 2's ring merges its
+    partial attentions, 44 MiB a GFLOP here against one rank's 12.5)."""
 
     def __init__(self, registry: dict[Any, Callable[..., int]]) -> None:
         super().__init__()
@@ -120,10 +163,12 @@ class _WholeStep(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.namespace not in UNCOUNTED:
-            work = self.work.setdefault(self.phase, {"ops": 0, "dtensor_ops": 0})
+            work = self.work.setdefault(self.phase, {"ops": 0, "dtensor_ops": 0, "bytes": 0})
             # ``types``: the tensor subclasses among the arguments (torch's own list)
             dtensor = any(issubclass(t, self.dtensor) for t in types)
             work["dtensor_ops" if dtensor else "ops"] += 1
+            if func._overloadpacket not in self.registry:
+                work["bytes"] += written_bytes(func, args, kwargs, out)
         count = self.registry.get(func._overloadpacket)
         if count is not None:  # a DTensor's op counted on this rank's part of it
             local_args, local_kwargs, local_out = tree_map(_local, (args, kwargs, out))

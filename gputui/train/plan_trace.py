@@ -813,8 +813,39 @@ def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
     plain = got["plain"]["seconds"] / max(1, plain_ops)
     extra = tp["seconds"] - tp_ops * plain
     return {"op_s": plain, "dtensor_op_s": max(0.0, extra) / max(1, tp_dtensor_ops),
+            "byte_s": _byte_s(int(spec["threads"]), int(spec.get("bytes", BYTES))),
             "plain_step_s": got["plain"]["seconds"], "tp_step_s": tp["seconds"],
             "plain_ops": plain_ops, "tp_ops": tp_ops, "tp_dtensor_ops": tp_dtensor_ops}
+
+
+BYTES = 4 * 2**20  # the output of the elementwise operations that price a written byte
+
+
+def _byte_s(threads: int, size: int, tries: int = 7) -> float:
+    """This CPU's seconds a byte written by an operation without a FLOP formula, at
+    ``threads``: the median of ``tries`` timings of elementwise products, sums and GELUs
+    into new tensors of ``size`` bytes, each over its output's bytes. At one thread here
+    (2026-11-29, idle) a MiB took 0.07-0.08 ms from 256 KiB to 4 MiB outputs (the sizes
+    bench_plan's steps write: 80-100 % of their bytes), 0.11 at 64 KiB (the dispatch's
+    share), 0.15 at 16 MiB and 0.6 at 64 MiB (streamed from memory, its pages touched
+    anew): a model whose tensors are that large is priced low on a CPU."""
+    torch.set_num_threads(threads)
+    try:
+        n = max(1, size // 4)
+        a, b = torch.rand(n), torch.rand(n)
+        ops = (lambda: a * b, lambda: a + b, lambda: torch.nn.functional.gelu(a))
+        for op in ops:  # first touches: the allocator's blocks made
+            op()
+        times = []
+        for _ in range(max(1, tries)):
+            t0 = time.perf_counter()
+            for _ in range(16):
+                for op in ops:
+                    op()
+            times.append((time.perf_counter() - t0) / (16 * len(ops) * n * 4))
+        return sorted(times)[len(times) // 2]
+    finally:
+        torch.set_num_threads(1)
 
 
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,

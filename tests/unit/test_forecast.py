@@ -153,12 +153,12 @@ def _cpu_row(comm: list, shape: MeshShape, compute_s: float = 0.02):
 
 def test_a_cpu_step_prices_its_operations_dispatch_and_the_bubble_on_shared_cores():
     """The host's part of a CPU rank's step: each traced operation at the profile's measured
-    cost (a DTensor one dearer), on the rank's share of the cores; a pipeline's bubble is
-    idle time another rank's work fills where ranks outnumber the cores. A GPU prices
-    none."""
-    ops = {"op_s": 2e-6, "dtensor_op_s": 30e-6}
-    work = {"step": {"ops": 1000, "dtensor_ops": 400}, "optimizer": {"ops": 50,
-                                                                      "dtensor_ops": 100}}
+    cost (a DTensor one dearer) and each byte written by those without a FLOP formula, on
+    the rank's share of the cores; a pipeline's bubble is idle time another rank's work
+    fills where ranks outnumber the cores. A GPU prices none."""
+    ops = {"op_s": 2e-6, "dtensor_op_s": 30e-6, "byte_s": 1e-10}
+    work = {"step": {"ops": 1000, "dtensor_ops": 400, "bytes": 3 * 10**7},
+            "optimizer": {"ops": 50, "dtensor_ops": 100, "bytes": 10**7}}
     flops = 10**9
 
     def row(shape: MeshShape, world: int, cores: int) -> estimate.Row:
@@ -170,7 +170,7 @@ def test_a_cpu_step_prices_its_operations_dispatch_and_the_bubble_on_shared_core
                "work": work}
         return estimate.make_row(Candidate(shape, spec), got, TINY, Cluster(cpu, world))
 
-    host = 1050 * 2e-6 + 500 * 30e-6
+    host = 1050 * 2e-6 + 500 * 30e-6 + 4 * 10**7 * 1e-10
     flop_s = flops / (1e10 * profiles.DEFAULT_EFFICIENCY)
     alone = row(MeshShape(tp=2), 2, cores=2)  # a core a rank
     assert alone.host_s == pytest.approx(host)
@@ -208,6 +208,8 @@ def test_this_cpus_cost_of_an_operation_is_measured_on_a_tiny_gpts_real_steps(tm
     ops = got["ops"]
     assert "error" not in ops, ops
     assert ops["op_s"] > 0 and ops["dtensor_op_s"] >= 0 and ops["plain_step_s"] > 0
+    # a written byte: between 100 MB/s and 10 TB/s (this machine, idle: 0.12 ms a MiB, 8.5 GB/s)
+    assert 1e-13 < ops["byte_s"] < 1e-8
     # what each cost is divided by: the tiny GPT's operations in a real later step, the tp
     # one's on DTensors too (the same model: its plain operations fewer, the rest DTensor's)
     assert ops["plain_ops"] > ops["tp_ops"] > 0 and ops["tp_dtensor_ops"] > 0
@@ -218,6 +220,7 @@ def test_this_cpus_cost_of_an_operation_is_measured_on_a_tiny_gpts_real_steps(tm
     # the profile a plan makes of it: each cost, and where it is from
     cpu = profiles.cpu_profile(got["flops"], 2, 2**34, None, 2, ops)
     assert cpu.op_s == ops["op_s"] and cpu.dtensor_op_s == ops["dtensor_op_s"]
+    assert cpu.byte_s == ops["byte_s"]
     assert cpu.ops_source.startswith(profiles.OPS_SOURCE)
 
 

@@ -5,6 +5,7 @@ record of them (fsdp against ddp on two ranks: test_equivalence_ddp.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -233,3 +234,29 @@ def test_measuring_the_peak_draws_nothing_from_the_runs_random_numbers():
     before = torch.get_rng_state()
     assert measure_matmul(torch.device("cpu"), "fp32", seconds=0.01) > 0
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_bytes_written_beside_the_flops_are_new_or_written_in_place_memory():
+    """What the plan prices at this CPU's cost of a written byte (the elementwise work): a
+    new output, or a tensor written in place; no view, alias or allocation. Counted on fake
+    tensors as on real ones, the same bytes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def written(fake: bool) -> dict[str, int]:
+        mode = FakeTensorMode() if fake else contextlib.nullcontext()
+        with mode:
+            a = torch.rand(4, 8)  # 128 bytes
+            count = flops.counter(modules=False)
+            with count:
+                b = a * 2  # new: 128
+                a.add_(1)  # in place: 128
+                a.view(32)  # a view: 0
+                torch.ops.aten._unsafe_view(b, [32])  # an alias of b: 0
+                torch.empty(1000)  # allocated, not written: 0
+                torch.zeros(16)  # new and written: 64
+                a @ torch.ones(8, 2)  # a FLOP formula's: priced by FLOPs, not here
+            return count.work["step"]
+
+    real, fake = written(False), written(True)
+    assert real["bytes"] == 128 + 128 + 64 + 64 and real["ops"] >= 6  # and ones: 64
+    assert fake == real

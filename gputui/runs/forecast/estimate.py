@@ -259,12 +259,15 @@ def rank_rate(p: Profile, dtype: str, ranks_per_node: int) -> float:
 
 
 def host_time(work: dict[str, dict[str, int]], p: Profile, ranks_per_node: int) -> float:
-    """Seconds a rank's host spends dispatching a step's operations (``work``: the traced
-    counts by phase, plain and DTensor): the profile's cost of each (the CPU's measured; 0
-    where none is priced), on the rank's share of the cores."""
+    """Seconds a rank's host spends on a step beside its FLOPs (``work``: the traced counts
+    by phase): dispatching its operations, plain and DTensor, and writing the bytes of those
+    without a FLOP formula (elementwise work): the profile's cost of each (the CPU's
+    measured; 0 where none is priced), on the rank's share of the cores."""
     ops = sum(int(w.get("ops", 0)) for w in work.values())
     dtensor = sum(int(w.get("dtensor_ops", 0)) for w in work.values())
-    return (ops * p.op_s + dtensor * p.dtensor_op_s) / core_share(p, ranks_per_node)
+    written = sum(int(w.get("bytes", 0)) for w in work.values())
+    return (ops * p.op_s + dtensor * p.dtensor_op_s + written * p.byte_s) \
+        / core_share(p, ranks_per_node)
 
 
 @dataclass

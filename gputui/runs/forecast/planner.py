@@ -216,7 +216,7 @@ TINY = ModelSize(n_layer=4, n_embd=8, n_head=2, context=8, vocab=TEXT_VOCAB, bat
 def ops_spec(threads: int) -> dict[str, Any]:
     """The job measuring this machine's cost of an operation's dispatch (kept per machine):
     :data:`TINY` on one rank and on tp 2 (gputui.train.plan_trace._cpu_ops)."""
-    return {"threads": threads, "machine": machine_id(), "tries": 3,
+    return {"threads": threads, "machine": machine_id(), "tries": 3, "bytes": 4 * 2**20,
             "plain": estimate.spec_of(TINY, MeshShape(), 1),
             "dtensor": estimate.spec_of(TINY, MeshShape(tp=2), 2)}
 
@@ -248,7 +248,8 @@ def make_plan(model: ModelSize, cluster: Cluster, line: Line, every_mesh: bool =
     if p.op_s or p.dtensor_op_s:
         assumptions.append(f"host: {p.op_s * 1e6:.1f} us an operation on plain tensors, "
                            f"{p.dtensor_op_s * 1e6:.1f} us on DTensors, times the traced "
-                           f"step's operations ({p.ops_source})")
+                           f"step's operations, and {p.byte_s * 2**20 * 1e3:.2f} ms a "
+                           f"MiB written by those without a FLOP formula ({p.ops_source})")
     elif p.ops_source:  # a CPU whose cost of an operation could not be measured
         assumptions.append(f"host: the operations' dispatch {p.ops_source}")
     if any(r.shape.cp > 1 for r in rows):

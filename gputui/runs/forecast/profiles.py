@@ -52,6 +52,9 @@ class Profile:
     # ahead of the device, its dispatch hidden behind the kernels it queues)
     op_s: float = 0.0
     dtensor_op_s: float = 0.0
+    # the seconds a byte written by an operation without a FLOP formula takes (the CPU:
+    # measured here; 0: not priced, a GPU's elementwise kernels taken into its efficiency)
+    byte_s: float = 0.0
     ops_source: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -211,6 +214,7 @@ def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | N
                    efficiency=DEFAULT_EFFICIENCY,
                    op_s=float((ops or {}).get("op_s", 0.0)),
                    dtensor_op_s=float((ops or {}).get("dtensor_op_s", 0.0)),
+                   byte_s=float((ops or {}).get("byte_s", 0.0)),
                    ops_source=_ops_source(ops))
 
 
