@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 from gputui.core.cachedir import KeptFigures, cache_dir
 
@@ -87,43 +87,59 @@ def _local(x: Any) -> Any:
     return local if isinstance(local, torch.Tensor) else x
 
 
-# operations that only allocate (no byte of memory is read or written)
-ALLOCATES = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
-                       "new_empty_strided"})
+# operations that allocate or change a tensor's metadata only (no byte read or written)
+NO_TRAFFIC = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                        "new_empty_strided", "set_", "resize_", "resize_as_"})
 
 
-def _storages(x: Any) -> set:
-    """The storages of the tensors in ``x`` (a DTensor's: its local part's)."""
-    from torch.multiprocessing.reductions import StorageWeakRef
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors of an argument or a result (a tensor, or a list or tuple of them), a
+    DTensor's local part for a DTensor: a shallow walk, as an operation's arguments are."""
+    if isinstance(x, torch.Tensor):
+        return [_local(x)]
+    if isinstance(x, (list, tuple)):
+        return [_local(t) for t in x if isinstance(t, torch.Tensor)]
+    return []
 
-    out = set()
-    for leaf in tree_leaves(x):
-        t = _local(leaf)
-        if isinstance(t, torch.Tensor):
-            try:
-                out.add(StorageWeakRef(t.untyped_storage()))
-            except (RuntimeError, NotImplementedError):
-                pass
-    return out
+
+# whether two tensors share memory (torch's own test; not in its type stubs)
+_ALIAS_OF: Callable[[torch.Tensor, torch.Tensor], bool] = (
+    torch._C._is_alias_of)  # type: ignore[attr-defined]
+
+
+def _nbytes(ts: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
 
 
 def written_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
-    """The bytes an operation without a FLOP formula writes: its outputs (a DTensor's local
-    part) that are new memory or that it writes in place; none for a view, an alias of an
-    input (``_unsafe_view``, ``detach``) or an allocation."""
-    if func.is_view or func._overloadpacket.__name__ in ALLOCATES:
+    """The bytes an operation without a FLOP formula writes: the arguments its schema says
+    it writes (in-place and ``out=`` operations, and those that return nothing: foreach
+    updates, fully_shard's copies out of its all-gather), else its results that are new
+    memory (not an alias of an input: ``_unsafe_view``, ``lift_fresh``); a DTensor's local
+    part. None for a view, a metadata change (``unsqueeze_``, ``set_``) or an allocation.
+    fully_shard's ``all_gather_copy_in`` writes its shard into the all-gather's buffer
+    without its schema saying so: the shard's bytes."""
+    name = func._overloadpacket.__name__
+    if func.is_view or name in NO_TRAFFIC or torch.Tag.inplace_view in func.tags:
         return 0
-    mutates = func._schema.is_mutable
-    inputs = set() if mutates else _storages((args, kwargs))
-    total = 0
-    for leaf in tree_leaves(out):
-        t = _local(leaf)
-        if not isinstance(t, torch.Tensor):
-            continue
-        if not mutates and _storages(t) & inputs:
-            continue
-        total += t.numel() * t.element_size()
-    return total
+    if name == "all_gather_copy_in":  # (its buffer's shard, the buffer): the shard written
+        return _nbytes(_tensors(out)[:1])
+    schema = func._schema
+    if schema.is_mutable:
+        total = 0
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = args[i] if i < len(args) else (kwargs or {}).get(arg.name)
+                total += _nbytes(_tensors(value))
+        return total
+    results = _tensors(out) if isinstance(out, torch.Tensor) else [
+        t for item in (out if isinstance(out, (list, tuple)) else ())
+        for t in _tensors(item)]
+    if not results:
+        return 0
+    inputs = [t for a in (*args, *(kwargs or {}).values()) for t in _tensors(a)]
+    return _nbytes([t for t in results
+                    if not any(_ALIAS_OF(t, i) for i in inputs)])
 
 
 # operations not counted as the host's work: metadata queries that fake tensors dispatch and

@@ -792,7 +792,9 @@ def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
     with DTensors) run for real (real tensors; a fake group, so no collective waits), each the
     median of ``spec["tries"]`` measurements. A plain op's cost: the plain step's time over
     its operations (at this size a step is nearly all dispatch); a DTensor op's: what the
-    tp step takes beyond its plain operations, over its DTensor operations."""
+    tp step takes beyond its plain operations, over its DTensor operations. Beside them, a
+    written byte's (``byte_s``: :func:`_byte_s`, elementwise operations into tensors of
+    ``spec["bytes"]``)."""
     torch.set_num_threads(int(spec["threads"]))
     try:
         got = {}
@@ -829,10 +831,12 @@ def _byte_s(threads: int, size: int, tries: int = 7) -> float:
     bench_plan's steps write: 80-100 % of their bytes), 0.11 at 64 KiB (the dispatch's
     share), 0.15 at 16 MiB and 0.6 at 64 MiB (streamed from memory, its pages touched
     anew): a model whose tensors are that large is priced low on a CPU."""
+    before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         n = max(1, size // 4)
-        a, b = torch.rand(n), torch.rand(n)
+        a = torch.full((n,), 0.5)  # any values: the same work (no random draw taken)
+        b = torch.full((n,), 0.25)
         ops = (lambda: a * b, lambda: a + b, lambda: torch.nn.functional.gelu(a))
         for op in ops:  # first touches: the allocator's blocks made
             op()
@@ -845,7 +849,7 @@ def _byte_s(threads: int, size: int, tries: int = 7) -> float:
             times.append((time.perf_counter() - t0) / (16 * len(ops) * n * 4))
         return sorted(times)[len(times) // 2]
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(before)
 
 
 def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads: int,

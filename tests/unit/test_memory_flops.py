@@ -254,9 +254,14 @@ def test_the_bytes_written_beside_the_flops_are_new_or_written_in_place_memory()
                 torch.ops.aten._unsafe_view(b, [32])  # an alias of b: 0
                 torch.empty(1000)  # allocated, not written: 0
                 torch.zeros(16)  # new and written: 64
-                a @ torch.ones(8, 2)  # a FLOP formula's: priced by FLOPs, not here
+                a @ torch.ones(8, 2)  # a FLOP formula's: priced by FLOPs, not here (ones: 64)
+                torch._foreach_add_([a, b], 1)  # writes its list, returns nothing: 256
+                a.unsqueeze_(0)  # its metadata only: 0
+                a.squeeze_(0)
+                c = torch.empty(4, 8)
+                torch.add(a, 1, out=c)  # into its out= argument: 128
             return count.work["step"]
 
     real, fake = written(False), written(True)
-    assert real["bytes"] == 128 + 128 + 64 + 64 and real["ops"] >= 6  # and ones: 64
+    assert real["bytes"] == 128 + 128 + 64 + 64 + 256 + 128 and real["ops"] >= 10
     assert fake == real

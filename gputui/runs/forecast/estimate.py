@@ -282,7 +282,7 @@ class Row:
     fits: bool = False
     step_s: float | None = None
     compute_s: float = 0.0  # the FLOPs' time and the host's (host_s), the bubble included
-    host_s: float = 0.0  # dispatching the step's operations (CPU: measured per op)
+    host_s: float = 0.0  # the step's dispatch and written bytes (CPU: measured per op, byte)
     comm_exposed_s: float = 0.0
     tokens_per_s: float | None = None
     mfu: float | None = None

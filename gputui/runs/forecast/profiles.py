@@ -189,8 +189,9 @@ def parse_gpus(text: str, nodes: int, profiles: dict[str, Profile]) -> tuple[str
     return name, per, n_nodes
 
 
-OPS_SOURCE = ("measured here on a tiny GPT's steps, one rank and tp 2 (real tensors; "
-              "gputui.train.plan_trace._cpu_ops)")
+OPS_SOURCE = ("measured here: the operations on a tiny GPT's steps, one rank and tp 2 (real "
+              "tensors), a written byte on elementwise operations into 4 MiB tensors "
+              "(gputui.train.plan_trace._cpu_ops)")
 
 
 def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | None,
