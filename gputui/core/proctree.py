@@ -123,6 +123,12 @@ class Answer:
     exitcodes: list[int | None] = field(default_factory=list)
 
 
+def child_of(process_name: str, name: str) -> bool:
+    """Whether a process is one of :func:`ask_children`'s children started as ``name`` (one
+    child is named ``name``, several ``name-0``, ``name-1``, ...)."""
+    return process_name == name or process_name.startswith(name + "-")
+
+
 def ask_children(starts: Sequence[tuple[Callable[..., None], tuple]], name: str,
                  timeout: float, done: Callable[[Any], bool] = lambda message: True,
                  stoppable: bool = True, grace_s: float = 10.0) -> Answer:

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from gputui.core.machine import CONTENDED, note
-from gputui.hw.procstat import _busy_total
+from gputui.hw.procstat import HostMeter, _busy_total
 from gputui.core.filewrite import WriteFailed, write_atomic
 from gputui.core.machine import FILE
 
@@ -55,16 +55,14 @@ def busy_cores(window_s: float = 0.3) -> float | None:
     """The cores the whole machine kept busy over the next ``window_s`` seconds (from its
     CPU times; None where it has none): what runs now, where the 1-minute load average
     still holds work that ended up to a few minutes ago (a plan's own tracing children, just
-    reaped)."""
+    reaped): :class:`HostMeter`'s busy share over the window, in cores."""
     try:
-        busy0, total0 = _busy_total(psutil.cpu_times())
+        meter = HostMeter()
         time.sleep(window_s)
-        busy1, total1 = _busy_total(psutil.cpu_times())
+        share = meter.read().cpu_percent
     except (OSError, AttributeError):
         return None
-    if total1 <= total0:
-        return None
-    return round((busy1 - busy0) / (total1 - total0) * (psutil.cpu_count() or 1), 2)
+    return None if share is None else round(share / 100 * meter.cores, 2)
 
 
 class LoadWatch:

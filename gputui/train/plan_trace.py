@@ -815,12 +815,9 @@ def _cpu_ops(spec: dict[str, Any]) -> dict[str, Any]:
     plain = got["plain"]["seconds"] / max(1, plain_ops)
     extra = tp["seconds"] - tp_ops * plain
     return {"op_s": plain, "dtensor_op_s": max(0.0, extra) / max(1, tp_dtensor_ops),
-            "byte_s": _byte_s(int(spec["threads"]), int(spec.get("bytes", BYTES))),
+            "byte_s": _byte_s(int(spec["threads"]), int(spec["bytes"])),
             "plain_step_s": got["plain"]["seconds"], "tp_step_s": tp["seconds"],
             "plain_ops": plain_ops, "tp_ops": tp_ops, "tp_dtensor_ops": tp_dtensor_ops}
-
-
-BYTES = 4 * 2**20  # the output of the elementwise operations that price a written byte
 
 
 def _byte_s(threads: int, size: int, tries: int = 7) -> float:

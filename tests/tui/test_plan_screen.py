@@ -16,6 +16,7 @@ from scripted import wait_until
 from textual.widgets import DataTable, Input, Static
 
 from gputui.core.config import load_preset
+from gputui.core.mesh import MeshShape
 from gputui.tui.app import make_app
 from gputui.tui.screens.dialogs import SavePresetDialog
 from gputui.tui.screens.plan import PlanScreen, is_tracer
@@ -194,15 +195,19 @@ async def test_bad_input_said_in_the_screen_and_a_plan_left_half_way_ends_its_ch
         assert first[0].startswith("1") and first[5] == "yes" and first[6].endswith("s")
         await pilot.press("ctrl+s")  # the plan is not whole: nothing written
         await pilot.pause()
-        assert not isinstance(app.screen, SavePresetDialog) and not (tmp_path / "presets").exists()
-        # left while its child traces: the child is ended; the meshes traced are kept
+        assert not isinstance(app.screen, SavePresetDialog)
+        assert not (tmp_path / "presets").exists()
+        # left while its child traces: the child is ended; every mesh shown was kept first
+        shown = [(r.shape.describe(), r.shape.zero) for r in screen.so_far]
         pids = [p.pid for p in tracers()]
         await pilot.press("escape")
         assert isinstance(app.screen, SetupScreen)
         await wait_until(pilot, lambda: all(gone(pid) for pid in pids), timeout=PLAN_TIMEOUT,
                          what="the tracing child to end")
         kept = json.loads((tmp_path / "cache" / "plan-traces.json").read_text())
-        assert 1 <= len(kept) < 7
+        specs = [json.loads(key.split("|", 3)[3])["mesh"] for key in kept]
+        kept_meshes = [(MeshShape(**m).describe(), m["zero"]) for m in specs]
+        assert shown and all(mesh in kept_meshes for mesh in shown), (shown, kept_meshes)
 
 
 def gone(pid: int) -> bool:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gputui.runs.forecast.estimate import GIB, Candidate, Row
+from gputui.runs.forecast.estimate import GIB, Row, label_of
 
 # (label, key) of the plan's table, read first on the left: a narrow terminal cuts the rest
 COLUMNS = [("#", "n"), ("strategy", "strategy"), ("mesh", "mesh"), ("zero", "zero"),
@@ -63,8 +63,8 @@ def row_line(row: Row, measured_after: bool) -> str:
     mesh is): its peak per rank, whether it fits and its step; ``measured_after``: the plan
     measures this row's collectives after the last mesh (``links.will_measure``), so the
     step is the formula's until then."""
-    label = Candidate(row.shape, None, "").label()
-    text = f"  = {label}: peak {gib(row.peak)} GiB, {'fits' if row.fits else 'does not fit'}"
+    fit = "fits" if row.fits else "does not fit"
+    text = f"  = {label_of(row.shape)}: peak {gib(row.peak)} GiB, {fit}"
     if row.step_s:
         text += f", {seconds(row.step_s)} a step"
         if measured_after:

@@ -85,6 +85,13 @@ class ModelSize:
         return self.precision if self.precision in ("bf16", "fp16") else "fp32"
 
 
+def label_of(shape: MeshShape) -> str:
+    """A mesh in words with its memory levers: 'dp_shard 8 zero 3', 'tp 2 ac full'."""
+    levers = [f"zero {shape.zero}" if shape.dp_shard > 1 else "",
+              f"ac {shape.ac}" if shape.ac != "none" else ""]
+    return " ".join([shape.describe(), *[x for x in levers if x]])
+
+
 @dataclass
 class Candidate:
     """A mesh to trace (or the reason it is not one), with the job that traces it."""
@@ -94,9 +101,7 @@ class Candidate:
     skip: str = ""
 
     def label(self) -> str:
-        levers = [f"zero {self.shape.zero}" if self.shape.dp_shard > 1 else "",
-                  f"ac {self.shape.ac}" if self.shape.ac != "none" else ""]
-        return " ".join([self.shape.describe(), *[x for x in levers if x]])
+        return label_of(self.shape)
 
 
 def strategy_name(shape: MeshShape) -> str:

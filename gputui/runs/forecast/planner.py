@@ -216,7 +216,7 @@ TINY = ModelSize(n_layer=4, n_embd=8, n_head=2, context=8, vocab=TEXT_VOCAB, bat
 def ops_spec(threads: int) -> dict[str, Any]:
     """The job measuring this machine's cost of an operation's dispatch (kept per machine):
     :data:`TINY` on one rank and on tp 2 (gputui.train.plan_trace._cpu_ops)."""
-    return {"threads": threads, "machine": machine_id(), "tries": 3, "bytes": 4 * 2**20,
+    return {"threads": threads, "machine": machine_id(), "tries": 3, "bytes": profiles.BYTE_PROBE,
             "plain": estimate.spec_of(TINY, MeshShape(), 1),
             "dtensor": estimate.spec_of(TINY, MeshShape(tp=2), 2)}
 

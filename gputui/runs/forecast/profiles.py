@@ -189,9 +189,10 @@ def parse_gpus(text: str, nodes: int, profiles: dict[str, Profile]) -> tuple[str
     return name, per, n_nodes
 
 
+BYTE_PROBE = 4 * 2**20  # the outputs' size of the elementwise operations pricing a written byte
 OPS_SOURCE = ("measured here: the operations on a tiny GPT's steps, one rank and tp 2 (real "
-              "tensors), a written byte on elementwise operations into 4 MiB tensors "
-              "(gputui.train.plan_trace._cpu_ops)")
+              f"tensors), a written byte on elementwise operations into {BYTE_PROBE >> 20} MiB "
+              "tensors (gputui.train.plan_trace._cpu_ops)")
 
 
 def cpu_profile(peak_flops: float, cores: int, memory_bytes: int, comm: dict | None,

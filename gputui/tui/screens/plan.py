@@ -69,9 +69,10 @@ class PlanReady(Message):
 
 
 def is_tracer(name: str) -> bool:
-    """Whether a child process is one of the planner's tracing children (one is named
-    TRACER, several TRACER-0, TRACER-1, ...: ``proctree.ask_children``)."""
-    return name == TRACER or name.startswith(TRACER + "-")
+    """Whether a child process is one of the planner's tracing children."""
+    from gputui.core.proctree import child_of
+
+    return child_of(name, TRACER)
 
 
 class PlanRow(Message):
