@@ -725,6 +725,69 @@ def test_the_operations_extrapolate_by_depth_as_the_flops_do():
                            "optimizer": {"ops": 4 + 24 * 12, "dtensor_ops": 0}}
 
 
+_LOCAL_UPDATE = """
+import json, sys, tempfile
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+from gputui.core.mesh import MeshShape
+from gputui.train import parallelize as par, plan_trace as pt
+torch.set_num_threads(1)
+kw = {"lr": 1e-2, "betas": (0.9, 0.95), "weight_decay": 0.1, "foreach": True}
+# real tensors: the update on the local parts leaves every parameter as DTensor's does
+with tempfile.NamedTemporaryFile() as f:
+    dist.init_process_group("gloo", init_method="file://" + f.name, rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(fully_shard(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)),
+                                  mesh=mesh))
+    first = models[0][0].weight.full_tensor().clone()  # the update moves it
+    opts = [torch.optim.AdamW(models[0].parameters(), **kw),
+            pt.LocalUpdate(list(models[1].parameters()), torch.optim.AdamW, kw)]
+    x = torch.randn(5, 8)
+    for _ in range(3):
+        for model, opt in zip(models, opts):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    same = all(torch.equal(a.full_tensor(), b.full_tensor())
+               for a, b in zip(models[0].parameters(), models[1].parameters()))
+    same = same and not torch.equal(models[1][0].weight.full_tensor(), first)
+    dist.destroy_process_group()
+# fake tensors: a mesh's figures the same to the byte with the update on DTensors
+spec, world = json.loads(sys.stdin.read())
+shape = MeshShape(**spec["mesh"])
+pt._init_fake(world)
+m = par.build_mesh("cpu", shape)
+local = pt.trace_stack(spec, 2, m)
+pt._has_dtensors = lambda model: False
+whole = pt.trace_stack(spec, 2, m)
+keep = ("mem", "flops", "comm", "local_params")
+print(json.dumps([same, [{k: t[k] for k in keep} for t in (local, whole)]]))
+"""
+
+
+def test_a_gpu_plans_update_on_the_local_parts_is_dtensors_own():
+    """A GPU plan traces AdamW's multi-tensor update on the DTensor parameters' local parts
+    (DTensor's choice of placements is not cached across a foreach call's lists): on real
+    tensors the parameters after three steps are those of the update on the DTensors, and a
+    traced HSDP x tp mesh's memory, FLOPs and collectives are the same to the byte."""
+    spec = estimate.spec_of(TINY, MeshShape(dp_replicate=2, tp=2), 4, foreach=True)
+    assert isinstance(spec, dict), spec
+    done = subprocess.run([sys.executable, "-c", _LOCAL_UPDATE],
+                          input=json.dumps([dict(spec, micro_batches=1), 4]), text=True,
+                          capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    same, (local, whole) = json.loads(done.stdout)
+    assert same
+    assert local == whole
+    assert local["mem"]["optim"] > 0 and local["mem"]["peak"] > local["mem"]["optim"]
+
+
 def test_ddp_buckets_are_held_as_backward_begins_where_the_peak_traced_is_in_the_update():
     """DDP's buckets (every gradient, from construction on) are a formula over a trace of the
     model without DDP. Where the traced peak is in the optimizer step (AdamW's multi-tensor
