@@ -9,7 +9,9 @@ around it for replicas), and one AdamW step runs under torch's memory tracker
 (``FSDPMemTracker`` where fully_shard holds the model, else ``MemTracker``), the whole-step FLOP
 counter (``flops.counter(modules=False)``) and :class:`CommLog` (every collective the fake group
 is handed: kind, bytes, group size), after a step of zero gradients that makes AdamW's state
-(no forward or backward: the traced step holds what every later step holds). The same code
+(no forward or backward: the traced step holds what every later step holds; a GPU plan's
+multi-tensor update makes its state up front and runs on the parameters' local parts:
+:class:`LocalUpdate`). The same code
 runs on real tensors in a real gloo group (``fake = False``, its ``steps`` full steps): what
 the benchmark measures the plan against.
 
@@ -209,10 +211,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
             opt: Any = par.zero1_optimizer(
                 model.parameters(), torch.optim.AdamW, opt_kwargs,
                 mesh["dp_shard"].get_group())
-        elif fake and opt_kwargs.get("foreach") and _has_dtensors(model):
-            opt = LocalUpdate(list(model.parameters()), torch.optim.AdamW, opt_kwargs)
         else:
-            opt = optim.build(torch.optim.AdamW, opt_kwargs, model.parameters())
+            opt = _optimizer(model, opt_kwargs, fake)
         fsdp = shape.data_parallel == "fsdp"
         tracked = getattr(opt, "inner", opt)  # the optimizer whose step makes the state
         tracker: Any = _rank_peak_only(FSDPMemTracker(model, tracked) if fsdp
@@ -231,10 +231,10 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         seconds = 0.0
         forward_act = 0
         forward_total = 0
-        if fake:
+        if fake and not isinstance(opt, LocalUpdate):
             # the optimizer's state made first, by a step of zero gradients: what the traced
             # step holds is what every step after the first holds, without a forward and
-            # backward of its own (the trace's cost by operation)
+            # backward of its own (the trace's cost by operation; a LocalUpdate made it)
             with tracker:
                 for p in model.parameters():
                     if p.requires_grad:
@@ -242,6 +242,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                 opt.step()
                 opt.zero_grad()
             tracker.reset_mod_stats()
+        if fake:
             steps = 1
         for step in range(steps):
             last = step == steps - 1
@@ -354,19 +355,26 @@ def _context_parallel(mesh: Any, shape: MeshShape) -> Any:
                            kind="ring")
 
 
-def _has_dtensors(model: nn.Module) -> bool:
-    return any(hasattr(p, "device_mesh") for p in model.parameters())
+def _optimizer(model: nn.Module, kwargs: dict[str, Any], fake: bool) -> Any:
+    """The step's AdamW over ``model``: a trace's multi-tensor one (a GPU plan's) as a
+    :class:`LocalUpdate`, its state made up front."""
+    params = list(model.parameters())
+    if fake and kwargs.get("foreach"):
+        return LocalUpdate(params, torch.optim.AdamW, kwargs)
+    return optim.build(torch.optim.AdamW, kwargs, params)
 
 
 class LocalUpdate:
-    """A multi-tensor (foreach) update of DTensor parameters run on their local parts, in a
-    trace: what a run's DTensor update does once DTensor has chosen each output's placement
-    (the same as its inputs': an elementwise update moves nothing between ranks), on the same
-    storages, so the same bytes, temporaries and state, without DTensor's choosing. That
-    choice is not cached across the lists of a foreach call: on a 3-D mesh (HSDP x tp) it was
-    two thirds of a mesh's trace (4.2 of 7.0 CPU-s, GPT-2 small's width on 8 ranks). Its
-    operations are counted as plain ones (a GPU plan, the only one tracing this update,
-    prices no host dispatch)."""
+    """A multi-tensor (foreach) update of DTensor parameters run on their local parts, with
+    its state made up front, in a trace. What a run's DTensor update does once DTensor has
+    chosen each output's placement (the same as its inputs': an elementwise update moves
+    nothing between ranks), on the same storages, so the same bytes, temporaries and state,
+    without DTensor's choosing: that choice is not cached across the lists of a foreach call,
+    and on a 3-D mesh (HSDP x tp) it was two thirds of a mesh's trace (4.2 of 7.0 CPU-s,
+    GPT-2 small's width on 8 ranks). The state as a first step makes it (torch's
+    ``_init_group``: a step count and two moments shaped as each parameter), in place of a
+    step of zero gradients that made it. Its operations are counted as plain ones (a GPU
+    plan, the only one tracing this update, prices no host dispatch)."""
 
     def __init__(self, params: list[nn.Parameter], kind: type[torch.optim.Optimizer],
                  kwargs: dict[str, Any]) -> None:
@@ -374,6 +382,12 @@ class LocalUpdate:
         self.local = [p._local_tensor if hasattr(p, "_local_tensor") else p for p in params]
         self.inner = kind(self.local, **kwargs)
         self.state = self.inner.state
+        scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        for local in self.local:
+            self.state[local] = {
+                "step": torch.tensor(0.0, dtype=scalar),
+                "exp_avg": torch.zeros_like(local, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(local, memory_format=torch.preserve_format)}
 
     def step(self) -> None:
         for p, local in zip(self.params, self.local, strict=True):
