@@ -880,9 +880,8 @@ def _byte_s(threads: int, size: int, tries: int = 7) -> float:
     into new tensors of ``size`` bytes, each over its output's bytes. At one thread here
     (2026-11-29, idle) a MiB took 0.07-0.08 ms from 256 KiB to 4 MiB outputs (the sizes
     bench_plan's steps write: 80-100 % of their bytes) in a process that had made such
-    tensors before, as a training step's are and as the untimed first pass makes them here;
-    0.10-0.13 ms without that pass in a fresh process (the plan's child: its first 4 MiB
-    tensors mapped anew), 0.11 at 64 KiB (the dispatch's share), 0.15
+    tensors before, 0.10-0.13 ms as the first measurement of a fresh process (the plan's
+    child: its first 4 MiB tensors mapped anew), 0.11 at 64 KiB (the dispatch's share), 0.15
     at 16 MiB and 0.6 at 64 MiB (streamed from memory, its pages touched anew): a model whose
     tensors are that large is priced low on a CPU."""
     before = torch.get_num_threads()
@@ -892,18 +891,15 @@ def _byte_s(threads: int, size: int, tries: int = 7) -> float:
         a = torch.full((n,), 0.5)  # any values: the same work (no random draw taken)
         b = torch.full((n,), 0.25)
         ops = (lambda: a * b, lambda: a + b, lambda: torch.nn.functional.gelu(a))
-        # one untimed pass first: a fresh process's first 4 MiB tensors are mapped anew
-        # (glibc raises its mmap threshold as they are freed): its first pass of 48 took
-        # 0.17-0.21 ms a MiB, each later one 0.074-0.083 (six fresh processes, idle), as a
-        # training step's tensors are, made before
+        for op in ops:  # first touches: the allocator's blocks made
+            op()
         times = []
-        for _ in range(1 + max(1, tries)):
+        for _ in range(max(1, tries)):
             t0 = time.perf_counter()
             for _ in range(16):
                 for op in ops:
                     op()
             times.append((time.perf_counter() - t0) / (16 * len(ops) * n * 4))
-        times = times[1:]
         return sorted(times)[len(times) // 2]
     finally:
         torch.set_num_threads(before)

@@ -216,10 +216,8 @@ TINY = ModelSize(n_layer=4, n_embd=8, n_head=2, context=8, vocab=TEXT_VOCAB, bat
 def ops_spec(threads: int) -> dict[str, Any]:
     """The job measuring this machine's cost of an operation's dispatch (kept per machine):
     :data:`TINY` on one rank and on tp 2 (gputui.train.plan_trace._cpu_ops)."""
-    # "warm": the byte's measurement after an untimed pass (since 2026-11-29), a key of its
-    # own so that a figure kept from a cold measurement is measured again
     return {"threads": threads, "machine": machine_id(), "tries": 3, "bytes": profiles.BYTE_PROBE,
-            "warm": True, "plain": estimate.spec_of(TINY, MeshShape(), 1),
+            "plain": estimate.spec_of(TINY, MeshShape(), 1),
             "dtensor": estimate.spec_of(TINY, MeshShape(tp=2), 2)}
 
 
