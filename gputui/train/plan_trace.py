@@ -214,7 +214,8 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
         else:
             opt = _optimizer(model, opt_kwargs, fake)
         fsdp = shape.data_parallel == "fsdp"
-        tracked = getattr(opt, "inner", opt)  # the optimizer whose step makes the state
+        # the optimizer the trackers hook (its step's tensors) and whose state they file
+        tracked = opt.inner if isinstance(opt, LocalUpdate) else opt
         tracker: Any = _rank_peak_only(FSDPMemTracker(model, tracked) if fsdp
                                        else MemTracker())
         if not fsdp:
@@ -355,29 +356,40 @@ def _context_parallel(mesh: Any, shape: MeshShape) -> Any:
                            kind="ring")
 
 
+_TORCH_STATE = ("amsgrad", "fused", "capturable", "differentiable")  # LocalUpdate makes none
+
+
 def _optimizer(model: nn.Module, kwargs: dict[str, Any], fake: bool) -> Any:
     """The step's AdamW over ``model``: a trace's multi-tensor one (a GPU plan's) as a
-    :class:`LocalUpdate`, its state made up front."""
+    :class:`LocalUpdate`, its state made up front (the state it knows how to make: no
+    amsgrad, fused or capturable update, whose state differs)."""
     params = list(model.parameters())
-    if fake and kwargs.get("foreach"):
+    if fake and kwargs.get("foreach") and not any(kwargs.get(k) for k in _TORCH_STATE):
         return LocalUpdate(params, torch.optim.AdamW, kwargs)
     return optim.build(torch.optim.AdamW, kwargs, params)
 
 
 class LocalUpdate:
-    """A multi-tensor (foreach) update of DTensor parameters run on their local parts, with
-    its state made up front, in a trace. What a run's DTensor update does once DTensor has
-    chosen each output's placement (the same as its inputs': an elementwise update moves
-    nothing between ranks), on the same storages, so the same bytes, temporaries and state,
-    without DTensor's choosing: that choice is not cached across the lists of a foreach call,
-    and on a 3-D mesh (HSDP x tp) it was two thirds of a mesh's trace (4.2 of 7.0 CPU-s,
-    GPT-2 small's width on 8 ranks). The state as a first step makes it (torch's
-    ``_init_group``: a step count and two moments shaped as each parameter), in place of a
-    step of zero gradients that made it. Its operations are counted as plain ones (a GPU
-    plan, the only one tracing this update, prices no host dispatch)."""
+    """A trace's multi-tensor (foreach) Adam-family update with its state made up front, run
+    on the local parts of DTensor parameters (plain ones as they are).
+
+    - The local parts: what a run's DTensor update does once DTensor has chosen each output's
+      placement (its inputs': an elementwise update of a parameter, its gradient and state,
+      all placed alike, moves nothing between ranks; checked at each step), on the same
+      storages, so the same bytes, temporaries and state, without DTensor's choosing. That
+      choice is not cached across the lists of a foreach call: on a 3-D mesh (dp_replicate 4
+      x tp 2, HSDP beside tp, at GPT-2 small's width) it was 4.2 of the trace's 7.0 CPU-s.
+    - The state: as torch's first step makes it (``_init_group`` of Adam and AdamW without
+      amsgrad, fused or capturable: a CPU step count, 0-d, and two moments shaped as each
+      parameter), in place of a step of zero gradients that made it; the test checks the
+      parameters after three real updates against torch's own.
+    - Its operations are counted as plain ones: a GPU plan, the only one tracing this
+      update, prices no host dispatch."""
 
     def __init__(self, params: list[nn.Parameter], kind: type[torch.optim.Optimizer],
                  kwargs: dict[str, Any]) -> None:
+        if not issubclass(kind, torch.optim.Adam):
+            raise TypeError(f"LocalUpdate makes an Adam-family state, not {kind.__name__}'s")
         self.params = params
         self.local = [p._local_tensor if hasattr(p, "_local_tensor") else p for p in params]
         self.inner = kind(self.local, **kwargs)
@@ -385,19 +397,33 @@ class LocalUpdate:
         scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
         for local in self.local:
             self.state[local] = {
-                "step": torch.tensor(0.0, dtype=scalar),
+                "step": torch.tensor(0.0, dtype=scalar, device="cpu"),
                 "exp_avg": torch.zeros_like(local, memory_format=torch.preserve_format),
                 "exp_avg_sq": torch.zeros_like(local, memory_format=torch.preserve_format)}
 
     def step(self) -> None:
-        for p, local in zip(self.params, self.local, strict=True):
-            if local is not p:
-                g = p.grad
-                local.grad = None if g is None else getattr(g, "_local_tensor", g)
-        self.inner.step()
-        for p, local in zip(self.params, self.local, strict=True):
-            if local is not p:
-                local.grad = None
+        try:
+            for p, local in zip(self.params, self.local, strict=True):
+                if local is not p:
+                    self._lend(p, local)
+            self.inner.step()
+        finally:
+            for p, local in zip(self.params, self.local, strict=True):
+                if local is not p:
+                    local.grad = None
+
+    @staticmethod
+    def _lend(p: Any, local: torch.Tensor) -> None:
+        """``p``'s gradient's local part as ``local``'s gradient, where both are as the
+        update was built for: ``p`` still over ``local`` (fully_shard could make a new local
+        part at its lazy init), its gradient placed as it is."""
+        if p._local_tensor is not local:
+            raise RuntimeError("a parameter's local part changed after its update was built")
+        g = p.grad
+        if g is not None and getattr(g, "placements", p.placements) != p.placements:
+            raise RuntimeError(f"a gradient placed {g.placements} on a parameter placed "
+                               f"{p.placements}: its update would move it between ranks")
+        local.grad = None if g is None else getattr(g, "_local_tensor", g)
 
     def zero_grad(self) -> None:
         for p in self.params:

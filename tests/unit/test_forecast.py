@@ -758,16 +758,27 @@ with tempfile.NamedTemporaryFile() as f:
                for a, b in zip(models[0].parameters(), models[1].parameters()))
     same = same and not torch.equal(models[1][0].weight.full_tensor(), first)
     dist.destroy_process_group()
-# fake tensors: a mesh's figures the same to the byte with the update on DTensors
-spec, world = json.loads(sys.stdin.read())
-shape = MeshShape(**spec["mesh"])
-pt._init_fake(world)
-m = par.build_mesh("cpu", shape)
-local = pt.trace_stack(spec, 2, m)
-pt._optimizer = lambda model, kw, fake: torch.optim.AdamW(model.parameters(), **kw)
-whole = pt.trace_stack(spec, 2, m)
-keep = ("mem", "flops", "comm", "local_params")
-print(json.dumps([same, [{k: t[k] for k in keep} for t in (local, whole)]]))
+# fake tensors: each mesh's figures the same to the byte as with torch's update
+ours, built = pt._optimizer, []
+def theirs(model, kw, fake):
+    return torch.optim.AdamW(model.parameters(), **kw)
+def recorded(model, kw, fake):
+    opt = ours(model, kw, fake)
+    built.append(type(opt).__name__)
+    return opt
+out = []
+for spec, world in json.loads(sys.stdin.read()):
+    shape = MeshShape(**spec["mesh"])
+    pt._init_fake(world)
+    m = par.build_mesh("cpu", shape)
+    pair = []
+    for make in (recorded, theirs):
+        pt._optimizer = make
+        t = pt.trace_stack(spec, 2, m)
+        pair.append({"mem": t["mem"], "flops": t["flops"], "comm": t["comm"],
+                     "local_params": t["local_params"], "update": t["work"]["optimizer"]})
+    out.append(pair)
+print(json.dumps([same, built, out]))
 """
 
 
@@ -775,19 +786,29 @@ def test_a_gpu_plans_update_on_the_local_parts_is_dtensors_own():
     """A GPU plan traces AdamW's multi-tensor update on the DTensor parameters' local parts
     (DTensor's choice of placements is not cached across a foreach call's lists), its state
     made up front (not by a step of zero gradients): on real tensors the parameters after
-    three steps are those of torch's update on the DTensors, and a traced HSDP x tp mesh's
-    memory, FLOPs and collectives are those of torch's update after a step of zero gradients,
-    to the byte."""
-    spec = estimate.spec_of(TINY, MeshShape(dp_replicate=2, tp=2), 4, foreach=True)
-    assert isinstance(spec, dict), spec
-    done = subprocess.run([sys.executable, "-c", _LOCAL_UPDATE],
-                          input=json.dumps([dict(spec, micro_batches=1), 4]), text=True,
-                          capture_output=True, timeout=600)
+    three steps are those of torch's update on the DTensors; and traced, an HSDP x tp mesh's,
+    a ZeRO-3 mesh's and a plain replica's memory, FLOPs, collectives and the update's written
+    bytes are those of torch's update after a step of zero gradients, to the byte."""
+    jobs = []
+    for world, shape in ((4, MeshShape(dp_replicate=2, tp=2)), (2, MeshShape(dp_shard=2)),
+                         (2, MeshShape(dp_replicate=2))):
+        spec = estimate.spec_of(TINY, shape, world, foreach=True)
+        assert isinstance(spec, dict), spec
+        jobs.append([dict(spec, micro_batches=1), world])
+    done = subprocess.run([sys.executable, "-c", _LOCAL_UPDATE], input=json.dumps(jobs),
+                          text=True, capture_output=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    same, (local, whole) = json.loads(done.stdout)
+    same, built, traced = json.loads(done.stdout)
     assert same
-    assert local == whole
-    assert local["mem"]["optim"] > 0 and local["mem"]["peak"] > local["mem"]["optim"]
+    assert built == ["LocalUpdate"] * 3  # each mesh's first trace took it
+    for (ours, theirs), dtensors in zip(traced, (True, True, False), strict=True):
+        assert ours["update"].pop("dtensor_ops") == 0  # counted as plain operations
+        assert (theirs["update"].pop("dtensor_ops") > 0) == dtensors
+        # the operations' count differs by the update's scalar ones on its step counts (a
+        # GPU plan prices none); what they write and hold does not
+        ours["update"].pop("ops"), theirs["update"].pop("ops")
+        assert ours == theirs
+        assert ours["mem"]["optim"] > 0 and ours["mem"]["peak"] > ours["mem"]["optim"]
 
 
 def test_ddp_buckets_are_held_as_backward_begins_where_the_peak_traced_is_in_the_update():
