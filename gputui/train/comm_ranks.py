@@ -331,6 +331,14 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
     return _added(cycles, works)
 
 
+def _single(kind: str, before: str) -> Any:
+    """torch's collective into one tensor as fully_shard's DefaultAllGather and
+    DefaultReduceScatter call it: ``dist.<kind>_single`` (torch 2.13), ``dist.<before>`` in the
+    torch releases before it (2.11, the oldest gputui supports: the same arguments; 2.13 keeps
+    it, deprecated)."""
+    return getattr(dist, f"{kind}_single", None) or getattr(dist, before)
+
+
 def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: torch.Tensor,
           device: torch.device) -> None:
     """One collective of ``op`` over ``group`` (of ``n`` ranks) as the parallelism code issues
@@ -340,13 +348,13 @@ def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: to
         inp = torch.empty(numel // n, device=device)  # unsharded parameters
         inp.copy_(shard)
         out = torch.empty(numel, device=device)
-        dist.all_gather_single(out, inp, group=group)  # as torch's DefaultAllGather
+        _single("all_gather", "all_gather_into_tensor")(out, inp, group=group)  # as fsdp's
         torch.empty(numel, device=device).copy_(out)
     elif op == "reduce_scatter":  # the gradients copied into one input, divided before and
         inp = torch.empty(numel, device=device)  # after (gloo has no average), scattered
         inp.copy_(full).div_(n)
         out = torch.empty(numel // n, device=device)
-        dist.reduce_scatter_single(output=out, input=inp, group=group)  # as DefaultReduceScatter
+        _single("reduce_scatter", "reduce_scatter_tensor")(output=out, input=inp, group=group)
         shard.copy_(out)
     elif op == "all_reduce":  # tp's partial sums, DDP's buckets: in place
         dist.all_reduce(full, group=group)
