@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the distributed suite (ddp, fsdp, the launcher, sweeps, resume, every equivalence, the
-# plan's tracer and the measured collectives of predict and plan) on the
+# plan's tracer, the measured collectives of predict and plan, every pp schedule) on the
 # oldest torch gputui supports, in a venv of its own (default .venv-oldest; several GB: the
 # registry's torch build carries its CUDA libraries, which import fine without a GPU).
 #   usage: scripts/test-oldest-torch.sh [VENV] [pytest args...]
@@ -16,4 +16,5 @@ vision=$(sed -n 's/.*"torchvision>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 exec "$venv/bin/python" -m pytest -q tests/unit/test_equivalence_ddp.py tests/unit/test_ddp_runs.py \
     tests/unit/test_ddp_config.py tests/unit/test_sweep.py tests/unit/test_bench_comm.py \
     tests/unit/test_equivalence_dp_mp.py tests/unit/test_equivalence_scratch.py \
-    tests/unit/test_resume.py tests/unit/test_forecast.py tests/unit/test_predict.py "$@"
+    tests/unit/test_resume.py tests/unit/test_forecast.py tests/unit/test_predict.py \
+    tests/unit/test_equivalence_pp.py "$@"
