@@ -333,9 +333,9 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
 
 def _single(kind: str, before: str) -> Any:
     """torch's collective into one tensor as fully_shard's DefaultAllGather and
-    DefaultReduceScatter call it: ``dist.<kind>_single`` (torch 2.13), ``dist.<before>`` in the
-    torch releases before it (2.11, the oldest gputui supports: the same arguments; 2.13 keeps
-    it, deprecated)."""
+    DefaultReduceScatter call it: ``dist.<kind>_single`` (torch 2.13), ``dist.<before>`` where
+    torch lacks that (2.11, the oldest gputui supports: the same arguments; 2.13 keeps it,
+    deprecated)."""
     return getattr(dist, f"{kind}_single", None) or getattr(dist, before)
 
 

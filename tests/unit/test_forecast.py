@@ -737,8 +737,8 @@ from gputui.train import parallelize as par, plan_trace as pt
 torch.set_num_threads(1)
 kw = {"lr": 1e-2, "betas": (0.9, 0.95), "weight_decay": 0.1, "foreach": True}
 # real tensors: the update on the local parts leaves every parameter as DTensor's does
-with tempfile.NamedTemporaryFile() as f:
-    dist.init_process_group("gloo", init_method="file://" + f.name, rank=0, world_size=1)
+with tempfile.TemporaryDirectory() as folder:  # the store's file: gloo removes it itself
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))
     models = []
     for _ in range(2):

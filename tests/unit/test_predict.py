@@ -312,3 +312,21 @@ def test_a_slow_kept_baseline_makes_predict_and_compare_flag_the_prediction(tmp_
     item = compare([single, ddp], runs)[1]
     assert item.speedup == pytest.approx(1.8) and item.predicted_speedup is None
     assert "is no result: efficiency" in item.predicted_reason
+
+
+def test_fsdps_timed_collectives_are_the_ones_this_torch_has(monkeypatch):
+    """torch 2.13's fully_shard calls ``dist.all_gather_single`` and
+    ``reduce_scatter_single``; 2.11 (the oldest supported, the GPU machines') has only
+    ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, the same arguments: the timing
+    takes the one this torch has (an AttributeError on 2.11 before)."""
+    import torch.distributed as dist
+
+    from gputui.train.comm_ranks import _single
+
+    if hasattr(dist, "all_gather_single"):
+        assert _single("all_gather", "all_gather_into_tensor") is dist.all_gather_single
+        assert _single("reduce_scatter", "reduce_scatter_tensor") is dist.reduce_scatter_single
+    monkeypatch.delattr(dist, "all_gather_single", raising=False)
+    monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
+    assert _single("all_gather", "all_gather_into_tensor") is dist.all_gather_into_tensor
+    assert _single("reduce_scatter", "reduce_scatter_tensor") is dist.reduce_scatter_tensor

@@ -157,13 +157,14 @@ class TimedStage(PipelineStage):
             return super().backward_weight_one_chunk(*args, **kwargs)
 
     def _get_init_p2p_neighbors_ops(self):
-        """torch 2.11's warm-up of the links to the neighbouring stages (2.13 votes through
-        other calls and makes none of these): a send and a receive with each neighbour, this
-        rank too where the neighbour is its own other stage (the V placements: zbv and
-        dualpipev put stages 1 and 2 on one rank of 2), and a gloo rank waits for its own
-        send until the group's timeout (the pp scenarios on torch 2.11: zbv hung 60 s at its
-        first step). Those to this rank are left out: its own stages hand their tensors over
-        in memory."""
+        """torch 2.11's warm-up of the links to the neighbouring stages (2.13 warms a
+        PipelineStage's by a vote through other calls and calls this only for other stage
+        types): a send and a receive with each neighbour, this rank too where the neighbour
+        is its own other stage (the V placements: zbv and dualpipev put stages p-1 and p on
+        rank p-1), and gloo cannot send to its own rank: the rank waited until the group's
+        timeout (the pp scenarios on torch 2.11: zbv hung 60 s at its first step). Those to
+        this rank are left out: its own stages hand their tensors over in memory, and no
+        other rank posted a match for them."""
         ops = super()._get_init_p2p_neighbors_ops()
         me = self.group_rank
         return [op for op in ops if getattr(op, "group_peer", None) != me]
