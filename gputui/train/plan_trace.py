@@ -905,9 +905,10 @@ def _byte_s(threads: int, size: int, tries: int = 7) -> float:
     ``threads``: the median of ``tries`` timings of elementwise products, sums and GELUs
     into new tensors of ``size`` bytes, each over its output's bytes. At one thread here
     (2026-11-29, idle) a MiB took 0.07-0.08 ms from 256 KiB to 4 MiB outputs (the sizes
-    bench_plan's steps write: 80-100 % of their bytes) in a process that had made such
-    tensors before, 0.10-0.13 ms as the first measurement of a fresh process (the plan's
-    child: its first 4 MiB tensors mapped anew), 0.11 at 64 KiB (the dispatch's share), 0.15
+    bench_plan's steps write: 80-100 % of their bytes); in a fresh process only the first
+    pass of 48 such operations is slower (0.17-0.21 ms a MiB: its first 4 MiB tensors mapped
+    anew), and the median is past it. The plan's child once read 0.10-0.13 (unexplained:
+    other work beside it is the likeliest). 0.11 at 64 KiB (the dispatch's share), 0.15
     at 16 MiB and 0.6 at 64 MiB (streamed from memory, its pages touched anew): a model whose
     tensors are that large is priced low on a CPU."""
     before = torch.get_num_threads()

@@ -295,6 +295,8 @@ def _rows(cands: list[Candidate], model: ModelSize, cluster: Cluster, line: Line
     by_key = {job_key("trace", c.spec): c for c in cands if c.spec is not None}
 
     def each(key: str, figures: dict) -> None:  # a mesh's row as soon as it is traced
+        # a row of its own (made again below for the plan): links.measured rewrites the
+        # plan's rows' steps later, and the row told here is the app's thread's to read
         c = by_key.get(key)
         if c is not None and on_row is not None and "error" not in figures:
             on_row(estimate.make_row(c, figures, model, cluster))
