@@ -410,6 +410,28 @@ def test_tracing_children_one_a_free_core_and_none_for_a_few_jobs(jobs, cores, l
     assert workers(jobs, cores, load) == expected
 
 
+def test_a_rounds_progress_says_which_mesh_of_how_many_and_the_time_left_once_known():
+    """Two children, 8 meshes: no estimate before two ends a child (the first end waits on a
+    child's torch import); then the meshes left times the interval between ends so far, less
+    the time since the last; none once every mesh has ended."""
+    from gputui.runs.forecast.tracing import Pace
+
+    pace = Pace(8, 2)
+    assert pace.started(0.0) == "[1/8, 0 s]"
+    assert pace.started(0.2) == "[2/8, 0 s]"
+    for now in (4.0, 5.0, 6.0):
+        pace.ended(now)
+        assert pace.left(now) is None  # fewer than two ends a child
+        pace.started(now)
+    pace.ended(7.0)  # 4 ended, one every second since the first: 4 left, about 4 s
+    assert pace.left(7.0) == pytest.approx(4.0)
+    assert pace.started(7.5) == "[6/8, 8 s, about 4 s left]"  # 3.5 s, rounded
+    assert pace.left(20.0) == 0.0  # later than the pace says: never below nothing
+    for now in (8.0, 9.0, 10.0, 11.0):
+        pace.ended(now)
+    assert pace.left(11.0) is None
+
+
 def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monkeypatch):
     """8 cores of a 128-core node at load 64 are half busy, not all; a plan's later rounds
     size their children by the load as it began (not by its own children of the round

@@ -143,11 +143,13 @@ class Tracer:
         waiting = {job["key"] for job in todo}
         out: dict[str, dict] = {}
         t0 = time.monotonic()
+        pace = Pace(len(todo), n)
 
         def heard(msg: tuple) -> bool:  # ("start", child, key, label) or ("result", key, ...)
             if msg[0] == "start":
-                self.line(f"  {msg[3]} ({time.monotonic() - t0:.0f} s)")
+                self.line(f"  {msg[3]} {pace.started(time.monotonic() - t0)}")
             elif msg[0] == "result":
+                pace.ended(time.monotonic() - t0)
                 out[msg[1]] = msg[2]
                 waiting.discard(msg[1])
                 # as each arrives: a stopped plan keeps them; not an error, nor a figure of
@@ -165,6 +167,35 @@ class Tracer:
             out.setdefault(key, {"error": f"the tracer ended before this mesh (exit code "
                                           f"{codes})"})
         return out
+
+
+class Pace:
+    """A round's progress as its children start meshes: which of how many, the time so far,
+    and once two meshes a child have ended, about how long is left: the meshes left times the
+    interval between the ends since the first (the children's pace together; the first end
+    comes after a child's torch import, which its later meshes do not repeat)."""
+
+    def __init__(self, total: int, children: int) -> None:
+        self.total, self.children = total, max(1, children)
+        self.begun = 0
+        self.ends: list[float] = []  # when each mesh ended, seconds into the round
+
+    def started(self, now: float) -> str:
+        self.begun += 1
+        text = f"[{self.begun}/{self.total}, {now:.0f} s"
+        left = self.left(now)
+        return text + (f", about {left:.0f} s left]" if left is not None else "]")
+
+    def ended(self, now: float) -> None:
+        self.ends.append(now)
+
+    def left(self, now: float) -> float | None:
+        """Seconds left, or None before the pace is known (two turns of the children)."""
+        done = len(self.ends)
+        if done < 2 * self.children or done >= self.total:
+            return None
+        each = (self.ends[-1] - self.ends[0]) / (done - 1)  # a mesh's turn, the children's own
+        return max(0.0, each * (self.total - done) - (now - self.ends[-1]))
 
 
 def trace_main(jobs: Any, index: int, q: Any) -> None:
