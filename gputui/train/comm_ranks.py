@@ -313,17 +313,37 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
         bufs.append((op, numel, n, groups.get(size), full, shard))
     cuts = [round(k * (i + 1) / len(calls)) - round(k * i / len(calls))
             for i in range(len(calls))]
+    # ZeRO-1's broadcasts come together: ZeroRedundancyOptimizer issues one a parameter,
+    # asynchronously, once the update is done, and then waits for them all; a run of them
+    # takes its compute first
+    together = [op == "broadcast" and j > 0 and bufs[j - 1][0] == "broadcast"
+                for j, (op, *_) in enumerate(bufs)]
+    for j in range(len(bufs) - 1, 0, -1):
+        if together[j]:
+            cuts[j - 1] += cuts[j]
+            cuts[j] = 0
     cycles, works = [], []
     for i in range(iters + 3):
         t0 = time.perf_counter()
         busy = 0.0
-        for (op, numel, n, group, full, shard), cut in zip(bufs, cuts, strict=True):
+        pending: list[Any] = []
+        for j, ((op, numel, n, group, full, shard), cut) in enumerate(
+                zip(bufs, cuts, strict=True)):
             w0 = time.perf_counter()
             for _ in range(cut):
                 work @ work
             sync()
             busy += time.perf_counter() - w0
-            _call(op, numel, n, group, full, shard, device)
+            if op == "broadcast":
+                pending.append(dist.broadcast(full, src=dist.get_global_rank(group, 0)
+                                              if group else 0, group=group, async_op=True))
+                if j + 1 < len(bufs) and together[j + 1]:
+                    continue
+                for handle in pending:
+                    handle.wait()
+                pending.clear()
+            else:
+                _call(op, numel, n, group, full, shard, device)
             sync()
         if i >= 3:
             cycles.append(time.perf_counter() - t0)
@@ -360,7 +380,7 @@ def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: to
         dist.all_reduce(full, group=group)
     elif op == "all_to_all":  # ep's tokens, an even split
         dist.all_to_all_single(torch.empty_like(full), full, group=group)
-    elif op == "broadcast":  # ZeRO-1's updated parameters
+    elif op == "broadcast":  # ZeRO-1's updated parameters (a run of them: see _cycles)
         dist.broadcast(full, src=dist.get_global_rank(group, 0) if group else 0, group=group)
     elif op == "ring":  # cp's hop: a block sent to the next rank, one taken from the last
         rank = dist.get_rank(group) if group else dist.get_rank()

@@ -310,6 +310,7 @@ def trace_stack(spec: dict[str, Any], n_layer: int, mesh: Any, fake: bool = True
                  if c["kind"] != "recv"]
     return {"mem": out, "flops": int(flops.get_total_flops()), "comm": calls,
             "work": flops.work, "seconds": seconds, "local_params": int(params),
+            "param_tensors": len(list(model.parameters())),
             "expert_params": int(sum(p.numel() for p in experts))}
 
 
@@ -539,6 +540,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
             for phase, counts in one.get("work", {}).items()}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm, "work": work,
             "local_params": lin(one["local_params"], two["local_params"]),
+            "param_tensors": lin(one.get("param_tensors", 0), two.get("param_tensors", 0)),
             "expert_params": lin(one.get("expert_params", 0), two.get("expert_params", 0)),
             "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
 
@@ -775,11 +777,16 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
         mem["optim"] -= saved
         mem["peak"] -= saved
         out["mem"] = mem
+        if "optimizer" in out.get("work", {}):  # each rank updates its partition only
+            out["work"] = dict(out["work"], optimizer={
+                k: v // shape.dp_shard for k, v in out["work"]["optimizer"].items()})
+        # each parameter broadcast from the rank that updated it, one call a tensor (torch's
+        # default, no bucket view; each call's latency counts), not one call a rank
         out["comm"].append({"kind": "broadcast", "phase": "optimizer", "group": shape.dp_shard,
-                            "count": shape.dp_shard, "bytes": out["local_params"] * 4,
-                            "formula": True})
-        formula.append("zero 1: the optimizer state over dp_shard and the parameters' "
-                       "broadcast are formulas")
+                            "count": out.get("param_tensors") or shape.dp_shard,
+                            "bytes": out["local_params"] * 4, "formula": True})
+        formula.append("zero 1: the optimizer state and update over dp_shard and the "
+                       "parameters' broadcast are formulas")
     return out
 
 

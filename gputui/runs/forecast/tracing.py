@@ -19,7 +19,7 @@ from gputui.hw.contention import busy_cores, load_average
 from gputui.runs.predict.cache import cores as own_cores
 
 Line = Callable[[str], None]
-TRACE_VERSION = 13  # raised when the tracer's figures change meaning
+TRACE_VERSION = 14  # raised when the tracer's figures change meaning
 BUSY_WINDOW_S = 0.5  # the cores busy now, read over this long (once a plan, as it traces)
 JOBS_PER_WORKER = 3  # a child's torch import costs about as much as tracing a mesh or two
 
