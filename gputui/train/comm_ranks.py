@@ -313,15 +313,7 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
         bufs.append((op, numel, n, groups.get(size), full, shard))
     cuts = [round(k * (i + 1) / len(calls)) - round(k * i / len(calls))
             for i in range(len(calls))]
-    # ZeRO-1's broadcasts come together: ZeroRedundancyOptimizer issues one a parameter,
-    # asynchronously, once the update is done, and then waits for them all; a run of them
-    # takes its compute first
-    together = [op == "broadcast" and j > 0 and bufs[j - 1][0] == "broadcast"
-                for j, (op, *_) in enumerate(bufs)]
-    for j in range(len(bufs) - 1, 0, -1):
-        if together[j]:
-            cuts[j - 1] += cuts[j]
-            cuts[j] = 0
+    together, cuts = _together([b[0] for b in bufs], cuts)
     cycles, works = [], []
     for i in range(iters + 3):
         t0 = time.perf_counter()
@@ -349,6 +341,21 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
             cycles.append(time.perf_counter() - t0)
             works.append(busy)
     return _added(cycles, works)
+
+
+def _together(ops: list[str], cuts: list[int]) -> tuple[list[bool], list[int]]:
+    """Which calls are issued with the one before them, and the compute slices before each:
+    ZeRO-1's broadcasts come together (ZeroRedundancyOptimizer issues one a parameter,
+    asynchronously, once the update is done, then waits for them all), so a run of them
+    takes its compute slices first, none between its calls."""
+    together = [op == "broadcast" and j > 0 and ops[j - 1] == "broadcast"
+                for j, op in enumerate(ops)]
+    cuts = list(cuts)
+    for j in range(len(ops) - 1, 0, -1):
+        if together[j]:
+            cuts[j - 1] += cuts[j]
+            cuts[j] = 0
+    return together, cuts
 
 
 def _single(kind: str, before: str) -> Any:

@@ -269,6 +269,18 @@ def test_a_cpu_meshs_calls_are_its_step_in_order():
         ("reduce_scatter", 400, 2)]
 
 
+def test_zero1s_broadcasts_are_measured_as_one_run_after_their_compute():
+    """ZeroRedundancyOptimizer issues its broadcasts one a parameter, asynchronously, after
+    the update: in the CPU's in-step measurement a run of them takes the compute slices of
+    its calls first and is issued together; other calls keep one slice each."""
+    from gputui.train.comm_ranks import _together
+
+    ops = ["all_reduce", "broadcast", "broadcast", "broadcast", "all_gather", "broadcast"]
+    together, cuts = _together(ops, [2, 1, 1, 2, 3, 1])
+    assert together == [False, False, True, True, False, False]
+    assert cuts == [2, 4, 0, 0, 3, 1]  # the run's compute first, the total kept
+
+
 def test_a_collective_says_where_its_figures_come_from():
     from gputui.runs.forecast.cells import origin
 
@@ -289,7 +301,10 @@ def test_a_cpu_plans_collectives_are_measured_in_the_step_on_as_many_gloo_ranks(
 
     comm = [{"kind": "all-gather", "phase": "forward", "group": 2, "count": 3,
              "bytes": 3 * 2**20},
-            {"kind": "send", "phase": "forward", "group": 2, "count": 1, "bytes": 4}]
+            {"kind": "send", "phase": "forward", "group": 2, "count": 1, "bytes": 4},
+            # ZeRO-1's parameters: broadcasts issued together, then waited for
+            {"kind": "broadcast", "phase": "optimizer", "group": 2, "count": 3,
+             "bytes": 3 * 2**16}]
     row, cluster = _cpu_row(comm, MeshShape(dp_shard=2))
     sends = row.comm[1]["seconds"]
     over, _ = _cpu_row(comm, MeshShape(dp_shard=2, zero=2))
@@ -298,9 +313,10 @@ def test_a_cpu_plans_collectives_are_measured_in_the_step_on_as_many_gloo_ranks(
     assert links.measured([row, over], cluster, said.append, cache)
     assert over.step_s == formula and not any(c.get("measured") for c in over.comm)
     assert any("measuring gloo's collectives in the step of 1 mesh" in s for s in said), said
-    gathers = row.comm[0]
-    assert gathers["measured"] and gathers["seconds"] > 0
-    assert row.comm_exposed_s == pytest.approx(gathers["seconds"] + sends)
+    gathers, broadcasts = row.comm[0], row.comm[2]
+    assert gathers["measured"] and gathers["seconds"] > 0 and broadcasts["measured"]
+    assert row.comm_exposed_s == pytest.approx(gathers["seconds"] + broadcasts["seconds"]
+                                               + sends)
     assert row.step_s == pytest.approx(row.compute_s + row.comm_exposed_s)
     again, _ = _cpu_row(comm, MeshShape(dp_shard=2))
     said.clear()
