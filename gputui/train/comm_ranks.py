@@ -305,6 +305,10 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
     for op, b, size in calls:
         n = max(1, size)
         numel = max(n, b // 4 // n * n)
+        if op == "broadcast":  # ZeRO-1's: into each parameter, a tensor of its own each
+            own = torch.ones(numel, device=device)
+            bufs.append((op, numel, n, groups.get(size), own, own))
+            continue
         # one full buffer and one shard per size, shared by the calls of that size (a
         # model's units are of a few sizes): the rank holds what one call needs, not the
         # whole step's
@@ -314,6 +318,7 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
     cuts = [round(k * (i + 1) / len(calls)) - round(k * i / len(calls))
             for i in range(len(calls))]
     together, cuts = _together([b[0] for b in bufs], cuts)
+    srcs = _sources(together, [b[2] for b in bufs])
     cycles, works = [], []
     for i in range(iters + 3):
         t0 = time.perf_counter()
@@ -326,9 +331,9 @@ def _cycles(calls: list[GroupCall], work, k: int, iters: int, device,
                 work @ work
             sync()
             busy += time.perf_counter() - w0
-            if op == "broadcast":
-                pending.append(dist.broadcast(full, src=dist.get_global_rank(group, 0)
-                                              if group else 0, group=group, async_op=True))
+            if op == "broadcast":  # issued with the rest of its run, then all waited for
+                pending.append(_call(op, numel, n, group, full, shard, device, srcs[j],
+                                     async_op=True))
                 if j + 1 < len(bufs) and together[j + 1]:
                     continue
                 for handle in pending:
@@ -358,6 +363,22 @@ def _together(ops: list[str], cuts: list[int]) -> tuple[list[bool], list[int]]:
     return together, cuts
 
 
+def _sources(together: list[bool], sizes: list[int]) -> list[int]:
+    """The group rank each call of a run (:func:`_together`) is broadcast from: each rank in
+    turn, an equal share of the run each, as ZeroRedundancyOptimizer broadcasts each rank's
+    partition of the parameters, rank by rank (0 for a call on its own)."""
+    srcs = [0] * len(together)
+    start = 0
+    while start < len(together):
+        end = start + 1
+        while end < len(together) and together[end]:
+            end += 1
+        for j in range(start, end):
+            srcs[j] = (j - start) * sizes[j] // (end - start)
+        start = end
+    return srcs
+
+
 def _single(kind: str, before: str) -> Any:
     """torch's collective into one tensor as fully_shard's DefaultAllGather and
     DefaultReduceScatter call it: ``dist.<kind>_single`` (torch 2.13), ``dist.<before>`` where
@@ -367,10 +388,11 @@ def _single(kind: str, before: str) -> Any:
 
 
 def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: torch.Tensor,
-          device: torch.device) -> None:
+          device: torch.device, src: int = 0, async_op: bool = False) -> Any:
     """One collective of ``op`` over ``group`` (of ``n`` ranks) as the parallelism code issues
     it. fsdp's with its own copies around each call, into buffers allocated per call as it
-    allocates them (on the CPU, fresh pages: part of the cost)."""
+    allocates them (on the CPU, fresh pages: part of the cost). A broadcast is from the
+    group's rank ``src`` and may be asynchronous (its handle returned: ``async_op``)."""
     if op == "all_gather":  # copy-in of the shards, gather, copy-out into the
         inp = torch.empty(numel // n, device=device)  # unsharded parameters
         inp.copy_(shard)
@@ -388,7 +410,8 @@ def _call(op: str, numel: int, n: int, group: Any, full: torch.Tensor, shard: to
     elif op == "all_to_all":  # ep's tokens, an even split
         dist.all_to_all_single(torch.empty_like(full), full, group=group)
     elif op == "broadcast":  # ZeRO-1's updated parameters (a run of them: see _cycles)
-        dist.broadcast(full, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        return dist.broadcast(full, src=dist.get_global_rank(group, src) if group else src,
+                              group=group, async_op=async_op)
     elif op == "ring":  # cp's hop: a block sent to the next rank, one taken from the last
         rank = dist.get_rank(group) if group else dist.get_rank()
         peer = (lambda r: dist.get_global_rank(group, r)) if group else (lambda r: r)

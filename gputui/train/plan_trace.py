@@ -777,13 +777,15 @@ def _ddp(shape: MeshShape, out: dict[str, Any], formula: list[str]) -> dict[str,
         mem["optim"] -= saved
         mem["peak"] -= saved
         out["mem"] = mem
-        if "optimizer" in out.get("work", {}):  # each rank updates its partition only
+        # each rank updates its partition only: its share of the update's bytes and, per
+        # tensor as a CPU plan traces it, of its operations (a GPU plan prices neither)
+        if "optimizer" in out.get("work", {}):
             out["work"] = dict(out["work"], optimizer={
                 k: v // shape.dp_shard for k, v in out["work"]["optimizer"].items()})
         # each parameter broadcast from the rank that updated it, one call a tensor (torch's
         # default, no bucket view; each call's latency counts), not one call a rank
         out["comm"].append({"kind": "broadcast", "phase": "optimizer", "group": shape.dp_shard,
-                            "count": out.get("param_tensors") or shape.dp_shard,
+                            "count": out["param_tensors"],
                             "bytes": out["local_params"] * 4, "formula": True})
         formula.append("zero 1: the optimizer state and update over dp_shard and the "
                        "parameters' broadcast are formulas")
@@ -958,6 +960,10 @@ def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads
             q.put({"error": f"{type(exc).__name__}: {exc}"})
 
     finally:
+        # gloo's worker threads let go of the last collectives' tensors first (see
+        # strategies.rank.destroy_group; a rank measuring ZeRO-1's broadcasts once printed
+        # "terminate called without an active exception", its figures already sent)
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 

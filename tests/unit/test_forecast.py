@@ -273,12 +273,15 @@ def test_zero1s_broadcasts_are_measured_as_one_run_after_their_compute():
     """ZeroRedundancyOptimizer issues its broadcasts one a parameter, asynchronously, after
     the update: in the CPU's in-step measurement a run of them takes the compute slices of
     its calls first and is issued together; other calls keep one slice each."""
-    from gputui.train.comm_ranks import _together
+    from gputui.train.comm_ranks import _sources, _together
 
-    ops = ["all_reduce", "broadcast", "broadcast", "broadcast", "all_gather", "broadcast"]
-    together, cuts = _together(ops, [2, 1, 1, 2, 3, 1])
-    assert together == [False, False, True, True, False, False]
-    assert cuts == [2, 4, 0, 0, 3, 1]  # the run's compute first, the total kept
+    ops = ["all_reduce", "broadcast", "broadcast", "broadcast", "broadcast", "all_gather",
+           "broadcast"]
+    together, cuts = _together(ops, [2, 1, 1, 2, 1, 3, 1])
+    assert together == [False, False, True, True, True, False, False]
+    assert cuts == [2, 5, 0, 0, 0, 3, 1]  # the run's compute first, the total kept
+    # each of the group's 2 ranks sends its half of the run, as each updated its partition
+    assert _sources(together, [2] * len(ops)) == [0, 0, 0, 1, 1, 0, 0]
 
 
 def test_a_collective_says_where_its_figures_come_from():
@@ -427,25 +430,30 @@ def test_tracing_children_one_a_free_core_and_none_for_a_few_jobs(jobs, cores, l
 
 
 def test_a_rounds_progress_says_which_mesh_of_how_many_and_the_time_left_once_known():
-    """Two children, 8 meshes: no estimate before two ends a child (the first end waits on a
-    child's torch import); then the meshes left times the interval between ends so far, less
-    the time since the last; none once every mesh has ended."""
+    """Two children, 8 meshes: no estimate before two ends a child; then the meshes left times
+    the interval between the ends since the children's first meshes (which end together,
+    each after its child's torch import), less the time since the last end; none once every
+    mesh has ended."""
     from gputui.runs.forecast.tracing import Pace
 
     pace = Pace(8, 2)
     assert pace.started(0.0) == "[1/8, 0 s]"
     assert pace.started(0.2) == "[2/8, 0 s]"
-    for now in (4.0, 5.0, 6.0):
+    for now in (4.0, 4.1, 6.0):  # the two first meshes end together
         pace.ended(now)
         assert pace.left(now) is None  # fewer than two ends a child
         pace.started(now)
-    pace.ended(7.0)  # 4 ended, one every second since the first: 4 left, about 4 s
-    assert pace.left(7.0) == pytest.approx(4.0)
-    assert pace.started(7.5) == "[6/8, 8 s, about 4 s left]"  # 3.5 s, rounded
+    pace.ended(8.0)  # then a mesh every 1.95 s (not every 1.33: the first pair is no pace)
+    assert pace.left(8.0) == pytest.approx(4 * 1.95)
+    assert pace.started(8.5) == "[6/8, 8 s, about 7 s left]"  # 7.3 s, rounded
     assert pace.left(20.0) == 0.0  # later than the pace says: never below nothing
-    for now in (8.0, 9.0, 10.0, 11.0):
+    for now in (9.0, 10.0, 11.0, 12.0):
         pace.ended(now)
-    assert pace.left(11.0) is None
+    assert pace.left(12.0) is None
+    one = Pace(3, 1)  # one child: its first mesh's end (after the import) starts the pace
+    for now in (5.0, 6.0):
+        one.ended(now)
+    assert one.left(6.0) == pytest.approx(1.0)
 
 
 def test_the_load_is_this_process_share_of_the_machine_and_read_once_a_plan(monkeypatch):
@@ -752,6 +760,7 @@ def test_the_operations_extrapolate_by_depth_as_the_flops_do():
         mem = {k: 100 * blocks for k in ("params", "gathered", "grads", "optim",
                                          "activations", "temps", "buffers", "peak")}
         return {"mem": mem, "flops": 1000 * blocks, "comm": [], "local_params": 10 * blocks,
+                "param_tensors": 4 + 16 * blocks,
                 "seconds": 0.0, "work": {"step": {"ops": 50 + 120 * blocks,
                                                   "dtensor_ops": 8 * blocks},
                                          "optimizer": {"ops": 4 + 24 * blocks,
@@ -759,6 +768,7 @@ def test_the_operations_extrapolate_by_depth_as_the_flops_do():
 
     out = _extrapolate(traced(2), traced(3), 12, depth=2)
     assert out["flops"] == 12000
+    assert out["param_tensors"] == 4 + 16 * 12  # ZeRO-1's broadcasts: one a tensor
     assert out["work"] == {"step": {"ops": 50 + 120 * 12, "dtensor_ops": 96},
                            "optimizer": {"ops": 4 + 24 * 12, "dtensor_ops": 0}}
 

@@ -29,6 +29,7 @@ OPS = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
        RING: "ring"}
 PHASES = ("forward", "backward", "optimizer")
 SECONDS = 1.0  # of steps measured a mesh (at least 3 steps)
+LINKS_VERSION = 2  # raised when the measurement changes (2: ZeRO-1's broadcasts as a run)
 SOURCE = ("gloo measured on this machine in each mesh's step: its traced calls between its "
           "planned compute, on as many ranks (gputui.runs.forecast.links); pp's sends, and "
           "the rows that do not fit, by formula")
@@ -97,7 +98,7 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
                                      if run_here(c, cluster.world))
         mesh = {"calls": [list(c) for c in calls], "gap": round(row.compute_s, 4),
                 "iters": max(3, min(50, int(SECONDS / max(expect, 1e-3))))}
-        keys[i] = key = (f"plan-links|{machine_id()}|{cluster.world}|{threads}|"
+        keys[i] = key = (f"plan-links|v{LINKS_VERSION}|{machine_id()}|{cluster.world}|{threads}|"
                          + json.dumps(mesh, sort_keys=True))
         if cache.get(key) is None:
             todo[key] = mesh
