@@ -31,7 +31,7 @@ from gputui.core.errors import fault_line
 from gputui.train import data as data_mod
 from gputui.train.parallelize import fsdp_targets
 from gputui.train.rankinfo import RankInfo
-from gputui.train.strategies.rank import RankStrategy
+from gputui.train.strategies.rank import RankStrategy, destroy_group
 from gputui.train.strategies.scratch import allreduce
 
 DTYPE = torch.float32
@@ -279,8 +279,7 @@ def step_rank(size: int, gap: float, iters: int, threads: int, kind: str,
                 works.append(t1 - t0)
         return _added(cycles, works)
     finally:
-        time.sleep(0.1)  # see strategies.rank.destroy_group
-        dist.destroy_process_group()
+        destroy_group()
 
 
 def _fsdp_cycles(calls: list[Call], work, k: int, iters: int, device) -> float:
@@ -449,8 +448,7 @@ def meshes_rank(meshes: list[dict[str, Any]], threads: int, kind: str) -> list[f
                        else 0.0)
         return out if dist.get_rank() == 0 else None
     finally:
-        time.sleep(0.1)  # see strategies.rank.destroy_group
-        dist.destroy_process_group()
+        destroy_group()
 
 
 def _added(cycles: list[float], works: list[float]) -> float:

@@ -540,7 +540,7 @@ def _extrapolate(one: dict[str, Any], two: dict[str, Any], n: int,
             for phase, counts in one.get("work", {}).items()}
     return {"mem": mem, "flops": lin(one["flops"], two["flops"]), "comm": comm, "work": work,
             "local_params": lin(one["local_params"], two["local_params"]),
-            "param_tensors": lin(one.get("param_tensors", 0), two.get("param_tensors", 0)),
+            "param_tensors": lin(one["param_tensors"], two["param_tensors"]),
             "expert_params": lin(one.get("expert_params", 0), two.get("expert_params", 0)),
             "per_block": per_block, "seconds": lin(one["seconds"], two["seconds"])}
 
@@ -960,11 +960,12 @@ def measure_rank(rank: int, world: int, port: int, spec: dict[str, Any], threads
             q.put({"error": f"{type(exc).__name__}: {exc}"})
 
     finally:
-        # gloo's worker threads let go of the last collectives' tensors first (see
-        # strategies.rank.destroy_group; a rank measuring ZeRO-1's broadcasts once printed
-        # "terminate called without an active exception", its figures already sent)
-        time.sleep(0.1)
-        dist.destroy_process_group()
+        # the run's teardown (a rank measuring ZeRO-1's broadcasts with a plain destroy once
+        # printed gloo's "terminate called without an active exception", its figures sent);
+        # imported here: the tracing children need none of the run's strategy
+        from gputui.train.strategies.rank import destroy_group
+
+        destroy_group()
 
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:
