@@ -83,7 +83,8 @@ def cmd_plan(args) -> int:
     except Interrupted as exc:
         from gputui.cli.common import interrupted
 
-        return interrupted(exc.signum, ": the tracing stopped; traced meshes are kept")
+        return interrupted(exc.signum, ": the plan stopped; the meshes traced so far are kept "
+                                       "for the next plan")
     except RuntimeError as exc:
         print(f"gputui: plan failed: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from gputui import __version__
 from gputui.core.cachedir import KeptFigures, cache_dir
-from gputui.core.proctree import ask_children
+from gputui.core.proctree import ask_children, own_tracker
 from gputui.hw.contention import busy_cores, load_average
 from gputui.runs.predict.cache import cores as own_cores
 
@@ -135,6 +135,10 @@ class Tracer:
         n = self.children(len(todo))
         self.line(f"tracing {len(todo)} mesh(es) in {n} child process(es) ({kept} kept from "
                   f"earlier plans); loading torch ...")
+        # the tracker that this queue's semaphores start is gputui's own (quiet about what a
+        # stopped plan's killed children leave: ``own_tracker``), not a plain one that
+        # ask_children would then find running
+        own_tracker()
         queue = mp.get_context("spawn").Queue()  # the meshes, then one None a child
         for job in todo:
             queue.put(job)
