@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -312,10 +313,19 @@ def test_a_cpu_plans_collectives_are_measured_in_the_step_on_as_many_gloo_ranks(
     sends = row.comm[1]["seconds"]
     over, _ = _cpu_row(comm, MeshShape(dp_shard=2, zero=2))
     over.fits, formula = False, over.step_s  # not measured: it would not fit here either
+    # a step of two minutes' compute (GPT-2 small's on two cores): its calls measured
+    # between 1 s of it, not the whole (six such steps a mesh: over an hour a plan)
+    slow, _ = _cpu_row(comm, MeshShape(dp_shard=2), compute_s=240.0)
+    assert slow.compute_s > 100
     cache, said = Cache(tmp_path / "figures.json"), []
-    assert links.measured([row, over], cluster, said.append, cache)
+    assert links.measured([row, over, slow], cluster, said.append, cache)
     assert over.step_s == formula and not any(c.get("measured") for c in over.comm)
-    assert any("measuring gloo's collectives in the step of 1 mesh" in s for s in said), said
+    start = [s for s in said if "measuring gloo's collectives in the step of 2 mesh" in s]
+    assert start, said
+    about = float(re.search(r"about (\d+) s", start[0]).group(1))  # type: ignore[union-attr]
+    assert about < 10 * links.LAUNCH_S, start
+    assert slow.comm[0]["measured"] and slow.compute_s > 100
+    assert slow.step_s == pytest.approx(slow.compute_s + slow.comm_exposed_s)
     gathers, broadcasts = row.comm[0], row.comm[2]
     assert gathers["measured"] and gathers["seconds"] > 0 and broadcasts["measured"]
     assert row.comm_exposed_s == pytest.approx(gathers["seconds"] + broadcasts["seconds"]

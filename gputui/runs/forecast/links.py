@@ -8,10 +8,15 @@ For a plan of this machine's CPU (``--gpus cpu*N``), each mesh's traced collecti
 calls' kinds, bytes and groups, in a step's order: forward, backward, optimizer) are run on N
 gloo ranks between the mesh's planned compute cut into equal slices, as
 ``gputui predict`` measures fsdp's (``gputui.train.comm_ranks.meshes_rank``): what they add to
-the step is the row's collectives' time. A pipeline's stage-to-stage sends stay the
-formula's, and so do the rows that do not fit this machine's memory (measuring their
-collectives would take it). One launch measures every mesh of a plan; kept per machine, so
-a plan made again answers at once. One machine only: ``cpu*N --nodes M`` keeps the formula.
+the step is the row's collectives' time. A step's compute over :data:`GAP_S` is replayed as
+that much, cut the same way: GPT-2 small's plan on two cores has steps of about two minutes,
+and six steps of each of its six meshes, replayed whole, would take over an hour. The calls
+block, so each costs what it costs after any compute; what the shorter compute leaves out is
+the ranks' drift over the rest of it, inside such a step's own noise. A pipeline's
+stage-to-stage sends stay the formula's, and so do the rows that do not fit this machine's
+memory (measuring their collectives would take it). One launch measures every mesh of a
+plan; kept per machine, so a plan made again answers at once. One machine only: ``cpu*N
+--nodes M`` keeps the formula.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ OPS = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
        RING: "ring"}
 PHASES = ("forward", "backward", "optimizer")
 SECONDS = 1.0  # of steps measured a mesh (at least 3 steps)
+GAP_S = 1.0  # the most compute a measured step replays (the module's docstring)
+LAUNCH_S = 5.0  # about what the measurement's start takes here: its processes' torch import
 LINKS_VERSION = 2  # raised when the measurement changes (2: ZeRO-1's broadcasts as a run)
 SOURCE = ("gloo measured on this machine in each mesh's step: its traced calls between its "
           "planned compute, on as many ranks (gputui.runs.forecast.links); pp's sends, and "
-          "the rows that do not fit, by formula")
+          "the rows that do not fit, by formula; a step's compute over 1 s replayed as 1 s")
 
 
 def in_step(cluster: Cluster) -> bool:
@@ -94,9 +101,9 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
             continue
         calls = calls_of(row, cluster.world)
         # steps of about SECONDS, by the formula's step (the gap and its collectives)
-        expect = row.compute_s + sum(c["seconds"] for c in row.comm
-                                     if run_here(c, cluster.world))
-        mesh = {"calls": [list(c) for c in calls], "gap": round(row.compute_s, 4),
+        gap = min(row.compute_s, GAP_S)
+        expect = gap + sum(c["seconds"] for c in row.comm if run_here(c, cluster.world))
+        mesh = {"calls": [list(c) for c in calls], "gap": round(gap, 4),
                 "iters": max(3, min(50, int(SECONDS / max(expect, 1e-3))))}
         keys[i] = key = (f"plan-links|v{LINKS_VERSION}|{machine_id()}|{cluster.world}|{threads}|"
                          + json.dumps(mesh, sort_keys=True))
@@ -106,8 +113,10 @@ def measured(rows: list[Row], cluster: Cluster, line: Line,
     if todo:
         from gputui.runs import comm_bench
 
+        # each mesh's warm-up and measured steps, at the formula's pace (gloo's is slower)
+        about = LAUNCH_S + sum((m["iters"] + 3) * expects[k] for k, m in todo.items())
         line(f"measuring gloo's collectives in the step of {len(todo)} mesh(es) on "
-             f"{cluster.world} CPU ranks ...")
+             f"{cluster.world} CPU ranks (about {about:.0f} s) ...")
         # each mesh's steps (and 3 warm-up steps and the compute's calibration) at up to 5
         # times the formula's step: the formula's ring is faster than gloo here, never 5x
         budget = sum((m["iters"] + 4) * expects[k] * 5 for k, m in todo.items())
