@@ -264,6 +264,7 @@ def _main(argv: list[str] | None, sup) -> int:
     if sup is not None and args.command not in TRAINING:
         sup.uninstall()  # the app takes the signals itself; a listing ends at once
         sup = None
+        _unnoted()
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
     if getattr(args, "runs_dir", None) is None:
         args.runs_dir = args.global_runs_dir
@@ -284,6 +285,20 @@ def _main(argv: list[str] | None, sup) -> int:
     if first is not None and code != 128 + first:  # came as the command ended its work
         return interrupted(first, "after its work was done: everything kept")
     return code
+
+
+def _unnoted() -> None:
+    """The stop signals as they were before this module loaded (Python's own: Ctrl-C raises
+    KeyboardInterrupt, SIGTERM ends the process; or ignored, as nohup leaves SIGHUP) where the
+    loading's noting handler is still in place: a command outside the stop contract, the
+    Supervisor gone, would otherwise note every signal and act on none (`gputui watch` could
+    be stopped by neither Ctrl-C nor SIGTERM)."""
+    for sig, before in _previous.items():
+        try:
+            if signal.getsignal(sig) is _loading_signal:
+                signal.signal(sig, before if before is not None else signal.SIG_DFL)
+        except ValueError:  # not the main thread: not this call's to change
+            return
 
 
 def _entry_point() -> bool:

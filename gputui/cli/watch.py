@@ -6,10 +6,15 @@ it ends. Read-only: nothing is written to the record (``gputui.runs.follow``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from dataclasses import replace
+from typing import Iterator
 
 from gputui.cli.common import EXIT_FAILED
+from gputui.core.config import ConfigError
+from gputui.core.signals import Interrupted
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -31,29 +36,58 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def _stop_signals_end_the_watch() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the watch as Ctrl-C does (raised as ``Interrupted``: 128 + the
+    signal), not the process mid-line; the handlers before it are back after it (main thread
+    only: elsewhere the signals are not the watch's)."""
+    def end(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    before = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                before[sig] = signal.signal(sig, end)
+    except ValueError:
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     """Follow the run until it ends; exit 0 when it finished."""
     from gputui.cli.printer import Printer, shown_path
     from gputui.cli.resume import run_folder
+    from gputui.core.runstore import is_run_folder
+    from gputui.runs.runlock import LOCK_NAME
     from gputui.runs.follow import RecordFollower
     from gputui.runs.history import run_state
 
     folder = run_folder(args.run, args.runs_dir)  # ConfigError: main's one line, exit 2
+    if not (is_run_folder(folder) or (folder / LOCK_NAME).exists()):
+        raise ConfigError(f"{shown_path(folder)} is not a run's record (none of its files: "
+                          f"events.jsonl, config.toml, summary.json); give a run id from "
+                          f"`gputui runs` or a run's folder")
     follower = RecordFollower(folder)
     printer = Printer(stream=sys.stdout, quiet=args.quiet)
-    printer.line(f"watching {shown_path(folder)}: {follower.started_here()}; read-only",
-                 always=True)
     try:
-        while not follower.done:
-            for ev in follower.poll(timeout=0.25):
-                if follower.gone and ev is follower.terminal:
-                    continue  # the watcher's own end, said once below: not the run's failure
-                printer.handle(ev)
-            for sample in follower.samples():
-                printer.handle(sample)
-    except KeyboardInterrupt:
+        with _stop_signals_end_the_watch():  # before the first line, which says it watches
+            printer.line(f"watching {shown_path(folder)}: {follower.started_here()}; "
+                         f"read-only", always=True)
+            while not follower.done:
+                for ev in follower.poll(timeout=0.25):
+                    if follower.gone and ev is follower.terminal:
+                        continue  # the watcher's own end, said once below: not a failure
+                    printer.handle(ev)
+                for sample in follower.samples():
+                    printer.handle(sample)
+    except (KeyboardInterrupt, Interrupted) as exc:
         printer.line("stopped watching (the run goes on where it runs)", always=True)
-        return 130
+        return exc.exit_code if isinstance(exc, Interrupted) else 130
     summary, status = run_state(folder)
     if follower.gone:
         summary, status = replace(summary, reason=follower.gone), "incomplete"

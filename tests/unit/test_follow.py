@@ -128,6 +128,42 @@ def test_a_writer_killed_without_an_end_is_named_and_the_watch_ends(holder, caps
     assert _files(run_dir) == before
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_ends_the_watch_and_not_the_run(holder, sig):
+    """`gputui watch` of a run whose writer lives, as its own command: Ctrl-C or SIGTERM
+    ends the watch (128 + the signal, one line saying the run goes on); the writer lives.
+    Sent once the watch has said it watches (its handlers are in place before that line).
+    The loading's noting handler, left in place for commands outside the stop contract, had
+    the watch note both signals and go on."""
+    run_dir, proc = holder
+    _append(run_dir, _started(run_dir.name).to_json() + "\n" + _step(1).to_json() + "\n")
+    watch = subprocess.Popen([sys.executable, "-m", "gputui", "watch", str(run_dir)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        assert watch.stdout is not None
+        first = watch.stdout.readline()
+        assert "read-only" in first, first
+        watch.send_signal(sig)
+        out = watch.communicate(timeout=60)[0]
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait(timeout=30)
+    assert watch.returncode == 128 + sig, out
+    assert out.strip().splitlines()[-1] == "stopped watching (the run goes on where it runs)"
+    assert "Traceback" not in out and proc.poll() is None  # the run's writer goes on
+
+
+def test_a_folder_that_holds_no_record_is_no_run_to_watch(tmp_path, capsys):
+    from gputui import cli
+
+    (tmp_path / "notes").mkdir()
+    assert cli.main(["watch", str(tmp_path / "notes")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a run's record" in err, err
+
+
 def test_a_writer_on_another_host_is_judged_by_its_heartbeat(tmp_path):
     now = time.time()
     other = runlock._parse(f"4242 run-x\thost=node2-of-the-test beat={now - 1:.1f}", False)
