@@ -100,10 +100,13 @@ def cmd_bench_comm(args) -> int:
         return interrupted(exc.signum, ": the benchmark's processes were ended; nothing "
                                        "measured is kept")
     if "torch" in result and "error" not in result:
-        from gputui.runs.predict.comm_peak import keep
+        from gputui.runs.predict.comm_peak import PEAK_MIN_BYTES, keep
 
         try:  # the peak is kept per machine, for the runs' achieved bandwidth to be shown against
-            keep(result, devices[0].kind)
+            if keep(result, devices[0].kind) is None:
+                print(f"gputui: no peak kept for this machine: no size of "
+                      f"{PEAK_MIN_BYTES // 2**10} KiB or more was measured (a smaller call "
+                      f"takes its latency, not the link's bandwidth)", file=sys.stderr)
         except OSError as exc:
             print(f"gputui: the bench-comm peak was not kept: {exc}", file=sys.stderr)
     if args.json:

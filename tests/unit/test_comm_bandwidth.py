@@ -12,15 +12,19 @@ from gputui.runs.compare.table import read_hw_figures
 from gputui.runs.predict.cache import Cache
 
 
-def _result(*algbw: float, n: int = 2) -> dict:
+def _result(*algbw: float, n: int = 2, size: int = comm_peak.PEAK_MIN_BYTES) -> dict:
     return {"n": n, "backend": "gloo", "devices": [f"cpu:{i}" for i in range(n)],
-            "torch": [{"size": 4096 * (i + 1), "algbw_gbps": a, "busbw_gbps": a}
+            "torch": [{"size": size * (i + 1), "algbw_gbps": a, "busbw_gbps": a}
                       for i, a in enumerate(algbw)]}
 
 
 def test_the_best_torch_figure_is_kept_and_only_a_better_one_replaces_it(tmp_path):
     cache = Cache(tmp_path / "predict.json")
-    assert comm_peak.keep(_result(0.3, 1.2, 0.8), "cpu", cache)["size"] == 8192
+    # calls of a few KiB take their latency: no peak of the link (none kept before)
+    assert comm_peak.keep(_result(0.2, size=4096), "cpu", cache) is None
+    assert comm_peak.peak("cpu", 2, "gloo", cache) is None
+    size = comm_peak.PEAK_MIN_BYTES
+    assert comm_peak.keep(_result(0.3, 1.2, 0.8), "cpu", cache)["size"] == 2 * size
     assert comm_peak.peak("cpu", 2, "gloo", cache) == 1.2
     comm_peak.keep(_result(0.9), "cpu", cache)  # slower: the peak stays
     assert comm_peak.peak("cpu", 2, "gloo", Cache(tmp_path / "predict.json")) == 1.2

@@ -5,13 +5,19 @@ bandwidth (``StepMetrics.comm_gbps``) can be shown as a share of it. Torch-free.
 Both are algorithm bandwidths (bytes of the message over the time of the call, 1e9 bytes/s):
 the peak is the highest torch.distributed figure over the sizes bench-comm measured for that
 device kind, device count and backend, with the machine's state while bench-comm measured it:
-a peak measured under contention gives way to any measured on a quiet machine.
+a peak measured under contention gives way to any measured on a quiet machine. Only sizes of
+:data:`PEAK_MIN_BYTES` or more count: a call of a few KiB takes its latency, not the link's
+bandwidth (a bench-comm of 4 and 64 KiB calls kept 0.05 GB/s here as the machine's peak,
+and a cpu plan then priced its pipeline's sends by it: 52 ms of a 226 ms step).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
 from gputui.runs.predict.cache import Cache
+
+PEAK_MIN_BYTES = 256 * 2**10  # the smallest call whose time is mostly bandwidth
 
 
 def key(kind: str, n: int, backend: str) -> str:
@@ -20,8 +26,10 @@ def key(kind: str, n: int, backend: str) -> str:
 
 def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     """Keep the torch rows' peak of a bench-comm result (``comm_bench.run_bench``) when it
-    beats the one kept; returns what is kept for that key (None: nothing measured)."""
-    rows = [r for r in result.get("torch") or () if r.get("algbw_gbps")]
+    beats the one kept; returns what is kept for that key (None: nothing measured at
+    :data:`PEAK_MIN_BYTES` or more)."""
+    rows = [r for r in result.get("torch") or ()
+            if r.get("algbw_gbps") and int(r.get("size", 0)) >= PEAK_MIN_BYTES]
     machine = result.get("machine") or {}
     if not rows or "error" in result:
         return None
