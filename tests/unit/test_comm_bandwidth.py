@@ -24,6 +24,9 @@ def test_the_best_torch_figure_is_kept_and_only_a_better_one_replaces_it(tmp_pat
     assert comm_peak.keep(_result(0.2, size=4096), "cpu", cache) is None
     assert comm_peak.peak("cpu", 2, "gloo", cache) is None
     size = comm_peak.PEAK_MIN_BYTES
+    # nor one kept so before this rule (read as none, and replaced)
+    cache.put(comm_peak.key("cpu", 2, "gloo"), {"algbw_gbps": 9.0, "size": 65536})
+    assert comm_peak.peak("cpu", 2, "gloo", cache) is None
     assert comm_peak.keep(_result(0.3, 1.2, 0.8), "cpu", cache)["size"] == 2 * size
     assert comm_peak.peak("cpu", 2, "gloo", cache) == 1.2
     comm_peak.keep(_result(0.9), "cpu", cache)  # slower: the peak stays

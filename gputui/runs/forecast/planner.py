@@ -21,8 +21,8 @@ from gputui.core import runstore
 from gputui.core.config import load_preset
 from gputui.core.events import FlopsInfo, MemoryReport, RunStarted
 from gputui.core.mesh import mesh_of
-from gputui.runs.predict.cache import Cache, cores, machine_id
-from gputui.runs.predict.comm_peak import key
+from gputui.runs.predict.cache import cores, machine_id
+from gputui.runs.predict.comm_peak import kept
 
 Line = Callable[[str], None]
 OnRow = Callable[[Row], None]
@@ -197,7 +197,7 @@ def _cpu(ranks: int, line: Line) -> Profile:
     if "error" in got:
         raise RuntimeError(f"measuring this CPU's peak failed: {got['error']}")
     per_op = got.get("ops") or {"error": "not measured"}
-    comm = Cache().get(key("cpu", ranks, "gloo")) if ranks > 1 else None
+    comm = kept("cpu", ranks, "gloo") if ranks > 1 else None
     p = profiles.cpu_profile(float(got["flops"]), n, psutil.virtual_memory().total, comm,
                              ranks, None if "error" in per_op else per_op)
     if "error" in per_op:

@@ -36,7 +36,7 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     cache = cache or Cache()
     best = max(rows, key=lambda r: r["algbw_gbps"])
     k = key(kind, int(result["n"]), str(result.get("backend", "")))
-    old = cache.get(k)
+    old = kept(kind, int(result["n"]), str(result.get("backend", "")), cache)
     new_busy = bool(machine.get("contended"))
     old_busy = bool(old and (old.get("machine") or {}).get("contended"))
     # a peak measured on a quiet machine is never replaced by one measured under contention,
@@ -51,10 +51,20 @@ def keep(result: dict[str, Any], kind: str, cache=None) -> dict | None:
     return cache.get(k)
 
 
+def kept(kind: str, n: int, backend: str, cache=None) -> dict | None:
+    """The kept peak (its algbw, busbw, size, devices, machine) for ``n`` devices of ``kind``
+    over ``backend``, or None; one kept from calls under :data:`PEAK_MIN_BYTES` (before that
+    rule) is none."""
+    hit = (cache or Cache()).get(key(kind, n, backend))
+    if not hit or not hit.get("algbw_gbps") or int(hit.get("size", 0)) < PEAK_MIN_BYTES:
+        return None
+    return hit
+
+
 def peak(kind: str, n: int, backend: str, cache=None) -> float | None:
     """The kept peak algbw in GB/s for ``n`` devices of ``kind`` over ``backend``, or None."""
-    hit = (cache or Cache()).get(key(kind, n, backend))
-    return float(hit["algbw_gbps"]) if hit and hit.get("algbw_gbps") else None
+    hit = kept(kind, n, backend, cache)
+    return float(hit["algbw_gbps"]) if hit else None
 
 
 def text(gbps: float | None, peak_gbps: float | None) -> str:
