@@ -121,13 +121,15 @@ def _plan(args) -> int:
     if args.write_sbatch and Path(args.write_sbatch[1]).suffix == ".toml":
         raise ConfigError(f"--write-sbatch {args.write_sbatch[1]}: that is the preset's name "
                           f"beside the script; name the script itself (e.g. job.sh)")
-    _line(f"planning {Path(args.preset).stem} ({model.params() / 1e6:,.0f}M parameters) on "
+    _line(f"planning {Path(args.preset).stem} ({millions(model.params())} parameters) on "
           f"{cluster.describe()}")
     from gputui.runs.forecast.cells import row_line
     from gputui.runs.forecast.links import will_measure
 
     plan = make_plan(model, cluster, _line, args.all_meshes,
                      on_row=lambda row: _line(row_line(row, will_measure(row, cluster))))
+    if not any(r.peak for r in plan.rows):
+        return _nothing_planned(plan)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -143,6 +145,30 @@ def _plan(args) -> int:
     if args.write_sbatch and code == EXIT_OK:
         code = _write_sbatch(args, cfg, plan)
     return code
+
+
+def millions(n: int) -> str:
+    """'124M', '0.83M': whole millions from 10M, two decimals below (no '1M' for 0.83M)."""
+    return f"{n / 1e6:,.0f}M" if n >= 1e7 else f"{n / 1e6:.2f}M"
+
+
+def _nothing_planned(plan) -> int:
+    """No mesh has figures: the model and batch make none of the devices' count (bad input,
+    exit 2: what would make one), or every trace failed (exit 1, the first one's error)."""
+    from gputui.runs.forecast.estimate import label_of
+
+    where = plan.cluster.describe()
+    for r in plan.rows:
+        _line(f"  not planned: {label_of(r.shape)}: {r.reason}")
+    reasons = [r.reason for r in plan.rows if r.reason]
+    first = reasons[0] if reasons else "no mesh of that many devices"
+    more = f" (and {len(reasons) - 1} more meshes, each said above)" if len(reasons) > 1 else ""
+    if all(r.skipped for r in plan.rows):
+        return fail(f"no mesh of {where} can train this: {first}{more}; change the device "
+                    f"count, --batch or --local-batch")
+    print(f"gputui: plan failed: no mesh of {where} was traced: {first}{more}",
+          file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _row(flag: str, chosen: list[str], plan):
@@ -219,13 +245,13 @@ def print_plan(plan) -> None:
     from rich.table import Table
 
     from gputui.runs.forecast.cells import origin
-    from gputui.runs.forecast.estimate import pareto
+    from gputui.runs.forecast.estimate import label_of, pareto
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     m = plan.model
     moe = (f", {m.active_params() / 1e6:,.1f}M active: {m.moe_experts} experts top-"
            f"{m.moe_top_k}" if m.moe_experts else "")
-    table = Table(title=f"plan: {m.params() / 1e6:,.0f}M-parameter GPT{moe} (n_layer {m.n_layer}, "
+    table = Table(title=f"plan: {millions(m.params())}-parameter GPT{moe} (n_layer {m.n_layer}, "
                         f"n_embd {m.n_embd}, context {m.context}, vocab {m.vocab}, "
                         f"{m.precision}, batch {m.batch}{' per dp rank' if m.local_batch else ''}"
                         f") on {plan.cluster.describe()}; memory in GiB per rank")
@@ -263,9 +289,9 @@ def print_plan(plan) -> None:
             console.print(f"  {f}", soft_wrap=True)
     skipped = [r for r in plan.rows if not r.peak]
     for r in skipped:
-        _line(f"  not planned: {r.shape.describe()} (zero {r.shape.zero}): {r.reason}")
+        _line(f"  not planned: {label_of(r.shape)}: {r.reason}")
     best = next((r for r in plan.rows if r.fits and r.step_s), None)
-    if best is not None:
+    if best is not None and best.comm:
         console.print(f"collectives of row 1 ({best.shape.describe()}), per step and rank:")
         for c in best.comm:
             mark = origin(c)

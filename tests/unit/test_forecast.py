@@ -71,7 +71,8 @@ def test_every_listed_device_has_its_figures_and_a_source():
 
 @pytest.mark.parametrize("text,nodes,expected", [
     ("8xH100", 1, ("H100", 8, 1)), ("H200", 1, ("H200", 1, 1)),
-    ("2x8xH100", 1, ("H100", 8, 2)), ("8xA100-80GB", 4, ("A100-80GB", 8, 4)),
+    ("2x8xH100", 1, ("H100", 8, 2)), ("2x8xH100", 2, ("H100", 8, 2)),
+    ("8xA100-80GB", 4, ("A100-80GB", 8, 4)),
     ("cpu*4", 1, ("cpu", 4, 1)), ("cpu", 1, ("cpu", 1, 1))])
 def test_gpus_are_read(text, nodes, expected):
     assert profiles.parse_gpus(text, nodes, profiles.load_profiles()) == expected
@@ -106,6 +107,11 @@ def test_a_gpu_without_a_profile_is_one_line_naming_the_fix(label):
 def test_bad_gpus_say_what_and_how(text, words):
     with pytest.raises(ConfigError, match=words):
         profiles.parse_gpus(text, 1, profiles.load_profiles())
+
+
+def test_nodes_named_twice_with_two_counts_are_refused():
+    with pytest.raises(ConfigError, match="names 2 node.*--nodes 3.*give the nodes once"):
+        profiles.parse_gpus("2x8xH100", 3, profiles.load_profiles())
 
 
 def test_a_user_profile_adds_a_device_and_a_broken_one_is_one_line(tmp_path):
@@ -1088,6 +1094,7 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
     plan = json.loads(done.stdout)
     row = plan["rows"][0]
     assert plan["world"] == 1 and row["fits"] and row["step_s"] > 0
+    assert row["zero"] is None  # a stage of sharded data parallelism: none without dp_shard
     assert row["mem"]["params"] == pytest.approx(TINY.params() * 4, rel=0.01)
     assert any("assumption" in a for a in plan["assumptions"])
     cfg = load_preset(out)
@@ -1106,6 +1113,21 @@ def test_plan_answers_from_kept_traces_and_writes_the_chosen_row(traced, tmp_pat
         bad = _gputui(str(preset), "--gpus", "H100", *args, cache=folder)
         assert bad.returncode == 2 and words in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
+
+
+def test_a_device_count_no_mesh_of_the_model_fits_is_one_line_and_exit_2(tmp_path, capsys):
+    """gpt-tiny (4 heads, 4 blocks, batch 32) on 3 GPUs: no mesh (no data-parallel split of
+    the batch, tp or pp cut): each mesh's reason, then one line saying what to change; no
+    empty table and no exit 0."""
+    from gputui import cli
+
+    assert cli.main(["plan", "gpt-tiny", "--gpus", "3xH100"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no table
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("gputui: error: no mesh of 3xH100-SXM can train this: ")
+    assert lines[-1].endswith("change the device count, --batch or --local-batch")
+    assert any("not planned: tp 3: n_head 4 does not split over tp 3" in ln for ln in lines)
 
 
 @pytest.fixture(scope="module")

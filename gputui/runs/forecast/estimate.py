@@ -294,6 +294,7 @@ class Row:
     flops: int = 0
     comm: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    skipped: bool = False  # not a mesh of this model and batch (reason says why): not traced
     formula: list[str] = field(default_factory=list)
     per_block_act: int = 0
     batch: int = 0
@@ -304,7 +305,10 @@ class Row:
         return {"mesh": s.describe(), "strategy": self.strategy,
                 "degrees": {"pp": s.pp, "dp_replicate": s.dp_replicate,
                             "dp_shard": s.dp_shard, "tp": s.tp, "cp": s.cp, "ep": s.ep},
-                "zero": s.zero, "ac": s.ac, "mem": self.mem, "peak": self.peak,
+                # ZeRO is a stage of sharded data parallelism: none without dp_shard (the
+                # table's "-")
+                "zero": s.zero if s.dp_shard > 1 else None, "ac": s.ac, "mem": self.mem,
+                "peak": self.peak,
                 "fits": self.fits, "step_s": self.step_s, "compute_s": self.compute_s,
                 "host_s": self.host_s,
                 "comm_exposed_s": self.comm_exposed_s, "tokens_per_s": self.tokens_per_s,
@@ -321,6 +325,7 @@ def make_row(c: Candidate, got: dict[str, Any] | None, model: ModelSize,
     row = Row(shape, strategy_name(shape))
     if c.spec is None or got is None or "error" in (got or {}):
         row.reason = c.skip or (got or {}).get("error", "not traced")
+        row.skipped = c.spec is None
         return row
     p = cluster.profile
     row.batch = model.global_batch(shape.dp)

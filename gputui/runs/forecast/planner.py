@@ -65,8 +65,7 @@ class Plan:
                           "moe_experts": self.model.moe_experts,
                           "precision": self.model.precision},
                 "rows": [r.to_dict() for r in self.rows],
-                "pareto": [r.shape.describe() + f" zero {r.shape.zero} ac {r.shape.ac}"
-                           for r in estimate.pareto(self.rows)],
+                "pareto": [estimate.label_of(r.shape) for r in estimate.pareto(self.rows)],
                 "assumptions": self.assumptions}
 
 
@@ -385,7 +384,7 @@ def plot_pareto(plan: Plan, path: str | Path) -> Path:
     ax.plot([r.peak / GIB for r in front], [r.tokens_per_s for r in front], "-o",
             color="tab:red", label="Pareto front")
     for r in front:
-        ax.annotate(f"{r.shape.describe()}\nzero {r.shape.zero}, ac {r.shape.ac}",
+        ax.annotate(estimate.label_of(r.shape).replace(" zero", "\nzero", 1),
                     (r.peak / GIB, r.tokens_per_s or 0), fontsize=7,
                     textcoords="offset points", xytext=(4, 4))
     ax.axvline(plan.cluster.profile.usable() / GIB, color="grey", linestyle="--",

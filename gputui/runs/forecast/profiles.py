@@ -181,6 +181,10 @@ def parse_gpus(text: str, nodes: int, profiles: dict[str, Profile]) -> tuple[str
     a, b, name = m.groups()
     if a and b:
         n_nodes, per = int(a), int(b)
+        if nodes > 1 and nodes != n_nodes:  # (1 is --nodes' default: said either way)
+            raise ConfigError(f"--gpus {text} names {n_nodes} node(s) and --nodes {nodes} "
+                              f"another count: give the nodes once (2x8xH100, or 8xH100 "
+                              f"--nodes 2)")
     else:
         n_nodes, per = max(1, nodes), int(a or 1)
     if per < 1 or n_nodes < 1 or per * n_nodes > 65536:
