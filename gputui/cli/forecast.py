@@ -29,10 +29,11 @@ def register(sub) -> None:
                                    "device profiles (docs/planning.md).")
     p.add_argument("preset", nargs="?", help="a preset file or name (its [model], data.context, "
                                              "run.precision, optim.batch_size)")
-    p.add_argument("--gpus", default="8xH100",
+    p.add_argument("--gpus",
                    help="devices: 8xH100, 2x8xH100 (nodes x per node), H200, cpu*4 (this "
                         "machine's CPU, measured); known: A100-40GB, A100-80GB, H100-SXM, "
-                        "H100-PCIe, H200, L4, L40S, RTX4090, MI300X")
+                        "H100-PCIe, H200, L4, L40S, RTX4090, MI300X (default: 8xH100; "
+                        "--check: the run's own)")
     p.add_argument("--nodes", type=int, default=1, help="machines of --gpus each")
     p.add_argument("--profile", help="a TOML file of device profiles (devices.toml's layout)")
     p.add_argument("--set", dest="sets", action="append", default=[],
@@ -98,6 +99,7 @@ def _plan(args) -> int:
 
     if args.nodes < 1:
         raise ConfigError("--nodes must be 1 or more")
+    _writable(args)
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ConfigError(f"--efficiency {args.efficiency}: give a share between 0 and 1")
     for flag, value in (("--vocab", args.vocab), ("--batch", args.batch),
@@ -108,7 +110,8 @@ def _plan(args) -> int:
     cfg = load_base(path, set_overrides(args.sets, None))
     model = model_of(cfg, args.vocab, args.batch, args.local_batch)
     eff = (args.efficiency, "given with --efficiency") if args.efficiency else None
-    cluster = cluster_of(args.gpus, args.nodes, args.profile, _line, eff,
+    gpus = DEFAULT_GPUS if args.gpus is None else args.gpus
+    cluster = cluster_of(gpus, args.nodes, args.profile, _line, eff,
                          KeptRuns(model, args.runs_dir, cfg.run.compile))
     for flag, chosen in (("--write-preset", args.write_preset),
                          ("--write-sbatch", args.write_sbatch)):
@@ -145,6 +148,28 @@ def _plan(args) -> int:
     if args.write_sbatch and code == EXIT_OK:
         code = _write_sbatch(args, cfg, plan)
     return code
+
+
+DEFAULT_GPUS = "8xH100"
+
+
+def _writable(args) -> None:
+    """The files the plan is asked to write, checked before it traces: a folder that does
+    not exist, or one this user cannot write in, is one line now, not after a minute's plan
+    (ConfigError)."""
+    import os
+
+    for flag, path in (("--png", args.png),
+                       ("--write-preset", (args.write_preset or [None, None])[1]),
+                       ("--write-sbatch", (args.write_sbatch or [None, None])[1])):
+        if not path:
+            continue
+        folder = Path(path).expanduser().absolute().parent
+        if not folder.is_dir():
+            raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it "
+                              f"or name a file in an existing one")
+        if not os.access(folder, os.W_OK):
+            raise ConfigError(f"{flag} {path}: this user cannot write in {folder}")
 
 
 def millions(n: int) -> str:
@@ -307,6 +332,9 @@ def _check(args) -> int:
     from gputui.runs.forecast.planner import check_run
     from gputui.runs.history import find_run
 
+    if args.gpus is not None or args.nodes != 1:
+        raise ConfigError("--check plans the run's own devices, as its record has them: leave "
+                          "out --gpus and --nodes")
     run_dir = find_run(args.check, args.runs_dir)
     got = check_run(run_dir, _line, args.profile)
     if args.json:
