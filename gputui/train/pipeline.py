@@ -169,7 +169,7 @@ class Pipeline:
     def describe(self, label: str) -> list[str]:
         """The run's notes: the cut, the schedule, the bubble the theory expects."""
         counts = self.cut.counts
-        sizes = ", ".join(f"stage {i} blocks {lo}-{hi - 1} ({sum(counts[lo:hi]):,} params)"
+        sizes = ", ".join(f"stage {i} {self.cut.units(lo, hi)}: {sum(counts[lo:hi]):,} params"
                           for i, (lo, hi) in enumerate(itertools.pairwise(self.bounds)))
         t = self.pipe.theory
         bubble = (f"theoretical bubble (p-1)/(v m+p-1) = {t:.0%}" if t is not None else

@@ -179,3 +179,18 @@ def test_dp_on_cpu_says_plainly_it_ran_without_replication(tmp_path):
     assert ("DataParallel has no CPU mode: it ran without replication, the whole batch on one "
             "CPU device (cpu:0); cpu:1 stayed idle") in " ".join(proc.stdout.split())
     assert "status finished" in proc.stdout
+
+
+def test_a_cuts_stages_name_the_kinds_of_blocks_they_hold():
+    """A GPT's blocks are its embedding, its transformer blocks and its head: a stage's note
+    says which (gpt-tiny on 2 stages: 'blocks 0-2' alone read as three of its four
+    transformer blocks)."""
+    from gputui.train.gpt import GPTShape, gpt
+    from gputui.train.strategies.model_parallel import cut_blocks
+
+    model = gpt(GPTShape(vocab_size=256, context=16, n_layer=4, n_head=2, n_embd=16))
+    cut = cut_blocks(list(model.children()), 2, [3], "gpt", "pp", "stages")
+    assert cut.bounds == [0, 3, 6]
+    assert cut.units(0, 3) == "blocks 0-2 (Embed, Block x2)"
+    assert cut.units(3, 6) == f"blocks 3-5 (Block x2, {type(model[5]).__name__})"
+    assert cut.units(0, 1) == "block 0 (Embed)"

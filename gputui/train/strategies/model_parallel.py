@@ -61,7 +61,7 @@ class ModelParallel(Strategy):
         self.make_scaler(self.torch_devices[-1])
         self.meter = Meter(self.torch_devices)  # one lane per stage's device
         self.chunks = self.cfg.strategy.pipeline_chunks
-        sizes = ", ".join(f"{d.name} layers {a}-{b - 1} ({sum(counts[a:b]):,} params)"
+        sizes = ", ".join(f"{d.name} {cut.units(a, b)}: {sum(counts[a:b]):,} params"
                           for a, b, d in zip(bounds[:-1], bounds[1:], self.devices, strict=True))
         self.notes.append(f"model_parallel: {label} cut into {n} stages {cut.how}, "
                           f"split points {cut.points}: {sizes}")
@@ -226,6 +226,23 @@ class Cut(NamedTuple):
     bounds: list[int]  # the block index where each stage starts, then len(blocks)
     counts: list[int]  # parameters per block
     given: bool  # the user's strategy.split_points, not balanced by parameter count
+    kinds: tuple[str, ...] = ()  # each block's class name, in order
+
+    def units(self, lo: int, hi: int) -> str:
+        """Blocks ``lo`` to ``hi - 1`` in words, by kind: 'blocks 0-2 (Embed, Block x2)' (a
+        GPT's blocks are its embedding, its transformer blocks and its head: 'blocks 0-2'
+        alone read as three transformer blocks)."""
+        where = f"blocks {lo}-{hi - 1}" if hi - lo > 1 else f"block {lo}"
+        kinds = self.kinds[lo:hi]
+        if not kinds:
+            return where
+        runs: list[list] = []
+        for k in kinds:
+            if runs and runs[-1][0] == k:
+                runs[-1][1] += 1
+            else:
+                runs.append([k, 1])
+        return where + " (" + ", ".join(k if n == 1 else f"{k} x{n}" for k, n in runs) + ")"
 
     @property
     def points(self) -> list[int]:
@@ -249,7 +266,8 @@ def cut_blocks(blocks: list[nn.Module], n: int, given: list, label: str, strateg
     reason = check_split_points(points, len(blocks), n, label)
     if reason:
         raise ConfigError(reason)
-    return Cut([0, *points, len(blocks)], counts, bool(given))
+    return Cut([0, *points, len(blocks)], counts, bool(given),
+               tuple(type(b).__name__ for b in blocks))
 
 
 STRATEGY = ModelParallel
