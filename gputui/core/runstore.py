@@ -411,10 +411,16 @@ def summarize(events: Iterable[Event]) -> RunSummary:
                 f["reason"] = ev.reason
     lm = f.get("task") == "lm"
     if per_epoch:
-        n = len(per_epoch)
+        # the epochs this run trained whole: a run resumed mid-epoch ends its first epoch
+        # after a few steps (2 of 32: 0.26 s, where the next took 3.91), which the average
+        # time an epoch would count as one (unless no epoch was whole)
+        train = int(f.get("train_samples") or 0)
+        whole = [e for e in per_epoch if not train or e.samples_per_s * e.seconds >= 0.9 * train]
+        timed = whole or per_epoch
+        n = len(timed)
         last = per_epoch[-1]
-        f.update(time_per_epoch_s=sum(e.seconds for e in per_epoch) / n,
-                 samples_per_s=sum(e.samples_per_s for e in per_epoch) / n,
+        f.update(time_per_epoch_s=sum(e.seconds for e in timed) / n,
+                 samples_per_s=sum(e.samples_per_s for e in timed) / n,
                  train_loss=last.train_loss)
         if lm:
             val = [e.val_loss for e in per_epoch]

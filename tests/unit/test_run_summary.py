@@ -193,3 +193,22 @@ def test_an_old_or_damaged_record_reads_with_defaults_and_ignores_unknown_keys()
     assert gone.unreadable and gone.status_text == "unreadable"
     assert gone.to_dict() == {"status": "unreadable", "reason": "events.jsonl: gone",
                               "epochs_done": 0, "epochs": None, "per_epoch": []}
+
+
+def test_a_resumed_runs_part_epoch_is_not_an_epochs_time():
+    """A run resumed at step 30 of 32 ends its first epoch 2 steps later (0.26 s); the time an
+    epoch takes is the whole ones' (3.91 s), not their mean with it (2.09 s, as a resumed
+    record said). Without a whole epoch, the part ones are what there is."""
+    started = RunStarted(run_id="r", config=RunConfig(), devices=(), strategy="single")
+    init = InitDone(seconds=1.0, train_samples=1024, steps_per_epoch=32)
+
+    def epoch(n: int, seconds: float, samples: int) -> EpochEnd:
+        return EpochEnd(epoch=n, epochs=2, seconds=seconds, train_loss=1.0,
+                        test_acc=0.5, samples_per_s=samples / seconds)
+
+    got = summarize([started, init, epoch(1, 0.26, 64), epoch(2, 3.91, 1024)])
+    assert got.time_per_epoch_s == pytest.approx(3.91)
+    assert got.samples_per_s == pytest.approx(1024 / 3.91)
+    assert len(got.per_epoch) == 2  # each epoch is still listed as it ran
+    part = summarize([started, init, epoch(1, 0.26, 64)])
+    assert part.time_per_epoch_s == pytest.approx(0.26)
