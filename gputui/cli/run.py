@@ -158,7 +158,8 @@ def cmd_run(args) -> int:
     # a SLURM job's other nodes print only their summary: the first node shows the progress
     printer = Printer(stream=sys.stderr if args.json else sys.stdout,
                       quiet=args.quiet or bool(step and step.node_rank > 0))
-    for warning in ([device_note] if device_note else []) + busy_warnings(devices, gpus):
+    # (the devices' fallback note is the run's own: printed with its notes as it starts)
+    for warning in busy_warnings(devices, gpus):
         printer.line(f"warning: {warning}")
     if code:
         printer.line(code)
