@@ -76,8 +76,16 @@ def cmd_runs(args) -> int:
         return fail(problem)
     rows = history.filter_rows(every, args.strategy, args.status, args.name, args.last)
     if form == "table" and not rows:
-        print("no runs recorded yet (try: gputui run quickstart)" if not args.strategy and not
-              args.status and not args.name else "no run matches the filters")
+        if args.strategy or args.status or args.name:
+            print("no run matches the filters")
+            return EXIT_OK
+        from gputui.cli.printer import shown_path
+        from gputui.core.runstore import default_runs_dir
+
+        folder = Path(args.runs_dir) if args.runs_dir else default_runs_dir()
+        missing = "" if folder.is_dir() else ": the folder does not exist"
+        print(f"no runs recorded yet in {shown_path(folder)}{missing} (try: gputui run "
+              f"quickstart)")
         return EXIT_OK
     plain = [r.to_dict() for r in rows]
     try:

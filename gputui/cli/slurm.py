@@ -25,8 +25,10 @@ def register(sub) -> None:
     p.add_argument("--nodes", type=int, required=True, help="nodes of the run (dist.nnodes)")
     p.add_argument("--gpus-per-node", type=int, required=True,
                    help="GPUs of each node (0: CPU ranks, the preset's devices.spec)")
-    p.add_argument("--time", default="", help="time limit, e.g. 90 (minutes) or 1-00:00:00")
-    p.add_argument("--partition", default="", help="the partition (queue) to submit to")
+    p.add_argument("--time", help="time limit, e.g. 90 (minutes) or 1-00:00:00 (default: "
+                                  "the partition's)")
+    p.add_argument("--partition", help="the partition (queue) to submit to (default: the "
+                                       "cluster's)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="TABLE.KEY=VALUE",
                    help="override a preset key in the script's run (repeatable)")
     p.add_argument("--runs-dir", help="the runs folder, shared by every node (default ./runs "
@@ -78,7 +80,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     text = slurm.sbatch_script(
         str(path.resolve()) if path.exists() else args.preset, cfg.run.name, args.nodes,
         args.gpus_per_node, f"{sys.executable} -m gputui", str(runs_dir), args.sets,
-        args.time, args.partition, args.job_output, args.signal_before)
+        args.time or "", args.partition or "", args.job_output, args.signal_before)
     if not args.output:
         print(text, end="")
         return EXIT_OK

@@ -159,10 +159,12 @@ def _example(f: dataclasses.Field) -> str:
     return tomli_w.dumps({"x": default}).strip()[4:]
 
 
-def _suggest(word: str, known: list[str]) -> str:
+def _suggest(word: str, known: list[str], table: str = "") -> str:
+    """The close match (a key named with its table: 'data.train_size', as --set takes it),
+    else every known one."""
     close = difflib.get_close_matches(word, known, n=1)
     if close:
-        return f"did you mean '{close[0]}'?"
+        return f"did you mean '{table + '.' if table else ''}{close[0]}'?"
     return f"known keys: {', '.join(known)}"
 
 
@@ -179,7 +181,7 @@ def _checked(source: str, table: str, values: Any) -> dict[str, Any]:
     for key, value in values.items():
         if key not in fields:
             raise ConfigError(f"{source}: unknown key '{table}.{key}'; "
-                              f"{_suggest(key, list(fields))}")
+                              f"{_suggest(key, list(fields), table)}")
         out[key] = _coerce(source, f"{table}.{key}", value, fields[key])
     return out
 

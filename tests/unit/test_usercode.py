@@ -95,7 +95,7 @@ def test_names_bound_in_blocks_and_star_imports_are_not_refused(project):
 
 
 def test_bad_keys_and_values_are_refused_with_the_fix():
-    with pytest.raises(ConfigError, match="unknown key 'model.factroy'; did you mean 'factory'"):
+    with pytest.raises(ConfigError, match="unknown key 'model.factroy'; did you mean 'model.factory'"):
         apply_overrides(RunConfig(), [("--set", "model.factroy", "x:y")])
     with pytest.raises(ConfigError, match=r"model.kwargs must be a table"):
         apply_overrides(RunConfig(), [("--set", "model.kwargs", "8")])
