@@ -241,8 +241,8 @@ def _write_sbatch(args, cfg, plan) -> int:
                                str(Path(args.runs_dir or default_runs_dir()).absolute()), [])
     try:
         write_atomic(preset, preset_text(Path(args.preset).stem, cfg, row, cluster))
-    except WriteFailed as exc:
-        return fail(f"cannot write {preset} ({exc})")
+    except WriteFailed as exc:  # its text names the path: "cannot write PATH: why"
+        return fail(str(exc))
     problem = write_script(script, text)
     if problem:
         return fail(problem)

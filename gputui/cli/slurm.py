@@ -99,6 +99,8 @@ def write_script(path: Path, text: str) -> str:
     try:
         write_atomic(path, text)
         os.chmod(path, 0o755)
-    except (WriteFailed, OSError) as exc:
-        return f"cannot write {path} ({exc})"
+    except WriteFailed as exc:  # its text names the path: "cannot write PATH: why"
+        return str(exc)
+    except OSError as exc:
+        return f"cannot make {path} executable ({exc.strerror or exc})"
     return ""
