@@ -86,7 +86,7 @@ def cmd_bench_comm(args) -> int:
     if nccl and "torch" in impls:
         return fail(nccl)
     print(f"bench-comm: timing allreduce ({', '.join(impls)}) over "
-          f"{', '.join(d.name for d in devices)} at {len(sizes)} sizes ...", file=sys.stderr,
+          f"{', '.join(d.name for d in devices)} at {len(sizes)} size(s) ...", file=sys.stderr,
           flush=True)
     try:
         result = run_bench(devices, sizes, args.iters, args.warmup, impls, args.backend,

@@ -101,7 +101,7 @@ def measure_compute(cfg: RunConfig, batch: int, threads: int, copies: int, spec:
     summary = runstore.read_summary(handles[0].run_dir)
     own = f", {comm * 1000:.2f} ms of it its own comm" if comm else ""
     mb = f" in {m.optim.micro_batches} micro-batches" if m.optim.micro_batches > 1 else ""
-    line(f"  measured {copies} x {strategy}({batch} per step{mb}, {threads or 'auto'} threads) "
+    line(f"  measured {copies} x {strategy}({batch} per step{mb}, {threads or 'auto'} thread(s)) "
          f"on {spec}: {step * 1000:.2f} ms per step{own}")
     return {"step_time_s": step, "noise": steady[slowest].noise, "comm_s": comm,
             "params": summary.params, "peak_mem": peak,
