@@ -72,13 +72,21 @@ def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_
     from gputui.runs.predict.scaling import impossible, predict
     from gputui.runs.predict.measure import Measurer
 
+    from gputui.runs.predict.scaling import Prediction
+
     m = Measurer(cfg, kind, runs_dir, line=line, measure=measure, again=again)
     rows = []
     for n in sorted(set(counts) | {1}):
-        inp = m.inputs(n, strategies)
+        # what `gputui run` would refuse on n devices is no prediction, and not measured
+        refused = {} if n == 1 else refusals(cfg, strategies, kind, n)
+        inp = m.inputs(n, [s for s in strategies if s not in refused])
         one = m.baseline or {}
         for s in (["single"] if n == 1 else strategies):
-            p = predict(s, inp)
+            if s in refused:
+                p = Prediction(strategy=s, n=n, batch=inp.batch,
+                               reason=f"cannot run: {refused[s]}")
+            else:
+                p = predict(s, inp)
             if n == 1 and not inp.t_1:
                 p.reason = "not measured: t_1"
             rows.append(dict(p.to_dict(), devices=n, step_ms=(p.step_time_s or 0) * 1000
@@ -92,6 +100,22 @@ def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_
         warnings.append(f"t_1, the one-device step every speedup divides by: "
                         f"{why.replace('rerun it', 'measure it again (--measure-again)')}")
     return rows
+
+
+def refusals(cfg, strategies: list[str], kind: str, n: int) -> dict[str, str]:
+    """The strategies ``gputui run`` would refuse with ``cfg`` on ``n`` devices of ``kind``,
+    each with its reason (the check `gputui strategies` shows: pp on 1f1b with one
+    micro-batch, say)."""
+    from gputui.core.devices import Device, cpu_devices
+    from gputui.plan import why_not
+
+    devices = cpu_devices(n) if kind == "cpu" else [Device("cuda", i) for i in range(n)]
+    out = {}
+    for s in strategies:
+        reason = why_not(cfg.replace(strategy={"name": s}), devices)
+        if reason:
+            out[s] = reason
+    return out
 
 
 def age_text(seconds: float | None) -> str:

@@ -330,3 +330,18 @@ def test_fsdps_timed_collectives_are_the_ones_this_torch_has(monkeypatch):
     monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
     assert _single("all_gather", "all_gather_into_tensor") is dist.all_gather_into_tensor
     assert _single("reduce_scatter", "reduce_scatter_tensor") is dist.reduce_scatter_tensor
+
+
+def test_a_strategy_the_run_would_refuse_is_no_prediction_and_not_measured(tmp_path):
+    """quickstart's pp on 2 devices (1f1b with one micro-batch): `gputui run` refuses it, so
+    predict says why instead of a speedup (it had said 0.59x), and measures nothing for it."""
+    from gputui.cli.predict import predict_grid
+    from gputui.core.config import load_preset
+    from gputui.core.presets import resolve_preset
+
+    cfg = load_preset(resolve_preset("quickstart"))
+    said: list[str] = []
+    rows = predict_grid(cfg, [2], ["pp"], "cpu", tmp_path, said.append, measure=False)
+    pp = next(r for r in rows if r["strategy"] == "pp")
+    assert pp["step_time_s"] is None and pp["speedup"] is None
+    assert pp["reason"].startswith("cannot run: strategy.schedule = '1f1b' needs "), pp
