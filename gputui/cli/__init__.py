@@ -263,8 +263,18 @@ def _main(argv: list[str] | None, sup) -> int:
         return interrupted(sup.first, "before anything started: nothing recorded")
     if sup is not None and args.command not in TRAINING:
         sup.uninstall()  # the app takes the signals itself; a listing ends at once
+        came = list(sup.received)
         sup = None
-        _unnoted()
+        if args.command is None:  # the app: noted until its own handlers take over and act
+            signals.hand_to_app(came + [s for s in _NOTED if s not in came])
+            _NOTED.clear()
+        else:
+            _unnoted()
+            # one that came as the handlers changed hands: nothing has started yet
+            came += [s for s in _NOTED if s not in came]
+            _NOTED.clear()
+            if came:
+                return interrupted(came[0], "before anything started: nothing recorded")
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
     if getattr(args, "runs_dir", None) is None:
         args.runs_dir = args.global_runs_dir

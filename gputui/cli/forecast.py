@@ -99,6 +99,17 @@ def _plan(args) -> int:
 
     if args.nodes < 1:
         raise ConfigError("--nodes must be 1 or more")
+    for flag, chosen in (("--write-preset", args.write_preset),
+                         ("--write-sbatch", args.write_sbatch)):
+        if chosen:
+            try:
+                int(chosen[0])
+            except ValueError:
+                raise ConfigError(f"{flag} {chosen[0]}: ROW is a row number of the table "
+                                  f"(1 = the first)") from None
+    if args.write_sbatch and Path(args.write_sbatch[1]).suffix == ".toml":
+        raise ConfigError(f"--write-sbatch {args.write_sbatch[1]}: that is the preset's name "
+                          f"beside the script; name the script itself (e.g. job.sh)")
     _writable(args)
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ConfigError(f"--efficiency {args.efficiency}: give a share between 0 and 1")
@@ -113,17 +124,6 @@ def _plan(args) -> int:
     gpus = DEFAULT_GPUS if args.gpus is None else args.gpus
     cluster = cluster_of(gpus, args.nodes, args.profile, _line, eff,
                          KeptRuns(model, args.runs_dir, cfg.run.compile))
-    for flag, chosen in (("--write-preset", args.write_preset),
-                         ("--write-sbatch", args.write_sbatch)):
-        if chosen:
-            try:
-                int(chosen[0])
-            except ValueError:
-                raise ConfigError(f"{flag} {chosen[0]}: ROW is a row number of the table "
-                                  f"(1 = the first)") from None
-    if args.write_sbatch and Path(args.write_sbatch[1]).suffix == ".toml":
-        raise ConfigError(f"--write-sbatch {args.write_sbatch[1]}: that is the preset's name "
-                          f"beside the script; name the script itself (e.g. job.sh)")
     _line(f"planning {Path(args.preset).stem} ({millions(model.params())} parameters) on "
           f"{cluster.describe()}")
     from gputui.runs.forecast.cells import row_line
@@ -185,10 +185,12 @@ def _nothing_planned(plan) -> int:
     where = plan.cluster.describe()
     for r in plan.rows:
         _line(f"  not planned: {label_of(r.shape)}: {r.reason}")
-    reasons = [r.reason for r in plan.rows if r.reason]
+    skipped = all(r.skipped for r in plan.rows)
+    # the reasons of that kind: every mesh's where none is one; else the traces' errors
+    reasons = [r.reason for r in plan.rows if r.reason and (skipped or not r.skipped)]
     first = reasons[0] if reasons else "no mesh of that many devices"
     more = f" (and {len(reasons) - 1} more meshes, each said above)" if len(reasons) > 1 else ""
-    if all(r.skipped for r in plan.rows):
+    if skipped:
         return fail(f"no mesh of {where} can train this: {first}{more}; change the device "
                     f"count, --batch or --local-batch")
     print(f"gputui: plan failed: no mesh of {where} was traced: {first}{more}",
@@ -335,6 +337,15 @@ def _check(args) -> int:
     if args.gpus is not None or args.nodes != 1:
         raise ConfigError("--check plans the run's own devices, as its record has them: leave "
                           "out --gpus and --nodes")
+    given = [flag for flag, value in (
+        ("a PRESET", args.preset), ("--set", args.sets), ("--vocab", args.vocab),
+        ("--batch", args.batch), ("--local-batch", args.local_batch),
+        ("--efficiency", args.efficiency), ("--all-meshes", args.all_meshes),
+        ("--png", args.png), ("--write-preset", args.write_preset),
+        ("--write-sbatch", args.write_sbatch)) if value]
+    if given:
+        raise ConfigError(f"--check plans the run as its record has it: leave out "
+                          f"{', '.join(given)} (or plan the preset without --check)")
     run_dir = find_run(args.check, args.runs_dir)
     got = check_run(run_dir, _line, args.profile)
     if args.json:

@@ -42,6 +42,10 @@ def _stop_signals_end_the_watch() -> Iterator[None]:
     signal), not the process mid-line; the handlers before it are back after it (main thread
     only: elsewhere the signals are not the watch's)."""
     def end(signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:  # the terminal is gone: the last line has nowhere to go
+            from gputui.core.signals import detach_output
+
+            detach_output()
         raise Interrupted(signum)
 
     before = {}
@@ -69,9 +73,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     folder = run_folder(args.run, args.runs_dir)  # ConfigError: main's one line, exit 2
     if not (is_run_folder(folder) or (folder / LOCK_NAME).exists()):
-        raise ConfigError(f"{shown_path(folder)} is not a run's record (none of its files: "
-                          f"events.jsonl, config.toml, summary.json); give a run id from "
-                          f"`gputui runs` or a run's folder")
+        raise ConfigError(f"{shown_path(folder)} is not a run's record (none of its files, "
+                          f"events.jsonl, config.toml, summary.json, ..., nor its lock); give "
+                          f"a run id from `gputui runs` or a run's folder")
     follower = RecordFollower(folder)
     printer = Printer(stream=sys.stdout, quiet=args.quiet)
     try:

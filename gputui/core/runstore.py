@@ -413,10 +413,12 @@ def summarize(events: Iterable[Event]) -> RunSummary:
     if per_epoch:
         # the epochs this run trained whole: a run resumed mid-epoch ends its first epoch
         # after a few steps (2 of 32: 0.26 s, where the next took 3.91), which the average
-        # time an epoch would count as one (unless no epoch was whole)
-        train = int(f.get("train_samples") or 0)
-        whole = [e for e in per_epoch if not train or e.samples_per_s * e.seconds >= 0.9 * train]
-        timed = whole or per_epoch
+        # time an epoch would count as one. An epoch's samples are its steps times the
+        # batch, so a whole one trained the most (whatever the last batch dropped); one of
+        # nine tenths of that or more counts as whole
+        trained = [e.samples_per_s * e.seconds for e in per_epoch]
+        most = max(trained)
+        timed = [e for e, n in zip(per_epoch, trained, strict=True) if n >= 0.9 * most]
         n = len(timed)
         last = per_epoch[-1]
         f.update(time_per_epoch_s=sum(e.seconds for e in timed) / n,

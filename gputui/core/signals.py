@@ -212,6 +212,28 @@ class Interrupted(Exception):
 
 _ACTIVE: Supervisor | None = None
 
+# the stop signals noted for the app between the command line's handlers and its own (the
+# terminal is in the app's mode by then: a signal's default action would leave it broken)
+NOTED_FOR_APP: list[int] = []
+
+
+def note_for_app(signum: int, frame: object = None) -> None:
+    """A handler: the signal noted for the app, which acts on it once it takes the signals."""
+    if signum not in NOTED_FOR_APP:
+        NOTED_FOR_APP.append(signum)
+
+
+def hand_to_app(came: list[int]) -> None:
+    """The stop signals noted (``came``: those that came already) until the app's own
+    handlers take them (main thread only; elsewhere they stay as they are)."""
+    for signum in came:
+        note_for_app(signum)
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, note_for_app)
+    except ValueError:
+        pass
+
 
 def _say(text: str) -> None:
     import sys

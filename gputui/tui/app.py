@@ -471,6 +471,14 @@ class GpuTuiApp(App[int]):
                 loop.add_signal_handler(sig, self.on_stop_signal, sig)
             except (ValueError, RuntimeError, NotImplementedError):
                 return  # not the main thread (a test's app): the signals stay as they were
+        # one that came between the command line's handlers and these (the command line
+        # notes them for the app): acted on once the first screen is up
+        from gputui.core.signals import NOTED_FOR_APP
+
+        if NOTED_FOR_APP:
+            first = NOTED_FOR_APP[0]
+            NOTED_FOR_APP.clear()
+            self.call_after_refresh(self.on_stop_signal, first)
 
     def on_stop_signal(self, signum: int) -> None:
         """First signal: stop the run (or leave at once without one); then: kill it."""

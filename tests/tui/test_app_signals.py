@@ -117,6 +117,26 @@ async def test_a_stop_signal_stops_the_run_and_the_app_exits_128_plus_it(presets
     assert app.return_code == 128 + signal.SIGTERM
 
 
+async def test_a_signal_noted_before_the_app_took_the_signals_is_acted_on(presets):
+    """A stop signal between the command line's handlers and the app's own (the command line
+    notes it for the app, whose terminal is already in application mode): the app leaves
+    with 128 + it as soon as it takes the signals, not never, nor killed mid-draw."""
+    from scripted import ScriptedLauncher, fixed_inventory, wait_until
+
+    from gputui.core import signals
+    from gputui.tui.app import make_app
+
+    app = make_app(preset="quickstart", launcher=ScriptedLauncher(), inventory=fixed_inventory(),
+                   presets=presets)
+    signals.NOTED_FOR_APP[:] = [signal.SIGTERM]
+    try:
+        async with app.run_test(size=(140, 44)) as pilot:
+            await wait_until(pilot, lambda: not app.is_running, what="the app to leave")
+    finally:
+        signals.NOTED_FOR_APP.clear()
+    assert app.return_code == 128 + signal.SIGTERM
+
+
 async def test_a_crash_stops_the_run_gracefully_and_leaves_one_line(tmp_path, presets):
     """An exception nothing handles ends the app: the run is asked to stop with the crash as
     the reason, the traceback goes to runs/app-crash.log, status 1 and one line."""

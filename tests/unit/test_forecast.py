@@ -1175,6 +1175,9 @@ def test_check_puts_a_recorded_run_beside_the_plan_of_its_mesh(traced, cpu_recor
     # the run's own devices are planned: other ones asked for are refused, not ignored
     bad = _gputui("--check", run_id, "--runs-dir", str(runs), "--gpus", "8xH100", cache=folder)
     assert bad.returncode == 2 and "leave out --gpus and --nodes" in bad.stderr, bad.stderr
+    bad = _gputui("--check", run_id, "--runs-dir", str(runs), "--batch", "64", "--png", "x.png",
+                  cache=folder)
+    assert bad.returncode == 2 and "leave out --batch, --png" in bad.stderr, bad.stderr
 
 
 def _as_gpu_record(runs: Path, run_id: str, label: str, into: Path) -> str:

@@ -334,7 +334,7 @@ def test_fsdps_timed_collectives_are_the_ones_this_torch_has(monkeypatch):
 
 def test_a_strategy_the_run_would_refuse_is_no_prediction_and_not_measured(tmp_path):
     """quickstart's pp on 2 devices (1f1b with one micro-batch): `gputui run` refuses it, so
-    predict says why instead of a speedup (it had said 0.59x), and measures nothing for it."""
+    predict says why instead of a speedup (it had said 0.59x)."""
     from gputui.cli.predict import predict_grid
     from gputui.core.config import load_preset
     from gputui.core.presets import resolve_preset

@@ -199,7 +199,7 @@ def test_kept_prediction_inputs_say_when_and_under_what_load():
          "age_s": 7200.0, "note": ""},
         {"input": "allreduce of 0.25 MiB over 2 devices", "source": "measured now",
          "measured": "", "age_s": 0.0, "note": machine.note(BUSY)}])
-    assert lines[0] == ("  compute single, batch 64, 2 thread(s), 1 copy on cpu: cached, "
+    assert lines[0] == ("  compute single, batch 64, 2 threads, 1 copy on cpu: cached, "
                         "measured 2026-01-01 10:00:00 (2.0 h old)")
     assert lines[1].startswith("  allreduce of 0.25 MiB over 2 devices: measured now; "
                                "contended: other processes used 50% of the 2 cores")
@@ -224,12 +224,12 @@ def test_a_kept_inputs_name_is_its_keys_not_parsed_back_from_the_string():
     assert str(ring) == "comm|gpu:NVIDIA H100 | 80GB:gap5ms|n4|3145728"
     compute = ComputeKey("file:/tmp/a|b/model.py:make", "text:/tmp/c|d.txt", "fp32", "off",
                          False, 64, 4, 1, 2, "cpu", "ddp")
-    assert compute.name() == "compute ddp, batch 64 in 4 micro-batches, 1 thread(s), 2 copies on cpu"
+    assert compute.name() == "compute ddp, batch 64 in 4 micro-batches, 1 thread, 2 copies on cpu"
     assert str(compute) == ("compute|file:/tmp/a|b/model.py:make|text:/tmp/c|d.txt|fp32|off|"
                             "False|b64/4|t1|x2|cpu|ddp@1")
     key = compute_key(RunConfig(), 64, 2, 1, "cpu")
     assert str(key) == "compute|lenet|synthetic|fp32|off|False|b64|t2|x1|cpu"
-    assert key.name() == "compute single, batch 64, 2 thread(s), 1 copy on cpu"
+    assert key.name() == "compute single, batch 64, 2 threads, 1 copy on cpu"
 
 
 def test_other_processes_on_the_gpu_make_a_run_contended_through_nvml():

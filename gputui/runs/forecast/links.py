@@ -39,7 +39,8 @@ LAUNCH_S = 5.0  # about what the measurement's start takes here: its processes' 
 LINKS_VERSION = 2  # raised when the measurement changes (2: ZeRO-1's broadcasts as a run)
 SOURCE = ("gloo measured on this machine in each mesh's step: its traced calls between its "
           "planned compute, on as many ranks (gputui.runs.forecast.links); pp's sends, and "
-          "the rows that do not fit, by formula; a step's compute over 1 s replayed as 1 s")
+          f"the rows that do not fit, by formula; a step's compute over {GAP_S:g} s replayed "
+          f"as {GAP_S:g} s")
 
 
 def in_step(cluster: Cluster) -> bool:

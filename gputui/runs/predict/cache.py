@@ -63,10 +63,11 @@ class ComputeKey:
         return "|".join(map(str, parts))
 
     def name(self) -> str:
-        """The input as the user reads it: 'compute single, batch 64, 2 thread(s), 1 copy on
+        """The input as the user reads it: 'compute single, batch 64, 2 threads, 1 copy on
         cpu'."""
         batch = f"{self.batch}" + (f" in {self.micro} micro-batches" if self.micro > 1 else "")
-        return (f"compute {self.strategy}, batch {batch}, {self.threads} thread(s), "
+        threads = f"{self.threads} thread{'' if self.threads == 1 else 's'}"
+        return (f"compute {self.strategy}, batch {batch}, {threads}, "
                 f"{self.copies} cop{'y' if self.copies == 1 else 'ies'} on {self.device}")
 
 
