@@ -16,7 +16,6 @@ import os
 import queue as queue_mod
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -62,18 +61,16 @@ def own_tracker() -> None:
     quiet = "ignore:resource_tracker:UserWarning"
     sys.warnoptions.append(quiet)
     try:
-        if threading.current_thread() is threading.main_thread():
-            # ignored, inherited through exec: SIGUSR1 too (SLURM's --signal=USR1 reaches
-            # every process of a job step, and its default action would end the tracker)
-            old = {sig: signal.signal(sig, signal.SIG_IGN)
-                   for sig in (signal.SIGHUP, signal.SIGUSR1)}
-            try:
-                resource_tracker.ensure_running()
-            finally:
-                for sig, handler in old.items():
-                    signal.signal(sig, handler)
-        else:
+        # blocked while it starts, and so for good in it (a mask is inherited through exec, and
+        # the tracker unblocks only SIGINT and SIGTERM, which it ignores): SIGUSR1 too (SLURM's
+        # --signal=USR1 reaches every process of a job step, and its default action would end
+        # the tracker). Blocked, not ignored: one that comes meanwhile waits for this process
+        # (its handler, the stop contract's) rather than being lost; and any thread may
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGUSR1})
+        try:
             resource_tracker.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     finally:
         sys.warnoptions.remove(quiet)
 

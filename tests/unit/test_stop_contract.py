@@ -250,3 +250,28 @@ def test_a_plans_resource_tracker_is_quiet_about_what_a_stop_leaves(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "leaked semaphore" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+TRACKER_MASK = """
+import signal
+from multiprocessing import resource_tracker
+from gputui.core.proctree import own_tracker
+
+own_tracker()
+pid = resource_tracker._resource_tracker._pid
+status = open(f"/proc/{pid}/status").read()
+mask = int(next(ln for ln in status.splitlines() if ln.startswith("SigBlk")).split()[1], 16)
+print(all(mask >> (s - 1) & 1 for s in (signal.SIGHUP, signal.SIGUSR1)),
+      signal.pthread_sigmask(signal.SIG_BLOCK, []) == set())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_the_resource_tracker_is_deaf_to_hang_ups_and_slurms_usr1_and_gputui_is_not():
+    """gputui's resource tracker starts with SIGHUP and SIGUSR1 blocked, for good (a hang-up
+    or SLURM's --signal=USR1 to the whole group would end it, and a semaphore's clean-up at
+    exit would start another that outlives gputui); gputui's own mask is as it was after,
+    so a hang-up that came meanwhile is its handler's, not lost as an ignored one was."""
+    done = subprocess.run([sys.executable, "-c", TRACKER_MASK], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
