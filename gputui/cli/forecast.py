@@ -133,15 +133,15 @@ def _plan(args) -> int:
                      on_row=lambda row: _line(row_line(row, will_measure(row, cluster))))
     if not any(r.peak for r in plan.rows):
         return _nothing_planned(plan)
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
-    else:
-        print_plan(plan)
-    if args.png:
+    if args.png:  # first: a reader of the table that closes it early (`| head`) loses no file
         from gputui.runs.forecast.planner import plot_pareto
 
         out = plot_pareto(plan, args.png)
         _line(f"memory against speed: {out}")
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print_plan(plan)
     code = EXIT_OK
     if args.write_preset:
         code = _write_preset(args, cfg, plan)
