@@ -119,6 +119,9 @@ def cmd_bench_comm(args) -> int:
     return EXIT_OK
 
 
+NOISY_SPREAD = 0.5  # a row whose repeats spread over this share of their median is noise
+
+
 def print_table(result: dict[str, Any]) -> None:
     """The nccl-tests layout: size, count, type, time (us: the median of the repeats, their
     min, max and spread), algbw and busbw (GB/s, from the median)."""
@@ -146,6 +149,13 @@ def print_table(result: dict[str, Any]) -> None:
     if reps:
         print(f"# each size timed {reps} times: the median, min, max and spread (max - min "
               f"over the median) of the time per call")
+    wide = [(impl, r) for impl in ("scratch", "torch") for r in result.get(impl) or ()
+            if (r.get("spread") or 0) > NOISY_SPREAD]
+    if wide:
+        impl, r = max(wide, key=lambda ir: ir[1]["spread"])
+        print(f"# noisy: {len(wide)} row(s) spread over {NOISY_SPREAD:.0%} of their median "
+              f"(the widest {r['spread']:.0%}, {impl} at {r['size']} B): their bandwidths are "
+              f"no steady figure; raise --iters or --repeats, or measure on a quieter machine")
     line = note(result.get("machine"))
     if line:
         print(f"# {line}: these figures are not the hardware's")

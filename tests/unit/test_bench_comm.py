@@ -128,3 +128,23 @@ def test_table_layout(capsys):
                               "0.410"]
     assert "timed 3 times: the median" in out[5]
     assert out[6].startswith("# contended: other processes used 50% of the 2 cores")
+
+
+def test_a_row_whose_repeats_spread_wide_is_called_noise(capsys):
+    """A size whose repeats spread over half their median (142 % seen on a 4 KiB row here)
+    gets a line saying its bandwidth is no steady figure, naming the widest; a steady one
+    gets none."""
+    from gputui.cli.bench_comm import print_table
+    from gputui.runs.comm_bench import with_bandwidths
+
+    steady = with_bandwidths([{"size": 4096, "count": 1024, "seconds": 1e-5,
+                               "samples": [1.1e-5, 1e-5, 0.9e-5]}], 2)
+    print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": steady})
+    assert "noisy" not in capsys.readouterr().out
+    wide = with_bandwidths([{"size": 65536, "count": 16384, "seconds": 1e-4,
+                             "samples": [0.6e-4, 1e-4, 2.02e-4]}], 2)
+    print_table({"devices": ["cpu:0", "cpu:1"], "backend": "gloo", "torch": steady + wide})
+    noisy = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# noisy")]
+    assert noisy == ["# noisy: 1 row(s) spread over 50% of their median (the widest 142%, "
+                     "torch at 65536 B): their bandwidths are no steady figure; raise --iters "
+                     "or --repeats, or measure on a quieter machine"], noisy
