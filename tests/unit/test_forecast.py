@@ -1262,3 +1262,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     done = _gputui(str(preset), *args, cache=tmp_path)
     assert done.returncode == 2
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_mesh_not_planned_has_a_dash_in_every_cell_of_the_table():
+    """A mesh the model does not cut into (n_head 4 over tp 8) is a row of the plan screen's
+    table too: '-' in every column but its name (a "fits" given twice crashed the app as
+    the first such plan ended)."""
+    from gputui.runs.forecast.cells import COLUMNS, row_cells
+
+    shape = MeshShape(tp=8)
+    skipped = estimate.make_row(Candidate(shape, None, "n_head 4 does not split over tp 8"),
+                                None, TINY, Cluster(profiles.find(profiles.load_profiles(),
+                                                                  "H100"), 8))
+    assert skipped.skipped and not skipped.peak
+    cells = row_cells(skipped, "")
+    assert set(cells) == {k for _, k in COLUMNS}
+    assert (cells["strategy"], cells["mesh"], cells["fits"], cells["step"]) == \
+        ("tp", "tp 8", "-", "-")

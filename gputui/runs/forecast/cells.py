@@ -47,8 +47,8 @@ def row_cells(row: Row, number: str) -> dict[str, str]:
     s = row.shape
     cells = {"n": number, "strategy": row.strategy, "mesh": s.describe(),
              "zero": str(s.zero) if s.dp_shard > 1 else "-", "ac": s.ac}
-    if not row.peak:
-        return dict(cells, fits="-", **{k: "-" for _, k in COLUMNS if k not in cells})
+    if not row.peak:  # (every other column, "fits" among them: one '-' each)
+        return {**{k: "-" for _, k in COLUMNS}, **cells}
     return dict(cells, fits="yes" if row.fits else "no",
                 step=seconds(row.step_s) if row.step_s else "-",
                 tokens=f"{row.tokens_per_s:,.0f}" if row.tokens_per_s else "-",

@@ -376,6 +376,9 @@ class PlanScreen(Screen):
         key = next((k for k, r in self.rows.items() if r is held), None)
         if key is not None:
             table.move_cursor(row=table.get_row_index(key))
+            # its number may have changed (a faster mesh came before it): the pane says so
+            # too, not only the table (a highlight is not told when the index stays)
+            self._show_row(key)
 
     def on_plan_failed(self, message: PlanFailed) -> None:
         self._done()
