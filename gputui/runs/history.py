@@ -228,6 +228,7 @@ def row_for(run_dir: str | Path) -> RunRow:
     if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
         row.no_speed = row.status + (f": {row.reason}" if row.reason else "")
         row.samples_per_s = row.time_per_epoch_s = row.step_time_s = row.noise = None
+        row.tokens_per_s = None  # (a language model's samples/s in tokens: none either)
         row.steady = False
     row.epochs_done, row.epochs = s.epochs_done, s.epochs
     row.init_s = s.init_s

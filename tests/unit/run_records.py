@@ -23,10 +23,12 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                  epochs: int = 2, scale: bool = False, comm: float | None = None,
                  model: str = "lenet", status: str = "finished", train_size: int = 1000,
                  name: str = "exp", summary: bool = True,
-                 breakdowns: list[dict] | None = None, windows: int = 1) -> Path:
+                 breakdowns: list[dict] | None = None, windows: int = 1,
+                 task: str = "classify") -> Path:
     """A complete record: config.toml, events.jsonl and (optionally) summary.json;
     ``breakdowns`` are the StepMetrics' step breakdowns, one per epoch; ``windows``: log
-    windows per epoch (more than one steady window: a known noise, see core.steady)."""
+    windows per epoch (more than one steady window: a known noise, see core.steady); ``task``
+    "lm": a language model's (64 tokens a sample, a validation loss an epoch)."""
     cfg = RunConfig().replace(run={"name": name, "epochs": epochs},
                               optim={"batch_size": batch, "lr": lr, "scale_with_devices": scale},
                               strategy={"name": strategy}, model={"name": model},
@@ -39,7 +41,8 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                     for i in range(n))
     events = [RunStarted(run_id=run_id, config=cfg, devices=devices,
                          strategy=strategy, world_size=1, t=1.0),
-              InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0)]
+              InitDone(seconds=2.5, params=100, train_samples=train_size, t=2.0, task=task,
+                       tokens_per_sample=64 if task == "lm" else 0)]
     eff_batch = batch * (n if scale else 1)
     # one log window of 20 steps an epoch: the first is warm-up, the later ones are the
     # steady state (gputui.core.steady), so records of 2+ epochs have steady figures
@@ -52,8 +55,10 @@ def write_record(runs: Path, run_id: str, strategy: str = "single", n: int = 1,
                                       step_time_s=eff_batch / sps, lr=lr, comm_share=comm,
                                       breakdown=breakdowns[e - 1] if breakdowns else None,
                                       t=2.0 + e))
+        lm = {"task": "lm", "val_loss": 2.0 / e, "tokens_per_s": sps * 64,
+              "test_acc": float("nan")} if task == "lm" else {"test_acc": acc}
         events.append(EpochEnd(epoch=e, epochs=epochs, seconds=train_size / sps,
-                               train_loss=2.0 / e, test_acc=acc, samples_per_s=sps, t=2.1 + e))
+                               train_loss=2.0 / e, samples_per_s=sps, t=2.1 + e, **lm))
     events.append(RunFinished(seconds=3.0, t=10.0) if status == "finished"
                   else RunStopped(reason="stopped by user", t=10.0) if status == "stopped"
                   else RunFailed(reason="boom", t=10.0))

@@ -66,6 +66,18 @@ def test_damaged_records_are_listed_not_fatal(runs):
     assert junk.strategy == "" and junk.samples_per_s is None and junk.status == "incomplete"
 
 
+def test_a_stopped_language_models_tokens_per_s_is_no_speed_either(tmp_path):
+    """A part of a run is no speed figure: a stopped language model's tokens/s is blank as
+    its samples/s is (History showed 16,750 tokens/s beside a '-' samples/s)."""
+    write_record(tmp_path, "20260101-100000-lm-aaaa", model="gpt", task="lm")
+    write_record(tmp_path, "20260101-110000-lm-bbbb", model="gpt", task="lm", status="stopped")
+    rows = {r.id: r for r in history.load_rows(tmp_path)}
+    done, stopped = rows["20260101-100000-lm-aaaa"], rows["20260101-110000-lm-bbbb"]
+    assert done.tokens_per_s == pytest.approx(done.samples_per_s * 64)
+    assert stopped.samples_per_s is None and stopped.tokens_per_s is None
+    assert stopped.no_speed.startswith("stopped")
+
+
 def test_a_fresh_record_without_end_is_still_running(tmp_path):
     run = write_record(tmp_path, "20260101-100000-live-aaaa", summary=False)
     truncate_record(run, keep_lines=3, torn="", age_s=0)
