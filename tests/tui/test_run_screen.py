@@ -331,7 +331,7 @@ async def test_a_language_models_run_shows_loss_perplexity_and_tokens(presets):
         await pilot.pause()
         assert screen.state == "finished" and not screen.display_errors
         score, thr = screen.query_one(AccuracyPlot), screen.query_one(ThroughputPlot)
-        assert score.title == "Validation loss per epoch (nats/token, unigram baseline 3.10)"
+        assert score.title == "Val. loss per epoch (nats/token; unigram 3.10)"
         assert score.points == [(1.0, 2.5), (2.0, 2.0)] and score.ylim is None
         steps = [e for e in events if isinstance(e, StepMetrics)]
         assert thr.title == "Tokens/s" and thr.last_y == steps[-1].tokens_per_s

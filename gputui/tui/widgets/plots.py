@@ -112,7 +112,10 @@ class MetricPlot(RedrawnPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title(self.title)
+        # a title wider than the plot is dropped by plotext (a language model's, beside the
+        # run screen's loss plot at 160 columns): cut to the width, marked
+        room = max(8, self.size.width - 4)
+        plt.title(self.title if len(self.title) <= room else self.title[:room - 1] + "…")
         timed = self.time_axis and self.t0 is not None
         plt.xlabel("time (s)" if timed else self.xlabel)
         if self.ylabel:
@@ -157,8 +160,8 @@ class AccuracyPlot(MetricPlot):
 
     def language_model(self, baseline: float | None) -> None:
         """Show validation loss per epoch (nats per token), titled with the baseline."""
-        base = f", unigram baseline {baseline:.2f}" if baseline is not None else ""
-        self.title = f"Validation loss per epoch (nats/token{base})"
+        base = f"; unigram {baseline:.2f}" if baseline is not None else ""
+        self.title = f"Val. loss per epoch (nats/token{base})"
         self.ylim = None
         self._dirty = True
 
