@@ -304,10 +304,10 @@ async def test_the_mesh_is_set_from_the_form_and_says_what_these_devices_allow(i
         app.screen.query_one("#cpu-count", Select).value = 4
         await pilot.pause()
         strategies = app.screen.query_one(StrategyPicker)
-        assert strategies.meshes.startswith("4 ranks allow: dp_shard 4, dp_replicate 2 x "
+        assert strategies.meshes.startswith("on 4 ranks: dp_shard 4, dp_replicate 2 x "
                                             "dp_shard 2"), strategies.meshes
         options = app.screen.query_one("#strategy-list", OptionList)
-        assert "4 ranks allow" in str(options.get_option("mesh").prompt)
+        assert "on 4 ranks: " in str(options.get_option("mesh").prompt)
         options.focus()
         options.highlighted = [o.id for o in options._options].index("mesh")
         await pilot.press("enter")

@@ -76,10 +76,11 @@ class StrategyPicker(Vertical):
         ok = [m.describe() for m, why in choices if why is None]
         refused = [(m.describe(), why) for m, why in choices if why]
         ranks = len(devices) * cfg.dist.nnodes
-        text = f"{ranks} ranks allow: {', '.join(ok) if ok else 'none'}"
+        text = f"on {ranks} rank{'' if ranks == 1 else 's'}: {', '.join(ok) if ok else 'no mesh'}"
         if refused:
             name, why = refused[0]
-            text += f"; {len(refused)} not, e.g. {name}: {app_terms(why)}"
+            text += (f"; {len(refused)} other mesh{'' if len(refused) == 1 else 'es'} cannot "
+                     f"run, e.g. {name}: {app_terms(why)}")
         return text
 
     def select(self, name: str) -> None:
