@@ -7,7 +7,7 @@ the peak is the highest torch.distributed figure over the sizes bench-comm measu
 device kind, device count and backend, with the machine's state while bench-comm measured it:
 a peak measured under contention gives way to any measured on a quiet machine. Only sizes of
 :data:`PEAK_MIN_BYTES` or more count: a call of a few KiB takes its latency, not the link's
-bandwidth (a bench-comm of 4 and 64 KiB calls kept 0.05 GB/s here as the machine's peak,
+bandwidth (a bench-comm of calls of 64 KiB at most kept 0.05 GB/s here as the machine's peak,
 and a cpu plan then priced its pipeline's sends by it: 52 ms of a 226 ms step).
 """
 
