@@ -28,7 +28,14 @@ def _loading_signal(signum, frame) -> None:
 # once this module has loaded.
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 try:
-    _previous = {sig: signal.signal(sig, _loading_signal) for sig in _STOP}
+    # a hang-up `nohup` started the command to ignore stays ignored, here and in every process
+    # it starts (gputui.core.signals.nohup, which reads GPUTUI_NOHUP)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        import os as _os
+
+        _os.environ["GPUTUI_NOHUP"] = "1"
+    _previous = {sig: signal.signal(sig, _loading_signal) for sig in _STOP
+                 if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)}
     _LOADING = True
 except ValueError:  # not the main thread: signals are not this import's to take
     _previous, _LOADING = {}, False

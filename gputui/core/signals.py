@@ -65,6 +65,19 @@ def detach_output() -> None:
         pass
 
 
+NOHUP_ENV = "GPUTUI_NOHUP"  # "1": the command was started with SIGHUP ignored (nohup)
+
+
+def nohup(sig: int) -> bool:
+    """``sig`` is SIGHUP and the command was started with it ignored (`nohup gputui run ...
+    &`, to outlive the terminal): the one inherited ignore gputui keeps, in every process of
+    the run (told to them in :data:`NOHUP_ENV`: a process between them, torch's elastic
+    agent, handles SIGHUP, so its children start with the default). SIGINT ignored by a
+    shell's background job is taken all the same: a Ctrl-C sent to it still stops."""
+    return sig == signal.SIGHUP and (signal.getsignal(sig) == signal.SIG_IGN
+                                     or os.environ.get(NOHUP_ENV) == "1")
+
+
 def watch(on_signal: Callable[[int, int], None]) -> None:
     """Training-process side: block the stop signals in this process and call
     ``on_signal(signum, sender_pid)`` for each from a daemon thread (sender 0: the kernel, e.g.
@@ -72,6 +85,9 @@ def watch(on_signal: Callable[[int, int], None]) -> None:
     (threads inherit the mask; so do processes started later, which then hold the signals
     pending until they watch them too)."""
     for sig in STOP_SIGNALS:
+        if nohup(sig):  # a hang-up the command was started to ignore: never queued
+            signal.signal(sig, signal.SIG_IGN)
+            continue
         if signal.getsignal(sig) == signal.SIG_IGN:  # an ignored signal is never queued
             signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -79,6 +95,8 @@ def watch(on_signal: Callable[[int, int], None]) -> None:
     def loop() -> None:
         while True:
             info = signal.sigwaitinfo(STOP_SIGNALS)
+            if nohup(info.si_signo):  # queued all the same where a handler came after
+                continue              # (torch's elastic agent's): still nohup's to ignore
             if info.si_signo == signal.SIGHUP:
                 detach_output()
             try:
@@ -146,7 +164,8 @@ class Supervisor:
         process-wide Supervisor (:func:`active`) from then on."""
         global _ACTIVE
         for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+            if not nohup(sig):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
         _ACTIVE = self
         return self
 
@@ -230,7 +249,8 @@ def hand_to_app(came: list[int]) -> None:
         note_for_app(signum)
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, note_for_app)
+            if not nohup(sig):
+                signal.signal(sig, note_for_app)
     except ValueError:
         pass
 

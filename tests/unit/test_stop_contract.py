@@ -275,3 +275,45 @@ def test_the_resource_tracker_is_deaf_to_hang_ups_and_slurms_usr1_and_gputui_is_
     done = subprocess.run([sys.executable, "-c", TRACKER_MASK], capture_output=True, text=True,
                           timeout=120)
     assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
+
+
+def _as_nohup_starts_it() -> None:
+    """`nohup gputui run ... &`: SIGHUP ignored from the start (SIGINT at its default)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+def test_a_run_started_under_nohup_outlives_the_hang_up(tmp_path):
+    """A hang-up to the whole group of a run started with SIGHUP ignored (nohup) is ignored
+    by gputui and its ranks alike; the SIGTERM after it is the stop the record names (had
+    any of them taken the hang-up, the stop would be SIGHUP's, the first). Ranks: ddp on
+    two CPU devices, each rank a process of its own."""
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, GPUTUI_TEST_TAG=tag, GPUTUI_CACHE_DIR=str(tmp_path / "cache"),
+               GPUTUI_RUNS_DIR=str(tmp_path / "runs"), OMP_WAIT_POLICY="PASSIVE")
+    proc = subprocess.Popen([*GPUTUI, "run", "quickstart", "--strategy", "ddp", "--devices",
+                             "cpu*2", "--epochs", "50", *TINY], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            start_new_session=True, env=env, preexec_fn=_as_nohup_starts_it)
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the ranks are training once the first step is logged
+            lines.append(line)
+            if line.startswith("epoch 1") or "step " in line:
+                break
+        os.killpg(proc.pid, signal.SIGHUP)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = "".join(lines) + proc.communicate(timeout=240)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("gputui: stopped by SIGTERM"), out[-3000:]
+    summary = json.loads(next((tmp_path / "runs").rglob("summary.json")).read_text())
+    assert summary["status"] in ("stopped", "finished"), summary
+    if summary["status"] == "stopped":
+        assert "SIGTERM" in summary["reason"] and "SIGHUP" not in summary["reason"], summary
+    assert [p.pid for p in tagged(tag)] == []
