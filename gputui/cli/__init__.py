@@ -30,12 +30,13 @@ _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 try:
     # a hang-up `nohup` started the command to ignore stays ignored, here and in every process
     # it starts (gputui.core.signals.nohup, which reads GPUTUI_NOHUP)
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    _NOHUP = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    if _NOHUP:
         import os as _os
 
-        _os.environ["GPUTUI_NOHUP"] = "1"
+        _os.environ["GPUTUI_NOHUP"] = "1"  # signals.NOHUP_ENV (not imported before this)
     _previous = {sig: signal.signal(sig, _loading_signal) for sig in _STOP
-                 if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)}
+                 if not (sig == signal.SIGHUP and _NOHUP)}
     _LOADING = True
 except ValueError:  # not the main thread: signals are not this import's to take
     _previous, _LOADING = {}, False
@@ -270,18 +271,17 @@ def _main(argv: list[str] | None, sup) -> int:
         return interrupted(sup.first, "before anything started: nothing recorded")
     if sup is not None and args.command not in TRAINING:
         sup.uninstall()  # the app takes the signals itself; a listing ends at once
+        # a signal that came as the handlers changed hands (nothing has started yet)
         came = list(sup.received)
         sup = None
         if args.command is None:  # the app: noted until its own handlers take over and act
-            signals.hand_to_app(came + [s for s in _NOTED if s not in came])
-            _NOTED.clear()
+            signals.hand_to_app(came + _NOTED)
         else:
             _unnoted()
-            # one that came as the handlers changed hands: nothing has started yet
-            came += [s for s in _NOTED if s not in came]
-            _NOTED.clear()
-            if came:
-                return interrupted(came[0], "before anything started: nothing recorded")
+            came += _NOTED
+        _NOTED.clear()
+        if came and args.command is not None:
+            return interrupted(came[0], "before anything started: nothing recorded")
     # `gputui --runs-dir X COMMAND`: the global flag holds unless the command has its own
     if getattr(args, "runs_dir", None) is None:
         args.runs_dir = args.global_runs_dir

@@ -69,10 +69,8 @@ def predict_grid(cfg, counts: list[int], strategies: list[str], kind: str, runs_
     per input, whether it was measured now or read from the cache; ``warnings`` a line when
     contention poisoned t_1, the baseline of every speedup."""
     from gputui.core.trust import poisoned
-    from gputui.runs.predict.scaling import impossible, predict
     from gputui.runs.predict.measure import Measurer
-
-    from gputui.runs.predict.scaling import Prediction
+    from gputui.runs.predict.scaling import Prediction, impossible, predict
 
     m = Measurer(cfg, kind, runs_dir, line=line, measure=measure, again=again)
     rows = []

@@ -14,7 +14,7 @@ from typing import Iterator
 
 from gputui.cli.common import EXIT_FAILED
 from gputui.core.config import ConfigError
-from gputui.core.signals import Interrupted
+from gputui.core.signals import Interrupted, nohup
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def _stop_signals_end_the_watch() -> Iterator[None]:
     before = {}
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            if not nohup(sig):  # nohup's SIGHUP stays ignored
                 before[sig] = signal.signal(sig, end)
     except ValueError:
         pass

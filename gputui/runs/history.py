@@ -213,6 +213,11 @@ def row_for(run_dir: str | Path) -> RunRow:
         row.samples_per_s, row.step_time_s = steady.samples_per_s, steady.step_time_s
         if s.steps_per_epoch:
             row.time_per_epoch_s = steady.step_time_s * s.steps_per_epoch
+    row.status, row.reason = status, s.reason
+    if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
+        row.no_speed = row.status + (f": {row.reason}" if row.reason else "")
+        row.samples_per_s = row.time_per_epoch_s = row.step_time_s = row.noise = None
+        row.steady = False
     row.resumed = bool(run.get("resume_from"))
     row.threads, row.cores = s.threads, s.cores
     row.test_acc = s.test_acc
@@ -220,16 +225,10 @@ def row_for(run_dir: str | Path) -> RunRow:
     if row.task == "lm":
         row.val_loss, row.val_ppl = s.val_loss, s.val_ppl
         row.baseline_loss = s.baseline_loss
-        if row.samples_per_s is not None and s.tokens_per_sample:
+        if row.samples_per_s is not None and s.tokens_per_sample:  # (none: none either)
             row.tokens_per_s = row.samples_per_s * s.tokens_per_sample
-    row.status, row.reason = status, s.reason
     row.machine = machine.read(run_dir)
     row.contended = bool(row.machine and row.machine.get("contended"))
-    if row.status != "finished":  # a part of a run is no speed figure: shown nowhere
-        row.no_speed = row.status + (f": {row.reason}" if row.reason else "")
-        row.samples_per_s = row.time_per_epoch_s = row.step_time_s = row.noise = None
-        row.tokens_per_s = None  # (a language model's samples/s in tokens: none either)
-        row.steady = False
     row.epochs_done, row.epochs = s.epochs_done, s.epochs
     row.init_s = s.init_s
     row.model = str(s.model or sect("model").get("factory") or sect("model").get("name", ""))
